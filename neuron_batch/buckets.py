@@ -1,0 +1,114 @@
+"""Bucket arithmetic: default bucket lists, validation, and padding lookups.
+
+A bucket is a shape the Neuron compiler built a graph for. Prefill chunks are padded up to
+the smallest `num_batched_tokens_buckets` entry that holds them; decode batches are padded up
+to the smallest `num_seqs_buckets` entry. Pure Python, no vLLM: tested in milliseconds.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+
+#: Smallest default prefill bucket, as in the AWS plugin and NxD Inference.
+MIN_DEFAULT_PREFILL_BUCKET = 128
+
+
+class BucketError(ValueError):
+    """A bucket list that the scheduler cannot use; the message says how to fix it."""
+
+
+def effective_max_prefill_tokens(max_num_batched_tokens: int, max_model_len: int) -> int:
+    """The largest prefill chunk a step can carry, so the largest prefill bucket."""
+    return min(max_num_batched_tokens, max_model_len)
+
+
+def default_prefill_buckets(max_num_batched_tokens: int, max_model_len: int) -> list[int]:
+    """Powers of two from 128 below the effective max, then the max itself.
+
+    The max need not be a power of two (e.g. 3000 -> [128, ..., 2048, 3000]).
+    """
+    maximum = effective_max_prefill_tokens(max_num_batched_tokens, max_model_len)
+    return _powers_of_two_then(MIN_DEFAULT_PREFILL_BUCKET, maximum)
+
+
+def default_decode_buckets(max_num_seqs: int) -> list[int]:
+    """Powers of two from 1 below max_num_seqs, then max_num_seqs itself."""
+    return _powers_of_two_then(1, max_num_seqs)
+
+
+def _powers_of_two_then(start: int, maximum: int) -> list[int]:
+    if maximum < 1:
+        raise BucketError(f"the largest bucket must be positive, got {maximum}")
+    buckets = []
+    current = start
+    while current < maximum:
+        buckets.append(current)
+        current *= 2
+    buckets.append(maximum)
+    return buckets
+
+
+def validate_buckets(buckets: Sequence[int], maximum: int, *, name: str, max_name: str) -> list[int]:
+    """Check a user's bucket list and return it as a list of ints.
+
+    Rules (the AWS plugin's): positive integers, strictly ascending (so no duplicates), and
+    the last bucket equal to `maximum`, the largest count a step can produce. Errors say what
+    is wrong and give a valid list to use instead.
+    """
+    buckets = list(buckets)
+    suggestion = _suggest(buckets, maximum)
+    if not buckets:
+        raise BucketError(f"{name} is empty; it needs at least one bucket, e.g. {suggestion}")
+    for value in buckets:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BucketError(f"{name} must hold whole numbers, got {value!r} in {buckets}")
+        if value <= 0:
+            raise BucketError(f"{name} must hold positive numbers, got {value} in {buckets}; "
+                              f"try {suggestion}")
+    if len(set(buckets)) != len(buckets):
+        dupes = sorted({b for b in buckets if buckets.count(b) > 1})
+        raise BucketError(f"{name} has duplicates {dupes} in {buckets}; try {suggestion}")
+    if buckets != sorted(buckets):
+        raise BucketError(f"{name} must be in ascending order, got {buckets}; try {suggestion}")
+    if buckets[-1] != maximum:
+        raise BucketError(
+            f"the last bucket of {name} must equal {max_name} = {maximum}, got {buckets[-1]} "
+            f"in {buckets}; try {suggestion}")
+    return buckets
+
+
+def _suggest(buckets: Sequence[int], maximum: int) -> list[int]:
+    """A valid list close to what the user wrote: their usable values, then the max."""
+    usable = sorted({b for b in buckets if isinstance(b, int) and not isinstance(b, bool)
+                     and 0 < b < maximum})
+    return usable + [maximum]
+
+
+def bucket_for(count: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket >= count; 0 for 0; the largest bucket if count is above all.
+
+    A count above the largest bucket cannot happen when the last bucket is the max a step can
+    carry (validate_buckets enforces that); the clamp mirrors the AWS plugin for safety.
+    """
+    if count <= 0:
+        return 0
+    index = bisect_left(buckets, count)
+    if index == len(buckets):
+        return buckets[-1]
+    return buckets[index]
+
+
+def parse_bucket_list(text: str, *, name: str) -> list[int]:
+    """Parse '128,256,512' (spaces allowed) into ints with an error naming the option."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise BucketError(f"{name}: no buckets given in {text!r}; write them like 128,256,512")
+    values = []
+    for part in parts:
+        try:
+            values.append(int(part))
+        except ValueError:
+            raise BucketError(f"{name}: {part!r} is not a whole number (in {text!r}); "
+                              f"write buckets like 128,256,512") from None
+    return values

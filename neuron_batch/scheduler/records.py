@@ -1,0 +1,239 @@
+"""What the Neuron scheduler records about a run, and how the records are stored.
+
+Pure Python (no vLLM import) so that reports, metrics and the cost-model calibration can read
+records in milliseconds. The scheduler fills a `Recorder`; a run may also stream the records
+to a JSON-lines file (one object a line, `"type"` says which kind):
+
+- `{"type": "config", ...}`       first line: the scheduler settings the run used (`RunConfig`).
+- `{"type": "step", ...}`         one per `schedule()` call that scheduled work (`StepRecord`).
+- `{"type": "request", ...}`      one per finished request (`RequestRecord`).
+- `{"type": "summary", ...}`      last line, written at shutdown: admission refusals per reason.
+
+Times come from the recorder's clock (wall time by default, a virtual clock on the simulated
+device); only differences between them mean anything.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
+from pathlib import Path
+from typing import IO, Any
+
+
+class SchedulerState(str, Enum):
+    """The design document's state machine; informational, no decision reads it."""
+
+    IDLE = "IDLE"
+    ACTIVE_PREFILL = "ACTIVE_PREFILL"
+    ACTIVE_DECODE = "ACTIVE_DECODE"
+
+
+#: Why admission refused the head of the queue, in the order `can_schedule()` checks them.
+BLOCK_REASONS = ("at_capacity", "prefill_in_running", "prefill_batch_full", "kv_saturated")
+
+#: Step kinds. "empty" is a schedule() call that scheduled no tokens.
+PREFILL, DECODE, EMPTY = "prefill", "decode", "empty"
+
+
+@dataclass(slots=True)
+class RunConfig:
+    """The scheduler settings behind a set of records."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    block_size: int
+    num_kv_blocks: int
+    max_kv_concurrent: int          # requests the KV cache holds at max_model_len each
+    prefill_buckets: list[int]      # num_batched_tokens_buckets
+    decode_buckets: list[int]       # num_seqs_buckets
+    scheduler_cls: str
+    enable_prefix_caching: bool = False
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One scheduler step: what was scheduled, how it was padded, and when it ran.
+
+    Prefill steps carry one request (max_prefills_per_batch = 1): `num_tokens` is its chunk,
+    `num_tokens_padded` the prefill bucket it was padded to, `num_seqs` = `num_seqs_padded` = 1.
+    Decode steps carry one token per request: `num_tokens` = `num_tokens_padded` = `num_seqs`,
+    and `num_seqs_padded` is the decode batch bucket. `bucket` is the prefill bucket or the
+    decode batch bucket. `context_tokens` is the KV already held by the scheduled requests before
+    the step (prior chunks for a prefill, prompt + generated tokens for decodes): what the step's
+    attention reads. `t_end` is set when the step's model output comes back.
+    """
+
+    step: int                       # 0-based index among recorded steps
+    state: str                      # SchedulerState value after this step
+    kind: str                       # PREFILL | DECODE | EMPTY
+    req_ids: list[str]
+    num_tokens: int                 # actual tokens scheduled
+    num_tokens_padded: int          # tokens after sequence padding
+    num_seqs: int                   # requests scheduled
+    num_seqs_padded: int            # requests after batch padding
+    bucket: int | None              # prefill bucket or decode batch bucket
+    context_tokens: int             # KV tokens the scheduled requests held before the step
+    blocked: str | None             # admission refusal reason this step (BLOCK_REASONS) or None
+    num_waiting: int                # requests waiting for admission when the step was planned
+    num_running: int                # requests running after the step was planned
+    kv_usage: float                 # fraction of KV blocks in use after planning
+    t_start: float
+    t_end: float | None = None
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request's life. Times are None until the event happens."""
+
+    req_id: str
+    num_prompt_tokens: int
+    arrival: float
+    admitted: float | None = None       # first scheduled
+    first_token: float | None = None    # end of the step that produced its first output token
+    finished: float | None = None
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0          # prompt tokens served from the prefix cache
+    finish_reason: str | None = None
+
+
+@dataclass
+class Recorder:
+    """Collects step and request records in memory and, optionally, streams them to JSONL.
+
+    `clock` is any zero-argument callable returning seconds. Lines are buffered and written in
+    batches (every `flush_every` records and at `close()`), which keeps the per-step cost to a
+    few microseconds.
+    """
+
+    clock: Callable[[], float] = time.monotonic
+    path: Path | None = None
+    flush_every: int = 256
+    steps: list[StepRecord] = field(default_factory=list)
+    requests: dict[str, RequestRecord] = field(default_factory=dict)
+    blocked_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(BLOCK_REASONS, 0))
+    config: RunConfig | None = None
+    _pending: list[str] = field(default_factory=list)
+    _file: IO[str] | None = None
+    _unfinished_steps: list[StepRecord] = field(default_factory=list)
+
+    def start(self, config: RunConfig) -> None:
+        self.config = config
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "w", encoding="utf-8")
+            self._emit("config", asdict(config))
+
+    # -- steps -------------------------------------------------------------------------------
+    def add_step(self, record: StepRecord) -> None:
+        self.steps.append(record)
+        self._unfinished_steps.append(record)
+
+    def finish_oldest_step(self) -> StepRecord | None:
+        """Stamp the oldest step still in flight with its end time (FIFO: async scheduling
+        plans step N+1 before step N's output returns)."""
+        if not self._unfinished_steps:
+            return None
+        record = self._unfinished_steps.pop(0)
+        record.t_end = self.clock()
+        if self._file is not None:
+            self._emit("step", asdict(record))
+        return record
+
+    # -- requests ----------------------------------------------------------------------------
+    def request_arrived(self, req_id: str, num_prompt_tokens: int) -> None:
+        self.requests[req_id] = RequestRecord(req_id, num_prompt_tokens, self.clock())
+
+    def request_finished(self, req_id: str, num_output_tokens: int, finish_reason: str | None,
+                         now: float) -> None:
+        record = self.requests.get(req_id)
+        if record is None:
+            return
+        record.finished = now
+        record.num_output_tokens = num_output_tokens
+        record.finish_reason = finish_reason
+        if self._file is not None:
+            self._emit("request", asdict(record))
+
+    # -- output ------------------------------------------------------------------------------
+    def _emit(self, kind: str, payload: dict[str, Any]) -> None:
+        payload["type"] = kind
+        self._pending.append(json.dumps(payload, separators=(",", ":")))
+        if len(self._pending) >= self.flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._file is not None and self._pending:
+            self._file.write("\n".join(self._pending) + "\n")
+            self._file.flush()
+        self._pending.clear()
+
+    def close(self) -> None:
+        if self._file is None:
+            return
+        while self._unfinished_steps:  # steps whose output never came back (shutdown mid-step)
+            self._emit("step", asdict(self._unfinished_steps.pop(0)))
+        self._emit("summary", {"admission_blocked": dict(self.blocked_counts),
+                               "num_steps": len(self.steps)})
+        self.flush()
+        self._file.close()
+        self._file = None
+
+
+@dataclass
+class Records:
+    """Records read back from a JSONL file (or taken from a live Recorder)."""
+
+    config: RunConfig | None
+    steps: list[StepRecord]
+    requests: list[RequestRecord]
+    blocked_counts: dict[str, int]
+
+    @classmethod
+    def from_recorder(cls, recorder: Recorder) -> Records:
+        return cls(recorder.config, list(recorder.steps), list(recorder.requests.values()),
+                   dict(recorder.blocked_counts))
+
+
+def read_records(path: str | Path) -> Records:
+    """Read a records file. A file cut short by a crash is read up to its last whole line;
+    admission counts then come from the steps (the summary line is missing)."""
+    config, steps, requests, blocked = None, [], [], None
+    for obj in _iter_json_lines(Path(path)):
+        kind = obj.pop("type", None)
+        if kind == "config":
+            config = RunConfig(**_known(RunConfig, obj))
+        elif kind == "step":
+            steps.append(StepRecord(**_known(StepRecord, obj)))
+        elif kind == "request":
+            requests.append(RequestRecord(**_known(RequestRecord, obj)))
+        elif kind == "summary":
+            blocked = obj.get("admission_blocked")
+    if blocked is None:
+        blocked = dict.fromkeys(BLOCK_REASONS, 0)
+        for step in steps:
+            if step.blocked:
+                blocked[step.blocked] = blocked.get(step.blocked, 0) + 1
+    steps.sort(key=lambda s: s.step)
+    return Records(config, steps, requests, blocked)
+
+
+def _iter_json_lines(path: Path) -> Iterator[dict[str, Any]]:
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                return  # a torn last line from a killed process
+
+
+def _known(cls: type, obj: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in obj.items() if k in names}
