@@ -112,3 +112,45 @@ def parse_bucket_list(text: str, *, name: str) -> list[int]:
             raise BucketError(f"{name}: {part!r} is not a whole number (in {text!r}); "
                               f"write buckets like 128,256,512") from None
     return values
+
+
+def resolve_buckets(neuron_config: dict | None, *, max_num_seqs: int, max_num_batched_tokens: int,
+                    max_model_len: int) -> tuple[list[int], list[int]]:
+    """The (prefill, decode) buckets a run uses: the user's from `neuron_config` (the AWS
+    plugin's `num_batched_tokens_buckets` / `num_seqs_buckets` keys), validated, or the
+    defaults."""
+    neuron_config = neuron_config or {}
+    prefill_max = effective_max_prefill_tokens(max_num_batched_tokens, max_model_len)
+    prefill = neuron_config.get("num_batched_tokens_buckets")
+    if prefill is None:
+        prefill = default_prefill_buckets(max_num_batched_tokens, max_model_len)
+    else:
+        prefill = validate_buckets(
+            prefill, prefill_max, name="num_batched_tokens_buckets (prefill buckets)",
+            max_name="min(max_num_batched_tokens, max_model_len)")
+    decode = neuron_config.get("num_seqs_buckets")
+    if decode is None:
+        decode = default_decode_buckets(max_num_seqs)
+    else:
+        decode = validate_buckets(decode, max_num_seqs, name="num_seqs_buckets (decode buckets)",
+                                  max_name="max_num_seqs")
+    return prefill, decode
+
+
+def max_kv_concurrent_requests(num_blocks: int, block_size: int, max_model_len: int) -> int:
+    """How many requests the KV cache holds if each grows to max_model_len tokens."""
+    blocks_per_request = -(-max_model_len // block_size)
+    return num_blocks // blocks_per_request
+
+
+def kv_too_small_message(num_blocks: int, block_size: int, max_model_len: int) -> str:
+    """What to tell a user whose KV cache cannot hold one request of max_model_len tokens."""
+    capacity = num_blocks * block_size
+    fitting_len = capacity // block_size * block_size
+    return (
+        f"the KV cache holds {num_blocks} blocks x {block_size} tokens = {capacity:,} tokens, "
+        f"less than one request of max_model_len = {max_model_len:,} tokens, so no request "
+        f"could be admitted safely (the AWS plugin silently switches its KV admission cap off "
+        f"here and risks a deadlock). Lower max_model_len to at most {fitting_len:,}, or give "
+        f"the KV cache more memory (raise VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION on Neuron, "
+        f"or gpu_memory_utilization / the KV cache space elsewhere).")

@@ -1,0 +1,212 @@
+"""Build and drive a real vLLM scheduler without a model: the test bench for the scheduler.
+
+`make_scheduler()` builds any v1 `Scheduler` subclass from a `config.json`-only model
+directory and a KV cache of a chosen size; `drive()` runs the engine's loop (schedule, a
+hand-built model output, update_from_output) until every request is done. Tests, the
+scheduler benchmark and the simulated device's baseline all use it, so they exercise the
+same vLLM code the engine runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+#: A small llama-shaped architecture: only its shape matters to the scheduler.
+TINY_LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 1024,
+    "max_position_embeddings": 65536,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float32",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+}
+
+EOS_TOKEN_ID = 2
+
+
+@cache
+def tiny_model_dir() -> str:
+    """A directory holding only a config.json, created once per process."""
+    path = Path(tempfile.mkdtemp(prefix="neuron-batch-tiny-model-"))
+    (path / "config.json").write_text(json.dumps(TINY_LLAMA_CONFIG))
+    return str(path)
+
+
+@cache
+def _block_hasher_setup() -> None:
+    init_none_hash(get_hash_fn_by_name("sha256"))
+
+
+def make_scheduler(
+    scheduler_cls: type,
+    *,
+    max_num_seqs: int = 8,
+    max_num_batched_tokens: int = 8192,
+    max_model_len: int = 8192,
+    num_blocks: int = 10_000,
+    block_size: int = 32,
+    enable_prefix_caching: bool = False,
+    neuron_config: dict[str, Any] | None = None,
+    neuron_batch_config: dict[str, Any] | None = None,
+    async_scheduling: bool = False,
+):
+    """A scheduler of `scheduler_cls` over a KV cache of `num_blocks` blocks."""
+    model_config = ModelConfig(
+        model=tiny_model_dir(), skip_tokenizer_init=True, max_model_len=max_model_len,
+        dtype="float32", seed=0)
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len, enable_chunked_prefill=True,
+        is_encoder_decoder=False, async_scheduling=async_scheduling)
+    cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
+    additional: dict[str, Any] = {}
+    if neuron_config is not None:
+        additional["neuron_config"] = neuron_config
+    if neuron_batch_config is not None:
+        additional["neuron_batch"] = neuron_batch_config
+    vllm_config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config,
+                             cache_config=cache_config, additional_config=additional)
+    vllm_config.cache_config.num_gpu_blocks = num_blocks
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_blocks, kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
+            block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+    return scheduler_cls(
+        vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=block_size, log_stats=False)
+
+
+_request_ids = itertools.count()
+
+
+def make_request(prompt_len: int, max_tokens: int, *, req_id: str | None = None,
+                 prompt_token_ids: Sequence[int] | None = None, block_size: int = 32,
+                 ignore_eos: bool = True) -> Request:
+    """A request of `prompt_len` tokens that generates up to `max_tokens` tokens."""
+    _block_hasher_setup()
+    if prompt_token_ids is None:
+        # Distinct ids per request so prefix caching only hits where a test wants it.
+        base = next(_request_ids) * 7919
+        prompt_token_ids = [3 + (base + i) % 1000 for i in range(prompt_len)]
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
+    if not ignore_eos:
+        params.update_from_generation_config({}, EOS_TOKEN_ID)
+    return Request(
+        request_id=req_id if req_id is not None else f"req-{next(_request_ids)}",
+        prompt_token_ids=list(prompt_token_ids), sampling_params=params, pooling_params=None,
+        block_hasher=get_request_block_hasher(block_size, get_hash_fn_by_name("sha256")))
+
+
+def fake_model_output(scheduler_output: SchedulerOutput, requests: dict[str, Request],
+                      token_id: int = 5) -> ModelRunnerOutput:
+    """What a model runner would return: one sampled token for every request that reached
+    the end of its prompt this step, none for a prefill chunk that did not."""
+    req_ids = list(scheduler_output.num_scheduled_tokens)
+    sampled: list[list[int]] = []
+    computed_before = _computed_before(scheduler_output)
+    for req_id in req_ids:
+        request = requests[req_id]
+        done = computed_before[req_id] + scheduler_output.num_scheduled_tokens[req_id]
+        # (num_prompt_tokens, not num_tokens: under async scheduling num_tokens lags behind
+        # the placeholders already counted in num_computed_tokens.)
+        sampled.append([token_id] if done >= request.num_prompt_tokens else [])
+    return ModelRunnerOutput(req_ids=req_ids,
+                             req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                             sampled_token_ids=sampled)
+
+
+def _computed_before(scheduler_output: SchedulerOutput) -> dict[str, int]:
+    before = {new.req_id: new.num_computed_tokens for new in scheduler_output.scheduled_new_reqs}
+    cached = scheduler_output.scheduled_cached_reqs
+    before.update(zip(cached.req_ids, cached.num_computed_tokens))
+    return before
+
+
+@dataclass
+class DriveResult:
+    """What happened while driving a scheduler to completion."""
+
+    outputs: list[SchedulerOutput] = field(default_factory=list)
+    finished: dict[str, int] = field(default_factory=dict)   # req_id -> output tokens
+    num_steps: int = 0
+
+
+def drive(scheduler, requests: Iterable[Request] = (), *, max_steps: int = 100_000,
+          arrivals: dict[int, list[Request]] | None = None, keep_outputs: bool = True,
+          overlap: bool = False,
+          on_step: Callable[[SchedulerOutput], None] | None = None) -> DriveResult:
+    """Run schedule -> fake output -> update_from_output until no request is left.
+
+    `arrivals` maps a step number to requests added just before that step (requests arriving
+    while others run). `overlap=True` drives the loop as vLLM's async engine does: step N+1 is
+    scheduled before step N's output is applied. Raises RuntimeError if no request is left
+    unfinished after `max_steps` steps (a deadlock or livelock), naming what was stuck.
+    """
+    result = DriveResult()
+    added: dict[str, Request] = {}
+
+    def add(request: Request) -> None:
+        added[request.request_id] = request
+        scheduler.add_request(request)
+
+    def apply(output: SchedulerOutput) -> None:
+        model_output = fake_model_output(output, added)
+        for client_outputs in scheduler.update_from_output(output, model_output).values():
+            for out in client_outputs.outputs:
+                if out.finish_reason is not None:
+                    result.finished[out.request_id] = added[out.request_id].num_output_tokens
+
+    for request in requests:
+        add(request)
+    pending_arrivals = dict(arrivals or {})
+    in_flight: SchedulerOutput | None = None
+    step = 0
+    while scheduler.has_requests() or pending_arrivals or in_flight is not None:
+        for request in pending_arrivals.pop(step, []):
+            add(request)
+        if step >= max_steps:
+            raise RuntimeError(
+                f"no completion after {max_steps} steps: {len(scheduler.waiting)} waiting, "
+                f"{len(scheduler.running)} running, {len(result.finished)} finished")
+        output = scheduler.schedule() if (scheduler.has_requests() or in_flight is None) else None
+        if output is not None:
+            if on_step is not None:
+                on_step(output)
+            if keep_outputs:
+                result.outputs.append(output)
+        if overlap:
+            if in_flight is not None:
+                apply(in_flight)
+            in_flight = output
+        elif output is not None:
+            apply(output)
+        step += 1
+    result.num_steps = step
+    return result

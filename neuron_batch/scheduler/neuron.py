@@ -1,0 +1,338 @@
+"""NeuronScheduler and NeuronAsyncScheduler: vLLM's v1 scheduler, made to run on Neuron.
+
+Neuron runs precompiled graphs, so the scheduler must (see the design document,
+`docs/neuron-scheduler-design.md` in AWS's plugin and in this project's README):
+- never mix prefill and decode in one step, and prefill one request per step;
+- pad every prefill chunk to a compiled token bucket and every decode batch to a compiled
+  batch-size bucket, without letting the padding leak into vLLM's token accounting;
+- never admit more requests than the KV cache holds at max_model_len each, because Neuron
+  cannot preempt (and hiding decodes behind a prefill that cannot get KV blocks deadlocks).
+
+It does this around vLLM's own `schedule()`, which still allocates blocks and tracks requests:
+the waiting queue is swapped out (the holdback queue), the requests that pass admission are put
+back one at a time in FIFO order, decodes are hidden while a prefill runs, and everything is
+restored after the base scheduler returns.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.request_queue import create_request_queue
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request
+
+from neuron_batch.buckets import (
+    bucket_for,
+    kv_too_small_message,
+    max_kv_concurrent_requests,
+    resolve_buckets,
+)
+from neuron_batch.scheduler.records import (
+    DECODE,
+    EMPTY,
+    PREFILL,
+    Recorder,
+    RunConfig,
+    SchedulerState,
+    StepRecord,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Keys of `additional_config["neuron_batch"]` (this project's own settings).
+RECORDS_PATH_KEY = "records_path"   # write step/request records here as JSON lines
+CLOCK_KEY = "clock"                 # "module:attribute" of a zero-argument clock
+
+
+class NeuronScheduler(Scheduler):
+    """vLLM's scheduler with Neuron's admission control, prefill/decode separation and padding."""
+
+    def __init__(self, vllm_config, kv_cache_config, structured_output_manager, block_size,
+                 *args: Any, **kwargs: Any) -> None:
+        super().__init__(vllm_config, kv_cache_config, structured_output_manager, block_size,
+                         *args, **kwargs)
+        additional = vllm_config.additional_config or {}
+        own = additional.get("neuron_batch") or {}
+
+        self.max_num_seqs = self.scheduler_config.max_num_seqs
+        # Hard-coded as in the AWS plugin: Neuron prefills one request per step.
+        self.max_prefills_per_batch = 1
+        # Requests kept out of the base scheduler's sight this step (the design's holdback).
+        self.holdback_queue = create_request_queue(self.policy)
+        self.num_batched_tokens_buckets, self.num_seqs_buckets = resolve_buckets(
+            additional.get("neuron_config"), max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
+            max_model_len=self.max_model_len)
+        self._max_kv_concurrent = self._kv_concurrency_limit(vllm_config, kv_cache_config,
+                                                             block_size)
+        self._state = SchedulerState.IDLE
+        self.total_padding_tokens = 0
+
+        records_path = own.get(RECORDS_PATH_KEY)
+        self.recorder = Recorder(clock=_resolve_clock(own.get(CLOCK_KEY)),
+                                 path=Path(records_path) if records_path else None)
+        self.recorder.start(RunConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
+            max_model_len=self.max_model_len, block_size=block_size,
+            num_kv_blocks=kv_cache_config.num_blocks, max_kv_concurrent=self._max_kv_concurrent,
+            prefill_buckets=list(self.num_batched_tokens_buckets),
+            decode_buckets=list(self.num_seqs_buckets),
+            scheduler_cls=f"{type(self).__module__}.{type(self).__name__}",
+            enable_prefix_caching=bool(self.cache_config.enable_prefix_caching)))
+        # Time of the update_from_output call in progress, for requests finishing in it.
+        self._update_time: float | None = None
+        if self._max_kv_concurrent < self.max_num_seqs:
+            logger.info("Neuron scheduler: the KV cache holds %d requests at max_model_len=%d, "
+                        "fewer than max_num_seqs=%d; admission stops there",
+                        self._max_kv_concurrent, self.max_model_len, self.max_num_seqs)
+
+    def _kv_concurrency_limit(self, vllm_config, kv_cache_config, block_size: int) -> int:
+        if kv_cache_config.kv_cache_groups:
+            limit = int(get_max_concurrency_for_kv_cache_config(vllm_config, kv_cache_config))
+        else:
+            limit = max_kv_concurrent_requests(kv_cache_config.num_blocks, block_size,
+                                               self.max_model_len)
+        if limit <= 0:
+            # The AWS code falls back to max_num_seqs here, which switches the cap off.
+            raise ValueError("Neuron scheduler: " + kv_too_small_message(
+                kv_cache_config.num_blocks, block_size, self.max_model_len))
+        return limit
+
+    # -- the design's properties ------------------------------------------------------------
+    @property
+    def state(self) -> SchedulerState:
+        return self._state
+
+    @property
+    def at_capacity(self) -> bool:
+        """True if running requests >= max_num_seqs."""
+        return len(self.running) >= self.max_num_seqs
+
+    @property
+    def has_prefill_in_running(self) -> bool:
+        """True if any running request is still in its prefill phase."""
+        return any(r.num_computed_tokens < r.num_prompt_tokens for r in self.running)
+
+    @staticmethod
+    def _is_prefill_request(request: Request) -> bool:
+        return request.num_computed_tokens < request.num_prompt_tokens
+
+    def admission_refusal(self, request: Request | None = None,
+                          prefill_in_running: bool | None = None) -> str | None:
+        """Why the next waiting request may not start now (None: it may), checked in the
+        design's order. The request itself is not inspected: bucket fit needs no check because
+        chunked prefill makes every chunk fit."""
+        if len(self.running) >= self.max_num_seqs:
+            return "at_capacity"
+        if prefill_in_running if prefill_in_running is not None else self.has_prefill_in_running:
+            return "prefill_in_running"
+        if len(self.waiting) >= self.max_prefills_per_batch:
+            return "prefill_batch_full"
+        if len(self.running) >= self._max_kv_concurrent:
+            return "kv_saturated"  # deadlock prevention: see the design's last section
+        return None
+
+    def can_schedule(self, request: Request | None = None) -> bool:
+        """Admission control for the next waiting request."""
+        return self.admission_refusal(request) is None
+
+    # -- scheduling ---------------------------------------------------------------------------
+    def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        t_start = self.recorder.clock()
+        num_waiting = len(self.waiting)
+
+        # Step 1: move waiting -> holdback. Swapping the queue objects is O(1), where draining
+        # one by one would cost O(waiting) per step (thousands of requests in a batch job).
+        self.holdback_queue, self.waiting = self.waiting, self.holdback_queue
+
+        # Step 2: restore in FIFO order through admission control, stopping at the first refusal.
+        prefill_running = [r for r in self.running
+                           if r.num_computed_tokens < r.num_prompt_tokens]
+        blocked = None
+        while self.holdback_queue:
+            blocked = self.admission_refusal(prefill_in_running=bool(prefill_running))
+            if blocked is not None:
+                self.recorder.blocked_counts[blocked] += 1
+                break
+            self.waiting.add_request(self.holdback_queue.pop_request())
+
+        # Step 3: prefill/decode separation (three branches).
+        hidden: list[Request] = []
+        if prefill_running:
+            # An ongoing segmented prefill: run only it; decodes wait.
+            if len(prefill_running) != len(self.running):
+                hidden = [r for r in self.running if r.num_computed_tokens >= r.num_prompt_tokens]
+                self.running = prefill_running
+        elif self.waiting:
+            # A new prefill starts: hide every decode.
+            hidden, self.running = self.running, []
+        # else: decode only.
+
+        # Step 4: the base scheduler on the filtered view. Its caps are lowered by the number of
+        # hidden requests, or it would admit past max_num_seqs and trip its own assertion.
+        self._lower_running_caps(len(hidden))
+        try:
+            output = self._call_base_schedule(*args, **kwargs)
+        finally:
+            self._lower_running_caps(-len(hidden))
+            # Step 5: restore everything: hidden decodes behind the scheduled requests, and
+            # whatever the base left in waiting (unscheduled or preempted) ahead of the holdback.
+            if hidden:
+                self.running = self.running + hidden
+            if self.waiting:
+                left = list(self.waiting)
+                self.waiting.remove_requests(left)
+                self.holdback_queue.prepend_requests(reversed(left))
+            self.holdback_queue, self.waiting = self.waiting, self.holdback_queue
+
+        # Steps 6-8: padding, the mixed-batch check, state, records.
+        self._pad_and_record(output, t_start, blocked, num_waiting)
+        return output
+
+    def _lower_running_caps(self, amount: int) -> None:
+        self.max_num_running_reqs -= amount
+        # vLLM 0.32 admits against max_num_active_reqs; older releases have only the other cap.
+        if hasattr(self, "max_num_active_reqs"):
+            self.max_num_active_reqs -= amount
+
+    def _call_base_schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        """The base scheduler's schedule(); NeuronAsyncScheduler overrides this."""
+        return Scheduler.schedule(self, *args, **kwargs)
+
+    def _pad_and_record(self, output: SchedulerOutput, t_start: float, blocked: str | None,
+                        num_waiting: int) -> None:
+        num_scheduled = output.num_scheduled_tokens
+        requests = self.requests
+        prefill_ids: list[str] = []
+        prefill_tokens = 0
+        context_tokens = 0
+        num_decode = 0
+        for new in output.scheduled_new_reqs:
+            context_tokens += new.num_computed_tokens
+            if new.num_computed_tokens < requests[new.req_id].num_prompt_tokens:
+                prefill_ids.append(new.req_id)
+                prefill_tokens += num_scheduled[new.req_id]
+            else:
+                num_decode += 1
+        cached = output.scheduled_cached_reqs
+        for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens):
+            context_tokens += computed
+            if computed < requests[req_id].num_prompt_tokens:
+                prefill_ids.append(req_id)
+                prefill_tokens += num_scheduled[req_id]
+            else:
+                num_decode += 1
+        num_prefill = len(prefill_ids)
+        if num_prefill and num_decode:
+            raise RuntimeError(
+                f"Neuron constraint violated: Mixed prefill ({num_prefill}) "
+                f"and decode ({num_decode}) in the same batch.")
+
+        # num_scheduled_tokens stays the actual count (vLLM advances num_computed_tokens by it);
+        # the padded size travels separately for the model runner.
+        padded = dict(num_scheduled)
+        if num_prefill:
+            kind = PREFILL
+            bucket = 0
+            for req_id in prefill_ids:
+                chunk_bucket = bucket_for(num_scheduled[req_id], self.num_batched_tokens_buckets)
+                padded[req_id] = chunk_bucket
+                bucket += chunk_bucket
+            self.total_padding_tokens += bucket - prefill_tokens
+            num_tokens, num_tokens_padded = prefill_tokens, bucket
+            num_seqs = num_seqs_padded = num_prefill
+            output.num_seqs_padded = None
+            self._state = SchedulerState.ACTIVE_PREFILL
+            for new in output.scheduled_new_reqs:
+                record = self.recorder.requests.get(new.req_id)
+                if record is not None and record.admitted is None:
+                    record.admitted = t_start
+                    record.num_cached_tokens = new.num_computed_tokens  # prefix-cache hits
+        elif num_decode:
+            kind = DECODE
+            num_tokens = num_tokens_padded = output.total_num_scheduled_tokens
+            num_seqs = num_decode
+            bucket = num_seqs_padded = bucket_for(num_decode, self.num_seqs_buckets)
+            output.num_seqs_padded = bucket
+            self._state = SchedulerState.ACTIVE_DECODE
+        else:
+            kind, bucket = EMPTY, None
+            num_tokens = num_tokens_padded = num_seqs = num_seqs_padded = 0
+            output.num_seqs_padded = None
+        output.num_scheduled_tokens_padded = padded
+        if not self.waiting and not self.running:
+            self._state = SchedulerState.IDLE
+
+        self.recorder.add_step(StepRecord(
+            step=len(self.recorder.steps), state=self._state.value, kind=kind,
+            req_ids=list(num_scheduled), num_tokens=num_tokens,
+            num_tokens_padded=num_tokens_padded, num_seqs=num_seqs,
+            num_seqs_padded=num_seqs_padded, bucket=bucket, context_tokens=context_tokens,
+            blocked=blocked, num_waiting=num_waiting, num_running=len(self.running),
+            kv_usage=self.kv_cache_manager.usage, t_start=t_start))
+
+    # -- outputs and request life ------------------------------------------------------------
+    def update_from_output(self, scheduler_output, model_runner_output):
+        step = self.recorder.finish_oldest_step()
+        now = step.t_end if step is not None else self.recorder.clock()
+        if step is not None and step.kind == PREFILL:
+            # A request's first token comes from the step that finishes its prompt.
+            index = model_runner_output.req_id_to_index
+            sampled = model_runner_output.sampled_token_ids
+            for req_id in step.req_ids:
+                i = index.get(req_id)
+                record = self.recorder.requests.get(req_id)
+                if (i is not None and i < len(sampled) and sampled[i]
+                        and record is not None and record.first_token is None):
+                    record.first_token = now
+        self._update_time = now
+        try:
+            return super().update_from_output(scheduler_output, model_runner_output)
+        finally:
+            self._update_time = None
+
+    def add_request(self, request: Request) -> None:
+        super().add_request(request)
+        if request.request_id not in self.recorder.requests:
+            self.recorder.request_arrived(request.request_id, request.num_prompt_tokens)
+
+    def _free_request(self, request: Request, *args: Any, **kwargs: Any):
+        now = self._update_time if self._update_time is not None else self.recorder.clock()
+        reason = request.get_finished_reason()
+        self.recorder.request_finished(request.request_id, request.num_output_tokens,
+                                       str(reason) if reason is not None else None, now)
+        return super()._free_request(request, *args, **kwargs)
+
+    def shutdown(self) -> None:
+        self.recorder.close()
+        super().shutdown()
+
+
+class NeuronAsyncScheduler(NeuronScheduler, AsyncScheduler):
+    """NeuronScheduler with vLLM's async scheduling (output placeholders, overlapped steps)."""
+
+    def _call_base_schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        return AsyncScheduler.schedule(self, *args, **kwargs)
+
+
+def _resolve_clock(spec: str | Callable[[], float] | None) -> Callable[[], float]:
+    """The recorder's clock: wall time by default, else a 'module:attribute' callable (the
+    simulated device's virtual clock lives in the engine-core process, so it is named, not
+    passed)."""
+    if spec is None:
+        return time.monotonic
+    if callable(spec):
+        return spec
+    module_name, _, attribute = spec.partition(":")
+    target = getattr(importlib.import_module(module_name), attribute)
+    return target
