@@ -2,9 +2,16 @@
 execution. The dotted paths to give vLLM's `scheduler_cls` / `--scheduler-cls` are
 `neuron_batch.scheduler.NeuronScheduler` and `neuron_batch.scheduler.NeuronAsyncScheduler`.
 
-Importing this package imports vLLM; the record format alone lives in `.records` (no vLLM).
+The classes are imported on first use, so `neuron_batch.scheduler.records` (the record format,
+no vLLM) stays cheap to import for reports and metrics.
 """
 
-from neuron_batch.scheduler.neuron import NeuronAsyncScheduler, NeuronScheduler
-
 __all__ = ["NeuronScheduler", "NeuronAsyncScheduler"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from neuron_batch.scheduler import neuron
+
+        return getattr(neuron, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

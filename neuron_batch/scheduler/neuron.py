@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config
+from vllm.utils.math_utils import cdiv
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.request_queue import create_request_queue
@@ -97,15 +97,26 @@ class NeuronScheduler(Scheduler):
                         self._max_kv_concurrent, self.max_model_len, self.max_num_seqs)
 
     def _kv_concurrency_limit(self, vllm_config, kv_cache_config, block_size: int) -> int:
-        if kv_cache_config.kv_cache_groups:
-            limit = int(get_max_concurrency_for_kv_cache_config(vllm_config, kv_cache_config))
+        """Requests that fit in the KV cache at max_model_len each (the design's
+        `_max_kv_concurrent`). Unlike vLLM's `get_max_concurrency_for_kv_cache_config`, which
+        the AWS code uses, this leaves out the block vLLM's block pool reserves as its null
+        block: counting it admits one request too many when the cache is a whole number of
+        requests, and that request then never gets its last block (found by the property tests).
+        """
+        usable_blocks = kv_cache_config.num_blocks - 1
+        blocks_per_request = sum(
+            cdiv(group.kv_cache_spec.max_memory_usage_bytes(vllm_config),
+                 group.kv_cache_spec.page_size_bytes)
+            for group in kv_cache_config.kv_cache_groups
+            if not getattr(group, "host_resident", False))
+        if blocks_per_request:
+            limit = usable_blocks // blocks_per_request
         else:
-            limit = max_kv_concurrent_requests(kv_cache_config.num_blocks, block_size,
-                                               self.max_model_len)
+            limit = max_kv_concurrent_requests(usable_blocks, block_size, self.max_model_len)
         if limit <= 0:
             # The AWS code falls back to max_num_seqs here, which switches the cap off.
             raise ValueError("Neuron scheduler: " + kv_too_small_message(
-                kv_cache_config.num_blocks, block_size, self.max_model_len))
+                usable_blocks, block_size, self.max_model_len))
         return limit
 
     # -- the design's properties ------------------------------------------------------------

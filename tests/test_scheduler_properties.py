@@ -1,0 +1,147 @@
+"""Invariants of the Neuron scheduler over random workloads and configurations (hypothesis),
+on vLLM's real scheduler for both classes, driven synchronously and, for the async class, with
+one step in flight as vLLM's async engine does."""
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from neuron_batch.buckets import max_kv_concurrent_requests  # noqa: E402
+from neuron_batch.scheduler import NeuronAsyncScheduler, NeuronScheduler  # noqa: E402
+from neuron_batch.scheduler.harness import drive, make_request, make_scheduler  # noqa: E402
+
+BLOCK = 16
+
+
+@st.composite
+def bucket_list(draw, maximum, low):
+    """A valid bucket list ending at `maximum`."""
+    inner = draw(st.lists(st.integers(low, max(low, maximum - 1)), max_size=4, unique=True))
+    return sorted(b for b in set(inner) if b < maximum) + [maximum]
+
+
+@st.composite
+def scenario(draw):
+    max_model_len = draw(st.sampled_from([256, 512, 1024]))
+    max_num_batched_tokens = draw(st.sampled_from([64, 128, 256, 1024]))
+    max_num_seqs = draw(st.integers(1, 12))
+    # KV cache from "one request at max_model_len" up to "everything fits".
+    per_request = -(-max_model_len // BLOCK)
+    num_blocks = draw(st.integers(per_request + 1, per_request * 14))  # +1: the null block
+    prefill_max = min(max_num_batched_tokens, max_model_len)
+    neuron_config = {}
+    if draw(st.booleans()):
+        neuron_config["num_batched_tokens_buckets"] = draw(bucket_list(prefill_max, 16))
+    if draw(st.booleans()):
+        neuron_config["num_seqs_buckets"] = draw(bucket_list(max_num_seqs, 1))
+    num_requests = draw(st.integers(1, 14))
+    prompts = draw(st.lists(st.integers(1, max_model_len - 40), min_size=num_requests,
+                            max_size=num_requests))
+    outputs = draw(st.lists(st.integers(1, 30), min_size=num_requests, max_size=num_requests))
+    arrival_steps = draw(st.lists(st.integers(0, 25), min_size=num_requests,
+                                  max_size=num_requests))
+    return dict(max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
+                max_num_seqs=max_num_seqs, num_blocks=num_blocks, neuron_config=neuron_config,
+                prompts=prompts, outputs=outputs, arrival_steps=sorted(arrival_steps))
+
+
+def run_scenario(cls, sc, overlap=False):
+    sched = make_scheduler(
+        cls, max_num_seqs=sc["max_num_seqs"], max_num_batched_tokens=sc["max_num_batched_tokens"],
+        max_model_len=sc["max_model_len"], num_blocks=sc["num_blocks"], block_size=BLOCK,
+        neuron_config=sc["neuron_config"], async_scheduling=overlap)
+    arrivals: dict[int, list] = {}
+    order = []
+    for i, (p, o, step) in enumerate(zip(sc["prompts"], sc["outputs"], sc["arrival_steps"])):
+        request = make_request(p, o, req_id=f"r{i:02d}", block_size=BLOCK)
+        arrivals.setdefault(step, []).append(request)
+        order.append(request)
+    checks = StepChecks(sched, {r.request_id: r for r in order})
+    result = drive(sched, arrivals=arrivals, max_steps=5_000, overlap=overlap,
+                   on_step=checks.check)
+    return sched, order, result, checks
+
+
+class StepChecks:
+    """Checks every SchedulerOutput the moment it is produced."""
+
+    def __init__(self, sched, requests):
+        self.sched = sched
+        self.requests = requests
+        self.first_scheduled: list[str] = []
+
+    def check(self, out):
+        sched = self.sched
+        before = {n.req_id: n.num_computed_tokens for n in out.scheduled_new_reqs}
+        before.update(zip(out.scheduled_cached_reqs.req_ids,
+                          out.scheduled_cached_reqs.num_computed_tokens))
+        prefills = [r for r in out.num_scheduled_tokens
+                    if before[r] < self.requests[r].num_prompt_tokens]
+        decodes = [r for r in out.num_scheduled_tokens if r not in prefills]
+        # no step mixes prefill and decode; one prefill a step
+        assert not (prefills and decodes)
+        assert len(prefills) <= 1
+        for r in prefills:
+            actual = out.num_scheduled_tokens[r]
+            padded = out.num_scheduled_tokens_padded[r]
+            # padded >= actual and is a configured bucket
+            assert padded >= actual and padded in sched.num_batched_tokens_buckets
+            # num_computed_tokens never passes the prompt during prefill
+            assert before[r] + actual <= self.requests[r].num_prompt_tokens
+        for r in decodes:
+            assert out.num_scheduled_tokens_padded[r] == out.num_scheduled_tokens[r]
+        if decodes:
+            assert out.num_seqs_padded in sched.num_seqs_buckets
+            assert out.num_seqs_padded >= len(decodes)
+        # the state matches the step
+        if prefills:
+            assert sched.state.value == "ACTIVE_PREFILL"
+        elif decodes:
+            assert sched.state.value == "ACTIVE_DECODE"
+        # admission never exceeds max_num_seqs or the KV cache's worst-case capacity
+        assert len(sched.running) <= min(sched.max_num_seqs, sched._max_kv_concurrent)
+        for new in out.scheduled_new_reqs:
+            if new.req_id not in self.first_scheduled:
+                self.first_scheduled.append(new.req_id)
+
+
+def assert_invariants(sched, order, result, checks):
+    # every request finishes, with exactly its max_tokens (EOS is ignored)
+    assert result.finished == {r.request_id: r.max_tokens for r in order}
+    # admission is FIFO: first scheduled in arrival order
+    assert checks.first_scheduled == [r.request_id for r in order]
+    # the recorder saw the same: every step ended, every request timed in order
+    assert all(s.t_end is not None for s in sched.recorder.steps)
+    for record in sched.recorder.requests.values():
+        assert record.arrival <= record.admitted <= record.first_token <= record.finished
+    assert not sched.waiting and not sched.running and not sched.holdback_queue
+
+
+SETTINGS = settings(max_examples=60, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@SETTINGS
+@given(scenario())
+def test_neuron_scheduler_invariants(sc):
+    assert_invariants(*run_scenario(NeuronScheduler, sc))
+
+
+@SETTINGS
+@given(scenario())
+def test_neuron_async_scheduler_invariants(sc):
+    assert_invariants(*run_scenario(NeuronAsyncScheduler, sc))
+
+
+@SETTINGS
+@given(scenario())
+def test_neuron_async_scheduler_invariants_with_a_step_in_flight(sc):
+    assert_invariants(*run_scenario(NeuronAsyncScheduler, sc, overlap=True))
+
+
+def test_kv_capacity_in_scenarios_is_what_the_scheduler_uses():
+    sched = make_scheduler(NeuronScheduler, max_model_len=1024, num_blocks=200, block_size=BLOCK)
+    assert sched._max_kv_concurrent == max_kv_concurrent_requests(200, BLOCK, 1024) == 3
