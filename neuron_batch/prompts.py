@@ -1,0 +1,348 @@
+"""Every prompt source -> a list of `PromptRecord`s, with problems that name file, line and field.
+
+Inputs, chosen by prefix, extension or what a directory holds (readers in `prompt_formats`):
+
+- `.jsonl` / `.json`: one object a line with one of `prompt`, `messages`, `prompt_token_ids`,
+  `prompt_len`; optional `id`/`custom_id`, `max_tokens`, `temperature`, `stop`. A `.json` file
+  that starts with `[` is read as one JSON array of such objects.
+- OpenAI batch files (JSON lines with `custom_id` and `body`), completions or chat.
+- `.csv` / `.tsv` / `.parquet`: a prompt column, or request-trace token counts.
+- `hf:NAME[:CONFIG]` and directories written by `save_to_disk`: Hugging Face data sets.
+- anything else: plain text, one prompt a line.
+
+A line that cannot become a record is reported as an `InputProblem` and left out; an input that
+cannot be used at all raises `InputError`. Pure Python at import time: `datasets` and `pyarrow`
+are imported only by the readers that need them.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: The fields that each make a record's prompt; a JSON line gives exactly one of them.
+PROMPT_FIELDS = ("prompt", "messages", "prompt_token_ids", "prompt_len")
+
+
+@dataclass(slots=True)
+class PromptRecord:
+    """One request to run, in input order."""
+
+    index: int                      # 0-based position across all inputs, in output order
+    id: str                         # `id`/`custom_id`, else str(position before --shuffle)
+    source: str                     # "path:LINE", "path:row N", "hf:name[split] row N"
+    prompt: str | None = None
+    messages: list[dict] | None = None
+    prompt_token_ids: list[int] | None = None
+    prompt_len: int | None = None   # synthetic prompt of this many tokens
+    max_tokens: int | None = None
+    temperature: float | None = None
+    stop: list[str] | None = None
+    arrival_s: float | None = None  # traces: arrival offset in seconds
+    openai: dict | None = None      # OpenAI batch: {"custom_id", "url", "model"}, for its output
+
+
+class InputError(ValueError):
+    """An input that cannot be used at all; the message names it and says what to do."""
+
+
+@dataclass(slots=True)
+class InputProblem:
+    """One line (or row) that could not become a record."""
+
+    source: str                     # "path:LINE" or "path:row N"
+    field: str | None               # the offending field or column; None for the line as a whole
+    message: str
+
+    def __str__(self) -> str:
+        if self.field is None:
+            return f"{self.source}: {self.message}"
+        return f"{self.source}: field '{self.field}': {self.message}"
+
+
+@dataclass(slots=True)
+class LoadedPrompts:
+    """What `load_prompts` read: the usable records and the lines it left out."""
+
+    records: list[PromptRecord]
+    problems: list[InputProblem]
+    kind: str                       # jsonl|openai-batch|csv|parquet|text|hf|trace, or mixed
+    inputs: list[str] = field(default_factory=list)  # the inputs as given, for messages
+
+
+class FieldError(Exception):
+    """Raised by the field checks; the reader turns it into an `InputProblem` for its line."""
+
+    def __init__(self, field_name: str | None, message: str):
+        super().__init__(message)
+        self.field = field_name
+        self.message = message
+
+
+# ---------------------------------------------------------------------------------------------
+# Field checks, shared by every format. `from_text` accepts numbers written as strings (CSV).
+
+
+def describe_value(value: Any) -> str:
+    """A short rendering of a bad value with its JSON type, for problem messages."""
+    type_names = {str: "string", bool: "boolean", int: "integer", float: "number",
+                  list: "array", dict: "object", type(None): "null"}
+    shown = repr(value)
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    return f"{shown} ({type_names.get(type(value), type(value).__name__)})"
+
+
+def _expected(field_name: str, what: str, value: Any) -> FieldError:
+    return FieldError(field_name, f"expected {what}, got {describe_value(value)}")
+
+
+def check_int(value: Any, field_name: str, *, minimum: int, from_text: bool = False) -> int:
+    if value is None:
+        raise FieldError(field_name, f"missing value; expected an integer >= {minimum}")
+    if from_text and isinstance(value, str):
+        value = _number_from_text(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 128.0 from a pandas export means 128
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _expected(field_name, f"an integer >= {minimum}", value)
+    if value < minimum:
+        raise FieldError(field_name, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def check_number(value: Any, field_name: str, *, minimum: float,
+                 from_text: bool = False) -> float:
+    if value is None:
+        raise FieldError(field_name, f"missing value; expected a number >= {minimum:g}")
+    if from_text and isinstance(value, str):
+        value = _number_from_text(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _expected(field_name, f"a number >= {minimum:g}", value)
+    if value < minimum:
+        raise FieldError(field_name, f"must be >= {minimum:g}, got {value}")
+    return float(value)
+
+
+def _number_from_text(text: str) -> int | float | str:
+    """"12" -> 12, "0.5" -> 0.5; anything else is returned as is for the caller to reject."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def check_prompt_text(value: Any, field_name: str) -> str:
+    if value is None:
+        raise FieldError(field_name, "missing prompt")
+    if not isinstance(value, str):
+        raise _expected(field_name, "a string", value)
+    if not value.strip():
+        raise FieldError(field_name, "empty prompt")
+    return value
+
+
+def check_messages(value: Any, field_name: str) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise _expected(field_name, "a non-empty array of {role, content} objects", value)
+    messages = []
+    for position, message in enumerate(value):
+        where = f"{field_name}[{position}]"
+        if not isinstance(message, dict):
+            raise _expected(where, "an object with role and content", message)
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                raise _expected(f"{where}.{key}", "a string", message.get(key))
+        if not message["role"]:
+            raise FieldError(f"{where}.role", "empty role")
+        # Struct columns (Parquet, datasets) fill keys a message lacks with None; drop them.
+        messages.append({key: item for key, item in message.items() if item is not None})
+    return messages
+
+
+def check_token_ids(value: Any, field_name: str) -> list[int]:
+    if not isinstance(value, list) or not value:
+        raise _expected(field_name, "a non-empty array of token ids", value)
+    for position, token_id in enumerate(value):
+        if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
+            raise _expected(f"{field_name}[{position}]", "a token id (integer >= 0)", token_id)
+    return value
+
+
+def check_stop(value: Any, field_name: str) -> list[str] | None:
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(stop, str) and stop for stop in stops):
+        raise _expected(field_name, "a non-empty string or an array of them", value)
+    return stops or None
+
+
+def check_id(value: Any, field_name: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+        raise _expected(field_name, "a non-empty string or an integer", value)
+    return str(value)
+
+
+def set_prompt(record: PromptRecord, prompt_field: str, value: Any, field_name: str,
+               *, from_text: bool = False) -> None:
+    """Fill the one prompt field `prompt_field` (one of PROMPT_FIELDS) of `record`."""
+    if prompt_field == "prompt":
+        record.prompt = check_prompt_text(value, field_name)
+    elif prompt_field == "messages":
+        record.messages = check_messages(value, field_name)
+    elif prompt_field == "prompt_token_ids":
+        record.prompt_token_ids = check_token_ids(value, field_name)
+    else:
+        record.prompt_len = check_int(value, field_name, minimum=1, from_text=from_text)
+
+
+def record_from_object(obj: dict, source: str) -> tuple[PromptRecord, str]:
+    """A JSON-lines object -> (record without index, the field its id came from)."""
+    get = obj.get
+    given = [name for name in PROMPT_FIELDS if get(name) is not None]
+    if len(given) != 1:
+        if not given:
+            keys = ", ".join(repr(key) for key in list(obj)[:10]) or "none"
+            raise FieldError(None, "no prompt: expected one of 'prompt', 'messages', "
+                                   f"'prompt_token_ids', 'prompt_len' (keys found: {keys})")
+        raise FieldError(given[1], f"conflicts with '{given[0]}': give only one of "
+                                   "'prompt', 'messages', 'prompt_token_ids', 'prompt_len'")
+    record = PromptRecord(index=-1, id="", source=source)
+    set_prompt(record, given[0], obj[given[0]], given[0])
+    id_field = "id"
+    custom_id = get("custom_id")
+    if (value := get("id")) is not None:
+        record.id = check_id(value, "id")
+        if custom_id is not None and check_id(custom_id, "custom_id") != record.id:
+            raise FieldError("custom_id", f"differs from 'id' ({record.id!r}); give one of them")
+    elif custom_id is not None:
+        id_field = "custom_id"
+        record.id = check_id(custom_id, "custom_id")
+    if (value := get("max_tokens")) is not None:
+        record.max_tokens = check_int(value, "max_tokens", minimum=1)
+    if (value := get("temperature")) is not None:
+        record.temperature = check_number(value, "temperature", minimum=0.0)
+    if (value := get("stop")) is not None:
+        record.stop = check_stop(value, "stop")
+    return record, id_field
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_prompts(inputs: Sequence[str | Path], *, prompt_column: str = "prompt",
+                 split: str = "train", limit: int | None = None, shuffle: bool = False,
+                 seed: int = 0, default_max_tokens: int | None = None) -> LoadedPrompts:
+    """Read every input, in order, into records numbered 0..n-1 across all of them.
+
+    Lines that cannot become records land in `problems` (the caller decides whether to go on);
+    inputs that cannot be used at all raise `InputError`. `shuffle` (seeded) comes before
+    `limit`; ids given by default are positions before the shuffle, so they do not change with it.
+    """
+    # Imported here, not at the top, because prompt_formats imports the types above.
+    from neuron_batch.prompt_formats import read_input
+
+    if isinstance(inputs, (str, Path)):
+        inputs = [inputs]  # one path, not a sequence of one-character "paths"
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    if default_max_tokens is not None and default_max_tokens < 1:
+        raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
+    if not inputs:
+        raise InputError("no inputs given; name at least one prompt file or data set")
+
+    records: list[PromptRecord] = []
+    problems: list[InputProblem] = []
+    kinds: list[str] = []
+    first_source_by_id: dict[str, str] = {}  # id -> source of the record that holds it
+    for spec in inputs:
+        parsed = read_input(str(spec), prompt_column=prompt_column, split=split)
+        if not parsed.items:
+            raise InputError(f"{spec}: no prompts found: the input is empty or holds only "
+                             "blank lines")
+        kinds.append(parsed.kind)
+        for item in parsed.items:
+            if isinstance(item, InputProblem):
+                problems.append(item)
+                continue
+            record, id_field = item
+            position = len(records)
+            given_id = bool(record.id)
+            if not given_id:
+                record.id = str(position)
+            first_source = first_source_by_id.get(record.id)
+            if first_source is not None:
+                problems.append(_duplicate_id_problem(record, id_field, given_id, first_source))
+                continue
+            first_source_by_id[record.id] = record.source
+            if record.max_tokens is None:
+                record.max_tokens = default_max_tokens
+            records.append(record)
+
+    if shuffle:
+        random.Random(seed).shuffle(records)
+    if limit is not None:
+        del records[limit:]
+    for index, record in enumerate(records):
+        record.index = index
+    kind = kinds[0] if len(set(kinds)) == 1 else "mixed"
+    return LoadedPrompts(records, problems, kind, inputs=[str(spec) for spec in inputs])
+
+
+def _duplicate_id_problem(record: PromptRecord, id_field: str, given_id: bool,
+                          first_source: str) -> InputProblem:
+    if given_id:
+        message = f"duplicate id {record.id!r} (first used at {first_source}); ids must be unique"
+    else:
+        # A record without an id gets its position; an explicit id elsewhere already took it.
+        message = (f"this record has no id and its default id {record.id!r} (its position) is "
+                   f"already used at {first_source}; give it an explicit id")
+    return InputProblem(record.source, id_field, message)
+
+
+# ---------------------------------------------------------------------------------------------
+# Summary
+
+_KIND_LABELS = {"jsonl": "JSONL", "openai-batch": "OpenAI batch", "csv": "CSV",
+                "parquet": "Parquet", "text": "text", "hf": "data set", "trace": "trace"}
+
+
+def prompt_token_count(record: PromptRecord) -> int | None:
+    """The prompt's length in tokens when known without a tokenizer, else None."""
+    if record.prompt_len is not None:
+        return record.prompt_len
+    if record.prompt_token_ids is not None:
+        return len(record.prompt_token_ids)
+    return None
+
+
+def describe_input(loaded: LoadedPrompts) -> str:
+    """One line for humans, e.g. "19,366 prompts from trace conv.csv (prompt lengths p50 1,020 /
+    max 14,050 tokens)"."""
+    count = len(loaded.records)
+    label = _KIND_LABELS.get(loaded.kind, loaded.kind)
+    if len(loaded.inputs) == 1:
+        spec = loaded.inputs[0]
+        where = f"{label} {spec if spec.startswith('hf:') else Path(spec).name}"
+    elif loaded.kind == "mixed":
+        where = f"{len(loaded.inputs)} inputs"
+    else:
+        where = f"{len(loaded.inputs)} {label} inputs"
+    text = f"{count:,} prompt{'' if count == 1 else 's'} from {where}"
+    lengths = sorted(length for record in loaded.records
+                     if (length := prompt_token_count(record)) is not None)
+    if lengths:
+        median = lengths[(len(lengths) - 1) // 2]
+        text += f" (prompt lengths p50 {median:,} / max {lengths[-1]:,} tokens)"
+    if loaded.problems:
+        bad = len(loaded.problems)
+        text += f"; {bad:,} line{'' if bad == 1 else 's'} with problems left out"
+    return text
