@@ -1,0 +1,287 @@
+"""Step-time cost model of a Neuron instance, KV-cache sizing and compile-time estimate.
+
+One scheduler step runs one compiled graph on a tensor-parallel group of `tp` NeuronCores.
+Its time, per core (each core does 1/tp of the matmuls and holds its share of the KV heads):
+
+    decode(b, C)  = decode_fixed + collectives(b) + max(W / bw_w + C * kv_core / bw_kv,
+                                                        b * 2 * P_all / (tp * F) + C * attn)
+    prefill(T, C) = prefill_fixed + collectives(T) + max(W / bw_w + (C + T) * kv_core / bw_kv,
+                                                         T * 2 * P_dec / (tp * F)
+                                                         + 2 * P_head / (tp * F)
+                                                         + T * (C + T / 2) * attn)
+
+    W         weight bytes each core reads per step (decoder matmuls + lm_head, / tp)
+    kv_core   KV bytes per token on one core: 2 * layers * ceil(kv_heads / tp) * head_dim * 2
+    attn      4 * layers * ceil(q_heads / tp) * head_dim / F  (QK^T and AV, per query x key)
+    bw_w      core peak HBM bandwidth * weight_bw_efficiency
+    bw_kv     core peak HBM bandwidth * kv_bw_efficiency
+    F         core peak bf16 FLOP/s * compute_efficiency
+    collectives(n) = 2 * layers * (collective_latency * ceil(log2 tp)
+                                   + 2 (tp - 1) / tp * n * hidden * 2 bytes / link bandwidth)
+
+b is the *padded* decode batch and T the *padded* prefill chunk: a compiled graph does the
+work of its bucket, so padding costs time. C is the KV already held (see StepRecord).
+Compute and HBM traffic overlap on a NeuronCore (DMA queues run beside the engines), hence
+the max; the fixed costs and collectives do not overlap with either.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from .architectures import Architecture, dtype_bytes, resolve_architecture
+from .hardware import GIB, INSTANCES, Instance, get_instance, valid_tp_degrees, validate_tp
+
+PROFILES_DIR = Path(__file__).with_name("profiles")
+WEIGHT_DTYPES = ("bf16", "fp8", "int8")
+#: Activation bytes per element exchanged by the all-reduces (bf16).
+ACTIVATION_BYTES = 2
+#: Share of the TP group's HBM kept for compiled graphs (NEFFs), activations and runtime
+#: scratch. An assumption: AWS publishes no figure; 10% of 16 GiB is 1.6 GiB per core.
+RESERVE_FRACTION = 0.10
+#: VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION default (neuron-facts.md).
+DEFAULT_KV_CAP_FRACTION = 0.30
+#: "A 15 GB model takes about 15 minutes to compile" (AWS), read as 2 graphs: see
+#: compile_footprint.
+DEFAULT_COMPILE_S_PER_GRAPH_PER_GB = 900.0 / 2 / 15.0
+
+
+@dataclass(slots=True)
+class CostProfile:
+    """Per-instance cost parameters (seconds, or fractions of the hardware's peak)."""
+
+    instance: str
+    # Per-step costs that do not scale with the work: graph launch, host<->device
+    # synchronization, sampling. Prefill and decode graphs differ, so two values.
+    prefill_fixed_s: float
+    decode_fixed_s: float
+    # Achieved fraction of peak HBM bandwidth for weight reads (large contiguous transfers).
+    weight_bw_efficiency: float
+    # Achieved fraction of peak HBM bandwidth for KV-cache reads and writes (many small
+    # per-head, per-block transfers: markedly less efficient than weight streaming).
+    kv_bw_efficiency: float
+    # Achieved fraction of peak bf16 FLOP/s on matmuls and attention.
+    compute_efficiency: float
+    # Latency of one all-reduce per stage; an all-reduce over tp cores takes ceil(log2 tp)
+    # stages and each layer does two (after attention, after the MLP).
+    collective_latency_s: float
+    # Compile time of one bucket graph per GB of weights (see compile_footprint).
+    compile_s_per_graph_per_gb: float
+    # Where the numbers come from (fit, derivation, or hand-set).
+    source: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CostProfile:
+        names = {f.name for f in fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"unknown cost-profile fields {sorted(unknown)}; "
+                             f"expected {sorted(names)}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> CostProfile:
+        return CostProfile.from_dict(self.to_dict() | changes)
+
+
+def save_profile(profile: CostProfile, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile.to_dict(), indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def load_profile(source: str | Path) -> CostProfile:
+    """Load a profile from a JSON file, or the built-in one for an instance name."""
+    path = Path(source)
+    if not path.is_file():
+        name = str(source).strip().lower()
+        if name not in INSTANCES:
+            raise FileNotFoundError(f"no profile file {str(source)!r} and no built-in profile of "
+                                    f"that name; built-in: {', '.join(INSTANCES)}")
+        path = PROFILES_DIR / f"{name}.json"
+    return CostProfile.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+class StepCostModel:
+    """Seconds per scheduler step for one (profile, instance, model, TP, dtype) setting.
+
+    Everything that does not depend on the step's shape is folded into a few constants here,
+    so `prefill_time` / `decode_time` cost well under a microsecond of arithmetic.
+    """
+
+    def __init__(self, profile: CostProfile, instance: str | Instance,
+                 arch: str | Architecture, tp_degree: int, weight_dtype: str = "bf16",
+                 kv_dtype: str = "bf16") -> None:
+        if weight_dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"weight_dtype must be one of {WEIGHT_DTYPES}, got {weight_dtype!r}")
+        self.profile = profile
+        self.instance = inst = get_instance(instance)
+        self.arch = arch = resolve_architecture(arch)
+        self.tp = tp = validate_tp(inst, tp_degree)
+        self.weight_dtype, self.kv_dtype = weight_dtype, kv_dtype
+        p = profile
+
+        bw_weights = inst.hbm_bytes_s_per_core * p.weight_bw_efficiency
+        bw_kv = inst.hbm_bytes_s_per_core * p.kv_bw_efficiency
+        flops = inst.flops_per_core * p.compute_efficiency
+        decoder, head = arch.decoder_linear_params, arch.lm_head_params
+
+        # Weights each core streams per step: its shard of the decoder matmuls and lm_head.
+        self.weight_read_bytes = (decoder * dtype_bytes(weight_dtype) + head * 2) / tp
+        self._weights_s = self.weight_read_bytes / bw_weights
+        self.kv_bytes_per_token_core = (2 * arch.num_layers * arch.kv_heads_per_core(tp)
+                                        * arch.head_dim * dtype_bytes(kv_dtype))
+        self._kv_s_per_token = self.kv_bytes_per_token_core / bw_kv
+        # Matmul FLOPs: 2 per parameter per token. Decode runs lm_head for every sequence;
+        # prefill only for each sequence's last token.
+        self._decode_s_per_seq = 2 * (decoder + head) / tp / flops
+        self._prefill_s_per_token = 2 * decoder / tp / flops
+        self._prefill_head_s_per_seq = 2 * head / tp / flops
+        self._attn_s = 4 * arch.num_layers * arch.q_heads_per_core(tp) * arch.head_dim / flops
+        # Collectives: two all-reduces per layer of n tokens * hidden activations.
+        num_allreduce = 2 * arch.num_layers if tp > 1 else 0
+        stages = math.ceil(math.log2(tp)) if tp > 1 else 0
+        self._collective_fixed_s = num_allreduce * p.collective_latency_s * stages
+        ring_bytes_per_token = 2 * (tp - 1) / tp * arch.hidden_size * ACTIVATION_BYTES
+        self._collective_s_per_token = (num_allreduce * ring_bytes_per_token
+                                        / inst.collective_bytes_s(tp))
+        self._prefill_base = p.prefill_fixed_s + self._collective_fixed_s
+        self._decode_base = p.decode_fixed_s + self._collective_fixed_s
+
+    def decode_time(self, padded_seqs: int, context_tokens: int) -> float:
+        """One decode step of `padded_seqs` sequences (the batch bucket) that together hold
+        `context_tokens` KV tokens."""
+        memory = self._weights_s + self._kv_s_per_token * context_tokens
+        compute = self._decode_s_per_seq * padded_seqs + self._attn_s * context_tokens
+        return (self._decode_base + self._collective_s_per_token * padded_seqs
+                + (memory if memory > compute else compute))
+
+    def prefill_time(self, padded_tokens: int, context_tokens: int = 0, num_seqs: int = 1) -> float:
+        """One prefill step of `padded_tokens` (the bucket) after `context_tokens` of prior
+        chunks. `num_seqs` > 1 splits the tokens into equal sequences prefilled together
+        (static batching, as in AWS's published runs); the Neuron scheduler always uses 1."""
+        per_seq = padded_tokens / num_seqs
+        memory = self._weights_s + self._kv_s_per_token * (context_tokens + padded_tokens)
+        compute = (self._prefill_s_per_token * padded_tokens
+                   + self._prefill_head_s_per_seq * num_seqs
+                   + self._attn_s * per_seq * (context_tokens + 0.5 * padded_tokens))
+        return (self._prefill_base + self._collective_s_per_token * padded_tokens
+                + (memory if memory > compute else compute))
+
+    def step_time(self, record: Any) -> float:
+        """Time of a StepRecord-like object (kind, num_tokens_padded, num_seqs_padded,
+        context_tokens); 0 for an empty step."""
+        if record.kind == "prefill":
+            return self.prefill_time(record.num_tokens_padded or record.num_tokens,
+                                     record.context_tokens)
+        if record.kind == "decode":
+            return self.decode_time(record.num_seqs_padded or record.num_seqs,
+                                    record.context_tokens)
+        return 0.0
+
+    def breakdown(self, kind: str, padded: int, context_tokens: int) -> dict[str, float]:
+        """The terms of one step's time (seconds), for reports and debugging."""
+        if kind == "prefill":
+            memory = self._weights_s + self._kv_s_per_token * (context_tokens + padded)
+            compute = (self._prefill_s_per_token * padded + self._prefill_head_s_per_seq
+                       + self._attn_s * padded * (context_tokens + 0.5 * padded))
+            fixed = self.profile.prefill_fixed_s
+        else:
+            memory = self._weights_s + self._kv_s_per_token * context_tokens
+            compute = self._decode_s_per_seq * padded + self._attn_s * context_tokens
+            fixed = self.profile.decode_fixed_s
+        collectives = self._collective_fixed_s + self._collective_s_per_token * padded
+        return {"fixed": fixed, "collectives": collectives, "memory": memory,
+                "compute": compute, "total": fixed + collectives + max(memory, compute)}
+
+
+class CapacityError(ValueError):
+    """The weights do not fit in the HBM of the cores in use; the message says what would."""
+
+
+def _fit_bytes(inst: Instance, tp: int, arch: Architecture,
+               weight_dtype: str) -> tuple[int, int, int]:
+    """(HBM budget, reserve, free bytes after weights and reserve) of a TP group."""
+    budget = tp * inst.hbm_bytes_per_core
+    reserve = int(RESERVE_FRACTION * budget)
+    return budget, reserve, budget - reserve - arch.weight_bytes(weight_dtype)
+
+
+def _where_it_fits(arch: Architecture, weight_dtype: str) -> str:
+    for inst in INSTANCES.values():
+        for tp in valid_tp_degrees(inst):
+            if _fit_bytes(inst, tp, arch, weight_dtype)[2] > 0:
+                return f"TP {tp} on {inst.name}"
+    return "no single instance"
+
+
+def kv_capacity(instance: str | Instance, arch: str | Architecture, tp_degree: int,
+                weight_dtype: str = "bf16", max_model_len: int = 4096, block_size: int = 32,
+                cap_fraction: float = DEFAULT_KV_CAP_FRACTION, max_num_seqs: int | None = None,
+                kv_dtype: str = "bf16") -> dict[str, Any]:
+    """KV-cache size for a TP group: the HBM of the cores in use, minus the weights, minus a
+    reserve for graphs and activations, capped at `cap_fraction` of that HBM (the plugin's
+    VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION), and at what `max_num_seqs` sequences of
+    `max_model_len` can use. Raises CapacityError when the weights do not fit."""
+    inst, arch = get_instance(instance), resolve_architecture(arch)
+    tp = validate_tp(inst, tp_degree)
+    budget, reserve, free = _fit_bytes(inst, tp, arch, weight_dtype)
+    weights = arch.weight_bytes(weight_dtype)
+    if free <= 0:
+        others = [d for d in valid_tp_degrees(inst)
+                  if _fit_bytes(inst, d, arch, weight_dtype)[2] > 0]
+        here = f"TP {others[0]} on {inst.name}" if others else _where_it_fits(arch, weight_dtype)
+        smaller = "" if weight_dtype != "bf16" else (
+            f"; with int8 weights: {_where_it_fits(arch, 'int8')}")
+        raise CapacityError(
+            f"{arch.name} {weight_dtype} weights ({weights / GIB:.1f} GiB) do not fit in TP {tp} "
+            f"on {inst.name}: {budget / GIB:.0f} GiB of HBM, {(budget - reserve) / GIB:.1f} GiB "
+            f"after the {RESERVE_FRACTION:.0%} reserve. It fits with {here}{smaller}.")
+    # Bytes one token's KV takes over the whole group (GQA heads replicated when tp > kv_heads).
+    per_token = (tp * 2 * arch.num_layers * arch.kv_heads_per_core(tp) * arch.head_dim
+                 * dtype_bytes(kv_dtype))
+    cap = int(cap_fraction * budget)
+    usable, limited_by = (cap, "cap_fraction") if cap < free else (free, "free_memory")
+    num_blocks = usable // per_token // block_size
+    blocks_per_seq = -(-max_model_len // block_size)
+    if max_num_seqs is not None and max_num_seqs * blocks_per_seq < num_blocks:
+        num_blocks, limited_by = max_num_seqs * blocks_per_seq, "max_num_seqs"
+    tokens = num_blocks * block_size
+    return {
+        "num_blocks": num_blocks, "tokens": tokens, "bytes": tokens * per_token,
+        "block_size": block_size, "bytes_per_token": per_token,
+        "max_concurrent_at_max_len": num_blocks // blocks_per_seq,
+        "budget_bytes": budget, "weight_bytes": weights, "reserve_bytes": reserve,
+        "free_bytes": free, "cap_bytes": cap, "limited_by": limited_by,
+        "derivation": (f"HBM of {tp} cores {budget / GIB:.1f} GiB - {weight_dtype} weights "
+                       f"{weights / GIB:.2f} GiB - reserve {reserve / GIB:.2f} GiB = "
+                       f"{free / GIB:.2f} GiB free; cap {cap_fraction:g} x budget = "
+                       f"{cap / GIB:.2f} GiB; limited by {limited_by}; {per_token} B/token "
+                       f"-> {num_blocks} blocks of {block_size}"),
+    }
+
+
+def compile_footprint(num_prefill_buckets: int, num_decode_buckets: int,
+                      arch: str | Architecture, weight_dtype: str = "bf16", tp: int | None = None,
+                      profile: CostProfile | None = None) -> dict[str, Any]:
+    """Graphs to compile and the estimated compile time.
+
+    estimated_compile_s = graphs * compile_s_per_graph_per_gb * weight GB. AWS says a 15 GB
+    model takes about 15 minutes to compile; we read that as AWS's recommended starting point
+    (one prefill and one decode bucket, 2 graphs), so 900 s / 2 / 15 GB = 30 s per graph per
+    GB. `tp` is accepted for the record: how compile time scales with it is not published.
+    """
+    arch = resolve_architecture(arch)
+    per_gb = profile.compile_s_per_graph_per_gb if profile else DEFAULT_COMPILE_S_PER_GRAPH_PER_GB
+    graphs = num_prefill_buckets + num_decode_buckets
+    per_graph = per_gb * arch.weight_bytes(weight_dtype) / 1e9
+    return {"graphs": graphs, "per_graph_s": per_graph, "estimated_compile_s": graphs * per_graph,
+            "tp": tp}
+

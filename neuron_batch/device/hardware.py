@@ -1,0 +1,119 @@
+"""AWS Inferentia2 / Trainium instance table.
+
+Figures are AWS's public ones (AWS Neuron docs, "Amazon EC2 Inf2 Architecture" and "AWS
+Trn1/Trn1n Architecture" pages; copied into /work/shared/notes/neuron-facts.md):
+
+- every Inferentia2 or Trainium chip has 2 NeuronCore-v2, 32 GiB HBM (16 GiB per core),
+  820 GiB/s of HBM bandwidth and 190 bf16 TFLOPS;
+- NeuronLink-v2 chip-to-chip bandwidth: 192 GiB/s per chip on inf2.24/48xlarge, 384 GiB/s per
+  chip on trn1.32xlarge; none on the single-chip inf2.xlarge / inf2.8xlarge;
+- each chip also has 1 TB/s of DMA bandwidth, which we use for collectives between the two
+  cores of one chip (TP <= 2).
+
+A tensor-parallel group of `tp` NeuronCores uses only those cores' HBM, bandwidth and FLOPS:
+the cost model works per core and never assumes the idle cores help.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1 << 30
+
+#: HBM per NeuronCore-v2 (32 GiB per chip, 2 cores per chip).
+HBM_GIB_PER_CORE = 16
+#: NeuronCores per Inferentia2 / Trainium chip.
+CORES_PER_CHIP = 2
+#: On-chip DMA bandwidth (bytes/s), "1 TB/sec of DMA bandwidth" per chip.
+ON_CHIP_DMA_BYTES_S = 1.0e12
+#: Tensor-parallel degrees the Neuron stack uses on inf2 (neuron-facts.md); an instance also
+#: accepts its own core count (12 on inf2.24xlarge), which is what default_tp() picks.
+INF2_TP_DEGREES = (1, 2, 4, 8, 24)
+#: On trn1, powers of two up to all 32 cores.
+TRN1_TP_DEGREES = (1, 2, 4, 8, 16, 32)
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """One EC2 instance type with Neuron chips. Bandwidths are whole-instance figures."""
+
+    name: str                   # "inf2.48xlarge"
+    family: str                 # "inf2" | "trn1"
+    num_chips: int              # Inferentia2 / Trainium chips
+    hbm_gib: int                # total device HBM
+    bf16_tflops: float          # total bf16 peak
+    hbm_gib_s: float            # total HBM bandwidth
+    link_gib_s: float | None    # NeuronLink-v2 per chip; None on single-chip instances
+    vcpus: int
+    host_memory_gib: int
+
+    @property
+    def num_cores(self) -> int:
+        return self.num_chips * CORES_PER_CHIP
+
+    @property
+    def hbm_bytes_per_core(self) -> int:
+        return self.hbm_gib * GIB // self.num_cores
+
+    @property
+    def hbm_bytes_s_per_core(self) -> float:
+        """Peak HBM bandwidth of one NeuronCore (half of its chip's)."""
+        return self.hbm_gib_s * GIB / self.num_cores
+
+    @property
+    def flops_per_core(self) -> float:
+        """Peak bf16 FLOP/s of one NeuronCore."""
+        return self.bf16_tflops * 1e12 / self.num_cores
+
+    def collective_bytes_s(self, tp: int) -> float:
+        """Bandwidth available to an all-reduce over `tp` cores: on-chip DMA while the group
+        fits in one chip, else the NeuronLink-v2 bandwidth per chip."""
+        if tp <= CORES_PER_CHIP or self.link_gib_s is None:
+            return ON_CHIP_DMA_BYTES_S
+        return self.link_gib_s * GIB
+
+
+INSTANCES: dict[str, Instance] = {
+    inst.name: inst for inst in (
+        Instance("inf2.xlarge", "inf2", 1, 32, 190.0, 820.0, None, 4, 16),
+        Instance("inf2.8xlarge", "inf2", 1, 32, 190.0, 820.0, None, 32, 128),
+        Instance("inf2.24xlarge", "inf2", 6, 192, 1140.0, 4920.0, 192.0, 96, 384),
+        Instance("inf2.48xlarge", "inf2", 12, 384, 2280.0, 9840.0, 192.0, 192, 768),
+        Instance("trn1.32xlarge", "trn1", 16, 512, 3040.0, 13120.0, 384.0, 128, 512),
+    )
+}
+
+
+class HardwareError(ValueError):
+    """An unknown instance or a TP degree the instance cannot run; the message lists choices."""
+
+
+def get_instance(name: str | Instance) -> Instance:
+    """Look an instance up by name, case-insensitively ("Inf2.48xlarge" works)."""
+    if isinstance(name, Instance):
+        return name
+    key = name.strip().lower()
+    if key not in INSTANCES:
+        raise HardwareError(f"unknown instance {name!r}; valid names: {', '.join(INSTANCES)}")
+    return INSTANCES[key]
+
+
+def valid_tp_degrees(instance: str | Instance) -> tuple[int, ...]:
+    """The TP degrees usable on `instance`, ascending, ending with all of its cores."""
+    inst = get_instance(instance)
+    usual = INF2_TP_DEGREES if inst.family == "inf2" else TRN1_TP_DEGREES
+    return tuple(sorted({d for d in usual if d <= inst.num_cores} | {inst.num_cores}))
+
+
+def default_tp(instance: str | Instance) -> int:
+    """All NeuronCores of the instance (what the Neuron samples use by default)."""
+    return get_instance(instance).num_cores
+
+
+def validate_tp(instance: str | Instance, tp: int) -> int:
+    inst = get_instance(instance)
+    choices = valid_tp_degrees(inst)
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp not in choices:
+        raise HardwareError(f"TP degree {tp!r} is not valid on {inst.name} "
+                            f"({inst.num_cores} NeuronCores); choose one of {list(choices)}")
+    return tp
