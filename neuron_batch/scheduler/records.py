@@ -237,3 +237,38 @@ def _iter_json_lines(path: Path) -> Iterator[dict[str, Any]]:
 def _known(cls: type, obj: dict[str, Any]) -> dict[str, Any]:
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in obj.items() if k in names}
+
+
+def concat_attempts(attempts: list[Records]) -> Records:
+    """Join the records of successive attempts of one run (a run resumed after a crash) into
+    one timeline: each attempt's times are shifted to start where the previous one ended, so
+    time per state and throughput cover the whole input without counting the pause between."""
+    if len(attempts) == 1:
+        return attempts[0]
+    steps: list[StepRecord] = []
+    requests: list[RequestRecord] = []
+    blocked = dict.fromkeys(BLOCK_REASONS, 0)
+    offset = 0.0
+    for records in attempts:
+        times = [s.t_start for s in records.steps] + [r.arrival for r in records.requests]
+        if not times:
+            continue
+        shift = offset - min(times)
+        for step in records.steps:
+            steps.append(StepRecord(**{**asdict(step), "step": len(steps),
+                                       "t_start": step.t_start + shift,
+                                       "t_end": None if step.t_end is None else step.t_end + shift}))
+        for request in records.requests:
+            moved = {k: (v + shift if k in _REQUEST_TIMES and v is not None else v)
+                     for k, v in asdict(request).items()}
+            requests.append(RequestRecord(**moved))
+        for reason, count in records.blocked_counts.items():
+            blocked[reason] = blocked.get(reason, 0) + count
+        ends = [s.t_end for s in records.steps if s.t_end is not None]
+        ends += [r.finished for r in records.requests if r.finished is not None]
+        offset = max(ends, default=max(times)) + shift
+    config = next((r.config for r in reversed(attempts) if r.config is not None), None)
+    return Records(config, steps, requests, blocked)
+
+
+_REQUEST_TIMES = ("arrival", "admitted", "first_token", "finished")

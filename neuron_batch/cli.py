@@ -1,0 +1,279 @@
+"""The `neuron-batch` command line. Click lives here and only here; every command parses its
+options, calls the library, and turns library errors into messages and exit codes.
+
+vLLM, torch and transformers are imported only inside commands, so `--help` is instant.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from neuron_batch import __version__
+from neuron_batch.config import (
+    DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_MAX_TOKENS,
+    DEVICES,
+    RunSettings,
+    SettingsError,
+    SimOptions,
+    load_config_file,
+    parse_buckets_option,
+)
+
+EXIT_CODES_HELP = """\b
+Exit codes:
+  0  every request completed
+  1  the run failed (engine or system error); finished outputs are kept
+  2  bad usage or bad input; nothing was run
+  3  partial: finished, but some inputs were skipped (--on-error skip)
+  4  interrupted (SIGTERM, SIGINT, --max-runtime); --resume continues
+  5  the output folder is in use by another run"""
+
+BUILTIN_PROMPTS = Path(__file__).parent / "data" / "example_prompts.jsonl"
+
+
+def _load_config(ctx: click.Context, param: click.Parameter, value: str | None):
+    """--config job.toml: its settings become the defaults; command-line options still win."""
+    if value is None:
+        return None
+    try:
+        settings = load_config_file(value)
+    except SettingsError as error:
+        raise click.BadParameter(str(error), ctx=ctx, param=param) from None
+    ctx.default_map = {**(ctx.default_map or {}), **settings}
+    return value
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="neuron-batch")
+def main() -> None:
+    """Offline batch inference and bucket benchmarking for LLMs on AWS Inferentia2 /
+    Trainium, through vLLM with a Neuron-aware scheduler.
+
+    \b
+    Start here:
+      neuron-batch run                      # built-in prompts and model, on this machine
+      neuron-batch run prompts.jsonl        # your prompts
+      neuron-batch run trace.csv --device sim --instance inf2.8xlarge --architecture llama-3-8b
+      neuron-batch report results/<run>     # the summary of a finished run again
+      neuron-batch buckets suggest trace.csv --max-buckets 4
+    """
+
+
+def engine_options(func):
+    """Options shared by every command that runs the engine."""
+    options = [
+        click.option("--model", envvar="NEURON_BATCH_MODEL", default=None,
+                     help="Local model directory or Hugging Face id. Default: the built-in "
+                          "SmolLM2-135M-Instruct (prepared once into the cache)."),
+        click.option("--device", type=click.Choice(DEVICES), default="auto",
+                     envvar="NEURON_BATCH_DEVICE", show_default=True,
+                     help="auto picks what vLLM finds (cpu, cuda, neuron); sim is the simulated "
+                          "Neuron device."),
+        click.option("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS, show_default=True,
+                     help="Most requests decoding at once (the largest decode batch)."),
+        click.option("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                     show_default=True, help="Largest prefill chunk; longer prompts are "
+                     "prefilled in chunks of this size."),
+        click.option("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN,
+                     show_default=True, help="Longest prompt + output, in tokens."),
+        click.option("--prefill-buckets", default=None, metavar="N,N,...",
+                     help="Prefill token buckets, ascending, ending at min(max-num-batched-"
+                          "tokens, max-model-len). Default: 128, 256, ... then that max."),
+        click.option("--decode-buckets", default=None, metavar="N,N,...",
+                     help="Decode batch-size buckets, ascending, ending at max-num-seqs. "
+                          "Default: 1, 2, 4, ... then max-num-seqs."),
+        click.option("--block-size", type=int, default=None,
+                     help="KV cache block size. Default: the device's (32 on Neuron)."),
+        click.option("--instance", default="inf2.8xlarge", show_default=True,
+                     envvar="NEURON_BATCH_INSTANCE",
+                     help="[sim] inf2.xlarge, inf2.8xlarge, inf2.24xlarge, inf2.48xlarge or "
+                          "trn1.32xlarge."),
+        click.option("--architecture", default=None,
+                     help="[sim] Model architecture: a catalogue name (llama-3-8b, "
+                          "mistral-7b, ...) or a config.json. Default: the --model's."),
+        click.option("--tensor-parallel-size", type=int, default=None,
+                     help="[sim] NeuronCores to shard over. Default: all of the instance's."),
+        click.option("--weight-dtype", type=click.Choice(["bf16", "fp8", "int8"]),
+                     default="bf16", show_default=True, help="[sim] Weight storage type."),
+        click.option("--cost-profile", default=None, envvar="NEURON_BATCH_COST_PROFILE",
+                     help="[sim] Step-time profile JSON (from `neuron-batch calibrate`). "
+                          "Default: the instance's built-in profile."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+@main.command(epilog=EXIT_CODES_HELP)
+@click.argument("inputs", nargs=-1)
+@click.option("--config", type=click.Path(dir_okay=False), callback=_load_config,
+              is_eager=True, expose_value=False,
+              help="A TOML job file whose keys are these options' names (a [sim] table for "
+                   "the sim ones). Command-line options override it.")
+@engine_options
+@click.option("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, show_default=True,
+              help="Output tokens per request where the input gives none.")
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="Sampling temperature where the input gives none (0 = greedy).")
+@click.option("--prompt-column", default="prompt", show_default=True,
+              help="CSV/Parquet/data-set column holding the prompt.")
+@click.option("--split", default="train", show_default=True, help="Data-set split to read.")
+@click.option("--limit", type=int, default=None, help="Run only the first N prompts.")
+@click.option("--shuffle/--no-shuffle", default=False, help="Shuffle prompts (before --limit).")
+@click.option("--seed", type=int, default=0, show_default=True, help="For --shuffle and sampling.")
+@click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+              help="Bad input lines: fail before loading the model, or skip them and report.")
+@click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
+              envvar="NEURON_BATCH_OUTPUT",
+              help="Run folder. Default: results/<timestamp>-<input name>/.")
+@click.option("--resume", is_flag=True,
+              help="Finish a run in --output that was stopped: only the requests not yet in "
+                   "outputs.jsonl run again.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary (for cron).")
+@click.option("--max-runtime", type=float, default=None, metavar="SECONDS",
+              help="Stop cleanly after this long (exit 4; --resume continues).")
+@click.option("--metrics-textfile", type=click.Path(dir_okay=False), default=None,
+              envvar="NEURON_BATCH_METRICS_TEXTFILE",
+              help="Also write the headline figures in Prometheus text format here "
+                   "(node_exporter's textfile collector).")
+def run(inputs, model, device, max_num_seqs, max_num_batched_tokens, max_model_len,
+        prefill_buckets, decode_buckets, block_size, instance, architecture,
+        tensor_parallel_size, weight_dtype, cost_profile, max_tokens, temperature,
+        prompt_column, split, limit, shuffle, seed, on_error, output, resume, quiet,
+        max_runtime, metrics_textfile):
+    """Run prompts through vLLM with the Neuron scheduler and report what happened.
+
+    INPUTS are files (.jsonl, OpenAI batch .jsonl, .csv, .parquet, .txt), data-set folders
+    written by save_to_disk, or hf:NAME[:CONFIG] Hugging Face data sets. With none, a small
+    built-in set of prompts runs.
+
+    Writes outputs.jsonl (a line per request, as each finishes), report.json and
+    records-N.jsonl (every scheduler step) into the run folder, and prints a summary:
+    throughput, padding waste per bucket, time per scheduler state and admission blocks.
+    """
+    from neuron_batch.runner import RunError, run as run_job
+
+    try:
+        settings = RunSettings(
+            inputs=tuple(inputs) or (str(BUILTIN_PROMPTS),), model=model, device=device,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            prefill_buckets=parse_buckets_option(prefill_buckets, "--prefill-buckets"),
+            decode_buckets=parse_buckets_option(decode_buckets, "--decode-buckets"),
+            block_size=block_size, max_tokens=max_tokens, temperature=temperature,
+            prompt_column=prompt_column, split=split, limit=limit, shuffle=shuffle, seed=seed,
+            on_error=on_error, output=output, resume=resume, quiet=quiet,
+            max_runtime=max_runtime, metrics_textfile=metrics_textfile,
+            sim=SimOptions(instance=instance, architecture=architecture,
+                           tensor_parallel_size=tensor_parallel_size, weight_dtype=weight_dtype,
+                           cost_profile=cost_profile))
+        result = run_job(settings)
+    except SettingsError as error:
+        raise click.UsageError(str(error)) from None
+    except RunError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(error.exit_code)
+    sys.exit(result.exit_code)
+
+
+@main.command()
+@click.argument("path", type=click.Path(exists=True))
+def report(path):
+    """Print the summary of a finished run again, from its report.json."""
+    from neuron_batch.runner import RunError, rerender
+
+    try:
+        click.echo(rerender(Path(path)))
+    except RunError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(error.exit_code)
+
+
+@main.group()
+def buckets():
+    """Choose bucket sets for a workload."""
+
+
+@buckets.command("suggest")
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--max-buckets", type=int, default=4, show_default=True,
+              help="Most prefill buckets (compiled graphs) to allow.")
+@click.option("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+              show_default=True)
+@click.option("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN, show_default=True)
+@click.option("--prompt-column", default="prompt", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, prompt_column,
+                    as_json):
+    """The prefill bucket set of at most --max-buckets buckets that pads the workload's
+    prompts least (exact optimum), against the default powers of two.
+
+    Prompt lengths come from token counts (traces, prompt_len, prompt_token_ids); text prompts
+    are counted with the built-in model's tokenizer.
+    """
+    import json
+
+    from neuron_batch.bucket_optimiser import suggest_prefill
+    from neuron_batch.prompts import InputError, load_prompts
+
+    if max_buckets < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--max-buckets")
+    try:
+        loaded = load_prompts(inputs, prompt_column=prompt_column)
+    except InputError as error:
+        raise click.UsageError(str(error)) from None
+    lengths = _prompt_lengths(loaded.records)
+    too_long = [n for n in lengths if n > max_model_len]
+    if too_long:
+        click.echo(f"note: {len(too_long)} prompt(s) longer than --max-model-len "
+                   f"{max_model_len:,} are left out", err=True)
+        lengths = [n for n in lengths if n <= max_model_len]
+    result = suggest_prefill(lengths, max_buckets=max_buckets,
+                             max_num_batched_tokens=max_num_batched_tokens,
+                             max_model_len=max_model_len)
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    default = result["default"]
+    click.echo(f"{len(lengths):,} prompts -> {result['num_chunks']:,} prefill chunks "
+               f"(max_num_batched_tokens {max_num_batched_tokens:,})")
+    click.echo(f"suggested ({len(result['buckets'])} buckets): "
+               f"{','.join(map(str, result['buckets']))}")
+    click.echo(f"  padded tokens {result['padded_tokens']:,} for {result['actual_tokens']:,} "
+               f"actual: waste {result['waste_fraction']:.1%}")
+    click.echo(f"default ({len(default['buckets'])} buckets): "
+               f"{','.join(map(str, default['buckets']))}")
+    click.echo(f"  padded tokens {default['padded_tokens']:,}: waste "
+               f"{default['waste_fraction']:.1%}")
+
+
+def _prompt_lengths(records) -> list[int]:
+    lengths, texts = [], []
+    for record in records:
+        if record.prompt_len is not None:
+            lengths.append(record.prompt_len)
+        elif record.prompt_token_ids is not None:
+            lengths.append(len(record.prompt_token_ids))
+        else:
+            texts.append(record)
+    if texts:
+        from neuron_batch.models import load_tokenizer, resolve_model
+
+        tokenizer = load_tokenizer(resolve_model(None))
+        for record in texts:
+            if record.messages is not None:
+                lengths.append(len(tokenizer.apply_chat_template(
+                    record.messages, add_generation_prompt=True, tokenize=True)))
+            else:
+                lengths.append(len(tokenizer(record.prompt).input_ids))
+    return lengths
+
+
+if __name__ == "__main__":
+    main()

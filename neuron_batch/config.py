@@ -1,0 +1,156 @@
+"""Settings of a run, validated in one place, with no vLLM import.
+
+The CLI, a `--config job.toml` file and environment variables all end up here as a frozen
+`RunSettings`; the runner and the engine builder only read it.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from neuron_batch.buckets import BucketError, parse_bucket_list, resolve_buckets
+
+DEVICES = ("auto", "cpu", "cuda", "neuron", "sim")
+ON_ERROR = ("fail", "skip")
+
+# Defaults chosen to work on a fresh 2-core CPU machine with the built-in 135M model, and to be
+# a sensible first try on an inf2 host (AWS's advice: start small, then profile).
+DEFAULT_MAX_NUM_SEQS = 8
+DEFAULT_MAX_MODEL_LEN = 2048
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+DEFAULT_MAX_TOKENS = 64
+
+
+class SettingsError(ValueError):
+    """A setting that cannot work; the message names the setting and what is allowed."""
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """The simulated Neuron device (`--device sim`)."""
+
+    instance: str = "inf2.8xlarge"
+    architecture: str | None = None      # catalogue name or config.json; default: the model's
+    tensor_parallel_size: int | None = None  # default: every NeuronCore of the instance
+    weight_dtype: str = "bf16"
+    cost_profile: str | None = None      # a profile JSON from `neuron-batch calibrate`
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    inputs: tuple[str, ...]
+    model: str | None = None             # None: the built-in SmolLM2-135M-Instruct
+    device: str = "auto"
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
+    prefill_buckets: tuple[int, ...] | None = None   # None: powers of two (see buckets.py)
+    decode_buckets: tuple[int, ...] | None = None
+    block_size: int | None = None        # None: the device's default (32 on Neuron)
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    temperature: float = 0.0
+    prompt_column: str = "prompt"
+    split: str = "train"
+    limit: int | None = None
+    shuffle: bool = False
+    seed: int = 0
+    on_error: str = "fail"
+    output: str | None = None            # None: results/<timestamp>-<input name>
+    resume: bool = False
+    quiet: bool = False
+    max_runtime: float | None = None     # seconds
+    metrics_textfile: str | None = None
+    sim: SimOptions = field(default_factory=SimOptions)
+
+    def validate(self) -> RunSettings:
+        _positive("max-num-seqs", self.max_num_seqs)
+        _positive("max-num-batched-tokens", self.max_num_batched_tokens)
+        _positive("max-model-len", self.max_model_len)
+        _positive("max-tokens", self.max_tokens)
+        if self.block_size is not None:
+            _positive("block-size", self.block_size)
+        if self.limit is not None and self.limit < 0:
+            raise SettingsError(f"--limit must be 0 or more, got {self.limit}")
+        if self.max_runtime is not None and self.max_runtime <= 0:
+            raise SettingsError(f"--max-runtime must be a positive number of seconds, "
+                                f"got {self.max_runtime}")
+        if self.temperature < 0:
+            raise SettingsError(f"--temperature must be 0 or more, got {self.temperature}")
+        if self.device not in DEVICES:
+            raise SettingsError(f"--device must be one of {', '.join(DEVICES)}, "
+                                f"got {self.device!r}")
+        if self.on_error not in ON_ERROR:
+            raise SettingsError(f"--on-error must be one of {', '.join(ON_ERROR)}, "
+                                f"got {self.on_error!r}")
+        try:
+            self.buckets()
+        except BucketError as error:
+            raise SettingsError(str(error).replace("num_batched_tokens_buckets (prefill buckets)",
+                                                   "--prefill-buckets")
+                                .replace("num_seqs_buckets (decode buckets)", "--decode-buckets")
+                                ) from None
+        return self
+
+    def buckets(self) -> tuple[list[int], list[int]]:
+        """(prefill, decode) buckets this run uses, validated against the limits."""
+        return resolve_buckets(self.neuron_config(), max_num_seqs=self.max_num_seqs,
+                               max_num_batched_tokens=self.max_num_batched_tokens,
+                               max_model_len=self.max_model_len)
+
+    def neuron_config(self) -> dict[str, list[int]]:
+        """The AWS plugin's `additional_config["neuron_config"]` keys for these buckets."""
+        config: dict[str, list[int]] = {}
+        if self.prefill_buckets is not None:
+            config["num_batched_tokens_buckets"] = list(self.prefill_buckets)
+        if self.decode_buckets is not None:
+            config["num_seqs_buckets"] = list(self.decode_buckets)
+        return config
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _positive(name: str, value: int) -> None:
+    if value is None or value <= 0:
+        raise SettingsError(f"--{name} must be a positive whole number, got {value}")
+
+
+def parse_buckets_option(text: str | None, option: str) -> tuple[int, ...] | None:
+    if text is None or text == "":
+        return None
+    try:
+        return tuple(parse_bucket_list(text, name=option))
+    except BucketError as error:
+        raise SettingsError(str(error)) from None
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a job file (TOML). Keys are option names with dashes or underscores; a [sim] table
+    holds the simulated device's options. Returns option name (underscored) -> value."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SettingsError(f"{path}: no such config file") from None
+    except tomllib.TOMLDecodeError as error:
+        raise SettingsError(f"{path}: not valid TOML: {error}") from None
+    known = {f.name for f in fields(RunSettings)} | {f.name for f in fields(SimOptions)}
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "sim" and isinstance(value, dict):
+            for sim_key, sim_value in value.items():
+                flat[sim_key.replace("-", "_")] = sim_value
+            continue
+        flat[key.replace("-", "_")] = value
+    unknown = sorted(k for k in flat if k not in known)
+    if unknown:
+        raise SettingsError(f"{path}: unknown setting(s) {', '.join(unknown)}; "
+                            f"known: {', '.join(sorted(known))}")
+    return flat
+
+
+def with_sim(settings: RunSettings, **changes: Any) -> RunSettings:
+    return replace(settings, sim=replace(settings.sim, **changes))

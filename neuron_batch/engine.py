@@ -1,0 +1,130 @@
+"""Build vLLM's engine with the Neuron scheduler for a device, and stream finished requests.
+
+The only module besides the scheduler and the simulated device that imports vLLM (lazily, so
+`neuron-batch --help` stays fast). Every device runs the same engine path: LLM -> engine core
+-> NeuronScheduler -> an executor (vLLM's own on cpu/cuda/neuron, the simulated Neuron device
+for `sim`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from neuron_batch.config import RunSettings
+
+SCHEDULER_CLS = "neuron_batch.scheduler.NeuronScheduler"
+CPU_KV_CACHE_BYTES = 2 << 30
+
+
+@dataclass
+class Finished:
+    """One finished request as the engine reports it."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str | None
+    num_prompt_tokens: int
+
+
+def detect_device() -> str:
+    """What vLLM's platform found: 'cpu', 'cuda' or 'neuron'."""
+    from vllm.platforms import current_platform
+
+    device = getattr(current_platform, "device_type", "") or "cpu"
+    return "neuron" if device in ("neuron", "xla") else device
+
+
+def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_path: Path,
+                  workdir: Path, has_tokenizer: bool) -> dict[str, Any]:
+    """Keyword arguments for vllm.LLM for this run and device."""
+    neuron_batch: dict[str, Any] = {"records_path": str(records_path)}
+    kwargs: dict[str, Any] = dict(
+        model=model_path,
+        max_model_len=settings.max_model_len,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        enable_chunked_prefill=True,
+        scheduler_cls=SCHEDULER_CLS,
+        seed=settings.seed,
+        skip_tokenizer_init=not has_tokenizer,
+    )
+    if device == "sim":
+        from neuron_batch.device.sim import SimSettings, sim_engine_kwargs
+
+        sim = settings.sim
+        sim_kwargs = sim_engine_kwargs(
+            SimSettings(instance=sim.instance, arch=sim.architecture or model_path,
+                        tp_degree=sim.tensor_parallel_size, weight_dtype=sim.weight_dtype,
+                        profile=sim.cost_profile),
+            max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
+            max_num_batched_tokens=settings.max_num_batched_tokens, workdir=workdir)
+        sim_additional = sim_kwargs.pop("additional_config", {})
+        neuron_batch.update(sim_additional.get("neuron_batch", {}))
+        kwargs.update(sim_kwargs)
+        kwargs["skip_tokenizer_init"] = True
+    elif device == "cpu":
+        kwargs.update(enforce_eager=True, dtype="float32")
+        if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+            # vLLM's CPU default reserves 92% of the machine's memory and refuses to start when
+            # other processes hold some; a fixed KV cache starts anywhere.
+            kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    if settings.block_size is not None:
+        kwargs["block_size"] = settings.block_size
+    kwargs["additional_config"] = {"neuron_config": settings.neuron_config(),
+                                   "neuron_batch": neuron_batch}
+    return kwargs
+
+
+class Engine:
+    """A vLLM engine fed request by request, yielding requests as they finish."""
+
+    def __init__(self, kwargs: dict[str, Any]):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        self.llm = LLM(**kwargs)
+        self.engine = self.llm.llm_engine
+        self._external_ids: dict[str, str] = {}
+
+    def add(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
+            temperature: float, stop: list[str] | None, seed: int, ignore_eos: bool,
+            detokenize: bool) -> None:
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature,
+                                stop=stop or None, seed=seed if temperature > 0 else None,
+                                ignore_eos=ignore_eos, detokenize=detokenize)
+        self.engine.add_request(request_id, {"prompt_token_ids": prompt_token_ids}, params)
+
+    def abort(self, request_ids: list[str]) -> None:
+        if request_ids:
+            self.engine.abort_request(request_ids)
+
+    def has_unfinished(self) -> bool:
+        return self.engine.has_unfinished_requests()
+
+    def step(self) -> Iterator[Finished]:
+        for out in self.engine.step():
+            if not out.finished:
+                continue
+            completion = out.outputs[0]
+            yield Finished(
+                request_id=out.request_id, token_ids=list(completion.token_ids),
+                text=completion.text if completion.text else None,
+                finish_reason=completion.finish_reason,
+                num_prompt_tokens=len(out.prompt_token_ids or ()))
+
+    def close(self) -> None:
+        """Shut the engine core down so the scheduler flushes its records."""
+        core = getattr(self.engine, "engine_core", None)
+        try:
+            if core is not None:
+                core.shutdown()
+        finally:
+            self.llm = None
+            self.engine = None

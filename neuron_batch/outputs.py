@@ -1,0 +1,180 @@
+"""The output folder of a run: a lock, the outputs written as requests finish, and resume.
+
+Layout of a run folder:
+    outputs.jsonl        one line per finished request, appended and flushed as it finishes
+    run.json             the settings and an input fingerprint (resume checks it)
+    records-N.jsonl      the scheduler's step/request records of attempt N (1, 2, ... on resume)
+    attempts.json        per attempt: wall time, requests finished, how it ended
+    report.json          the report over the whole input (rewritten at the end of each attempt)
+    .lock                held (flock) while a run uses the folder
+
+Nothing here imports vLLM. A run killed at any point (kill -9 included) leaves every line it
+flushed; a torn last line is cut off on resume, and requests already in outputs.jsonl are not
+run again.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+OUTPUTS = "outputs.jsonl"
+MANIFEST = "run.json"
+ATTEMPTS = "attempts.json"
+REPORT = "report.json"
+LOCK = ".lock"
+
+
+class OutputError(Exception):
+    """The output folder cannot be used; `exit_code` says how the CLI should exit."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class FolderBusy(OutputError):
+    pass
+
+
+@dataclass
+class RunFolder:
+    path: Path
+    _lock_file: IO[str] | None = None
+    _outputs: IO[str] | None = None
+    done_ids: set[str] = field(default_factory=set)
+
+    # -- locking --------------------------------------------------------------------------
+    def lock(self) -> None:
+        """Take the folder for this process, or fail at once if another run holds it."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path / LOCK, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise FolderBusy(
+                f"{self.path} is in use by another neuron-batch run ({holder}); wait for it to "
+                f"finish or choose another --output", exit_code=5) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        handle.flush()
+        self._lock_file = handle
+
+    def unlock(self) -> None:
+        self.close_outputs()
+        if self._lock_file is not None:
+            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+            self._lock_file.close()
+            self._lock_file = None
+
+    # -- manifest and previous attempts ---------------------------------------------------------
+    def has_previous_run(self) -> bool:
+        outputs = self.path / OUTPUTS
+        return (self.path / MANIFEST).exists() or (outputs.exists() and outputs.stat().st_size)
+
+    def read_manifest(self) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.path / MANIFEST).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        write_json_atomic(self.path / MANIFEST, manifest)
+
+    def attempts(self) -> list[dict[str, Any]]:
+        try:
+            return json.loads((self.path / ATTEMPTS).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return []
+
+    def write_attempts(self, attempts: list[dict[str, Any]]) -> None:
+        write_json_atomic(self.path / ATTEMPTS, attempts)
+
+    def records_path(self, attempt: int) -> Path:
+        return self.path / f"records-{attempt}.jsonl"
+
+    def records_paths(self) -> list[Path]:
+        paths = sorted(self.path.glob("records-*.jsonl"),
+                       key=lambda p: int(p.stem.split("-")[1]) if p.stem.split("-")[1].isdigit()
+                       else 0)
+        return paths
+
+    # -- outputs ------------------------------------------------------------------------------
+    def load_done(self, id_key: str = "id") -> list[dict[str, Any]]:
+        """Read outputs.jsonl, cutting off a torn last line (a run killed mid-write), and
+        remember which ids are done. Returns the output rows."""
+        path = self.path / OUTPUTS
+        rows: list[dict[str, Any]] = []
+        if not path.exists():
+            return rows
+        data = path.read_bytes()
+        cut = data.rfind(b"\n") + 1
+        if cut != len(data):
+            with open(path, "r+b") as handle:
+                handle.truncate(cut)
+        for line in data[:cut].splitlines():
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            rows.append(row)
+            self.done_ids.add(str(row.get(id_key) if id_key in row else row.get("custom_id")))
+        return rows
+
+    def open_outputs(self) -> None:
+        self._outputs = open(self.path / OUTPUTS, "a", encoding="utf-8")
+
+    def append_output(self, row: dict[str, Any]) -> None:
+        """Write one finished request. Flushed at once: a crash keeps every finished line."""
+        assert self._outputs is not None
+        try:
+            self._outputs.write(json.dumps(row, ensure_ascii=False) + "\n")
+            self._outputs.flush()
+        except OSError as error:
+            if error.errno == errno.ENOSPC:
+                raise OutputError(f"{self.path}: the disk is full; {len(self.done_ids)} finished "
+                                  f"outputs are kept in {OUTPUTS}; free space and rerun with "
+                                  f"--resume", exit_code=1) from None
+            raise
+
+    def close_outputs(self) -> None:
+        if self._outputs is not None:
+            self._outputs.close()
+            self._outputs = None
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def input_fingerprint(ids: Iterable[str]) -> str:
+    """A short hash of the request ids in order: resume refuses a folder made from other input."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for item in ids:
+        digest.update(item.encode("utf-8", "surrogatepass"))
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def default_output_dir(inputs: tuple[str, ...], root: Path = Path("results")) -> Path:
+    name = Path(inputs[0]).stem if inputs else "prompts"
+    if inputs and inputs[0].startswith("hf:"):
+        name = inputs[0][3:].replace("/", "_").replace(":", "_")
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)[:60] or "prompts"
+    return root / f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}"

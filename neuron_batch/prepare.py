@@ -1,0 +1,139 @@
+"""Prompt records -> engine requests (token ids and sampling settings), checked against the
+model's limits before any model loads.
+
+Every request enters vLLM as token ids: text is tokenized here, chat messages are rendered with
+the model's chat template here, and `prompt_len` records get synthetic token ids. Doing it once,
+up front, lets bad prompts (empty, too long, unknown token ids) be reported with their file and
+line before minutes of model loading, and makes the simulated device count the same tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_batch.prompts import InputProblem, PromptRecord
+
+# Synthetic prompts draw from a fixed pseudo-random pool; each request starts at its own offset,
+# so no two requests share a first KV block and prefix caching does not flatter the figures.
+_POOL_SIZE = 1 << 16
+_FIRST_ORDINARY_TOKEN = 100
+
+
+@dataclass(slots=True)
+class PreparedRequest:
+    record: PromptRecord
+    prompt_token_ids: list[int]
+    max_tokens: int
+    max_tokens_clamped: bool = False
+
+
+@dataclass
+class Prepared:
+    requests: list[PreparedRequest]
+    problems: list[InputProblem]
+    tokenizer_name: str | None
+
+
+class SyntheticTokens:
+    """Deterministic token ids for `prompt_len` prompts."""
+
+    def __init__(self, vocab_size: int):
+        high = max(_FIRST_ORDINARY_TOKEN + 1, min(vocab_size, 32_000))
+        span = high - _FIRST_ORDINARY_TOKEN
+        state = 0x2545F491
+        pool = []
+        for _ in range(_POOL_SIZE):
+            state = (state * 6364136223846793005 + 1442695040888963407) & 0xFFFFFFFFFFFFFFFF
+            pool.append(_FIRST_ORDINARY_TOKEN + (state >> 33) % span)
+        self._pool = pool + pool  # doubled so any window up to _POOL_SIZE is one slice
+
+    def make(self, index: int, length: int) -> list[int]:
+        out: list[int] = []
+        start = (index * 7919) % _POOL_SIZE
+        while length > 0:
+            take = min(length, _POOL_SIZE)
+            out.extend(self._pool[start:start + take])
+            length -= take
+        return out
+
+
+def prepare_requests(records: Sequence[PromptRecord], *, tokenizer: Any, tokenizer_name: str | None,
+                     vocab_size: int, max_model_len: int, default_max_tokens: int,
+                     clamp_max_tokens: bool = True) -> Prepared:
+    """Turn records into requests; records that cannot run become problems naming their line.
+
+    A prompt needs at least one free position for output: prompts of max_model_len tokens or
+    more are problems. max_tokens past the end of the context is clamped (vLLM would stop the
+    request there anyway) and counted.
+    """
+    synthetic: SyntheticTokens | None = None
+    requests: list[PreparedRequest] = []
+    problems: list[InputProblem] = []
+    for record in records:
+        try:
+            ids = _token_ids(record, tokenizer, tokenizer_name)
+        except _NeedsTokenizer as error:
+            problems.append(InputProblem(record.source, error.field, str(error)))
+            continue
+        if ids is None:  # prompt_len
+            synthetic = synthetic or SyntheticTokens(vocab_size)
+            ids = synthetic.make(record.index, record.prompt_len)
+        field = _prompt_field(record)
+        if not ids:
+            problems.append(InputProblem(record.source, field, "the prompt is empty after "
+                                         "tokenization"))
+            continue
+        if len(ids) >= max_model_len:
+            problems.append(InputProblem(
+                record.source, field, f"the prompt has {len(ids):,} tokens, more than fit in "
+                f"max_model_len = {max_model_len:,} with room for output; raise --max-model-len "
+                f"or shorten the prompt"))
+            continue
+        if record.prompt_token_ids is not None:
+            bad = next((t for t in ids if t >= vocab_size), None)
+            if bad is not None:
+                problems.append(InputProblem(record.source, "prompt_token_ids",
+                                             f"token id {bad} is outside the model's vocabulary "
+                                             f"of {vocab_size:,}"))
+                continue
+        max_tokens = record.max_tokens or default_max_tokens
+        room = max_model_len - len(ids)
+        clamped = clamp_max_tokens and max_tokens > room
+        requests.append(PreparedRequest(record, ids, room if clamped else max_tokens, clamped))
+    return Prepared(requests, problems, tokenizer_name)
+
+
+class _NeedsTokenizer(Exception):
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def _prompt_field(record: PromptRecord) -> str:
+    for name in ("prompt", "messages", "prompt_token_ids", "prompt_len"):
+        if getattr(record, name) is not None:
+            return name
+    return "prompt"
+
+
+def _token_ids(record: PromptRecord, tokenizer: Any, tokenizer_name: str | None) -> list[int] | None:
+    if record.prompt_token_ids is not None:
+        return record.prompt_token_ids
+    if record.prompt_len is not None:
+        return None
+    if tokenizer is None:
+        field = "messages" if record.messages is not None else "prompt"
+        raise _NeedsTokenizer(field, "text prompts need a tokenizer and this model has none; "
+                                     "give prompt_token_ids or prompt_len, or a model with one")
+    if record.messages is not None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise _NeedsTokenizer("messages", f"the tokenizer of {tokenizer_name} has no chat "
+                                              f"template; give a text prompt instead")
+        rendered = tokenizer.apply_chat_template(record.messages, add_generation_prompt=True,
+                                                 tokenize=True)
+        if isinstance(rendered, dict) or hasattr(rendered, "input_ids"):
+            rendered = rendered["input_ids"]
+        return list(rendered)
+    return list(tokenizer(record.prompt).input_ids)
