@@ -9,6 +9,7 @@ for `sim`).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,12 +68,17 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
         neuron_batch.update(sim_additional.get("neuron_batch", {}))
         kwargs.update(sim_kwargs)
         kwargs["skip_tokenizer_init"] = True
-    elif device == "cpu":
-        kwargs.update(enforce_eager=True, dtype="float32")
-        if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
-            # vLLM's CPU default reserves 92% of the machine's memory and refuses to start when
-            # other processes hold some; a fixed KV cache starts anywhere.
-            kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    else:
+        if device == "cpu":
+            kwargs.update(enforce_eager=True, dtype="float32")
+            if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+                # vLLM's CPU default reserves 92% of the machine's memory and refuses to start
+                # when other processes hold some; a fixed KV cache starts anywhere.
+                kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        if _has_no_weights(model_path):
+            # A directory with only a config.json: random weights, for trying the pipeline and
+            # for tests (the output is noise, the scheduling is real).
+            kwargs["load_format"] = "dummy"
     if settings.block_size is not None:
         kwargs["block_size"] = settings.block_size
     kwargs["additional_config"] = {"neuron_config": settings.neuron_config(),
@@ -80,16 +86,30 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
     return kwargs
 
 
+def _has_no_weights(model_path: str) -> bool:
+    path = Path(model_path)
+    if not path.is_dir():
+        return False
+    return not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")) and not any(
+        path.glob("*.pt"))
+
+
 class Engine:
     """A vLLM engine fed request by request, yielding requests as they finish."""
 
-    def __init__(self, kwargs: dict[str, Any]):
+    def __init__(self, kwargs: dict[str, Any], *, verbose: bool = False):
+        # The engine core runs in this process: the scheduler's records, signals and the
+        # simulated device's clock all stay in one place.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if not verbose:
+            os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
         from vllm import LLM
 
         self.llm = LLM(**kwargs)
         self.engine = self.llm.llm_engine
-        self._external_ids: dict[str, str] = {}
+        self._detokenize = not kwargs.get("skip_tokenizer_init", False)
 
     def add(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
             temperature: float, stop: list[str] | None, seed: int, ignore_eos: bool,
@@ -115,7 +135,7 @@ class Engine:
             completion = out.outputs[0]
             yield Finished(
                 request_id=out.request_id, token_ids=list(completion.token_ids),
-                text=completion.text if completion.text else None,
+                text=completion.text if self._detokenize else None,
                 finish_reason=completion.finish_reason,
                 num_prompt_tokens=len(out.prompt_token_ids or ()))
 

@@ -133,6 +133,13 @@ class RunFolder:
             self.done_ids.add(str(row.get(id_key) if id_key in row else row.get("custom_id")))
         return rows
 
+    def read_outputs(self) -> list[dict[str, Any]]:
+        path = self.path / OUTPUTS
+        if not path.exists():
+            return []
+        with open(path, encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+
     def open_outputs(self) -> None:
         self._outputs = open(self.path / OUTPUTS, "a", encoding="utf-8")
 

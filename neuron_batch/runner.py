@@ -117,6 +117,7 @@ def _run_locked(settings, device, model, prepared, problems, folder, tokenizer, 
                            "input_fingerprint": fingerprint, "num_requests": len(ids),
                            "num_skipped": len(problems), "input_kind": input_kind})
     folder.load_done()
+    folder.open_outputs()
     pending = [r for r in prepared.requests if r.record.id not in folder.done_ids]
     attempts = folder.attempts()
     attempt = len(attempts) + 1
@@ -353,7 +354,8 @@ def build_report(folder: RunFolder, settings: RunSettings, model, prepared, prob
     records = concat_attempts(attempts)
     # Abandoned (aborted) requests are not completed work: leave them out of the figures.
     records.requests = [r for r in records.requests if r.finish_reason != "abort"]
-    extra = {"model": model.name, "device": settings.device,
+    devices = [a.get("device") for a in folder.attempts() if a.get("device")]
+    extra = {"model": model.name, "device": devices[-1] if devices else settings.device,
              "tokenizer": prepared.tokenizer_name, "max_tokens": settings.max_tokens,
              "temperature": settings.temperature, "inputs": list(settings.inputs)}
     if settings.device == "sim":
@@ -362,12 +364,36 @@ def build_report(folder: RunFolder, settings: RunSettings, model, prepared, prob
     completed = len(folder.done_ids & {r.record.id for r in prepared.requests})
     report = summarize(records, extra_config=extra, total=total, skipped=len(problems),
                        failed=0)
+    _tokens_from_outputs(report, folder)
     report["requests"]["completed"] = completed
     report["requests"]["pending"] = len(prepared.requests) - completed
     report["requests"]["max_tokens_clamped"] = sum(r.max_tokens_clamped for r in prepared.requests)
     report["attempts"] = folder.attempts()
     report["output_dir"] = str(folder.path)
     return report
+
+
+def _tokens_from_outputs(report: dict, folder: RunFolder) -> None:
+    """Token totals and rates from outputs.jsonl, the record of what finished: scheduler records
+    of an attempt killed with -9 may lack its last fraction of a second."""
+    input_tokens = output_tokens = 0
+    for row in folder.read_outputs():
+        usage = (row.get("response") or {}).get("body", {}).get("usage")
+        if usage is not None:
+            input_tokens += usage["prompt_tokens"]
+            output_tokens += usage["completion_tokens"]
+        else:
+            input_tokens += row["num_prompt_tokens"]
+            output_tokens += row["num_output_tokens"]
+    total = input_tokens + output_tokens
+    report["tokens"] = {"input": input_tokens, "output": output_tokens, "total": total}
+    elapsed = report["throughput"]["elapsed_s"]
+    rate = (lambda amount: amount / elapsed if elapsed > 0 else 0.0)
+    report["throughput"].update(input_tokens_per_s=rate(input_tokens),
+                                output_tokens_per_s=rate(output_tokens),
+                                total_tokens_per_s=rate(total))
+    report["total_num_tokens"] = total
+    report["tokens_per_second"] = rate(total)
 
 
 def _sim_description(settings: RunSettings, model) -> dict:

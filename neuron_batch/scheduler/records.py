@@ -113,6 +113,7 @@ class Recorder:
     clock: Callable[[], float] = time.monotonic
     path: Path | None = None
     flush_every: int = 256
+    flush_seconds: float = 0.5
     steps: list[StepRecord] = field(default_factory=list)
     requests: dict[str, RequestRecord] = field(default_factory=dict)
     blocked_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(BLOCK_REASONS, 0))
@@ -120,6 +121,7 @@ class Recorder:
     _pending: list[str] = field(default_factory=list)
     _file: IO[str] | None = None
     _unfinished_steps: list[StepRecord] = field(default_factory=list)
+    _last_flush: float = field(default_factory=time.monotonic)
 
     def start(self, config: RunConfig) -> None:
         self.config = config
@@ -163,7 +165,8 @@ class Recorder:
     def _emit(self, kind: str, payload: dict[str, Any]) -> None:
         payload["type"] = kind
         self._pending.append(json.dumps(payload, separators=(",", ":")))
-        if len(self._pending) >= self.flush_every:
+        if (len(self._pending) >= self.flush_every
+                or time.monotonic() - self._last_flush >= self.flush_seconds):
             self.flush()
 
     def flush(self) -> None:
@@ -171,6 +174,7 @@ class Recorder:
             self._file.write("\n".join(self._pending) + "\n")
             self._file.flush()
         self._pending.clear()
+        self._last_flush = time.monotonic()
 
     def close(self) -> None:
         if self._file is None:

@@ -1,0 +1,214 @@
+"""`neuron-batch run` end to end on the CPU: real loaders, vLLM's real engine with the Neuron
+scheduler, real output files. A tiny random-weight llama (config.json only) keeps it fast;
+one test uses the built-in SmolLM2 model for the text formats."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("vllm")
+
+from neuron_batch.cli import main  # noqa: E402
+from neuron_batch.outputs import RunFolder  # noqa: E402
+
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+        "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+        "tie_word_embeddings": False}
+
+ENGINE = ["--max-num-seqs", "4", "--max-num-batched-tokens", "256", "--max-model-len", "1024",
+          "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    (path / "config.json").write_text(json.dumps(TINY))
+    return str(path)
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def token_prompts(n, max_tokens=5):
+    rows = []
+    for i in range(n):
+        if i % 2:
+            rows.append({"id": f"q{i}", "prompt_len": 20 + 37 * i % 400, "max_tokens": max_tokens})
+        else:
+            rows.append({"id": f"q{i}", "prompt_token_ids": [3 + (i + j) % 500 for j in range(
+                10 + 53 * i % 300)], "max_tokens": max_tokens})
+    return rows
+
+
+def invoke(args):
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    return result
+
+
+def read_outputs(folder):
+    return [json.loads(line) for line in (Path(folder) / "outputs.jsonl").read_text().splitlines()]
+
+
+def test_run_writes_outputs_and_a_consistent_report(tiny_model, tmp_path):
+    prompts = write_jsonl(tmp_path / "p.jsonl", token_prompts(10))
+    out = tmp_path / "run"
+    textfile = tmp_path / "metrics.prom"
+    result = invoke(["run", prompts, "--model", tiny_model, *ENGINE, "-o", str(out),
+                     "--metrics-textfile", str(textfile)])
+    assert result.exit_code == 0, result.output
+    rows = read_outputs(out)
+    assert sorted(r["id"] for r in rows) == sorted(f"q{i}" for i in range(10))
+    assert all(r["num_output_tokens"] == 5 for r in rows)
+    report = json.loads((out / "report.json").read_text())
+    # the report agrees with the outputs and the records
+    assert report["requests"] == {"total": 10, "completed": 10, "failed": 0, "skipped": 0,
+                                  "pending": 0, "max_tokens_clamped": 0}
+    assert report["tokens"]["output"] == sum(r["num_output_tokens"] for r in rows)
+    assert report["tokens"]["input"] == sum(r["num_prompt_tokens"] for r in rows)
+    prefill, decode = report["padding"]["prefill"], report["padding"]["decode"]
+    assert prefill["padded_tokens"] >= prefill["actual_tokens"] == report["tokens"]["input"]
+    assert decode["padded_seqs"] >= decode["actual_seqs"]
+    state_seconds = sum(s["seconds"] for s in report["states"].values())
+    assert state_seconds == pytest.approx(report["throughput"]["elapsed_s"], rel=1e-9)
+    assert set(report["admission_blocked"]) == {"at_capacity", "prefill_in_running",
+                                                "prefill_batch_full", "kv_saturated"}
+    for key in ("elapsed_time", "num_requests", "total_num_tokens", "requests_per_second",
+                "tokens_per_second"):
+        assert key in report
+    assert report["config"]["device"] == "cpu"
+    assert "neuron_batch_throughput_output_tokens_per_second" in textfile.read_text()
+    # `report DIR` prints the same summary again
+    again = invoke(["report", str(out)])
+    assert again.exit_code == 0 and "Prefill padding" in again.output
+
+
+def test_bad_input_stops_before_the_model_loads(tiny_model, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt_len": 30}\n{"prompt_len": \n{"prompt": ""}\n')
+    out = tmp_path / "run"
+    started = time.monotonic()
+    result = invoke(["run", str(path), "--model", tiny_model, *ENGINE, "-o", str(out)])
+    assert result.exit_code == 2
+    assert f"{path}:2" in result.output and f"{path}:3" in result.output
+    assert time.monotonic() - started < 20 and not (out / "outputs.jsonl").exists()
+
+
+def test_prompt_longer_than_max_model_len_is_named(tiny_model, tmp_path):
+    path = write_jsonl(tmp_path / "long.jsonl", [{"prompt_len": 30}, {"prompt_len": 5000}])
+    result = invoke(["run", path, "--model", tiny_model, *ENGINE, "-o", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert f"{path}:2: field 'prompt_len': the prompt has 5,000 tokens" in result.output
+
+
+def test_on_error_skip_runs_the_rest_and_exits_partial(tiny_model, tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_text('{"id": "a", "prompt_len": 30, "max_tokens": 3}\nnot json\n'
+                    '{"id": "b", "prompt_len": 40, "max_tokens": 3}\n')
+    out = tmp_path / "run"
+    result = invoke(["run", str(path), "--model", tiny_model, *ENGINE, "-o", str(out),
+                     "--on-error", "skip"])
+    assert result.exit_code == 3, result.output
+    assert sorted(r["id"] for r in read_outputs(out)) == ["a", "b"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["requests"]["skipped"] == 1 and report["requests"]["total"] == 3
+
+
+def test_invalid_buckets_are_a_usage_error(tiny_model, tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", token_prompts(2))
+    result = invoke(["run", path, "--model", tiny_model, *ENGINE, "--prefill-buckets",
+                     "512,128"])
+    assert result.exit_code == 2
+    assert "--prefill-buckets must be in ascending order" in result.output
+
+
+def test_a_locked_folder_is_refused_at_once(tiny_model, tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", token_prompts(2))
+    out = tmp_path / "run"
+    holder = RunFolder(out)
+    holder.lock()
+    try:
+        result = invoke(["run", path, "--model", tiny_model, *ENGINE, "-o", str(out)])
+    finally:
+        holder.unlock()
+    assert result.exit_code == 5
+    assert "in use by another neuron-batch run" in result.output
+
+
+def test_a_second_run_on_the_same_output_needs_resume(tiny_model, tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", token_prompts(3))
+    out = tmp_path / "run"
+    assert invoke(["run", path, "--model", tiny_model, *ENGINE, "-o", str(out)]).exit_code == 0
+    again = invoke(["run", path, "--model", tiny_model, *ENGINE, "-o", str(out)])
+    assert again.exit_code == 2 and "--resume" in again.output
+    done = invoke(["run", path, "--model", tiny_model, *ENGINE, "-o", str(out), "--resume"])
+    assert done.exit_code == 0 and len(read_outputs(out)) == 3
+
+
+def test_max_runtime_stops_cleanly_and_resume_finishes(tiny_model, tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", token_prompts(40, max_tokens=40))
+    out = tmp_path / "run"
+    first = invoke(["run", path, "--model", tiny_model, *ENGINE, "-o", str(out),
+                    "--max-runtime", "0.5"])
+    assert first.exit_code == 4, first.output
+    kept = read_outputs(out)
+    assert len(kept) < 40
+    second = invoke(["run", path, "--model", tiny_model, *ENGINE, "-o", str(out), "--resume"])
+    assert second.exit_code == 0, second.output
+    rows = read_outputs(out)
+    assert sorted(r["id"] for r in rows) == sorted(f"q{i}" for i in range(40))
+    report = json.loads((out / "report.json").read_text())
+    assert report["requests"]["completed"] == 40
+    assert [a["ended"] for a in report["attempts"]] == ["deadline", "completed"]
+
+
+def _start_run(args, env=None):
+    return subprocess.Popen([sys.executable, "-m", "neuron_batch.cli", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})})
+
+
+def _wait_for_lines(path, count, proc, timeout=240):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().count("\n") >= count:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early: {proc.stdout.read().decode()[-2000:]}")
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("no outputs appeared")
+
+
+@pytest.mark.parametrize("how", ["kill9", "sigterm"])
+def test_a_killed_run_resumes_without_loss_or_duplicates(tiny_model, tmp_path, how):
+    path = write_jsonl(tmp_path / "p.jsonl", token_prompts(60, max_tokens=60))
+    out = tmp_path / "run"
+    proc = _start_run(["run", path, "--model", tiny_model, *ENGINE, "-o", str(out), "-q"])
+    _wait_for_lines(out / "outputs.jsonl", 5, proc)
+    if how == "kill9":
+        proc.kill()
+        proc.wait()
+    else:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 4
+    partial = read_outputs(out)
+    assert 5 <= len(partial) < 60
+    resumed = invoke(["run", path, "--model", tiny_model, *ENGINE, "-o", str(out), "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    ids = [r["id"] for r in read_outputs(out)]
+    assert len(ids) == len(set(ids)) == 60
+    report = json.loads((out / "report.json").read_text())
+    assert report["requests"]["completed"] == 60
+    assert report["tokens"]["output"] == 60 * 60 == sum(r["num_output_tokens"]
+                                                        for r in read_outputs(out))
