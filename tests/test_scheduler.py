@@ -220,3 +220,13 @@ def test_injected_clock_times_the_records():
     drive(sched, [make_request(50, 2)])
     times = [(s.t_start, s.t_end) for s in sched.recorder.steps]
     assert times == sorted(times) and all(isinstance(t, float) for pair in times for t in pair)
+
+
+def test_step_record_is_built_in_its_field_order():
+    from dataclasses import fields
+
+    from neuron_batch.scheduler.neuron import STEP_FIELDS_FILLED
+    from neuron_batch.scheduler.records import StepRecord
+
+    names = tuple(f.name for f in fields(StepRecord))
+    assert names[:len(STEP_FIELDS_FILLED)] == STEP_FIELDS_FILLED

@@ -48,6 +48,14 @@ from neuron_batch.scheduler.records import (
 
 logger = logging.getLogger(__name__)
 
+#: The StepRecord fields `_pad_and_record` fills, in the order it passes them: positional
+#: arguments build a record about 1 us faster than keywords, every step. A test checks that
+#: this order is StepRecord's.
+STEP_FIELDS_FILLED = ("step", "state", "kind", "req_ids", "num_tokens", "num_tokens_padded",
+                      "num_seqs", "num_seqs_padded", "bucket", "context_tokens", "blocked",
+                      "num_waiting", "num_running", "kv_usage", "t_start")
+_STATE_VALUES = {state: state.value for state in SchedulerState}
+
 #: Keys of `additional_config["neuron_batch"]` (this project's own settings).
 RECORDS_PATH_KEY = "records_path"   # write step/request records here as JSON lines
 CLOCK_KEY = "clock"                 # "module:attribute" of a zero-argument clock
@@ -191,11 +199,14 @@ class NeuronScheduler(Scheduler):
 
         # Step 4: the base scheduler on the filtered view. Its caps are lowered by the number of
         # hidden requests, or it would admit past max_num_seqs and trip its own assertion.
-        self._lower_running_caps(len(hidden))
+        num_hidden = len(hidden)
+        if num_hidden:
+            self._lower_running_caps(num_hidden)
         try:
             output = self._call_base_schedule(*args, **kwargs)
         finally:
-            self._lower_running_caps(-len(hidden))
+            if num_hidden:
+                self._lower_running_caps(-num_hidden)
             # Step 5: restore everything: hidden decodes behind the scheduled requests, and
             # whatever the base left in waiting (unscheduled or preempted) ahead of the holdback.
             if hidden:
@@ -235,14 +246,16 @@ class NeuronScheduler(Scheduler):
                 prefill_tokens += num_scheduled[new.req_id]
             else:
                 num_decode += 1
+        # Running requests: one comprehension over them (every decode step), sums in C.
         cached = output.scheduled_cached_reqs
-        for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens):
-            context_tokens += computed
-            if computed < requests[req_id].num_prompt_tokens:
-                prefill_ids.append(req_id)
-                prefill_tokens += num_scheduled[req_id]
-            else:
-                num_decode += 1
+        cached_ids, cached_computed = cached.req_ids, cached.num_computed_tokens
+        context_tokens += sum(cached_computed)
+        cached_prefill = [req_id for req_id, computed in zip(cached_ids, cached_computed)
+                          if computed < requests[req_id].num_prompt_tokens]
+        num_decode += len(cached_ids) - len(cached_prefill)
+        for req_id in cached_prefill:
+            prefill_ids.append(req_id)
+            prefill_tokens += num_scheduled[req_id]
         num_prefill = len(prefill_ids)
         if num_prefill and num_decode:
             raise RuntimeError(
@@ -281,16 +294,14 @@ class NeuronScheduler(Scheduler):
             num_tokens = num_tokens_padded = num_seqs = num_seqs_padded = 0
             output.num_seqs_padded = None
         output.num_scheduled_tokens_padded = padded
-        if not self.waiting and not self.running:
+        if not self.running and not self.waiting:
             self._state = SchedulerState.IDLE
 
-        self.recorder.add_step(StepRecord(
-            step=len(self.recorder.steps), state=self._state.value, kind=kind,
-            req_ids=list(num_scheduled), num_tokens=num_tokens,
-            num_tokens_padded=num_tokens_padded, num_seqs=num_seqs,
-            num_seqs_padded=num_seqs_padded, bucket=bucket, context_tokens=context_tokens,
-            blocked=blocked, num_waiting=num_waiting, num_running=len(self.running),
-            kv_usage=self.kv_cache_manager.usage, t_start=t_start))
+        recorder = self.recorder
+        recorder.add_step(StepRecord(  # arguments in STEP_FIELDS_FILLED order
+            len(recorder.steps), _STATE_VALUES[self._state], kind, list(num_scheduled),
+            num_tokens, num_tokens_padded, num_seqs, num_seqs_padded, bucket, context_tokens,
+            blocked, num_waiting, len(self.running), self.kv_cache_manager.usage, t_start))
 
     # -- outputs and request life ------------------------------------------------------------
     def update_from_output(self, scheduler_output, model_runner_output):

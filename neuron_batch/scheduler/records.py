@@ -143,7 +143,7 @@ class Recorder:
         record = self._unfinished_steps.pop(0)
         record.t_end = self.clock()
         if self._file is not None:
-            self._emit("step", asdict(record))
+            self._emit("step", _fields_of(record))
         return record
 
     # -- requests ----------------------------------------------------------------------------
@@ -159,7 +159,7 @@ class Recorder:
         record.num_output_tokens = num_output_tokens
         record.finish_reason = finish_reason
         if self._file is not None:
-            self._emit("request", asdict(record))
+            self._emit("request", _fields_of(record))
 
     # -- output ------------------------------------------------------------------------------
     def _emit(self, kind: str, payload: dict[str, Any]) -> None:
@@ -180,7 +180,7 @@ class Recorder:
         if self._file is None:
             return
         while self._unfinished_steps:  # steps whose output never came back (shutdown mid-step)
-            self._emit("step", asdict(self._unfinished_steps.pop(0)))
+            self._emit("step", _fields_of(self._unfinished_steps.pop(0)))
         self._emit("summary", {"admission_blocked": dict(self.blocked_counts),
                                "num_steps": len(self.steps)})
         self.flush()
@@ -236,6 +236,20 @@ def _iter_json_lines(path: Path) -> Iterator[dict[str, Any]]:
                 yield json.loads(line)
             except json.JSONDecodeError:
                 return  # a torn last line from a killed process
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _fields_of(record: Any) -> dict[str, Any]:
+    """A record as a dict, without `asdict`'s deep copy (26 us a step at 8 running, 270 us at
+    256; this is about 1 us). Records hold only flat values and lists that are not changed
+    after they are written."""
+    cls = type(record)
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return {name: getattr(record, name) for name in names}
 
 
 def _known(cls: type, obj: dict[str, Any]) -> dict[str, Any]:
