@@ -121,6 +121,9 @@ def engine_options(func):
               help="Output tokens per request where the input gives none.")
 @click.option("--temperature", type=float, default=0.0, show_default=True,
               help="Sampling temperature where the input gives none (0 = greedy).")
+@click.option("--ignore-eos", is_flag=True,
+              help="Generate exactly max-tokens per request, as benchmarks do (always so on "
+                   "--device sim, which does not sample).")
 @click.option("--prompt-column", default="prompt", show_default=True,
               help="CSV/Parquet/data-set column holding the prompt.")
 @click.option("--split", default="train", show_default=True, help="Data-set split to read.")
@@ -145,7 +148,7 @@ def engine_options(func):
 def run(inputs, model, device, max_num_seqs, max_num_batched_tokens, max_model_len,
         prefill_buckets, decode_buckets, block_size, instance, architecture,
         tensor_parallel_size, weight_dtype, cost_profile, max_tokens, temperature,
-        prompt_column, split, limit, shuffle, seed, on_error, output, resume, quiet,
+        ignore_eos, prompt_column, split, limit, shuffle, seed, on_error, output, resume, quiet,
         max_runtime, metrics_textfile):
     """Run prompts through vLLM with the Neuron scheduler and report what happened.
 
@@ -167,6 +170,7 @@ def run(inputs, model, device, max_num_seqs, max_num_batched_tokens, max_model_l
             prefill_buckets=parse_buckets_option(prefill_buckets, "--prefill-buckets"),
             decode_buckets=parse_buckets_option(decode_buckets, "--decode-buckets"),
             block_size=block_size, max_tokens=max_tokens, temperature=temperature,
+            ignore_eos=ignore_eos,
             prompt_column=prompt_column, split=split, limit=limit, shuffle=shuffle, seed=seed,
             on_error=on_error, output=output, resume=resume, quiet=quiet,
             max_runtime=max_runtime, metrics_textfile=metrics_textfile,
@@ -193,6 +197,56 @@ def report(path):
     except RunError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(error.exit_code)
+
+
+@main.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--instance", required=True, help="The instance the runs were made on.")
+@click.option("--architecture", required=True,
+              help="The model's architecture: a catalogue name or its config.json.")
+@click.option("--tensor-parallel-size", type=int, default=None,
+              help="NeuronCores the runs used. Default: all of the instance's.")
+@click.option("--weight-dtype", type=click.Choice(["bf16", "fp8", "int8"]), default="bf16",
+              show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
+              help="Where to write the fitted profile (JSON), for --cost-profile.")
+def calibrate(run_dirs, instance, architecture, tensor_parallel_size, weight_dtype, output):
+    """Fit a step-time profile to the step records of real runs (your own inf2/trn1 runs), so
+    `--device sim --cost-profile FILE` predicts your hardware and model.
+
+    Each step's measured duration (t_end - t_start in records-N.jsonl) is matched by the cost
+    model's formula for its padded shape; the profile's parameters are fitted by least squares
+    on the relative error. Runs with both prefill and decode steps of varied sizes fit best.
+    """
+    from neuron_batch.device.calibrate import fit_from_steps
+    from neuron_batch.device.cost_model import StepCostModel, save_profile
+    from neuron_batch.device.hardware import default_tp
+    from neuron_batch.scheduler.records import read_records
+
+    steps = []
+    for run_dir in run_dirs:
+        paths = sorted(Path(run_dir).glob("records-*.jsonl"))
+        if not paths:
+            raise click.UsageError(f"{run_dir}: no records-N.jsonl here; is it a neuron-batch "
+                                   f"run folder?")
+        for path in paths:
+            steps += [s for s in read_records(path).steps
+                      if s.kind in ("prefill", "decode") and s.t_end is not None
+                      and s.t_end > s.t_start]
+    if len(steps) < 10:
+        raise click.UsageError(f"only {len(steps)} timed steps in {', '.join(run_dirs)}; "
+                               f"calibration needs at least 10")
+    try:
+        tp = tensor_parallel_size or default_tp(instance)
+        profile = fit_from_steps(steps, instance, architecture, tp, weight_dtype=weight_dtype)
+    except (ValueError, FileNotFoundError) as error:
+        raise click.UsageError(str(error)) from None
+    save_profile(profile, output)
+    model = StepCostModel(profile, instance, architecture, tp, weight_dtype=weight_dtype)
+    errors = sorted(abs(model.step_time(s) / (s.t_end - s.t_start) - 1) for s in steps)
+    click.echo(f"fitted {len(steps):,} steps from {len(run_dirs)} run(s): median step-time "
+               f"error {errors[len(errors) // 2]:.1%}, p90 {errors[int(len(errors) * 0.9)]:.1%}")
+    click.echo(f"wrote {output}; use it with --device sim --cost-profile {output}")
 
 
 @main.group()

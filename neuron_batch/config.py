@@ -52,6 +52,7 @@ class RunSettings:
     block_size: int | None = None        # None: the device's default (32 on Neuron)
     max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.0
+    ignore_eos: bool = False             # generate exactly max_tokens (benchmarks; always on sim)
     prompt_column: str = "prompt"
     split: str = "train"
     limit: int | None = None

@@ -240,7 +240,8 @@ def _generate(settings: RunSettings, model, pending: list[PreparedRequest], fold
         by_id[record.id] = request
         temperature = settings.temperature if record.temperature is None else record.temperature
         engine.add(record.id, request.prompt_token_ids, request.max_tokens, temperature,
-                   record.stop, settings.seed + record.index, ignore_eos=simulated,
+                   record.stop, settings.seed + record.index,
+                   ignore_eos=simulated or settings.ignore_eos,
                    detokenize=detokenize)
     deadline = (time.monotonic() + settings.max_runtime) if settings.max_runtime else None
     bar = _progress_bar(settings, len(pending))
