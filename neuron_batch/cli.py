@@ -75,8 +75,9 @@ def engine_options(func):
                      envvar="NEURON_BATCH_DEVICE", show_default=True,
                      help="auto picks what vLLM finds (cpu, cuda, neuron); sim is the simulated "
                           "Neuron device."),
-        click.option("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS, show_default=True,
-                     help="Most requests decoding at once (the largest decode batch)."),
+        click.option("--max-num-seqs", default=str(DEFAULT_MAX_NUM_SEQS), show_default=True,
+                     help="Most requests decoding at once (the largest decode batch). `bench` "
+                          "takes a list to sweep, e.g. 8,16,32."),
         click.option("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
                      show_default=True, help="Largest prefill chunk; longer prompts are "
                      "prefilled in chunks of this size."),
@@ -163,9 +164,13 @@ def run(inputs, model, device, max_num_seqs, max_num_batched_tokens, max_model_l
     from neuron_batch.runner import RunError, run as run_job
 
     try:
+        seqs_values = _int_list(max_num_seqs, "--max-num-seqs")
+        if len(seqs_values) > 1:
+            raise SettingsError("--max-num-seqs takes one value in `run`; sweep several with "
+                                "`neuron-batch bench`")
         settings = RunSettings(
             inputs=tuple(inputs) or (str(BUILTIN_PROMPTS),), model=model, device=device,
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=seqs_values[0], max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
             prefill_buckets=parse_buckets_option(prefill_buckets, "--prefill-buckets"),
             decode_buckets=parse_buckets_option(decode_buckets, "--decode-buckets"),
@@ -186,13 +191,142 @@ def run(inputs, model, device, max_num_seqs, max_num_batched_tokens, max_model_l
     sys.exit(result.exit_code)
 
 
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(part) for part in str(text).split(",") if part.strip()]
+    except ValueError:
+        raise SettingsError(f"{option}: {text!r} is not a whole number or a list like 8,16,32"
+                            ) from None
+    if not values or any(v <= 0 for v in values):
+        raise SettingsError(f"{option} must be positive whole numbers, got {text!r}")
+    return values
+
+
+@main.command(epilog=EXIT_CODES_HELP)
+@click.argument("inputs", nargs=-1)
+@click.option("--config", type=click.Path(dir_okay=False), callback=_load_config,
+              is_eager=True, expose_value=False, help="A TOML job file (as for `run`).")
+@engine_options
+@click.option("--sweep-buckets", is_flag=True,
+              help="Run the workload under many bucket configurations and rank them.")
+@click.option("--prefill-buckets-set", multiple=True, metavar="N,N,...",
+              help="A prefill bucket set to include in the sweep (repeatable).")
+@click.option("--decode-buckets-set", multiple=True, metavar="N,N,...",
+              help="A decode bucket set to include in the sweep (repeatable).")
+@click.option("--max-prefill-buckets", type=int, default=4, show_default=True,
+              help="Also sweep the optimal prefill sets of 1..K buckets for this workload "
+                   "(0: none).")
+@click.option("--max-decode-buckets", type=int, default=3, show_default=True,
+              help="Also sweep the optimal decode sets of 1..K buckets (0: none).")
+@click.option("--repeat", type=int, default=None,
+              help="Without --sweep-buckets: run the configuration N times after a warm-up "
+                   "and report the spread.")
+@click.option("--warmup", type=int, default=1, show_default=True,
+              help="Warm-up runs before --repeat.")
+@click.option("--jobs", type=int, default=None,
+              help="Simulated configurations run in parallel on this many processes. "
+                   "Default: the machine's cores.")
+@click.option("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, show_default=True)
+@click.option("--ignore-eos", is_flag=True, help="Generate exactly max-tokens (as on sim).")
+@click.option("--prompt-column", default="prompt", show_default=True)
+@click.option("--split", default="train", show_default=True)
+@click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
+              help="Bench folder. Default: results/<timestamp>-bench-<input name>/.")
+@click.option("--resume", is_flag=True, help="Continue a sweep in --output.")
+@click.option("-q", "--quiet", is_flag=True, help="Only the final table.")
+def bench(inputs, model, device, max_num_seqs, max_num_batched_tokens, max_model_len,
+          prefill_buckets, decode_buckets, block_size, instance, architecture,
+          tensor_parallel_size, weight_dtype, cost_profile, sweep_buckets, prefill_buckets_set,
+          decode_buckets_set, max_prefill_buckets, max_decode_buckets, repeat, warmup, jobs,
+          max_tokens, ignore_eos, prompt_column, split, limit, seed, output, resume, quiet):
+    """Benchmark a workload: one configuration (--repeat for the spread), or with
+    --sweep-buckets many bucket configurations, ranked, with a recommendation.
+
+    \b
+    A sweep runs, each in a fresh engine:
+      - the default buckets at every --max-num-seqs value (e.g. 8,16,32),
+      - prefill sets: defaults, every --prefill-buckets-set, and the optimal sets of
+        1..--max-prefill-buckets buckets for this workload's prefill chunks,
+      - crossed with decode sets: defaults, every --decode-buckets-set, and the optimal sets
+        of 1..--max-decode-buckets buckets for the batch sizes the defaults produced.
+    It prints the grid's size and an estimate first, writes sweep.json and sweep.csv after every
+    configuration (--resume continues after a crash or Ctrl-C), then a ranked table, the
+    recommendation (fastest, best per compiled graph, Pareto front of throughput against
+    compile cost, and why) and PNG plots. `--device sim` is the planning tool: simulated
+    configurations run in parallel.
+    """
+    from neuron_batch.outputs import default_output_dir
+    from neuron_batch.runner import RunError
+    from neuron_batch.sweep import default_jobs, run_repeats, run_sweep
+
+    try:
+        seqs_values = _int_list(max_num_seqs, "--max-num-seqs")
+        base = RunSettings(
+            inputs=tuple(inputs) or (str(BUILTIN_PROMPTS),), model=model, device=device,
+            max_num_seqs=seqs_values[0], max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            prefill_buckets=parse_buckets_option(prefill_buckets, "--prefill-buckets"),
+            decode_buckets=parse_buckets_option(decode_buckets, "--decode-buckets"),
+            block_size=block_size, max_tokens=max_tokens, ignore_eos=ignore_eos,
+            prompt_column=prompt_column, split=split, limit=limit, seed=seed, quiet=True,
+            sim=SimOptions(instance=instance, architecture=architecture,
+                           tensor_parallel_size=tensor_parallel_size, weight_dtype=weight_dtype,
+                           cost_profile=cost_profile)).validate()
+        user_prefill = [parse_buckets_option(t, "--prefill-buckets-set") for t in
+                        prefill_buckets_set]
+        user_decode = [parse_buckets_option(t, "--decode-buckets-set") for t in
+                       decode_buckets_set]
+        for buckets in user_prefill:
+            replace_check(base, prefill_buckets=buckets)
+        for buckets in user_decode:
+            if buckets[-1] not in seqs_values:
+                raise SettingsError(f"--decode-buckets-set {','.join(map(str, buckets))}: the "
+                                    f"last bucket must be one of --max-num-seqs "
+                                    f"{','.join(map(str, seqs_values))}")
+        if len(seqs_values) > 1 and not sweep_buckets:
+            raise SettingsError("several --max-num-seqs values need --sweep-buckets")
+    except SettingsError as error:
+        raise click.UsageError(str(error)) from None
+    log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
+    name = Path(base.inputs[0]).stem if not base.inputs[0].startswith("hf:") else "hf"
+    out_dir = Path(output) if output else default_output_dir((f"bench-{name}",))
+    try:
+        if sweep_buckets:
+            code = run_sweep(base, out_dir, seqs_values=seqs_values, user_prefill=user_prefill,
+                             user_decode=user_decode, max_prefill_buckets=max_prefill_buckets,
+                             max_decode_buckets=max_decode_buckets,
+                             jobs=jobs or default_jobs(), resume=resume, log=log)
+        else:
+            code = run_repeats(base, out_dir, repeats=repeat or 1, warmup=warmup if repeat else 0,
+                               log=log)
+    except RunError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(error.exit_code)
+    log(f"results in {out_dir}")
+    sys.exit(code)
+
+
+def replace_check(base: RunSettings, **changes) -> None:
+    from dataclasses import replace
+
+    replace(base, **changes).validate()
+
+
 @main.command()
 @click.argument("path", type=click.Path(exists=True))
 def report(path):
-    """Print the summary of a finished run again, from its report.json."""
+    """Print the summary of a finished run (or the table of a finished sweep, re-drawing its
+    plots) again, from its files."""
     from neuron_batch.runner import RunError, rerender
 
     try:
+        if (Path(path) / "sweep.json").exists():
+            from neuron_batch.sweep import render
+
+            click.echo(render(Path(path)))
+            return
         click.echo(rerender(Path(path)))
     except RunError as error:
         click.echo(f"error: {error}", err=True)

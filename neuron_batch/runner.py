@@ -57,11 +57,23 @@ def say(settings: RunSettings, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def run(settings: RunSettings, *, log: Callable[[str], None] | None = None) -> RunResult:
-    settings = settings.validate()
-    log = log or (lambda message: say(settings, message))
+@dataclass
+class Workload:
+    """Prompts read, checked and tokenized: what a run (or every configuration of a sweep) runs."""
 
-    # 1. Read every input before anything slow happens: a bad file fails in a second.
+    model: Any
+    prepared: Any
+    problems: list[InputProblem]
+    input_kind: str
+    tokenizer: Any
+
+    def prompt_lengths(self) -> list[int]:
+        return [len(r.prompt_token_ids) for r in self.prepared.requests]
+
+
+def load_workload(settings: RunSettings, log: Callable[[str], None]) -> Workload:
+    """Read every input and tokenize it before anything slow happens: a bad file fails in a
+    second, before any model loads."""
     try:
         loaded = load_prompts(settings.inputs, prompt_column=settings.prompt_column,
                               split=settings.split, limit=settings.limit,
@@ -70,9 +82,6 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None) -> R
     except InputError as error:
         raise RunError(str(error)) from None
     log(describe_input(loaded))
-
-    # 2. The model (prepared once for the built-in) and its tokenizer, then token ids.
-    device = settings.device
     model, tokenizer, tokenizer_name, vocab_size = _model_and_tokenizer(settings, log)
     prepared = prepare_requests(loaded.records, tokenizer=tokenizer, tokenizer_name=tokenizer_name,
                                 vocab_size=vocab_size, max_model_len=settings.max_model_len,
@@ -85,6 +94,19 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None) -> R
                            f"pass --on-error skip to run the rest and report them")
     if not prepared.requests:
         raise RunError("no runnable prompts in the input")
+    return Workload(model, prepared, problems, loaded.kind, tokenizer)
+
+
+def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
+        workload: Workload | None = None) -> RunResult:
+    settings = settings.validate()
+    log = log or (lambda message: say(settings, message))
+    workload = workload or load_workload(settings, log)
+    device, model, prepared, problems = (settings.device, workload.model, workload.prepared,
+                                         workload.problems)
+    tokenizer = workload.tokenizer
+    if device == "sim":
+        _check_sim(settings, model)
 
     # 3. The output folder: locked, and resumed if asked.
     out_dir = Path(settings.output) if settings.output else default_output_dir(settings.inputs)
@@ -95,7 +117,7 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None) -> R
         raise RunError(str(error), error.exit_code) from None
     try:
         return _run_locked(settings, device, model, prepared, problems, folder, tokenizer, log,
-                           loaded.kind)
+                           workload.input_kind)
     except OutputError as error:
         raise RunError(str(error), error.exit_code) from None
     finally:
@@ -232,7 +254,10 @@ def _generate(settings: RunSettings, model, pending: list[PreparedRequest], fold
                            has_tokenizer=model.has_tokenizer and not simulated)
     started = time.time()
     log("loading the model into vLLM" if not simulated else "starting the simulated device")
-    engine = Engine(kwargs)
+    try:
+        engine = Engine(kwargs)
+    except ValueError as error:  # vLLM's own configuration checks (KV cache too small, ...)
+        raise RunError(f"vLLM refused the configuration: {error}") from None
     detokenize = model.has_tokenizer and not simulated
     by_id: dict[str, PreparedRequest] = {}
     for request in pending:
@@ -395,6 +420,21 @@ def _tokens_from_outputs(report: dict, folder: RunFolder) -> None:
                                 total_tokens_per_s=rate(total))
     report["total_num_tokens"] = total
     report["tokens_per_second"] = rate(total)
+
+
+def _check_sim(settings: RunSettings, model) -> None:
+    """Instance, architecture, TP, context length and KV capacity: fail before any set-up."""
+    import tempfile
+
+    from neuron_batch.engine import engine_kwargs
+
+    try:
+        _sim_description(settings, model)
+        with tempfile.TemporaryDirectory() as tmp:
+            engine_kwargs(settings, "sim", model.path, Path(tmp) / "records.jsonl", Path(tmp),
+                          has_tokenizer=False)
+    except (ValueError, FileNotFoundError) as error:
+        raise RunError(f"--device sim: {error}") from None
 
 
 def _sim_description(settings: RunSettings, model) -> dict:

@@ -1,0 +1,340 @@
+"""`neuron-batch bench`: one workload under one or many configurations, each in a fresh engine.
+
+Configuration names: P = prefill set, D = decode set, S = max_num_seqs; "def" is the default
+buckets, "uN" the user's Nth set, "oK" the exact optimum with at most K buckets.
+
+A sweep runs in two phases. First the default buckets at every `--max-num-seqs` value (those
+runs also show which decode batch sizes the workload produces); then the grid: prefill bucket
+sets (defaults, the user's, and the exact optimum for 1..K buckets on the workload's prefill
+chunks) crossed with decode bucket sets (likewise, optimised on the batch sizes of phase one).
+Each finished configuration is written to sweep.json / sweep.csv at once, so a crash keeps what
+finished and `--resume` skips it. Simulated configurations run in parallel processes; the
+simulated device is deterministic, so the results equal a serial run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, replace
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from neuron_batch.bucket_optimiser import plans_for_each_k, prefill_chunk_lengths
+from neuron_batch.config import RunSettings
+from neuron_batch.outputs import REPORT, write_json_atomic
+from neuron_batch.runner import EXIT_INTERRUPTED, EXIT_OK, RunError, load_workload, run
+from neuron_batch.scheduler.records import DECODE, read_records
+
+SWEEP_JSON, SWEEP_CSV = "sweep.json", "sweep.csv"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    params: dict[str, Any]          # the swept settings, as the CSV's param_* columns show them
+    settings: RunSettings
+
+
+def _join(buckets: Sequence[int] | None) -> str | None:
+    return None if buckets is None else ",".join(str(b) for b in buckets)
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
+
+
+def candidate(base: RunSettings, sweep_dir: Path, name: str, *, max_num_seqs: int,
+              prefill: Sequence[int] | None, decode: Sequence[int] | None) -> Candidate:
+    settings = replace(base, max_num_seqs=max_num_seqs,
+                       prefill_buckets=tuple(prefill) if prefill else None,
+                       decode_buckets=tuple(decode) if decode else None,
+                       output=str(sweep_dir / "configs" / _slug(name)), quiet=True, resume=True,
+                       metrics_textfile=None)
+    prefill_used, decode_used = settings.validate().buckets()
+    return Candidate(name, {"max_num_seqs": max_num_seqs, "prefill_buckets": _join(prefill_used),
+                            "decode_buckets": _join(decode_used)}, settings)
+
+
+def default_candidates(base: RunSettings, sweep_dir: Path, seqs_values: Sequence[int]
+                       ) -> list[Candidate]:
+    """The defaults at each max_num_seqs; the first is "default", the baseline of the verdict."""
+    return [candidate(base, sweep_dir, "default" if i == 0 else f"P=def,D=def,S={seqs}",
+                      max_num_seqs=seqs, prefill=None, decode=None)
+            for i, seqs in enumerate(seqs_values)]
+
+
+def grid_candidates(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
+                    prompt_lengths: Sequence[int], decode_hists: dict[int, Counter],
+                    user_prefill: Sequence[Sequence[int]], user_decode: Sequence[Sequence[int]],
+                    max_prefill_buckets: int, max_decode_buckets: int) -> list[Candidate]:
+    """Every prefill set x decode set x max_num_seqs, defaults excluded (phase one ran them)."""
+    chunks = prefill_chunk_lengths(prompt_lengths, base.max_num_batched_tokens,
+                                   base.max_model_len)
+    prefill_max = min(base.max_num_batched_tokens, base.max_model_len)
+    # Short labels keep the table narrow: def = defaults, uN = the user's Nth set, oK = the
+    # optimum with at most K buckets.
+    prefill_sets: dict[str, tuple[int, ...] | None] = {"def": None}
+    for i, buckets in enumerate(user_prefill, 1):
+        prefill_sets[f"u{i}"] = tuple(buckets)
+    if max_prefill_buckets > 0:
+        for k, plan in enumerate(plans_for_each_k(chunks, max_prefill_buckets, prefill_max), 1):
+            prefill_sets[f"o{k}"] = plan.buckets
+    out: list[Candidate] = []
+    multi = len(seqs_values) > 1
+    for seqs in seqs_values:
+        decode_sets: dict[str, tuple[int, ...] | None] = {"def": None}
+        for i, buckets in enumerate(user_decode, 1):
+            if buckets[-1] == seqs:
+                decode_sets[f"u{i}"] = tuple(buckets)
+        hist = decode_hists.get(seqs)
+        if max_decode_buckets > 0 and hist:
+            for k, plan in enumerate(plans_for_each_k(hist, max_decode_buckets, seqs), 1):
+                decode_sets[f"o{k}"] = plan.buckets
+        seen: set[tuple] = set()
+        for pname, prefill in _unique(prefill_sets).items():
+            for dname, decode in _unique(decode_sets).items():
+                if pname == "def" and dname == "def":
+                    continue
+                key = (prefill, decode)
+                if key in seen:
+                    continue
+                seen.add(key)
+                name = f"P={pname},D={dname}" + (f",S={seqs}" if multi else "")
+                out.append(candidate(base, sweep_dir, name, max_num_seqs=seqs,
+                                     prefill=prefill, decode=decode))
+    return out
+
+
+def _unique(sets: dict[str, tuple[int, ...] | None]) -> dict[str, tuple[int, ...] | None]:
+    """Drop sets equal to an earlier one (an optimum can equal the defaults or a user's set)."""
+    out, seen = {}, set()
+    for name, buckets in sets.items():
+        if buckets in seen:
+            continue
+        seen.add(buckets)
+        out[name] = buckets
+    return out
+
+
+def decode_batch_histogram(run_dir: Path) -> Counter:
+    counts: Counter = Counter()
+    for path in sorted(run_dir.glob("records-*.jsonl")):
+        counts.update(s.num_seqs for s in read_records(path).steps if s.kind == DECODE)
+    return counts
+
+
+# -- running configurations -------------------------------------------------------------------
+
+_WORKER_WORKLOADS: dict[tuple, Any] = {}
+
+
+def run_candidate(settings: RunSettings) -> dict[str, Any]:
+    """Run one configuration (in this process or a worker); never raises."""
+    started = time.monotonic()
+    out_dir = Path(settings.output)
+    finished = _finished_report(out_dir)
+    if finished is not None:
+        return {"status": "done", "error": None, "report": finished, "wall_s": 0.0,
+                "reused": True}
+    try:
+        key = (settings.inputs, settings.prompt_column, settings.split, settings.limit,
+               settings.shuffle, settings.seed, settings.model, settings.max_model_len,
+               settings.max_tokens, settings.device, settings.sim.architecture)
+        workload = _WORKER_WORKLOADS.get(key)
+        if workload is None:
+            workload = _WORKER_WORKLOADS[key] = load_workload(settings, lambda m: None)
+        result = run(settings, log=lambda m: None, workload=workload)
+        status = "done" if result.exit_code == EXIT_OK else f"exit {result.exit_code}"
+        return {"status": status, "error": None, "report": result.report,
+                "wall_s": round(time.monotonic() - started, 3), "reused": False}
+    except RunError as error:
+        return {"status": "failed", "error": str(error), "report": None,
+                "wall_s": round(time.monotonic() - started, 3), "reused": False}
+    except Exception as error:  # a configuration that crashes must not end the sweep
+        return {"status": "failed", "error": f"{type(error).__name__}: {error}", "report": None,
+                "wall_s": round(time.monotonic() - started, 3), "reused": False}
+
+
+def _finished_report(out_dir: Path) -> dict | None:
+    try:
+        report = json.loads((out_dir / REPORT).read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return report if report.get("requests", {}).get("pending", 1) == 0 else None
+
+
+class Sweep:
+    """Runs candidates (in parallel where the device allows), recording each as it finishes."""
+
+    def __init__(self, sweep_dir: Path, *, jobs: int, log: Callable[[str], None],
+                 prompt_lengths: Sequence[int], meta: dict[str, Any]):
+        self.dir = sweep_dir
+        self.jobs = max(1, jobs)
+        self.log = log
+        self.prompt_lengths = list(prompt_lengths)
+        self.meta = meta
+        self.entries: dict[str, dict[str, Any]] = {}
+
+    def run(self, candidates: Sequence[Candidate]) -> None:
+        todo = [c for c in candidates if c.name not in self.entries]
+        if not todo:
+            return
+        if self.jobs == 1 or len(todo) == 1:
+            for c in todo:
+                self._record(c, run_candidate(c.settings))
+            return
+        with ProcessPoolExecutor(max_workers=min(self.jobs, len(todo)),
+                                 mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(run_candidate, c.settings): c for c in todo}
+            try:
+                while futures:
+                    done, _ = wait(futures, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        self._record(futures.pop(future), future.result())
+            except KeyboardInterrupt:
+                for future in futures:
+                    future.cancel()
+                raise
+
+    def _record(self, c: Candidate, outcome: dict[str, Any]) -> None:
+        entry = {"name": c.name, "params": c.params, **outcome}
+        self.entries[c.name] = entry
+        count = len(self.entries)
+        if entry["report"] is not None:
+            tput = entry["report"]["throughput"]["output_tokens_per_s"]
+            how = "reused" if outcome.get("reused") else f"{outcome['wall_s']:.1f} s"
+            self.log(f"[{count}] {c.name}: {tput:,.1f} output tok/s ({how})")
+        else:
+            self.log(f"[{count}] {c.name}: FAILED: {entry['error']}")
+        self.write()
+
+    def ordered_entries(self) -> list[dict[str, Any]]:
+        return sorted(self.entries.values(), key=lambda e: e["name"])
+
+    def write(self) -> dict[str, Any]:
+        from neuron_batch.sweep_report import rank, recommend, sweep_json, write_csv
+
+        entries = self.ordered_entries()
+        rows = rank(entries)
+        recommendation = recommend(rows) if rows else {}
+        data = sweep_json(entries, rows, recommendation, self.meta)
+        data["prompt_lengths"] = self.prompt_lengths
+        write_json_atomic(self.dir / SWEEP_JSON, data)
+        write_csv(entries, self.dir / SWEEP_CSV)
+        return data
+
+
+def load_previous(sweep_dir: Path) -> dict[str, dict[str, Any]]:
+    try:
+        data = json.loads((sweep_dir / SWEEP_JSON).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    return {e["name"]: e for e in data.get("configurations", []) if e.get("status") == "done"}
+
+
+def render(sweep_dir: Path, *, plots: bool = True) -> str:
+    """The ranked table and recommendation of a sweep (also `neuron-batch report DIR`)."""
+    from neuron_batch.sweep_report import format_table, pareto_front, rank, recommend
+
+    data = json.loads((sweep_dir / SWEEP_JSON).read_text(encoding="utf-8"))
+    entries = data["configurations"]
+    rows = rank(entries)
+    recommendation = recommend(rows) if rows else {}
+    failed = [e for e in entries if e.get("status") != "done"]
+    text = format_table(rows, recommendation, failed=failed)
+    if plots and rows:
+        from neuron_batch.plots import write_all
+
+        paths = write_all(rows, pareto_front(rows), data.get("prompt_lengths") or [], None,
+                          sweep_dir)
+        text += "\n\nplots: " + ", ".join(str(p) for p in paths)
+    return text
+
+
+def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
+              user_prefill: Sequence[Sequence[int]], user_decode: Sequence[Sequence[int]],
+              max_prefill_buckets: int, max_decode_buckets: int, jobs: int, resume: bool,
+              log: Callable[[str], None]) -> int:
+    if (sweep_dir / SWEEP_JSON).exists() and not resume:
+        raise RunError(f"{sweep_dir} already holds a sweep; pass --resume to continue it, or "
+                       f"choose another --output")
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    workload = load_workload(base, log)
+    lengths = workload.prompt_lengths()
+    simulated = base.device == "sim"
+    jobs = jobs if simulated else 1  # a real device runs one engine at a time
+    meta = {"inputs": list(base.inputs), "device": base.device, "model": workload.model.name,
+            "sim": base.sim.__dict__ if simulated else None, "num_requests": len(lengths),
+            "max_num_batched_tokens": base.max_num_batched_tokens,
+            "max_model_len": base.max_model_len, "max_num_seqs_values": list(seqs_values),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs": jobs}
+    sweep = Sweep(sweep_dir, jobs=jobs, log=log, prompt_lengths=lengths, meta=meta)
+    if resume:
+        sweep.entries.update(load_previous(sweep_dir))
+    try:
+        phase_one = default_candidates(base, sweep_dir, seqs_values)
+        started = time.monotonic()
+        log(f"phase 1: the default buckets at max_num_seqs {', '.join(map(str, seqs_values))}")
+        sweep.run(phase_one)
+        first_s = max(time.monotonic() - started, 1e-3)
+        hists = {c.settings.max_num_seqs: decode_batch_histogram(Path(c.settings.output))
+                 for c in phase_one}
+        grid = grid_candidates(base, sweep_dir, seqs_values=seqs_values, prompt_lengths=lengths,
+                               decode_hists=hists, user_prefill=user_prefill,
+                               user_decode=user_decode, max_prefill_buckets=max_prefill_buckets,
+                               max_decode_buckets=max_decode_buckets)
+        remaining = [c for c in grid if c.name not in sweep.entries]
+        per_config = first_s / max(1, len(phase_one))
+        estimate = per_config * len(remaining) / max(1, min(jobs, len(remaining) or 1))
+        log(f"phase 2: {len(grid)} configurations ({len(remaining)} to run; prefill sets x "
+            f"decode sets x max_num_seqs), about {estimate / 60:.1f} min with {jobs} job(s)")
+        sweep.run(remaining)
+    except KeyboardInterrupt:
+        sweep.write()
+        log(f"interrupted: {len(sweep.entries)} configuration(s) kept in {sweep_dir}; "
+            f"--resume continues")
+        return EXIT_INTERRUPTED
+    sweep.write()
+    print(render(sweep_dir), flush=True)
+    return EXIT_OK
+
+
+def run_repeats(base: RunSettings, bench_dir: Path, *, repeats: int, warmup: int,
+                log: Callable[[str], None]) -> int:
+    """One configuration, `warmup` discarded runs then `repeats` measured ones: the spread."""
+    import statistics
+
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    workload = load_workload(base, log)
+    results = []
+    for i in range(warmup + repeats):
+        label = f"warmup-{i + 1}" if i < warmup else f"repeat-{i - warmup + 1}"
+        settings = replace(base, output=str(bench_dir / label), quiet=True, resume=True,
+                           metrics_textfile=None)
+        outcome = run(settings, log=lambda m: None, workload=workload)
+        tput = outcome.report["throughput"]["output_tokens_per_s"]
+        log(f"{label}: {tput:,.1f} output tok/s")
+        if i >= warmup:
+            results.append({"run": label, "output_tokens_per_s": tput,
+                            "elapsed_s": outcome.report["throughput"]["elapsed_s"]})
+    values = [r["output_tokens_per_s"] for r in results]
+    spread = {"median": statistics.median(values), "min": min(values), "max": max(values),
+              "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
+              "relative_spread": (max(values) - min(values)) / statistics.median(values)}
+    write_json_atomic(bench_dir / "bench.json", {"repeats": results, "output_tokens_per_s": spread,
+                                                  "warmup": warmup})
+    print(f"output tok/s over {repeats} repeats (after {warmup} warm-up): median "
+          f"{spread['median']:,.1f}, min {spread['min']:,.1f}, max {spread['max']:,.1f} "
+          f"(spread {spread['relative_spread']:.1%})", flush=True)
+    return EXIT_OK
+
+
+def default_jobs() -> int:
+    return max(1, (os.cpu_count() or 1))
+
