@@ -1,0 +1,97 @@
+"""`neuron-batch bench --sweep-buckets` on the simulated device: small workloads, real engine."""
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("vllm")
+
+from neuron_batch.cli import main  # noqa: E402
+from neuron_batch.sweep_report import rank  # noqa: E402
+
+TRACE = Path(__file__).resolve().parents[1] / "datasets" / "azure-llm-inference-conv-2023.csv"
+SWEEP = ["--device", "sim", "--instance", "inf2.8xlarge", "--architecture", "llama-3.1-8b",
+         "--limit", "40", "--max-model-len", "8192", "--max-num-batched-tokens", "2048",
+         "--max-num-seqs", "8", "--max-prefill-buckets", "1", "--max-decode-buckets", "1",
+         "--sweep-buckets", "-q"]
+# Figures that depend on the wall clock or the folder, not on the simulated run.
+VOLATILE = {"attempts", "output_dir", "wall_s", "reused", "started", "jobs"}
+
+
+def sweep(out, *extra):
+    result = CliRunner().invoke(main, ["bench", str(TRACE), *SWEEP, "-o", str(out), *extra],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "sweep.json").read_text())
+
+
+def stable(value):
+    if isinstance(value, dict):
+        return {k: stable(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [stable(v) for v in value]
+    return value
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep") / "serial"
+    return out, sweep(out, "--jobs", "1")
+
+
+def test_sweep_ranks_by_the_figures_it_wrote(serial):
+    out, data = serial
+    names = [c["name"] for c in data["configurations"]]
+    assert "default" in names and len(names) >= 3
+    assert all(c["status"] == "done" for c in data["configurations"])
+    by_name = {c["name"]: c["report"] for c in data["configurations"]}
+    ranking = data["ranking"]
+    tputs = [by_name[r["name"]]["throughput"]["output_tokens_per_s"] for r in ranking]
+    assert tputs == sorted(tputs, reverse=True)
+    assert [r["name"] for r in rank(data["configurations"])] == [r["name"] for r in ranking]
+    assert data["recommendation"]["fastest"] == ranking[0]["name"]
+    csv_lines = (out / "sweep.csv").read_text().splitlines()
+    assert len(csv_lines) == 1 + len(names) and "param_prefill_buckets" in csv_lines[0]
+    for png in ("throughput_vs_graphs", "padding_waste", "time_per_state", "prompt_lengths"):
+        assert (out / f"{png}.png").stat().st_size > 10_000
+    shown = CliRunner().invoke(main, ["report", str(out)])
+    assert shown.exit_code == 0 and "Recommendation" in shown.output
+
+
+def test_parallel_sweep_equals_serial(serial, tmp_path):
+    _, serial_data = serial
+    parallel = sweep(tmp_path / "parallel", "--jobs", "2")
+    assert stable(parallel["configurations"]) == stable(serial_data["configurations"])
+    assert stable(parallel["ranking"]) == stable(serial_data["ranking"])
+
+
+def test_interrupted_sweep_resumes_to_the_same_results(serial, tmp_path):
+    import shutil
+
+    out_serial, serial_data = serial
+    out = tmp_path / "resumed"
+    shutil.copytree(out_serial, out)
+    # As if the sweep had died after the first two configurations finished.
+    data = json.loads((out / "sweep.json").read_text())
+    kept = data["configurations"][:2]
+    data["configurations"] = kept
+    (out / "sweep.json").write_text(json.dumps(data))
+    for folder in (out / "configs").iterdir():
+        if folder.name not in {c["name"].replace(",", "_").replace("=", "_") for c in kept}:
+            shutil.rmtree(folder)
+    resumed = sweep(out, "--jobs", "1", "--resume")
+    assert stable(resumed["configurations"]) == stable(serial_data["configurations"])
+    refused = CliRunner().invoke(main, ["bench", str(TRACE), *SWEEP, "-o", str(out)])
+    assert refused.exit_code == 2 and "--resume" in refused.output
+
+
+def test_buckets_suggest_prints_json(tmp_path):
+    result = CliRunner().invoke(main, ["buckets", "suggest", str(TRACE), "--max-buckets", "3",
+                                       "--max-num-batched-tokens", "8192",
+                                       "--max-model-len", "16384", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert len(data["buckets"]) <= 3 and data["buckets"][-1] == 8192
+    assert data["padded_tokens"] >= data["actual_tokens"] > 0

@@ -1,0 +1,62 @@
+"""The same report from the same code on both devices: one workload on the CPU (vLLM's real
+model runner, tiny random-weight model) and on the simulated Neuron device (same architecture),
+compared on shape and on every count that does not depend on time."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("vllm")
+
+from neuron_batch.cli import main  # noqa: E402
+
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+        "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+        "tie_word_embeddings": False}
+
+
+def keys(value, prefix=""):
+    if isinstance(value, dict):
+        out = set()
+        for key, inner in value.items():
+            out |= {f"{prefix}{key}"} | keys(inner, f"{prefix}{key}.")
+        return out
+    return set()
+
+
+def test_cpu_and_sim_reports_agree(tmp_path):
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"r{i}", "prompt_len": 20 + 45 * i,
+                                           "max_tokens": 4 + i % 5}) + "\n" for i in range(12)))
+    common = ["run", str(prompts), "--model", str(model), "--max-num-seqs", "4",
+              "--max-num-batched-tokens", "256", "--max-model-len", "1024", "--block-size", "32",
+              "--ignore-eos", "-q"]
+    reports = {}
+    for device in ("cpu", "sim"):
+        out = tmp_path / device
+        extra = ["--instance", "inf2.xlarge"] if device == "sim" else []
+        result = CliRunner().invoke(main, [*common, "--device", device, *extra, "-o", str(out)],
+                                    catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        reports[device] = json.loads((out / "report.json").read_text())
+    cpu, sim = reports["cpu"], reports["sim"]
+    # same shape (the simulated report adds its device description)
+    assert keys(cpu) == {k for k in keys(sim) if not k.startswith("config.sim")}
+    # same counts: requests, tokens, padding, steps per state, admission blocks
+    assert cpu["requests"] == sim["requests"]
+    assert cpu["tokens"] == sim["tokens"]
+    assert cpu["padding"] == sim["padding"]
+    assert cpu["steps"] == sim["steps"]
+    assert {s: v["steps"] for s, v in cpu["states"].items()} == \
+        {s: v["steps"] for s, v in sim["states"].items()}
+    assert cpu["admission_blocked"] == sim["admission_blocked"]
+    # and both account for all their time
+    for report in (cpu, sim):
+        seconds = sum(v["seconds"] for v in report["states"].values())
+        assert seconds == pytest.approx(report["throughput"]["elapsed_s"], rel=1e-9)
