@@ -7,6 +7,7 @@ vLLM, torch and transformers are imported only inside commands, so `--help` is i
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -146,11 +147,7 @@ def engine_options(func):
               envvar="NEURON_BATCH_METRICS_TEXTFILE",
               help="Also write the headline figures in Prometheus text format here "
                    "(node_exporter's textfile collector).")
-def run(inputs, model, device, max_num_seqs, max_num_batched_tokens, max_model_len,
-        prefill_buckets, decode_buckets, block_size, instance, architecture,
-        tensor_parallel_size, weight_dtype, cost_profile, max_tokens, temperature,
-        ignore_eos, prompt_column, split, limit, shuffle, seed, on_error, output, resume, quiet,
-        max_runtime, metrics_textfile):
+def run(inputs, **options):
     """Run prompts through vLLM with the Neuron scheduler and report what happened.
 
     INPUTS are files (.jsonl, OpenAI batch .jsonl, .csv, .parquet, .txt), data-set folders
@@ -164,31 +161,32 @@ def run(inputs, model, device, max_num_seqs, max_num_batched_tokens, max_model_l
     from neuron_batch.runner import RunError, run as run_job
 
     try:
-        seqs_values = _int_list(max_num_seqs, "--max-num-seqs")
+        seqs_values = _int_list(options.pop("max_num_seqs"), "--max-num-seqs")
         if len(seqs_values) > 1:
             raise SettingsError("--max-num-seqs takes one value in `run`; sweep several with "
                                 "`neuron-batch bench`")
-        settings = RunSettings(
-            inputs=tuple(inputs) or (str(BUILTIN_PROMPTS),), model=model, device=device,
-            max_num_seqs=seqs_values[0], max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len,
-            prefill_buckets=parse_buckets_option(prefill_buckets, "--prefill-buckets"),
-            decode_buckets=parse_buckets_option(decode_buckets, "--decode-buckets"),
-            block_size=block_size, max_tokens=max_tokens, temperature=temperature,
-            ignore_eos=ignore_eos,
-            prompt_column=prompt_column, split=split, limit=limit, shuffle=shuffle, seed=seed,
-            on_error=on_error, output=output, resume=resume, quiet=quiet,
-            max_runtime=max_runtime, metrics_textfile=metrics_textfile,
-            sim=SimOptions(instance=instance, architecture=architecture,
-                           tensor_parallel_size=tensor_parallel_size, weight_dtype=weight_dtype,
-                           cost_profile=cost_profile))
-        result = run_job(settings)
+        result = run_job(_settings(inputs, seqs_values[0], options))
     except SettingsError as error:
         raise click.UsageError(str(error)) from None
     except RunError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(error.exit_code)
     sys.exit(result.exit_code)
+
+
+SIM_OPTIONS = ("instance", "architecture", "tensor_parallel_size", "weight_dtype",
+               "cost_profile")
+
+
+def _settings(inputs, max_num_seqs: int, options: dict) -> RunSettings:
+    """RunSettings from a command's options (the ones RunSettings knows; buckets parsed)."""
+    sim = SimOptions(**{name: options.pop(name) for name in SIM_OPTIONS})
+    options["prefill_buckets"] = parse_buckets_option(options.get("prefill_buckets"),
+                                                      "--prefill-buckets")
+    options["decode_buckets"] = parse_buckets_option(options.get("decode_buckets"),
+                                                     "--decode-buckets")
+    return RunSettings(inputs=tuple(inputs) or (str(BUILTIN_PROMPTS),),
+                       max_num_seqs=max_num_seqs, sim=sim, **options).validate()
 
 
 def _int_list(text: str, option: str) -> list[int]:
@@ -236,11 +234,8 @@ def _int_list(text: str, option: str) -> list[int]:
               help="Bench folder. Default: results/<timestamp>-bench-<input name>/.")
 @click.option("--resume", is_flag=True, help="Continue a sweep in --output.")
 @click.option("-q", "--quiet", is_flag=True, help="Only the final table.")
-def bench(inputs, model, device, max_num_seqs, max_num_batched_tokens, max_model_len,
-          prefill_buckets, decode_buckets, block_size, instance, architecture,
-          tensor_parallel_size, weight_dtype, cost_profile, sweep_buckets, prefill_buckets_set,
-          decode_buckets_set, max_prefill_buckets, max_decode_buckets, repeat, warmup, jobs,
-          max_tokens, ignore_eos, prompt_column, split, limit, seed, output, resume, quiet):
+def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_prefill_buckets,
+          max_decode_buckets, repeat, warmup, jobs, resume, **options):
     """Benchmark a workload: one configuration (--repeat for the spread), or with
     --sweep-buckets many bucket configurations, ranked, with a recommendation.
 
@@ -262,24 +257,15 @@ def bench(inputs, model, device, max_num_seqs, max_num_batched_tokens, max_model
     from neuron_batch.sweep import default_jobs, run_repeats, run_sweep
 
     try:
-        seqs_values = _int_list(max_num_seqs, "--max-num-seqs")
-        base = RunSettings(
-            inputs=tuple(inputs) or (str(BUILTIN_PROMPTS),), model=model, device=device,
-            max_num_seqs=seqs_values[0], max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len,
-            prefill_buckets=parse_buckets_option(prefill_buckets, "--prefill-buckets"),
-            decode_buckets=parse_buckets_option(decode_buckets, "--decode-buckets"),
-            block_size=block_size, max_tokens=max_tokens, ignore_eos=ignore_eos,
-            prompt_column=prompt_column, split=split, limit=limit, seed=seed, quiet=True,
-            sim=SimOptions(instance=instance, architecture=architecture,
-                           tensor_parallel_size=tensor_parallel_size, weight_dtype=weight_dtype,
-                           cost_profile=cost_profile)).validate()
+        seqs_values = _int_list(options.pop("max_num_seqs"), "--max-num-seqs")
+        output, quiet = options.pop("output"), options.pop("quiet")
+        base = _settings(inputs, seqs_values[0], {**options, "quiet": True})
         user_prefill = [parse_buckets_option(t, "--prefill-buckets-set") for t in
                         prefill_buckets_set]
         user_decode = [parse_buckets_option(t, "--decode-buckets-set") for t in
                        decode_buckets_set]
         for buckets in user_prefill:
-            replace_check(base, prefill_buckets=buckets)
+            replace(base, prefill_buckets=buckets).validate()
         for buckets in user_decode:
             if buckets[-1] not in seqs_values:
                 raise SettingsError(f"--decode-buckets-set {','.join(map(str, buckets))}: the "
@@ -306,12 +292,6 @@ def bench(inputs, model, device, max_num_seqs, max_num_batched_tokens, max_model
         sys.exit(error.exit_code)
     log(f"results in {out_dir}")
     sys.exit(code)
-
-
-def replace_check(base: RunSettings, **changes) -> None:
-    from dataclasses import replace
-
-    replace(base, **changes).validate()
 
 
 @main.command()
@@ -396,14 +376,30 @@ def buckets():
               show_default=True)
 @click.option("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN, show_default=True)
 @click.option("--prompt-column", default="prompt", show_default=True)
+@click.option("--objective", type=click.Choice(["tokens", "time"]), default="tokens",
+              show_default=True,
+              help="Minimise padded prefill tokens, or modelled prefill time on the simulated "
+                   "device's cost model (--instance, --architecture).")
+@click.option("--instance", default="inf2.8xlarge", show_default=True,
+              help="[--objective time] The instance whose cost model prices a bucket.")
+@click.option("--architecture", default="llama-3.1-8b", show_default=True,
+              help="[--objective time] Catalogue name or config.json.")
+@click.option("--tensor-parallel-size", type=int, default=None,
+              help="[--objective time] Default: all NeuronCores of the instance.")
+@click.option("--weight-dtype", type=click.Choice(["bf16", "fp8", "int8"]), default="bf16",
+              show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, prompt_column,
+                    objective, instance, architecture, tensor_parallel_size, weight_dtype,
                     as_json):
     """The prefill bucket set of at most --max-buckets buckets that pads the workload's
-    prompts least (exact optimum), against the default powers of two.
+    prompts least (exact optimum, by dynamic programming), against the default powers of two.
 
     Prompt lengths come from token counts (traces, prompt_len, prompt_token_ids); text prompts
-    are counted with the built-in model's tokenizer.
+    are counted with the built-in model's tokenizer. Prompts are cut into chunks of
+    --max-num-batched-tokens first, as the scheduler does. With --objective time, each chunk
+    costs the modelled prefill time of its bucket instead of its padded tokens (bucket sizes
+    are then searched over every whole number, not only the observed lengths).
     """
     import json
 
@@ -422,9 +418,23 @@ def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, 
         click.echo(f"note: {len(too_long)} prompt(s) longer than --max-model-len "
                    f"{max_model_len:,} are left out", err=True)
         lengths = [n for n in lengths if n <= max_model_len]
+    cost, candidates = None, None
+    if objective == "time":
+        from neuron_batch.device.cost_model import StepCostModel, load_profile
+        from neuron_batch.device.hardware import default_tp
+
+        try:
+            tp = tensor_parallel_size or default_tp(instance)
+            model = StepCostModel(load_profile(instance), instance, architecture, tp,
+                                  weight_dtype=weight_dtype)
+        except (ValueError, FileNotFoundError) as error:
+            raise click.UsageError(str(error)) from None
+        cost = model.prefill_time
+        candidates = range(1, min(max_num_batched_tokens, max_model_len) + 1)
     result = suggest_prefill(lengths, max_buckets=max_buckets,
                              max_num_batched_tokens=max_num_batched_tokens,
-                             max_model_len=max_model_len)
+                             max_model_len=max_model_len, cost=cost, candidates=candidates)
+    result["objective"] = objective
     if as_json:
         click.echo(json.dumps(result))
         return
@@ -439,6 +449,9 @@ def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, 
                f"{','.join(map(str, default['buckets']))}")
     click.echo(f"  padded tokens {default['padded_tokens']:,}: waste "
                f"{default['waste_fraction']:.1%}")
+    if objective == "time":
+        click.echo(f"modelled prefill time on {instance} ({architecture}): suggested "
+                   f"{result['cost']:,.1f} s, default {default['cost']:,.1f} s")
 
 
 def _prompt_lengths(records) -> list[int]:

@@ -95,3 +95,42 @@ def test_buckets_suggest_prints_json(tmp_path):
     data = json.loads(result.output)
     assert len(data["buckets"]) <= 3 and data["buckets"][-1] == 8192
     assert data["padded_tokens"] >= data["actual_tokens"] > 0
+
+
+def test_repeat_reports_the_spread(tmp_path):
+    out = tmp_path / "repeat"
+    args = ["bench", str(TRACE), "--device", "sim", "--instance", "inf2.48xlarge",
+            "--architecture", "llama-3.1-8b", "--limit", "20", "--max-model-len", "8192",
+            "--max-num-batched-tokens", "2048", "--repeat", "2", "--warmup", "1", "-o", str(out)]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "bench.json").read_text())
+    values = [r["output_tokens_per_s"] for r in data["repeats"]]
+    assert len(values) == 2 and data["warmup"] == 1
+    # the simulated device is deterministic: no spread at all
+    assert values[0] == values[1] and data["output_tokens_per_s"]["relative_spread"] == 0
+
+
+def test_calibrate_recovers_the_profile_that_made_the_records(tmp_path):
+    """Records of a simulated run are timed by a known profile; fitting them gives it back."""
+    from neuron_batch.device.cost_model import StepCostModel, load_profile
+
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(main, [
+        "run", str(TRACE), "--device", "sim", "--instance", "inf2.48xlarge", "--architecture",
+        "llama-3.1-8b", "--limit", "60", "--max-model-len", "8192", "--max-num-batched-tokens",
+        "2048", "--max-num-seqs", "16", "-q", "-o", str(run_dir)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    profile_path = tmp_path / "fitted.json"
+    result = CliRunner().invoke(main, [
+        "calibrate", str(run_dir), "--instance", "inf2.48xlarge", "--architecture",
+        "llama-3.1-8b", "-o", str(profile_path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    fitted = StepCostModel(load_profile(profile_path), "inf2.48xlarge", "llama-3.1-8b", 24)
+    truth = StepCostModel(load_profile("inf2.48xlarge"), "inf2.48xlarge", "llama-3.1-8b", 24)
+    for padded, context in [(128, 0), (2048, 0), (2048, 4096)]:
+        assert fitted.prefill_time(padded, context) == pytest.approx(
+            truth.prefill_time(padded, context), rel=0.02)
+    for seqs, context in [(1, 500), (8, 8000), (16, 30000)]:
+        assert fitted.decode_time(seqs, context) == pytest.approx(
+            truth.decode_time(seqs, context), rel=0.02)

@@ -1,7 +1,6 @@
 """The Neuron scheduler inside vLLM's real engine (LLM -> engine core -> scheduler -> CPU model
 runner), with a tiny randomly initialised llama model made from a local config.json."""
 
-import json
 
 import pytest
 
@@ -9,21 +8,11 @@ pytest.importorskip("vllm")
 
 from neuron_batch.scheduler.records import read_records  # noqa: E402
 
-TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-        "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
-        "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-5, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
-        "tie_word_embeddings": False}  # head_dim 64: CPU attention rejects 16
 
 PROMPT_LENS = [10, 300, 50, 700, 129, 128]
 MAX_TOKENS = 6
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    (path / "config.json").write_text(json.dumps(TINY))
-    return str(path)
 
 
 def run_engine(model_dir, records_path, scheduler_cls, **extra):

@@ -18,21 +18,11 @@ pytest.importorskip("vllm")
 from neuron_batch.cli import main  # noqa: E402
 from neuron_batch.outputs import RunFolder  # noqa: E402
 
-TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-        "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
-        "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-5, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
-        "tie_word_embeddings": False}
 
 ENGINE = ["--max-num-seqs", "4", "--max-num-batched-tokens", "256", "--max-model-len", "1024",
           "--device", "cpu"]
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    (path / "config.json").write_text(json.dumps(TINY))
-    return str(path)
 
 
 def write_jsonl(path, rows):
@@ -212,3 +202,41 @@ def test_a_killed_run_resumes_without_loss_or_duplicates(tiny_model, tmp_path, h
     assert report["requests"]["completed"] == 60
     assert report["tokens"]["output"] == 60 * 60 == sum(r["num_output_tokens"]
                                                         for r in read_outputs(out))
+
+
+def test_every_input_format_through_the_builtin_model(tmp_path):
+    """Text, CSV, Parquet, OpenAI batch (chat) and a saved data set in one run, with the
+    built-in SmolLM2 model (real tokenizer, chat template, text out) and a TOML job file."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "a.txt").write_text("The capital of France is\n\nOne, two, three,\n")
+    (tmp_path / "b.csv").write_text('id,prompt\nc1,"Hello, my name is"\n')
+    pq.write_table(pa.table({"id": ["p1"], "prompt": ["The sky is"]}), tmp_path / "c.parquet")
+    write_jsonl(tmp_path / "d.jsonl", [{"custom_id": "o1", "method": "POST",
+                                        "url": "/v1/chat/completions",
+                                        "body": {"model": "x", "max_tokens": 3, "messages": [
+                                            {"role": "user", "content": "Say hi"}]}}])
+    datasets.Dataset.from_dict({"id": ["h1"], "prompt": ["Once upon a time"]}).save_to_disk(
+        str(tmp_path / "e"))
+    job = tmp_path / "job.toml"
+    job.write_text('max-tokens = 3\nmax-num-seqs = 4\ndevice = "cpu"\nmax-model-len = 512\n'
+                   'max-num-batched-tokens = 512\n')
+    out = tmp_path / "run"
+    result = invoke(["run", *(str(tmp_path / n) for n in ("a.txt", "b.csv", "c.parquet",
+                                                          "d.jsonl", "e")),
+                     "--config", str(job), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = read_outputs(out)
+    assert len(rows) == 6
+    openai = [r for r in rows if "custom_id" in r]
+    assert [r["custom_id"] for r in openai] == ["o1"]
+    body = openai[0]["response"]["body"]
+    assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] <= 3
+    plain = {r["id"]: r for r in rows if "custom_id" not in r}
+    assert set(plain) == {"0", "1", "c1", "p1", "h1"}
+    assert all(isinstance(r["output"], str) and r["num_output_tokens"] <= 3
+               for r in plain.values())
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["max_num_seqs"] == 4 and report["config"]["max_tokens"] == 3

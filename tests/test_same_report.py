@@ -11,12 +11,6 @@ pytest.importorskip("vllm")
 
 from neuron_batch.cli import main  # noqa: E402
 
-TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-        "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
-        "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-5, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
-        "tie_word_embeddings": False}
-
 
 def keys(value, prefix=""):
     if isinstance(value, dict):
@@ -27,10 +21,8 @@ def keys(value, prefix=""):
     return set()
 
 
-def test_cpu_and_sim_reports_agree(tmp_path):
-    model = tmp_path / "tiny"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(TINY))
+def test_cpu_and_sim_reports_agree(tiny_model, tmp_path):
+    model = tiny_model
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"r{i}", "prompt_len": 20 + 45 * i,
                                            "max_tokens": 4 + i % 5}) + "\n" for i in range(12)))
