@@ -290,7 +290,8 @@ def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
                                user_decode=user_decode, max_prefill_buckets=max_prefill_buckets,
                                max_decode_buckets=max_decode_buckets)
         remaining = [c for c in grid if c.name not in sweep.entries]
-        per_config = first_s / max(1, len(phase_one))
+        # phase one ran min(jobs, n) configurations at a time
+        per_config = first_s * min(jobs, len(phase_one)) / max(1, len(phase_one))
         estimate = per_config * len(remaining) / max(1, min(jobs, len(remaining) or 1))
         log(f"phase 2: {len(grid)} configurations ({len(remaining)} to run; prefill sets x "
             f"decode sets x max_num_seqs), about {estimate / 60:.1f} min with {jobs} job(s)")
