@@ -146,7 +146,12 @@ def _run_locked(settings, device, model, prepared, problems, folder, tokenizer, 
     if pending:
         log(f"running {len(pending):,} of {len(ids):,} requests on {device_label(settings)} "
             f"(output: {folder.path})")
-        outcome = _generate(settings, model, pending, folder, attempt, tokenizer, log)
+        try:
+            outcome = _generate(settings, model, pending, folder, attempt, tokenizer, log)
+        except RunError as error:  # keep a trace of the failed attempt next to its outputs
+            attempts.append({"attempt": attempt, "ended": "failed", "error": str(error)})
+            folder.write_attempts(attempts)
+            raise
         attempts.append(outcome)
         folder.write_attempts(attempts)
     else:
@@ -386,6 +391,8 @@ def build_report(folder: RunFolder, settings: RunSettings, model, prepared, prob
              "temperature": settings.temperature, "inputs": list(settings.inputs)}
     if settings.device == "sim":
         extra["sim"] = _sim_description(settings, model)
+        if settings.sim.architecture:  # the model simulated, not the one lending its tokenizer
+            extra["model"] = f"{extra['sim']['arch']} (simulated)"
     total = len(prepared.requests) + len(problems)
     completed = len(folder.done_ids & {r.record.id for r in prepared.requests})
     report = summarize(records, extra_config=extra, total=total, skipped=len(problems),
