@@ -293,10 +293,11 @@ def plot_padding_waste(rows: Sequence[Mapping[str, Any]], path: str | Path) -> P
     ax.set_ylim(-0.7, count - 0.3)
     ax.set_xlabel("padding waste (% of the padded work that was padding)")
     ax.set_ylabel(_bar_ylabel(len(rows)))
-    ax.set_title(title + " (lower is better)")
+    ax.set_title(title + " (lower is better)", pad=22)
     ax.grid(True, axis="x", alpha=0.3)
     ax.set_axisbelow(True)
-    ax.legend(loc="lower right", fontsize=9, framealpha=0.9)
+    # Above the bars, never over them (a bar can reach any corner).
+    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, fontsize=9, frameon=False)
     return _save(figure, path)
 
 
