@@ -46,7 +46,7 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-TRACE = Path("/work/shared/datasets/azure-llm-inference-conv-2023.csv")
+TRACE = Path(__file__).resolve().parents[1] / "datasets" / "azure-llm-inference-conv-2023.csv"
 #: Synthetic prompt tokens: slices of one shared pool (no per-token int objects per request).
 _POOL = [1000 + i % 20000 for i in range(40000)]
 

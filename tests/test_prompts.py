@@ -21,7 +21,7 @@ from neuron_batch.prompts import (
     load_prompts,
 )
 
-AZURE_TRACE = Path("/work/shared/datasets/azure-llm-inference-conv-2023.csv")
+AZURE_TRACE = Path(__file__).resolve().parents[1] / "datasets" / "azure-llm-inference-conv-2023.csv"
 HI = [{"role": "user", "content": "Hi"}]
 
 
@@ -436,7 +436,7 @@ def test_trace_without_arrival_column(tmp_path):
     assert (record.prompt_len, record.max_tokens, record.arrival_s, record.id) == (5, 6, None, "r1")
 
 
-@pytest.mark.skipif(not AZURE_TRACE.exists(), reason="shared Azure trace copy not present")
+@pytest.mark.skipif(not AZURE_TRACE.exists(), reason="the Azure trace copy in datasets/ is missing")
 def test_real_azure_trace():
     started = time.perf_counter()
     loaded = load_prompts([AZURE_TRACE])
