@@ -32,6 +32,7 @@ COST_GRAPHS, COST_COMPILE_S = "compiled_graphs", "estimated_compile_s"
 RARE_BLOCK_SHARE = 0.05
 #: Widest the terminal table may get.
 MAX_WIDTH = 140
+MAX_NAME_WIDTH = 28
 
 _STATE_WORDS = {"IDLE": "idle", "ACTIVE_PREFILL": "prefill", "ACTIVE_DECODE": "decode"}
 
@@ -484,12 +485,10 @@ def format_table(rows: Sequence[dict[str, Any]], recommendation: Mapping[str, An
 
 
 def _table(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """The table's lines; long names are clipped (down to 8 characters) to fit MAX_WIDTH."""
-    for name_width in (16, 14, 12, 10, 8):
-        lines = _table_lines(rows, name_width)
-        if max(len(line) for line in lines) <= MAX_WIDTH:
-            break
-    return [_clip(line) for line in lines]
+    """The table's lines. Names are shown whole (a clipped name is ambiguous: sweeps name
+    configurations like P=o2,D=def,S=32), so a sweep of long names gives a wider table."""
+    name_width = max(8, min(MAX_NAME_WIDTH, max(len(row["name"]) for row in rows)))
+    return _table_lines(rows, name_width)
 
 
 def _table_lines(rows: Sequence[dict[str, Any]], name_width: int) -> list[str]:
