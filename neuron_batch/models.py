@@ -12,7 +12,7 @@
 
 The conversion is safe against crashes and concurrent runs: it writes into a hidden temporary
 sibling directory, puts a marker file in it last (format version plus the source GGUF's size and
-mtime), and renames it into place, all under an `fcntl.flock` on `<cache>/.lock`. A directory
+a digest of its ends), and renames it into place, all under an `fcntl.flock` on `<cache>/.lock`. A directory
 is used only when its marker matches, so an interrupted conversion never looks valid; its
 leftovers are removed by the next run.
 
@@ -190,9 +190,19 @@ def find_builtin_gguf() -> Path:
 
 
 def _source_stamp(gguf: Path) -> dict:
-    st = gguf.stat()
-    return {"format": FORMAT_VERSION, "source": gguf.name, "source_size": st.st_size,
-            "source_mtime_ns": st.st_mtime_ns}
+    """What identifies the source file: its size and a digest of its first and last MiB (a few
+    milliseconds). Not its mtime: every virtual environment that installs the same package
+    would otherwise convert the same model again into the shared cache."""
+    import hashlib
+
+    size = gguf.stat().st_size
+    digest = hashlib.sha256()
+    with open(gguf, "rb") as handle:
+        digest.update(handle.read(1 << 20))
+        handle.seek(max(0, size - (1 << 20)))
+        digest.update(handle.read(1 << 20))
+    return {"format": FORMAT_VERSION, "source": gguf.name, "source_size": size,
+            "source_digest": digest.hexdigest()[:32]}
 
 
 def _is_valid(target: Path, stamp: dict) -> bool:

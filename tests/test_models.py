@@ -270,7 +270,7 @@ def test_converts_once_then_reuses(tmp_path, converter):
     marker = json.loads((Path(first.path) / MARKER_NAME).read_text())
     stat = models.find_builtin_gguf().stat()
     assert marker["format"] == models.FORMAT_VERSION
-    assert (marker["source_size"], marker["source_mtime_ns"]) == (stat.st_size, stat.st_mtime_ns)
+    assert marker["source_size"] == stat.st_size and len(marker["source_digest"]) == 32
     assert marker["fake"] is True and "convert_s" in marker
     # the converter wrote into a hidden sibling that was renamed into place
     assert converter.calls[0].parent == cache and converter.calls[0].name.startswith(".")
@@ -281,7 +281,12 @@ def test_changed_source_is_converted_again(tmp_path, converter, fake_gguf):
     info = prepare_builtin(cache)
     (Path(info.path) / "stale-file").write_text("old")
     stat = fake_gguf.stat()
+    # a reinstall of the same file (new mtime, same bytes) reuses the conversion
     os.utime(fake_gguf, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert prepare_builtin(cache) == info and len(converter.calls) == 1
+    # the same size with other bytes is another model
+    data = fake_gguf.read_bytes()
+    fake_gguf.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     assert prepare_builtin(cache) == info
     assert len(converter.calls) == 2
     assert not (Path(info.path) / "stale-file").exists()
