@@ -7,7 +7,7 @@ The CLI, a `--config job.toml` file and environment variables all end up here as
 from __future__ import annotations
 
 import tomllib
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +152,3 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
                             f"known: {', '.join(sorted(known))}")
     return flat
 
-
-def with_sim(settings: RunSettings, **changes: Any) -> RunSettings:
-    return replace(settings, sim=replace(settings.sim, **changes))

@@ -275,7 +275,7 @@ def _generate(settings: RunSettings, model, pending: list[PreparedRequest], fold
                    detokenize=detokenize)
     deadline = (time.monotonic() + settings.max_runtime) if settings.max_runtime else None
     bar = _progress_bar(settings, len(pending))
-    finished = failed = output_tokens = 0
+    finished = output_tokens = 0
     ended = "completed"
     try:
         with _StopFlag() as stop:
@@ -307,7 +307,6 @@ def _generate(settings: RunSettings, model, pending: list[PreparedRequest], fold
     except OutputError:
         raise
     except Exception as error:  # the engine died: keep what finished, say so, exit 1
-        ended = "failed"
         raise RunError(f"the engine failed after {finished} request(s): {error!r}; finished "
                        f"outputs are kept in {folder.path}; rerun with --resume",
                        exit_code=EXIT_FAILED) from error
@@ -317,7 +316,7 @@ def _generate(settings: RunSettings, model, pending: list[PreparedRequest], fold
         engine.close()
         folder.close_outputs()
     return {"attempt": attempt, "ended": ended, "requests_finished": finished,
-            "requests_failed": failed, "wall_time_s": round(time.time() - started, 3),
+            "wall_time_s": round(time.time() - started, 3),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
             "device": device, "pid": os.getpid()}
 
