@@ -158,7 +158,7 @@ def run(inputs, **options):
     records-N.jsonl (every scheduler step) into the run folder, and prints a summary:
     throughput, padding waste per bucket, time per scheduler state and admission blocks.
     """
-    from neuron_batch.runner import RunError, run as run_job
+    from neuron_batch.run.runner import RunError, run as run_job
 
     try:
         seqs_values = _int_list(options.pop("max_num_seqs"), "--max-num-seqs")
@@ -252,9 +252,9 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
     compile cost, and why) and PNG plots. `--device sim` is the planning tool: simulated
     configurations run in parallel.
     """
-    from neuron_batch.outputs import default_output_dir
-    from neuron_batch.runner import RunError
-    from neuron_batch.sweep import default_jobs, run_repeats, run_sweep
+    from neuron_batch.run.folder import default_output_dir
+    from neuron_batch.run.runner import RunError
+    from neuron_batch.bench.sweep import default_jobs, run_repeats, run_sweep
 
     try:
         seqs_values = _int_list(options.pop("max_num_seqs"), "--max-num-seqs")
@@ -299,11 +299,11 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
 def report(path):
     """Print the summary of a finished run (or the table of a finished sweep, re-drawing its
     plots) again, from its files."""
-    from neuron_batch.runner import RunError, rerender
+    from neuron_batch.run.runner import RunError, rerender
 
     try:
         if (Path(path) / "sweep.json").exists():
-            from neuron_batch.sweep import render
+            from neuron_batch.bench.sweep import render
 
             click.echo(render(Path(path)))
             return
@@ -403,8 +403,8 @@ def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, 
     """
     import json
 
-    from neuron_batch.bucket_optimiser import suggest_prefill
-    from neuron_batch.prompts import InputError, load_prompts
+    from neuron_batch.bench.optimiser import suggest_prefill
+    from neuron_batch.inputs.prompts import InputError, load_prompts
 
     if max_buckets < 1:
         raise click.BadParameter("must be at least 1", param_hint="--max-buckets")
@@ -464,7 +464,7 @@ def _prompt_lengths(records) -> list[int]:
         else:
             texts.append(record)
     if texts:
-        from neuron_batch.models import load_tokenizer, resolve_model
+        from neuron_batch.run.models import load_tokenizer, resolve_model
 
         tokenizer = load_tokenizer(resolve_model(None))
         for record in texts:

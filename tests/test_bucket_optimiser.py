@@ -1,4 +1,4 @@
-"""Tests for neuron_batch.bucket_optimiser: exact optimum against brute force, DP variants
+"""Tests for neuron_batch.bench.optimiser: exact optimum against brute force, DP variants
 against each other, chunking, evaluation of the defaults and the report shapes."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from neuron_batch.bucket_optimiser import (
+from neuron_batch.bench.optimiser import (
     BucketPlan,
     evaluate,
     optimal_buckets,

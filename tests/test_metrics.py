@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuron_batch.metrics import percentile, summarize
+from neuron_batch.report.metrics import percentile, summarize
 from neuron_batch.scheduler.records import (
     BLOCK_REASONS,
     Recorder,

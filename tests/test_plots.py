@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from neuron_batch import plots  # noqa: E402
-from neuron_batch.sweep_report import pareto_front, rank, recommend  # noqa: E402
+from neuron_batch.bench import plots  # noqa: E402
+from neuron_batch.bench.sweep_report import pareto_front, rank, recommend  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STATES = ("IDLE", "ACTIVE_PREFILL", "ACTIVE_DECODE")
@@ -141,9 +141,9 @@ def test_nothing_finished(tmp_path):
 def test_imports_stay_light_and_pyplot_is_never_used(tmp_path):
     code = (
         "import sys\n"
-        "import neuron_batch.sweep_report, neuron_batch.plots\n"
+        "import neuron_batch.bench.sweep_report, neuron_batch.bench.plots\n"
         "assert 'matplotlib' not in sys.modules, 'matplotlib imported at module level'\n"
-        "from neuron_batch.plots import plot_padding_waste\n"
+        "from neuron_batch.bench.plots import plot_padding_waste\n"
         f"plot_padding_waste([], {str(tmp_path / 'x.png')!r})\n"
         "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'\n"
     )

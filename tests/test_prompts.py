@@ -1,4 +1,4 @@
-"""Tests for neuron_batch.prompts: every input format, every field, every problem kind."""
+"""Tests for neuron_batch.inputs.prompts: every input format, every field, every problem kind."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from neuron_batch.prompts import (
+from neuron_batch.inputs.prompts import (
     InputError,
     InputProblem,
     LoadedPrompts,
@@ -644,7 +644,7 @@ def test_input_of_only_problems_is_not_an_input_error(tmp_path):
 
 def test_import_is_light():
     """Importing the prompt modules must not pull in vLLM, torch, datasets or pyarrow."""
-    code = ("import sys, neuron_batch.prompts, neuron_batch.prompt_formats; "
+    code = ("import sys, neuron_batch.inputs.prompts, neuron_batch.inputs.formats; "
             "print([m for m in ('vllm', 'torch', 'datasets', 'pyarrow') if m in sys.modules])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True, cwd=Path(__file__).resolve().parents[1])

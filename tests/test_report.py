@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from neuron_batch.metrics import summarize
-from neuron_batch.report import format_summary, prometheus_text, write_text_atomic
+from neuron_batch.report.metrics import summarize
+from neuron_batch.report.summary import format_summary, prometheus_text, write_text_atomic
 from neuron_batch.scheduler.records import (
     BLOCK_REASONS,
     Records,

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 pytest.importorskip("vllm")
 
 from neuron_batch.cli import main  # noqa: E402
-from neuron_batch.outputs import RunFolder  # noqa: E402
+from neuron_batch.run.folder import RunFolder  # noqa: E402
 
 
 ENGINE = ["--max-num-seqs", "4", "--max-num-batched-tokens", "256", "--max-model-len", "1024",

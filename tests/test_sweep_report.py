@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuron_batch.metrics import summarize
+from neuron_batch.report.metrics import summarize
 from neuron_batch.scheduler.records import (
     BLOCK_REASONS,
     Records,
@@ -19,7 +19,7 @@ from neuron_batch.scheduler.records import (
     RunConfig,
     StepRecord,
 )
-from neuron_batch.sweep_report import (
+from neuron_batch.bench.sweep_report import (
     COST_COMPILE_S,
     COST_GRAPHS,
     MAX_WIDTH,

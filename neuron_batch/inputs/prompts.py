@@ -248,7 +248,7 @@ def load_prompts(inputs: Sequence[str | Path], *, prompt_column: str = "prompt",
     `limit`; ids given by default are positions before the shuffle, so they do not change with it.
     """
     # Imported here, not at the top, because prompt_formats imports the types above.
-    from neuron_batch.prompt_formats import read_input
+    from neuron_batch.inputs.formats import read_input
 
     if isinstance(inputs, (str, Path)):
         inputs = [inputs]  # one path, not a sequence of one-character "paths"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.config import RunSettings
-from neuron_batch.outputs import (
+from neuron_batch.run.folder import (
     REPORT,
     OutputError,
     RunFolder,
@@ -31,8 +31,8 @@ from neuron_batch.outputs import (
     input_fingerprint,
     write_json_atomic,
 )
-from neuron_batch.prepare import PreparedRequest, prepare_requests
-from neuron_batch.prompts import InputError, InputProblem, describe_input, load_prompts
+from neuron_batch.inputs.prepare import PreparedRequest, prepare_requests
+from neuron_batch.inputs.prompts import InputError, InputProblem, describe_input, load_prompts
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PARTIAL, EXIT_INTERRUPTED, EXIT_BUSY = 0, 1, 2, 3, 4, 5
 MAX_PROBLEMS_SHOWN = 20
@@ -161,12 +161,12 @@ def _run_locked(settings, device, model, prepared, problems, folder, tokenizer, 
     report = build_report(folder, settings, model, prepared, problems)
     write_json_atomic(folder.path / REPORT, report)
     if settings.metrics_textfile:
-        from neuron_batch.report import prometheus_text, write_text_atomic
+        from neuron_batch.report.summary import prometheus_text, write_text_atomic
 
         write_text_atomic(settings.metrics_textfile,
                           prometheus_text(report, labels={"output": str(folder.path)}))
     if not settings.quiet:
-        from neuron_batch.report import format_summary
+        from neuron_batch.report.summary import format_summary
 
         print(format_summary(report), flush=True)
     code = EXIT_OK
@@ -184,7 +184,7 @@ def device_label(settings: RunSettings) -> str:
 
 
 def _model_and_tokenizer(settings: RunSettings, log):
-    from neuron_batch.models import ModelError, load_tokenizer, resolve_model
+    from neuron_batch.run.models import ModelError, load_tokenizer, resolve_model
 
     try:
         model = resolve_model(settings.model, progress=log)
@@ -249,7 +249,7 @@ class _StopFlag:
 
 def _generate(settings: RunSettings, model, pending: list[PreparedRequest], folder: RunFolder,
               attempt: int, tokenizer, log) -> dict[str, Any]:
-    from neuron_batch.engine import Engine, detect_device, engine_kwargs
+    from neuron_batch.run.engine import Engine, detect_device, engine_kwargs
 
     device = settings.device if settings.device != "auto" else detect_device()
     simulated = device == "sim"
@@ -374,7 +374,7 @@ def _openai_row(request: PreparedRequest, done, model_name: str) -> dict:
 
 def build_report(folder: RunFolder, settings: RunSettings, model, prepared, problems) -> dict:
     """The report over the whole input, from every attempt's records and the outputs file."""
-    from neuron_batch.metrics import summarize
+    from neuron_batch.report.metrics import summarize
     from neuron_batch.scheduler.records import concat_attempts, read_records
 
     attempts = [read_records(p) for p in folder.records_paths()]
@@ -432,7 +432,7 @@ def _check_sim(settings: RunSettings, model) -> None:
     """Instance, architecture, TP, context length and KV capacity: fail before any set-up."""
     import tempfile
 
-    from neuron_batch.engine import engine_kwargs
+    from neuron_batch.run.engine import engine_kwargs
 
     try:
         _sim_description(settings, model)
@@ -457,7 +457,7 @@ def _sim_description(settings: RunSettings, model) -> dict:
 
 def rerender(path: Path) -> str:
     """`neuron-batch report DIR`: the summary of a finished run again, from its files."""
-    from neuron_batch.report import format_summary
+    from neuron_batch.report.summary import format_summary
 
     report_path = path / REPORT if path.is_dir() else path
     try:

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.sweep_report import (
+from neuron_batch.bench.sweep_report import (
     COST_COMPILE_S,
     DEFAULT_NAME,
     abbreviate_buckets,

@@ -25,10 +25,10 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.bucket_optimiser import plans_for_each_k, prefill_chunk_lengths
+from neuron_batch.bench.optimiser import plans_for_each_k, prefill_chunk_lengths
 from neuron_batch.config import RunSettings
-from neuron_batch.outputs import REPORT, write_json_atomic
-from neuron_batch.runner import EXIT_INTERRUPTED, EXIT_OK, RunError, load_workload, run
+from neuron_batch.run.folder import REPORT, write_json_atomic
+from neuron_batch.run.runner import EXIT_INTERRUPTED, EXIT_OK, RunError, load_workload, run
 from neuron_batch.scheduler.records import DECODE, read_records
 
 SWEEP_JSON, SWEEP_CSV = "sweep.json", "sweep.csv"
@@ -218,7 +218,7 @@ class Sweep:
         return sorted(self.entries.values(), key=lambda e: e["name"])
 
     def write(self) -> dict[str, Any]:
-        from neuron_batch.sweep_report import rank, recommend, sweep_json, write_csv
+        from neuron_batch.bench.sweep_report import rank, recommend, sweep_json, write_csv
 
         entries = self.ordered_entries()
         rows = rank(entries)
@@ -240,7 +240,7 @@ def load_previous(sweep_dir: Path) -> dict[str, dict[str, Any]]:
 
 def render(sweep_dir: Path, *, plots: bool = True) -> str:
     """The ranked table and recommendation of a sweep (also `neuron-batch report DIR`)."""
-    from neuron_batch.sweep_report import format_table, pareto_front, rank, recommend
+    from neuron_batch.bench.sweep_report import format_table, pareto_front, rank, recommend
 
     data = json.loads((sweep_dir / SWEEP_JSON).read_text(encoding="utf-8"))
     entries = data["configurations"]
@@ -249,7 +249,7 @@ def render(sweep_dir: Path, *, plots: bool = True) -> str:
     failed = [e for e in entries if e.get("status") != "done"]
     text = format_table(rows, recommendation, failed=failed)
     if plots and rows:
-        from neuron_batch.plots import write_all
+        from neuron_batch.bench.plots import write_all
 
         paths = write_all(rows, pareto_front(rows), data.get("prompt_lengths") or [], None,
                           sweep_dir)

@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.prompts import (
+from neuron_batch.inputs.prompts import (
     PROMPT_FIELDS,
     FieldError,
     InputError,

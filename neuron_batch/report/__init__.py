@@ -1,0 +1,2 @@
+"""Stage 3: scheduler records -> metrics -> report dict -> terminal summary / Prometheus text
+(pure: no vLLM import)."""
