@@ -1,0 +1,114 @@
+"""`neuron-batch bench`: sweeps of bucket configurations, or repeats of one."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import click
+
+from neuron_batch.cli.group import main
+from neuron_batch.cli.options import (
+    EXIT_CODES_HELP,
+    int_list,
+    load_config_option,
+    settings_from_options,
+    engine_options,
+)
+from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError, parse_buckets_option
+
+
+@main.command(epilog=EXIT_CODES_HELP)
+@click.argument("inputs", nargs=-1)
+@click.option("--config", type=click.Path(dir_okay=False), callback=load_config_option,
+              is_eager=True, expose_value=False, help="A TOML job file (as for `run`).")
+@engine_options
+@click.option("--sweep-buckets", is_flag=True,
+              help="Run the workload under many bucket configurations and rank them.")
+@click.option("--prefill-buckets-set", multiple=True, metavar="N,N,...",
+              help="A prefill bucket set to include in the sweep (repeatable).")
+@click.option("--decode-buckets-set", multiple=True, metavar="N,N,...",
+              help="A decode bucket set to include in the sweep (repeatable).")
+@click.option("--max-prefill-buckets", type=int, default=4, show_default=True,
+              help="Also sweep the optimal prefill sets of 1..K buckets for this workload "
+                   "(0: none).")
+@click.option("--max-decode-buckets", type=int, default=3, show_default=True,
+              help="Also sweep the optimal decode sets of 1..K buckets (0: none).")
+@click.option("--repeat", type=int, default=None,
+              help="Without --sweep-buckets: run the configuration N times after a warm-up "
+                   "and report the spread.")
+@click.option("--warmup", type=int, default=1, show_default=True,
+              help="Warm-up runs before --repeat.")
+@click.option("--jobs", type=int, default=None,
+              help="Simulated configurations run in parallel on this many processes. "
+                   "Default: the machine's cores.")
+@click.option("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, show_default=True)
+@click.option("--ignore-eos", is_flag=True, help="Generate exactly max-tokens (as on sim).")
+@click.option("--prompt-column", default="prompt", show_default=True)
+@click.option("--split", default="train", show_default=True)
+@click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
+              help="Bench folder. Default: results/<timestamp>-bench-<input name>/.")
+@click.option("--resume", is_flag=True, help="Continue a sweep in --output.")
+@click.option("-q", "--quiet", is_flag=True, help="Only the final table.")
+def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_prefill_buckets,
+          max_decode_buckets, repeat, warmup, jobs, resume, **options):
+    """Benchmark a workload: one configuration (--repeat for the spread), or with
+    --sweep-buckets many bucket configurations, ranked, with a recommendation.
+
+    \b
+    A sweep runs, each in a fresh engine:
+      - the default buckets at every --max-num-seqs value (e.g. 8,16,32),
+      - prefill sets: defaults, every --prefill-buckets-set, and the optimal sets of
+        1..--max-prefill-buckets buckets for this workload's prefill chunks,
+      - crossed with decode sets: defaults, every --decode-buckets-set, and the optimal sets
+        of 1..--max-decode-buckets buckets for the batch sizes the defaults produced.
+    It prints the grid's size and an estimate first, writes sweep.json and sweep.csv after every
+    configuration (--resume continues after a crash or Ctrl-C), then a ranked table, the
+    recommendation (fastest, best per compiled graph, Pareto front of throughput against
+    compile cost, and why) and PNG plots. `--device sim` is the planning tool: simulated
+    configurations run in parallel.
+    """
+    from neuron_batch.run.folder import default_output_dir
+    from neuron_batch.run.runner import RunError
+    from neuron_batch.bench.sweep import default_jobs, run_repeats, run_sweep
+
+    try:
+        seqs_values = int_list(options.pop("max_num_seqs"), "--max-num-seqs")
+        output, quiet = options.pop("output"), options.pop("quiet")
+        base = settings_from_options(inputs, seqs_values[0], {**options, "quiet": True})
+        user_prefill = [parse_buckets_option(t, "--prefill-buckets-set") for t in
+                        prefill_buckets_set]
+        user_decode = [parse_buckets_option(t, "--decode-buckets-set") for t in
+                       decode_buckets_set]
+        for buckets in user_prefill:
+            replace(base, prefill_buckets=buckets).validate()
+        for buckets in user_decode:
+            if buckets[-1] not in seqs_values:
+                raise SettingsError(f"--decode-buckets-set {','.join(map(str, buckets))}: the "
+                                    f"last bucket must be one of --max-num-seqs "
+                                    f"{','.join(map(str, seqs_values))}")
+        if len(seqs_values) > 1 and not sweep_buckets:
+            raise SettingsError("several --max-num-seqs values need --sweep-buckets")
+    except SettingsError as error:
+        raise click.UsageError(str(error)) from None
+    log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
+    name = Path(base.inputs[0]).stem if not base.inputs[0].startswith("hf:") else "hf"
+    out_dir = Path(output) if output else default_output_dir((f"bench-{name}",))
+    try:
+        if sweep_buckets:
+            code = run_sweep(base, out_dir, seqs_values=seqs_values, user_prefill=user_prefill,
+                             user_decode=user_decode, max_prefill_buckets=max_prefill_buckets,
+                             max_decode_buckets=max_decode_buckets,
+                             jobs=jobs or default_jobs(), resume=resume, log=log)
+        else:
+            code = run_repeats(base, out_dir, repeats=repeat or 1, warmup=warmup if repeat else 0,
+                               log=log)
+    except RunError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(error.exit_code)
+    log(f"results in {out_dir}")
+    sys.exit(code)
+

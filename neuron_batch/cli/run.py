@@ -1,0 +1,99 @@
+"""`neuron-batch run` and `neuron-batch report`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from neuron_batch.cli.group import main
+from neuron_batch.cli.options import (
+    EXIT_CODES_HELP,
+    int_list,
+    load_config_option,
+    settings_from_options,
+    engine_options,
+)
+from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError
+
+
+@main.command(epilog=EXIT_CODES_HELP)
+@click.argument("inputs", nargs=-1)
+@click.option("--config", type=click.Path(dir_okay=False), callback=load_config_option,
+              is_eager=True, expose_value=False,
+              help="A TOML job file whose keys are these options' names (a [sim] table for "
+                   "the sim ones). Command-line options override it.")
+@engine_options
+@click.option("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, show_default=True,
+              help="Output tokens per request where the input gives none.")
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="Sampling temperature where the input gives none (0 = greedy).")
+@click.option("--ignore-eos", is_flag=True,
+              help="Generate exactly max-tokens per request, as benchmarks do (always so on "
+                   "--device sim, which does not sample).")
+@click.option("--prompt-column", default="prompt", show_default=True,
+              help="CSV/Parquet/data-set column holding the prompt.")
+@click.option("--split", default="train", show_default=True, help="Data-set split to read.")
+@click.option("--limit", type=int, default=None, help="Run only the first N prompts.")
+@click.option("--shuffle/--no-shuffle", default=False, help="Shuffle prompts (before --limit).")
+@click.option("--seed", type=int, default=0, show_default=True, help="For --shuffle and sampling.")
+@click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+              help="Bad input lines: fail before loading the model, or skip them and report.")
+@click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
+              envvar="NEURON_BATCH_OUTPUT",
+              help="Run folder. Default: results/<timestamp>-<input name>/.")
+@click.option("--resume", is_flag=True,
+              help="Finish a run in --output that was stopped: only the requests not yet in "
+                   "outputs.jsonl run again.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary (for cron).")
+@click.option("--max-runtime", type=float, default=None, metavar="SECONDS",
+              help="Stop cleanly after this long (exit 4; --resume continues).")
+@click.option("--metrics-textfile", type=click.Path(dir_okay=False), default=None,
+              envvar="NEURON_BATCH_METRICS_TEXTFILE",
+              help="Also write the headline figures in Prometheus text format here "
+                   "(node_exporter's textfile collector).")
+def run(inputs, **options):
+    """Run prompts through vLLM with the Neuron scheduler and report what happened.
+
+    INPUTS are files (.jsonl, OpenAI batch .jsonl, .csv, .parquet, .txt), data-set folders
+    written by save_to_disk, or hf:NAME[:CONFIG] Hugging Face data sets. With none, a small
+    built-in set of prompts runs.
+
+    Writes outputs.jsonl (a line per request, as each finishes), report.json and
+    records-N.jsonl (every scheduler step) into the run folder, and prints a summary:
+    throughput, padding waste per bucket, time per scheduler state and admission blocks.
+    """
+    from neuron_batch.run.runner import RunError, run as run_job
+
+    try:
+        seqs_values = int_list(options.pop("max_num_seqs"), "--max-num-seqs")
+        if len(seqs_values) > 1:
+            raise SettingsError("--max-num-seqs takes one value in `run`; sweep several with "
+                                "`neuron-batch bench`")
+        result = run_job(settings_from_options(inputs, seqs_values[0], options))
+    except SettingsError as error:
+        raise click.UsageError(str(error)) from None
+    except RunError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(error.exit_code)
+    sys.exit(result.exit_code)
+
+@main.command()
+@click.argument("path", type=click.Path(exists=True))
+def report(path):
+    """Print the summary of a finished run (or the table of a finished sweep, re-drawing its
+    plots) again, from its files."""
+    from neuron_batch.run.runner import RunError, rerender
+
+    try:
+        if (Path(path) / "sweep.json").exists():
+            from neuron_batch.bench.sweep import render
+
+            click.echo(render(Path(path)))
+            return
+        click.echo(rerender(Path(path)))
+    except RunError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(error.exit_code)
+

@@ -1,0 +1,173 @@
+"""Tools around runs: `neuron-batch calibrate` and `neuron-batch buckets suggest`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from neuron_batch.cli.group import main
+from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+
+@main.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--instance", required=True, help="The instance the runs were made on.")
+@click.option("--architecture", required=True,
+              help="The model's architecture: a catalogue name or its config.json.")
+@click.option("--tensor-parallel-size", type=int, default=None,
+              help="NeuronCores the runs used. Default: all of the instance's.")
+@click.option("--weight-dtype", type=click.Choice(["bf16", "fp8", "int8"]), default="bf16",
+              show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
+              help="Where to write the fitted profile (JSON), for --cost-profile.")
+def calibrate(run_dirs, instance, architecture, tensor_parallel_size, weight_dtype, output):
+    """Fit a step-time profile to the step records of real runs (your own inf2/trn1 runs), so
+    `--device sim --cost-profile FILE` predicts your hardware and model.
+
+    Each step's measured duration (t_end - t_start in records-N.jsonl) is matched by the cost
+    model's formula for its padded shape; the profile's parameters are fitted by least squares
+    on the relative error. Runs with both prefill and decode steps of varied sizes fit best.
+    """
+    from neuron_batch.device.calibrate import fit_from_steps
+    from neuron_batch.device.cost_model import StepCostModel, save_profile
+    from neuron_batch.device.hardware import default_tp
+    from neuron_batch.scheduler.records import read_records
+
+    steps = []
+    for run_dir in run_dirs:
+        paths = sorted(Path(run_dir).glob("records-*.jsonl"))
+        if not paths:
+            raise click.UsageError(f"{run_dir}: no records-N.jsonl here; is it a neuron-batch "
+                                   f"run folder?")
+        for path in paths:
+            steps += [s for s in read_records(path).steps
+                      if s.kind in ("prefill", "decode") and s.t_end is not None
+                      and s.t_end > s.t_start]
+    if len(steps) < 10:
+        raise click.UsageError(f"only {len(steps)} timed steps in {', '.join(run_dirs)}; "
+                               f"calibration needs at least 10")
+    try:
+        tp = tensor_parallel_size or default_tp(instance)
+        profile = fit_from_steps(steps, instance, architecture, tp, weight_dtype=weight_dtype)
+    except (ValueError, FileNotFoundError) as error:
+        raise click.UsageError(str(error)) from None
+    save_profile(profile, output)
+    model = StepCostModel(profile, instance, architecture, tp, weight_dtype=weight_dtype)
+    errors = sorted(abs(model.step_time(s) / (s.t_end - s.t_start) - 1) for s in steps)
+    click.echo(f"fitted {len(steps):,} steps from {len(run_dirs)} run(s): median step-time "
+               f"error {errors[len(errors) // 2]:.1%}, p90 {errors[int(len(errors) * 0.9)]:.1%}")
+    click.echo(f"wrote {output}; use it with --device sim --cost-profile {output}")
+
+@main.group()
+def buckets():
+    """Choose bucket sets for a workload."""
+
+
+@buckets.command("suggest")
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--max-buckets", type=int, default=4, show_default=True,
+              help="Most prefill buckets (compiled graphs) to allow.")
+@click.option("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+              show_default=True)
+@click.option("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN, show_default=True)
+@click.option("--prompt-column", default="prompt", show_default=True)
+@click.option("--objective", type=click.Choice(["tokens", "time"]), default="tokens",
+              show_default=True,
+              help="Minimise padded prefill tokens, or modelled prefill time on the simulated "
+                   "device's cost model (--instance, --architecture).")
+@click.option("--instance", default="inf2.8xlarge", show_default=True,
+              help="[--objective time] The instance whose cost model prices a bucket.")
+@click.option("--architecture", default="llama-3.1-8b", show_default=True,
+              help="[--objective time] Catalogue name or config.json.")
+@click.option("--tensor-parallel-size", type=int, default=None,
+              help="[--objective time] Default: all NeuronCores of the instance.")
+@click.option("--weight-dtype", type=click.Choice(["bf16", "fp8", "int8"]), default="bf16",
+              show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, prompt_column,
+                    objective, instance, architecture, tensor_parallel_size, weight_dtype,
+                    as_json):
+    """The prefill bucket set of at most --max-buckets buckets that pads the workload's
+    prompts least (exact optimum, by dynamic programming), against the default powers of two.
+
+    Prompt lengths come from token counts (traces, prompt_len, prompt_token_ids); text prompts
+    are counted with the built-in model's tokenizer. Prompts are cut into chunks of
+    --max-num-batched-tokens first, as the scheduler does. With --objective time, each chunk
+    costs the modelled prefill time of its bucket instead of its padded tokens (bucket sizes
+    are then searched over every whole number, not only the observed lengths).
+    """
+    import json
+
+    from neuron_batch.bench.optimiser import suggest_prefill
+    from neuron_batch.inputs.prompts import InputError, load_prompts
+
+    if max_buckets < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--max-buckets")
+    try:
+        loaded = load_prompts(inputs, prompt_column=prompt_column)
+    except InputError as error:
+        raise click.UsageError(str(error)) from None
+    lengths = _prompt_lengths(loaded.records)
+    too_long = [n for n in lengths if n > max_model_len]
+    if too_long:
+        click.echo(f"note: {len(too_long)} prompt(s) longer than --max-model-len "
+                   f"{max_model_len:,} are left out", err=True)
+        lengths = [n for n in lengths if n <= max_model_len]
+    cost, candidates = None, None
+    if objective == "time":
+        from neuron_batch.device.cost_model import StepCostModel, load_profile
+        from neuron_batch.device.hardware import default_tp
+
+        try:
+            tp = tensor_parallel_size or default_tp(instance)
+            model = StepCostModel(load_profile(instance), instance, architecture, tp,
+                                  weight_dtype=weight_dtype)
+        except (ValueError, FileNotFoundError) as error:
+            raise click.UsageError(str(error)) from None
+        cost = model.prefill_time
+        candidates = range(1, min(max_num_batched_tokens, max_model_len) + 1)
+    result = suggest_prefill(lengths, max_buckets=max_buckets,
+                             max_num_batched_tokens=max_num_batched_tokens,
+                             max_model_len=max_model_len, cost=cost, candidates=candidates)
+    result["objective"] = objective
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    default = result["default"]
+    click.echo(f"{len(lengths):,} prompts -> {result['num_chunks']:,} prefill chunks "
+               f"(max_num_batched_tokens {max_num_batched_tokens:,})")
+    click.echo(f"suggested ({len(result['buckets'])} buckets): "
+               f"{','.join(map(str, result['buckets']))}")
+    click.echo(f"  padded tokens {result['padded_tokens']:,} for {result['actual_tokens']:,} "
+               f"actual: waste {result['waste_fraction']:.1%}")
+    click.echo(f"default ({len(default['buckets'])} buckets): "
+               f"{','.join(map(str, default['buckets']))}")
+    click.echo(f"  padded tokens {default['padded_tokens']:,}: waste "
+               f"{default['waste_fraction']:.1%}")
+    if objective == "time":
+        click.echo(f"modelled prefill time on {instance} ({architecture}): suggested "
+                   f"{result['cost']:,.1f} s, default {default['cost']:,.1f} s")
+
+
+def _prompt_lengths(records) -> list[int]:
+    lengths, texts = [], []
+    for record in records:
+        if record.prompt_len is not None:
+            lengths.append(record.prompt_len)
+        elif record.prompt_token_ids is not None:
+            lengths.append(len(record.prompt_token_ids))
+        else:
+            texts.append(record)
+    if texts:
+        from neuron_batch.run.models import load_tokenizer, resolve_model
+
+        tokenizer = load_tokenizer(resolve_model(None))
+        for record in texts:
+            if record.messages is not None:
+                lengths.append(len(tokenizer.apply_chat_template(
+                    record.messages, add_generation_prompt=True, tokenize=True)))
+            else:
+                lengths.append(len(tokenizer(record.prompt).input_ids))
+    return lengths
+
