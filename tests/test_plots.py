@@ -12,7 +12,8 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from neuron_batch.bench import plots  # noqa: E402
-from neuron_batch.bench.sweep_report import pareto_front, rank, recommend  # noqa: E402
+from neuron_batch.bench.ranking import pareto_front, rank  # noqa: E402
+from neuron_batch.bench.verdict import recommend  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STATES = ("IDLE", "ACTIVE_PREFILL", "ACTIVE_DECODE")
@@ -141,7 +142,8 @@ def test_nothing_finished(tmp_path):
 def test_imports_stay_light_and_pyplot_is_never_used(tmp_path):
     code = (
         "import sys\n"
-        "import neuron_batch.bench.sweep_report, neuron_batch.bench.plots\n"
+        "import neuron_batch.bench.verdict, neuron_batch.bench.table\n"
+        "import neuron_batch.bench.export, neuron_batch.bench.plots\n"
         "assert 'matplotlib' not in sys.modules, 'matplotlib imported at module level'\n"
         "from neuron_batch.bench.plots import plot_padding_waste\n"
         f"plot_padding_waste([], {str(tmp_path / 'x.png')!r})\n"

@@ -1,4 +1,4 @@
-"""sweep_report.py: ranking, Pareto front, recommendation, table, CSV and JSON of a bucket sweep."""
+"""The verdict of a bucket sweep: ranking, Pareto front, recommendation, table, CSV and JSON."""
 
 from __future__ import annotations
 
@@ -19,19 +19,11 @@ from neuron_batch.scheduler.records import (
     RunConfig,
     StepRecord,
 )
-from neuron_batch.bench.sweep_report import (
-    COST_COMPILE_S,
-    COST_GRAPHS,
-    MAX_WIDTH,
-    abbreviate_buckets,
-    dominates,
-    format_table,
-    pareto_front,
-    rank,
-    recommend,
-    sweep_json,
-    write_csv,
-)
+from neuron_batch.bench.export import sweep_json, write_csv
+from neuron_batch.bench.ranking import COST_COMPILE_S, COST_GRAPHS, dominates, pareto_front, rank
+from neuron_batch.bench.table import MAX_WIDTH, format_table
+from neuron_batch.bench.verdict import recommend
+from neuron_batch.bench.words import abbreviate_buckets
 
 
 # -- fake sweep entries ------------------------------------------------------------------------

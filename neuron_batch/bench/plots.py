@@ -6,7 +6,7 @@
 - `plot_prompt_histogram`: the workload's prompt lengths with the bucket edges of a few configs.
 - `write_all`: all of them into one folder.
 
-The rows are `sweep_report.rank()`'s. matplotlib (the `plot` extra) is imported inside the
+The rows are `ranking.rank()`'s. matplotlib (the `plot` extra) is imported inside the
 functions, so importing this module costs nothing and works without it. The figures are built
 as `matplotlib.figure.Figure` objects on the Agg canvas, never through pyplot: nothing touches
 pyplot's global figure registry or the backend a caller's session uses, and each figure is
@@ -19,14 +19,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.bench.sweep_report import (
-    COST_COMPILE_S,
-    DEFAULT_NAME,
-    abbreviate_buckets,
-    cost_key_for,
-    pareto_front,
-    recommend,
-)
+from neuron_batch.bench.ranking import COST_COMPILE_S, DEFAULT_NAME, cost_key_for, pareto_front
+from neuron_batch.bench.verdict import recommend
+from neuron_batch.bench.words import abbreviate_buckets
 
 DPI = 120
 #: Most configurations `plot_prompt_histogram` draws bucket edges for (more is unreadable).

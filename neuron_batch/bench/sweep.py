@@ -218,7 +218,9 @@ class Sweep:
         return sorted(self.entries.values(), key=lambda e: e["name"])
 
     def write(self) -> dict[str, Any]:
-        from neuron_batch.bench.sweep_report import rank, recommend, sweep_json, write_csv
+        from neuron_batch.bench.export import sweep_json, write_csv
+        from neuron_batch.bench.ranking import rank
+        from neuron_batch.bench.verdict import recommend
 
         entries = self.ordered_entries()
         rows = rank(entries)
@@ -240,7 +242,9 @@ def load_previous(sweep_dir: Path) -> dict[str, dict[str, Any]]:
 
 def render(sweep_dir: Path, *, plots: bool = True) -> str:
     """The ranked table and recommendation of a sweep (also `neuron-batch report DIR`)."""
-    from neuron_batch.bench.sweep_report import format_table, pareto_front, rank, recommend
+    from neuron_batch.bench.ranking import pareto_front, rank
+    from neuron_batch.bench.table import format_table
+    from neuron_batch.bench.verdict import recommend
 
     data = json.loads((sweep_dir / SWEEP_JSON).read_text(encoding="utf-8"))
     entries = data["configurations"]

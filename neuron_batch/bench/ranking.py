@@ -1,0 +1,181 @@
+"""Rank the configurations of a bucket sweep, and find the throughput / compile-cost Pareto front.
+
+Input: the sweep entries, each a dict
+`{"name", "params", "status": "done" | "failed", "error", "report"}` where `report` is the run
+report `metrics.summarize()` produced (or None when the run failed). On the simulated device
+`report["config"]["sim"]` is the simulated target's description; its
+`compile.estimated_compile_s` is the compile cost when every configuration has it. Pure Python.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from neuron_batch.bench.words import COST_COMPILE_S, as_number
+from neuron_batch.scheduler.records import BLOCK_REASONS
+
+#: Scheduler states, in report order.
+STATES = ("IDLE", "ACTIVE_PREFILL", "ACTIVE_DECODE")
+#: The configuration every other one is compared with, when the sweep has it.
+DEFAULT_NAME = "default"
+#: Compile-cost keys `pareto_front` can use (and COST_COMPILE_S, from words).
+COST_GRAPHS = "compiled_graphs"
+
+# -- ranking ----------------------------------------------------------------------------------
+
+def rank(entries: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per finished configuration, fastest first.
+
+    Order: output tokens/s (descending), then fewer compiled graphs, then name. Entries whose
+    status is not "done", or that have no report, are left out (`write_csv` still lists them).
+    """
+    rows = [_row(entry) for entry in entries
+            if entry.get("status") == "done" and entry.get("report")]
+    rows.sort(key=rank_key)
+    for index, row in enumerate(rows, start=1):
+        row["rank"] = index
+    return rows
+
+
+def rank_key(row: Mapping[str, Any]) -> tuple:
+    return (-as_number(row.get("output_tokens_per_s")), as_number(row.get("compiled_graphs"), math.inf),
+            str(row.get("name")))
+
+
+def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
+    report = entry["report"]
+    params = dict(entry.get("params") or {})
+    config = report.get("config") or {}
+    throughput = report.get("throughput") or {}
+    padding = report.get("padding") or {}
+    latency = report.get("latency") or {}
+
+    prefill = configured_buckets(config.get("prefill_buckets"), params.get("prefill_buckets"))
+    decode = configured_buckets(config.get("decode_buckets"), params.get("decode_buckets"))
+    graphs = config.get("compiled_graphs")
+    if graphs is None:
+        graphs = len(prefill) + len(decode)
+    output_tps = float(throughput.get("output_tokens_per_s") or 0.0)
+
+    states = report.get("states") or {}
+    seconds = {state: float((states.get(state) or {}).get("seconds") or 0.0) for state in STATES}
+    for state, figures in states.items():   # a state this module does not know stays visible
+        seconds.setdefault(state, float((figures or {}).get("seconds") or 0.0))
+    total = sum(seconds.values())
+    if total <= 0:
+        total = float(throughput.get("elapsed_s") or 0.0)
+    shares = {state: (value / total if total > 0 else None) for state, value in seconds.items()}
+
+    blocked = {reason: 0 for reason in BLOCK_REASONS}
+    blocked.update({reason: int(count or 0)
+                    for reason, count in (report.get("admission_blocked") or {}).items()})
+
+    def quantile(kind: str, name: str) -> float | None:
+        return (latency.get(kind) or {}).get(name)
+
+    return {
+        "rank": None,
+        "name": str(entry.get("name")),
+        "params": params,
+        "prefill_buckets": prefill,
+        "decode_buckets": decode,
+        "max_num_seqs": config.get("max_num_seqs", params.get("max_num_seqs")),
+        "max_num_batched_tokens": config.get("max_num_batched_tokens",
+                                             params.get("max_num_batched_tokens")),
+        "compiled_graphs": int(graphs),
+        "estimated_compile_s": _estimated_compile_s(config),
+        "output_tokens_per_s": output_tps,
+        "total_tokens_per_s": float(throughput.get("total_tokens_per_s") or 0.0),
+        "elapsed_s": throughput.get("elapsed_s"),
+        "steps": (report.get("steps") or {}).get("total"),
+        "prefill_waste": (padding.get("prefill") or {}).get("waste_fraction"),
+        "decode_waste": (padding.get("decode") or {}).get("waste_fraction"),
+        "state_seconds": seconds,
+        "state_shares": shares,
+        "admission_blocked": blocked,
+        "ttft_p50_s": quantile("ttft_s", "p50"),
+        "ttft_p99_s": quantile("ttft_s", "p99"),
+        "tpot_p50_s": quantile("tpot_s", "p50"),
+        "tpot_p99_s": quantile("tpot_s", "p99"),
+        "throughput_per_graph": output_tps / graphs if graphs else None,
+    }
+
+
+def configured_buckets(configured: Any, param: Any) -> list[int]:
+    """The compiled bucket sizes: the report's list, else the swept setting ("128,256,...")."""
+    value = configured if configured else param
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [int(part) for part in value.replace(" ", ",").split(",") if part.strip()]
+    return [int(part) for part in value]
+
+
+def _estimated_compile_s(config: Mapping[str, Any]) -> float | None:
+    sim = config.get("sim")
+    if isinstance(sim, Mapping):
+        for key in ("compile", "compile_footprint"):
+            footprint = sim.get(key)
+            if isinstance(footprint, Mapping) and footprint.get(COST_COMPILE_S) is not None:
+                return float(footprint[COST_COMPILE_S])
+        if sim.get(COST_COMPILE_S) is not None:
+            return float(sim[COST_COMPILE_S])
+    value = config.get(COST_COMPILE_S)
+    return None if value is None else float(value)
+
+
+
+# -- Pareto front -----------------------------------------------------------------------------
+
+class ParetoFront(list):
+    """The rows of the Pareto front (a plain list of the same row dicts), cheapest first.
+
+    `cost_key` says which cost the front was taken on: "estimated_compile_s" when every row
+    had an estimate, else "compiled_graphs". `cost_label` is the same in words.
+    """
+
+    def __init__(self, rows: Iterable[dict[str, Any]] = (), cost_key: str = COST_GRAPHS):
+        super().__init__(rows)
+        self.cost_key = cost_key
+
+    @property
+    def cost_label(self) -> str:
+        return "estimated compile time" if self.cost_key == COST_COMPILE_S else "compiled graphs"
+
+
+def cost_key_for(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The compile cost to compare rows on: estimated compile seconds if every row has it."""
+    if rows and all(row.get(COST_COMPILE_S) is not None for row in rows):
+        return COST_COMPILE_S
+    return COST_GRAPHS
+
+
+def pareto_front(rows: Sequence[dict[str, Any]]) -> ParetoFront:
+    """Configurations no other beats on both output throughput (higher is better) and compile
+    cost (lower is better): none has at least the throughput at no more cost, one of them
+    strictly. Rows equal on both are all kept. Cheapest first (`ParetoFront.cost_key` names
+    the cost)."""
+    key = cost_key_for(rows)
+    by_cost: dict[float, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_cost.setdefault(float(row[key]), []).append(row)
+    front = []
+    best_cheaper = -math.inf    # the best throughput of any strictly cheaper row
+    for cost in sorted(by_cost):
+        group = by_cost[cost]
+        best_here = max(as_number(row["output_tokens_per_s"]) for row in group)
+        if best_here > best_cheaper:
+            front += sorted((row for row in group
+                             if as_number(row["output_tokens_per_s"]) == best_here),
+                            key=lambda row: str(row["name"]))
+        best_cheaper = max(best_cheaper, best_here)
+    return ParetoFront(front, key)
+
+
+def dominates(a: Mapping[str, Any], b: Mapping[str, Any], cost_key: str) -> bool:
+    """True if `a` is at least as fast and as cheap as `b`, and strictly one of the two."""
+    ta, tb = as_number(a["output_tokens_per_s"]), as_number(b["output_tokens_per_s"])
+    ca, cb = float(a[cost_key]), float(b[cost_key])
+    return ta >= tb and ca <= cb and (ta > tb or ca < cb)
