@@ -77,7 +77,7 @@ def fit_workload(workload, max_model_len):
 def build_llm(settings, args, max_num_seqs, workdir):
     from vllm import LLM
 
-    from neuron_batch.device.sim import sim_engine_kwargs
+    from neuron_batch.device.target import sim_engine_kwargs
 
     kwargs = sim_engine_kwargs(settings, max_model_len=args.max_model_len,
                                max_num_seqs=max_num_seqs,
@@ -90,7 +90,7 @@ def run_engine(llm, workload):
     """Seconds of LLM.generate, and the simulated results."""
     from vllm import SamplingParams
 
-    from neuron_batch.device.sim import engine_core
+    from neuron_batch.device.executor import engine_core
 
     prompts = [{"prompt_token_ids": prompt_ids(i, p)} for i, (p, _) in enumerate(workload)]
     params = [SamplingParams(max_tokens=m, ignore_eos=True, detokenize=False, temperature=0.0)
@@ -144,7 +144,8 @@ def run_bare(args, max_num_seqs, num_blocks, workload, *, block_hasher=True):
 
 # -- the measurements ------------------------------------------------------------------------------
 def measure_ratio(settings, args, max_num_seqs, workload, workdir):
-    from neuron_batch.device.sim import describe_sim, shutdown_llm
+    from neuron_batch.device.executor import shutdown_llm
+    from neuron_batch.device.target import describe_sim
 
     desc = describe_sim(settings, max_model_len=args.max_model_len, num_prefill_buckets=1,
                         num_decode_buckets=1)
@@ -184,7 +185,7 @@ def measure_ratio(settings, args, max_num_seqs, workload, workdir):
 
 
 def measure_trace(settings, args, max_num_seqs, workload, workdir):
-    from neuron_batch.device.sim import shutdown_llm
+    from neuron_batch.device.executor import shutdown_llm
 
     t0 = time.perf_counter()
     llm = build_llm(settings, args, max_num_seqs, workdir)
@@ -209,7 +210,7 @@ def profile_engine(settings, args, max_num_seqs, workload, workdir, out: Path):
     import cProfile
     import pstats
 
-    from neuron_batch.device.sim import shutdown_llm
+    from neuron_batch.device.executor import shutdown_llm
 
     llm = build_llm(settings, args, max_num_seqs, workdir)
     profiler = cProfile.Profile()
@@ -277,7 +278,7 @@ def main(argv=None):
         args.ratio_requests = min(args.ratio_requests, 200)
         args.trace_limit = args.trace_limit or 2000
 
-    from neuron_batch.device.sim import SimSettings, describe_sim
+    from neuron_batch.device.target import SimSettings, describe_sim
 
     settings = SimSettings(instance=args.instance, arch=args.arch, tp_degree=args.tp,
                            weight_dtype=args.weight_dtype)

@@ -24,15 +24,17 @@ from neuron_batch.device.cost_model import (  # noqa: E402
     kv_capacity,
     load_profile,
 )
-from neuron_batch.device.sim import (  # noqa: E402
+from neuron_batch.device.executor import (  # noqa: E402
     NeuronSimExecutor,
+    engine_core,
+    shutdown_llm,
+    sim_executor,
+)
+from neuron_batch.device.target import (  # noqa: E402
     SimError,
     SimSettings,
     describe_sim,
-    engine_core,
-    shutdown_llm,
     sim_engine_kwargs,
-    sim_executor,
 )
 from neuron_batch.scheduler.records import DECODE, EMPTY, PREFILL  # noqa: E402
 
@@ -352,7 +354,8 @@ import json, os, sys
 from pathlib import Path
 from vllm import LLM, SamplingParams
 from neuron_batch.device.cost_model import StepCostModel, load_profile
-from neuron_batch.device.sim import SimSettings, shutdown_llm, sim_engine_kwargs
+from neuron_batch.device.executor import shutdown_llm
+from neuron_batch.device.target import SimSettings, sim_engine_kwargs
 from neuron_batch.scheduler.records import read_records
 
 if __name__ == "__main__":

@@ -19,7 +19,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.bench.ranking import COST_COMPILE_S, DEFAULT_NAME, cost_key_for, pareto_front
+from neuron_batch.bench.ranking import (
+    COST_COMPILE_S,
+    DEFAULT_NAME,
+    cost_key_for,
+    pareto_front,
+)
 from neuron_batch.bench.verdict import recommend
 from neuron_batch.bench.words import abbreviate_buckets
 

@@ -27,8 +27,10 @@ from typing import Any
 
 from neuron_batch.bench.optimiser import plans_for_each_k, prefill_chunk_lengths
 from neuron_batch.config import RunSettings
+from neuron_batch.run.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
 from neuron_batch.run.folder import REPORT, write_json_atomic
-from neuron_batch.run.runner import EXIT_INTERRUPTED, EXIT_OK, RunError, load_workload, run
+from neuron_batch.run.runner import run
+from neuron_batch.run.workload import load_workload
 from neuron_batch.scheduler.records import DECODE, read_records
 
 SWEEP_JSON, SWEEP_CSV = "sweep.json", "sweep.csv"

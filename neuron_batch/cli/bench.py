@@ -11,10 +11,10 @@ import click
 from neuron_batch.cli.group import main
 from neuron_batch.cli.options import (
     EXIT_CODES_HELP,
+    engine_options,
     int_list,
     load_config_option,
     settings_from_options,
-    engine_options,
 )
 from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError, parse_buckets_option
 
@@ -71,9 +71,9 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
     compile cost, and why) and PNG plots. `--device sim` is the planning tool: simulated
     configurations run in parallel.
     """
-    from neuron_batch.run.folder import default_output_dir
-    from neuron_batch.run.runner import RunError
     from neuron_batch.bench.sweep import default_jobs, run_repeats, run_sweep
+    from neuron_batch.run.errors import RunError
+    from neuron_batch.run.folder import default_output_dir
 
     try:
         seqs_values = int_list(options.pop("max_num_seqs"), "--max-num-seqs")

@@ -10,10 +10,10 @@ import click
 from neuron_batch.cli.group import main
 from neuron_batch.cli.options import (
     EXIT_CODES_HELP,
+    engine_options,
     int_list,
     load_config_option,
     settings_from_options,
-    engine_options,
 )
 from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError
 
@@ -64,7 +64,8 @@ def run(inputs, **options):
     records-N.jsonl (every scheduler step) into the run folder, and prints a summary:
     throughput, padding waste per bucket, time per scheduler state and admission blocks.
     """
-    from neuron_batch.run.runner import RunError, run as run_job
+    from neuron_batch.run.errors import RunError
+    from neuron_batch.run.runner import run as run_job
 
     try:
         seqs_values = int_list(options.pop("max_num_seqs"), "--max-num-seqs")
@@ -84,7 +85,8 @@ def run(inputs, **options):
 def report(path):
     """Print the summary of a finished run (or the table of a finished sweep, re-drawing its
     plots) again, from its files."""
-    from neuron_batch.run.runner import RunError, rerender
+    from neuron_batch.run.errors import RunError
+    from neuron_batch.run.folder_report import rerender
 
     try:
         if (Path(path) / "sweep.json").exists():

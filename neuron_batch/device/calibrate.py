@@ -22,7 +22,12 @@ from statistics import median
 from typing import Any
 
 from .architectures import get_architecture
-from .cost_model import DEFAULT_COMPILE_S_PER_GRAPH_PER_GB, CostProfile, StepCostModel, load_profile
+from .cost_model import (
+    DEFAULT_COMPILE_S_PER_GRAPH_PER_GB,
+    CostProfile,
+    StepCostModel,
+    load_profile,
+)
 from .hardware import INSTANCES
 
 #: The parameters a fit moves, in this order.

@@ -34,7 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from .architectures import Architecture, dtype_bytes, resolve_architecture
-from .hardware import GIB, INSTANCES, Instance, get_instance, valid_tp_degrees, validate_tp
+from .hardware import (
+    GIB,
+    INSTANCES,
+    Instance,
+    get_instance,
+    valid_tp_degrees,
+    validate_tp,
+)
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
 WEIGHT_DTYPES = ("bf16", "fp8", "int8")

@@ -13,9 +13,12 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_batch.config import RunSettings
+
+if TYPE_CHECKING:
+    from neuron_batch.device.target import SimTarget
 
 SCHEDULER_CLS = "neuron_batch.scheduler.NeuronScheduler"
 CPU_KV_CACHE_BYTES = 2 << 30
@@ -41,8 +44,10 @@ def detect_device() -> str:
 
 
 def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_path: Path,
-                  workdir: Path, has_tokenizer: bool) -> dict[str, Any]:
-    """Keyword arguments for vllm.LLM for this run and device."""
+                  workdir: Path, has_tokenizer: bool,
+                  target: SimTarget | None = None) -> dict[str, Any]:
+    """Keyword arguments for vllm.LLM for this run and device (`target`: the simulated device,
+    resolved once by the runner; required when device is "sim")."""
     neuron_batch: dict[str, Any] = {"records_path": str(records_path)}
     kwargs: dict[str, Any] = dict(
         model=model_path,
@@ -55,15 +60,11 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
         skip_tokenizer_init=not has_tokenizer,
     )
     if device == "sim":
-        from neuron_batch.device.sim import SimSettings, sim_engine_kwargs
-
-        sim = settings.sim
-        sim_kwargs = sim_engine_kwargs(
-            SimSettings(instance=sim.instance, arch=sim.architecture or model_path,
-                        tp_degree=sim.tensor_parallel_size, weight_dtype=sim.weight_dtype,
-                        profile=sim.cost_profile),
-            max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
-            max_num_batched_tokens=settings.max_num_batched_tokens, workdir=workdir)
+        if target is None:
+            raise ValueError("device 'sim' needs the resolved SimTarget")
+        sim_kwargs = target.engine_kwargs(max_num_seqs=settings.max_num_seqs,
+                                          max_num_batched_tokens=settings.max_num_batched_tokens,
+                                          workdir=workdir)
         sim_additional = sim_kwargs.pop("additional_config", {})
         neuron_batch.update(sim_additional.get("neuron_batch", {}))
         kwargs.update(sim_kwargs)

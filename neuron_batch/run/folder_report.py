@@ -1,0 +1,83 @@
+"""The report of a run folder: every attempt's scheduler records and the outputs file, summed
+over the whole input; and `neuron-batch report DIR`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from neuron_batch.run.errors import EXIT_FAILED, RunError
+from neuron_batch.run.folder import REPORT, RunFolder
+from neuron_batch.run.job import Job
+
+
+def build_report(job: Job) -> dict:
+    """The report over the whole input, from every attempt's records and the outputs file."""
+    from neuron_batch.report.metrics import summarize
+    from neuron_batch.scheduler.records import concat_attempts, read_records
+
+    folder, settings = job.folder, job.settings
+    model, prepared, problems = job.workload.model, job.workload.prepared, job.workload.problems
+    attempts = [read_records(p) for p in folder.records_paths()]
+    attempts = [a for a in attempts if a.steps or a.requests] or attempts
+    if not attempts:
+        raise RunError(f"{folder.path} has no scheduler records", EXIT_FAILED)
+    records = concat_attempts(attempts)
+    # Abandoned (aborted) requests are not completed work: leave them out of the figures.
+    records.requests = [r for r in records.requests if r.finish_reason != "abort"]
+    devices = [a.get("device") for a in folder.attempts() if a.get("device")]
+    extra = {"model": model.name, "device": devices[-1] if devices else settings.device,
+             "tokenizer": prepared.tokenizer_name, "max_tokens": settings.max_tokens,
+             "temperature": settings.temperature, "inputs": list(settings.inputs)}
+    if job.target is not None:
+        prefill, decode = settings.buckets()
+        extra["sim"] = job.target.describe(num_prefill_buckets=len(prefill),
+                                           num_decode_buckets=len(decode))
+        if settings.sim.architecture:  # the model simulated, not the one lending its tokenizer
+            extra["model"] = f"{extra['sim']['arch']} (simulated)"
+    total = len(prepared.requests) + len(problems)
+    completed = len(folder.done_ids & {r.record.id for r in prepared.requests})
+    report = summarize(records, extra_config=extra, total=total, skipped=len(problems),
+                       failed=0)
+    _tokens_from_outputs(report, folder)
+    report["requests"]["completed"] = completed
+    report["requests"]["pending"] = len(prepared.requests) - completed
+    report["requests"]["max_tokens_clamped"] = sum(r.max_tokens_clamped for r in prepared.requests)
+    report["attempts"] = folder.attempts()
+    report["output_dir"] = str(folder.path)
+    return report
+
+
+def _tokens_from_outputs(report: dict, folder: RunFolder) -> None:
+    """Token totals and rates from outputs.jsonl, the record of what finished: scheduler records
+    of an attempt killed with -9 may lack its last fraction of a second."""
+    input_tokens = output_tokens = 0
+    for row in folder.read_outputs():
+        usage = (row.get("response") or {}).get("body", {}).get("usage")
+        if usage is not None:
+            input_tokens += usage["prompt_tokens"]
+            output_tokens += usage["completion_tokens"]
+        else:
+            input_tokens += row["num_prompt_tokens"]
+            output_tokens += row["num_output_tokens"]
+    total = input_tokens + output_tokens
+    report["tokens"] = {"input": input_tokens, "output": output_tokens, "total": total}
+    elapsed = report["throughput"]["elapsed_s"]
+    rate = (lambda amount: amount / elapsed if elapsed > 0 else 0.0)
+    report["throughput"].update(input_tokens_per_s=rate(input_tokens),
+                                output_tokens_per_s=rate(output_tokens),
+                                total_tokens_per_s=rate(total))
+    report["total_num_tokens"] = total
+    report["tokens_per_second"] = rate(total)
+
+
+def rerender(path: Path) -> str:
+    """`neuron-batch report DIR`: the summary of a finished run again, from its files."""
+    from neuron_batch.report.summary import format_summary
+
+    report_path = path / REPORT if path.is_dir() else path
+    try:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunError(f"{report_path}: no report here; is {path} a neuron-batch run folder?")
+    return format_summary(report)

@@ -1,0 +1,166 @@
+"""Generation: feed the pending requests to the engine, write each output the moment it
+finishes, stop cleanly on SIGTERM/SIGINT or --max-runtime."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from neuron_batch.config import RunSettings
+from neuron_batch.inputs.prepare import PreparedRequest
+from neuron_batch.run.errors import EXIT_FAILED, RunError
+from neuron_batch.run.folder import OutputError
+from neuron_batch.run.job import Job
+
+
+class _StopFlag:
+    """Set by SIGTERM/SIGINT: stop admitting, abandon in-flight requests, flush, exit 4.
+    The handler only sets a flag, so vLLM is never interrupted halfway through a step."""
+
+    def __init__(self):
+        self.reason: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self):
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[signum] = signal.signal(signum, self._handle)
+            except ValueError:  # not the main thread (e.g. under a test runner thread)
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        if self.reason is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: the user insists
+        self.reason = "interrupted"
+
+    def __exit__(self, *exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+def generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[str, Any]:
+    """Run `pending` through one engine; returns the attempt's record for attempts.json."""
+    from neuron_batch.run.engine import Engine, detect_device, engine_kwargs
+
+    settings, folder, log, model = job.settings, job.folder, job.log, job.workload.model
+    device = settings.device if settings.device != "auto" else detect_device()
+    simulated = job.simulated
+    workdir = folder.path / ".work"
+    workdir.mkdir(exist_ok=True)
+    kwargs = engine_kwargs(settings, device, model.path, folder.records_path(attempt), workdir,
+                           has_tokenizer=model.has_tokenizer and not simulated, target=job.target)
+    started = time.time()
+    log("loading the model into vLLM" if not simulated else "starting the simulated device")
+    try:
+        engine = Engine(kwargs)
+    except ValueError as error:  # vLLM's own configuration checks (KV cache too small, ...)
+        raise RunError(f"vLLM refused the configuration: {error}") from None
+    detokenize = model.has_tokenizer and not simulated
+    by_id: dict[str, PreparedRequest] = {}
+    for request in pending:
+        record = request.record
+        by_id[record.id] = request
+        temperature = settings.temperature if record.temperature is None else record.temperature
+        engine.add(record.id, request.prompt_token_ids, request.max_tokens, temperature,
+                   record.stop, settings.seed + record.index,
+                   ignore_eos=simulated or settings.ignore_eos,
+                   detokenize=detokenize)
+    deadline = (time.monotonic() + settings.max_runtime) if settings.max_runtime else None
+    bar = _progress_bar(settings, len(pending))
+    finished = output_tokens = 0
+    ended = "completed"
+    try:
+        with _StopFlag() as stop:
+            while engine.has_unfinished():
+                if deadline is not None and time.monotonic() >= deadline:
+                    stop.reason = stop.reason or "deadline"
+                if stop.reason is not None:
+                    ended = stop.reason
+                    unfinished = [i for i in by_id if i not in folder.done_ids]
+                    log(f"{'--max-runtime reached' if ended == 'deadline' else 'stopping'}: "
+                        f"abandoning {len(unfinished)} unfinished request(s); rerun with --resume")
+                    engine.abort(unfinished)
+                    for _ in engine.step():
+                        pass
+                    break
+                for done in engine.step():
+                    if done.finish_reason == "abort":
+                        continue
+                    request = by_id[done.request_id]
+                    folder.append_output(_output_row(request, done, model.name, simulated))
+                    folder.done_ids.add(done.request_id)
+                    finished += 1
+                    output_tokens += len(done.token_ids)
+                    if bar is not None:
+                        bar.update(1)
+                        elapsed = max(time.time() - started, 1e-9)
+                        bar.set_postfix_str(f"{output_tokens / elapsed:,.0f} out tok/s",
+                                            refresh=False)
+    except OutputError:
+        raise
+    except Exception as error:  # the engine died: keep what finished, say so, exit 1
+        raise RunError(f"the engine failed after {finished} request(s): {error!r}; finished "
+                       f"outputs are kept in {folder.path}; rerun with --resume",
+                       exit_code=EXIT_FAILED) from error
+    finally:
+        if bar is not None:
+            bar.close()
+        engine.close()
+        folder.close_outputs()
+    return {"attempt": attempt, "ended": ended, "requests_finished": finished,
+            "wall_time_s": round(time.time() - started, 3),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+            "device": device, "pid": os.getpid()}
+
+
+def _progress_bar(settings: RunSettings, total: int):
+    if settings.quiet or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="req", desc="requests", file=sys.stderr, smoothing=0.1)
+
+
+def _output_row(request: PreparedRequest, done, model_name: str, simulated: bool) -> dict:
+    record = request.record
+    if record.openai is not None:
+        return _openai_row(request, done, model_name)
+    row: dict[str, Any] = {"id": record.id, "index": record.index}
+    if record.prompt is not None:
+        row["prompt"] = record.prompt
+    elif record.messages is not None:
+        row["messages"] = record.messages
+    row["num_prompt_tokens"] = len(request.prompt_token_ids)
+    row["output"] = done.text
+    if done.text is None and not simulated:
+        row["output_token_ids"] = done.token_ids
+    row["num_output_tokens"] = len(done.token_ids)
+    row["finish_reason"] = done.finish_reason
+    return row
+
+
+def _openai_row(request: PreparedRequest, done, model_name: str) -> dict:
+    """A line of the OpenAI batch output format, as `vllm run-batch` writes it."""
+    record = request.record
+    chat = record.openai.get("url", "").endswith("/chat/completions")
+    text = done.text or ""
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "finish_reason": done.finish_reason}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": done.finish_reason}
+        obj = "text_completion"
+    usage = {"prompt_tokens": len(request.prompt_token_ids),
+             "completion_tokens": len(done.token_ids),
+             "total_tokens": len(request.prompt_token_ids) + len(done.token_ids)}
+    body = {"id": f"cmpl-{record.id}", "object": obj, "created": int(time.time()),
+            "model": record.openai.get("model") or model_name, "choices": [choice],
+            "usage": usage}
+    return {"id": f"batch_req_{record.index}", "custom_id": record.id,
+            "response": {"status_code": 200, "request_id": record.id, "body": body},
+            "error": None}

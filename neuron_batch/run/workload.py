@@ -1,0 +1,99 @@
+"""A run's workload: every input read, checked and tokenized before anything slow happens,
+so a bad file fails in a second, before any model loads."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from neuron_batch.config import RunSettings
+from neuron_batch.inputs.prepare import prepare_requests
+from neuron_batch.inputs.prompts import (
+    InputError,
+    InputProblem,
+    describe_input,
+    load_prompts,
+)
+from neuron_batch.run.errors import RunError
+
+MAX_PROBLEMS_SHOWN = 20
+
+
+@dataclass
+class Workload:
+    """Prompts read, checked and tokenized: what a run (or every configuration of a sweep) runs."""
+
+    model: Any
+    prepared: Any
+    problems: list[InputProblem]
+    input_kind: str
+    tokenizer: Any
+
+    def prompt_lengths(self) -> list[int]:
+        return [len(r.prompt_token_ids) for r in self.prepared.requests]
+
+
+def load_workload(settings: RunSettings, log: Callable[[str], None]) -> Workload:
+    """Read every input and tokenize it before anything slow happens: a bad file fails in a
+    second, before any model loads."""
+    try:
+        loaded = load_prompts(settings.inputs, prompt_column=settings.prompt_column,
+                              split=settings.split, limit=settings.limit,
+                              shuffle=settings.shuffle, seed=settings.seed,
+                              default_max_tokens=settings.max_tokens)
+    except InputError as error:
+        raise RunError(str(error)) from None
+    log(describe_input(loaded))
+    model, tokenizer, tokenizer_name, vocab_size = _model_and_tokenizer(settings, log)
+    prepared = prepare_requests(loaded.records, tokenizer=tokenizer, tokenizer_name=tokenizer_name,
+                                vocab_size=vocab_size, max_model_len=settings.max_model_len,
+                                default_max_tokens=settings.max_tokens)
+    problems = loaded.problems + prepared.problems
+    if problems:
+        _show_problems(problems, settings, log)
+        if settings.on_error == "fail":
+            raise RunError(f"{len(problems)} input problem(s); nothing was run. Fix them, or "
+                           f"pass --on-error skip to run the rest and report them")
+    if not prepared.requests:
+        raise RunError("no runnable prompts in the input")
+    return Workload(model, prepared, problems, loaded.kind, tokenizer)
+
+
+def _model_and_tokenizer(settings: RunSettings, log):
+    from neuron_batch.run.models import ModelError, load_tokenizer, resolve_model
+
+    try:
+        model = resolve_model(settings.model, progress=log)
+    except ModelError as error:
+        raise RunError(str(error)) from None
+    tokenizer = load_tokenizer(model) if model.has_tokenizer else None
+    tokenizer_name = model.name if tokenizer is not None else None
+    if tokenizer is None and settings.device == "sim":
+        # The simulated device needs no weights, but text must still become tokens: use the
+        # built-in model's tokenizer and say so in the report.
+        builtin = resolve_model(None, progress=log)
+        tokenizer = load_tokenizer(builtin)
+        tokenizer_name = f"{builtin.name} (built-in, standing in for {model.name})"
+    vocab_size = _vocab_size(model.path, tokenizer)
+    return model, tokenizer, tokenizer_name, vocab_size
+
+
+def _vocab_size(model_path: str, tokenizer) -> int:
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+        return int(config["vocab_size"])
+    except (OSError, KeyError, ValueError):
+        return len(tokenizer) if tokenizer is not None else 32_000
+
+
+def _show_problems(problems: list[InputProblem], settings: RunSettings, log) -> None:
+    verb = "skipped" if settings.on_error == "skip" else "found"
+    log(f"{len(problems)} input problem(s) {verb}:")
+    for problem in problems[:MAX_PROBLEMS_SHOWN]:
+        print(f"  {problem}", file=sys.stderr)
+    if len(problems) > MAX_PROBLEMS_SHOWN:
+        print(f"  ... and {len(problems) - MAX_PROBLEMS_SHOWN} more", file=sys.stderr)
