@@ -1,4 +1,4 @@
-"""Tests for neuron_batch.inputs.prompts: every input format, every field, every problem kind."""
+"""Tests for neuron_batch.inputs (load, line_files, tables, records): every input format, every field, every problem kind."""
 
 from __future__ import annotations
 
@@ -12,14 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from neuron_batch.inputs.prompts import (
-    InputError,
-    InputProblem,
-    LoadedPrompts,
-    PromptRecord,
-    describe_input,
-    load_prompts,
-)
+from neuron_batch.inputs.load import describe_input, load_prompts
+from neuron_batch.inputs.records import InputError, InputProblem, LoadedPrompts, PromptRecord
 
 AZURE_TRACE = Path(__file__).resolve().parents[1] / "datasets" / "azure-llm-inference-conv-2023.csv"
 HI = [{"role": "user", "content": "Hi"}]
@@ -644,7 +638,7 @@ def test_input_of_only_problems_is_not_an_input_error(tmp_path):
 
 def test_import_is_light():
     """Importing the prompt modules must not pull in vLLM, torch, datasets or pyarrow."""
-    code = ("import sys, neuron_batch.inputs.prompts, neuron_batch.inputs.formats; "
+    code = ("import sys, neuron_batch.inputs.load; "
             "print([m for m in ('vllm', 'torch', 'datasets', 'pyarrow') if m in sys.modules])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True, cwd=Path(__file__).resolve().parents[1])

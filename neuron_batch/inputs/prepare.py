@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_batch.inputs.prompts import InputProblem, PromptRecord
+from neuron_batch.inputs.records import InputProblem, PromptRecord
 
 # Synthetic prompts draw from a fixed pseudo-random pool; each request starts at its own offset,
 # so no two requests share a first KV block and prefix caching does not flatter the figures.

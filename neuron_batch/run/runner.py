@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.config import RunSettings
-from neuron_batch.inputs.prompts import InputProblem
+from neuron_batch.inputs.records import InputProblem
 from neuron_batch.run.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,

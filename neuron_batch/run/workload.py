@@ -12,12 +12,8 @@ from typing import Any
 
 from neuron_batch.config import RunSettings
 from neuron_batch.inputs.prepare import prepare_requests
-from neuron_batch.inputs.prompts import (
-    InputError,
-    InputProblem,
-    describe_input,
-    load_prompts,
-)
+from neuron_batch.inputs.load import describe_input, load_prompts
+from neuron_batch.inputs.records import InputError, InputProblem
 from neuron_batch.run.errors import RunError
 
 MAX_PROBLEMS_SHOWN = 20

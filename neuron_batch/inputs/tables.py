@@ -1,44 +1,36 @@
-"""Readers for each prompt format, used by `prompts.load_prompts`.
+"""Readers for tables: CSV/TSV, Parquet and Hugging Face data sets share one column layout
+(a prompt column, or a request trace's token counts).
 
-A reader turns one input into a `ParsedInput`: in input order, records (index not yet set, id ""
-when the input gave none) paired with the field their id came from, and an `InputProblem` for
-each line that could not become one. `load_prompts` numbers the records and checks ids.
-
-Line numbers are 1-based file lines (a CSV header is line 1); rows of Parquet files and data
-sets, and items of a JSON array, are 0-based positions, as pandas and `datasets` count them.
+Line numbers of CSV files are 1-based file lines (the header is line 1); rows of Parquet files
+and data sets are 0-based positions, as pandas and `datasets` count them.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.inputs.prompts import (
+from neuron_batch.inputs.records import (
     PROMPT_FIELDS,
     FieldError,
     InputError,
     InputProblem,
+    Item,
+    ParsedInput,
     PromptRecord,
     check_id,
     check_int,
-    check_messages,
     check_number,
-    check_prompt_text,
     check_stop,
-    check_token_ids,
     describe_value,
-    record_from_object,
+    field_problem,
     set_prompt,
 )
-
-Item = tuple[PromptRecord, str] | InputProblem  # (record, the field its id came from) or problem
-
-OPENAI_BATCH_URLS = ("/v1/completions", "/v1/chat/completions")
 
 #: Request-trace columns: (prompt tokens, generated tokens, arrival); the first pair found wins.
 TRACE_COLUMNS = (
@@ -49,170 +41,6 @@ _DATETIME_ARRIVAL_COLUMNS = {"TIMESTAMP"}
 
 # csv's default 128 KiB field limit would reject a long prompt as a malformed file.
 _CSV_FIELD_LIMIT = 1 << 30
-
-
-@dataclass(slots=True)
-class ParsedInput:
-    kind: str                       # jsonl|openai-batch|csv|parquet|text|hf|trace
-    items: list[Item]
-
-
-def read_input(spec: str, *, prompt_column: str, split: str) -> ParsedInput:
-    """Pick the reader by `hf:` prefix, directory or extension (other extensions are text)."""
-    if spec.startswith("hf:"):
-        return read_hub_dataset(spec, prompt_column, split)
-    path = Path(spec)
-    if not path.exists():
-        raise InputError(f"{spec}: no such file or directory")
-    if path.is_dir():
-        return read_saved_dataset(path, spec, prompt_column, split)
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".json"):
-        return read_json_lines(path, spec)
-    if suffix in (".csv", ".tsv"):
-        return read_csv(path, spec, prompt_column, delimiter="\t" if suffix == ".tsv" else ",")
-    if suffix in (".parquet", ".pq"):
-        return read_parquet(path, spec, prompt_column)
-    return read_text(path, spec)
-
-
-def _problem(source: str, error: FieldError) -> InputProblem:
-    return InputProblem(source, error.field, error.message)
-
-
-def _read_text_bytes(path: Path, label: str) -> bytes:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{label}: cannot read: {exc.strerror or exc}") from exc
-    if b"\0" in data[:8192]:
-        raise InputError(f"{label}: looks like a binary file (NUL bytes); expected UTF-8 text "
-                         "(Parquet files need the .parquet extension)")
-    return data
-
-
-def _text_lines(data: bytes) -> list[str | UnicodeDecodeError]:
-    """The lines of a file, split on "\\n" only (str.splitlines() would also split on U+2028
-    inside JSON strings); a line that is not UTF-8 comes back as its decoding error."""
-    try:
-        return data.decode("utf-8-sig").split("\n")  # one decode for the whole file is fastest
-    except UnicodeDecodeError:
-        pass
-    lines: list[str | UnicodeDecodeError] = []
-    for line in data.removeprefix(b"\xef\xbb\xbf").split(b"\n"):
-        try:
-            lines.append(line.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            lines.append(exc)
-    return lines
-
-
-def _not_utf8(source: str, error: UnicodeDecodeError) -> InputProblem:
-    return InputProblem(source, None, f"not valid UTF-8 ({error.reason} at byte {error.start + 1})")
-
-
-# ---------------------------------------------------------------------------------------------
-# JSON lines, JSON arrays and OpenAI batch files
-
-
-def read_json_lines(path: Path, label: str) -> ParsedInput:
-    data = _read_text_bytes(path, label)
-    if path.suffix.lower() == ".json" and data.lstrip()[:1] == b"[":
-        objects = _json_array_objects(data, label)
-    else:
-        objects = _json_line_objects(data, label)
-    kind = None
-    items: list[Item] = []
-    for source, obj in objects:
-        if isinstance(obj, InputProblem):
-            items.append(obj)
-            continue
-        if kind is None:  # the first object decides, so one stray line cannot flip the format
-            kind = "openai-batch" if "custom_id" in obj and "body" in obj else "jsonl"
-        try:
-            if kind == "openai-batch":
-                items.append(record_from_batch_request(obj, source))
-            else:
-                items.append(record_from_object(obj, source))
-        except FieldError as error:
-            items.append(_problem(source, error))
-    return ParsedInput(kind or "jsonl", items)
-
-
-def _json_line_objects(data: bytes, label: str) -> Iterator[tuple[str, dict | InputProblem]]:
-    decode = json.JSONDecoder().decode
-    for number, line in enumerate(_text_lines(data), 1):
-        source = f"{label}:{number}"
-        if isinstance(line, UnicodeDecodeError):
-            yield source, _not_utf8(source, line)
-            continue
-        if not line or line.isspace():
-            continue
-        try:
-            obj = decode(line)
-        except json.JSONDecodeError as exc:
-            message = f"malformed JSON: {exc.msg} (column {exc.colno})"
-            yield source, InputProblem(source, None, message)
-            continue
-        yield source, _expect_object(obj, source)
-
-
-def _json_array_objects(data: bytes, label: str) -> Iterator[tuple[str, dict | InputProblem]]:
-    try:
-        array = json.loads(data)
-    except ValueError as exc:
-        raise InputError(f"{label}: malformed JSON array: {exc}") from exc
-    if not isinstance(array, list):
-        raise InputError(f"{label}: expected a JSON array or one JSON object a line")
-    for position, obj in enumerate(array):
-        source = f"{label}:item {position}"
-        yield source, _expect_object(obj, source)
-
-
-def _expect_object(obj: Any, source: str) -> dict | InputProblem:
-    if isinstance(obj, dict):
-        return obj
-    return InputProblem(source, None, f"expected a JSON object, got {describe_value(obj)}")
-
-
-def record_from_batch_request(obj: dict, source: str) -> tuple[PromptRecord, str]:
-    """One request of an OpenAI batch input file -> (record, "custom_id")."""
-    if obj.get("custom_id") is None:
-        raise FieldError("custom_id", "missing; every request in an OpenAI batch file needs one")
-    custom_id = check_id(obj["custom_id"], "custom_id")
-    method = obj.get("method", "POST")
-    if method != "POST":
-        raise FieldError("method", f'expected "POST", got {describe_value(method)}')
-    url = obj.get("url")
-    if url not in OPENAI_BATCH_URLS:
-        raise FieldError("url", f"expected one of {', '.join(OPENAI_BATCH_URLS)}, "
-                                f"got {describe_value(url)}")
-    body = obj.get("body")
-    if not isinstance(body, dict):
-        raise FieldError("body", f"expected an object, got {describe_value(body)}")
-
-    record = PromptRecord(index=-1, id=custom_id, source=source)
-    if url == "/v1/completions":
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], str):
-            record.prompt_token_ids = check_token_ids(prompt, "body.prompt")
-        else:
-            record.prompt = check_prompt_text(prompt, "body.prompt")
-    else:
-        record.messages = check_messages(body.get("messages"), "body.messages")
-    for name in ("max_completion_tokens", "max_tokens"):  # chat's newer name wins over the old
-        if body.get(name) is not None:
-            record.max_tokens = check_int(body[name], f"body.{name}", minimum=1)
-            break
-    if body.get("temperature") is not None:
-        record.temperature = check_number(body["temperature"], "body.temperature", minimum=0.0)
-    if body.get("stop") is not None:
-        record.stop = check_stop(body["stop"], "body.stop")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise FieldError("body.model", f"expected a string, got {describe_value(model)}")
-    record.openai = {"custom_id": custom_id, "url": url, "model": model}
-    return record, "custom_id"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,7 +200,7 @@ def _csv_items(reader, header: list[str], layout: TableLayout, label: str,
         try:
             items.append(mapper.record(row, source))
         except FieldError as error:
-            items.append(_problem(source, error))
+            items.append(field_problem(source, error))
     return items
 
 
@@ -386,7 +214,7 @@ def _table_items(columns: dict[str, list], num_rows: int, layout: TableLayout,
         try:
             items.append(mapper.record(row, source))
         except FieldError as error:
-            items.append(_problem(source, error))
+            items.append(field_problem(source, error))
     return items
 
 
@@ -470,20 +298,3 @@ def _dataset_input(dataset, label: str, prompt_column: str, source_prefix: str) 
     columns = dataset.select_columns(layout.columns()).to_dict()
     items = _table_items(columns, len(dataset), layout, source_prefix)
     return ParsedInput("trace" if layout.is_trace else "hf", items)
-
-
-# ---------------------------------------------------------------------------------------------
-# Plain text
-
-
-def read_text(path: Path, label: str) -> ParsedInput:
-    """One prompt a line, kept as written; blank and whitespace-only lines are skipped."""
-    items: list[Item] = []
-    for number, line in enumerate(_text_lines(_read_text_bytes(path, label)), 1):
-        source = f"{label}:{number}"
-        if isinstance(line, UnicodeDecodeError):
-            items.append(_not_utf8(source, line))
-        elif line.strip():
-            record = PromptRecord(index=-1, id="", source=source, prompt=line.removesuffix("\r"))
-            items.append((record, "id"))
-    return ParsedInput("text", items)

@@ -1,6 +1,7 @@
-"""Every prompt source -> a list of `PromptRecord`s, with problems that name file, line and field.
+"""The records every prompt source becomes, the problems that name file, line and field, and the
+field checks every reader shares.
 
-Inputs, chosen by prefix, extension or what a directory holds (readers in `prompt_formats`):
+What each input may hold (readers in `line_files.py` and `tables.py`, chosen in `load.py`):
 
 - `.jsonl` / `.json`: one object a line with one of `prompt`, `messages`, `prompt_token_ids`,
   `prompt_len`; optional `id`/`custom_id`, `max_tokens`, `temperature`, `stop`. A `.json` file
@@ -18,10 +19,7 @@ are imported only by the readers that need them.
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 #: The fields that each make a record's prompt; a JSON line gives exactly one of them.
@@ -234,115 +232,17 @@ def record_from_object(obj: dict, source: str) -> tuple[PromptRecord, str]:
     return record, id_field
 
 
-# ---------------------------------------------------------------------------------------------
-# Loading
+Item = tuple[PromptRecord, str] | InputProblem  # (record, the field its id came from) or problem
 
 
-def load_prompts(inputs: Sequence[str | Path], *, prompt_column: str = "prompt",
-                 split: str = "train", limit: int | None = None, shuffle: bool = False,
-                 seed: int = 0, default_max_tokens: int | None = None) -> LoadedPrompts:
-    """Read every input, in order, into records numbered 0..n-1 across all of them.
+@dataclass(slots=True)
+class ParsedInput:
+    """What a reader returns: in input order, records (index not yet set, id "" when the input
+    gave none) paired with the field their id came from, and a problem per bad line."""
 
-    Lines that cannot become records land in `problems` (the caller decides whether to go on);
-    inputs that cannot be used at all raise `InputError`. `shuffle` (seeded) comes before
-    `limit`; ids given by default are positions before the shuffle, so they do not change with it.
-    """
-    # Imported here, not at the top, because prompt_formats imports the types above.
-    from neuron_batch.inputs.formats import read_input
-
-    if isinstance(inputs, (str, Path)):
-        inputs = [inputs]  # one path, not a sequence of one-character "paths"
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
-    if default_max_tokens is not None and default_max_tokens < 1:
-        raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
-    if not inputs:
-        raise InputError("no inputs given; name at least one prompt file or data set")
-
-    records: list[PromptRecord] = []
-    problems: list[InputProblem] = []
-    kinds: list[str] = []
-    first_source_by_id: dict[str, str] = {}  # id -> source of the record that holds it
-    for spec in inputs:
-        parsed = read_input(str(spec), prompt_column=prompt_column, split=split)
-        if not parsed.items:
-            raise InputError(f"{spec}: no prompts found: the input is empty or holds only "
-                             "blank lines")
-        kinds.append(parsed.kind)
-        for item in parsed.items:
-            if isinstance(item, InputProblem):
-                problems.append(item)
-                continue
-            record, id_field = item
-            position = len(records)
-            given_id = bool(record.id)
-            if not given_id:
-                record.id = str(position)
-            first_source = first_source_by_id.get(record.id)
-            if first_source is not None:
-                problems.append(_duplicate_id_problem(record, id_field, given_id, first_source))
-                continue
-            first_source_by_id[record.id] = record.source
-            if record.max_tokens is None:
-                record.max_tokens = default_max_tokens
-            records.append(record)
-
-    if shuffle:
-        random.Random(seed).shuffle(records)
-    if limit is not None:
-        del records[limit:]
-    for index, record in enumerate(records):
-        record.index = index
-    kind = kinds[0] if len(set(kinds)) == 1 else "mixed"
-    return LoadedPrompts(records, problems, kind, inputs=[str(spec) for spec in inputs])
+    kind: str                       # jsonl|openai-batch|csv|parquet|text|hf|trace
+    items: list[Item]
 
 
-def _duplicate_id_problem(record: PromptRecord, id_field: str, given_id: bool,
-                          first_source: str) -> InputProblem:
-    if given_id:
-        message = f"duplicate id {record.id!r} (first used at {first_source}); ids must be unique"
-    else:
-        # A record without an id gets its position; an explicit id elsewhere already took it.
-        message = (f"this record has no id and its default id {record.id!r} (its position) is "
-                   f"already used at {first_source}; give it an explicit id")
-    return InputProblem(record.source, id_field, message)
-
-
-# ---------------------------------------------------------------------------------------------
-# Summary
-
-_KIND_LABELS = {"jsonl": "JSONL", "openai-batch": "OpenAI batch", "csv": "CSV",
-                "parquet": "Parquet", "text": "text", "hf": "data set", "trace": "trace"}
-
-
-def prompt_token_count(record: PromptRecord) -> int | None:
-    """The prompt's length in tokens when known without a tokenizer, else None."""
-    if record.prompt_len is not None:
-        return record.prompt_len
-    if record.prompt_token_ids is not None:
-        return len(record.prompt_token_ids)
-    return None
-
-
-def describe_input(loaded: LoadedPrompts) -> str:
-    """One line for humans, e.g. "19,366 prompts from trace conv.csv (prompt lengths p50 1,020 /
-    max 14,050 tokens)"."""
-    count = len(loaded.records)
-    label = _KIND_LABELS.get(loaded.kind, loaded.kind)
-    if len(loaded.inputs) == 1:
-        spec = loaded.inputs[0]
-        where = f"{label} {spec if spec.startswith('hf:') else Path(spec).name}"
-    elif loaded.kind == "mixed":
-        where = f"{len(loaded.inputs)} inputs"
-    else:
-        where = f"{len(loaded.inputs)} {label} inputs"
-    text = f"{count:,} prompt{'' if count == 1 else 's'} from {where}"
-    lengths = sorted(length for record in loaded.records
-                     if (length := prompt_token_count(record)) is not None)
-    if lengths:
-        median = lengths[(len(lengths) - 1) // 2]
-        text += f" (prompt lengths p50 {median:,} / max {lengths[-1]:,} tokens)"
-    if loaded.problems:
-        bad = len(loaded.problems)
-        text += f"; {bad:,} line{'' if bad == 1 else 's'} with problems left out"
-    return text
+def field_problem(source: str, error: FieldError) -> InputProblem:
+    return InputProblem(source, error.field, error.message)

@@ -1,0 +1,184 @@
+"""Readers for line-based files: JSON lines, JSON arrays, OpenAI batch files and plain text.
+
+Line numbers are 1-based file lines; items of a JSON array are 0-based positions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from neuron_batch.inputs.records import (
+    FieldError,
+    InputError,
+    InputProblem,
+    Item,
+    ParsedInput,
+    PromptRecord,
+    check_id,
+    check_int,
+    check_messages,
+    check_number,
+    check_prompt_text,
+    check_stop,
+    check_token_ids,
+    describe_value,
+    field_problem,
+    record_from_object,
+)
+
+OPENAI_BATCH_URLS = ("/v1/completions", "/v1/chat/completions")
+
+
+def _read_text_bytes(path: Path, label: str) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{label}: cannot read: {exc.strerror or exc}") from exc
+    if b"\0" in data[:8192]:
+        raise InputError(f"{label}: looks like a binary file (NUL bytes); expected UTF-8 text "
+                         "(Parquet files need the .parquet extension)")
+    return data
+
+
+def _text_lines(data: bytes) -> list[str | UnicodeDecodeError]:
+    """The lines of a file, split on "\\n" only (str.splitlines() would also split on U+2028
+    inside JSON strings); a line that is not UTF-8 comes back as its decoding error."""
+    try:
+        return data.decode("utf-8-sig").split("\n")  # one decode for the whole file is fastest
+    except UnicodeDecodeError:
+        pass
+    lines: list[str | UnicodeDecodeError] = []
+    for line in data.removeprefix(b"\xef\xbb\xbf").split(b"\n"):
+        try:
+            lines.append(line.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            lines.append(exc)
+    return lines
+
+
+def _not_utf8(source: str, error: UnicodeDecodeError) -> InputProblem:
+    return InputProblem(source, None, f"not valid UTF-8 ({error.reason} at byte {error.start + 1})")
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON lines, JSON arrays and OpenAI batch files
+
+
+def read_json_lines(path: Path, label: str) -> ParsedInput:
+    data = _read_text_bytes(path, label)
+    if path.suffix.lower() == ".json" and data.lstrip()[:1] == b"[":
+        objects = _json_array_objects(data, label)
+    else:
+        objects = _json_line_objects(data, label)
+    kind = None
+    items: list[Item] = []
+    for source, obj in objects:
+        if isinstance(obj, InputProblem):
+            items.append(obj)
+            continue
+        if kind is None:  # the first object decides, so one stray line cannot flip the format
+            kind = "openai-batch" if "custom_id" in obj and "body" in obj else "jsonl"
+        try:
+            if kind == "openai-batch":
+                items.append(record_from_batch_request(obj, source))
+            else:
+                items.append(record_from_object(obj, source))
+        except FieldError as error:
+            items.append(field_problem(source, error))
+    return ParsedInput(kind or "jsonl", items)
+
+
+def _json_line_objects(data: bytes, label: str) -> Iterator[tuple[str, dict | InputProblem]]:
+    decode = json.JSONDecoder().decode
+    for number, line in enumerate(_text_lines(data), 1):
+        source = f"{label}:{number}"
+        if isinstance(line, UnicodeDecodeError):
+            yield source, _not_utf8(source, line)
+            continue
+        if not line or line.isspace():
+            continue
+        try:
+            obj = decode(line)
+        except json.JSONDecodeError as exc:
+            message = f"malformed JSON: {exc.msg} (column {exc.colno})"
+            yield source, InputProblem(source, None, message)
+            continue
+        yield source, _expect_object(obj, source)
+
+
+def _json_array_objects(data: bytes, label: str) -> Iterator[tuple[str, dict | InputProblem]]:
+    try:
+        array = json.loads(data)
+    except ValueError as exc:
+        raise InputError(f"{label}: malformed JSON array: {exc}") from exc
+    if not isinstance(array, list):
+        raise InputError(f"{label}: expected a JSON array or one JSON object a line")
+    for position, obj in enumerate(array):
+        source = f"{label}:item {position}"
+        yield source, _expect_object(obj, source)
+
+
+def _expect_object(obj: Any, source: str) -> dict | InputProblem:
+    if isinstance(obj, dict):
+        return obj
+    return InputProblem(source, None, f"expected a JSON object, got {describe_value(obj)}")
+
+
+def record_from_batch_request(obj: dict, source: str) -> tuple[PromptRecord, str]:
+    """One request of an OpenAI batch input file -> (record, "custom_id")."""
+    if obj.get("custom_id") is None:
+        raise FieldError("custom_id", "missing; every request in an OpenAI batch file needs one")
+    custom_id = check_id(obj["custom_id"], "custom_id")
+    method = obj.get("method", "POST")
+    if method != "POST":
+        raise FieldError("method", f'expected "POST", got {describe_value(method)}')
+    url = obj.get("url")
+    if url not in OPENAI_BATCH_URLS:
+        raise FieldError("url", f"expected one of {', '.join(OPENAI_BATCH_URLS)}, "
+                                f"got {describe_value(url)}")
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        raise FieldError("body", f"expected an object, got {describe_value(body)}")
+
+    record = PromptRecord(index=-1, id=custom_id, source=source)
+    if url == "/v1/completions":
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], str):
+            record.prompt_token_ids = check_token_ids(prompt, "body.prompt")
+        else:
+            record.prompt = check_prompt_text(prompt, "body.prompt")
+    else:
+        record.messages = check_messages(body.get("messages"), "body.messages")
+    for name in ("max_completion_tokens", "max_tokens"):  # chat's newer name wins over the old
+        if body.get(name) is not None:
+            record.max_tokens = check_int(body[name], f"body.{name}", minimum=1)
+            break
+    if body.get("temperature") is not None:
+        record.temperature = check_number(body["temperature"], "body.temperature", minimum=0.0)
+    if body.get("stop") is not None:
+        record.stop = check_stop(body["stop"], "body.stop")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise FieldError("body.model", f"expected a string, got {describe_value(model)}")
+    record.openai = {"custom_id": custom_id, "url": url, "model": model}
+    return record, "custom_id"
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain text
+
+
+def read_text(path: Path, label: str) -> ParsedInput:
+    """One prompt a line, kept as written; blank and whitespace-only lines are skipped."""
+    items: list[Item] = []
+    for number, line in enumerate(_text_lines(_read_text_bytes(path, label)), 1):
+        source = f"{label}:{number}"
+        if isinstance(line, UnicodeDecodeError):
+            items.append(_not_utf8(source, line))
+        elif line.strip():
+            record = PromptRecord(index=-1, id="", source=source, prompt=line.removesuffix("\r"))
+            items.append((record, "id"))
+    return ParsedInput("text", items)

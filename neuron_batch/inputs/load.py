@@ -1,0 +1,160 @@
+"""Every prompt source -> numbered `PromptRecord`s: pick the reader for each input, number the
+records across all inputs, check ids, shuffle and limit; and a one-line description for humans.
+
+Inputs, chosen by prefix, extension or what a directory holds:
+
+- `.jsonl` / `.json`, OpenAI batch files, plain text (`line_files.py`);
+- `.csv` / `.tsv` / `.parquet`, `hf:NAME[:CONFIG]` and `save_to_disk` folders (`tables.py`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+from neuron_batch.inputs.line_files import read_json_lines, read_text
+from neuron_batch.inputs.records import (
+    InputError,
+    InputProblem,
+    LoadedPrompts,
+    ParsedInput,
+    PromptRecord,
+)
+from neuron_batch.inputs.tables import (
+    read_csv,
+    read_hub_dataset,
+    read_parquet,
+    read_saved_dataset,
+)
+
+
+def read_input(spec: str, *, prompt_column: str, split: str) -> ParsedInput:
+    """Pick the reader by `hf:` prefix, directory or extension (other extensions are text)."""
+    if spec.startswith("hf:"):
+        return read_hub_dataset(spec, prompt_column, split)
+    path = Path(spec)
+    if not path.exists():
+        raise InputError(f"{spec}: no such file or directory")
+    if path.is_dir():
+        return read_saved_dataset(path, spec, prompt_column, split)
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        return read_json_lines(path, spec)
+    if suffix in (".csv", ".tsv"):
+        return read_csv(path, spec, prompt_column, delimiter="\t" if suffix == ".tsv" else ",")
+    if suffix in (".parquet", ".pq"):
+        return read_parquet(path, spec, prompt_column)
+    return read_text(path, spec)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_prompts(inputs: Sequence[str | Path], *, prompt_column: str = "prompt",
+                 split: str = "train", limit: int | None = None, shuffle: bool = False,
+                 seed: int = 0, default_max_tokens: int | None = None) -> LoadedPrompts:
+    """Read every input, in order, into records numbered 0..n-1 across all of them.
+
+    Lines that cannot become records land in `problems` (the caller decides whether to go on);
+    inputs that cannot be used at all raise `InputError`. `shuffle` (seeded) comes before
+    `limit`; ids given by default are positions before the shuffle, so they do not change with it.
+    """
+    if isinstance(inputs, (str, Path)):
+        inputs = [inputs]  # one path, not a sequence of one-character "paths"
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    if default_max_tokens is not None and default_max_tokens < 1:
+        raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
+    if not inputs:
+        raise InputError("no inputs given; name at least one prompt file or data set")
+
+    records: list[PromptRecord] = []
+    problems: list[InputProblem] = []
+    kinds: list[str] = []
+    first_source_by_id: dict[str, str] = {}  # id -> source of the record that holds it
+    for spec in inputs:
+        parsed = read_input(str(spec), prompt_column=prompt_column, split=split)
+        if not parsed.items:
+            raise InputError(f"{spec}: no prompts found: the input is empty or holds only "
+                             "blank lines")
+        kinds.append(parsed.kind)
+        for item in parsed.items:
+            if isinstance(item, InputProblem):
+                problems.append(item)
+                continue
+            record, id_field = item
+            position = len(records)
+            given_id = bool(record.id)
+            if not given_id:
+                record.id = str(position)
+            first_source = first_source_by_id.get(record.id)
+            if first_source is not None:
+                problems.append(_duplicate_id_problem(record, id_field, given_id, first_source))
+                continue
+            first_source_by_id[record.id] = record.source
+            if record.max_tokens is None:
+                record.max_tokens = default_max_tokens
+            records.append(record)
+
+    if shuffle:
+        random.Random(seed).shuffle(records)
+    if limit is not None:
+        del records[limit:]
+    for index, record in enumerate(records):
+        record.index = index
+    kind = kinds[0] if len(set(kinds)) == 1 else "mixed"
+    return LoadedPrompts(records, problems, kind, inputs=[str(spec) for spec in inputs])
+
+
+def _duplicate_id_problem(record: PromptRecord, id_field: str, given_id: bool,
+                          first_source: str) -> InputProblem:
+    if given_id:
+        message = f"duplicate id {record.id!r} (first used at {first_source}); ids must be unique"
+    else:
+        # A record without an id gets its position; an explicit id elsewhere already took it.
+        message = (f"this record has no id and its default id {record.id!r} (its position) is "
+                   f"already used at {first_source}; give it an explicit id")
+    return InputProblem(record.source, id_field, message)
+
+
+# ---------------------------------------------------------------------------------------------
+# Summary
+
+_KIND_LABELS = {"jsonl": "JSONL", "openai-batch": "OpenAI batch", "csv": "CSV",
+                "parquet": "Parquet", "text": "text", "hf": "data set", "trace": "trace"}
+
+
+def prompt_token_count(record: PromptRecord) -> int | None:
+    """The prompt's length in tokens when known without a tokenizer, else None."""
+    if record.prompt_len is not None:
+        return record.prompt_len
+    if record.prompt_token_ids is not None:
+        return len(record.prompt_token_ids)
+    return None
+
+
+def describe_input(loaded: LoadedPrompts) -> str:
+    """One line for humans, e.g. "19,366 prompts from trace conv.csv (prompt lengths p50 1,020 /
+    max 14,050 tokens)"."""
+    count = len(loaded.records)
+    label = _KIND_LABELS.get(loaded.kind, loaded.kind)
+    if len(loaded.inputs) == 1:
+        spec = loaded.inputs[0]
+        where = f"{label} {spec if spec.startswith('hf:') else Path(spec).name}"
+    elif loaded.kind == "mixed":
+        where = f"{len(loaded.inputs)} inputs"
+    else:
+        where = f"{len(loaded.inputs)} {label} inputs"
+    text = f"{count:,} prompt{'' if count == 1 else 's'} from {where}"
+    lengths = sorted(length for record in loaded.records
+                     if (length := prompt_token_count(record)) is not None)
+    if lengths:
+        median = lengths[(len(lengths) - 1) // 2]
+        text += f" (prompt lengths p50 {median:,} / max {lengths[-1]:,} tokens)"
+    if loaded.problems:
+        bad = len(loaded.problems)
+        text += f"; {bad:,} line{'' if bad == 1 else 's'} with problems left out"
+    return text
