@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -277,10 +276,9 @@ def test_suggest_decode_shape():
     assert out["num_steps"] == 60 and out["max_buckets"] == 2
 
 
-def test_large_histogram_is_fast():
+def test_large_histogram_gives_plans_for_every_k():
+    # (Its speed is measured by scripts/bench_optimiser.py, not asserted here.)
     rng = random.Random(1)
     counts = {s: rng.randint(1, 50) for s in rng.sample(range(1, 8193), 4000)}
-    start = time.perf_counter()
     plans = plans_for_each_k(counts, 8, 8192)
-    assert time.perf_counter() - start < 5
     assert plans[-1].padded <= plans[0].padded

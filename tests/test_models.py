@@ -102,7 +102,7 @@ def test_import_does_not_load_torch_or_transformers():
     code = ("import sys, neuron_batch.run.models; "
             "heavy = [m for m in ('torch', 'transformers', 'vllm', 'gguf') if m in sys.modules]; "
             "assert not heavy, heavy")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=300)
 
 
 def test_default_cache_dir_order(monkeypatch, tmp_path):
@@ -425,7 +425,7 @@ def start_workers(tmp_path: Path, gguf: Path, modes: list[str]):
                                str(count), str(go), mode], cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for mode in modes]
     go.write_text("")
-    outputs = [proc.communicate(timeout=60) for proc in procs]
+    outputs = [proc.communicate(timeout=300) for proc in procs]
     return procs, outputs, count
 
 
@@ -492,6 +492,7 @@ def test_real_conversion(real_builtin):
     assert "<|im_start|>user\nHi<|im_end|>" in rendered
     assert rendered.endswith("<|im_start|>assistant\n")
 
-    started = time.monotonic()
+    # Prepared once: a second resolution finds the cache (any progress message would mean a
+    # second conversion, and fails the test).
     again = resolve_model(None, cache_dir=target.parent, progress=pytest.fail)
-    assert again == real_builtin and time.monotonic() - started < 1.0
+    assert again == real_builtin

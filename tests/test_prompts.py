@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -432,9 +431,7 @@ def test_trace_without_arrival_column(tmp_path):
 
 @pytest.mark.skipif(not AZURE_TRACE.exists(), reason="the Azure trace copy in datasets/ is missing")
 def test_real_azure_trace():
-    started = time.perf_counter()
     loaded = load_prompts([AZURE_TRACE])
-    elapsed = time.perf_counter() - started
     assert loaded.kind == "trace" and loaded.problems == []
     assert len(loaded.records) == 19_366
     assert summary(loaded.records[:2], "prompt_len", "max_tokens", "arrival_s", "source") == [
@@ -443,7 +440,6 @@ def test_real_azure_trace():
                for r in loaded.records)
     assert describe_input(loaded) == ("19,366 prompts from trace azure-llm-inference-conv-2023.csv "
                                       "(prompt lengths p50 1,020 / max 14,050 tokens)")
-    assert elapsed < 3.0  # ~0.2 s; a generous bound so that a busy machine does not fail it
 
 
 # ---------------------------------------------------------------------------------------------

@@ -76,6 +76,9 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
                 # vLLM's CPU default reserves 92% of the machine's memory and refuses to start
                 # when other processes hold some; a fixed KV cache starts anywhere.
                 kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        # vLLM's weight-loading bar writes to sys.stderr, which is our terminal (the rest of its
+        # output goes to engine.log): our own progress bar is the one to show.
+        kwargs["use_tqdm_on_load"] = False
         if _has_no_weights(model_path):
             # A directory with only a config.json: random weights, for trying the pipeline and
             # for tests (the output is noise, the scheduling is real).

@@ -11,6 +11,7 @@ from typing import Any
 
 from neuron_batch.config import RunSettings
 from neuron_batch.inputs.prepare import PreparedRequest
+from neuron_batch.run.engine_log import ENGINE_LOG, engine_output_to
 from neuron_batch.run.errors import EXIT_FAILED, RunError
 from neuron_batch.run.folder import OutputError
 from neuron_batch.run.job import Job
@@ -41,9 +42,31 @@ class _StopFlag:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
 
+#: The clock --max-runtime is measured on, read once before the first step and once per step.
+#: A module attribute so that a test can drive it by steps instead of by the machine's speed.
+runtime_clock = time.monotonic
+
 
 def generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[str, Any]:
-    """Run `pending` through one engine; returns the attempt's record for attempts.json."""
+    """Run `pending` through one engine; returns the attempt's record for attempts.json.
+    vLLM's and the kernels' own output goes to the run folder's engine.log meanwhile."""
+    with engine_output_to(job.folder.path / ENGINE_LOG, preload=_import_vllm):
+        return _generate(job, pending, attempt)
+
+
+def _import_vllm() -> None:
+    # With its chatter going to engine.log, vLLM may say what it does (INFO) there. The engine
+    # core runs in this process: the scheduler's records, signals and the simulated device's
+    # clock all stay in one place.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # `import vllm` is lazy: name the modules that bind the log handler to the process's stdout
+    # and that warn at import (Triton without a CPU backend).
+    import vllm.logger  # noqa: F401
+    import vllm.triton_utils  # noqa: F401
+
+
+def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[str, Any]:
     from neuron_batch.run.engine import Engine, detect_device, engine_kwargs
 
     settings, folder, log, model = job.settings, job.folder, job.log, job.workload.model
@@ -69,14 +92,14 @@ def generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[str
                    record.stop, settings.seed + record.index,
                    ignore_eos=simulated or settings.ignore_eos,
                    detokenize=detokenize)
-    deadline = (time.monotonic() + settings.max_runtime) if settings.max_runtime else None
+    deadline = (runtime_clock() + settings.max_runtime) if settings.max_runtime else None
     bar = _progress_bar(settings, len(pending))
     finished = output_tokens = 0
     ended = "completed"
     try:
         with _StopFlag() as stop:
             while engine.has_unfinished():
-                if deadline is not None and time.monotonic() >= deadline:
+                if deadline is not None and runtime_clock() >= deadline:
                     stop.reason = stop.reason or "deadline"
                 if stop.reason is not None:
                     ended = stop.reason
