@@ -49,7 +49,8 @@ def _powers_of_two_then(start: int, maximum: int) -> list[int]:
     return buckets
 
 
-def validate_buckets(buckets: Sequence[int], maximum: int, *, name: str, max_name: str) -> list[int]:
+def validate_buckets(buckets: Sequence[int], maximum: int, *, name: str,
+                     max_name: str) -> list[int]:
     """Check a user's bucket list and return it as a list of ints.
 
     Rules (the AWS plugin's): positive integers, strictly ascending (so no duplicates), and

@@ -265,11 +265,13 @@ def main(argv: list[str] | None = None) -> int:
                 steps = int(DEFAULT_STEPS.get(n, max(200, 51200 // n)) * args.steps_scale)
                 steps = max(1, steps // args.chunks) * args.chunks   # whole chunks
                 variants = [
-                    ("base", lambda b=base_cls: Driver(b, n, overlap, None, clock)),
-                    ("neuron", lambda o=our_cls: Driver(o, n, overlap, None, clock)),
+                    ("base", lambda b=base_cls, n=n, overlap=overlap: Driver(
+                        b, n, overlap, None, clock)),
+                    ("neuron", lambda o=our_cls, n=n, overlap=overlap: Driver(
+                        o, n, overlap, None, clock)),
                 ]
                 if args.with_records_file:
-                    variants.append(("neuron+file", lambda o=our_cls: Driver(
+                    variants.append(("neuron+file", lambda o=our_cls, n=n, overlap=overlap: Driver(
                         o, n, overlap, records_file(), clock)))
                 measured = {m.variant: m for m in bench_size(variants, steps, args.repeats,
                                                              args.chunks)}

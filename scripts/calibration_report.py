@@ -19,8 +19,14 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from neuron_batch.device.calibrate import (  # noqa: E402
-    FIT_PARAMS, builtin_profiles, evaluate_published, fit_published, holdout, leave_one_out,
-    median_abs_errors)
+    FIT_PARAMS,
+    builtin_profiles,
+    evaluate_published,
+    fit_published,
+    holdout,
+    leave_one_out,
+    median_abs_errors,
+)
 from neuron_batch.device.cost_model import PROFILES_DIR, StepCostModel, save_profile  # noqa: E402
 
 

@@ -8,8 +8,8 @@ from click.testing import CliRunner
 
 pytest.importorskip("vllm")
 
-from neuron_batch.cli import main  # noqa: E402
 from neuron_batch.bench.ranking import rank  # noqa: E402
+from neuron_batch.cli import main  # noqa: E402
 
 TRACE = Path(__file__).resolve().parents[1] / "datasets" / "azure-llm-inference-conv-2023.csv"
 SWEEP = ["--device", "sim", "--instance", "inf2.8xlarge", "--architecture", "llama-3.1-8b",

@@ -9,9 +9,21 @@ from types import SimpleNamespace
 import pytest
 
 from neuron_batch.device.calibrate import (
-    FIT_PARAMS, PUBLISHED_INF2_CSV, builtin_profiles, decode_groups, default_profile,
-    derive_profile, evaluate_published, fit_from_steps, fit_published, leave_one_out,
-    median_abs_errors, nelder_mead, pow2_bucket, read_published)
+    FIT_PARAMS,
+    PUBLISHED_INF2_CSV,
+    builtin_profiles,
+    decode_groups,
+    default_profile,
+    derive_profile,
+    evaluate_published,
+    fit_from_steps,
+    fit_published,
+    leave_one_out,
+    median_abs_errors,
+    nelder_mead,
+    pow2_bucket,
+    read_published,
+)
 from neuron_batch.device.cost_model import StepCostModel, load_profile
 from neuron_batch.device.hardware import INSTANCES
 

@@ -12,12 +12,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuron_batch.device.architectures import (
-    ARCHITECTURES, ArchitectureError, from_config_json, get_architecture, resolve_architecture)
+    ARCHITECTURES,
+    ArchitectureError,
+    from_config_json,
+    get_architecture,
+    resolve_architecture,
+)
 from neuron_batch.device.cost_model import (
-    CapacityError, CostProfile, StepCostModel, compile_footprint, kv_capacity, load_profile,
-    save_profile)
+    CapacityError,
+    CostProfile,
+    StepCostModel,
+    compile_footprint,
+    kv_capacity,
+    load_profile,
+    save_profile,
+)
 from neuron_batch.device.hardware import (
-    INSTANCES, HardwareError, default_tp, get_instance, valid_tp_degrees, validate_tp)
+    INSTANCES,
+    HardwareError,
+    default_tp,
+    get_instance,
+    valid_tp_degrees,
+    validate_tp,
+)
 
 
 def _load_records_module():

@@ -8,7 +8,6 @@ pytest.importorskip("vllm")
 
 from neuron_batch.scheduler.records import read_records  # noqa: E402
 
-
 PROMPT_LENS = [10, 300, 50, 700, 129, 128]
 MAX_TOKENS = 6
 

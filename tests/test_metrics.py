@@ -261,7 +261,7 @@ def random_runs(draw):
     requests = []
     for index in range(draw(st.integers(0, 6))):
         arrival = draw(st.floats(0, 30))
-        finished = draw(st.one_of(st.none(), st.floats(0, 10).map(lambda d: arrival + d)))
+        finished = draw(st.one_of(st.none(), st.floats(0, 10).map(lambda d, a=arrival: a + d)))
         first = None if finished is None else arrival + (finished - arrival) / 2
         requests.append(RequestRecord(f"q{index}", draw(st.integers(1, 50)), arrival, None,
                                       first, finished, draw(st.integers(0, 20))))

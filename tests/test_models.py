@@ -396,7 +396,8 @@ WORKER = textwrap.dedent("""
     from pathlib import Path
     from neuron_batch.run import models
 
-    gguf, cache, count, go, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    gguf, cache = Path(sys.argv[1]), Path(sys.argv[2])
+    count, go, mode = sys.argv[3], sys.argv[4], sys.argv[5]
 
     def fake_convert(source, out_dir):
         with open(count, "a") as handle:

@@ -1,4 +1,5 @@
-"""Tests for neuron_batch.inputs (load, line_files, tables, records): every input format, every field, every problem kind."""
+"""Tests for neuron_batch.inputs (load, line_files, tables, records): every input format, every
+field, every problem kind."""
 
 from __future__ import annotations
 

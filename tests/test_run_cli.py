@@ -18,7 +18,6 @@ pytest.importorskip("vllm")
 from neuron_batch.cli import main  # noqa: E402
 from neuron_batch.run.folder import RunFolder  # noqa: E402
 
-
 ENGINE = ["--max-num-seqs", "4", "--max-num-batched-tokens", "256", "--max-model-len", "1024",
           "--device", "cpu"]
 
@@ -225,9 +224,10 @@ def test_a_killed_run_resumes_without_loss_or_duplicates(tiny_model, tmp_path, h
 def test_every_input_format_through_the_builtin_model(tmp_path):
     """Text, CSV, Parquet, OpenAI batch (chat) and a saved data set in one run, with the
     built-in SmolLM2 model (real tokenizer, chat template, text out) and a TOML job file."""
-    import datasets
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    import datasets
 
     (tmp_path / "a.txt").write_text("The capital of France is\n\nOne, two, three,\n")
     (tmp_path / "b.csv").write_text('id,prompt\nc1,"Hello, my name is"\n')
@@ -258,3 +258,22 @@ def test_every_input_format_through_the_builtin_model(tmp_path):
                for r in plain.values())
     report = json.loads((out / "report.json").read_text())
     assert report["config"]["max_num_seqs"] == 4 and report["config"]["max_tokens"] == 3
+
+
+@pytest.mark.parametrize("device", ["cpu", "sim"])
+def test_quiet_run_prints_nothing_and_logs_the_engine(tiny_model, tmp_path, device):
+    """Under --quiet a successful run writes not one byte to stdout or stderr (cron mails every
+    line): vLLM's logs, the kernels' C++ warnings and loading bars go to engine.log."""
+    path = write_jsonl(tmp_path / "p.jsonl", token_prompts(6))
+    out = tmp_path / "run"
+    extra = ["--instance", "inf2.xlarge", "--architecture", "tinyllama-1.1b"] \
+        if device == "sim" else []
+    engine = [*ENGINE[:-1], device, *extra]
+    proc = subprocess.run([sys.executable, "-m", "neuron_batch.cli", "run", path, "--model",
+                           tiny_model, *engine, "-o", str(out), "-q"],
+                          capture_output=True, timeout=600,
+                          env={**os.environ, "VLLM_LOGGING_LEVEL": "INFO"})
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert proc.stdout == b"" and proc.stderr == b""
+    assert len(read_outputs(out)) == 6
+    assert "INFO" in (out / "engine.log").read_text()

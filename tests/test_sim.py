@@ -365,7 +365,8 @@ if __name__ == "__main__":
     kwargs["additional_config"]["neuron_batch"]["records_path"] = str(workdir / "mp.jsonl")
     llm = LLM(**kwargs)
     workload = [(100 + 300 * i, 5 + i) for i in range(8)]
-    outputs = llm.generate([{"prompt_token_ids": [1000 + j for j in range(p)]} for p, _ in workload],
+    prompts = [{"prompt_token_ids": [1000 + j for j in range(p)]} for p, _ in workload]
+    outputs = llm.generate(prompts,
                            [SamplingParams(max_tokens=m, ignore_eos=True, detokenize=False)
                             for _, m in workload], use_tqdm=False)
     shutdown_llm(llm)
@@ -401,7 +402,7 @@ def test_multiprocessing_engine_core_uses_the_virtual_clock(tmp_path):
     assert result["tokens"] == result["expected"]
     assert result["steps"] > 0 and result["first_t_start"] == 0.0
     assert result["max_error"] < 1e-9
-    for arrival, admitted, first_token, finished, num_output in result["requests"]:
+    for arrival, admitted, first_token, finished, _num_output in result["requests"]:
         # arrivals are simulated times too (not all 0: vLLM's front end streams requests to
         # the engine-core process while it already runs steps)
         assert 0.0 <= arrival <= admitted < first_token <= finished < 1e4

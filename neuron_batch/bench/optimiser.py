@@ -259,7 +259,8 @@ def _candidates(sizes: list[int], maximum: int, price: Callable[[int], float],
             if gap < 0 or gap == len(best):
                 continue  # below the smallest size (serves nothing) or the maximum itself
             current = best[gap]
-            if price(value) < price(current) or (price(value) == price(current) and value < current):
+            cheaper = price(value) < price(current)
+            if cheaper or (price(value) == price(current) and value < current):
                 best[gap] = value
     return best + [maximum]
 

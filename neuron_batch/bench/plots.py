@@ -7,8 +7,9 @@
 - `plot_prompt_histogram`: the workload's prompt lengths with the bucket edges of a few configs.
 - `write_all`: all of them into one folder.
 
-The rows are `ranking.rank()`'s; the figure plumbing is `figure.py`'s. matplotlib (the `plot` extra) is imported inside the
-functions, so importing this module costs nothing and works without it. The figures are built
+The rows are `ranking.rank()`'s; the figure plumbing is `figure.py`'s. matplotlib (the `plot`
+extra) is imported inside the functions, so importing this module costs nothing and works
+without it. The figures are built
 as `matplotlib.figure.Figure` objects on the Agg canvas, never through pyplot: nothing touches
 pyplot's global figure registry or the backend a caller's session uses, and each figure is
 cleared once written.

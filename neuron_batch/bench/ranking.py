@@ -40,8 +40,8 @@ def rank(entries: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def rank_key(row: Mapping[str, Any]) -> tuple:
-    return (-as_number(row.get("output_tokens_per_s")), as_number(row.get("compiled_graphs"), math.inf),
-            str(row.get("name")))
+    return (-as_number(row.get("output_tokens_per_s")),
+            as_number(row.get("compiled_graphs"), math.inf), str(row.get("name")))
 
 
 def _row(entry: Mapping[str, Any]) -> dict[str, Any]:

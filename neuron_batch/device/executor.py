@@ -5,9 +5,9 @@ runs (LLM -> engine core -> NeuronScheduler -> executor -> output processing); o
 is replaced:
 
 - the KV-cache handshake answers with the KV cache the chosen instance, TP degree and model
-  would really have (`SimTarget.kv`, from `cost_model.kv_capacity`: HBM of the TP group minus weights and reserve,
-  capped at `kv_cap_fraction` of the HBM, blocks of 32 tokens), with one KV spec per decoder
-  layer shaped as the model's (KV heads replicated over TP as on Neuron);
+  would really have (`SimTarget.kv`, from `cost_model.kv_capacity`: HBM of the TP group minus
+  weights and reserve, capped at `kv_cap_fraction` of the HBM, blocks of 32 tokens), with one
+  KV spec per decoder layer shaped as the model's (KV heads replicated over TP as on Neuron);
 - every step returns its tokens at once: one token for each request that finished its prompt in
   the step and for each decode, never an EOS token (the runner also sets ignore_eos), so a
   request generates exactly its max_tokens;

@@ -118,7 +118,8 @@ def _prompt_field(record: PromptRecord) -> str:
     return "prompt"
 
 
-def _token_ids(record: PromptRecord, tokenizer: Any, tokenizer_name: str | None) -> list[int] | None:
+def _token_ids(record: PromptRecord, tokenizer: Any,
+               tokenizer_name: str | None) -> list[int] | None:
     if record.prompt_token_ids is not None:
         return record.prompt_token_ids
     if record.prompt_len is not None:

@@ -63,7 +63,10 @@ def _tokens_from_outputs(report: dict, folder: RunFolder) -> None:
     total = input_tokens + output_tokens
     report["tokens"] = {"input": input_tokens, "output": output_tokens, "total": total}
     elapsed = report["throughput"]["elapsed_s"]
-    rate = (lambda amount: amount / elapsed if elapsed > 0 else 0.0)
+
+    def rate(amount: float) -> float:
+        return amount / elapsed if elapsed > 0 else 0.0
+
     report["throughput"].update(input_tokens_per_s=rate(input_tokens),
                                 output_tokens_per_s=rate(output_tokens),
                                 total_tokens_per_s=rate(total))
@@ -79,5 +82,6 @@ def rerender(path: Path) -> str:
     try:
         report = json.loads(report_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise RunError(f"{report_path}: no report here; is {path} a neuron-batch run folder?")
+        raise RunError(f"{report_path}: no report here; is {path} a neuron-batch run "
+                       f"folder?") from None
     return format_summary(report)

@@ -12,9 +12,9 @@
 
 The conversion is safe against crashes and concurrent runs: it writes into a hidden temporary
 sibling directory, puts a marker file in it last (format version plus the source GGUF's size and
-a digest of its ends), and renames it into place, all under an `fcntl.flock` on `<cache>/.lock`. A directory
-is used only when its marker matches, so an interrupted conversion never looks valid; its
-leftovers are removed by the next run.
+a digest of its ends), and renames it into place, all under an `fcntl.flock` on `<cache>/.lock`.
+A directory is used only when its marker matches, so an interrupted conversion never looks
+valid; its leftovers are removed by the next run.
 
 Importing this module is cheap: transformers and torch are imported only inside the functions
 that need them.

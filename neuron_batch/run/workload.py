@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.config import RunSettings
-from neuron_batch.inputs.prepare import prepare_requests
 from neuron_batch.inputs.load import describe_input, load_prompts
+from neuron_batch.inputs.prepare import prepare_requests
 from neuron_batch.inputs.records import InputError, InputProblem
 from neuron_batch.run.errors import RunError
 

@@ -273,9 +273,9 @@ def concat_attempts(attempts: list[Records]) -> Records:
             continue
         shift = offset - min(times)
         for step in records.steps:
+            t_end = None if step.t_end is None else step.t_end + shift
             steps.append(StepRecord(**{**asdict(step), "step": len(steps),
-                                       "t_start": step.t_start + shift,
-                                       "t_end": None if step.t_end is None else step.t_end + shift}))
+                                       "t_start": step.t_start + shift, "t_end": t_end}))
         for request in records.requests:
             moved = {k: (v + shift if k in _REQUEST_TIMES and v is not None else v)
                      for k, v in asdict(request).items()}

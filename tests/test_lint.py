@@ -1,0 +1,19 @@
+"""The code passes `ruff check` with the project's configuration (pyproject.toml)."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_ruff_check_is_clean():
+    ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
+    if not Path(ruff).exists():
+        pytest.skip("ruff is not installed (it comes with the test extra)")
+    result = subprocess.run([ruff, "check", "--no-cache", str(ROOT)], capture_output=True,
+                            text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
