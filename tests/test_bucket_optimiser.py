@@ -16,9 +16,8 @@ from neuron_batch.bench.optimiser import (
     optimal_buckets,
     plans_for_each_k,
     prefill_chunk_lengths,
-    suggest_decode,
-    suggest_prefill,
 )
+from neuron_batch.bench.suggest import suggest_decode, suggest_prefill
 from neuron_batch.buckets import bucket_for, default_decode_buckets, default_prefill_buckets
 
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

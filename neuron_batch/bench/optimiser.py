@@ -89,9 +89,6 @@ from typing import Literal
 
 from neuron_batch.buckets import (
     bucket_for,
-    default_decode_buckets,
-    default_prefill_buckets,
-    effective_max_prefill_tokens,
     validate_buckets,
 )
 
@@ -104,8 +101,7 @@ __all__ = [
     "optimal_buckets",
     "plans_for_each_k",
     "prefill_chunk_lengths",
-    "suggest_decode",
-    "suggest_prefill",
+    "size_histogram",
 ]
 
 
@@ -149,7 +145,7 @@ def _positive(value: object, name: str) -> int:
     return number
 
 
-def _histogram(counts: Mapping[int, int], maximum: int | None) -> list[tuple[int, int]]:
+def size_histogram(counts: Mapping[int, int], maximum: int | None) -> list[tuple[int, int]]:
     """Sorted (size, count) pairs with count > 0. Size 0 (an empty step) is dropped: it runs
     no graph (bucket_for(0) == 0) and costs nothing. Sizes above `maximum` are an error."""
     merged: dict[int, int] = {}
@@ -310,7 +306,7 @@ def _solve(counts: Mapping[int, int], max_buckets: int, maximum: int, cost: Cost
     maximum = _positive(maximum, "the largest bucket (maximum)")
     if method not in ("auto", "plain", "dc"):
         raise ValueError(f"method must be 'auto', 'plain' or 'dc', got {method!r}")
-    hist = _histogram(counts, maximum)
+    hist = size_histogram(counts, maximum)
     price = _cost_table(cost)
     sizes = [size for size, _ in hist]
     values = _candidates(sizes, maximum, price, candidates)
@@ -394,59 +390,5 @@ def evaluate(counts: Mapping[int, int], buckets: Sequence[int], *, cost: Cost | 
     buckets = list(buckets)
     largest = buckets[-1] if buckets else 1
     validate_buckets(buckets, largest, name="buckets", max_name="its largest bucket")
-    hist = _histogram(counts, largest)
+    hist = size_histogram(counts, largest)
     return _plan(hist, buckets, _cost_table(cost))
-
-
-# ----------------------------------------------------------------------------- reports
-
-def _summary(plan: BucketPlan, unit: str) -> dict:
-    out = {
-        "buckets": list(plan.buckets),
-        f"actual_{unit}": plan.actual,
-        f"padded_{unit}": plan.padded,
-    }
-    if unit != "tokens":  # decode: one token per sequence, so tokens == seqs
-        out["actual_tokens"] = plan.actual
-        out["padded_tokens"] = plan.padded
-    out["waste_fraction"] = plan.waste_fraction
-    out["cost"] = plan.cost
-    return out
-
-
-def suggest_prefill(prompt_lengths: Iterable[int], *, max_buckets: int,
-                    max_num_batched_tokens: int, max_model_len: int, cost: Cost | None = None,
-                    candidates: Iterable[int] | None = None) -> dict:
-    """Best prefill buckets for a workload's prompt lengths, next to the default buckets.
-
-    Returns {"buckets", "actual_tokens", "padded_tokens", "waste_fraction", "cost",
-    "default": {same keys for default_prefill_buckets}, "num_chunks", "max_buckets"}.
-    """
-    chunks = prefill_chunk_lengths(prompt_lengths, max_num_batched_tokens, max_model_len)
-    maximum = effective_max_prefill_tokens(max_num_batched_tokens, max_model_len)
-    plan = optimal_buckets(chunks, max_buckets, maximum, cost=cost, candidates=candidates)
-    default = evaluate(chunks, default_prefill_buckets(max_num_batched_tokens, max_model_len),
-                       cost=cost)
-    out = _summary(plan, "tokens")
-    out["default"] = _summary(default, "tokens")
-    out["num_chunks"] = sum(chunks.values())
-    out["max_buckets"] = max_buckets
-    return out
-
-
-def suggest_decode(batch_size_counts: Mapping[int, int], *, max_buckets: int, max_num_seqs: int,
-                   cost: Cost | None = None, candidates: Iterable[int] | None = None) -> dict:
-    """Best decode buckets for a histogram of decode batch sizes, next to the defaults.
-
-    Returns {"buckets", "actual_seqs", "padded_seqs", "actual_tokens", "padded_tokens",
-    "waste_fraction", "cost", "default": {same keys}, "num_steps", "max_buckets"}; the token
-    figures equal the sequence figures (a decode step adds one token per sequence).
-    """
-    plan = optimal_buckets(batch_size_counts, max_buckets, max_num_seqs, cost=cost,
-                           candidates=candidates)
-    default = evaluate(batch_size_counts, default_decode_buckets(max_num_seqs), cost=cost)
-    out = _summary(plan, "seqs")
-    out["default"] = _summary(default, "seqs")
-    out["num_steps"] = sum(count for size, count in _histogram(batch_size_counts, None))
-    out["max_buckets"] = max_buckets
-    return out

@@ -99,7 +99,7 @@ def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, 
     """
     import json
 
-    from neuron_batch.bench.optimiser import suggest_prefill
+    from neuron_batch.bench.suggest import suggest_prefill
     from neuron_batch.inputs.load import load_prompts
     from neuron_batch.inputs.records import InputError
 
