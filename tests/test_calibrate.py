@@ -305,3 +305,43 @@ def test_fit_from_steps_needs_finished_steps():
     with pytest.raises(ValueError, match="no finished"):
         fit_from_steps([unfinished], "inf2.8xlarge", "Llama-3-8B", 2)
 
+
+# -- `neuron-batch calibrate --published` --------------------------------------------------------
+
+def test_calibrate_cli_fits_a_published_table(tmp_path):
+    from click.testing import CliRunner
+
+    from neuron_batch.cli import main
+
+    table = tmp_path / "mine.csv"
+    table.write_text(PUBLISHED_MORE_CSV)
+    out = tmp_path / "profile.json"
+    result = CliRunner().invoke(main, ["calibrate", "--published", str(table), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "fitted 8 published row(s)" in result.output and str(out) in result.output
+    profile = load_profile(out)
+    assert profile.instance == "inf2.48xlarge" and "fit to 8 published rows" in profile.source
+    worst = max_abs_errors(evaluate_published(profile, rows=read_published(table)))
+    assert worst["tpot"] < 0.15 and worst["throughput"] < 0.15
+
+    only = CliRunner().invoke(main, ["calibrate", "--published", str(table), "--instance",
+                                     "trn1.32xlarge", "-o", str(tmp_path / "trn1.json")])
+    assert only.exit_code == 0, only.output
+    assert "fitted 4 published row(s)" in only.output
+    assert load_profile(tmp_path / "trn1.json").instance == "trn1.32xlarge"
+
+
+def test_calibrate_cli_usage_errors(tmp_path):
+    from click.testing import CliRunner
+
+    from neuron_batch.cli import main
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("model,instance\nx,y\n")
+    result = CliRunner().invoke(main, ["calibrate", "--published", str(bad), "-o",
+                                       str(tmp_path / "p.json")])
+    assert result.exit_code == 2 and "missing column" in result.output
+    result = CliRunner().invoke(main, ["calibrate", "-o", str(tmp_path / "p.json")])
+    assert result.exit_code == 2 and "--published" in result.output
+    result = CliRunner().invoke(main, ["calibrate", str(tmp_path), "-o", str(tmp_path / "p.json")])
+    assert result.exit_code == 2 and "--instance and --architecture" in result.output
