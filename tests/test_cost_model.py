@@ -179,11 +179,61 @@ def test_more_chips_lower_step_time(arch, smaller, bigger):
 
 @pytest.mark.parametrize("instance, arch, tp", [("inf2.8xlarge", "Llama-3-8B", 2),
                                                 ("inf2.48xlarge", "Llama-3-70B", 24)])
-def test_bf16_decodes_slower_than_int8(instance, arch, tp):
-    bf16 = StepCostModel(PROFILE, instance, arch, tp, "bf16")
-    int8 = StepCostModel(PROFILE, instance, arch, tp, "int8")
-    assert bf16.decode_time(1, 1024) > int8.decode_time(1, 1024)
-    assert bf16.decode_time(16, 16 * 1024) > int8.decode_time(16, 16 * 1024)
+def test_int8_weights_cost_what_the_profile_says(instance, arch, tp):
+    """An int8 weight streams at quantized_weight_bytes: the fit puts it at bf16's 2 bytes
+    (int8 is never slower than bf16); at its 1-byte storage size int8 decodes faster."""
+    for per_weight, faster in ((PROFILE.quantized_weight_bytes, False), (1.0, True)):
+        profile = PROFILE.replace(quantized_weight_bytes=per_weight)
+        bf16 = StepCostModel(profile, instance, arch, tp, "bf16")
+        int8 = StepCostModel(profile, instance, arch, tp, "int8")
+        for seqs, ctx in ((1, 1024), (16, 16 * 1024)):
+            assert int8.decode_time(seqs, ctx) <= bf16.decode_time(seqs, ctx)
+            if faster:
+                assert int8.decode_time(seqs, ctx) < bf16.decode_time(seqs, ctx)
+    assert 1.0 <= PROFILE.quantized_weight_bytes <= 2.0
+
+
+def test_gqa_heads_replicate_and_query_heads_pad():
+    """Llama-3-8B at TP 24: 8 KV heads give each core one (k/v projections replicated 3x),
+    32 query heads run as 48 (two a core). The per-core shard is therefore bigger than 1/24
+    of the model, and the KV a core reads per token is one head's."""
+    arch = get_architecture("Llama-3-8B")
+    assert arch.kv_heads_per_core(24) == 1 and arch.q_heads_per_core(24) == 2
+    assert arch.decoder_params_per_core(24) > arch.decoder_linear_params / 24
+    assert arch.decoder_params_per_core(1) == arch.decoder_linear_params
+    model = StepCostModel(PROFILE, "inf2.48xlarge", arch, 24, "bf16")
+    assert model.kv_bytes_per_token_core == 2 * 32 * 1 * 128 * 2
+
+
+def test_collectives_grow_with_layers_and_tp():
+    """Two all-reduces a layer, ceil(log2 tp) latency stages each: more layers or a larger
+    TP group pay more per step; TP 24 and TP 32 both take 5 stages."""
+    def collectives(instance, arch, tp):
+        return StepCostModel(PROFILE, instance, arch, tp).breakdown("decode", 1, 0)["collectives"]
+    assert collectives("inf2.48xlarge", "Llama-3-70B", 24) > collectives(
+        "inf2.48xlarge", "Llama-3-8B", 24)
+    steps = [collectives("inf2.48xlarge", "Llama-3-8B", tp) for tp in (1, 2, 4, 8, 24)]
+    assert steps[0] == 0 and steps == sorted(steps) and len(set(steps)) == 5
+    assert collectives("trn1.32xlarge", "Llama-3-8B", 32) == pytest.approx(
+        collectives("inf2.48xlarge", "Llama-3-8B", 24), rel=0.05)
+
+
+def test_decode_attention_scales_with_query_heads_per_core():
+    """Batched long-context decode is bound by attention, one query row per head: Llama-3-8B
+    at TP 24 (two padded query heads a core) pays more per cached token than at TP 32 (one)."""
+    def per_token(instance, tp):
+        model = StepCostModel(PROFILE, instance, "Llama-3-8B", tp, "int8")
+        return (model.decode_time(8, 8 * 8192) - model.decode_time(8, 8 * 4096)) / (8 * 4096)
+    assert per_token("inf2.48xlarge", 24) > 1.5 * per_token("trn1.32xlarge", 32)
+
+
+def test_profiles_without_the_newer_fields_still_load(tmp_path):
+    old = {k: v for k, v in PROFILE.to_dict().items()
+           if k not in ("attention_efficiency", "quantized_weight_bytes")}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    loaded = load_profile(tmp_path / "old.json")
+    assert loaded.weight_bw_efficiency == PROFILE.weight_bw_efficiency
+    assert StepCostModel(loaded, "inf2.48xlarge", "Llama-3-8B", 24).decode_time(4, 4000) > 0
 
 
 def test_step_time_reads_step_records():

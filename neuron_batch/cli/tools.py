@@ -11,24 +11,46 @@ from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_T
 
 
 @main.command()
-@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("--instance", required=True, help="The instance the runs were made on.")
-@click.option("--architecture", required=True,
-              help="The model's architecture: a catalogue name or its config.json.")
+@click.argument("run_dirs", nargs=-1, type=click.Path(exists=True, file_okay=False))
+@click.option("--published", "published", type=click.Path(exists=True, dir_okay=False),
+              help="Fit to a table of benchmark figures instead of run folders: a CSV with AWS's "
+                   "published-figures columns (model, instance, tp_degree, batch_size, "
+                   "max_seq_len, input_len, output_len, output_tok_per_s, ttft_p50_ms, "
+                   "tpot_p50_ms, weight_dtype), static batching.")
+@click.option("--instance", default=None,
+              help="The instance the runs were made on (required with RUN_DIRS). With "
+                   "--published: the instance to name the profile after, and the only one whose "
+                   "rows are fitted (default: every row).")
+@click.option("--architecture", default=None,
+              help="The model's architecture: a catalogue name or its config.json (required with "
+                   "RUN_DIRS; --published rows name their model).")
 @click.option("--tensor-parallel-size", type=int, default=None,
               help="NeuronCores the runs used. Default: all of the instance's.")
 @click.option("--weight-dtype", type=click.Choice(["bf16", "fp8", "int8"]), default="bf16",
               show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
               help="Where to write the fitted profile (JSON), for --cost-profile.")
-def calibrate(run_dirs, instance, architecture, tensor_parallel_size, weight_dtype, output):
-    """Fit a step-time profile to the step records of real runs (your own inf2/trn1 runs), so
-    `--device sim --cost-profile FILE` predicts your hardware and model.
+def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size, weight_dtype,
+              output):
+    """Fit a step-time profile to the step records of real runs (your own inf2/trn1 runs), or
+    with --published to a benchmark table, so `--device sim --cost-profile FILE` predicts your
+    hardware and model.
 
-    Each step's measured duration (t_end - t_start in records-N.jsonl) is matched by the cost
-    model's formula for its padded shape; the profile's parameters are fitted by least squares
-    on the relative error. Runs with both prefill and decode steps of varied sizes fit best.
+    From run folders, each step's measured duration (t_end - t_start in records-N.jsonl) is
+    matched by the cost model's formula for its padded shape; runs with both prefill and decode
+    steps of varied sizes fit best. From a table, each row is reproduced as a static batch
+    (prefilled together, decoded together) and its TPOT, output tokens/s and TTFT are matched.
+    Either way the parameters are fitted by least squares on the relative error.
     """
+    if published and run_dirs:
+        raise click.UsageError("give run folders or --published FILE, not both")
+    if published:
+        _calibrate_published(published, instance, output)
+        return
+    if not run_dirs:
+        raise click.UsageError("give run folders to fit (or --published FILE)")
+    if not instance or not architecture:
+        raise click.UsageError("--instance and --architecture are required with run folders")
     from neuron_batch.device.calibrate import fit_from_steps
     from neuron_batch.device.cost_model import StepCostModel, save_profile
     from neuron_batch.device.hardware import default_tp
@@ -58,6 +80,41 @@ def calibrate(run_dirs, instance, architecture, tensor_parallel_size, weight_dty
     click.echo(f"fitted {len(steps):,} steps from {len(run_dirs)} run(s): median step-time "
                f"error {errors[len(errors) // 2]:.1%}, p90 {errors[int(len(errors) * 0.9)]:.1%}")
     click.echo(f"wrote {output}; use it with --device sim --cost-profile {output}")
+
+
+def _calibrate_published(path: str, instance: str | None, output: str) -> None:
+    """`calibrate --published FILE`: fit to a benchmark table, print how well it reproduces it."""
+    from neuron_batch.device.calibrate import (
+        evaluate_published,
+        fit_published,
+        max_abs_errors,
+        median_abs_errors,
+        read_published,
+    )
+    from neuron_batch.device.cost_model import load_profile, save_profile
+    from neuron_batch.device.hardware import get_instance
+
+    try:
+        rows = read_published(path)
+        if instance:
+            instance = get_instance(instance).name
+        # Start from the built-in profile: what the table cannot set stays AWS-calibrated.
+        start = load_profile(instance or rows[0].instance)
+        profile = fit_published(rows=rows, instance=instance, start=start)
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
+    save_profile(profile, output)
+    fitted = [r for r in rows if instance is None or r.instance == instance]
+    table = evaluate_published(profile, rows=fitted)
+    med, worst = median_abs_errors(table), max_abs_errors(table)
+    click.echo(f"fitted {len(fitted)} published row(s) from {path}: median |error| TPOT "
+               f"{med['tpot']:.1%}, tok/s {med['throughput']:.1%}, TTFT {med['ttft']:.1%} "
+               f"(worst {worst['tpot']:.1%}, {worst['throughput']:.1%}, {worst['ttft']:.1%})")
+    if len(fitted) < 8:
+        click.echo(f"note: {len(fitted)} rows set 7 parameters loosely; what the rows cannot "
+                   f"set keeps the built-in profile's value", err=True)
+    click.echo(f"wrote {output}; use it with --device sim --cost-profile {output}")
+
 
 @main.group()
 def buckets():

@@ -7,6 +7,7 @@ counts are derived from the shapes (llama-style decoder), not typed in, so a con
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -90,7 +91,20 @@ class Architecture:
         return -(-self.num_kv_heads // tp)
 
     def q_heads_per_core(self, tp: int) -> int:
+        """Query heads each core computes: heads that do not divide over TP are padded (32
+        heads at TP 24 run as 48, two a core), so every core does the same work."""
         return -(-self.num_attention_heads // tp)
+
+    def decoder_params_per_core(self, tp: int) -> int:
+        """Decoder-layer matmul weights one core holds and streams each step: its padded share
+        of the q/o projections, the k/v projections of the KV heads it holds (replicated when
+        TP exceeds them, see kv_heads_per_core) and 1/tp of the MLP."""
+        q, kv = self.q_heads_per_core(tp), self.kv_heads_per_core(tp)
+        attention = self.hidden_size * self.head_dim * (2 * q + 2 * kv)
+        if self.attention_bias:
+            attention += (q + 2 * kv) * self.head_dim
+        mlp = -(-self.mlp_params_per_layer // tp)
+        return self.num_layers * (attention + mlp)
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -127,6 +141,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
 _ALIASES = {
     "mistral-7b-v0.1": "Mistral-7B",
     "mistral-7b-instruct-v0.1": "Mistral-7B",
+    "mistral-7b-v0.2": "Mistral-7B",                # v0.2: same shapes, no sliding window
+    "mistral-7b-instruct-v0.2": "Mistral-7B",
     "tinyllama-1.1b-chat-v1.0": "TinyLlama-1.1B",
     "tinyllama-1.1b-intermediate-step-1431k-3t": "TinyLlama-1.1B",
     "llama-3.3-70b": "Llama-3.1-70B",           # same shapes as 3.1-70B
@@ -148,15 +164,20 @@ def _normalize(name: str) -> str:
 _LOOKUP = {_normalize(n): n for n in ARCHITECTURES} | _ALIASES
 
 
-def get_architecture(name: str | Architecture) -> Architecture:
-    """Find a built-in architecture by name or alias, case-insensitively."""
-    if isinstance(name, Architecture):
-        return name
+@functools.lru_cache(maxsize=256)
+def _lookup(name: str) -> Architecture:
     key = _normalize(name)
     if key not in _LOOKUP:
         raise ArchitectureError(f"unknown model {name!r}; built-in architectures: "
                                 f"{', '.join(ARCHITECTURES)} (or pass a config.json path)")
     return ARCHITECTURES[_LOOKUP[key]]
+
+
+def get_architecture(name: str | Architecture) -> Architecture:
+    """Find a built-in architecture by name or alias, case-insensitively."""
+    if isinstance(name, Architecture):
+        return name
+    return _lookup(name)
 
 
 def from_config_json(source: str | Path | dict[str, Any], name: str | None = None) -> Architecture:

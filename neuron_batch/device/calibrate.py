@@ -1,309 +1,233 @@
-"""Fit cost-profile parameters: to AWS's published inf2 figures, or to measured step times.
+"""Fit cost-profile parameters: to published benchmark rows, or to measured step times.
 
-Both fits minimise the sum of squared log ratios (model / measured), so every row or step
-counts by its relative error, with a small Nelder-Mead written here (the project does not
-depend on scipy). Parameters are searched in transformed space: log for times, a logit
-scaled to (0, MAX_EFFICIENCY) for efficiencies, so every candidate is physical.
+Both fits are least squares on log ratios (model / measured), so every row or step counts
+by its relative error (Levenberg-Marquardt, fit.py). One profile serves every instance: its
+parameters are per NeuronCore-v2 (Inferentia2 and Trainium use the same core), and the
+instance table supplies what differs (core count, link bandwidth).
 
-`collective_latency_s` is never fitted: at one model and one TP degree it is a constant per
-step, indistinguishable from the fixed costs. It is held at COLLECTIVE_LATENCY_PRIOR_S (or at
-the start profile's value) and the fixed costs absorb the rest.
+Published rows: each contributes its log error on median TPOT, on output throughput, and,
+weighted by TTFT_WEIGHT, on TTFT. Cross-validation (leave one row, one model or one
+instance family out) refits without the held-out rows and predicts them.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from statistics import median
 from typing import Any
 
-from .architectures import get_architecture
+from . import fit
 from .cost_model import (
     DEFAULT_COMPILE_S_PER_GRAPH_PER_GB,
+    QUANTIZED_DTYPES,
     CostProfile,
     StepCostModel,
     load_profile,
 )
+from .fit import MAX_EFFICIENCY, nelder_mead  # noqa: F401  (re-exported)
 from .hardware import INSTANCES
+from .published import (  # noqa: F401  (re-exported: the calibration API)
+    PUBLISHED_INF2_CSV,
+    PUBLISHED_MORE_CSV,
+    PublishedRow,
+    decode_groups,
+    evaluate_rows,
+    max_abs_errors,
+    median_abs_errors,
+    pow2_bucket,
+    predict_row,
+    read_published,
+    row_errors,
+    row_model,
+)
 
-#: The parameters a fit moves, in this order.
-FIT_PARAMS = ("prefill_fixed_s", "decode_fixed_s", "weight_bw_efficiency",
-              "kv_bw_efficiency", "compute_efficiency")
-#: Held latency of one all-reduce stage (an assumption of order tens of microseconds per
-#: NeuronLink all-reduce; at TP 24 with 32 layers it contributes 64 * 5 * 10 us = 3.2 ms a step).
-COLLECTIVE_LATENCY_PRIOR_S = 10e-6
-#: Upper bound on any fitted efficiency: no engine sustains its full peak.
-MAX_EFFICIENCY = 0.9
-
-#: AWS Neuron SDK 2.18 performance tables, inf2.48xlarge, transformers-neuronx (copy of
-#: /work/shared/calibration/inf2-published.csv, so the package needs no outside file).
-PUBLISHED_INF2_CSV = """\
-model,instance,tp_degree,batch_size,max_seq_len,input_len,output_len,output_tok_per_s,ttft_p50_ms,tpot_p50_ms,weight_dtype,framework,neuron_sdk
-Llama-3-8B,Inf2.48xlarge,24,1,8192,128,8064,144.98,29.47,7.41,int8,Transformers NeuronX,2.18.1
-Llama-3-8B,Inf2.48xlarge,24,1,8192,4096,4096,133.63,209.37,7.47,int8,Transformers NeuronX,2.18.1
-Llama-3-8B,Inf2.48xlarge,24,1,4096,128,3968,161.67,25,6.42,int8,Transformers NeuronX,2.18.1
-Llama-3-8B,Inf2.48xlarge,24,1,4096,2048,2048,153.58,101.81,6.5,int8,Transformers NeuronX,2.18.1
-Llama-2-7b,Inf2.48xlarge,24,1,4096,128,3968,156.1281689,27.63772011,6.46972656,bf16,Transformers NeuronX,2.18.0
-Llama-2-7b,Inf2.48xlarge,24,1,8192,128,8064,145.1665497,29.20985222,7.34019279,bf16,Transformers NeuronX,2.18.0
-Llama-3-8B,Inf2.48xlarge,24,8,8192,4096,4096,521.96,1992.59,15.31,int8,Transformers NeuronX,2.18.1
-Llama-3-8B,Inf2.48xlarge,24,8,4096,128,3968,859.09,66.02,10.45,int8,Transformers NeuronX,2.18.1
-"""
-
-#: transformers-neuronx pads both the prompt and the decode KV window to power-of-two
-#: buckets from 128 up to the compiled max_seq_len.
-MIN_BUCKET = 128
-
-
-@dataclass(frozen=True, slots=True)
-class PublishedRow:
-    model: str
-    instance: str
-    tp: int
-    batch: int
-    max_seq_len: int
-    input_len: int
-    output_len: int
-    throughput: float       # output tokens/s
-    ttft_s: float
-    tpot_s: float
-    weight_dtype: str
-
-    @property
-    def label(self) -> str:
-        return (f"{self.model} {self.weight_dtype} b{self.batch} msl{self.max_seq_len} "
-                f"{self.input_len}/{self.output_len}")
+#: The parameters a published fit moves, in this order. kv_bw_efficiency is tied to
+#: weight_bw_efficiency (one HBM; the published rows never make KV traffic the larger side
+#: of a step, so they cannot set it apart).
+FIT_PARAMS = ("prefill_fixed_s", "decode_fixed_s", "weight_bw_efficiency", "compute_efficiency",
+              "attention_efficiency", "collective_latency_s", "quantized_weight_bytes")
+#: Held at their start value by every fit.
+HELD_PARAMS = ("compile_s_per_graph_per_gb",)
+#: What a fit to measured steps of one configuration moves. One TP degree and one dtype:
+#: collective latency is then a constant per step (the fixed costs absorb it) and the cost of
+#: a quantized weight cannot be told from the weight bandwidth, so both are held.
+STEP_FIT_PARAMS = ("prefill_fixed_s", "decode_fixed_s", "weight_bw_efficiency",
+                   "kv_bw_efficiency", "compute_efficiency", "attention_efficiency")
+#: Weight of the TTFT error against TPOT and throughput: TTFT includes host work the model
+#: does not describe, and the targets are TPOT and throughput.
+TTFT_WEIGHT = 0.3
+#: Held bytes per int8/fp8 weight when a fit has no quantized row to set it: the cautious
+#: reading that weight-only quantization halves memory but not decode time (the weights are
+#: dequantized to bf16 on the way to the TensorEngine). See CALIBRATION.md for how much the
+#: Llama-3-8B rows depend on it.
+QUANTIZED_WEIGHT_BYTES_PRIOR = 2.0
+#: Starting points tried by every fit (overrides of its start profile). The max of
+#: HBM time and engine time has kinks: started with attention too fast to show, a fit sees no
+#: gradient towards it and stops on the wrong side. These starts make it visible.
+STARTS: tuple[dict[str, float], ...] = (
+    {},
+    {"attention_efficiency": 0.1 / 128, "collective_latency_s": 3e-6},
+    {"attention_efficiency": 0.25 / 128, "decode_fixed_s": 3e-3, "compute_efficiency": 0.1},
+)
 
 
-def read_published(csv_path: str | Path | None = None) -> list[PublishedRow]:
-    """Rows of the published CSV (the embedded copy when csv_path is None)."""
-    text = PUBLISHED_INF2_CSV if csv_path is None else Path(csv_path).read_text(encoding="utf-8")
-    return [PublishedRow(r["model"], r["instance"].lower(), int(r["tp_degree"]),
-                         int(r["batch_size"]), int(r["max_seq_len"]), int(r["input_len"]),
-                         int(r["output_len"]), float(r["output_tok_per_s"]),
-                         float(r["ttft_p50_ms"]) / 1e3, float(r["tpot_p50_ms"]) / 1e3,
-                         r["weight_dtype"])
-            for r in csv.DictReader(io.StringIO(text))]
-
-
-def pow2_bucket(n: int, maximum: int) -> int:
-    """Smallest power of two >= n (at least MIN_BUCKET), capped at maximum."""
-    return min(maximum, max(MIN_BUCKET, 1 << max(0, n - 1).bit_length()))
-
-
-def decode_groups(row: PublishedRow,
-                  context_buckets: bool = True) -> tuple[list[tuple[int, int]], int]:
-    """The row's decode steps as (KV tokens read per sequence, number of steps), and the KV
-    read by the median step. Step k (k = 1 .. output_len-1) holds input_len + k tokens; with
-    context_buckets the graph reads the whole power-of-two window holding them."""
-    counts: dict[int, int] = {}
-    for k in range(1, row.output_len):
-        ctx = row.input_len + k
-        key = pow2_bucket(ctx, row.max_seq_len) if context_buckets else ctx
-        counts[key] = counts.get(key, 0) + 1
-    groups = sorted(counts.items())
-    middle, seen = (row.output_len - 2) // 2, 0     # time grows with KV: median step by KV
-    for ctx, count in groups:
-        seen += count
-        if seen > middle:
-            return groups, ctx
-    return groups, groups[-1][0]
-
-
-def predict_row(model: StepCostModel, row: PublishedRow,
-                groups: tuple[list[tuple[int, int]], int] | None = None) -> dict[str, float]:
-    """Modelled TTFT, median TPOT and output throughput of one published row (static batch:
-    the batch prefilled together, then decoded together)."""
-    steps, median_ctx = groups or decode_groups(row)
-    b = row.batch
-    prompt = pow2_bucket(row.input_len, row.max_seq_len)
-    ttft = model.prefill_time(b * prompt, 0, num_seqs=b)
-    decode_total = sum(count * model.decode_time(b, b * ctx) for ctx, count in steps)
-    return {"ttft_s": ttft, "tpot_s": model.decode_time(b, b * median_ctx),
-            "throughput": b * row.output_len / (ttft + decode_total)}
-
-
-def row_errors(predicted: dict[str, float], row: PublishedRow) -> dict[str, float]:
-    """Relative errors (model - published) / published."""
-    return {"ttft": predicted["ttft_s"] / row.ttft_s - 1,
-            "tpot": predicted["tpot_s"] / row.tpot_s - 1,
-            "throughput": predicted["throughput"] / row.throughput - 1}
-
-
-# -- the optimiser ---------------------------------------------------------------------------
-
-def nelder_mead(f: Callable[[list[float]], float], x0: Sequence[float], step: float = 0.5,
-                tol: float = 1e-12, max_iter: int = 4000, restarts: int = 6) -> list[float]:
-    """Minimise f from x0 (standard reflect/expand/contract/shrink), restarting the simplex
-    around the best point until a restart no longer improves it."""
-    best = list(x0)
-    best_f = f(best)
-    for _ in range(restarts):
-        n = len(best)
-        simplex = [best] + [[v + (step if i == j else 0.0) for j, v in enumerate(best)]
-                            for i in range(n)]
-        values = [f(p) for p in simplex]
-        for _ in range(max_iter):
-            order = sorted(range(n + 1), key=values.__getitem__)
-            simplex, values = [simplex[i] for i in order], [values[i] for i in order]
-            if values[-1] - values[0] <= tol * (abs(values[0]) + tol):
-                break
-            centroid = [sum(p[j] for p in simplex[:-1]) / n for j in range(n)]
-            worst = simplex[-1]
-            reflect = [c + (c - w) for c, w in zip(centroid, worst)]
-            fr = f(reflect)
-            if fr < values[0]:
-                expand = [c + 2 * (c - w) for c, w in zip(centroid, worst)]
-                fe = f(expand)
-                simplex[-1], values[-1] = (expand, fe) if fe < fr else (reflect, fr)
-            elif fr < values[-2]:
-                simplex[-1], values[-1] = reflect, fr
-            else:
-                inside = fr >= values[-1]
-                contract = [c + (0.5 * (w - c) if inside else 0.5 * (r - c))
-                            for c, w, r in zip(centroid, worst, reflect)]
-                fc = f(contract)
-                if fc < min(fr, values[-1]):
-                    simplex[-1], values[-1] = contract, fc
-                else:                                   # shrink towards the best point
-                    simplex = [simplex[0]] + [[b + 0.5 * (v - b) for b, v in zip(simplex[0], p)]
-                                              for p in simplex[1:]]
-                    values = [values[0]] + [f(p) for p in simplex[1:]]
-        i = min(range(n + 1), key=values.__getitem__)
-        improved = values[i] < best_f - tol * (abs(best_f) + tol)
-        best, best_f = simplex[i], values[i]
-        if not improved:
-            break
-        step *= 0.5
-    return best
-
-
-def _encode(profile: CostProfile, names: Sequence[str]) -> list[float]:
-    out = []
-    for name in names:
-        value = getattr(profile, name)
-        if name.endswith("_efficiency"):
-            frac = min(max(value / MAX_EFFICIENCY, 1e-6), 1 - 1e-6)
-            out.append(math.log(frac / (1 - frac)))
-        else:
-            out.append(math.log(max(value, 1e-9)))
-    return out
-
-
-def _decode(base: CostProfile, names: Sequence[str], x: Sequence[float]) -> CostProfile:
-    changes = {}
-    for name, v in zip(names, x):
-        v = max(-40.0, min(40.0, v))
-        changes[name] = (MAX_EFFICIENCY / (1 + math.exp(-v)) if name.endswith("_efficiency")
-                         else math.exp(v))
-    return base.replace(**changes)
-
-
-def _fit(objective: Callable[[CostProfile], float], start: CostProfile,
-         names: Sequence[str]) -> CostProfile:
-    x = nelder_mead(lambda x: objective(_decode(start, names, x)), _encode(start, names))
-    return _decode(start, names, x)
-
-
-# -- fitting to the published figures --------------------------------------------------------
-
-def _row_model(profile: CostProfile, row: PublishedRow) -> StepCostModel:
-    return StepCostModel(profile, row.instance, get_architecture(row.model), row.tp,
-                         row.weight_dtype)
+#: Relative cost difference below which two starting points count as fitting equally.
+TIE_TOLERANCE = 1e-6
 
 
 def default_profile(instance: str = "inf2.48xlarge") -> CostProfile:
-    """A neutral starting point for fits (not a calibrated profile)."""
+    """A neutral starting point (and prior) for fits, not a calibrated profile: round numbers
+    chosen before any fit (half of peak bandwidth, a third of peak FLOP/s for matmuls, half
+    the one-row ceiling of 1/128 for decode attention, 10 us a collective stage)."""
     return CostProfile(instance, prefill_fixed_s=0.01, decode_fixed_s=0.001,
-                       weight_bw_efficiency=0.5, kv_bw_efficiency=0.3, compute_efficiency=0.3,
-                       collective_latency_s=COLLECTIVE_LATENCY_PRIOR_S,
+                       weight_bw_efficiency=0.5, kv_bw_efficiency=0.5, compute_efficiency=0.3,
+                       collective_latency_s=10e-6,
                        compile_s_per_graph_per_gb=DEFAULT_COMPILE_S_PER_GRAPH_PER_GB,
+                       attention_efficiency=0.5 / 128,
+                       quantized_weight_bytes=QUANTIZED_WEIGHT_BYTES_PRIOR,
                        source="default starting point")
 
 
-def fit_published(csv_path: str | Path | None = None, instance: str = "inf2.48xlarge",
+def _with(profile: CostProfile, names: Sequence[str], x: Sequence[float],
+          tie_kv: bool) -> CostProfile:
+    changes = {name: fit.decode(name, v) for name, v in zip(names, x)}
+    if tie_kv and "weight_bw_efficiency" in changes:
+        changes["kv_bw_efficiency"] = changes["weight_bw_efficiency"]
+    return profile.replace(**changes)
+
+
+def _least_squares(residuals: Callable[[CostProfile], list[float]], base: CostProfile,
+                   names: Sequence[str], tie_kv: bool) -> CostProfile:
+    """The best fit from each of STARTS (overrides of `base`). A later start must fit clearly
+    better to win: where the data cannot set a parameter (all starts fit equally), it keeps
+    `base`'s value rather than a start's."""
+    best: tuple[CostProfile, float] | None = None
+    for overrides in STARTS:
+        start = base.replace(**{k: v for k, v in overrides.items() if k in names})
+        x0 = [fit.encode(n, getattr(start, n)) for n in names]
+        x, cost = fit.least_squares(lambda x: residuals(_with(start, names, x, tie_kv)), x0)
+        if best is None or cost < best[1] * (1 - TIE_TOLERANCE):
+            best = (_with(start, names, x, tie_kv), cost)
+    return best[0]
+
+
+# -- fitting to published figures ------------------------------------------------------------
+
+def _select_rows(csv_path: str | Path | None, rows: Iterable[PublishedRow] | None,
+                 instance: str | None,
+                 select: Callable[[PublishedRow], bool] | None) -> list[PublishedRow]:
+    pool = list(rows) if rows is not None else read_published(csv_path)
+    return [r for r in pool if (instance is None or r.instance == instance)
+            and (select is None or select(r))]
+
+
+def fit_published(csv_path: str | Path | None = None, instance: str | None = None,
                   select: Callable[[PublishedRow], bool] | None = None,
-                  context_buckets: bool = True, start: CostProfile | None = None) -> CostProfile:
-    """Fit FIT_PARAMS to the published rows that `select` keeps (all by default): each row
-    contributes its log TTFT error and its log median-TPOT error."""
-    rows = [r for r in read_published(csv_path)
-            if r.instance == instance and (select is None or select(r))]
-    if not rows:
-        raise ValueError(f"no published rows for {instance} to fit")
-    prepared = [(r, decode_groups(r, context_buckets)) for r in rows]
+                  context_buckets: bool = True, start: CostProfile | None = None,
+                  rows: Iterable[PublishedRow] | None = None) -> CostProfile:
+    """Fit FIT_PARAMS to published rows: those of `rows` (default: the CSV at csv_path, or
+    the sixteen embedded rows) on `instance` (default: all) that `select` keeps. The
+    returned profile is named after `instance`, else the first row's instance."""
+    chosen = _select_rows(csv_path, rows, instance, select)
+    if not chosen:
+        raise ValueError(f"no published rows{f' for {instance}' if instance else ''} to fit")
+    prepared = [(r, decode_groups(r, context_buckets)) for r in chosen]
+    names = [n for n in FIT_PARAMS if n != "quantized_weight_bytes"
+             or any(r.weight_dtype in QUANTIZED_DTYPES for r in chosen)]
 
-    def objective(profile: CostProfile) -> float:
-        total = 0.0
+    def residuals(profile: CostProfile) -> list[float]:
+        out = []
         for row, groups in prepared:
-            pred = predict_row(_row_model(profile, row), row, groups)
-            total += (math.log(pred["ttft_s"] / row.ttft_s) ** 2
-                      + math.log(pred["tpot_s"] / row.tpot_s) ** 2)
-        return total
+            pred = predict_row(row_model(profile, row), row, groups)
+            out += [math.log(pred["tpot_s"] / row.tpot_s),
+                    math.log(pred["throughput"] / row.throughput),
+                    TTFT_WEIGHT * math.log(pred["ttft_s"] / row.ttft_s)]
+        return out
 
-    fitted = _fit(objective, start or default_profile(instance), FIT_PARAMS)
-    used = "all rows" if select is None else f"{len(rows)} selected rows"
-    return fitted.replace(source=f"fit to AWS published {instance} figures (Neuron SDK 2.18, "
-                                 f"transformers-neuronx), {used}, "
-                                 f"context_buckets={context_buckets}")
+    base = start or default_profile(instance or chosen[0].instance)
+    fitted = _least_squares(residuals, base, names, tie_kv=True)
+    families = sorted({r.instance for r in chosen})
+    held = [] if "quantized_weight_bytes" in names else [
+        f"quantized_weight_bytes held at {base.quantized_weight_bytes:g} (no int8/fp8 row)"]
+    return fitted.replace(source=(
+        f"fit to {len(chosen)} published rows on {', '.join(families)} (AWS Neuron SDK 2.18 "
+        f"performance tables, transformers-neuronx, static batching)"
+        + (f"; {'; '.join(held)}" if held else "")))
 
 
 def evaluate_published(profile: CostProfile, csv_path: str | Path | None = None,
-                       context_buckets: bool = True) -> list[dict[str, Any]]:
-    """Published vs modelled figures for every row of the profile's instance."""
-    table = []
-    for row in read_published(csv_path):
-        if row.instance != profile.instance:
-            continue
-        pred = predict_row(_row_model(profile, row), row, decode_groups(row, context_buckets))
-        table.append({"row": row, **pred, "error": row_errors(pred, row)})
-    return table
+                       context_buckets: bool = True,
+                       rows: Iterable[PublishedRow] | None = None) -> list[dict[str, Any]]:
+    """Published vs modelled figures for every row (all instances: one profile serves all)."""
+    pool = list(rows) if rows is not None else read_published(csv_path)
+    return evaluate_rows(profile, pool, context_buckets)
 
 
-def median_abs_errors(table: Iterable[dict[str, Any]]) -> dict[str, float]:
-    """Median |relative error| of TTFT, TPOT and throughput over evaluated rows."""
-    table = list(table)
-    return {k: median(abs(entry["error"][k]) for entry in table)
-            for k in ("ttft", "tpot", "throughput")}
-
-
-def holdout(select_fit: Callable[[PublishedRow], bool], csv_path: str | Path | None = None,
-            instance: str = "inf2.48xlarge") -> tuple[CostProfile, list[dict[str, Any]]]:
-    """Fit on the rows `select_fit` keeps; return the fit and the evaluation of the others."""
-    profile = fit_published(csv_path, instance, select=select_fit)
-    held = [e for e in evaluate_published(profile, csv_path) if not select_fit(e["row"])]
-    return profile, held
+def cross_validate(key: Callable[[PublishedRow], Any], csv_path: str | Path | None = None,
+                   rows: Iterable[PublishedRow] | None = None,
+                   start: CostProfile | None = None) -> list[dict[str, Any]]:
+    """For each value of key(row): fit without those rows, predict them. Entries are those of
+    evaluate_published plus "held_out" (the key value) and "profile" (that fold's fit)."""
+    pool = list(rows) if rows is not None else read_published(csv_path)
+    out = []
+    for group in dict.fromkeys(key(r) for r in pool):
+        train = [r for r in pool if key(r) != group]
+        if not train:
+            raise ValueError(f"holding out {group!r} leaves no rows to fit")
+        profile = fit_published(rows=train, start=start)
+        for entry in evaluate_rows(profile, [r for r in pool if key(r) == group]):
+            out.append(entry | {"held_out": group, "profile": profile})
+    order = {id(r): i for i, r in enumerate(pool)}
+    return sorted(out, key=lambda e: order[id(e["row"])])
 
 
 def leave_one_out(csv_path: str | Path | None = None,
-                  instance: str = "inf2.48xlarge") -> list[dict[str, Any]]:
+                  rows: Iterable[PublishedRow] | None = None) -> list[dict[str, Any]]:
     """Each row predicted by a fit to all the other rows."""
-    out = []
-    for left_out in read_published(csv_path):
-        if left_out.instance == instance:
-            out += holdout(lambda r, x=left_out: r != x, csv_path, instance)[1]
-    return out
+    return cross_validate(lambda r: r, csv_path, rows)
 
 
-def derive_profile(base: CostProfile, instance: str) -> CostProfile:
-    """Another instance's profile from a fitted one. The parameters are per NeuronCore
-    (fractions of per-core peaks, per-step latencies), so they carry over to any instance
-    built from the same NeuronCore-v2; the hardware table supplies the rest."""
+def leave_one_model_out(csv_path: str | Path | None = None,
+                        rows: Iterable[PublishedRow] | None = None) -> list[dict[str, Any]]:
+    """Each model's rows (on every instance) predicted by a fit to the other models' rows."""
+    return cross_validate(lambda r: r.model, csv_path, rows)
+
+
+def leave_one_instance_out(csv_path: str | Path | None = None,
+                           rows: Iterable[PublishedRow] | None = None) -> list[dict[str, Any]]:
+    """Each instance family's rows predicted by a fit to the other family's rows."""
+    return cross_validate(lambda r: r.family, csv_path, rows)
+
+
+def holdout(select_fit: Callable[[PublishedRow], bool], csv_path: str | Path | None = None,
+            rows: Iterable[PublishedRow] | None = None) -> tuple[CostProfile, list[dict[str, Any]]]:
+    """Fit on the rows `select_fit` keeps; return the fit and the evaluation of the others."""
+    pool = list(rows) if rows is not None else read_published(csv_path)
+    profile = fit_published(rows=pool, select=select_fit)
+    return profile, evaluate_rows(profile, [r for r in pool if not select_fit(r)])
+
+
+# -- profiles for every instance -------------------------------------------------------------
+
+def derive_profile(base: CostProfile, instance: str,
+                   measured: Iterable[str] = ("inf2.48xlarge", "trn1.32xlarge")) -> CostProfile:
+    """Another instance's profile from a fitted one. The parameters are per NeuronCore-v2
+    (fractions of per-core peaks, per-step and per-stage latencies), the same core on every
+    inf2 and trn1 instance; the hardware table supplies the rest."""
     if instance == base.instance:
         return base
-    note = ("same Inferentia2 chip and NeuronCore-v2" if instance.startswith("inf2")
-            else "EXTRAPOLATION: Trainium's NeuronCore-v2 assumed to reach the efficiencies "
-                 "fitted on Inferentia2; no trn1 measurement was used")
-    return base.replace(instance=instance, source=f"derived from {base.instance} ({note}); "
-                                                 f"base: {base.source}")
+    note = ("measured: published rows of this instance are in the fit" if instance in measured
+            else "no published row of this instance: same NeuronCore-v2 parameters, its own "
+                 "core count and links from the hardware table")
+    return base.replace(instance=instance, source=f"{note}; base: {base.source}")
 
 
 def builtin_profiles(base: CostProfile, digits: int = 4) -> dict[str, CostProfile]:
     """Profiles for every instance from `base`, rounded to `digits` significant digits (the
     fit is not better than that, and the JSON files stay readable)."""
-    rounded = base.replace(**{n: float(f"{getattr(base, n):.{digits}g}") for n in FIT_PARAMS})
+    names = FIT_PARAMS + ("kv_bw_efficiency",)
+    rounded = base.replace(**{n: float(f"{getattr(base, n):.{digits}g}") for n in names})
     return {name: derive_profile(rounded, name) for name in INSTANCES}
 
 
@@ -312,8 +236,9 @@ def builtin_profiles(base: CostProfile, digits: int = 4) -> dict[str, CostProfil
 def fit_from_steps(steps: Iterable[Any], instance: str, arch: Any, tp: int,
                    weight_dtype: str = "bf16", start_profile: CostProfile | None = None,
                    kv_dtype: str = "bf16") -> CostProfile:
-    """Fit FIT_PARAMS to measured step durations (t_end - t_start) of StepRecord-like objects
-    from one run configuration. A fixed cost whose kind has no steps keeps its start value."""
+    """Fit STEP_FIT_PARAMS to measured step durations (t_end - t_start) of StepRecord-like
+    objects from one run configuration. A fixed cost whose kind has no steps keeps its start
+    value."""
     durations: dict[tuple[str, int, int], list[float]] = {}
     for s in steps:
         if s.kind not in ("prefill", "decode") or s.t_end is None or s.t_end <= s.t_start:
@@ -326,26 +251,21 @@ def fit_from_steps(steps: Iterable[Any], instance: str, arch: Any, tp: int,
     if not durations:
         raise ValueError("no finished prefill or decode steps to fit")
     # Identical shapes fold into one term: the log of their geometric mean, weighted by count.
-    shapes = [(kind, padded, ctx, len(ts), sum(math.log(t) for t in ts) / len(ts))
+    shapes = [(kind, padded, ctx, math.sqrt(len(ts)), sum(math.log(t) for t in ts) / len(ts))
               for (kind, padded, ctx), ts in durations.items()]
     kinds = {kind for kind, *_ in shapes}
-    names = [n for n in FIT_PARAMS if not (n == "prefill_fixed_s" and "prefill" not in kinds)
+    names = [n for n in STEP_FIT_PARAMS if not (n == "prefill_fixed_s" and "prefill" not in kinds)
              and not (n == "decode_fixed_s" and "decode" not in kinds)]
     start = start_profile or _start_for(instance)
 
-    def objective(profile: CostProfile) -> float:
+    def residuals(profile: CostProfile) -> list[float]:
         model = StepCostModel(profile, instance, arch, tp, weight_dtype, kv_dtype)
-        total = 0.0
-        for kind, padded, ctx, count, log_t in shapes:
-            if kind == "prefill":
-                t = model.prefill_time(padded, ctx)
-            else:
-                t = model.decode_time(padded, ctx)
-            total += count * (math.log(t) - log_t) ** 2
-        return total
+        return [weight * (math.log(model.prefill_time(padded, ctx) if kind == "prefill"
+                                   else model.decode_time(padded, ctx)) - log_t)
+                for kind, padded, ctx, weight, log_t in shapes]
 
-    fitted = _fit(objective, start, names)
-    n = sum(count for *_, count, _ in shapes)
+    fitted = _least_squares(residuals, start, names, tie_kv=False)
+    n = sum(len(ts) for ts in durations.values())
     return fitted.replace(source=f"fit to {n} measured steps ({', '.join(sorted(kinds))}) on "
                                  f"{instance}, TP {tp}, {weight_dtype} weights")
 

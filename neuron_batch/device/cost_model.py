@@ -1,32 +1,44 @@
 """Step-time cost model of a Neuron instance, KV-cache sizing and compile-time estimate.
 
 One scheduler step runs one compiled graph on a tensor-parallel group of `tp` NeuronCores.
-Its time, per core (each core does 1/tp of the matmuls and holds its share of the KV heads):
+Every core runs the same program on its shard, so a step takes what one core takes:
 
-    decode(b, C)  = decode_fixed + collectives(b) + max(W / bw_w + C * kv_core / bw_kv,
-                                                        b * 2 * P_all / (tp * F) + C * attn)
-    prefill(T, C) = prefill_fixed + collectives(T) + max(W / bw_w + (C + T) * kv_core / bw_kv,
-                                                         T * 2 * P_dec / (tp * F)
-                                                         + 2 * P_head / (tp * F)
-                                                         + T * (C + T / 2) * attn)
+    decode(b, C)  = decode_fixed + collectives(b)
+                    + max(W / bw_w + C * kv_core / bw_kv,                  HBM traffic
+                          b * 2 * P_core / F + C * attn / F_attn)          engine work
+    prefill(T, C) = prefill_fixed + collectives(T)
+                    + max(W / bw_w + (C + T) * kv_core / bw_kv,
+                          T * 2 * P_dec / F + 2 * P_head / F + T * (C + T / 2) * attn / F)
 
-    W         weight bytes each core reads per step (decoder matmuls + lm_head, / tp)
+    P_core    weights one core holds: its padded share of the q/o heads, the k/v projections
+              of its KV heads (replicated when TP exceeds the KV heads), 1/tp of the MLP and
+              of lm_head (Architecture.decoder_params_per_core)
+    W         bytes one core streams per step: decoder weights at their storage size (int8 /
+              fp8 at `quantized_weight_bytes`, which counts dequantization) + lm_head in bf16
     kv_core   KV bytes per token on one core: 2 * layers * ceil(kv_heads / tp) * head_dim * 2
-    attn      4 * layers * ceil(q_heads / tp) * head_dim / F  (QK^T and AV, per query x key)
-    bw_w      core peak HBM bandwidth * weight_bw_efficiency
-    bw_kv     core peak HBM bandwidth * kv_bw_efficiency
-    F         core peak bf16 FLOP/s * compute_efficiency
-    collectives(n) = 2 * layers * (collective_latency * ceil(log2 tp)
+    attn      4 * layers * ceil(q_heads / tp) * head_dim: QK^T and AV FLOPs per query and key
+    bw_w/kv   core peak HBM bandwidth * weight_bw_efficiency / kv_bw_efficiency
+    F         core peak bf16 FLOP/s * compute_efficiency (matmuls with many rows)
+    F_attn    core peak bf16 FLOP/s * attention_efficiency: decode attention is one query row
+              per head against the cached keys, a matrix-vector product that keeps one row of
+              the 128-row TensorEngine busy, so it runs at a small fraction of peak
+    collectives(n) = 2 * layers * (collective_latency_s * ceil(log2 tp)
                                    + 2 (tp - 1) / tp * n * hidden * 2 bytes / link bandwidth)
+              two all-reduces per layer (after attention, after the MLP): a latency per tree
+              stage and the ring's bytes over NeuronLink (on-chip DMA while tp <= 2)
 
 b is the *padded* decode batch and T the *padded* prefill chunk: a compiled graph does the
 work of its bucket, so padding costs time. C is the KV already held (see StepRecord).
-Compute and HBM traffic overlap on a NeuronCore (DMA queues run beside the engines), hence
-the max; the fixed costs and collectives do not overlap with either.
+HBM traffic and engine work overlap on a NeuronCore (DMA queues run beside the engines),
+hence the max; fixed costs and collectives do not overlap with either.
+The parameters are per NeuronCore-v2, shared by Inferentia2 and Trainium; the instance
+table (hardware.py) supplies peaks, link bandwidths and core counts. CALIBRATION.md gives
+the fitted values, their physical readings and the held-out error.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import asdict, dataclass, fields
@@ -45,6 +57,8 @@ from .hardware import (
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
 WEIGHT_DTYPES = ("bf16", "fp8", "int8")
+#: Weight dtypes stored at one byte and dequantized on device (cost: quantized_weight_bytes).
+QUANTIZED_DTYPES = ("fp8", "int8")
 #: Activation bytes per element exchanged by the all-reduces (bf16).
 ACTIVATION_BYTES = 2
 #: Share of the TP group's HBM kept for compiled graphs (NEFFs), activations and runtime
@@ -59,27 +73,34 @@ DEFAULT_COMPILE_S_PER_GRAPH_PER_GB = 900.0 / 2 / 15.0
 
 @dataclass(slots=True)
 class CostProfile:
-    """Per-instance cost parameters (seconds, or fractions of the hardware's peak)."""
+    """Per-NeuronCore cost parameters (seconds, or fractions of the hardware's peak).
+
+    The fields added after the first release have defaults, so profiles written by older
+    versions (`neuron-batch calibrate`) still load."""
 
     instance: str
     # Per-step costs that do not scale with the work: graph launch, host<->device
     # synchronization, sampling. Prefill and decode graphs differ, so two values.
     prefill_fixed_s: float
     decode_fixed_s: float
-    # Achieved fraction of peak HBM bandwidth for weight reads (large contiguous transfers).
+    # Achieved fraction of peak HBM bandwidth streaming weights.
     weight_bw_efficiency: float
-    # Achieved fraction of peak HBM bandwidth for KV-cache reads and writes (many small
-    # per-head, per-block transfers: markedly less efficient than weight streaming).
+    # Achieved fraction of peak HBM bandwidth reading and writing the KV cache.
     kv_bw_efficiency: float
-    # Achieved fraction of peak bf16 FLOP/s on matmuls and attention.
+    # Achieved fraction of peak bf16 FLOP/s on matmuls with many rows (prefill, big batches).
     compute_efficiency: float
-    # Latency of one all-reduce per stage; an all-reduce over tp cores takes ceil(log2 tp)
-    # stages and each layer does two (after attention, after the MLP).
+    # Latency of one stage of an all-reduce; one over tp cores takes ceil(log2 tp) stages and
+    # each layer does two (after attention, after the MLP).
     collective_latency_s: float
     # Compile time of one bucket graph per GB of weights (see compile_footprint).
     compile_s_per_graph_per_gb: float
     # Where the numbers come from (fit, derivation, or hand-set).
     source: str = ""
+    # Achieved fraction of peak bf16 FLOP/s on decode attention (one query row per head).
+    attention_efficiency: float = 0.002
+    # HBM-equivalent bytes one int8/fp8 weight costs per step, dequantization included:
+    # 1 = the storage size, 2 = as slow as bf16.
+    quantized_weight_bytes: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,7 +115,10 @@ class CostProfile:
         return cls(**data)
 
     def replace(self, **changes: Any) -> CostProfile:
-        return CostProfile.from_dict(self.to_dict() | changes)
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise ValueError(f"unknown cost-profile fields {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)
 
 
 def save_profile(profile: CostProfile, path: str | Path) -> Path:
@@ -120,7 +144,7 @@ class StepCostModel:
     """Seconds per scheduler step for one (profile, instance, model, TP, dtype) setting.
 
     Everything that does not depend on the step's shape is folded into a few constants here,
-    so `prefill_time` / `decode_time` cost well under a microsecond of arithmetic.
+    so `prefill_time` / `decode_time` cost about a microsecond of arithmetic.
     """
 
     def __init__(self, profile: CostProfile, instance: str | Instance,
@@ -138,22 +162,29 @@ class StepCostModel:
         bw_weights = inst.hbm_bytes_s_per_core * p.weight_bw_efficiency
         bw_kv = inst.hbm_bytes_s_per_core * p.kv_bw_efficiency
         flops = inst.flops_per_core * p.compute_efficiency
-        decoder, head = arch.decoder_linear_params, arch.lm_head_params
+        attn_flops = inst.flops_per_core * p.attention_efficiency
+        decoder, head = arch.decoder_params_per_core(tp), arch.lm_head_params / tp
+        layers = arch.num_layers
 
         # Weights each core streams per step: its shard of the decoder matmuls and lm_head.
-        self.weight_read_bytes = (decoder * dtype_bytes(weight_dtype) + head * 2) / tp
+        per_weight = (p.quantized_weight_bytes if weight_dtype in QUANTIZED_DTYPES
+                      else dtype_bytes(weight_dtype))
+        self.weight_read_bytes = decoder * per_weight + head * 2
         self._weights_s = self.weight_read_bytes / bw_weights
-        self.kv_bytes_per_token_core = (2 * arch.num_layers * arch.kv_heads_per_core(tp)
+        self.kv_bytes_per_token_core = (2 * layers * arch.kv_heads_per_core(tp)
                                         * arch.head_dim * dtype_bytes(kv_dtype))
         self._kv_s_per_token = self.kv_bytes_per_token_core / bw_kv
         # Matmul FLOPs: 2 per parameter per token. Decode runs lm_head for every sequence;
         # prefill only for each sequence's last token.
-        self._decode_s_per_seq = 2 * (decoder + head) / tp / flops
-        self._prefill_s_per_token = 2 * decoder / tp / flops
-        self._prefill_head_s_per_seq = 2 * head / tp / flops
-        self._attn_s = 4 * arch.num_layers * arch.q_heads_per_core(tp) * arch.head_dim / flops
+        self._decode_s_per_seq = 2 * (decoder + head) / flops
+        self._prefill_s_per_token = 2 * decoder / flops
+        self._prefill_head_s_per_seq = 2 * head / flops
+        # Attention FLOPs per query per key: QK^T and AV over the core's (padded) q heads.
+        per_key = 4 * layers * arch.q_heads_per_core(tp) * arch.head_dim
+        self._attn_s = per_key / flops
+        self._decode_attn_s = per_key / attn_flops
         # Collectives: two all-reduces per layer of n tokens * hidden activations.
-        num_allreduce = 2 * arch.num_layers if tp > 1 else 0
+        num_allreduce = 2 * layers if tp > 1 else 0
         stages = math.ceil(math.log2(tp)) if tp > 1 else 0
         self._collective_fixed_s = num_allreduce * p.collective_latency_s * stages
         ring_bytes_per_token = 2 * (tp - 1) / tp * arch.hidden_size * ACTIVATION_BYTES
@@ -166,7 +197,8 @@ class StepCostModel:
         """One decode step of `padded_seqs` sequences (the batch bucket) that together hold
         `context_tokens` KV tokens."""
         memory = self._weights_s + self._kv_s_per_token * context_tokens
-        compute = self._decode_s_per_seq * padded_seqs + self._attn_s * context_tokens
+        compute = (self._decode_s_per_seq * padded_seqs
+                   + self._decode_attn_s * context_tokens)
         return (self._decode_base + self._collective_s_per_token * padded_seqs
                 + (memory if memory > compute else compute))
 
@@ -194,7 +226,8 @@ class StepCostModel:
         return 0.0
 
     def breakdown(self, kind: str, padded: int, context_tokens: int) -> dict[str, float]:
-        """The terms of one step's time (seconds), for reports and debugging."""
+        """The terms of one step's time (seconds), for reports and debugging: `memory` and
+        `compute` overlap (the larger counts), the others add."""
         if kind == "prefill":
             memory = self._weights_s + self._kv_s_per_token * (context_tokens + padded)
             compute = (self._prefill_s_per_token * padded + self._prefill_head_s_per_seq
@@ -202,7 +235,7 @@ class StepCostModel:
             fixed = self.profile.prefill_fixed_s
         else:
             memory = self._weights_s + self._kv_s_per_token * context_tokens
-            compute = self._decode_s_per_seq * padded + self._attn_s * context_tokens
+            compute = self._decode_s_per_seq * padded + self._decode_attn_s * context_tokens
             fixed = self.profile.decode_fixed_s
         collectives = self._collective_fixed_s + self._collective_s_per_token * padded
         return {"fixed": fixed, "collectives": collectives, "memory": memory,

