@@ -106,7 +106,8 @@ def _least_squares(residuals: Callable[[CostProfile], list[float]], base: CostPr
     for overrides in STARTS:
         start = base.replace(**{k: v for k, v in overrides.items() if k in names})
         x0 = [fit.encode(n, getattr(start, n)) for n in names]
-        x, cost = fit.least_squares(lambda x: residuals(_with(start, names, x, tie_kv)), x0)
+        x, cost = fit.least_squares(
+            lambda x, start=start: residuals(_with(start, names, x, tie_kv)), x0)
         if best is None or cost < best[1] * (1 - TIE_TOLERANCE):
             best = (_with(start, names, x, tie_kv), cost)
     return best[0]
