@@ -7,6 +7,7 @@ imported only inside commands, so `--help` is instant.
 """
 
 from neuron_batch.cli import bench, run, tools  # noqa: F401  (registers the commands)
+from neuron_batch.cli import doctor  # noqa: F401  (registers `doctor`)
 from neuron_batch.cli.group import main
 
 __all__ = ["main"]
