@@ -101,9 +101,15 @@ build_venv() {  # build_venv VERSION DIR LOG
       -r "$dir/matrix-requirements.txt" &&
     "$dir/bin/python" "${TOOLS[@]}" requirements-installed-nodeps > "$dir/matrix-nodeps.txt" &&
     step "$(tr '\n' ' ' < "$dir/matrix-nodeps.txt")(no dependencies)" &&
-    { [ ! -s "$dir/matrix-nodeps.txt" ] ||
+    { [ ! -s "$dir/matrix-nodeps.txt" ] || {
       quiet "${pip[@]}" install --no-compile --no-deps -c "$dir/matrix-constraints.txt" \
-        -r "$dir/matrix-nodeps.txt"; } &&
+        -r "$dir/matrix-nodeps.txt" &&
+      # shellcheck disable=SC2046
+      "$dir/bin/python" "${TOOLS[@]}" requirements-of \
+        $(sed 's/[=<>!~;[ ].*//' "$dir/matrix-nodeps.txt") > "$dir/matrix-nodeps-reqs.txt" &&
+      step "their requirements: $(tr '\n' ' ' < "$dir/matrix-nodeps-reqs.txt")" &&
+      quiet "${pip[@]}" install --no-compile -c "$dir/matrix-constraints.txt" \
+        -r "$dir/matrix-nodeps-reqs.txt"; }; } &&
     step "neuron-batch (editable, no dependencies)" &&
     quiet "${pip[@]}" install --no-deps -e "$ROOT" &&
     "$dir/bin/python" "${TOOLS[@]}" stamp "$version" > "$dir/matrix-stamp" &&

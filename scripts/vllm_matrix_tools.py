@@ -7,6 +7,7 @@
                               packages and optional extras, one a line
   requirements-installed      the same for the vllm installed in this interpreter, less NO_DEPS
   requirements-installed-nodeps   its NO_DEPS ones (installed with --no-deps)
+  requirements-of NAME...     the filtered requirements of installed distributions
   constraints VERSION         pins that keep pip from replacing the local CPU torch, and the
                               per-release pins an old vLLM needs
   record RESULT_JSON VERSION SCOPE STATUS SECONDS DETAIL
@@ -36,7 +37,7 @@ from neuron_batch.versions import (  # noqa: E402
 )
 
 #: Bump when the way a matrix venv is built changes: every venv is rebuilt once.
-RECIPE = 2
+RECIPE = 3
 
 #: The torch every matrix venv uses: the CPU wheel on this machine's disk.
 TORCH = "torch==2.13.0"
@@ -45,13 +46,16 @@ TORCH = "torch==2.13.0"
 #: CUDA kernels and the distributed runtime, none of which the scheduler path imports.
 SKIP_EXACT = {
     "torch", "torchaudio", "torchvision", "xformers", "triton", "pytorch-triton",
-    "tilelang", "apache-tvm-ffi", "quack-kernels", "tokenspeed-mla", "humming-kernels",
+    "tilelang", "quack-kernels", "tokenspeed-mla", "humming-kernels",
     "fastsafetensors", "deep-gemm", "deep-ep", "cupy", "ray", "petit-kernel",
 }
 SKIP_PREFIXES = ("nvidia-", "flashinfer", "cupy-", "cuda-", "triton-")
+#: Left out of vLLM's own list only: 0.24 pins apache-tvm-ffi==0.1.9 for its CUDA kernel
+#: packages, while the xgrammar it also requires needs >=0.1.11 (xgrammar's requirement brings it).
+SKIP_FROM_VLLM = {"apache-tvm-ffi"}
 
-#: Installed without their own dependencies: xgrammar requires triton (1 GB installed, a GPU
-#: compiler) for its CUDA kernels; everything else it needs is among vLLM's requirements.
+#: Installed with --no-deps, then their own requirements through the same filter: xgrammar
+#: requires triton (1 GB installed, a GPU compiler) for its CUDA kernels only.
 NO_DEPS = {"xgrammar"}
 
 #: Extra pins per release, where the latest of a dependency no longer works with it.
@@ -86,7 +90,8 @@ def _requirement_class():
     return Requirement
 
 
-def wheel_requirements(metadata: str, *, no_deps: bool | None = None) -> list[str]:
+def wheel_requirements(metadata: str, *, no_deps: bool | None = None,
+                       skip: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """Requires-Dist lines of a METADATA text that apply here, without extras' and skipped
     packages, markers dropped (evaluated for this interpreter). `no_deps` True: only those to
     install without their dependencies (NO_DEPS); False: all the others; None: both."""
@@ -101,7 +106,7 @@ def wheel_requirements(metadata: str, *, no_deps: bool | None = None) -> list[st
                 continue
             if not req.marker.evaluate():
                 continue
-        if skipped(req.name):
+        if skipped(req.name) or _normalise(req.name) in skip:
             continue
         if no_deps is not None and (_normalise(req.name) in NO_DEPS) != no_deps:
             continue
@@ -204,9 +209,16 @@ def main(argv: list[str]) -> int:
     elif command == "requirements":
         print("\n".join(wheel_requirements(read_wheel_metadata(args[0]))))
     elif command == "requirements-installed":
-        print("\n".join(wheel_requirements(installed_metadata("vllm"), no_deps=False)))
+        print("\n".join(wheel_requirements(installed_metadata("vllm"), no_deps=False,
+                                            skip=SKIP_FROM_VLLM)))
     elif command == "requirements-installed-nodeps":
-        print("\n".join(wheel_requirements(installed_metadata("vllm"), no_deps=True)))
+        print("\n".join(wheel_requirements(installed_metadata("vllm"), no_deps=True,
+                                            skip=SKIP_FROM_VLLM)))
+    elif command == "requirements-of":
+        lines: list[str] = []
+        for name in args:
+            lines += wheel_requirements(installed_metadata(name))
+        print("\n".join(dict.fromkeys(lines)))
     elif command == "constraints":
         print("\n".join(constraints(args[0])))
     elif command == "test-tools":

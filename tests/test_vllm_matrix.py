@@ -111,18 +111,25 @@ Requires-Dist: numba==0.60.0; python_version == "3.9"
 Requires-Dist: numba==0.61.2; python_version > "3.9"
 Requires-Dist: pandas; extra == "bench"
 Requires-Dist: xgrammar==0.1.25; platform_machine == "x86_64"
+Requires-Dist: apache-tvm-ffi==0.1.9
 """
 
 
 def test_requirements_keep_the_pure_python_ones_for_this_interpreter():
-    assert tools.wheel_requirements(METADATA, no_deps=False) == [
+    assert tools.wheel_requirements(METADATA, no_deps=False, skip=tools.SKIP_FROM_VLLM) == [
         "regex", "transformers>=4.55.2", "mistral_common[audio,image]>=1.8.2", "numba==0.61.2"]
+    # vLLM 0.24's pin of it is for CUDA kernels; xgrammar's own requirement brings it
+    assert "apache-tvm-ffi==0.1.9" in tools.wheel_requirements(METADATA, no_deps=False)
 
 
 def test_xgrammar_comes_without_its_gpu_compiler():
     """xgrammar requires triton (1 GB) for CUDA kernels: it is installed with --no-deps."""
     assert tools.wheel_requirements(METADATA, no_deps=True) == ["xgrammar==0.1.25"]
-    assert len(tools.wheel_requirements(METADATA)) == 5
+    assert len(tools.wheel_requirements(METADATA)) == 6
+    xgrammar = ('Requires-Dist: apache-tvm-ffi>=0.1.11\nRequires-Dist: torch>=1.10.0\n'
+                'Requires-Dist: triton; platform_system == "Linux" and platform_machine == '
+                '"x86_64"\nRequires-Dist: pytest; extra == "test"\n')
+    assert tools.wheel_requirements(xgrammar) == ["apache-tvm-ffi>=0.1.11"]
 
 
 def test_old_releases_get_their_pins_and_everyone_the_local_torch():
