@@ -1,4 +1,7 @@
-"""The tested-versions list and version comparison (pure, no vLLM)."""
+"""The tested-versions list and version comparison (pure, no vLLM), and the README's table."""
+
+import re
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +17,8 @@ from neuron_batch.versions import (
 
 all_tested = versions.tested_versions  # (pytest would collect a name starting with "test")
 release_entry = versions.tested_release
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -68,3 +73,12 @@ def test_plugin_missing_message_only_without_the_plugin(monkeypatch):
     monkeypatch.setattr(versions, "neuron_plugin",
                         lambda: {"version": "0.24.0.1", "entry_point": "vllm_neuron:register"})
     assert versions.neuron_plugin_missing_message() is None
+
+
+def test_readme_table_lists_exactly_the_tested_releases():
+    """The README's table is written by `scripts/vllm_matrix.sh --update-readme` from a passing
+    matrix; a release added to TESTED_VLLM without running the matrix fails here."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    begin, end = text.index("<!-- vllm-matrix:begin"), text.index("<!-- vllm-matrix:end -->")
+    rows = re.findall(r"^\| (\d+\.\d+\.\d+) \|", text[begin:end], flags=re.M)
+    assert rows == [r.version for r in TESTED_VLLM]
