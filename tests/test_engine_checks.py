@@ -51,6 +51,23 @@ def test_the_engine_warns_at_start_up(monkeypatch, fresh_warnings, capsys):
     assert err.count("warning: vLLM 0.99.0 is not a release neuron-batch is tested on") == 1
 
 
+def test_under_quiet_the_warning_goes_where_engine_log_collects_it(monkeypatch, fresh_warnings,
+                                                                   capsys):
+    """--quiet prints nothing on success: the warning becomes a Python warning, which the
+    run's engine.log collects (engine_log.py)."""
+    vllm = pytest.importorskip("vllm")
+    monkeypatch.setattr(engine, "installed_vllm_version", lambda: "0.99.0")
+
+    class FakeLLM:
+        def __init__(self, **kwargs):
+            self.llm_engine = None
+
+    monkeypatch.setattr(vllm, "LLM", FakeLLM)
+    with pytest.warns(engine.UntestedVllmWarning, match="0.99.0 is not a release"):
+        engine.Engine({"model": "x"}, quiet=True)
+    assert "0.99.0" not in capsys.readouterr().err
+
+
 # -- --device neuron -----------------------------------------------------------------------
 def neuron_kwargs(tmp_path, **settings):
     run = RunSettings(inputs=("x.jsonl",), max_num_seqs=8, max_num_batched_tokens=1024,

@@ -52,6 +52,14 @@ def _to_stderr(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
+class UntestedVllmWarning(UserWarning):
+    """The installed vLLM is not a release neuron-batch is tested on."""
+
+
+def _as_warning(message: str) -> None:
+    warnings.warn(message, UntestedVllmWarning, stacklevel=3)
+
+
 def check_device_available(device: str) -> None:
     """SettingsError, before anything loads, when the device cannot work on this host
     (`--device neuron` without AWS's Neuron plugin)."""
@@ -149,11 +157,13 @@ def _has_no_weights(model_path: str) -> bool:
 class Engine:
     """A vLLM engine fed request by request, yielding requests as they finish."""
 
-    def __init__(self, kwargs: dict[str, Any], *, verbose: bool = False):
+    def __init__(self, kwargs: dict[str, Any], *, verbose: bool = False, quiet: bool = False):
         # The engine core runs in this process: the scheduler's records, signals and the
         # simulated device's clock all stay in one place.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        warn_if_untested_vllm()
+        # An untested vLLM: said on the terminal; under --quiet (nothing printed on success) as
+        # a Python warning, which the run's engine.log collects.
+        warn_if_untested_vllm(_as_warning if quiet else None)
         if not verbose:
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
             warnings.filterwarnings("ignore", category=FutureWarning)
