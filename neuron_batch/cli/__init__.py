@@ -6,7 +6,12 @@ buckets); `options.py` holds the option bundles they share. vLLM, torch and tran
 imported only inside commands, so `--help` is instant.
 """
 
-from neuron_batch.cli import bench, run, tools  # noqa: F401  (registers the commands)
+from neuron_batch.cli import (  # noqa: F401  (registers the commands)
+    bench,
+    doctor,
+    run,
+    tools,
+)
 from neuron_batch.cli.group import main
 
 __all__ = ["main"]

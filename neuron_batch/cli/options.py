@@ -100,8 +100,13 @@ def settings_from_options(inputs, max_num_seqs: int, options: dict) -> RunSettin
                                                       "--prefill-buckets")
     options["decode_buckets"] = parse_buckets_option(options.get("decode_buckets"),
                                                      "--decode-buckets")
-    return RunSettings(inputs=tuple(inputs) or (str(BUILTIN_PROMPTS),),
-                       max_num_seqs=max_num_seqs, sim=sim, **options).validate()
+    settings = RunSettings(inputs=tuple(inputs) or (str(BUILTIN_PROMPTS),),
+                           max_num_seqs=max_num_seqs, sim=sim, **options).validate()
+    # Before any input, model or vLLM loads: say now if the device cannot work here.
+    from neuron_batch.run.engine import check_device_available
+
+    check_device_available(settings.device)
+    return settings
 
 
 def int_list(text: str, option: str) -> list[int]:

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 from vllm.v1.executor.abstract import Executor
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig
+from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
 from neuron_batch.device import virtual_clock
@@ -56,6 +56,7 @@ from neuron_batch.device.target import (
     SimTarget,
     checked_kv_capacity,
 )
+from neuron_batch.scheduler.compat import full_attention_spec, model_runner_output
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +98,8 @@ class NeuronSimExecutor(Executor):
         self.num_blocks = self.kv["num_blocks"]
         # KV spec per decoder layer: the TP group's KV heads (replicated when TP > heads).
         group_kv_heads = self.tp * self.arch.kv_heads_per_core(self.tp)
-        spec = FullAttentionSpec(block_size=self.block_size, num_kv_heads=group_kv_heads,
-                                 head_size=self.arch.head_dim, dtype=torch.bfloat16)
+        spec = full_attention_spec(block_size=self.block_size, num_kv_heads=group_kv_heads,
+                                   head_size=self.arch.head_dim, dtype=torch.bfloat16)
         self._kv_specs = {f"model.layers.{i}.self_attn.attn": spec
                           for i in range(self.arch.num_layers)}
         self._block_bytes = spec.page_size_bytes * self.arch.num_layers
@@ -166,7 +167,7 @@ class NeuronSimExecutor(Executor):
             req_ids = list(num_scheduled)
             context = sum(cached.num_computed_tokens)
             self.clock.now += self._decode_time(seqs_padded, context)
-            return ModelRunnerOutput(
+            return model_runner_output(
                 req_ids=req_ids, req_id_to_index=dict(zip(req_ids, range(len(req_ids)))),
                 sampled_token_ids=[[token] for _ in req_ids])
 
@@ -205,9 +206,9 @@ class NeuronSimExecutor(Executor):
         if decode_seqs:
             seconds += self._decode_time(seqs_padded or decode_seqs, decode_context)
         self.clock.now += seconds
-        return ModelRunnerOutput(req_ids=req_ids,
-                                 req_id_to_index=dict(zip(req_ids, range(len(req_ids)))),
-                                 sampled_token_ids=sampled)
+        return model_runner_output(req_ids=req_ids,
+                                   req_id_to_index=dict(zip(req_ids, range(len(req_ids)))),
+                                   sampled_token_ids=sampled)
 
     # -- the rest of the executor interface ----------------------------------------------------
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None, non_block=False):

@@ -9,19 +9,64 @@ for `sim`).
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuron_batch.config import RunSettings
+from neuron_batch.config import RunSettings, SettingsError
+from neuron_batch.versions import (
+    installed_vllm_version,
+    neuron_plugin_missing_message,
+    untested_warning,
+)
 
 if TYPE_CHECKING:
     from neuron_batch.device.target import SimTarget
 
 SCHEDULER_CLS = "neuron_batch.scheduler.NeuronScheduler"
 CPU_KV_CACHE_BYTES = 2 << 30
+#: The AWS Neuron plugin's KV block size: what its model runner expects when the scheduler is
+#: ours rather than the one its platform would choose.
+NEURON_BLOCK_SIZE = 32
+
+_warned_versions: set[str] = set()
+
+
+def warn_if_untested_vllm(emit=None) -> str | None:
+    """Warn once per process (per version) when the installed vLLM is not a tested release
+    (`neuron_batch.versions.TESTED_VLLM`); the message names the tested ones. Reads package
+    metadata only. Returns the message when it warned."""
+    version = installed_vllm_version()
+    message = untested_warning(version)
+    if message is None or version in _warned_versions:
+        return None
+    _warned_versions.add(version)
+    (emit or _to_stderr)(message)
+    return message
+
+
+def _to_stderr(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+class UntestedVllmWarning(UserWarning):
+    """The installed vLLM is not a release neuron-batch is tested on."""
+
+
+def _as_warning(message: str) -> None:
+    warnings.warn(message, UntestedVllmWarning, stacklevel=3)
+
+
+def check_device_available(device: str) -> None:
+    """SettingsError, before anything loads, when the device cannot work on this host
+    (`--device neuron` without AWS's Neuron plugin)."""
+    if device == "neuron":
+        message = neuron_plugin_missing_message()
+        if message is not None:
+            raise SettingsError(message)
 
 
 @dataclass
@@ -70,6 +115,12 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
         kwargs.update(sim_kwargs)
         kwargs["skip_tokenizer_init"] = True
     else:
+        if device == "neuron":
+            # The plugin's platform keeps an explicitly given scheduler_cls, so ours runs; give
+            # its model runner what it would have set up itself: its block size and the bucket
+            # lists (all of them, so it compiles exactly the graphs our scheduler pads to).
+            check_device_available(device)
+            kwargs["block_size"] = NEURON_BLOCK_SIZE
         if device == "cpu":
             kwargs.update(enforce_eager=True, dtype="float32")
             if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
@@ -85,7 +136,12 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
             kwargs["load_format"] = "dummy"
     if settings.block_size is not None:
         kwargs["block_size"] = settings.block_size
-    kwargs["additional_config"] = {"neuron_config": settings.neuron_config(),
+    neuron_config = settings.neuron_config()
+    if device == "neuron":
+        prefill, decode = settings.buckets()
+        neuron_config = {**neuron_config, "num_batched_tokens_buckets": list(prefill),
+                         "num_seqs_buckets": list(decode)}
+    kwargs["additional_config"] = {"neuron_config": neuron_config,
                                    "neuron_batch": neuron_batch}
     return kwargs
 
@@ -101,10 +157,13 @@ def _has_no_weights(model_path: str) -> bool:
 class Engine:
     """A vLLM engine fed request by request, yielding requests as they finish."""
 
-    def __init__(self, kwargs: dict[str, Any], *, verbose: bool = False):
+    def __init__(self, kwargs: dict[str, Any], *, verbose: bool = False, quiet: bool = False):
         # The engine core runs in this process: the scheduler's records, signals and the
         # simulated device's clock all stay in one place.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # An untested vLLM: said on the terminal; under --quiet (nothing printed on success) as
+        # a Python warning, which the run's engine.log collects.
+        warn_if_untested_vllm(_as_warning if quiet else None)
         if not verbose:
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
             warnings.filterwarnings("ignore", category=FutureWarning)

@@ -79,7 +79,7 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
     started = time.time()
     log("loading the model into vLLM" if not simulated else "starting the simulated device")
     try:
-        engine = Engine(kwargs)
+        engine = Engine(kwargs, quiet=settings.quiet)
     except ValueError as error:  # vLLM's own configuration checks (KV cache too small, ...)
         raise RunError(f"vLLM refused the configuration: {error}") from None
     detokenize = model.has_tokenizer and not simulated

@@ -268,6 +268,22 @@ def _remove_leftovers(cache_dir: Path) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
+def builtin_model_state(cache_dir: Path | None = None) -> dict:
+    """Where the built-in model stands, without preparing it (for `neuron-batch doctor`):
+    `state` is "prepared", "not prepared" (the first run converts it) or "unavailable" (its
+    package is missing: only --model runs can start)."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = cache_dir / BUILTIN_DIRNAME
+    try:
+        gguf = find_builtin_gguf()
+    except ModelError as error:
+        return {"state": "unavailable", "path": str(target), "detail": str(error)}
+    if _is_valid(target, _source_stamp(gguf)):
+        return {"state": "prepared", "path": str(target), "detail": None}
+    return {"state": "not prepared", "path": str(target),
+            "detail": "the first run converts it (about 30 s, about 600 MB)"}
+
+
 def prepare_builtin(cache_dir: Path | None = None,
                     progress: Progress | None = None) -> ModelInfo:
     """The built-in SmolLM2-135M-Instruct as a directory vLLM loads, converted on first use."""

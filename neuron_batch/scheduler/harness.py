@@ -19,15 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import CacheConfig
 from vllm.sampling_params import SamplingParams
-from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
+
+from neuron_batch.scheduler import compat
 
 #: A small llama-shaped architecture: only its shape matters to the scheduler.
 TINY_LLAMA_CONFIG = {
@@ -58,11 +58,6 @@ def tiny_model_dir() -> str:
     return str(path)
 
 
-@cache
-def _block_hasher_setup() -> None:
-    init_none_hash(get_hash_fn_by_name("sha256"))
-
-
 def make_scheduler(
     scheduler_cls: type,
     *,
@@ -77,10 +72,10 @@ def make_scheduler(
     async_scheduling: bool = False,
 ):
     """A scheduler of `scheduler_cls` over a KV cache of `num_blocks` blocks."""
-    model_config = ModelConfig(
+    model_config = compat.model_config(
         model=tiny_model_dir(), skip_tokenizer_init=True, max_model_len=max_model_len,
         dtype="float32", seed=0)
-    scheduler_config = SchedulerConfig(
+    scheduler_config = compat.scheduler_config(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len, enable_chunked_prefill=True,
         is_encoder_decoder=False, async_scheduling=async_scheduling)
@@ -90,17 +85,18 @@ def make_scheduler(
         additional["neuron_config"] = neuron_config
     if neuron_batch_config is not None:
         additional["neuron_batch"] = neuron_batch_config
-    vllm_config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config,
-                             cache_config=cache_config, additional_config=additional)
+    vllm_config = compat.cpu_vllm_config(model_config=model_config,
+                                         scheduler_config=scheduler_config,
+                                         cache_config=cache_config, additional_config=additional)
     vllm_config.cache_config.num_gpu_blocks = num_blocks
     kv_cache_config = KVCacheConfig(
         num_blocks=num_blocks, kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], compat.full_attention_spec(
             block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32))])
     return scheduler_cls(
         vllm_config=vllm_config, kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=block_size, log_stats=False)
+        log_stats=False, **compat.scheduler_init_kwargs(block_size))
 
 
 _request_ids = itertools.count()
@@ -110,7 +106,6 @@ def make_request(prompt_len: int, max_tokens: int, *, req_id: str | None = None,
                  prompt_token_ids: Sequence[int] | None = None, block_size: int = 32,
                  ignore_eos: bool = True) -> Request:
     """A request of `prompt_len` tokens that generates up to `max_tokens` tokens."""
-    _block_hasher_setup()
     if prompt_token_ids is None:
         # Distinct ids per request so prefix caching only hits where a test wants it.
         base = next(_request_ids) * 7919
@@ -118,10 +113,9 @@ def make_request(prompt_len: int, max_tokens: int, *, req_id: str | None = None,
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
     if not ignore_eos:
         params.update_from_generation_config({}, EOS_TOKEN_ID)
-    return Request(
-        request_id=req_id if req_id is not None else f"req-{next(_request_ids)}",
-        prompt_token_ids=list(prompt_token_ids), sampling_params=params, pooling_params=None,
-        block_hasher=get_request_block_hasher(block_size, get_hash_fn_by_name("sha256")))
+    return compat.make_request(
+        req_id if req_id is not None else f"req-{next(_request_ids)}",
+        list(prompt_token_ids), params, EOS_TOKEN_ID, block_size)
 
 
 def fake_model_output(scheduler_output: SchedulerOutput, requests: dict[str, Request],
@@ -137,9 +131,9 @@ def fake_model_output(scheduler_output: SchedulerOutput, requests: dict[str, Req
         # (num_prompt_tokens, not num_tokens: under async scheduling num_tokens lags behind
         # the placeholders already counted in num_computed_tokens.)
         sampled.append([token_id] if done >= request.num_prompt_tokens else [])
-    return ModelRunnerOutput(req_ids=req_ids,
-                             req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                             sampled_token_ids=sampled)
+    return compat.model_runner_output(req_ids=req_ids,
+                                      req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                      sampled_token_ids=sampled)
 
 
 def _computed_before(scheduler_output: SchedulerOutput) -> dict[str, int]:

