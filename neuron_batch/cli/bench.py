@@ -11,6 +11,7 @@ import click
 from neuron_batch.cli.group import main
 from neuron_batch.cli.options import (
     EXIT_CODES_HELP,
+    cost_options,
     engine_options,
     int_list,
     load_config_option,
@@ -24,6 +25,7 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError, parse_buckets
 @click.option("--config", type=click.Path(dir_okay=False), callback=load_config_option,
               is_eager=True, expose_value=False, help="A TOML job file (as for `run`).")
 @engine_options
+@cost_options
 @click.option("--sweep-buckets", is_flag=True,
               help="Run the workload under many bucket configurations and rank them.")
 @click.option("--prefill-buckets-set", multiple=True, metavar="N,N,...",

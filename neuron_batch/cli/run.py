@@ -10,6 +10,7 @@ import click
 from neuron_batch.cli.group import main
 from neuron_batch.cli.options import (
     EXIT_CODES_HELP,
+    cost_options,
     engine_options,
     int_list,
     load_config_option,
@@ -25,6 +26,7 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError
               help="A TOML job file whose keys are these options' names (a [sim] table for "
                    "the sim ones). Command-line options override it.")
 @engine_options
+@cost_options
 @click.option("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, show_default=True,
               help="Output tokens per request where the input gives none.")
 @click.option("--temperature", type=float, default=0.0, show_default=True,
