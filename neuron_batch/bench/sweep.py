@@ -140,7 +140,7 @@ def run_candidate(settings: RunSettings) -> dict[str, Any]:
     """Run one configuration (in this process or a worker); never raises."""
     started = time.monotonic()
     out_dir = Path(settings.output)
-    finished = _finished_report(out_dir)
+    finished = finished_report(out_dir)
     if finished is not None:
         return {"status": "done", "error": None, "report": finished, "wall_s": 0.0,
                 "reused": True}
@@ -163,7 +163,8 @@ def run_candidate(settings: RunSettings) -> dict[str, Any]:
                 "wall_s": round(time.monotonic() - started, 3), "reused": False}
 
 
-def _finished_report(out_dir: Path) -> dict | None:
+def finished_report(out_dir: Path) -> dict | None:
+    """The report of a finished run in `out_dir` (every request done), else None."""
     try:
         report = json.loads((out_dir / REPORT).read_text(encoding="utf-8"))
     except (FileNotFoundError, json.JSONDecodeError):

@@ -116,7 +116,8 @@ def settings_from_options(inputs, max_num_seqs: int, options: dict) -> RunSettin
     sim = SimOptions(**{name: options.pop(name) for name in SIM_OPTIONS})
     cost = CostOptions(pricing=options.pop("pricing", CostOptions.pricing),
                        price_per_hour=options.pop("price_per_hour", None),
-                       instance=sim.instance if _given("instance") else None)
+                       instance=(sim.instance if _given("instance")
+                                 and options.get("device") != "sim" else None))
     options["prefill_buckets"] = parse_buckets_option(options.get("prefill_buckets"),
                                                       "--prefill-buckets")
     options["decode_buckets"] = parse_buckets_option(options.get("decode_buckets"),

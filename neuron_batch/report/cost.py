@@ -94,7 +94,7 @@ def usd(hours: float, price: Price | float, num_instances: int = 1) -> float:
     return hours * per_hour * num_instances
 
 
-def per_million(amount_usd: float, tokens: int | float) -> float | None:
+def per_million(amount_usd: float, tokens: float) -> float | None:
     """USD per million tokens; None when no token was produced."""
     return amount_usd / tokens * 1e6 if tokens else None
 
