@@ -205,8 +205,10 @@ def _announce(job: PlanJob, options: list[Option], excluded: list[str]) -> None:
         f"{','.join(map(str, spec.seqs_values))}: {len(options)} options"
         + (f", {len(skipped)} of them skipped (same schedule as a smaller max_num_seqs)"
            if skipped else ""))
-    for reason in excluded:
-        log(f"  not a candidate: {reason}")
+    if excluded:
+        names = [reason.split(":", 1)[0] for reason in excluded]
+        log(f"  left out ({len(excluded)}; reasons in plan.json): {', '.join(names)}; e.g. "
+            f"{excluded[0]}")
     log(f"deadline {job.deadline.text} = {format_hours(job.deadline.hours)}"
         f"{' (' + job.deadline.at + ')' if job.deadline.at else ''}; KV admission: "
         f"{job.spec.kv_reserve}; compile time {'not counted (--compiled)' if spec.compiled else 'counted'}")
