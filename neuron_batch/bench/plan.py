@@ -209,9 +209,10 @@ def _announce(job: PlanJob, options: list[Option], excluded: list[str]) -> None:
         names = [reason.split(":", 1)[0] for reason in excluded]
         log(f"  left out ({len(excluded)}; reasons in plan.json): {', '.join(names)}; e.g. "
             f"{excluded[0]}")
-    log(f"deadline {job.deadline.text} = {format_hours(job.deadline.hours)}"
-        f"{' (' + job.deadline.at + ')' if job.deadline.at else ''}; KV admission: "
-        f"{job.spec.kv_reserve}; compile time {'not counted (--compiled)' if spec.compiled else 'counted'}")
+    at = f" ({job.deadline.at})" if job.deadline.at else ""
+    compile_ = "not counted (--compiled)" if spec.compiled else "counted"
+    log(f"deadline {job.deadline.text} = {format_hours(job.deadline.hours)}{at}; KV admission: "
+        f"{job.spec.kv_reserve}; compile time {compile_}")
     expected = dry_run(options, job.deadline.hours, slack=ESTIMATE_SLACK)
     everything = {o.sim_key: o for o in options if not o.skip_reason}
     log(f"estimate: about {len(expected)} simulations "

@@ -1,6 +1,6 @@
 """The plan's figure: cost against completion time, one point per simulated option (coloured by
 instance type), the lower bounds of pruned options as grey crosses, the deadline as a vertical
-line and the recommendation ringed. Built on the Agg canvas like plots.py, never via pyplot.
+line and the recommendation ringed. Built on the Agg canvas (figure.py), never via pyplot.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.bench.deadline import format_hours
-from neuron_batch.bench.plots import DPI, _figure, _save
+from neuron_batch.bench.figure import new_figure, save_figure
 
 _COLOURS = ("#3b75af", "#ef8636", "#2a9d5c", "#c0392b", "#7b3fa0", "#8c564b", "#d68910")
 
@@ -19,7 +19,7 @@ def write_plot(data: dict[str, Any], path: str | Path) -> Path:
     rows = data["options"]
     pruned = [r for r in data.get("not_simulated", []) if r.get("status") == "pruned"]
     deadline = data["meta"]["deadline"]["hours"]
-    figure = _figure(9, 5.5)
+    figure = new_figure(9, 5.5)
     ax = figure.add_subplot()
     instances = sorted({r["instance"] for r in rows})
     colour = {name: _COLOURS[i % len(_COLOURS)] for i, name in enumerate(instances)}
@@ -49,5 +49,4 @@ def write_plot(data: dict[str, Any], path: str | Path) -> Path:
                  f"{data['meta']['architecture']}", fontsize=11, pad=18)
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="best")
-    figure.set_dpi(DPI)
-    return _save(figure, path)
+    return save_figure(figure, path)

@@ -1,9 +1,9 @@
 """The `neuron-batch` command line. Click lives here and only here: every command parses its
 options, calls the library, and turns library errors into messages and exit codes.
 
-One module per command family (`run.py`: run and report; `bench.py`; `plan.py`; `tools.py`: calibrate and
-buckets); `options.py` holds the option bundles they share. vLLM, torch and transformers are
-imported only inside commands, so `--help` is instant.
+One module per command family (`run.py`: run and report; `bench.py`; `plan.py`; `tools.py`:
+calibrate and buckets); `options.py` holds the option bundles they share. vLLM, torch and
+transformers are imported only inside commands, so `--help` is instant.
 """
 
 from neuron_batch.cli import bench, plan, run, tools  # noqa: F401  (registers the commands)
