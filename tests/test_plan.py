@@ -95,6 +95,8 @@ def test_plan_cli_writes_its_files_and_the_recommendation_reproduces(tmp_path):
         rows = list(csv.DictReader(handle))
     assert len(rows) == data["meta"]["num_options"] and rows[0]["name"] == best["name"]
     assert (out / "plan_cost_vs_time.png").stat().st_size > 10_000
+    shown = CliRunner().invoke(main, ["report", str(out)])
+    assert shown.exit_code == 0 and best["command"] in shown.output
 
     # the printed command for one replica's share gives the planned throughput (within 10%)
     assert best["command"] in result.output

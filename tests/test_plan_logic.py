@@ -105,6 +105,21 @@ def search_all(options, deadline_h, *, prune=True):
     return search, simulated
 
 
+def search_parallel(options, deadline_h, jobs, order):
+    """As a plan with `jobs` processes runs it: up to `jobs` simulations at once, finishing in
+    an order drawn by hypothesis."""
+    search = Search(options, deadline_h)
+    running, simulated = [], 0
+    while True:
+        while len(running) < jobs and (option := search.next()) is not None:
+            running.append(option)
+            simulated += 1
+        if not running:
+            return search, simulated
+        option = running.pop(order.draw(st.integers(0, len(running) - 1)))
+        search.done(option, {"replica_s": option.actual_s})
+
+
 option_values = st.tuples(st.floats(10, 50_000), st.floats(1.0, 3.0), st.sampled_from([0, 900]),
                           st.sampled_from([0.76, 1.97, 12.98]), st.integers(1, 4),
                           st.integers(0, 12))
@@ -117,6 +132,26 @@ def test_pruning_never_drops_the_option_an_unpruned_search_recommends(values, de
     full_search, full_runs = search_all(fake_options(values), deadline_h, prune=False)
     assert pruned_search.best == full_search.best
     assert pruned_runs <= full_runs
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(option_values, min_size=1, max_size=25), st.floats(0.05, 20),
+       st.integers(2, 4), st.data())
+def test_parallel_search_with_held_back_options_finds_the_same_best(values, deadline_h, jobs,
+                                                                    order):
+    parallel, _ = search_parallel(fake_options(values), deadline_h, jobs, order)
+    full_search, _ = search_all(fake_options(values), deadline_h, prune=False)
+    assert parallel.best == full_search.best
+
+
+def test_a_second_process_waits_rather_than_run_what_the_first_will_likely_prune():
+    cheap = dict(compile_s=0, price=1.0, n=1, skip_reason=None, result=None, pruned_by=None)
+    best = FakeOption(name="a", bound_s=3600, actual_s=3600, sim_key=1, **cheap)
+    dearer = FakeOption(name="b", bound_s=3800, actual_s=3800, sim_key=2, **cheap)
+    search = Search([best, dearer], deadline_h=2)
+    assert search.next() is best and search.next() is None    # b waits for a
+    search.done(best, {"replica_s": 3600})
+    assert search.next() is None and search.pruned == [dearer]
 
 
 def test_objective_prefers_meeting_the_deadline_then_cost():

@@ -5,8 +5,11 @@ the command lines that reproduce it. Pure Python apart from the plot (plan_plot,
 from __future__ import annotations
 
 import csv
+import json
+import textwrap
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from neuron_batch.bench.command_line import run_command
@@ -133,6 +136,11 @@ class PlanWriter:
         return text
 
 
+def rerender_plan(folder: Path) -> str:
+    """`neuron-batch report DIR` of a plan folder: its table and recommendation again."""
+    return format_plan(json.loads((folder / PLAN_JSON).read_text(encoding="utf-8")))
+
+
 def write_csv(data: dict[str, Any], path) -> None:
     rows = data["options"] + data["not_simulated"]
     with open(path, "w", encoding="utf-8", newline="") as handle:
@@ -169,13 +177,33 @@ def format_plan(data: dict[str, Any]) -> str:
         left = {1, 3, 5, 10}
 
         def line(cells):
-            return "  " + "  ".join(c.ljust(w) if i in left else c.rjust(w)
-                                    for i, (c, w) in enumerate(zip(cells, widths)))
+            return ("  " + "  ".join(c.ljust(w) if i in left else c.rjust(w)
+                                     for i, (c, w) in enumerate(zip(cells, widths)))).rstrip()
         lines += [line(_HEADERS), *(line(b) for b in body)]
         lines.append("  n = instances; replicas per instance x TP degree; S = max_num_seqs "
                      "(also the one decode bucket); hours include compile")
-    lines += ["", *recommendation_words(data)]
+    lines += _closest_not_simulated(data)
+    lines.append("")
+    for paragraph in recommendation_words(data):
+        # command lines stay whole (to copy); sentences wrap at 100 columns
+        lines += ([paragraph] if paragraph.startswith("  ") or not paragraph
+                  else textwrap.wrap(paragraph, 100))
     return "\n".join(lines) + "\n"
+
+
+def _closest_not_simulated(data: dict[str, Any], count: int = 5) -> list[str]:
+    """The pruned options that came nearest, with their lower bounds: what was ruled out."""
+    deadline_h = data["meta"]["deadline"]["hours"]
+    pruned = sorted((r for r in data["not_simulated"] if r["status"] == "pruned"),
+                    key=lambda r: (objective_key(r["hours_at_least"], r["usd_at_least"],
+                                                 deadline_h), r["name"]))
+    if not pruned:
+        return []
+    lines = [f"  closest of the {len(pruned)} pruned options (lower bounds, never simulated):"]
+    for r in pruned[:count]:
+        lines.append(f"    {r['name']}: at least {r['hours_at_least']:.2f} h and "
+                     f"${r['usd_at_least']:,.2f}")
+    return lines
 
 
 def recommendation_words(data: dict[str, Any]) -> list[str]:

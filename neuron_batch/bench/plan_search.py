@@ -17,6 +17,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+#: While simulations run, an option is started beside them only if it could beat what they
+#: would give were they to take this much longer than their bounds; otherwise its core waits
+#: for them (on a shared machine a simulation likely to be pruned is CPU taken from the one
+#: that matters). Only the order changes: what is finally pruned still depends on real figures.
+SPECULATION_SLACK = 1.05
 #: Relative slack on the bounds when comparing with a simulated figure: floating-point sums of
 #: the same step times in another order may differ in the last digits.
 BOUND_SLACK = 1e-9
@@ -49,6 +54,7 @@ class Search:
     def __init__(self, options: Iterable[Any], deadline_h: float, *, prune: bool = True):
         self.deadline_h = deadline_h
         self.prune = prune          # False: simulate everything (to check what pruning drops)
+        self.speculate = prune      # hold options back that the running ones would likely prune
         self.queue = sorted(
             (o for o in options if o.skip_reason is None),
             key=lambda o: (bound_key(o.hours_bound, o.usd_bound, deadline_h), o.name))
@@ -60,23 +66,38 @@ class Search:
 
     def next(self) -> Any | None:
         """The next option to simulate, or None when nothing is left that could beat the best
-        (options whose simulation is running or done are resolved on the way)."""
+        or when the next one had better wait for the running ones (options whose simulation
+        is running or done are resolved on the way)."""
         while self.queue:
-            option = self.queue.pop(0)
+            option = self.queue[0]
+            if option.sim_key in self.results:      # simulated already: its figures are free
+                self._settle(self.queue.pop(0), self.results[option.sim_key])
+                continue
             if self.prune and cannot_beat(option.hours_bound, option.usd_bound, self.best,
                                           self.deadline_h):
                 option.pruned_by = self.best_option.name
-                self.pruned.append(option)
-                continue
-            if option.sim_key in self.results:
-                self._settle(option, self.results[option.sim_key])
+                self.pruned.append(self.queue.pop(0))
                 continue
             if option.sim_key in self.running:
-                self.running[option.sim_key].append(option)
+                self.running[option.sim_key].append(self.queue.pop(0))
                 continue
-            self.running[option.sim_key] = [option]
+            if self.speculate and self.running and cannot_beat(
+                    option.hours_bound, option.usd_bound, self._hoped_best(), self.deadline_h):
+                return None     # the queue is in bound order: the rest would wait too
+            self.running[option.sim_key] = [self.queue.pop(0)]
             return option
         return None
+
+    def _hoped_best(self) -> tuple | None:
+        """The best key once the running simulations end, if they take SPECULATION_SLACK
+        times their bounds."""
+        hoped = [self.best] if self.best is not None else []
+        for waiting in self.running.values():
+            option = waiting[0]
+            seconds = option.bound_s * SPECULATION_SLACK
+            hoped.append(objective_key(option.hours_for(seconds), option.usd_for(seconds),
+                                       self.deadline_h))
+        return min(hoped) if hoped else None
 
     def done(self, option: Any, result: dict[str, Any]) -> list[Any]:
         """Record `option`'s simulation; returns every option it settled."""
@@ -109,6 +130,7 @@ def dry_run(options: Sequence[Any], deadline_h: float, *, slack: float = 1.1
             self.option, self.name, self.sim_key = option, option.name, option.sim_key
             self.skip_reason, self.result = option.skip_reason, None
             self.hours_bound, self.usd_bound = option.hours_bound, option.usd_bound
+            self.bound_s = option.bound_s
             self.hours_for, self.usd_for = option.hours_for, option.usd_for
 
     search = Search([_Shadow(o) for o in options], deadline_h)

@@ -86,7 +86,7 @@ def run(inputs, **options):
 @click.argument("path", type=click.Path(exists=True))
 def report(path):
     """Print the summary of a finished run (or the table of a finished sweep, re-drawing its
-    plots) again, from its files."""
+    plots, or of a plan) again, from its files."""
     from neuron_batch.run.errors import RunError
     from neuron_batch.run.folder_report import rerender
 
@@ -95,6 +95,11 @@ def report(path):
             from neuron_batch.bench.sweep import render
 
             click.echo(render(Path(path)))
+            return
+        if (Path(path) / "plan.json").exists():
+            from neuron_batch.bench.plan_report import rerender_plan
+
+            click.echo(rerender_plan(Path(path)))
             return
         click.echo(rerender(Path(path)))
     except RunError as error:
