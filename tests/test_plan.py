@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(not TRACE.exists(), reason="the trace copy is mi
 
 SPEC = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.xlarge", "inf2.8xlarge",
                                                          "inf2.24xlarge"),
-                max_num_instances=2, seqs_values=(4, 16), max_prefill_buckets=2, compiled=True,
+                max_num_instances=2, seqs_values=(16,), max_prefill_buckets=2, compiled=True,
                 max_model_len=4096, max_num_batched_tokens=2048)
 
 

@@ -36,10 +36,11 @@ from neuron_batch.run.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
 
 PLAN_JSON = "plan.json"
 #: Seconds of one CPU core per simulated engine step, measured on the 2-core development
-#: machine (about 0.35 ms); refined from each finished simulation while a plan runs.
+#: machine when idle (about 0.35 ms); a busy machine takes longer.
 SECONDS_PER_STEP = 0.00035
-#: Seconds a worker process takes to start (importing vLLM) and to read the workload.
-WORKER_START_S = 30.0
+#: Seconds a worker process takes to import vLLM, on top of reading the workload (which the
+#: estimate takes to cost what it cost the plan itself).
+VLLM_IMPORT_S = 15.0
 #: How much longer than its bound a simulated run is assumed to take, for the estimate.
 ESTIMATE_SLACK = 1.1
 
@@ -176,6 +177,7 @@ def run_plan(job: PlanJob) -> int:
         raise RunError(str(error)) from None
     job.out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    job = replace(job, log=_timed(job.log, started))
     workload = load_workload(job.base, job.log)
     requests = workload.prepared.requests
     prompt_lens = [len(r.prompt_token_ids) for r in requests]
@@ -183,7 +185,7 @@ def run_plan(job: PlanJob) -> int:
     options = build_options(job.spec, found, prompt_lens, output_lens, seed=job.base.seed)
     writer = PlanWriter(job, options, excluded, workload_output_tokens=sum(output_lens),
                         num_requests=len(requests))
-    _announce(job, options, excluded)
+    _announce(job, options, excluded, load_s=time.monotonic() - started)
     try:
         _search(job, options, writer)
     except KeyboardInterrupt:
@@ -196,7 +198,15 @@ def run_plan(job: PlanJob) -> int:
     return EXIT_OK
 
 
-def _announce(job: PlanJob, options: list[Option], excluded: list[str]) -> None:
+def _timed(log: Callable[[str], None], started: float) -> Callable[[str], None]:
+    """`log` with the minutes and seconds since `started` in front: where a plan's time goes."""
+    def timed(message: str) -> None:
+        minutes, seconds = divmod(int(time.monotonic() - started), 60)
+        log(f"[{minutes:d}:{seconds:02d}] {message}")
+    return timed
+
+
+def _announce(job: PlanJob, options: list[Option], excluded: list[str], load_s: float) -> None:
     spec, log = job.spec, job.log
     skipped = [o for o in options if o.skip_reason]
     kinds = sorted({(o.instance, o.tp) for o in options})
@@ -216,9 +226,9 @@ def _announce(job: PlanJob, options: list[Option], excluded: list[str]) -> None:
     expected = dry_run(options, job.deadline.hours, slack=ESTIMATE_SLACK)
     everything = {o.sim_key: o for o in options if not o.skip_reason}
     log(f"estimate: about {len(expected)} simulations "
-        f"({_steps(expected):,} engine steps), {_minutes(expected, job.jobs)} with "
+        f"({_steps(expected):,} engine steps), {_minutes(expected, job.jobs, load_s)} with "
         f"{job.jobs} job(s); without pruning {len(everything)} simulations, "
-        f"{_minutes(list(everything.values()), job.jobs)}")
+        f"{_minutes(list(everything.values()), job.jobs, load_s)} (on an idle machine)")
 
 
 def _steps(options: list[Option]) -> int:
@@ -226,8 +236,8 @@ def _steps(options: list[Option]) -> int:
     return int(sum(o.bound_steps * ESTIMATE_SLACK for o in unique.values()))
 
 
-def _minutes(options: list[Option], jobs: int, per_step: float = SECONDS_PER_STEP) -> str:
-    seconds = _steps(options) * per_step / max(1, jobs) + WORKER_START_S
+def _minutes(options: list[Option], jobs: int, load_s: float) -> str:
+    seconds = _steps(options) * SECONDS_PER_STEP / max(1, jobs) + VLLM_IMPORT_S + load_s
     return f"about {seconds / 60:.0f} min" if seconds >= 90 else f"about {seconds:.0f} s"
 
 
