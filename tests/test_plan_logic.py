@@ -171,6 +171,8 @@ def test_unknown_instances_and_models_that_fit_nowhere_are_plan_errors():
         check_instances(["inf2.xlarge", "inf3.xlarge"])
     with pytest.raises(PlanError, match="fits none of the candidates"):
         placements(PlanSpec(architecture="llama-3.1-70b", instances=("inf2.xlarge",)))
+    with pytest.raises(PlanError, match="exceeds Llama-2-7B's context of 4096"):
+        placements(PlanSpec(architecture="llama-2-7b", max_model_len=8192))
     found, excluded = placements(PlanSpec(architecture="llama-3.1-8b",
                                           instances=("inf2.xlarge", "inf2.24xlarge")))
     assert [(p.instance, p.tp, p.replicas) for p in found] == [

@@ -81,10 +81,13 @@ def option_settings(base: RunSettings, option: Option, out_dir: Path | None) -> 
     """One replica of `option` on its share: what the simulation runs and the command line
     reproduces."""
     sim = replace(base.sim, instance=option.instance, tensor_parallel_size=option.tp)
-    return replace(base, sim=sim, max_num_seqs=option.max_num_seqs,
-                   prefill_buckets=option.prefill_buckets, decode_buckets=option.decode_buckets,
-                   limit=option.share_size, shuffle=True,
-                   output=str(out_dir / "runs" / run_folder(option)) if out_dir else None)
+    settings = replace(base, sim=sim, max_num_seqs=option.max_num_seqs,
+                       prefill_buckets=option.prefill_buckets,
+                       decode_buckets=option.decode_buckets, limit=option.share_size,
+                       shuffle=True, output=None)
+    if out_dir is None:
+        return settings
+    return replace(settings, output=str(out_dir / "runs" / run_folder(option, settings)))
 
 
 def layout_settings(base: RunSettings, option: Option) -> RunSettings:
@@ -93,9 +96,10 @@ def layout_settings(base: RunSettings, option: Option) -> RunSettings:
     return replace(settings, limit=base.limit, shuffle=base.limit is not None)
 
 
-def run_folder(option: Option) -> str:
-    """A folder per distinct simulation (options that simulate identically share one)."""
-    digest = hashlib.sha1(repr(option.sim_key).encode()).hexdigest()[:10]
+def run_folder(option: Option, settings: RunSettings) -> str:
+    """A folder per simulated run, named after everything it depends on, so `--resume` after
+    changing a setting does not reuse a run made under the old one."""
+    digest = hashlib.sha1(repr(settings).encode()).hexdigest()[:10]
     return f"tp{option.tp}-s{option.max_num_seqs}-n{option.share_size}-{digest}"
 
 

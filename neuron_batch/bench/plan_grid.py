@@ -33,6 +33,7 @@ from neuron_batch.bench.plan_bounds import (
     ShareStats,
     replica_bound,
 )
+from neuron_batch.device.architectures import resolve_architecture
 from neuron_batch.device.cost_model import StepCostModel, compile_footprint
 from neuron_batch.device.hardware import HardwareError, get_instance, valid_tp_degrees
 from neuron_batch.device.target import NEURON_BLOCK_SIZE, SimSettings, SimTarget
@@ -167,6 +168,13 @@ def placements(spec: PlanSpec) -> tuple[list[Placement], list[str]]:
     not; PlanError when none does or an instance has no price."""
     found: list[Placement] = []
     excluded: list[str] = []
+    try:
+        arch = resolve_architecture(spec.architecture)
+    except (ValueError, FileNotFoundError) as error:
+        raise PlanError(str(error)) from None
+    if spec.max_model_len > arch.max_position_embeddings:
+        raise PlanError(f"--max-model-len {spec.max_model_len} exceeds {arch.name}'s context "
+                        f"of {arch.max_position_embeddings} tokens")
     for name in check_instances(spec.instances):
         try:
             price = price_for(name, spec.pricing, spec.prices.get(name))
@@ -178,11 +186,9 @@ def placements(spec: PlanSpec) -> tuple[list[Placement], list[str]]:
                                    weight_dtype=spec.weight_dtype, profile=spec.cost_profile)
             try:
                 target = SimTarget.resolve(settings, spec.max_model_len)
-            except FileNotFoundError as error:
+            except FileNotFoundError as error:     # --cost-profile
                 raise PlanError(str(error)) from None
-            except ValueError as error:
-                if "max_model_len" in str(error) and "context" in str(error):
-                    raise PlanError(str(error)) from None   # the model's limit, not the TP's
+            except ValueError as error:             # weights or KV cache do not fit
                 excluded.append(f"{name} TP {tp}: {error}")
                 continue
             model = StepCostModel(target.profile, name, target.arch, tp,
