@@ -113,7 +113,7 @@ def simulate_share(settings: RunSettings, workload_limit: int | None) -> dict[st
     workload); never raises. The whole workload is read once per process and sliced."""
     from neuron_batch.bench.sweep import finished_report
 
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.process_time()
     report = finished_report(Path(settings.output))
     reused = report is not None
     try:
@@ -128,7 +128,8 @@ def simulate_share(settings: RunSettings, workload_limit: int | None) -> dict[st
             "replica_output_tokens_per_s": throughput["output_tokens_per_s"],
             "num_requests": report["requests"]["completed"], "steps": steps.get("total"),
             "run_dir": settings.output, "reused": reused,
-            "wall_s": round(time.monotonic() - started, 1)}
+            "wall_s": round(time.monotonic() - started, 1),
+            "cpu_s": round(time.process_time() - cpu, 1)}
 
 
 def _run_share(settings: RunSettings, workload_limit: int | None) -> dict:

@@ -92,7 +92,8 @@ class PlanWriter:
             replica_output_tokens_per_s=result.get("replica_output_tokens_per_s"),
             meets_deadline=hours <= self.job.deadline.hours,
             hours_to_spare=self.job.deadline.hours - hours,
-            run_dir=result.get("run_dir"), simulation_wall_s=result.get("wall_s"))
+            run_dir=result.get("run_dir"), simulation_wall_s=result.get("wall_s"),
+            simulation_cpu_s=result.get("cpu_s"))
         return out
 
     def data(self, wall_s: float | None, complete: bool) -> dict[str, Any]:
@@ -112,6 +113,7 @@ class PlanWriter:
             "kv_reserve": spec.kv_reserve, "pricing": spec.pricing,
             "prices_given": dict(spec.prices), "jobs": self.job.jobs,
             "started": self.started, "wall_s": wall_s, "complete": complete,
+            "main_process_cpu_s": round(time.process_time(), 1),
             "num_options": len(self.options), "num_simulated_options": len(ranked),
             "num_simulations": len({o.sim_key for o in ranked}),
             "num_pruned": sum(1 for r in others if r["status"] == "pruned"),
