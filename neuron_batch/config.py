@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.buckets import BucketError, parse_bucket_list, resolve_buckets
+from neuron_batch.report.cost import DEFAULT_PRICING, Price, PricingError, price_for
 
 DEVICES = ("auto", "cpu", "cuda", "neuron", "sim")
 ON_ERROR = ("fail", "skip")
@@ -40,6 +41,21 @@ class SimOptions:
 
 
 @dataclass(frozen=True)
+class CostOptions:
+    """What the run's instances cost (`--pricing`, `--price-per-hour`). The instance priced is
+    the simulated one on `--device sim`; on a real host, `instance` (set only when `--instance`
+    was given: the default must not price a machine nobody named)."""
+
+    pricing: str = DEFAULT_PRICING       # "on-demand" | "reserved"
+    price_per_hour: float | None = None  # USD per instance-hour; overrides the table
+    instance: str | None = None          # the host's instance type on a real Neuron device
+
+
+#: Devices on which a given --instance is the machine the run is billed for.
+PRICED_HOST_DEVICES = ("neuron", "auto")
+
+
+@dataclass(frozen=True)
 class RunSettings:
     inputs: tuple[str, ...]
     model: str | None = None             # None: the built-in SmolLM2-135M-Instruct
@@ -65,6 +81,7 @@ class RunSettings:
     max_runtime: float | None = None     # seconds
     metrics_textfile: str | None = None
     sim: SimOptions = field(default_factory=SimOptions)
+    cost: CostOptions = field(default_factory=CostOptions)
 
     def validate(self) -> RunSettings:
         _positive("max-num-seqs", self.max_num_seqs)
@@ -87,6 +104,10 @@ class RunSettings:
             raise SettingsError(f"--on-error must be one of {', '.join(ON_ERROR)}, "
                                 f"got {self.on_error!r}")
         try:
+            self.price()
+        except PricingError as error:
+            raise SettingsError(str(error)) from None
+        try:
             self.buckets()
         except BucketError as error:
             raise SettingsError(str(error).replace("num_batched_tokens_buckets (prefill buckets)",
@@ -100,6 +121,23 @@ class RunSettings:
         return resolve_buckets(self.neuron_config(), max_num_seqs=self.max_num_seqs,
                                max_num_batched_tokens=self.max_num_batched_tokens,
                                max_model_len=self.max_model_len)
+
+    def priced_instance(self) -> str | None:
+        """The instance the run is billed for: the simulated one, or the --instance given on a
+        Neuron host; None when unknown (no cost is reported then)."""
+        if self.device == "sim":
+            return self.sim.instance
+        if self.device in PRICED_HOST_DEVICES:
+            return self.cost.instance
+        return None
+
+    def price(self) -> Price | None:
+        """The hourly price of `priced_instance()`, or None; PricingError for an instance
+        without a built-in price and no --price-per-hour."""
+        instance = self.priced_instance()
+        if instance is None:
+            return None
+        return price_for(instance, self.cost.pricing, self.cost.price_per_hour)
 
     def neuron_config(self) -> dict[str, list[int]]:
         """The AWS plugin's `additional_config["neuron_config"]` keys for these buckets."""
@@ -138,7 +176,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise SettingsError(f"{path}: no such config file") from None
     except tomllib.TOMLDecodeError as error:
         raise SettingsError(f"{path}: not valid TOML: {error}") from None
-    known = {f.name for f in fields(RunSettings)} | {f.name for f in fields(SimOptions)}
+    known = ({f.name for f in fields(RunSettings)} | {f.name for f in fields(SimOptions)}
+             | {f.name for f in fields(CostOptions)})
     flat: dict[str, Any] = {}
     for key, value in data.items():
         if key == "sim" and isinstance(value, dict):

@@ -398,3 +398,46 @@ def test_sweep_json_round_trips(tmp_path: Path):
     assert back["configurations"][-1]["status"] == "failed"
     assert [r["name"] for r in back["ranking"]] == [r["name"] for r in rows]
     assert back["recommendation"]["fastest"] == "cfg-3"
+
+
+# -- cost ----------------------------------------------------------------------------------------
+
+def priced(entries: list[dict], per_hour: float = 3.6) -> list[dict]:
+    """The entries with the `cost` section a simulated report has (1,000 s elapsed each)."""
+    from neuron_batch.report.cost import price_for, report_cost
+
+    for e in entries:
+        if e.get("report"):
+            e["report"]["cost"] = report_cost(e["report"], price_for("x", price_per_hour=per_hour))
+    return entries
+
+
+def test_rank_by_cost_counts_the_compile_time_at_the_same_price():
+    rows = rank(priced(sweep()), by="cost")
+    # every run took 1,000 s at 3.6 USD/h = 1 USD; compile 300..1000 s adds 0.3..1 USD
+    assert [row["name"] for row in rows] == ["cfg-5", "cfg-3", "default", "cfg-8", "cfg-7"]
+    assert [row["rank"] for row in rows] == [1, 2, 3, 4, 5]
+    cheapest = rows[0]
+    assert cheapest["usd"] == pytest.approx(1.0)
+    assert cheapest["usd_with_compile"] == pytest.approx(1.3)
+    assert [row["name"] for row in rank(priced(sweep()))][0] == "cfg-3"   # throughput default
+    with pytest.raises(ValueError, match="throughput, cost"):
+        rank(sweep(), by="latency")
+
+
+def test_cost_shows_in_table_csv_and_verdict(tmp_path):
+    entries = priced(sweep())
+    rows = rank(entries, by="cost")
+    rec = recommend(rows)
+    assert ("cheapest (run + estimated compile): cfg-5 at $1.30 against $1.70 for the fastest"
+            in rec["reasons"])
+    table = format_table(rows, rec)
+    assert "cost USD" in table and "+comp" in table
+    first = table.splitlines()[3]
+    assert "cfg-5" in first and "1.30" in first
+    path = write_csv(entries, tmp_path / "sweep.csv", by="cost")
+    with path.open() as handle:
+        by_name = {row["name"]: row for row in csv.DictReader(handle)}
+    assert float(by_name["cfg-5"]["usd_with_compile"]) == pytest.approx(1.3)
+    assert by_name["cfg-5"]["rank"] == "1" and by_name["cfg-big"]["usd"] == ""
+    assert "cost USD" not in format_table(rank(sweep()), recommend(rank(sweep())))

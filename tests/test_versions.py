@@ -14,7 +14,6 @@ from neuron_batch.versions import (
     untested_warning,
 )
 
-
 all_tested = versions.tested_versions  # (pytest would collect a name starting with "test")
 release_entry = versions.tested_release
 

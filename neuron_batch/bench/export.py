@@ -11,8 +11,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.bench.ranking import COST_COMPILE_S, STATES, configured_buckets, rank
+from neuron_batch.bench.ranking import (
+    COST_COMPILE_S,
+    COST_USD,
+    COST_USD_WITH_COMPILE,
+    STATES,
+    configured_buckets,
+    rank,
+)
 from neuron_batch.scheduler.records import BLOCK_REASONS
+
+#: The cost columns of a sweep CSV (empty where the instance has no price).
+COST_COLUMNS = (COST_USD, COST_USD_WITH_COMPILE, "usd_per_million_output_tokens")
 
 # -- files ------------------------------------------------------------------------------------
 
@@ -25,10 +35,12 @@ def param_names(entries: Iterable[Mapping[str, Any]]) -> list[str]:
     return list(names)
 
 
-def csv_rows(entries: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
-    """(columns, rows) of the sweep CSV: one row per configuration, done or failed."""
+def csv_rows(entries: Sequence[Mapping[str, Any]], by: str = "throughput"
+             ) -> tuple[list[str], list[dict[str, Any]]]:
+    """(columns, rows) of the sweep CSV: one row per configuration, done or failed; `rank` as
+    `rank(entries, by)` numbers them."""
     entries = list(entries)
-    ranked = {row["name"]: row for row in rank(entries)}
+    ranked = {row["name"]: row for row in rank(entries, by)}
     params = param_names(entries)
     reasons = list(BLOCK_REASONS)
     for row in ranked.values():
@@ -41,7 +53,7 @@ def csv_rows(entries: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[dict
                + [f"blocked_{reason}" for reason in reasons]
                + ["ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
                   "prefill_buckets", "decode_buckets", "compiled_graphs", COST_COMPILE_S,
-                  "status", "error"])
+                  *COST_COLUMNS, "status", "error"])
     out = []
     for entry in entries:
         entry_params = entry.get("params") or {}
@@ -57,7 +69,7 @@ def csv_rows(entries: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[dict
                 "rank", "output_tokens_per_s", "total_tokens_per_s", "throughput_per_graph",
                 "elapsed_s", "prefill_waste", "decode_waste", "ttft_p50_s", "ttft_p99_s",
                 "tpot_p50_s", "tpot_p99_s", "prefill_buckets", "decode_buckets",
-                "compiled_graphs", COST_COMPILE_S)})
+                "compiled_graphs", COST_COMPILE_S, *COST_COLUMNS)})
             for state in STATES:
                 record[f"seconds_{state}"] = _csv_value(row["state_seconds"].get(state))
                 record[f"share_{state}"] = _csv_value(row["state_shares"].get(state))
@@ -77,10 +89,11 @@ def csv_rows(entries: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[dict
     return columns, out
 
 
-def write_csv(entries: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
+def write_csv(entries: Sequence[Mapping[str, Any]], path: str | os.PathLike[str],
+              by: str = "throughput") -> Path:
     """The sweep as CSV: one row per configuration (failed ones too), `param_<name>` columns
     for the swept settings, then the flattened metrics, status and error."""
-    columns, records = csv_rows(entries)
+    columns, records = csv_rows(entries, by)
     path = Path(path)
     with path.open("w", encoding="utf-8", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=columns)

@@ -25,15 +25,30 @@ COST_GRAPHS = "compiled_graphs"
 
 # -- ranking ----------------------------------------------------------------------------------
 
-def rank(entries: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per finished configuration, fastest first.
+#: What `rank` can order by: output throughput, or what the run costs.
+RANK_BY = ("throughput", "cost")
+#: Row keys of a configuration's cost: the run's (report["cost"]["usd"]), and the run plus its
+#: estimated compile time at the same price.
+COST_USD, COST_USD_WITH_COMPILE = "usd", "usd_with_compile"
 
-    Order: output tokens/s (descending), then fewer compiled graphs, then name. Entries whose
-    status is not "done", or that have no report, are left out (`write_csv` still lists them).
+
+def rank(entries: Iterable[Mapping[str, Any]], by: str = "throughput") -> list[dict[str, Any]]:
+    """One row per finished configuration, best first.
+
+    by="throughput": output tokens/s (descending), then fewer compiled graphs, then name.
+    by="cost": cheapest first, on run + compile cost when every row has it, else on the run's
+    cost; rows without a cost last; ties as for throughput. Entries whose status is not
+    "done", or that have no report, are left out (`write_csv` still lists them).
     """
+    if by not in RANK_BY:
+        raise ValueError(f"rank by one of {', '.join(RANK_BY)}, got {by!r}")
     rows = [_row(entry) for entry in entries
             if entry.get("status") == "done" and entry.get("report")]
-    rows.sort(key=rank_key)
+    if by == "cost":
+        key = cost_key_of(rows)
+        rows.sort(key=lambda row: (as_number(row.get(key), math.inf), *rank_key(row)))
+    else:
+        rows.sort(key=rank_key)
     for index, row in enumerate(rows, start=1):
         row["rank"] = index
     return rows
@@ -42,6 +57,13 @@ def rank(entries: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def rank_key(row: Mapping[str, Any]) -> tuple:
     return (-as_number(row.get("output_tokens_per_s")),
             as_number(row.get("compiled_graphs"), math.inf), str(row.get("name")))
+
+
+def cost_key_of(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The cost to rank on: run + compile when every row has it, else the run's alone."""
+    if rows and all(row.get(COST_USD_WITH_COMPILE) is not None for row in rows):
+        return COST_USD_WITH_COMPILE
+    return COST_USD
 
 
 def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -75,6 +97,14 @@ def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
     def quantile(kind: str, name: str) -> float | None:
         return (latency.get(kind) or {}).get(name)
 
+    compile_s = _estimated_compile_s(config)
+    cost = report.get("cost") or {}
+    run_usd = cost.get("usd")
+    with_compile = None
+    if run_usd is not None and compile_s is not None and cost.get("price_per_hour_usd"):
+        with_compile = run_usd + (compile_s / 3600.0 * cost["price_per_hour_usd"]
+                                  * (cost.get("num_instances") or 1))
+
     return {
         "rank": None,
         "name": str(entry.get("name")),
@@ -85,7 +115,7 @@ def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
         "max_num_batched_tokens": config.get("max_num_batched_tokens",
                                              params.get("max_num_batched_tokens")),
         "compiled_graphs": int(graphs),
-        "estimated_compile_s": _estimated_compile_s(config),
+        "estimated_compile_s": compile_s,
         "output_tokens_per_s": output_tps,
         "total_tokens_per_s": float(throughput.get("total_tokens_per_s") or 0.0),
         "elapsed_s": throughput.get("elapsed_s"),
@@ -100,6 +130,9 @@ def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
         "tpot_p50_s": quantile("tpot_s", "p50"),
         "tpot_p99_s": quantile("tpot_s", "p99"),
         "throughput_per_graph": output_tps / graphs if graphs else None,
+        COST_USD: run_usd,
+        COST_USD_WITH_COMPILE: with_compile,
+        "usd_per_million_output_tokens": cost.get("usd_per_million_output_tokens"),
     }
 
 

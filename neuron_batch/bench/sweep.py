@@ -140,7 +140,7 @@ def run_candidate(settings: RunSettings) -> dict[str, Any]:
     """Run one configuration (in this process or a worker); never raises."""
     started = time.monotonic()
     out_dir = Path(settings.output)
-    finished = _finished_report(out_dir)
+    finished = finished_report(out_dir)
     if finished is not None:
         return {"status": "done", "error": None, "report": finished, "wall_s": 0.0,
                 "reused": True}
@@ -163,7 +163,8 @@ def run_candidate(settings: RunSettings) -> dict[str, Any]:
                 "wall_s": round(time.monotonic() - started, 3), "reused": False}
 
 
-def _finished_report(out_dir: Path) -> dict | None:
+def finished_report(out_dir: Path) -> dict | None:
+    """The report of a finished run in `out_dir` (every request done), else None."""
     try:
         report = json.loads((out_dir / REPORT).read_text(encoding="utf-8"))
     except (FileNotFoundError, json.JSONDecodeError):
@@ -225,12 +226,13 @@ class Sweep:
         from neuron_batch.bench.verdict import recommend
 
         entries = self.ordered_entries()
-        rows = rank(entries)
+        by = self.meta.get("rank_by", "throughput")
+        rows = rank(entries, by)
         recommendation = recommend(rows) if rows else {}
         data = sweep_json(entries, rows, recommendation, self.meta)
         data["prompt_lengths"] = self.prompt_lengths
         write_json_atomic(self.dir / SWEEP_JSON, data)
-        write_csv(entries, self.dir / SWEEP_CSV)
+        write_csv(entries, self.dir / SWEEP_CSV, by)
         return data
 
 
@@ -250,7 +252,7 @@ def render(sweep_dir: Path, *, plots: bool = True) -> str:
 
     data = json.loads((sweep_dir / SWEEP_JSON).read_text(encoding="utf-8"))
     entries = data["configurations"]
-    rows = rank(entries)
+    rows = rank(entries, (data.get("meta") or {}).get("rank_by", "throughput"))
     recommendation = recommend(rows) if rows else {}
     failed = [e for e in entries if e.get("status") != "done"]
     text = format_table(rows, recommendation, failed=failed)
@@ -266,7 +268,7 @@ def render(sweep_dir: Path, *, plots: bool = True) -> str:
 def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
               user_prefill: Sequence[Sequence[int]], user_decode: Sequence[Sequence[int]],
               max_prefill_buckets: int, max_decode_buckets: int, jobs: int, resume: bool,
-              log: Callable[[str], None]) -> int:
+              log: Callable[[str], None], rank_by: str = "throughput") -> int:
     if (sweep_dir / SWEEP_JSON).exists() and not resume:
         raise RunError(f"{sweep_dir} already holds a sweep; pass --resume to continue it, or "
                        f"choose another --output")
@@ -279,7 +281,7 @@ def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
             "sim": base.sim.__dict__ if simulated else None, "num_requests": len(lengths),
             "max_num_batched_tokens": base.max_num_batched_tokens,
             "max_model_len": base.max_model_len, "max_num_seqs_values": list(seqs_values),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs": jobs}
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs": jobs, "rank_by": rank_by}
     sweep = Sweep(sweep_dir, jobs=jobs, log=log, prompt_lengths=lengths, meta=meta)
     if resume:
         sweep.entries.update(load_previous(sweep_dir))

@@ -6,7 +6,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from neuron_batch.bench.ranking import COST_COMPILE_S, DEFAULT_NAME, rank_key
+from neuron_batch.bench.ranking import (
+    COST_COMPILE_S,
+    COST_USD,
+    COST_USD_WITH_COMPILE,
+    DEFAULT_NAME,
+    rank_key,
+)
 from neuron_batch.bench.words import abbreviate_buckets, as_number
 
 #: Widest the terminal table may get.
@@ -19,7 +25,8 @@ MAX_NAME_WIDTH = 28
 _COLUMNS = (
     ("", "#", ">"), ("", "name", "<"), ("buckets", "prefill", "<"), ("buckets", "decode", "<"),
     ("compile", "graphs", ">"), ("compile", "est.", ">"), ("out", "tok/s", ">"),
-    ("vs", "{base}", ">"), ("tok/s", "/graph", ">"),
+    ("vs", "{base}", ">"), ("tok/s", "/graph", ">"), ("cost USD", "run", ">"),
+    ("cost USD", "+comp", ">"),
     ("waste%", "pf", ">"), ("waste%", "dec", ">"),
     ("time%", "pf", ">"), ("time%", "dec", ">"), ("time%", "idle", ">"),
     ("admission block", "reason", "<"), ("admission block", "count", ">"),
@@ -32,7 +39,7 @@ def format_table(rows: Sequence[dict[str, Any]], recommendation: Mapping[str, An
                  *, failed: Sequence[Mapping[str, Any]] = ()) -> str:
     """An aligned table of the ranked rows (at most ~140 columns), then the recommendation's
     sentences. `failed`: failed sweep entries, listed after the table with their errors."""
-    rows = sorted(rows, key=rank_key)
+    rows = sorted(rows, key=lambda row: (row.get("rank") or 0, rank_key(row)))
     lines = [f"neuron-batch bucket sweep: {len(rows)} configuration"
              f"{'s' if len(rows) != 1 else ''} finished"
              + (f", {len(failed)} failed" if failed else "")]
@@ -42,6 +49,9 @@ def format_table(rows: Sequence[dict[str, Any]], recommendation: Mapping[str, An
                      "time% = share of the run per scheduler state;")
         lines.append("  admission block = the most frequent reason admission refused the queue "
                      "head; est. = estimated compile time")
+        if any(row.get(COST_USD) is not None for row in rows):
+            lines.append("  cost USD: the run at the instance's hourly price; +comp: with the "
+                         "estimated compile time too")
     for entry in failed:
         error = " ".join(str(entry.get("error") or "no error message").split())
         lines.append(_clip(f"  FAILED {entry.get('name')}: {error}"))
@@ -66,11 +76,19 @@ def _table_lines(rows: Sequence[dict[str, Any]], name_width: int) -> list[str]:
     headers = [(group, sub.format(base="default" if base is not None else "best"), align)
                for group, sub, align in _COLUMNS]
     body = [_cells(row, reference, name_width) for row in rows]
+    drop = set()
     if all(row.get(COST_COMPILE_S) is None for row in rows):   # no estimate: no column
-        drop = [i for i, (group, sub, _) in enumerate(_COLUMNS) if sub == "est."][0]
-        headers = [("", "graphs", ">") if h[1] == "graphs" else h
-                   for i, h in enumerate(headers) if i != drop]
-        body = [cells[:drop] + cells[drop + 1:] for cells in body]
+        drop.add("est.")
+        headers = [("", "graphs", ">") if h[1] == "graphs" else h for h in headers]
+    if all(row.get(COST_USD) is None for row in rows):         # no price: no cost columns
+        drop.add("run")
+    if all(row.get(COST_USD_WITH_COMPILE) is None for row in rows):
+        drop.add("+comp")
+    if "+comp" in drop and "run" not in drop:   # one cost column: no group header
+        headers = [("", "USD", ">") if h[1] == "run" else h for h in headers]
+    keep = [i for i, (_, sub, _) in enumerate(_COLUMNS) if sub not in drop]
+    headers = [headers[i] for i in keep]
+    body = [[cells[i] for i in keep] for cells in body]
     spans = _spans(headers)
     widths = [len(h[1]) for h in headers]
     for cells in body:
@@ -140,6 +158,8 @@ def _cells(row: dict[str, Any], reference: dict[str, Any], name_width: int) -> l
         f"{as_number(row['output_tokens_per_s']):,.0f}",
         versus,
         _fixed(row.get("throughput_per_graph"), 0),
+        _usd(row.get(COST_USD)),
+        _usd(row.get(COST_USD_WITH_COMPILE)),
         _percent_cell(row.get("prefill_waste")),
         _percent_cell(row.get("decode_waste")),
         _percent_cell(shares.get("ACTIVE_PREFILL")),
@@ -152,6 +172,14 @@ def _cells(row: dict[str, Any], reference: dict[str, Any], name_width: int) -> l
         _sig(None if row.get("tpot_p50_s") is None else row["tpot_p50_s"] * 1000),
         _sig(None if row.get("tpot_p99_s") is None else row["tpot_p99_s"] * 1000),
     ]
+
+
+def _usd(value: Any) -> str:
+    """Dollars with cents below 1,000, whole dollars above."""
+    if value is None:
+        return "-"
+    value = float(value)
+    return f"{value:,.2f}" if value < 1000 else f"{value:,.0f}"
 
 
 def _short_compile(seconds: float | None) -> str:

@@ -7,7 +7,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from neuron_batch.bench.ranking import DEFAULT_NAME, dominates, pareto_front, rank_key
+from neuron_batch.bench.ranking import (
+    COST_USD_WITH_COMPILE,
+    DEFAULT_NAME,
+    cost_key_of,
+    dominates,
+    pareto_front,
+    rank_key,
+)
 from neuron_batch.bench.words import (
     as_number,
     bucket_words,
@@ -57,6 +64,9 @@ def recommend(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     result["limits"] = limits
     reasons.append(f"what limits {fastest['name']}: {limits['text']}")
     reasons.append(_per_graph_sentence(per_graph, fastest))
+    cheapest = _cheapest_sentence(ordered, fastest)
+    if cheapest:
+        reasons.append(cheapest)
 
     cost_words = front.cost_label
     if len(front) == 1:
@@ -80,6 +90,20 @@ def recommend(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 f"{pick['compiled_graphs']} graphs against {baseline['compiled_graphs']}"
                 + compile_pair(pick, baseline))
     return result
+
+
+def _cheapest_sentence(ordered: list[dict], fastest: dict) -> str | None:
+    """Which configuration costs least (run + compile where estimated), when rows are priced."""
+    key = cost_key_of(ordered)
+    priced = [row for row in ordered if row.get(key) is not None]
+    if not priced:
+        return None
+    cheapest = min(priced, key=lambda row: (float(row[key]), rank_key(row)))
+    what = "run + estimated compile" if key == COST_USD_WITH_COMPILE else "run"
+    text = (f"cheapest ({what}): {cheapest['name']} at ${float(cheapest[key]):,.2f}")
+    if cheapest is not fastest and fastest.get(key) is not None:
+        text += f" against ${float(fastest[key]):,.2f} for the fastest"
+    return text
 
 
 def _fastest_sentence(fastest: dict, baseline: dict | None, ordered: list[dict]) -> str:

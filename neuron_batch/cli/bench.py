@@ -11,6 +11,7 @@ import click
 from neuron_batch.cli.group import main
 from neuron_batch.cli.options import (
     EXIT_CODES_HELP,
+    cost_options,
     engine_options,
     int_list,
     load_config_option,
@@ -24,6 +25,7 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError, parse_buckets
 @click.option("--config", type=click.Path(dir_okay=False), callback=load_config_option,
               is_eager=True, expose_value=False, help="A TOML job file (as for `run`).")
 @engine_options
+@cost_options
 @click.option("--sweep-buckets", is_flag=True,
               help="Run the workload under many bucket configurations and rank them.")
 @click.option("--prefill-buckets-set", multiple=True, metavar="N,N,...",
@@ -40,6 +42,10 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError, parse_buckets
                    "and report the spread.")
 @click.option("--warmup", type=int, default=1, show_default=True,
               help="Warm-up runs before --repeat.")
+@click.option("--rank-by", type=click.Choice(["throughput", "cost"]), default="throughput",
+              show_default=True,
+              help="Order of the sweep table: fastest first, or cheapest first (run + "
+                   "estimated compile time at the instance's price).")
 @click.option("--jobs", type=int, default=None,
               help="Simulated configurations run in parallel on this many processes. "
                    "Default: the machine's cores.")
@@ -54,7 +60,7 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError, parse_buckets
 @click.option("--resume", is_flag=True, help="Continue a sweep in --output.")
 @click.option("-q", "--quiet", is_flag=True, help="Only the final table.")
 def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_prefill_buckets,
-          max_decode_buckets, repeat, warmup, jobs, resume, **options):
+          max_decode_buckets, repeat, warmup, rank_by, jobs, resume, **options):
     """Benchmark a workload: one configuration (--repeat for the spread), or with
     --sweep-buckets many bucket configurations, ranked, with a recommendation.
 
@@ -102,7 +108,8 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
             code = run_sweep(base, out_dir, seqs_values=seqs_values, user_prefill=user_prefill,
                              user_decode=user_decode, max_prefill_buckets=max_prefill_buckets,
                              max_decode_buckets=max_decode_buckets,
-                             jobs=jobs or default_jobs(), resume=resume, log=log)
+                             jobs=jobs or default_jobs(), resume=resume, log=log,
+                             rank_by=rank_by)
         else:
             code = run_repeats(base, out_dir, repeats=repeat or 1, warmup=warmup if repeat else 0,
                                log=log)

@@ -12,12 +12,14 @@ from neuron_batch.config import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
     DEVICES,
+    CostOptions,
     RunSettings,
     SettingsError,
     SimOptions,
     load_config_file,
     parse_buckets_option,
 )
+from neuron_batch.report.cost import DEFAULT_PRICING, PRICINGS
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -89,6 +91,22 @@ def engine_options(func):
         func = option(func)
     return func
 
+def cost_options(func):
+    """--pricing and --price-per-hour: what the instances cost (run, bench, plan)."""
+    options = [
+        click.option("--pricing", type=click.Choice(PRICINGS), default=DEFAULT_PRICING,
+                     show_default=True,
+                     help="Built-in hourly prices to use: AWS on-demand (us-east-1) or the "
+                          "reserved-instance effective rate (see the README for sources)."),
+        click.option("--price-per-hour", type=float, default=None, metavar="USD",
+                     help="Price of one instance-hour, overriding the built-in table (spot, "
+                          "negotiated, other regions; needed for an instance it lacks)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 SIM_OPTIONS = ("instance", "architecture", "tensor_parallel_size", "weight_dtype",
                "cost_profile")
 
@@ -96,17 +114,31 @@ SIM_OPTIONS = ("instance", "architecture", "tensor_parallel_size", "weight_dtype
 def settings_from_options(inputs, max_num_seqs: int, options: dict) -> RunSettings:
     """RunSettings from a command's options (the ones RunSettings knows; buckets parsed)."""
     sim = SimOptions(**{name: options.pop(name) for name in SIM_OPTIONS})
+    cost = CostOptions(pricing=options.pop("pricing", CostOptions.pricing),
+                       price_per_hour=options.pop("price_per_hour", None),
+                       instance=(sim.instance if _given("instance")
+                                 and options.get("device") != "sim" else None))
     options["prefill_buckets"] = parse_buckets_option(options.get("prefill_buckets"),
                                                       "--prefill-buckets")
     options["decode_buckets"] = parse_buckets_option(options.get("decode_buckets"),
                                                      "--decode-buckets")
     settings = RunSettings(inputs=tuple(inputs) or (str(BUILTIN_PROMPTS),),
-                           max_num_seqs=max_num_seqs, sim=sim, **options).validate()
+                           max_num_seqs=max_num_seqs, sim=sim, cost=cost, **options).validate()
     # Before any input, model or vLLM loads: say now if the device cannot work here.
     from neuron_batch.run.engine import check_device_available
 
     check_device_available(settings.device)
     return settings
+
+
+def _given(name: str) -> bool:
+    """Whether option `name` was set by the user (command line, environment or job file), not
+    left at its default."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return False
+    source = ctx.get_parameter_source(name)
+    return source is not None and source != click.core.ParameterSource.DEFAULT
 
 
 def int_list(text: str, option: str) -> list[int]:

@@ -10,6 +10,7 @@ import click
 from neuron_batch.cli.group import main
 from neuron_batch.cli.options import (
     EXIT_CODES_HELP,
+    cost_options,
     engine_options,
     int_list,
     load_config_option,
@@ -25,6 +26,7 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError
               help="A TOML job file whose keys are these options' names (a [sim] table for "
                    "the sim ones). Command-line options override it.")
 @engine_options
+@cost_options
 @click.option("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, show_default=True,
               help="Output tokens per request where the input gives none.")
 @click.option("--temperature", type=float, default=0.0, show_default=True,
@@ -84,7 +86,7 @@ def run(inputs, **options):
 @click.argument("path", type=click.Path(exists=True))
 def report(path):
     """Print the summary of a finished run (or the table of a finished sweep, re-drawing its
-    plots) again, from its files."""
+    plots, or of a plan) again, from its files."""
     from neuron_batch.run.errors import RunError
     from neuron_batch.run.folder_report import rerender
 
@@ -93,6 +95,11 @@ def report(path):
             from neuron_batch.bench.sweep import render
 
             click.echo(render(Path(path)))
+            return
+        if (Path(path) / "plan.json").exists():
+            from neuron_batch.bench.plan_report import rerender_plan
+
+            click.echo(rerender_plan(Path(path)))
             return
         click.echo(rerender(Path(path)))
     except RunError as error:

@@ -58,6 +58,8 @@ def format_summary(report: dict[str, Any]) -> str:
     lines.append(_row("Tokens", [f"{_int(tokens.get('input'))} input",
                                  f"{_int(tokens.get('output'))} output",
                                  f"{_int(tokens.get('total'))} total"]))
+    if report.get("cost"):
+        lines.append(_cost_row(report["cost"]))
     lines.append(_row("Steps", [f"{_int(steps.get('total'))} total",
                                 f"{_int(steps.get('prefill'))} prefill",
                                 f"{_int(steps.get('decode'))} decode",
@@ -80,6 +82,17 @@ def format_summary(report: dict[str, Any]) -> str:
     lines += ["", *_blocked_section(report.get("admission_blocked", {}))]
     # Long model paths are the only thing that could overflow: cut rather than wrap tables.
     return "\n".join(_clip(line) for line in lines) + "\n"
+
+
+def _cost_row(cost: dict[str, Any]) -> str:
+    """One line: what the run cost, on which instances, at which price."""
+    count = cost.get("num_instances") or 1
+    where = f"{count} x {cost.get('instance')}" if count != 1 else str(cost.get("instance"))
+    per_m = cost.get("usd_per_million_output_tokens")
+    return _row("Cost", [
+        f"${_float(cost.get('usd'), 2)}",
+        f"{where} at ${_float(cost.get('price_per_hour_usd'), 4)}/h ({cost.get('pricing')})",
+        f"${_float(per_m, 3)} per M output tok" if per_m is not None else "no output tokens"])
 
 
 def _latency_section(latency: dict[str, Any]) -> list[str]:

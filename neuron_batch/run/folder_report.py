@@ -43,9 +43,31 @@ def build_report(job: Job) -> dict:
     report["requests"]["completed"] = completed
     report["requests"]["pending"] = len(prepared.requests) - completed
     report["requests"]["max_tokens_clamped"] = sum(r.max_tokens_clamped for r in prepared.requests)
+    _add_cost(report, settings)
     report["attempts"] = folder.attempts()
     report["output_dir"] = str(folder.path)
     return report
+
+
+def num_instances(settings) -> int:
+    """Instances the run is spread over (1 until runs span several)."""
+    for holder in (settings, settings.sim):
+        value = getattr(holder, "num_instances", None)
+        if value:
+            return int(value)
+    return 1
+
+
+def _add_cost(report: dict, settings) -> None:
+    """`cost` whenever the instance is known: run time x price x instances (report/cost.py)."""
+    from neuron_batch.report.cost import report_cost
+
+    device = report["config"].get("device")
+    if settings.device == "auto" and device != "neuron":
+        return      # resolved to a machine that is not a Neuron host: nothing to price
+    price = settings.price()
+    if price is not None:
+        report["cost"] = report_cost(report, price, num_instances(settings))
 
 
 def _tokens_from_outputs(report: dict, folder: RunFolder) -> None:

@@ -1,0 +1,81 @@
+"""RunSettings -> the `neuron-batch run ...` command line that gives them back, so every plan
+option can be reproduced by hand. Pure Python.
+
+The device, instance, architecture, TP, limits, max_num_seqs and buckets are always written
+(they are what a plan chose); any other setting only where it differs from the default.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import fields
+from typing import Any
+
+from neuron_batch.config import CostOptions, RunSettings, SimOptions
+
+#: RunSettings fields that say where and how a run reports, not what it runs.
+_NOT_WRITTEN = {"output", "resume", "quiet", "max_runtime", "metrics_textfile", "inputs",
+                "sim", "cost", "max_num_seqs", "shuffle", "seed", "limit"}
+_ALWAYS = ("device", "max_model_len", "max_num_batched_tokens")
+_ALWAYS_SIM = ("instance", "architecture", "tensor_parallel_size")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, str):
+        return value.replace("_", "-") if value in ("max_model_len",) else value
+    return str(value)
+
+
+def run_command(settings: RunSettings, *, extra: dict[str, Any] | None = None,
+                program: str = "neuron-batch run") -> str:
+    """The command line for `settings`; `extra` adds options RunSettings may not know yet
+    (name -> value, e.g. {"replicas": 4}), written after the others."""
+    defaults = RunSettings(inputs=settings.inputs)
+    parts = [program, *(shlex.quote(i) for i in settings.inputs)]
+
+    def add(name: str, value: Any) -> None:
+        if value is None:
+            return
+        if value is True:
+            parts.append(_flag(name))
+        elif value is not False:
+            parts.extend([_flag(name), shlex.quote(_value(value))])
+
+    for name in _ALWAYS:
+        add(name, getattr(settings, name))
+    if settings.device == "sim":
+        for name in _ALWAYS_SIM:
+            add(name, getattr(settings.sim, name))
+        sim_defaults = SimOptions()
+        for f in fields(SimOptions):
+            if f.name not in _ALWAYS_SIM and getattr(settings.sim, f.name) != getattr(
+                    sim_defaults, f.name):
+                add(f.name, getattr(settings.sim, f.name))
+    add("max_num_seqs", settings.max_num_seqs)
+    prefill, decode = settings.buckets()
+    add("prefill_buckets", prefill)
+    add("decode_buckets", decode)
+    for f in fields(RunSettings):
+        if f.name in _NOT_WRITTEN or f.name in _ALWAYS or f.name.endswith("_buckets"):
+            continue
+        value = getattr(settings, f.name)
+        if value != getattr(defaults, f.name):
+            add(f.name, value)
+    cost_defaults = CostOptions()
+    for name in ("pricing", "price_per_hour"):
+        if getattr(settings.cost, name) != getattr(cost_defaults, name):
+            add(name, getattr(settings.cost, name))
+    if settings.shuffle:
+        parts.append("--shuffle")
+    if settings.shuffle or settings.seed != defaults.seed:
+        add("seed", settings.seed)
+    add("limit", settings.limit)
+    for name, value in (extra or {}).items():
+        add(name, value)
+    return " ".join(parts)

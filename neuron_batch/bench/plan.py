@@ -1,0 +1,287 @@
+"""`neuron-batch plan`: which instances, how many and laid out how, to finish a batch job by a
+deadline for the least money, found on the simulated device.
+
+Read top-down: `run_plan` checks the grid (plan_grid: every option and its lower bounds, no
+engine), states its size and an estimate, then simulates options best-bound first in parallel
+processes, skipping every option whose bounds cannot beat the best simulated so far
+(plan_search), and writes plan.json / plan.csv / the plot after every simulation
+(plan_report, plan_plot). Each simulation is one replica on its share of the requests, a
+`neuron-batch run` (its command line is in plan.json), in a folder under runs/ that
+`--resume` reuses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, fields, replace
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from neuron_batch.bench.deadline import Deadline, format_hours
+from neuron_batch.bench.plan_bounds import KV_RESERVE_MAX_MODEL_LEN, KV_RESERVE_REQUEST
+from neuron_batch.bench.plan_grid import (
+    Option,
+    PlanError,
+    PlanSpec,
+    build_options,
+    placements,
+)
+from neuron_batch.bench.plan_search import Search, dry_run
+from neuron_batch.config import RunSettings
+from neuron_batch.run.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
+
+PLAN_JSON = "plan.json"
+#: Seconds of one CPU core per simulated engine step, measured on the 2-core development
+#: machine when idle (about 0.35 ms); a busy machine takes longer.
+SECONDS_PER_STEP = 0.00035
+#: Seconds a worker process takes to import vLLM, on top of reading the workload (which the
+#: estimate takes to cost what it cost the plan itself).
+VLLM_IMPORT_S = 15.0
+#: How much longer than its bound a simulated run is assumed to take, for the estimate.
+ESTIMATE_SLACK = 1.1
+
+
+@dataclass
+class PlanJob:
+    """Everything one plan needs: the workload and engine settings (`base`, for the simulated
+    device), the grid, the deadline, where to write, and how to run."""
+
+    base: RunSettings
+    spec: PlanSpec
+    deadline: Deadline
+    out_dir: Path
+    jobs: int
+    resume: bool
+    log: Callable[[str], None]
+    quiet: bool = False
+    prune: bool = True          # False simulates every option (tests compare the two)
+
+
+def kv_reserve_field() -> bool:
+    """Whether this version's RunSettings chooses the KV admission rule (`kv_reserve`)."""
+    return any(f.name == "kv_reserve" for f in fields(RunSettings))
+
+
+def plan_base(settings: RunSettings) -> tuple[RunSettings, str]:
+    """The settings every simulated replica starts from: the simulated device, the workload in
+    a seeded random order (what the replica shares are cut from), and KV admission by real
+    need where this version has it; and the admission rule in force."""
+    base = replace(settings, device="sim", shuffle=True, quiet=True, resume=True,
+                   metrics_textfile=None, max_runtime=None)
+    if kv_reserve_field():
+        return replace(base, kv_reserve=KV_RESERVE_REQUEST), KV_RESERVE_REQUEST
+    return base, KV_RESERVE_MAX_MODEL_LEN
+
+
+def option_settings(base: RunSettings, option: Option, out_dir: Path | None) -> RunSettings:
+    """One replica of `option` on its share: what the simulation runs and the command line
+    reproduces."""
+    sim = replace(base.sim, instance=option.instance, tensor_parallel_size=option.tp)
+    settings = replace(base, sim=sim, max_num_seqs=option.max_num_seqs,
+                       prefill_buckets=option.prefill_buckets,
+                       decode_buckets=option.decode_buckets, limit=option.share_size,
+                       shuffle=True, output=None)
+    if out_dir is None:
+        return settings
+    return replace(settings, output=str(out_dir / "runs" / run_folder(option, settings)))
+
+
+def layout_settings(base: RunSettings, option: Option) -> RunSettings:
+    """The whole layout's run: every request (the plan's --limit, if any), all replicas."""
+    settings = option_settings(base, option, None)
+    return replace(settings, limit=base.limit, shuffle=base.limit is not None)
+
+
+def run_folder(option: Option, settings: RunSettings) -> str:
+    """A folder per simulated run, named after everything it depends on, so `--resume` after
+    changing a setting does not reuse a run made under the old one."""
+    digest = hashlib.sha1(repr(settings).encode()).hexdigest()[:10]
+    return f"tp{option.tp}-s{option.max_num_seqs}-n{option.share_size}-{digest}"
+
+
+# -- one simulation, in a worker process ------------------------------------------------------
+
+_WORKLOADS: dict[tuple, Any] = {}
+
+
+def simulate_share(settings: RunSettings, workload_limit: int | None) -> dict[str, Any]:
+    """Run one replica on its share (the first `settings.limit` requests of the shuffled
+    workload); never raises. The whole workload is read once per process and sliced."""
+    from neuron_batch.bench.sweep import finished_report
+
+    started, cpu = time.monotonic(), time.process_time()
+    report = finished_report(Path(settings.output))
+    reused = report is not None
+    try:
+        if report is None:
+            report = _run_share(settings, workload_limit)
+    except Exception as error:  # one failed simulation must not end the plan
+        return {"status": "failed", "error": f"{type(error).__name__}: {error}",
+                "replica_s": None, "wall_s": round(time.monotonic() - started, 1)}
+    throughput, steps = report["throughput"], report.get("steps") or {}
+    return {"status": "done", "error": None, "replica_s": throughput["elapsed_s"],
+            "output_tokens": report["tokens"]["output"],
+            "replica_output_tokens_per_s": throughput["output_tokens_per_s"],
+            "num_requests": report["requests"]["completed"], "steps": steps.get("total"),
+            "run_dir": settings.output, "reused": reused,
+            "wall_s": round(time.monotonic() - started, 1),
+            "cpu_s": round(time.process_time() - cpu, 1)}
+
+
+def _run_share(settings: RunSettings, workload_limit: int | None) -> dict:
+    from neuron_batch.inputs.prepare import Prepared
+    from neuron_batch.run.runner import run
+    from neuron_batch.run.workload import Workload, load_workload
+
+    key = (settings.inputs, settings.prompt_column, settings.split, settings.seed,
+           workload_limit, settings.model, settings.max_model_len, settings.max_tokens,
+           settings.sim.architecture)
+    if key not in _WORKLOADS:
+        _WORKLOADS[key] = load_workload(replace(settings, limit=workload_limit), lambda m: None)
+    full = _WORKLOADS[key]
+    prepared = Prepared(full.prepared.requests[:settings.limit], full.prepared.problems,
+                        full.prepared.tokenizer_name)
+    share = Workload(full.model, prepared, full.problems, full.input_kind, full.tokenizer)
+    result = run(settings, log=lambda m: None, workload=share)
+    if result.exit_code != EXIT_OK:
+        raise RunError(f"the simulated run ended with exit code {result.exit_code}")
+    return result.report
+
+
+class _InlinePool:
+    """The pool interface, running each job at once in this process (--jobs 1)."""
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        future.set_result(fn(*args))
+        return future
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+# -- the plan ---------------------------------------------------------------------------------
+
+def run_plan(job: PlanJob) -> int:
+    from neuron_batch.bench.plan_report import PlanWriter
+    from neuron_batch.run.workload import load_workload
+
+    if (job.out_dir / PLAN_JSON).exists() and not job.resume:
+        raise RunError(f"{job.out_dir} already holds a plan; pass --resume to continue it, or "
+                       f"choose another --output")
+    try:
+        found, excluded = placements(job.spec)
+    except PlanError as error:
+        raise RunError(str(error)) from None
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    job = replace(job, log=_timed(job.log, started))
+    workload = load_workload(job.base, job.log)
+    requests = workload.prepared.requests
+    prompt_lens = [len(r.prompt_token_ids) for r in requests]
+    output_lens = [r.max_tokens for r in requests]
+    options = build_options(job.spec, found, prompt_lens, output_lens, seed=job.base.seed)
+    writer = PlanWriter(job, options, excluded, workload_output_tokens=sum(output_lens),
+                        num_requests=len(requests))
+    _announce(job, options, excluded, load_s=time.monotonic() - started)
+    try:
+        _search(job, options, writer)
+    except KeyboardInterrupt:
+        writer.write(wall_s=time.monotonic() - started, complete=False)
+        job.log(f"interrupted: finished simulations are kept in {job.out_dir}; --resume "
+                f"continues")
+        return EXIT_INTERRUPTED
+    text = writer.write(wall_s=time.monotonic() - started, complete=True, plot=True)
+    print(text, flush=True)
+    return EXIT_OK
+
+
+def _timed(log: Callable[[str], None], started: float) -> Callable[[str], None]:
+    """`log` with the minutes and seconds since `started` in front: where a plan's time goes."""
+    def timed(message: str) -> None:
+        minutes, seconds = divmod(int(time.monotonic() - started), 60)
+        log(f"[{minutes:d}:{seconds:02d}] {message}")
+    return timed
+
+
+def _announce(job: PlanJob, options: list[Option], excluded: list[str], load_s: float) -> None:
+    spec, log = job.spec, job.log
+    skipped = [o for o in options if o.skip_reason]
+    kinds = sorted({(o.instance, o.tp) for o in options})
+    log(f"grid: {len(kinds)} instance x TP placements ({', '.join(spec.instances)}), "
+        f"1..{spec.max_num_instances} instances, max_num_seqs "
+        f"{','.join(map(str, spec.seqs_values))}: {len(options)} options"
+        + (f", {len(skipped)} of them skipped (same schedule as a smaller max_num_seqs)"
+           if skipped else ""))
+    if excluded:
+        names = [reason.split(":", 1)[0] for reason in excluded]
+        log(f"  left out ({len(excluded)}; reasons in plan.json): {', '.join(names)}; e.g. "
+            f"{excluded[0]}")
+    at = f" ({job.deadline.at})" if job.deadline.at else ""
+    compile_ = "not counted (--compiled)" if spec.compiled else "counted"
+    log(f"deadline {job.deadline.text} = {format_hours(job.deadline.hours)}{at}; KV admission: "
+        f"{job.spec.kv_reserve}; compile time {compile_}")
+    expected = dry_run(options, job.deadline.hours, slack=ESTIMATE_SLACK)
+    everything = {o.sim_key: o for o in options if not o.skip_reason}
+    log(f"estimate: about {len(expected)} simulations "
+        f"({_steps(expected):,} engine steps), {_minutes(expected, job.jobs, load_s)} with "
+        f"{job.jobs} job(s); without pruning {len(everything)} simulations, "
+        f"{_minutes(list(everything.values()), job.jobs, load_s)} (on an idle machine)")
+
+
+def _steps(options: list[Option]) -> int:
+    unique = {o.sim_key: o for o in options}
+    return int(sum(o.bound_steps * ESTIMATE_SLACK for o in unique.values()))
+
+
+def _minutes(options: list[Option], jobs: int, load_s: float) -> str:
+    seconds = _steps(options) * SECONDS_PER_STEP / max(1, jobs) + VLLM_IMPORT_S + load_s
+    return f"about {seconds / 60:.0f} min" if seconds >= 90 else f"about {seconds:.0f} s"
+
+
+def _search(job: PlanJob, options: list[Option], writer) -> None:
+    search = Search(options, job.deadline.hours, prune=job.prune)
+    pool = (_InlinePool() if job.jobs == 1 else
+            ProcessPoolExecutor(max_workers=job.jobs, mp_context=get_context("spawn")))
+    futures: dict[Future, Option] = {}
+    count = 0
+    with pool:
+        try:
+            while True:
+                while len(futures) < job.jobs and (option := search.next()) is not None:
+                    settings = option_settings(job.base, option, job.out_dir)
+                    job.log(f"simulating {option.name}: {option.share_size:,} requests, at "
+                            f"least {option.hours_bound:.2f} h / ${option.usd_bound:,.2f}")
+                    futures[pool.submit(simulate_share, settings, job.base.limit)] = option
+                if not futures:
+                    break
+                done, _ = wait(futures, return_when=FIRST_COMPLETED)
+                for future in done:
+                    option = futures.pop(future)
+                    result = future.result()
+                    count += 1
+                    search.done(option, result)
+                    job.log(_progress(count, option, result, search))
+                    writer.write(complete=False)
+        except KeyboardInterrupt:
+            for future in futures:
+                future.cancel()
+            raise
+
+
+def _progress(count: int, option: Option, result: dict[str, Any], search: Search) -> str:
+    if result.get("replica_s") is None:
+        return f"[{count}] {option.name}: FAILED: {result.get('error')}"
+    hours, cost = option.hours_for(result["replica_s"]), option.usd_for(result["replica_s"])
+    how = "reused" if result.get("reused") else f"{result['wall_s']:.0f} s"
+    best = search.best_option.name if search.best_option else "-"
+    return (f"[{count}] {option.name}: {hours:.2f} h, ${cost:,.2f} "
+            f"({result['replica_output_tokens_per_s']:,.0f} tok/s per replica; {how}); "
+            f"best so far: {best}")

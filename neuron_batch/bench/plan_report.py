@@ -1,0 +1,247 @@
+"""A plan's results: plan.json, plan.csv, the ranked table, the recommendation in words and
+the command lines that reproduce it. Pure Python apart from the plot (plan_plot, matplotlib).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import textwrap
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from neuron_batch.bench.command_line import run_command
+from neuron_batch.bench.deadline import format_hours
+from neuron_batch.bench.export import _jsonable
+from neuron_batch.bench.plan import PLAN_JSON, PlanJob, layout_settings, option_settings
+from neuron_batch.bench.plan_grid import Option
+from neuron_batch.bench.plan_search import objective_key
+from neuron_batch.report.cost import per_million
+from neuron_batch.run.folder import write_json_atomic
+
+PLAN_CSV, PLAN_PNG = "plan.csv", "plan_cost_vs_time.png"
+CSV_COLUMNS = ("rank", "name", "status", "instance", "num_instances", "replicas",
+               "tensor_parallel_size", "max_num_seqs", "prefill_buckets", "decode_buckets",
+               "kv_reserve", "hours", "compile_hours", "price_per_hour_usd", "usd",
+               "usd_per_million_output_tokens", "output_tokens_per_s",
+               "replica_output_tokens_per_s", "share_requests", "meets_deadline",
+               "hours_at_least", "usd_at_least", "reason", "command")
+
+
+class PlanWriter:
+    """Turns the options (as results come in) into the plan's files and text."""
+
+    def __init__(self, job: PlanJob, options: Sequence[Option], excluded: Sequence[str], *,
+                 workload_output_tokens: int, num_requests: int):
+        self.job = job
+        self.options = list(options)
+        self.excluded = list(excluded)
+        self.output_tokens = workload_output_tokens
+        self.num_requests = num_requests
+        self.started = time.strftime("%Y-%m-%dT%H:%M:%S")
+
+    # -- records ------------------------------------------------------------------------------
+    def ranked(self) -> list[Option]:
+        done = [o for o in self.options if o.result and o.result.get("replica_s") is not None]
+        return sorted(done, key=lambda o: (self.key(o), o.name))
+
+    def key(self, option: Option) -> tuple:
+        seconds = option.result["replica_s"]
+        return objective_key(option.hours_for(seconds), option.usd_for(seconds),
+                             self.job.deadline.hours)
+
+    def describe(self, option: Option) -> dict[str, Any]:
+        """The option's fixed part: layout, configuration, price, bounds, command lines."""
+        price = option.placement.price
+        return {
+            "name": option.name, "instance": option.instance,
+            "num_instances": option.num_instances, "replicas": option.replicas,
+            "total_replicas": option.total_replicas, "tensor_parallel_size": option.tp,
+            "max_num_seqs": option.max_num_seqs, "prefill_buckets": list(option.prefill_buckets),
+            "decode_buckets": list(option.decode_buckets), "kv_reserve": self.job.spec.kv_reserve,
+            "compile_hours": option.compile_s / 3600.0, "pricing": price.pricing,
+            "price_per_hour_usd": price.per_hour_usd, "share_requests": option.share_size,
+            "hours_at_least": option.hours_bound, "usd_at_least": option.usd_bound,
+            "command": run_command(option_settings(self.job.base, option, None)),
+            "layout_command": run_command(
+                layout_settings(self.job.base, option),
+                extra={"replicas": option.total_replicas, "num_instances": option.num_instances}),
+        }
+
+    def record(self, option: Option, rank: int | None = None) -> dict[str, Any]:
+        out = self.describe(option)
+        result = option.result or {}
+        seconds = result.get("replica_s")
+        if seconds is None:
+            if result:
+                out.update(status="failed", reason=result.get("error"))
+            elif option.skip_reason:
+                out.update(status="skipped", reason=option.skip_reason)
+            elif option.pruned_by:
+                out.update(status="pruned", reason=f"its bounds cannot beat {option.pruned_by}")
+            else:
+                out.update(status="not run", reason="the plan stopped before it")
+            return out
+        hours, cost = option.hours_for(seconds), option.usd_for(seconds)
+        out.update(
+            rank=rank, status="simulated", hours=hours, run_hours=seconds / 3600.0, usd=cost,
+            usd_per_million_output_tokens=per_million(cost, self.output_tokens),
+            output_tokens_per_s=self.output_tokens / seconds if seconds else None,
+            replica_output_tokens_per_s=result.get("replica_output_tokens_per_s"),
+            meets_deadline=hours <= self.job.deadline.hours,
+            hours_to_spare=self.job.deadline.hours - hours,
+            run_dir=result.get("run_dir"), simulation_wall_s=result.get("wall_s"),
+            simulation_cpu_s=result.get("cpu_s"))
+        return out
+
+    def data(self, wall_s: float | None, complete: bool) -> dict[str, Any]:
+        ranked = self.ranked()
+        records = [self.record(o, rank) for rank, o in enumerate(ranked, 1)]
+        others = [self.record(o) for o in self.options if o not in ranked]
+        base, spec = self.job.base, self.job.spec
+        meta = {
+            "inputs": list(base.inputs), "num_requests": self.num_requests,
+            "output_tokens": self.output_tokens, "architecture": spec.architecture,
+            "weight_dtype": spec.weight_dtype, "max_model_len": spec.max_model_len,
+            "max_num_batched_tokens": spec.max_num_batched_tokens, "limit": base.limit,
+            "seed": base.seed, "deadline": self.job.deadline.to_dict(),
+            "instances": list(spec.instances), "max_num_instances": spec.max_num_instances,
+            "max_num_seqs_values": list(spec.seqs_values),
+            "max_prefill_buckets": spec.max_prefill_buckets, "compiled": spec.compiled,
+            "kv_reserve": spec.kv_reserve, "pricing": spec.pricing,
+            "prices_given": dict(spec.prices), "jobs": self.job.jobs,
+            "started": self.started, "wall_s": wall_s, "complete": complete,
+            "main_process_cpu_s": round(time.process_time(), 1),
+            "num_options": len(self.options), "num_simulated_options": len(ranked),
+            "num_simulations": len({o.sim_key for o in ranked}),
+            "num_pruned": sum(1 for r in others if r["status"] == "pruned"),
+            "num_skipped": sum(1 for r in others if r["status"] == "skipped"),
+            "excluded": self.excluded,
+        }
+        return {"meta": meta, "options": records, "not_simulated": others,
+                "recommendation": records[0] if records else None}
+
+    # -- files and text -----------------------------------------------------------------------
+    def write(self, *, wall_s: float | None = None, complete: bool, plot: bool = False) -> str:
+        data = _jsonable(self.data(wall_s, complete))
+        out = self.job.out_dir
+        write_json_atomic(out / PLAN_JSON, data)
+        write_csv(data, out / PLAN_CSV)
+        text = format_plan(data)
+        if plot and data["options"]:
+            from neuron_batch.bench.plan_plot import write_plot
+
+            path = write_plot(data, out / PLAN_PNG)
+            text += f"\nplot: {path}\nfiles: {out / PLAN_JSON}, {out / PLAN_CSV}\n"
+        return text
+
+
+def rerender_plan(folder: Path) -> str:
+    """`neuron-batch report DIR` of a plan folder: its table and recommendation again."""
+    return format_plan(json.loads((folder / PLAN_JSON).read_text(encoding="utf-8")))
+
+
+def write_csv(data: dict[str, Any], path) -> None:
+    rows = data["options"] + data["not_simulated"]
+    with open(path, "w", encoding="utf-8", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: (",".join(map(str, v)) if isinstance(v, list) else
+                                 "" if v is None else v) for k, v in row.items()})
+
+
+# -- text ---------------------------------------------------------------------------------------
+
+_HEADERS = ("#", "instance", "n", "replicas", "S", "prefill buckets", "hours", "compile",
+            "USD", "$/M out", "deadline")
+
+
+def format_plan(data: dict[str, Any]) -> str:
+    meta, rows = data["meta"], data["options"]
+    deadline = meta["deadline"]
+    lines = [f"neuron-batch plan: {meta['num_requests']:,} requests, {meta['architecture']}, "
+             f"deadline {deadline['text']} ({format_hours(deadline['hours'])}); "
+             f"{meta['num_options']} options, {meta['num_simulated_options']} simulated "
+             f"({meta['num_simulations']} runs), {meta['num_pruned']} pruned by their bounds, "
+             f"{meta['num_skipped']} skipped"]
+    if rows:
+        body = [[str(r["rank"]), r["instance"], str(r["num_instances"]),
+                 f"{r['replicas']}xTP{r['tensor_parallel_size']}", str(r["max_num_seqs"]),
+                 ",".join(map(str, r["prefill_buckets"])), f"{r['hours']:.2f}",
+                 f"{r['compile_hours']:.2f}", f"{r['usd']:,.2f}",
+                 f"{r['usd_per_million_output_tokens']:,.2f}",
+                 "meets" if r["meets_deadline"] else f"{-r['hours_to_spare']:.2f} h late"]
+                for r in rows]
+        widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(_HEADERS)]
+        left = {1, 3, 5, 10}
+
+        def line(cells):
+            return ("  " + "  ".join(c.ljust(w) if i in left else c.rjust(w)
+                                     for i, (c, w) in enumerate(zip(cells, widths)))).rstrip()
+        lines += [line(_HEADERS), *(line(b) for b in body)]
+        lines.append("  n = instances; replicas per instance x TP degree; S = max_num_seqs "
+                     "(also the one decode bucket); hours include compile")
+    lines += _closest_not_simulated(data)
+    lines.append("")
+    for paragraph in recommendation_words(data):
+        # command lines stay whole (to copy); sentences wrap at 100 columns
+        lines += ([paragraph] if paragraph.startswith("  ") or not paragraph
+                  else textwrap.wrap(paragraph, 100))
+    return "\n".join(lines) + "\n"
+
+
+def _closest_not_simulated(data: dict[str, Any], count: int = 5) -> list[str]:
+    """The pruned options that came nearest, with their lower bounds: what was ruled out."""
+    deadline_h = data["meta"]["deadline"]["hours"]
+    pruned = sorted((r for r in data["not_simulated"] if r["status"] == "pruned"),
+                    key=lambda r: (objective_key(r["hours_at_least"], r["usd_at_least"],
+                                                 deadline_h), r["name"]))
+    if not pruned:
+        return []
+    lines = [f"  closest of the {len(pruned)} pruned options (lower bounds, never simulated):"]
+    for r in pruned[:count]:
+        lines.append(f"    {r['name']}: at least {r['hours_at_least']:.2f} h and "
+                     f"${r['usd_at_least']:,.2f}")
+    return lines
+
+
+def recommendation_words(data: dict[str, Any]) -> list[str]:
+    meta, rows = data["meta"], data["options"]
+    deadline = meta["deadline"]
+    if not rows:
+        return ["No option could be simulated: nothing to recommend."]
+    best = rows[0]
+    what = (f"{best['num_instances']} x {best['instance']}, {best['replicas']} replica"
+            f"{'s' if best['replicas'] != 1 else ''} of TP {best['tensor_parallel_size']} on "
+            f"each, max_num_seqs {best['max_num_seqs']}, prefill buckets "
+            f"{','.join(map(str, best['prefill_buckets']))}, decode bucket "
+            f"{','.join(map(str, best['decode_buckets']))}")
+    cost = (f"${best['usd']:,.2f} (${best['usd_per_million_output_tokens']:,.2f} per million "
+            f"output tokens, {best['pricing']} at ${best['price_per_hour_usd']:,.4f}/h)")
+    compile_ = (f" of which {format_hours(best['compile_hours'])} compiling"
+                if best["compile_hours"] else "")
+    if best["meets_deadline"]:
+        out = [f"Recommendation: {what}. It finishes in {format_hours(best['hours'])}"
+               f"{compile_}, {format_hours(best['hours_to_spare'])} before the deadline, for "
+               f"{cost}: the cheapest option that meets the deadline."]
+        fastest = min(rows, key=lambda r: (r["hours"], r["usd"]))
+        if fastest is not best:
+            out.append(f"The fastest, {fastest['name']}, takes {format_hours(fastest['hours'])} "
+                       f"for ${fastest['usd']:,.2f}.")
+    else:
+        out = [f"No option meets the {deadline['text']} deadline. The fastest is {what}: "
+               f"{format_hours(best['hours'])}{compile_}, {format_hours(-best['hours_to_spare'])}"
+               f" late, for {cost}."]
+        if best["compile_hours"] and best["hours"] - best["compile_hours"] <= deadline["hours"]:
+            out.append("With the graphs compiled in advance (--compiled) it would make it.")
+        else:
+            out.append("More instances (--max-num-instances) or a later deadline would help.")
+    out += ["", f"One replica, on its share of {best['share_requests']:,} requests (measured "
+                f"{best['replica_output_tokens_per_s']:,.1f} output tok/s; the simulated device "
+                f"reproduces it):", f"  {best['command']}",
+            "The whole layout, for a run that spreads replicas over instances:",
+            f"  {best['layout_command']}"]
+    return out

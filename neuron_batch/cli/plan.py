@@ -1,0 +1,175 @@
+"""`neuron-batch plan`: what to rent to finish a batch job by a deadline for the least money."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from neuron_batch.cli.group import main
+from neuron_batch.cli.options import int_list, load_config_option
+from neuron_batch.config import (
+    DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_TOKENS,
+    CostOptions,
+    RunSettings,
+    SettingsError,
+    SimOptions,
+)
+from neuron_batch.report.cost import DEFAULT_PRICING, PRICINGS
+
+
+def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, float]:
+    """--price-per-hour: "USD" (one instance type) or "inf2.xlarge=0.3,inf2.48xlarge=5"."""
+    from neuron_batch.report.cost import check_price_per_hour
+
+    if not text:
+        return {}
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, _, value = part.rpartition("=")
+        name = name.strip().lower() or (instances[0] if len(instances) == 1 else "")
+        if not name:
+            raise SettingsError(f"--price-per-hour {text!r}: with several --instances, give "
+                                f"instance=USD pairs, e.g. {instances[0]}=0.30")
+        if name not in instances:
+            raise SettingsError(f"--price-per-hour names {name!r}, which is not in --instances "
+                                f"({', '.join(instances)})")
+        try:
+            out[name] = check_price_per_hour(float(value))
+        except ValueError:
+            raise SettingsError(f"--price-per-hour {part!r}: the price must be a positive "
+                                f"number of USD") from None
+    return out
+
+
+_DEFAULT_INSTANCES = "inf2.xlarge,inf2.8xlarge,inf2.24xlarge,inf2.48xlarge,trn1.32xlarge"
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--config", type=click.Path(dir_okay=False), callback=load_config_option,
+              is_eager=True, expose_value=False, help="A TOML job file (as for `run`).")
+@click.option("--architecture", required=True,
+              help="Model architecture: a catalogue name (llama-3.1-8b, mistral-7b, ...) or a "
+                   "config.json.")
+@click.option("--deadline", required=True,
+              help="When the job must be done: a duration (6h, 90m, 1h30m) or a moment "
+                   "(06:00 = the next 6 a.m., 2026-12-01T06:00).")
+@click.option("--instances", default=_DEFAULT_INSTANCES, show_default=True, metavar="I,I,...",
+              help="Instance types to consider.")
+@click.option("--max-num-instances", type=int, default=4, show_default=True,
+              help="Consider 1..N instances of each type.")
+@click.option("--max-num-seqs", default="8,16,32,64", show_default=True, metavar="N,N,...",
+              help="max_num_seqs values to consider (each is also the one decode bucket).")
+@click.option("--max-prefill-buckets", type=int, default=4, show_default=True,
+              help="The exact optimiser picks at most this many prefill buckets, as many as "
+                   "are worth their compile time.")
+@click.option("--compiled", is_flag=True,
+              help="The graphs are cached from an earlier run: compile time does not count.")
+@click.option("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN, show_default=True,
+              help="Longest prompt + output, in tokens.")
+@click.option("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+              show_default=True, help="Largest prefill chunk.")
+@click.option("--weight-dtype", type=click.Choice(["bf16", "fp8", "int8"]), default="bf16",
+              show_default=True)
+@click.option("--cost-profile", default=None, envvar="NEURON_BATCH_COST_PROFILE",
+              help="Step-time profile JSON (from `neuron-batch calibrate`) for every instance.")
+@click.option("--model", envvar="NEURON_BATCH_MODEL", default=None,
+              help="Whose tokenizer counts text prompts. Default: the built-in model's.")
+@click.option("--pricing", type=click.Choice(PRICINGS), default=DEFAULT_PRICING,
+              show_default=True, help="Built-in hourly prices: AWS on-demand (us-east-1) or the "
+                                      "reserved-instance effective rate (see the README).")
+@click.option("--price-per-hour", default=None, metavar="USD|I=USD,...",
+              help="Hourly prices overriding the built-in table (spot, negotiated): one number "
+                   "when --instances names one type, else instance=USD pairs.")
+@click.option("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, show_default=True,
+              help="Output tokens per request where the input gives none.")
+@click.option("--prompt-column", default="prompt", show_default=True)
+@click.option("--split", default="train", show_default=True)
+@click.option("--limit", type=int, default=None,
+              help="Plan for N requests drawn at random (seeded) from the input.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the random split of the requests over replicas.")
+@click.option("--jobs", type=int, default=None,
+              help="Simulations run in parallel on this many processes. Default: the cores.")
+@click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
+              help="Where plan.json, plan.csv, the plot and the simulated runs go. Default: "
+                   "results/<timestamp>-plan-<input name>/.")
+@click.option("--resume", is_flag=True, help="Continue a plan in --output (finished "
+                                               "simulations are reused).")
+@click.option("-q", "--quiet", is_flag=True, help="Only the final table and recommendation.")
+def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_seqs,
+         max_prefill_buckets, compiled, weight_dtype, cost_profile, pricing, price_per_hour,
+         jobs, output, resume, quiet, **options):
+    """Which instances, how many, laid out how, to finish INPUTS by --deadline for the least
+    money, on the simulated Neuron device.
+
+    \b
+    Candidates: every --instances type, every tensor-parallel degree that holds the model,
+    replicas filling the instance's cores, 1..--max-num-instances instances, every
+    --max-num-seqs, with the prefill buckets the exact optimiser picks and compile time
+    counted (unless --compiled). One replica is simulated on its share of the requests (a
+    seeded random split); options whose lower bounds cannot beat the best one found are
+    never simulated. Prints the grid and an estimate first, then a ranked table, the
+    recommendation (the cheapest option that meets the deadline, or the fastest) and the
+    `neuron-batch run` line that reproduces it; writes plan.json, plan.csv and a plot of
+    cost against completion time.
+    """
+    from neuron_batch.bench.deadline import DeadlineError, parse_deadline
+    from neuron_batch.bench.plan import PlanJob, plan_base, run_plan
+    from neuron_batch.bench.plan_grid import (
+        PlanError,
+        PlanSpec,
+        check_instances,
+        placements,
+    )
+    from neuron_batch.bench.sweep import default_jobs
+    from neuron_batch.device.architectures import (
+        ArchitectureError,
+        resolve_architecture,
+    )
+    from neuron_batch.report.cost import PricingError
+    from neuron_batch.run.errors import RunError
+    from neuron_batch.run.folder import default_output_dir
+
+    try:
+        seqs = tuple(int_list(max_num_seqs, "--max-num-seqs"))
+        for name, value in (("--max-num-instances", max_num_instances),
+                            ("--max-prefill-buckets", max_prefill_buckets),
+                            ("--jobs", jobs if jobs is not None else 1)):
+            if value < 1:
+                raise SettingsError(f"{name} must be 1 or more, got {value}")
+        names = check_instances([n for n in instances.split(",") if n.strip()])
+        prices = parse_prices(price_per_hour, names)
+        resolve_architecture(architecture)
+        when = parse_deadline(deadline)
+        settings = RunSettings(
+            inputs=tuple(inputs), device="sim", max_num_seqs=seqs[0],
+            sim=SimOptions(instance=names[0], architecture=architecture,
+                           weight_dtype=weight_dtype, cost_profile=cost_profile),
+            cost=CostOptions(pricing=pricing, price_per_hour=prices.get(names[0])),
+            quiet=True, **options).validate()
+        base, kv_reserve = plan_base(settings)
+        spec = PlanSpec(architecture=architecture, instances=names,
+                        max_num_instances=max_num_instances, seqs_values=seqs,
+                        max_prefill_buckets=max_prefill_buckets, compiled=compiled,
+                        weight_dtype=weight_dtype, cost_profile=cost_profile,
+                        max_model_len=settings.max_model_len,
+                        max_num_batched_tokens=settings.max_num_batched_tokens,
+                        kv_reserve=kv_reserve, pricing=pricing, prices=prices)
+        placements(spec)    # a model that fits nowhere fails here, before any input is read
+    except (SettingsError, PlanError, DeadlineError, ArchitectureError, PricingError) as error:
+        raise click.UsageError(str(error)) from None
+    log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
+    name = Path(inputs[0]).stem if not inputs[0].startswith("hf:") else "hf"
+    out_dir = Path(output) if output else default_output_dir((f"plan-{name}",))
+    job = PlanJob(base, spec, when, out_dir, jobs or default_jobs(), resume, log, quiet)
+    try:
+        code = run_plan(job)
+    except RunError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(error.exit_code)
+    sys.exit(code)

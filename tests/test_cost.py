@@ -1,0 +1,100 @@
+"""Price table, price choice and cost arithmetic (report/cost.py), and where settings use them.
+Pure Python: no engine runs here."""
+
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from neuron_batch.cli import main
+from neuron_batch.config import CostOptions, RunSettings, SettingsError, SimOptions
+from neuron_batch.device.hardware import INSTANCES
+from neuron_batch.report.cost import (
+    PRICES,
+    PricingError,
+    per_million,
+    price_for,
+    report_cost,
+    run_cost,
+    usd,
+)
+
+
+def test_every_simulated_instance_and_trn1_2xlarge_has_both_prices():
+    for name in [*INSTANCES, "trn1.2xlarge"]:
+        assert set(PRICES[name]) == {"on-demand", "reserved"}
+        assert PRICES[name]["reserved"] < PRICES[name]["on-demand"]
+
+
+def test_price_choice_and_override():
+    assert price_for("inf2.48xlarge").per_hour_usd == 12.9813
+    assert price_for("Inf2.48xlarge", "reserved").per_hour_usd == 5.608
+    custom = price_for("inf2.48xlarge", "reserved", price_per_hour=4.0)
+    assert (custom.per_hour_usd, custom.pricing, custom.source) == (4.0, "custom",
+                                                                    "--price-per-hour")
+    assert price_for("trn2.48xlarge", price_per_hour=30).per_hour_usd == 30.0
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.inf, math.nan, True])
+def test_price_override_must_be_a_positive_number(bad):
+    with pytest.raises(PricingError, match="--price-per-hour"):
+        price_for("inf2.xlarge", price_per_hour=bad)
+
+
+def test_unknown_instance_without_price_names_the_option():
+    with pytest.raises(PricingError, match=r"'trn2\.48xlarge'.*--price-per-hour"):
+        price_for("trn2.48xlarge")
+    with pytest.raises(PricingError, match="--pricing"):
+        price_for("inf2.xlarge", "spot")
+
+
+def test_arithmetic():
+    price = price_for("inf2.24xlarge")      # 6.4906 USD/h
+    assert usd(2.0, price, 3) == pytest.approx(2.0 * 6.4906 * 3)
+    assert per_million(5.0, 2_000_000) == pytest.approx(2.5)
+    assert per_million(5.0, 0) is None
+    cost = run_cost(price, elapsed_s=5400, output_tokens=1_000_000, total_tokens=4_000_000,
+                    num_instances=2)
+    assert cost["usd"] == pytest.approx(1.5 * 6.4906 * 2)
+    assert cost["usd_per_million_output_tokens"] == pytest.approx(1.5 * 6.4906 * 2)
+    assert cost["usd_per_million_total_tokens"] == pytest.approx(1.5 * 6.4906 * 2 / 4)
+    assert {k: cost[k] for k in ("instance", "num_instances", "pricing", "price_per_hour_usd")} \
+        == {"instance": "inf2.24xlarge", "num_instances": 2, "pricing": "on-demand",
+            "price_per_hour_usd": 6.4906}
+    report = {"throughput": {"elapsed_s": 3600.0}, "tokens": {"output": 10, "total": 40}}
+    assert report_cost(report, price)["usd"] == pytest.approx(6.4906)
+
+
+def test_settings_price_the_simulated_instance_or_a_given_host_instance():
+    sim = RunSettings(inputs=("x",), device="sim", sim=SimOptions(instance="inf2.xlarge"))
+    assert sim.price().per_hour_usd == 0.7582
+    # on a real host, only an --instance the user gave is priced
+    assert RunSettings(inputs=("x",), device="neuron").price() is None
+    host = RunSettings(inputs=("x",), device="neuron",
+                       cost=CostOptions(pricing="reserved", instance="trn1.2xlarge"))
+    assert host.price().per_hour_usd == 0.512
+    cpu = RunSettings(inputs=("x",), device="cpu", cost=CostOptions(instance="nothing.known"))
+    assert cpu.validate().price() is None
+    with pytest.raises(SettingsError, match="--price-per-hour"):
+        RunSettings(inputs=("x",), device="neuron",
+                    cost=CostOptions(instance="trn2.48xlarge")).validate()
+
+
+def test_run_refuses_an_unpriced_host_instance_before_running(tmp_path):
+    result = CliRunner().invoke(main, ["run", "--device", "neuron", "--instance", "trn2.48xlarge",
+                                       "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "--price-per-hour" in result.output and "trn2.48xlarge" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_summary_shows_the_cost():
+    from neuron_batch.report.summary import format_summary
+
+    cost = run_cost(price_for("inf2.48xlarge"), elapsed_s=3600, output_tokens=2_000_000,
+                    total_tokens=3_000_000, num_instances=2)
+    text = format_summary({"cost": cost})
+    line = next(line for line in text.splitlines() if line.startswith("Cost"))
+    assert "$25.96" in line and "2 x inf2.48xlarge" in line and "$12.9813/h (on-demand)" in line
+    assert "$12.981 per M output tok" in line
+    assert not any(line.startswith("Cost") for line in format_summary({}).splitlines())

@@ -1,0 +1,276 @@
+"""`neuron-batch plan`'s pure parts: the deadline parser, the search and its pruning, the grid's
+bounds and bucket choice, command lines. No engine runs here (see test_plan.py for those)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from neuron_batch.bench.command_line import run_command
+from neuron_batch.bench.deadline import DeadlineError, format_hours, parse_deadline
+from neuron_batch.bench.plan_bounds import ShareStats, decode_steps_bound
+from neuron_batch.bench.plan_grid import (
+    PlanError,
+    PlanSpec,
+    build_options,
+    check_instances,
+    placements,
+)
+from neuron_batch.bench.plan_search import Search, bound_key, objective_key
+from neuron_batch.cli import main
+from neuron_batch.config import CostOptions, RunSettings, SimOptions
+
+NOW = datetime(2026, 11, 30, 22, 15)
+
+
+# -- deadline ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, hours", [("6h", 6.0), ("90m", 1.5), ("1h30m", 1.5),
+                                         ("1.5h", 1.5), ("2d", 48.0), ("45s", 0.0125),
+                                         ("1h 30m", 1.5), (" 8H ", 8.0)])
+def test_durations(text, hours):
+    deadline = parse_deadline(text, NOW)
+    assert deadline.hours == pytest.approx(hours) and deadline.at is None
+
+
+def test_moments():
+    assert parse_deadline("2026-12-01T06:00", NOW).hours == pytest.approx(7.75)
+    assert parse_deadline("2026-12-01 06:00", NOW).at == "2026-12-01T06:00"
+    assert parse_deadline("06:00", NOW).hours == pytest.approx(7.75)     # the next 6 a.m.
+    assert parse_deadline("23:15", NOW).hours == pytest.approx(1.0)      # later today
+    aware = parse_deadline("2026-12-01T06:00+00:00", NOW.replace(tzinfo=timezone.utc))
+    assert aware.hours == pytest.approx(7.75)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("6", "neither a duration"), ("tomorrow", "neither a duration"), ("6x", "neither"),
+    ("1h1h", "neither"), ("0h", "no time at all"), ("", "empty"), ("25:00", "neither"),
+    ("2026-11-30T06:00", "already passed"), ("2026-13-01T06:00", "neither")])
+def test_bad_deadlines_say_what_works(text, match):
+    with pytest.raises(DeadlineError, match=match) as error:
+        parse_deadline(text, NOW)
+    assert "already passed" in str(error.value) or "6h" in str(error.value)
+
+
+def test_format_hours():
+    assert [format_hours(h) for h in (1.5, 0.25, 30, 2 / 3)] == ["1 h 30 min", "15 min", "30 h",
+                                                                 "40 min"]
+
+
+# -- the search and its pruning ----------------------------------------------------------------
+
+class FakeOption(SimpleNamespace):
+    """What Search reads of an option: bounds, cost arithmetic, a simulation key."""
+
+    def hours_for(self, seconds):
+        return (self.compile_s + seconds) / 3600
+
+    def usd_for(self, seconds):
+        return self.hours_for(seconds) * self.price * self.n
+
+    @property
+    def hours_bound(self):
+        return self.hours_for(self.bound_s)
+
+    @property
+    def usd_bound(self):
+        return self.usd_for(self.bound_s)
+
+
+def fake_options(draw_values) -> list[FakeOption]:
+    out = []
+    for i, (bound_s, slack, compile_s, price, n, key) in enumerate(draw_values):
+        out.append(FakeOption(name=f"o{i}", bound_s=bound_s, actual_s=bound_s * slack,
+                              compile_s=compile_s, price=price, n=n, sim_key=key,
+                              skip_reason=None, result=None, pruned_by=None))
+    # options sharing a simulation key share its actual time
+    first = {}
+    for o in out:
+        o.actual_s = first.setdefault(o.sim_key, o).actual_s
+        o.bound_s = min(o.bound_s, o.actual_s)
+    return out
+
+
+def search_all(options, deadline_h, *, prune=True):
+    search = Search(options, deadline_h, prune=prune)
+    simulated = 0
+    while (option := search.next()) is not None:
+        simulated += 1
+        search.done(option, {"replica_s": option.actual_s})
+    return search, simulated
+
+
+def search_parallel(options, deadline_h, jobs, order):
+    """As a plan with `jobs` processes runs it: up to `jobs` simulations at once, finishing in
+    an order drawn by hypothesis."""
+    search = Search(options, deadline_h)
+    running, simulated = [], 0
+    while True:
+        while len(running) < jobs and (option := search.next()) is not None:
+            running.append(option)
+            simulated += 1
+        if not running:
+            return search, simulated
+        option = running.pop(order.draw(st.integers(0, len(running) - 1)))
+        search.done(option, {"replica_s": option.actual_s})
+
+
+option_values = st.tuples(st.floats(10, 50_000), st.floats(1.0, 3.0), st.sampled_from([0, 900]),
+                          st.sampled_from([0.76, 1.97, 12.98]), st.integers(1, 4),
+                          st.integers(0, 12))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(option_values, min_size=1, max_size=25), st.floats(0.05, 20))
+def test_pruning_never_drops_the_option_an_unpruned_search_recommends(values, deadline_h):
+    pruned_search, pruned_runs = search_all(fake_options(values), deadline_h)
+    full_search, full_runs = search_all(fake_options(values), deadline_h, prune=False)
+    assert pruned_search.best == full_search.best
+    assert pruned_runs <= full_runs
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(option_values, min_size=1, max_size=25), st.floats(0.05, 20),
+       st.integers(2, 4), st.data())
+def test_parallel_search_with_held_back_options_finds_the_same_best(values, deadline_h, jobs,
+                                                                    order):
+    parallel, _ = search_parallel(fake_options(values), deadline_h, jobs, order)
+    full_search, _ = search_all(fake_options(values), deadline_h, prune=False)
+    assert parallel.best == full_search.best
+
+
+def test_a_second_process_waits_rather_than_run_what_the_first_will_likely_prune():
+    cheap = dict(compile_s=0, price=1.0, n=1, skip_reason=None, result=None, pruned_by=None)
+    best = FakeOption(name="a", bound_s=3600, actual_s=3600, sim_key=1, **cheap)
+    dearer = FakeOption(name="b", bound_s=3800, actual_s=3800, sim_key=2, **cheap)
+    search = Search([best, dearer], deadline_h=2)
+    assert search.next() is best and search.next() is None    # b waits for a
+    search.done(best, {"replica_s": 3600})
+    assert search.next() is None and search.pruned == [dearer]
+
+
+def test_objective_prefers_meeting_the_deadline_then_cost():
+    meets_dear, meets_cheap = objective_key(5, 20, 6), objective_key(5.9, 10, 6)
+    late_fast, late_slow = objective_key(6.5, 1, 6), objective_key(9, 1, 6)
+    assert meets_cheap < meets_dear < late_fast < late_slow
+    # the key of a lower bound is never above the key of the figures it bounds
+    for hours, usd in ((5, 20), (6.5, 1), (7, 3)):
+        for h_lb, u_lb in ((hours * 0.9, usd * 0.9), (hours * 0.5, usd)):
+            assert bound_key(h_lb, u_lb, 6) <= objective_key(hours, usd, 6)
+
+
+# -- the grid ----------------------------------------------------------------------------------
+
+def test_unknown_instances_and_models_that_fit_nowhere_are_plan_errors():
+    with pytest.raises(PlanError, match="unknown or unsimulated instance 'inf3.xlarge'"):
+        check_instances(["inf2.xlarge", "inf3.xlarge"])
+    with pytest.raises(PlanError, match="fits none of the candidates"):
+        placements(PlanSpec(architecture="llama-3.1-70b", instances=("inf2.xlarge",)))
+    with pytest.raises(PlanError, match="exceeds Llama-2-7B's context of 4096"):
+        placements(PlanSpec(architecture="llama-2-7b", max_model_len=8192))
+    found, excluded = placements(PlanSpec(architecture="llama-3.1-8b",
+                                          instances=("inf2.xlarge", "inf2.24xlarge")))
+    assert [(p.instance, p.tp, p.replicas) for p in found] == [
+        ("inf2.xlarge", 2, 1), ("inf2.24xlarge", 2, 6), ("inf2.24xlarge", 4, 3),
+        ("inf2.24xlarge", 8, 1), ("inf2.24xlarge", 12, 1)]
+    assert any("TP 1" in reason for reason in excluded)
+
+
+def test_options_share_a_simulation_when_the_hardware_is_the_same():
+    spec = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.xlarge", "inf2.8xlarge"),
+                    max_num_instances=2, seqs_values=(8,), max_model_len=4096,
+                    max_num_batched_tokens=2048)
+    found, _ = placements(spec)
+    lens = [300 + 37 * i % 1500 for i in range(40)]
+    options = build_options(spec, found, lens, [50] * 40, seed=0)
+    by_name = {o.name: o for o in options}
+    small, large = by_name["1x inf2.xlarge 1xTP2 S8"], by_name["1x inf2.8xlarge 1xTP2 S8"]
+    assert small.sim_key == large.sim_key and small.bound_s == large.bound_s
+    assert large.usd_bound > small.usd_bound
+    assert by_name["2x inf2.xlarge 1xTP2 S8"].share_size == 20
+
+
+def test_more_prefill_buckets_only_when_worth_their_compile_time():
+    spec = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.48xlarge",),
+                    max_num_instances=1, seqs_values=(8,), max_model_len=8192,
+                    max_num_batched_tokens=8192, max_prefill_buckets=4)
+    found, _ = placements(spec)
+    lens = [100 + (i * 7919) % 7000 for i in range(3000)]
+    many = {o.tp: o for o in build_options(spec, found, lens, [20] * 3000, seed=0)}
+    compiled = {o.tp: o for o in build_options(
+        PlanSpec(**{**spec.__dict__, "compiled": True}), found, lens, [20] * 3000, seed=0)}
+    for tp, option in many.items():
+        assert option.prefill_buckets[-1] == 8192
+        assert len(compiled[tp].prefill_buckets) == 4 and compiled[tp].compile_s == 0
+        assert len(option.prefill_buckets) <= 4 and option.compile_s > 0
+
+
+def test_decode_steps_bound_counts_kv_and_max_num_seqs():
+    stats = ShareStats.of([1000, 2000], [101, 51], max_num_batched_tokens=4096,
+                          max_model_len=4096, block_size=32)
+    assert stats.decode_tokens == 150 and stats.chunks == {(1000, 0): 1, (2000, 0): 1}
+    assert stats.context_sum == 100 * 1000 + 100 * 99 // 2 + 50 * 2000 + 50 * 49 // 2
+    common = {"block_size": 32, "max_model_len": 4096}
+    assert decode_steps_bound(stats, max_num_seqs=2, num_blocks=1000, kv_reserve="request",
+                              **common) == 75
+    # room for one max_model_len request: one at a time
+    assert decode_steps_bound(stats, max_num_seqs=2, num_blocks=129,
+                              kv_reserve="max_model_len", **common) == 150
+    # the KV actually held limits every admission rule
+    assert decode_steps_bound(stats, max_num_seqs=64, num_blocks=41, kv_reserve="none",
+                              **common) == -(-stats.context_sum // (32 * 40))
+
+
+# -- command lines -----------------------------------------------------------------------------
+
+def test_the_command_line_gives_the_same_settings_back(monkeypatch, tmp_path):
+    import neuron_batch.run.runner as runner
+
+    settings = RunSettings(inputs=("my trace.csv",), device="sim", max_num_seqs=16,
+                           max_num_batched_tokens=4096, max_model_len=8192,
+                           prefill_buckets=(512, 4096), decode_buckets=(16,), max_tokens=99,
+                           shuffle=True, seed=7, limit=123,
+                           sim=SimOptions(instance="inf2.24xlarge", architecture="llama-3-8b",
+                                          tensor_parallel_size=4, weight_dtype="int8"),
+                           cost=CostOptions(pricing="reserved"))
+    line = run_command(settings)
+    assert line.startswith("neuron-batch run 'my trace.csv' --device sim")
+    seen = {}
+
+    def fake_run(received):
+        seen["settings"] = received
+        return SimpleNamespace(exit_code=0)
+
+    monkeypatch.setattr(runner, "run", fake_run)
+    import shlex
+    result = CliRunner().invoke(main, shlex.split(line)[1:] + ["-o", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    got = seen["settings"]
+    keep = {"output": None, "quiet": False}
+    assert RunSettings(**{**got.__dict__, **keep}) == RunSettings(**{**settings.__dict__, **keep})
+
+
+def test_plan_cli_refuses_bad_input_before_reading_anything(tmp_path):
+    def plan(*args):
+        return CliRunner().invoke(main, ["plan", str(tmp_path / "absent.csv"),
+                                         "--architecture", "llama-3.1-8b", "--deadline", "6h",
+                                         "-o", str(tmp_path / "out"), *args])
+
+    for args, message in ((["--instances", "inf2.xlarge,p4d.24xlarge"], "'p4d.24xlarge'"),
+                          (["--deadline", "by dawn"], "neither a duration"),
+                          (["--architecture", "llama-3.1-70b", "--instances", "inf2.8xlarge"],
+                           "fits none of the candidates"),
+                          (["--architecture", "gpt-5"], "gpt-5"),
+                          (["--max-num-instances", "0"], "--max-num-instances"),
+                          (["--price-per-hour", "3"], "instance=USD pairs"),
+                          (["--instances", "inf2.xlarge", "--price-per-hour", "inf2.8xlarge=1"],
+                           "not in --instances")):
+        result = plan(*args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)
+    assert not (tmp_path / "out").exists()
