@@ -69,6 +69,12 @@ from neuron_batch.device.cost_model import (
 )
 from neuron_batch.device.hardware import default_tp, get_instance, validate_tp
 from neuron_batch.device.virtual_clock import virtual_now  # noqa: F401  (also named here)
+from neuron_batch.scheduler.kv_reserve import (
+    DEFAULT_KV_RESERVE,
+    MAX_MODEL_LEN,
+    parse_kv_reserve,
+    small_cache_warning,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -146,35 +152,43 @@ def _is_catalogue_name(spec: Any) -> bool:
     return not (path.suffix == ".json" or (path.is_dir() and (path / "config.json").exists()))
 
 
-def _kv(resolved: _Resolved, max_model_len: int) -> dict[str, Any]:
+def _kv(resolved: _Resolved, max_model_len: int, kv_reserve: str) -> dict[str, Any]:
     """kv_capacity for the settings. CapacityError (naming instance and TP) when the weights
-    do not fit or when the KV cache cannot hold one request of max_model_len."""
+    do not fit or, under kv_reserve=max_model_len, when the KV cache cannot hold one request
+    of max_model_len (under kv_reserve=request that is a warning: shorter requests run)."""
     return _checked_kv_capacity(resolved.instance, resolved.arch, resolved.tp,
                                 resolved.weight_dtype, max_model_len, NEURON_BLOCK_SIZE,
-                                resolved.kv_cap_fraction)
+                                resolved.kv_cap_fraction, kv_reserve)
 
 
 def _checked_kv_capacity(instance: str, arch: Architecture, tp: int, weight_dtype: str,
-                         max_model_len: int, block_size: int,
-                         cap_fraction: float) -> dict[str, Any]:
+                         max_model_len: int, block_size: int, cap_fraction: float,
+                         kv_reserve: str, warn: bool = True) -> dict[str, Any]:
     kv = kv_capacity(instance, arch, tp, weight_dtype, max_model_len=max_model_len,
                      block_size=block_size, cap_fraction=cap_fraction)
     blocks_per_seq = -(-max_model_len // block_size)
-    if kv["num_blocks"] - 1 < blocks_per_seq:   # vLLM's block pool keeps one null block
-        raise CapacityError(
-            f"{arch.name} {weight_dtype} on TP {tp} on {instance}: " + kv_too_small_message(
-                max(kv["num_blocks"] - 1, 0), block_size, max_model_len))
+    usable = max(kv["num_blocks"] - 1, 0)       # vLLM's block pool keeps one null block
+    if usable < blocks_per_seq:
+        where = f"{arch.name} {weight_dtype} on TP {tp} on {instance}: "
+        if parse_kv_reserve(kv_reserve) == MAX_MODEL_LEN:
+            raise CapacityError(where + kv_too_small_message(usable, block_size,
+                                                             max_model_len))
+        if warn:
+            logger.warning("%s", where + small_cache_warning(usable, block_size,
+                                                              max_model_len))
     return kv
 
 
 # -- engine arguments --------------------------------------------------------------------------
 def sim_engine_kwargs(settings: SimSettings, *, max_model_len: int, max_num_seqs: int,
-                      max_num_batched_tokens: int, workdir: Path) -> dict[str, Any]:
+                      max_num_batched_tokens: int, workdir: Path,
+                      kv_reserve: str = DEFAULT_KV_RESERVE) -> dict[str, Any]:
     """Keyword arguments for `vllm.LLM(...)` that run the simulated device.
 
     Checks the settings first, in the caller's process: an unknown instance/model/TP, weights
     that do not fit (CapacityError naming instance and TP) or a KV cache too small for one
-    request of max_model_len raise here rather than inside vLLM's engine start-up.
+    request of max_model_len (under kv_reserve=max_model_len) raise here rather than inside
+    vLLM's engine start-up. `kv_reserve` is the scheduler's KV admission rule.
 
     `additional_config` is a fresh dict: merge your own entries into it, and into its
     "neuron_batch" dict (do not replace that one: it holds the clock and the executor's "sim"
@@ -191,7 +205,8 @@ def sim_engine_kwargs(settings: SimSettings, *, max_model_len: int, max_num_seqs
             f"max_model_len {max_model_len} exceeds {resolved.arch.name}'s context of "
             f"{resolved.arch.max_position_embeddings} tokens; lower it or choose a model with a "
             f"longer context{hint}")
-    _kv(resolved, max_model_len)
+    kv_reserve = parse_kv_reserve(kv_reserve)
+    _kv(resolved, max_model_len, kv_reserve)
     model_dir = _write_model_dir(settings.arch, resolved.arch, Path(workdir))
     arch_spec = resolved.arch_spec or str(model_dir / "config.json")
     # Deterministic request ids (see _REQUEST_ID_ENV); vLLM caches its environment once an
@@ -221,7 +236,8 @@ def sim_engine_kwargs(settings: SimSettings, *, max_model_len: int, max_num_seqs
         "max_num_seqs": max_num_seqs,
         "max_num_batched_tokens": max_num_batched_tokens,
         "seed": 0,
-        "additional_config": {"neuron_batch": {"clock": VIRTUAL_CLOCK, SIM_KEY: sim}},
+        "additional_config": {"neuron_batch": {"clock": VIRTUAL_CLOCK, SIM_KEY: sim,
+                                               "kv_reserve": kv_reserve}},
     }
 
 
@@ -289,10 +305,11 @@ def _write_model_dir(spec: str | Path | dict, arch: Architecture, workdir: Path)
 
 # -- description for the report ----------------------------------------------------------------
 def describe_sim(settings: SimSettings, *, max_model_len: int, num_prefill_buckets: int,
-                 num_decode_buckets: int) -> dict[str, Any]:
+                 num_decode_buckets: int,
+                 kv_reserve: str = DEFAULT_KV_RESERVE) -> dict[str, Any]:
     """The simulated device in numbers, for the report."""
     resolved = _resolve(settings)
-    kv = _kv(resolved, max_model_len)
+    kv = _kv(resolved, max_model_len, kv_reserve)
     blocks_per_seq = -(-max_model_len // NEURON_BLOCK_SIZE)
     compile_ = compile_footprint(num_prefill_buckets, num_decode_buckets, resolved.arch,
                                  resolved.weight_dtype, tp=resolved.tp, profile=resolved.profile)
@@ -364,7 +381,9 @@ class NeuronSimExecutor(Executor):
         max_model_len = self.model_config.max_model_len
         self.kv = _checked_kv_capacity(self.instance, self.arch, self.tp, self.weight_dtype,
                                        max_model_len, self.block_size,
-                                       float(sim["kv_cap_fraction"]))
+                                       float(sim["kv_cap_fraction"]),
+                                       own.get("kv_reserve", DEFAULT_KV_RESERVE),
+                                       warn=False)  # the scheduler says it again
         self.num_blocks = self.kv["num_blocks"]
         # KV spec per decoder layer: the TP group's KV heads (replicated when TP > heads).
         group_kv_heads = self.tp * self.arch.kv_heads_per_core(self.tp)

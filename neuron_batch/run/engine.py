@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.config import RunSettings
+from neuron_batch.scheduler.kv_reserve import parse_kv_reserve
 
 SCHEDULER_CLS = "neuron_batch.scheduler.NeuronScheduler"
 CPU_KV_CACHE_BYTES = 2 << 30
@@ -30,6 +31,7 @@ class Finished:
     text: str | None
     finish_reason: str | None
     num_prompt_tokens: int
+    stop_reason: str | int | None = None   # with finish_reason "error": why (e.g. too big)
 
 
 def detect_device() -> str:
@@ -43,7 +45,8 @@ def detect_device() -> str:
 def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_path: Path,
                   workdir: Path, has_tokenizer: bool) -> dict[str, Any]:
     """Keyword arguments for vllm.LLM for this run and device."""
-    neuron_batch: dict[str, Any] = {"records_path": str(records_path)}
+    kv_reserve = parse_kv_reserve(settings.kv_reserve)
+    neuron_batch: dict[str, Any] = {"records_path": str(records_path), "kv_reserve": kv_reserve}
     kwargs: dict[str, Any] = dict(
         model=model_path,
         max_model_len=settings.max_model_len,
@@ -63,7 +66,8 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
                         tp_degree=sim.tensor_parallel_size, weight_dtype=sim.weight_dtype,
                         profile=sim.cost_profile),
             max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
-            max_num_batched_tokens=settings.max_num_batched_tokens, workdir=workdir)
+            max_num_batched_tokens=settings.max_num_batched_tokens, workdir=workdir,
+            kv_reserve=kv_reserve)
         sim_additional = sim_kwargs.pop("additional_config", {})
         neuron_batch.update(sim_additional.get("neuron_batch", {}))
         kwargs.update(sim_kwargs)
@@ -137,7 +141,8 @@ class Engine:
                 request_id=out.request_id, token_ids=list(completion.token_ids),
                 text=completion.text if self._detokenize else None,
                 finish_reason=completion.finish_reason,
-                num_prompt_tokens=len(out.prompt_token_ids or ()))
+                num_prompt_tokens=len(out.prompt_token_ids or ()),
+                stop_reason=completion.stop_reason)
 
     def close(self) -> None:
         """Shut the engine core down so the scheduler flushes its records."""

@@ -276,6 +276,7 @@ def _generate(settings: RunSettings, model, pending: list[PreparedRequest], fold
     deadline = (time.monotonic() + settings.max_runtime) if settings.max_runtime else None
     bar = _progress_bar(settings, len(pending))
     finished = output_tokens = 0
+    errors: list[str] = []   # requests the engine finished with an error (e.g. too big for KV)
     ended = "completed"
     try:
         with _StopFlag() as stop:
@@ -293,6 +294,11 @@ def _generate(settings: RunSettings, model, pending: list[PreparedRequest], fold
                     break
                 for done in engine.step():
                     if done.finish_reason == "abort":
+                        continue
+                    if done.finish_reason == "error":
+                        errors.append(str(done.stop_reason or f"request {done.request_id} "
+                                                                 f"failed in the engine"))
+                        log(f"error: {errors[-1]}")
                         continue
                     request = by_id[done.request_id]
                     folder.append_output(_output_row(request, done, model.name, simulated))
@@ -316,6 +322,7 @@ def _generate(settings: RunSettings, model, pending: list[PreparedRequest], fold
         engine.close()
         folder.close_outputs()
     return {"attempt": attempt, "ended": ended, "requests_finished": finished,
+            "requests_failed": len(errors), "errors": errors[:MAX_PROBLEMS_SHOWN],
             "wall_time_s": round(time.time() - started, 3),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
             "device": device, "pid": os.getpid()}
@@ -382,8 +389,8 @@ def build_report(folder: RunFolder, settings: RunSettings, model, prepared, prob
     if not attempts:
         raise RunError(f"{folder.path} has no scheduler records", EXIT_FAILED)
     records = concat_attempts(attempts)
-    # Abandoned (aborted) requests are not completed work: leave them out of the figures.
-    records.requests = [r for r in records.requests if r.finish_reason != "abort"]
+    # Abandoned (aborted) or failed requests are not completed work: leave them out.
+    records.requests = [r for r in records.requests if r.finish_reason not in ("abort", "error")]
     devices = [a.get("device") for a in folder.attempts() if a.get("device")]
     extra = {"model": model.name, "device": devices[-1] if devices else settings.device,
              "tokenizer": prepared.tokenizer_name, "max_tokens": settings.max_tokens,
@@ -397,8 +404,12 @@ def build_report(folder: RunFolder, settings: RunSettings, model, prepared, prob
     report = summarize(records, extra_config=extra, total=total, skipped=len(problems),
                        failed=0)
     _tokens_from_outputs(report, folder)
+    # Failed: what the last attempt could not run (a --resume tries those again).
+    ran = [a for a in folder.attempts() if "requests_failed" in a]
+    failed = ran[-1]["requests_failed"] if ran else 0
     report["requests"]["completed"] = completed
-    report["requests"]["pending"] = len(prepared.requests) - completed
+    report["requests"]["failed"] = failed
+    report["requests"]["pending"] = len(prepared.requests) - completed - failed
     report["requests"]["max_tokens_clamped"] = sum(r.max_tokens_clamped for r in prepared.requests)
     report["attempts"] = folder.attempts()
     report["output_dir"] = str(folder.path)
@@ -452,7 +463,7 @@ def _sim_description(settings: RunSettings, model) -> dict:
                                     tp_degree=sim.tensor_parallel_size,
                                     weight_dtype=sim.weight_dtype, profile=sim.cost_profile),
                         max_model_len=settings.max_model_len, num_prefill_buckets=len(prefill),
-                        num_decode_buckets=len(decode))
+                        num_decode_buckets=len(decode), kv_reserve=settings.kv_reserve)
 
 
 def rerender(path: Path) -> str:
