@@ -13,6 +13,7 @@ from typing import Any
 
 from neuron_batch.buckets import BucketError, parse_bucket_list, resolve_buckets
 from neuron_batch.report.cost import DEFAULT_PRICING, Price, PricingError, price_for
+from neuron_batch.scheduler.kv_reserve import DEFAULT_KV_RESERVE, parse_kv_reserve
 
 DEVICES = ("auto", "cpu", "cuda", "neuron", "sim")
 ON_ERROR = ("fail", "skip")
@@ -66,6 +67,7 @@ class RunSettings:
     prefill_buckets: tuple[int, ...] | None = None   # None: powers of two (see buckets.py)
     decode_buckets: tuple[int, ...] | None = None
     block_size: int | None = None        # None: the device's default (32 on Neuron)
+    kv_reserve: str = DEFAULT_KV_RESERVE  # KV admission: "request" or "max_model_len"
     max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.0
     ignore_eos: bool = False             # generate exactly max_tokens (benchmarks; always on sim)
@@ -100,6 +102,10 @@ class RunSettings:
         if self.device not in DEVICES:
             raise SettingsError(f"--device must be one of {', '.join(DEVICES)}, "
                                 f"got {self.device!r}")
+        try:
+            parse_kv_reserve(self.kv_reserve)
+        except ValueError as error:
+            raise SettingsError(f"--{error}") from None
         if self.on_error not in ON_ERROR:
             raise SettingsError(f"--on-error must be one of {', '.join(ON_ERROR)}, "
                                 f"got {self.on_error!r}")

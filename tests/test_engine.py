@@ -1,5 +1,6 @@
 """The Neuron scheduler inside vLLM's real engine (LLM -> engine core -> scheduler -> CPU model
-runner), with a tiny randomly initialised llama model made from a local config.json."""
+runner), with a tiny randomly initialised llama model made from a local config.json, under
+kv_reserve=request (the default rule)."""
 
 
 import pytest
@@ -22,7 +23,8 @@ def run_engine(model_dir, records_path, scheduler_cls, **extra):
               seed=0, scheduler_cls=scheduler_cls, kv_cache_memory_bytes=256 << 20,
               additional_config={"neuron_config": {"num_batched_tokens_buckets": [128, 256],
                                                    "num_seqs_buckets": [1, 2, 4]},
-                                 "neuron_batch": {"records_path": str(records_path)}},
+                                 "neuron_batch": {"records_path": str(records_path),
+                                                  "kv_reserve": "request"}},
               **extra)
     try:
         prompts = [{"prompt_token_ids": [3 + (i * 31 + j) % 500 for j in range(n)]}
@@ -54,6 +56,13 @@ def check_records(records):
         assert request.num_output_tokens == MAX_TOKENS
         assert request.arrival <= request.admitted <= request.first_token <= request.finished
     assert max(s.num_running for s in records.steps) <= 4
+    # admission by each request's own need: nothing preempted, every block held was reserved
+    assert records.config.kv_reserve == "request"
+    assert sum(s.num_preempted for s in records.steps) == 0
+    usable = records.config.num_kv_blocks - 1
+    for step in records.steps:
+        assert round(step.kv_usage * usable) <= step.kv_reserved_blocks <= usable
+    assert max(s.kv_reserved_blocks for s in records.steps) > 0
 
 
 def test_engine_runs_with_neuron_scheduler(tiny_model, tmp_path):

@@ -123,6 +123,9 @@ def test_two_request_run_every_key():
             "e2e_s": {"mean": 5.0, "p50": 5.0, "p90": 5.4, "p99": 5.49},
         },
         "steps": {"total": 8, "prefill": 3, "decode": 4, "empty": 1},
+        "preemptions": 0,
+        "kv": {"num_blocks": 64, "peak_reserved_blocks": 0, "peak_used_blocks": 0,
+               "mean_used_fraction": 0.0},
     }
     assert report == approx_tree(expected)
     assert list(report["padding"]["prefill"]["by_bucket"]) == ["4", "8", "16"]  # by size

@@ -7,6 +7,7 @@ import os
 import re
 import stat
 import time
+from dataclasses import asdict
 
 import pytest
 
@@ -221,3 +222,51 @@ def test_write_text_atomic_failure_keeps_the_old_file(tmp_path, monkeypatch):
         write_text_atomic(target, "new\n")
     assert target.read_text() == "old\n"
     assert os.listdir(tmp_path) == ["neuron_batch.prom"]
+
+
+# -- KV cache and the kv_reserve hint ----------------------------------------------------------
+
+def kv_report(kv_reserve: str, blocked: dict[str, int]) -> dict:
+    """Four steps over a 64-block cache (63 usable): reservations up to 48, 21 blocks held."""
+    steps = []
+    for i, (usage, reserved) in enumerate([(0.0, 16), (1 / 3, 48), (1 / 3, 48), (0.0, 0)]):
+        record = step(i, "ACTIVE_DECODE", "decode", float(i), i + 1.0, 1, 1, 1, 2, 2)
+        record.kv_usage, record.kv_reserved_blocks = usage, reserved
+        steps.append(record)
+    records = Records(RunConfig(**{**asdict(CONFIG), "kv_reserve": kv_reserve}), steps,
+                      [RequestRecord("a", 8, 0.0, 0.0, 1.0, 4.0, 4)],
+                      dict.fromkeys(BLOCK_REASONS, 0) | blocked)
+    return summarize(records)
+
+
+def test_summary_shows_kv_use_and_preemptions():
+    report = kv_report("request", {"kv_saturated": 3})
+    assert report["kv"] == {"num_blocks": 64, "peak_reserved_blocks": 48, "peak_used_blocks": 21,
+                            "mean_used_fraction": pytest.approx(1 / 6)}
+    assert report["preemptions"] == 0
+    lines = format_summary(report).splitlines()
+    row = next(line for line in lines if line.startswith("KV blocks"))
+    assert row.split() == ["KV", "blocks", "64", "peak", "reserved", "48", "(76.2%)",
+                           "peak", "used", "21", "(33.3%)", "mean", "used", "16.7%"]
+    assert next(line for line in lines if line.startswith("Steps")).endswith("0 preempted")
+    assert "kv_reserve=request" in format_summary(report)
+    # under `request` there is nothing to suggest
+    assert "--kv-reserve request" not in format_summary(report)
+
+
+def test_summary_says_request_would_lift_a_dominant_kv_saturated():
+    text = format_summary(kv_report("max_model_len", {"kv_saturated": 3, "at_capacity": 1}))
+    flat = " ".join(text.split())
+    assert "kv_saturated refused admission in 75% of steps" in flat
+    assert "--kv-reserve request reserves each request's own prompt + max_tokens" in flat
+    assert all(len(line) <= 100 for line in text.splitlines())
+    # not when another reason refuses more often
+    text = format_summary(kv_report("max_model_len", {"kv_saturated": 3, "at_capacity": 4}))
+    assert "--kv-reserve request" not in text
+
+
+def test_prometheus_has_preemptions_and_kv_figures():
+    text = prometheus_text(kv_report("request", {}), timestamp=0)
+    assert "neuron_batch_preemptions_total 0" in text
+    assert 'neuron_batch_kv_peak_blocks{kind="reserved"} 48' in text
+    assert 'neuron_batch_kv_peak_blocks{kind="used"} 21' in text

@@ -277,3 +277,42 @@ def test_quiet_run_prints_nothing_and_logs_the_engine(tiny_model, tmp_path, devi
     assert proc.stdout == b"" and proc.stderr == b""
     assert len(read_outputs(out)) == 6
     assert "INFO" in (out / "engine.log").read_text()
+
+
+def test_kv_reserve_from_a_job_file_reaches_the_scheduler_and_the_report(tmp_path):
+    """`kv-reserve` in a TOML job file (or --kv-reserve) picks the KV admission rule; the report
+    records it with the KV figures, and under max-model-len the summary says what request
+    would do when kv_saturated holds the run back."""
+    path = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt_len": 200 + 10 * i,
+                                              "max_tokens": 40} for i in range(30)])
+    job = tmp_path / "job.toml"
+    job.write_text('kv-reserve = "max-model-len"\ndevice = "sim"\nmax-num-seqs = 16\n'
+                   'max-model-len = 8192\n[sim]\narchitecture = "llama-3-8b"\n')
+    sim = ["--max-num-batched-tokens", "2048"]
+    reports = {}
+    for rule, extra in (("max_model_len", []), ("request", ["--kv-reserve", "request"])):
+        out = tmp_path / rule
+        result = invoke(["run", path, "--config", str(job), *sim, *extra, "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        reports[rule] = report = json.loads((out / "report.json").read_text())
+        assert report["config"]["kv_reserve"] == rule and report["preemptions"] == 0
+        assert set(report["kv"]) == {"num_blocks", "peak_reserved_blocks", "peak_used_blocks",
+                                     "mean_used_fraction"}
+        assert report["kv"]["peak_used_blocks"] <= report["kv"]["peak_reserved_blocks"]
+        flat = " ".join(result.output.split())
+        assert ("--kv-reserve request reserves each request's own prompt" in flat) == (
+            rule == "max_model_len")
+    # the KV cache holds 9 requests at max_model_len 8192: request runs all 16 at once
+    assert reports["max_model_len"]["admission_blocked"]["kv_saturated"] > 0
+    assert reports["request"]["admission_blocked"]["kv_saturated"] == 0
+    assert reports["request"]["throughput"]["output_tokens_per_s"] > \
+        reports["max_model_len"]["throughput"]["output_tokens_per_s"]
+
+
+def test_kv_reserve_is_checked_before_anything_runs(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", token_prompts(2))
+    bad = invoke(["run", path, "--device", "sim", "--kv-reserve", "sometimes"])
+    assert bad.exit_code == 2 and "--kv-reserve must be one of request, max-model-len" in \
+        bad.output
+    two = invoke(["run", path, "--device", "sim", "--kv-reserve", "request,max-model-len"])
+    assert two.exit_code == 2 and "neuron-batch bench --kv-reserve" in two.output

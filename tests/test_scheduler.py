@@ -119,15 +119,20 @@ def test_admission_refusals_are_counted_by_reason(cls):
 
 # -- the deadlock of the design's last section ---------------------------------------------
 
-def deadlock_setup(cls):
+RULES = ["request", "max_model_len"]
+
+
+def deadlock_setup(cls, kv_reserve=None):
     # max_num_seqs = 64, but the KV cache holds 2 requests at max_model_len (32 blocks each).
     return make_scheduler(cls, max_num_seqs=64, max_num_batched_tokens=1024, max_model_len=1024,
-                          num_blocks=70, block_size=32)
+                          num_blocks=70, block_size=32, kv_reserve=kv_reserve)
 
 
+@pytest.mark.parametrize("kv_reserve", RULES)
 @pytest.mark.parametrize("cls", BOTH)
-def test_no_deadlock_when_max_num_seqs_exceeds_kv_capacity(cls):
-    sched = deadlock_setup(cls)
+def test_no_deadlock_when_max_num_seqs_exceeds_kv_capacity(cls, kv_reserve):
+    # 600 + 300 tokens reach 29 blocks of 32: two fit in 69 under either rule.
+    sched = deadlock_setup(cls, kv_reserve)
     assert sched._max_kv_concurrent == 2
     requests = [make_request(600, 300) for _ in range(10)]
     result = drive(sched, requests, max_steps=20_000)
@@ -139,7 +144,7 @@ def test_no_deadlock_when_max_num_seqs_exceeds_kv_capacity(cls):
 def test_without_the_kv_check_the_same_workload_gets_stuck():
     """The guard above is what makes it pass: switched off (as the AWS code does when its
     estimate is 0), the same workload livelocks behind a prefill that can never get blocks."""
-    sched = deadlock_setup(NeuronScheduler)
+    sched = deadlock_setup(NeuronScheduler, "max_model_len")
     sched._max_kv_concurrent = sched.max_num_seqs
     with pytest.raises(RuntimeError, match="no completion"):
         drive(sched, [make_request(600, 300) for _ in range(10)], max_steps=3_000,
@@ -150,7 +155,7 @@ def test_kv_cache_smaller_than_one_request_is_refused_with_numbers():
     with pytest.raises(ValueError, match=r"holds 19 blocks x 32 tokens = 608 tokens.*"
                                          r"max_model_len = 1,024.*at most 608"):
         make_scheduler(NeuronScheduler, max_model_len=1024, max_num_batched_tokens=1024,
-                       num_blocks=20, block_size=32)
+                       num_blocks=20, block_size=32, kv_reserve="max_model_len")
 
 
 def test_mixed_batch_raises(monkeypatch):

@@ -1,6 +1,6 @@
 """Invariants of the Neuron scheduler over random workloads and configurations (hypothesis),
-on vLLM's real scheduler for both classes, driven synchronously and, for the async class, with
-one step in flight as vLLM's async engine does."""
+on vLLM's real scheduler for both classes and both kv_reserve rules, driven synchronously and,
+for the async class, with one step in flight as vLLM's async engine does."""
 
 import pytest
 
@@ -14,6 +14,7 @@ from neuron_batch.scheduler import NeuronAsyncScheduler, NeuronScheduler  # noqa
 from neuron_batch.scheduler.harness import drive, make_request, make_scheduler  # noqa: E402
 
 BLOCK = 16
+RULES = ["request", "max_model_len"]
 
 
 @st.composite
@@ -48,11 +49,11 @@ def scenario(draw):
                 prompts=prompts, outputs=outputs, arrival_steps=sorted(arrival_steps))
 
 
-def run_scenario(cls, sc, overlap=False):
+def run_scenario(cls, sc, overlap=False, kv_reserve="max_model_len"):
     sched = make_scheduler(
         cls, max_num_seqs=sc["max_num_seqs"], max_num_batched_tokens=sc["max_num_batched_tokens"],
         max_model_len=sc["max_model_len"], num_blocks=sc["num_blocks"], block_size=BLOCK,
-        neuron_config=sc["neuron_config"], async_scheduling=overlap)
+        neuron_config=sc["neuron_config"], async_scheduling=overlap, kv_reserve=kv_reserve)
     arrivals: dict[int, list] = {}
     order = []
     for i, (p, o, step) in enumerate(zip(sc["prompts"], sc["outputs"], sc["arrival_steps"])):
@@ -72,6 +73,15 @@ class StepChecks:
         self.sched = sched
         self.requests = requests
         self.first_scheduled: list[str] = []
+        self.usable = sched.kv_cache_manager.block_pool.num_gpu_blocks - 1   # null block out
+
+    def need(self, req_id):
+        """Blocks a request reserves, worked out here independently of the scheduler."""
+        request = self.requests[req_id]
+        mml = self.sched.max_model_len
+        tokens = (mml if self.sched.kv_reserve == "max_model_len"
+                  else min(request.num_prompt_tokens + request.max_tokens, mml))
+        return -(-tokens // BLOCK)
 
     def check(self, out):
         sched = self.sched
@@ -102,10 +112,36 @@ class StepChecks:
         elif decodes:
             assert sched.state.value == "ACTIVE_DECODE"
         # admission never exceeds max_num_seqs or the KV cache's worst-case capacity
-        assert len(sched.running) <= min(sched.max_num_seqs, sched._max_kv_concurrent)
+        if sched.kv_reserve == "max_model_len":
+            assert len(sched.running) <= min(sched.max_num_seqs, sched._max_kv_concurrent)
+        else:
+            assert len(sched.running) <= sched.max_num_seqs
+        self.check_kv(out)
         for new in out.scheduled_new_reqs:
             if new.req_id not in self.first_scheduled:
                 self.first_scheduled.append(new.req_id)
+
+
+    def check_kv(self, out):
+        sched = self.sched
+        # vLLM never preempted anything
+        assert not out.preempted_req_ids
+        # the running total of reservations is the sum over the running requests
+        reserved = sum(self.need(r.request_id) for r in sched.running)
+        assert sched.kv_reserved_blocks == reserved
+        # ... fits in the cache, and covers every block really held
+        assert reserved <= self.usable
+        used = self.usable - sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        assert used <= reserved
+        # the recorder saw the same total
+        assert sched.recorder.steps[-1].kv_reserved_blocks == reserved
+        # under `request`, KV refuses the head only when its own need really does not fit
+        # (so more than the max_model_len cap run whenever the real needs allow it)
+        if sched.recorder.steps[-1].blocked == "kv_saturated":
+            head = sched.waiting.peek_request()
+            assert reserved + self.need(head.request_id) > self.usable
+        if sched.kv_reserve == "max_model_len":
+            assert sched.recorder.steps[-1].num_running <= sched._max_kv_concurrent
 
 
 def assert_invariants(sched, order, result, checks):
@@ -124,22 +160,26 @@ SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
+@pytest.mark.parametrize("kv_reserve", RULES)
 @SETTINGS
-@given(scenario())
-def test_neuron_scheduler_invariants(sc):
-    assert_invariants(*run_scenario(NeuronScheduler, sc))
+@given(sc=scenario())
+def test_neuron_scheduler_invariants(sc, kv_reserve):
+    assert_invariants(*run_scenario(NeuronScheduler, sc, kv_reserve=kv_reserve))
 
 
+@pytest.mark.parametrize("kv_reserve", RULES)
 @SETTINGS
-@given(scenario())
-def test_neuron_async_scheduler_invariants(sc):
-    assert_invariants(*run_scenario(NeuronAsyncScheduler, sc))
+@given(sc=scenario())
+def test_neuron_async_scheduler_invariants(sc, kv_reserve):
+    assert_invariants(*run_scenario(NeuronAsyncScheduler, sc, kv_reserve=kv_reserve))
 
 
+@pytest.mark.parametrize("kv_reserve", RULES)
 @SETTINGS
-@given(scenario())
-def test_neuron_async_scheduler_invariants_with_a_step_in_flight(sc):
-    assert_invariants(*run_scenario(NeuronAsyncScheduler, sc, overlap=True))
+@given(sc=scenario())
+def test_neuron_async_scheduler_invariants_with_a_step_in_flight(sc, kv_reserve):
+    assert_invariants(*run_scenario(NeuronAsyncScheduler, sc, overlap=True,
+                                    kv_reserve=kv_reserve))
 
 
 def test_kv_capacity_in_scenarios_is_what_the_scheduler_uses():

@@ -20,13 +20,14 @@ from neuron_batch.config import (
     parse_buckets_option,
 )
 from neuron_batch.report.cost import DEFAULT_PRICING, PRICINGS
+from neuron_batch.scheduler.kv_reserve import parse_kv_reserve
 
 EXIT_CODES_HELP = """\b
 Exit codes:
   0  every request completed
   1  the run failed (engine or system error); finished outputs are kept
   2  bad usage or bad input; nothing was run
-  3  partial: finished, but some inputs were skipped (--on-error skip)
+  3  partial: finished, but some inputs were skipped (--on-error skip) or failed
   4  interrupted (SIGTERM, SIGINT, --max-runtime); --resume continues
   5  the output folder is in use by another run"""
 
@@ -72,6 +73,12 @@ def engine_options(func):
                           "Default: 1, 2, 4, ... then max-num-seqs."),
         click.option("--block-size", type=int, default=None,
                      help="KV cache block size. Default: the device's (32 on Neuron)."),
+        click.option("--kv-reserve", default="request", show_default=True, metavar="RULE",
+                     help="KV admission (Neuron cannot preempt): 'request' reserves each "
+                          "request's prompt + max_tokens and admits while the reservations "
+                          "fit; 'max-model-len' reserves max_model_len for every request (the "
+                          "seed design, far fewer at once). `bench` takes "
+                          "request,max-model-len to compare them."),
         click.option("--instance", default="inf2.8xlarge", show_default=True,
                      envvar="NEURON_BATCH_INSTANCE",
                      help="[sim] inf2.xlarge, inf2.8xlarge, inf2.24xlarge, inf2.48xlarge or "
@@ -122,6 +129,8 @@ def settings_from_options(inputs, max_num_seqs: int, options: dict) -> RunSettin
                                                       "--prefill-buckets")
     options["decode_buckets"] = parse_buckets_option(options.get("decode_buckets"),
                                                      "--decode-buckets")
+    if "kv_reserve" in options:
+        options["kv_reserve"] = kv_reserve_list(options["kv_reserve"])[0]
     settings = RunSettings(inputs=tuple(inputs) or (str(BUILTIN_PROMPTS),),
                            max_num_seqs=max_num_seqs, sim=sim, cost=cost, **options).validate()
     # Before any input, model or vLLM loads: say now if the device cannot work here.
@@ -139,6 +148,17 @@ def _given(name: str) -> bool:
         return False
     source = ctx.get_parameter_source(name)
     return source is not None and source != click.core.ParameterSource.DEFAULT
+
+
+def kv_reserve_list(text: str) -> list[str]:
+    """--kv-reserve request,max-model-len -> ["request", "max_model_len"] (canonical names)."""
+    try:
+        values = [parse_kv_reserve(part) for part in str(text).split(",") if part.strip()]
+    except ValueError as error:
+        raise SettingsError(f"--{error}") from None
+    if not values:
+        raise SettingsError(f"--kv-reserve: no rule in {text!r}; use request or max-model-len")
+    return list(dict.fromkeys(values))
 
 
 def int_list(text: str, option: str) -> list[int]:

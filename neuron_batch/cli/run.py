@@ -13,6 +13,7 @@ from neuron_batch.cli.options import (
     cost_options,
     engine_options,
     int_list,
+    kv_reserve_list,
     load_config_option,
     settings_from_options,
 )
@@ -74,6 +75,9 @@ def run(inputs, **options):
         if len(seqs_values) > 1:
             raise SettingsError("--max-num-seqs takes one value in `run`; sweep several with "
                                 "`neuron-batch bench`")
+        if len(kv_reserve_list(options["kv_reserve"])) > 1:
+            raise SettingsError("--kv-reserve takes one rule in `run`; compare both with "
+                                "`neuron-batch bench --kv-reserve request,max-model-len`")
         result = run_job(settings_from_options(inputs, seqs_values[0], options))
     except SettingsError as error:
         raise click.UsageError(str(error)) from None

@@ -57,6 +57,7 @@ from neuron_batch.device.target import (
     checked_kv_capacity,
 )
 from neuron_batch.scheduler.compat import full_attention_spec, model_runner_output
+from neuron_batch.scheduler.kv_reserve import DEFAULT_KV_RESERVE
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +95,9 @@ class NeuronSimExecutor(Executor):
         max_model_len = self.model_config.max_model_len
         self.kv = checked_kv_capacity(self.instance, self.arch, self.tp, self.weight_dtype,
                                        max_model_len, self.block_size,
-                                       float(sim["kv_cap_fraction"]))
+                                       float(sim["kv_cap_fraction"]),
+                                       own.get("kv_reserve", DEFAULT_KV_RESERVE),
+                                       warn=False)  # the scheduler says it again
         self.num_blocks = self.kv["num_blocks"]
         # KV spec per decoder layer: the TP group's KV heads (replicated when TP > heads).
         group_kv_heads = self.tp * self.arch.kv_heads_per_core(self.tp)

@@ -35,6 +35,12 @@ from neuron_batch.device.cost_model import (
     load_profile,
 )
 from neuron_batch.device.hardware import default_tp, get_instance, validate_tp
+from neuron_batch.scheduler.kv_reserve import (
+    DEFAULT_KV_RESERVE,
+    MAX_MODEL_LEN,
+    parse_kv_reserve,
+    small_cache_warning,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -83,11 +89,15 @@ class SimTarget:
     kv_cap_fraction: float
     max_model_len: int
     kv: dict[str, Any]              # cost_model.kv_capacity() for max_model_len
+    kv_reserve: str = DEFAULT_KV_RESERVE   # the scheduler's KV admission rule
 
     @classmethod
-    def resolve(cls, settings: SimSettings, max_model_len: int) -> SimTarget:
+    def resolve(cls, settings: SimSettings, max_model_len: int,
+                kv_reserve: str = DEFAULT_KV_RESERVE) -> SimTarget:
         """Resolve and check `settings`: SimError / CapacityError / FileNotFoundError (all
-        ValueErrors but the last) with a message that says what would work."""
+        ValueErrors but the last) with a message that says what would work. A KV cache too
+        small for one max_model_len request is an error under kv_reserve=max_model_len and a
+        warning under kv_reserve=request (shorter requests run)."""
         inst = get_instance(settings.instance)
         tp = validate_tp(inst, settings.tp_degree if settings.tp_degree is not None
                          else default_tp(inst))
@@ -108,10 +118,11 @@ class SimTarget:
         if not 0.0 < settings.kv_cap_fraction <= 1.0:
             raise SimError(f"kv_cap_fraction must be in (0, 1], got {settings.kv_cap_fraction}")
         _check_context(arch, max_model_len)
+        kv_reserve = parse_kv_reserve(kv_reserve)
         kv = checked_kv_capacity(inst.name, arch, tp, settings.weight_dtype, max_model_len,
-                                 NEURON_BLOCK_SIZE, float(settings.kv_cap_fraction))
+                                 NEURON_BLOCK_SIZE, float(settings.kv_cap_fraction), kv_reserve)
         return cls(settings, inst.name, arch, arch_spec, tp, settings.weight_dtype, profile,
-                   source, float(settings.kv_cap_fraction), max_model_len, kv)
+                   source, float(settings.kv_cap_fraction), max_model_len, kv, kv_reserve)
 
     def executor_settings(self, arch_spec: str | None = None) -> dict[str, Any]:
         """What the executor reads from `additional_config["neuron_batch"]["sim"]`."""
@@ -152,7 +163,8 @@ class SimTarget:
             "max_num_batched_tokens": max_num_batched_tokens,
             "seed": 0,
             "additional_config": {"neuron_batch": {
-                "clock": VIRTUAL_CLOCK, SIM_KEY: self.executor_settings(arch_spec)}},
+                "clock": VIRTUAL_CLOCK, SIM_KEY: self.executor_settings(arch_spec),
+                "kv_reserve": self.kv_reserve}},
         }
 
     def describe(self, *, num_prefill_buckets: int, num_decode_buckets: int) -> dict[str, Any]:
@@ -194,18 +206,19 @@ class SimTarget:
 
 
 def sim_engine_kwargs(settings: SimSettings, *, max_model_len: int, max_num_seqs: int,
-                      max_num_batched_tokens: int, workdir: Path) -> dict[str, Any]:
-    """`SimTarget.resolve(settings, max_model_len).engine_kwargs(...)`, for scripts and tests
-    that build their own `vllm.LLM`."""
-    return SimTarget.resolve(settings, max_model_len).engine_kwargs(
+                      max_num_batched_tokens: int, workdir: Path,
+                      kv_reserve: str = DEFAULT_KV_RESERVE) -> dict[str, Any]:
+    """`SimTarget.resolve(settings, max_model_len, kv_reserve).engine_kwargs(...)`, for scripts
+    and tests that build their own `vllm.LLM`."""
+    return SimTarget.resolve(settings, max_model_len, kv_reserve).engine_kwargs(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         workdir=workdir)
 
 
 def describe_sim(settings: SimSettings, *, max_model_len: int, num_prefill_buckets: int,
-                 num_decode_buckets: int) -> dict[str, Any]:
-    """`SimTarget.resolve(settings, max_model_len).describe(...)`."""
-    return SimTarget.resolve(settings, max_model_len).describe(
+                 num_decode_buckets: int, kv_reserve: str = DEFAULT_KV_RESERVE) -> dict[str, Any]:
+    """`SimTarget.resolve(settings, max_model_len, kv_reserve).describe(...)`."""
+    return SimTarget.resolve(settings, max_model_len, kv_reserve).describe(
         num_prefill_buckets=num_prefill_buckets, num_decode_buckets=num_decode_buckets)
 
 
@@ -229,17 +242,22 @@ def _check_context(arch: Architecture, max_model_len: int) -> None:
 
 
 def checked_kv_capacity(instance: str, arch: Architecture, tp: int, weight_dtype: str,
-                        max_model_len: int, block_size: int,
-                        cap_fraction: float) -> dict[str, Any]:
+                        max_model_len: int, block_size: int, cap_fraction: float,
+                        kv_reserve: str = DEFAULT_KV_RESERVE,
+                        warn: bool = True) -> dict[str, Any]:
     """kv_capacity(...), or CapacityError (naming instance and TP) when the weights do not fit
-    or the KV cache cannot hold one request of max_model_len."""
+    or, under kv_reserve=max_model_len, when the KV cache cannot hold one request of
+    max_model_len (under kv_reserve=request that is a warning: shorter requests run)."""
     kv = kv_capacity(instance, arch, tp, weight_dtype, max_model_len=max_model_len,
                      block_size=block_size, cap_fraction=cap_fraction)
     blocks_per_seq = -(-max_model_len // block_size)
-    if kv["num_blocks"] - 1 < blocks_per_seq:   # vLLM's block pool keeps one null block
-        raise CapacityError(
-            f"{arch.name} {weight_dtype} on TP {tp} on {instance}: " + kv_too_small_message(
-                max(kv["num_blocks"] - 1, 0), block_size, max_model_len))
+    usable = max(kv["num_blocks"] - 1, 0)       # vLLM's block pool keeps one null block
+    if usable < blocks_per_seq:
+        where = f"{arch.name} {weight_dtype} on TP {tp} on {instance}: "
+        if parse_kv_reserve(kv_reserve) == MAX_MODEL_LEN:
+            raise CapacityError(where + kv_too_small_message(usable, block_size, max_model_len))
+        if warn:
+            logger.warning("%s", where + small_cache_warning(usable, block_size, max_model_len))
     return kv
 
 

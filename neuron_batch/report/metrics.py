@@ -85,6 +85,10 @@ def summarize(records: Records, *, elapsed_s: float | None = None, start: float 
         "padding": padding_summary(steps, prefill_buckets, decode_buckets),
         "states": time_per_state(steps, records.requests, start, start + elapsed),
         "admission_blocked": _blocked(records.blocked_counts),
+        # vLLM preemptions seen in the scheduler's outputs: Neuron cannot preempt, so the KV
+        # admission rule must keep this at 0.
+        "preemptions": sum(s.num_preempted for s in steps),
+        "kv": kv_summary(steps, records.config.num_kv_blocks if records.config else None),
         "latency": latency_summary(completed),
         "steps": _step_counts(steps),
     }
@@ -169,6 +173,32 @@ def _padding_phase(table: dict[int, list[int]], count_key: str, actual_key: str,
 def waste_fraction(actual: float, padded: float) -> float:
     """Share of the padded work that was padding."""
     return (padded - actual) / padded if padded else 0.0
+
+
+# -- KV cache --------------------------------------------------------------------------------
+
+def kv_summary(steps: Sequence[StepRecord], num_blocks: int | None) -> dict[str, Any]:
+    """How much of the KV cache the admission rule reserved and the requests really held.
+
+    Fractions are of the usable blocks (vLLM's null block left out, as in its usage figure).
+    `peak_used_blocks` counts blocks held by requests: blocks freed into the prefix cache are
+    free. `mean_used_fraction` weights each step by its duration (a step whose end was never
+    recorded, or a run whose steps all take no time, counts each step once).
+    """
+    usable = num_blocks - 1 if num_blocks else 0
+    usages = [s.kv_usage for s in steps]
+    weights = [0.0 if s.t_end is None else max(s.t_end - s.t_start, 0.0) for s in steps]
+    total_weight = math.fsum(weights)
+    if total_weight > 0:
+        mean = math.fsum(u * w for u, w in zip(usages, weights)) / total_weight
+    else:
+        mean = math.fsum(usages) / len(usages) if usages else 0.0
+    return {
+        "num_blocks": num_blocks,
+        "peak_reserved_blocks": max((s.kv_reserved_blocks for s in steps), default=0),
+        "peak_used_blocks": round(max(usages, default=0.0) * usable),
+        "mean_used_fraction": mean,
+    }
 
 
 # -- time per state --------------------------------------------------------------------------

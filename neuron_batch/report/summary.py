@@ -18,6 +18,7 @@ import os
 import re
 import stat
 import tempfile
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,7 +30,10 @@ _STATES = ("IDLE", "ACTIVE_PREFILL", "ACTIVE_DECODE")
 _LATENCIES = (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("E2E", "e2e_s"))
 _PERCENTILES = (("p50", "0.5"), ("p90", "0.9"), ("p99", "0.99"))
 _CONFIG_KEYS = ("model", "device", "scheduler_cls", "max_num_seqs", "max_num_batched_tokens",
-                "max_model_len", "block_size", "num_kv_blocks", "max_kv_concurrent")
+                "max_model_len", "block_size", "num_kv_blocks", "max_kv_concurrent", "kv_reserve")
+#: kv_saturated refusing the queue head in at least this share of steps, and more often than
+#: any other reason, counts as the KV rule limiting the run.
+KV_BOUND_SHARE = 0.10
 
 
 # -- terminal summary ------------------------------------------------------------------------
@@ -63,10 +67,12 @@ def format_summary(report: dict[str, Any]) -> str:
     lines.append(_row("Steps", [f"{_int(steps.get('total'))} total",
                                 f"{_int(steps.get('prefill'))} prefill",
                                 f"{_int(steps.get('decode'))} decode",
-                                f"{_int(steps.get('empty'))} empty"]))
+                                f"{_int(steps.get('empty'))} empty",
+                                f"{_int(report.get('preemptions'))} preempted"]))
     # The configured lists are what was compiled; by_bucket may add buckets seen but not configured.
     prefill_buckets = config.get("prefill_buckets", padding.get("prefill", {}).get("by_bucket", {}))
     decode_buckets = config.get("decode_buckets", padding.get("decode", {}).get("by_bucket", {}))
+    lines.append(_kv_row(report))
     lines.append(_row("Graphs", [
         f"{_int(config.get('compiled_graphs'))} compiled "
         f"({len(prefill_buckets)} prefill buckets + {len(decode_buckets)} decode buckets)"]))
@@ -80,6 +86,7 @@ def format_summary(report: dict[str, Any]) -> str:
                                     actual_key="actual_seqs", padded_key="padded_seqs")]
     lines += ["", *_state_section(report.get("states", {}), throughput.get("elapsed_s"))]
     lines += ["", *_blocked_section(report.get("admission_blocked", {}))]
+    lines += _kv_hint(report)
     # Long model paths are the only thing that could overflow: cut rather than wrap tables.
     return "\n".join(_clip(line) for line in lines) + "\n"
 
@@ -127,6 +134,43 @@ def _state_section(states: dict[str, Any], elapsed: float | None) -> list[str]:
         share = seconds / elapsed if elapsed else None
         rows.append([name, _float(seconds, 2), _percent(share), _int(states[name].get("steps"))])
     return ["Time per state", *_table(["", "seconds", "share", "steps"], rows)]
+
+
+def _kv_row(report: dict[str, Any]) -> str:
+    kv = report.get("kv") or {}
+    num_blocks = kv.get("num_blocks")
+    usable = num_blocks - 1 if num_blocks else None
+
+    def share(blocks: Any) -> str:
+        return f" ({_percent(blocks / usable)})" if usable and blocks is not None else ""
+
+    return _row("KV blocks", [
+        _int(num_blocks),
+        f"peak reserved {_int(kv.get('peak_reserved_blocks'))}"
+        f"{share(kv.get('peak_reserved_blocks'))}",
+        f"peak used {_int(kv.get('peak_used_blocks'))}{share(kv.get('peak_used_blocks'))}",
+        f"mean used {_percent(kv.get('mean_used_fraction'))}"])
+
+
+def _kv_hint(report: dict[str, Any]) -> list[str]:
+    """Under kv_reserve=max_model_len, when kv_saturated is what holds the run back, say that
+    reserving each request's own need would lift it."""
+    if (report.get("config") or {}).get("kv_reserve") != "max_model_len":
+        return []
+    blocked = report.get("admission_blocked") or {}
+    saturated = blocked.get("kv_saturated", 0)
+    num_steps = (report.get("steps") or {}).get("total") or 0
+    if not num_steps or saturated < KV_BOUND_SHARE * num_steps or saturated < max(
+            blocked.values(), default=0):
+        return []
+    kv = report.get("kv") or {}
+    used = kv.get("mean_used_fraction")
+    text = (f"The KV rule limits this run: kv_saturated refused admission in "
+            f"{saturated / num_steps:.0%} of steps while the requests used {_percent(used)} of "
+            f"the KV cache on average: every request is "
+            f"reserved max_model_len. --kv-reserve request reserves each request's own prompt + "
+            f"max_tokens and would lift it (still no preemption).")
+    return ["", *textwrap.wrap(text, MAX_WIDTH)]
 
 
 def _blocked_section(blocked: dict[str, int]) -> list[str]:
@@ -242,6 +286,7 @@ def _families(report: dict[str, Any], timestamp: float) -> list[tuple[str, str, 
     throughput = report.get("throughput", {})
     padding = report.get("padding", {})
     latency = report.get("latency", {})
+    kv = report.get("kv") or {}
 
     def samples(label: str, values: dict[str, Any]) -> list:
         return [({label: key}, value) for key, value in values.items() if value is not None]
@@ -298,6 +343,15 @@ def _families(report: dict[str, Any], timestamp: float) -> list[tuple[str, str, 
          latency_means),
         ("compiled_graphs", "gauge", "Graphs compiled for the run (prefill + decode buckets).",
          single(report.get("config", {}).get("compiled_graphs"))),
+        ("preemptions_total", "counter",
+         "Requests vLLM preempted (Neuron cannot preempt: should stay 0).",
+         single(report.get("preemptions"))),
+        ("kv_peak_blocks", "gauge",
+         "Most KV blocks reserved by the admission rule / really held by requests at once.",
+         samples("kind", {"reserved": kv.get("peak_reserved_blocks"),
+                          "used": kv.get("peak_used_blocks")})),
+        ("kv_mean_used_ratio", "gauge", "Mean share of the usable KV blocks held by requests.",
+         single(kv.get("mean_used_fraction"))),
         ("last_run_timestamp_seconds", "gauge", "When the last run's report was written.",
          single(timestamp)),
     ]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_batch.config import RunSettings, SettingsError
+from neuron_batch.scheduler.kv_reserve import parse_kv_reserve
 from neuron_batch.versions import (
     installed_vllm_version,
     neuron_plugin_missing_message,
@@ -78,6 +79,7 @@ class Finished:
     text: str | None
     finish_reason: str | None
     num_prompt_tokens: int
+    stop_reason: str | int | None = None   # with finish_reason "error": why (e.g. too big)
 
 
 def detect_device() -> str:
@@ -93,7 +95,8 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
                   target: SimTarget | None = None) -> dict[str, Any]:
     """Keyword arguments for vllm.LLM for this run and device (`target`: the simulated device,
     resolved once by the runner; required when device is "sim")."""
-    neuron_batch: dict[str, Any] = {"records_path": str(records_path)}
+    kv_reserve = parse_kv_reserve(settings.kv_reserve)
+    neuron_batch: dict[str, Any] = {"records_path": str(records_path), "kv_reserve": kv_reserve}
     kwargs: dict[str, Any] = dict(
         model=model_path,
         max_model_len=settings.max_model_len,
@@ -200,7 +203,8 @@ class Engine:
                 request_id=out.request_id, token_ids=list(completion.token_ids),
                 text=completion.text if self._detokenize else None,
                 finish_reason=completion.finish_reason,
-                num_prompt_tokens=len(out.prompt_token_ids or ()))
+                num_prompt_tokens=len(out.prompt_token_ids or ()),
+                stop_reason=completion.stop_reason)
 
     def close(self) -> None:
         """Shut the engine core down so the scheduler flushes its records."""

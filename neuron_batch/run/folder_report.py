@@ -23,8 +23,11 @@ def build_report(job: Job) -> dict:
     if not attempts:
         raise RunError(f"{folder.path} has no scheduler records", EXIT_FAILED)
     records = concat_attempts(attempts)
-    # Abandoned (aborted) requests are not completed work: leave them out of the figures.
-    records.requests = [r for r in records.requests if r.finish_reason != "abort"]
+    # Abandoned (aborted) or failed requests are not completed work: leave them out.
+    records.requests = [r for r in records.requests if r.finish_reason not in ("abort", "error")]
+    # Failed: what the last attempt could not run (a --resume tries those again).
+    ran = [a for a in folder.attempts() if "requests_failed" in a]
+    failed = ran[-1]["requests_failed"] if ran else 0
     devices = [a.get("device") for a in folder.attempts() if a.get("device")]
     extra = {"model": model.name, "device": devices[-1] if devices else settings.device,
              "tokenizer": prepared.tokenizer_name, "max_tokens": settings.max_tokens,
@@ -41,7 +44,8 @@ def build_report(job: Job) -> dict:
                        failed=0)
     _tokens_from_outputs(report, folder)
     report["requests"]["completed"] = completed
-    report["requests"]["pending"] = len(prepared.requests) - completed
+    report["requests"]["failed"] = failed
+    report["requests"]["pending"] = len(prepared.requests) - completed - failed
     report["requests"]["max_tokens_clamped"] = sum(r.max_tokens_clamped for r in prepared.requests)
     _add_cost(report, settings)
     report["attempts"] = folder.attempts()

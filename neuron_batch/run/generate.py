@@ -42,6 +42,9 @@ class _StopFlag:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
 
+#: Engine errors kept in attempts.json (the count is always whole).
+MAX_ERRORS_KEPT = 20
+
 #: The clock --max-runtime is measured on, read once before the first step and once per step.
 #: A module attribute so that a test can drive it by steps instead of by the machine's speed.
 runtime_clock = time.monotonic
@@ -95,6 +98,7 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
     deadline = (runtime_clock() + settings.max_runtime) if settings.max_runtime else None
     bar = _progress_bar(settings, len(pending))
     finished = output_tokens = 0
+    errors: list[str] = []   # requests the engine finished with an error (e.g. too big for KV)
     ended = "completed"
     try:
         with _StopFlag() as stop:
@@ -112,6 +116,11 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
                     break
                 for done in engine.step():
                     if done.finish_reason == "abort":
+                        continue
+                    if done.finish_reason == "error":
+                        errors.append(str(done.stop_reason or f"request {done.request_id} "
+                                                                 f"failed in the engine"))
+                        log(f"error: {errors[-1]}")
                         continue
                     request = by_id[done.request_id]
                     folder.append_output(_output_row(request, done, model.name, simulated))
@@ -137,7 +146,8 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
     return {"attempt": attempt, "ended": ended, "requests_finished": finished,
             "wall_time_s": round(time.time() - started, 3),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-            "device": device, "pid": os.getpid()}
+            "device": device, "pid": os.getpid(),
+            "requests_failed": len(errors), "errors": errors[:MAX_ERRORS_KEPT]}
 
 
 def _progress_bar(settings: RunSettings, total: int):

@@ -80,7 +80,7 @@ def resolve_sim_target(settings: RunSettings, model):
             SimSettings(instance=sim.instance, arch=sim.architecture or model.path,
                         tp_degree=sim.tensor_parallel_size, weight_dtype=sim.weight_dtype,
                         profile=sim.cost_profile),
-            settings.max_model_len)
+            settings.max_model_len, settings.kv_reserve)
     except (ValueError, FileNotFoundError) as error:
         raise RunError(f"--device sim: {error}") from None
 

@@ -70,8 +70,10 @@ def make_scheduler(
     neuron_config: dict[str, Any] | None = None,
     neuron_batch_config: dict[str, Any] | None = None,
     async_scheduling: bool = False,
+    kv_reserve: str | None = None,
 ):
-    """A scheduler of `scheduler_cls` over a KV cache of `num_blocks` blocks."""
+    """A scheduler of `scheduler_cls` over a KV cache of `num_blocks` blocks. `kv_reserve`
+    ("request" or "max_model_len") is put into `neuron_batch_config`; None: the default."""
     model_config = compat.model_config(
         model=tiny_model_dir(), skip_tokenizer_init=True, max_model_len=max_model_len,
         dtype="float32", seed=0)
@@ -83,6 +85,8 @@ def make_scheduler(
     additional: dict[str, Any] = {}
     if neuron_config is not None:
         additional["neuron_config"] = neuron_config
+    if kv_reserve is not None:
+        neuron_batch_config = {**(neuron_batch_config or {}), "kv_reserve": kv_reserve}
     if neuron_batch_config is not None:
         additional["neuron_batch"] = neuron_batch_config
     vllm_config = compat.cpu_vllm_config(model_config=model_config,

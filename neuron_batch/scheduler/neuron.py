@@ -5,8 +5,10 @@ Neuron runs precompiled graphs, so the scheduler must (see the design document,
 - never mix prefill and decode in one step, and prefill one request per step;
 - pad every prefill chunk to a compiled token bucket and every decode batch to a compiled
   batch-size bucket, without letting the padding leak into vLLM's token accounting;
-- never admit more requests than the KV cache holds at max_model_len each, because Neuron
-  cannot preempt (and hiding decodes behind a prefill that cannot get KV blocks deadlocks).
+- never admit a request unless every running request can still reach its end in the KV cache,
+  because Neuron cannot preempt (and hiding decodes behind a prefill that cannot get KV blocks
+  deadlocks). What "its end" is depends on the `kv_reserve` rule (kv_reserve.py): its own
+  prompt + max_tokens (the default), or max_model_len for every request (the seed design).
 
 It does this around vLLM's own `schedule()`, which still allocates blocks and tracks requests:
 the waiting queue is swapped out (the holdback queue), the requests that pass admission are put
@@ -30,16 +32,15 @@ from vllm.v1.request import Request
 
 from neuron_batch.buckets import (
     bucket_for,
-    kv_too_small_message,
-    max_kv_concurrent_requests,
     resolve_buckets,
 )
 from neuron_batch.scheduler.compat import (
-    cdiv,
     create_request_queue,
     lower_running_caps,
     prepend_in_order,
 )
+from neuron_batch.scheduler.kv_admission import KVAdmission
+from neuron_batch.scheduler.kv_reserve import MAX_MODEL_LEN
 from neuron_batch.scheduler.records import (
     DECODE,
     EMPTY,
@@ -57,15 +58,17 @@ logger = logging.getLogger(__name__)
 #: this order is StepRecord's.
 STEP_FIELDS_FILLED = ("step", "state", "kind", "req_ids", "num_tokens", "num_tokens_padded",
                       "num_seqs", "num_seqs_padded", "bucket", "context_tokens", "blocked",
-                      "num_waiting", "num_running", "kv_usage", "t_start")
+                      "num_waiting", "num_running", "kv_usage", "t_start", "t_end",
+                      "kv_reserved_blocks", "num_preempted")
 _STATE_VALUES = {state: state.value for state in SchedulerState}
 
 #: Keys of `additional_config["neuron_batch"]` (this project's own settings).
 RECORDS_PATH_KEY = "records_path"   # write step/request records here as JSON lines
 CLOCK_KEY = "clock"                 # "module:attribute" of a zero-argument clock
+# (and KV_RESERVE_KEY in kv_admission.py: the kv_reserve rule)
 
 
-class NeuronScheduler(Scheduler):
+class NeuronScheduler(KVAdmission, Scheduler):
     """vLLM's scheduler with Neuron's admission control, prefill/decode separation and padding."""
 
     def __init__(self, vllm_config, kv_cache_config, structured_output_manager,
@@ -86,8 +89,7 @@ class NeuronScheduler(Scheduler):
             additional.get("neuron_config"), max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
             max_model_len=self.max_model_len)
-        self._max_kv_concurrent = self._kv_concurrency_limit(vllm_config, kv_cache_config,
-                                                             block_size)
+        self._setup_kv_admission(own, vllm_config, kv_cache_config, block_size)
         self._state = SchedulerState.IDLE
         self.total_padding_tokens = 0
 
@@ -102,36 +104,16 @@ class NeuronScheduler(Scheduler):
             prefill_buckets=list(self.num_batched_tokens_buckets),
             decode_buckets=list(self.num_seqs_buckets),
             scheduler_cls=f"{type(self).__module__}.{type(self).__name__}",
-            enable_prefix_caching=bool(self.cache_config.enable_prefix_caching)))
+            enable_prefix_caching=bool(self.cache_config.enable_prefix_caching),
+            kv_reserve=self.kv_reserve))
         # Time of the update_from_output call in progress, for requests finishing in it.
         self._update_time: float | None = None
         if self._max_kv_concurrent < self.max_num_seqs:
             logger.info("Neuron scheduler: the KV cache holds %d requests at max_model_len=%d, "
-                        "fewer than max_num_seqs=%d; admission stops there",
-                        self._max_kv_concurrent, self.max_model_len, self.max_num_seqs)
-
-    def _kv_concurrency_limit(self, vllm_config, kv_cache_config, block_size: int) -> int:
-        """Requests that fit in the KV cache at max_model_len each (the design's
-        `_max_kv_concurrent`). Unlike vLLM's `get_max_concurrency_for_kv_cache_config`, which
-        the AWS code uses, this leaves out the block vLLM's block pool reserves as its null
-        block: counting it admits one request too many when the cache is a whole number of
-        requests, and that request then never gets its last block (found by the property tests).
-        """
-        usable_blocks = kv_cache_config.num_blocks - 1
-        blocks_per_request = sum(
-            cdiv(group.kv_cache_spec.max_memory_usage_bytes(vllm_config),
-                 group.kv_cache_spec.page_size_bytes)
-            for group in kv_cache_config.kv_cache_groups
-            if not getattr(group, "host_resident", False))
-        if blocks_per_request:
-            limit = usable_blocks // blocks_per_request
-        else:
-            limit = max_kv_concurrent_requests(usable_blocks, block_size, self.max_model_len)
-        if limit <= 0:
-            # The AWS code falls back to max_num_seqs here, which switches the cap off.
-            raise ValueError("Neuron scheduler: " + kv_too_small_message(
-                usable_blocks, block_size, self.max_model_len))
-        return limit
+                        "fewer than max_num_seqs=%d; %s", self._max_kv_concurrent,
+                        self.max_model_len, self.max_num_seqs,
+                        "admission stops there" if self.kv_reserve == MAX_MODEL_LEN else
+                        "kv_reserve=request admits more while their prompt + max_tokens fit")
 
     # -- the design's properties ------------------------------------------------------------
     @property
@@ -155,15 +137,18 @@ class NeuronScheduler(Scheduler):
     def admission_refusal(self, request: Request | None = None,
                           prefill_in_running: bool | None = None) -> str | None:
         """Why the next waiting request may not start now (None: it may), checked in the
-        design's order. The request itself is not inspected: bucket fit needs no check because
-        chunked prefill makes every chunk fit."""
+        design's order. Bucket fit needs no check because chunked prefill makes every chunk
+        fit. The fourth check depends on the kv_reserve rule: under max_model_len it counts
+        running requests against `_max_kv_concurrent` (the seed design, unchanged); under
+        request it adds `request`'s reservation to the running total (without a request: any
+        block still unreserved)."""
         if len(self.running) >= self.max_num_seqs:
             return "at_capacity"
         if prefill_in_running if prefill_in_running is not None else self.has_prefill_in_running:
             return "prefill_in_running"
         if len(self.waiting) >= self.max_prefills_per_batch:
             return "prefill_batch_full"
-        if len(self.running) >= self._max_kv_concurrent:
+        if self.kv_saturated(request):
             return "kv_saturated"  # deadlock prevention: see the design's last section
         return None
 
@@ -174,6 +159,8 @@ class NeuronScheduler(Scheduler):
     # -- scheduling ---------------------------------------------------------------------------
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         t_start = self.recorder.clock()
+        if self._kv_too_big:
+            self._refuse_too_big()
         num_waiting = len(self.waiting)
 
         # Step 1: move waiting -> holdback. Swapping the queue objects is O(1), where draining
@@ -184,12 +171,15 @@ class NeuronScheduler(Scheduler):
         prefill_running = [r for r in self.running
                            if r.num_computed_tokens < r.num_prompt_tokens]
         blocked = None
+        admitted = None
         while self.holdback_queue:
-            blocked = self.admission_refusal(prefill_in_running=bool(prefill_running))
+            blocked = self.admission_refusal(self.holdback_queue.peek_request(),
+                                             prefill_in_running=bool(prefill_running))
             if blocked is not None:
                 self.recorder.blocked_counts[blocked] += 1
                 break
-            self.waiting.add_request(self.holdback_queue.pop_request())
+            admitted = self.holdback_queue.pop_request()
+            self.waiting.add_request(admitted)
 
         # Step 3: prefill/decode separation (three branches).
         hidden: list[Request] = []
@@ -222,6 +212,9 @@ class NeuronScheduler(Scheduler):
                 self.waiting.remove_requests(left)
                 prepend_in_order(self.holdback_queue, left)
             self.holdback_queue, self.waiting = self.waiting, self.holdback_queue
+
+        if admitted is not None:
+            self._reserve_if_scheduled(admitted, output)
 
         # Steps 6-8: padding, the mixed-batch check, state, records.
         self._pad_and_record(output, t_start, blocked, num_waiting)
@@ -304,7 +297,9 @@ class NeuronScheduler(Scheduler):
         recorder.add_step(StepRecord(  # arguments in STEP_FIELDS_FILLED order
             len(recorder.steps), _STATE_VALUES[self._state], kind, list(num_scheduled),
             num_tokens, num_tokens_padded, num_seqs, num_seqs_padded, bucket, context_tokens,
-            blocked, num_waiting, len(self.running), self.kv_cache_manager.usage, t_start))
+            blocked, num_waiting, len(self.running), self.kv_cache_manager.usage, t_start,
+            None, self.kv_reserved_blocks,
+            len(getattr(output, "preempted_req_ids", None) or ())))
 
     # -- outputs and request life ------------------------------------------------------------
     def update_from_output(self, scheduler_output, model_runner_output):
@@ -322,21 +317,32 @@ class NeuronScheduler(Scheduler):
                     record.first_token = now
         self._update_time = now
         try:
-            return super().update_from_output(scheduler_output, model_runner_output)
+            outputs = super().update_from_output(scheduler_output, model_runner_output)
         finally:
             self._update_time = None
+        if self._kv_refused:
+            self._send_refusals(outputs)
+        return outputs
 
     def add_request(self, request: Request) -> None:
         super().add_request(request)
         if request.request_id not in self.recorder.requests:
             self.recorder.request_arrived(request.request_id, request.num_prompt_tokens)
+        self._refuse_if_never_fits(request)
 
     def _free_request(self, request: Request, *args: Any, **kwargs: Any):
         now = self._update_time if self._update_time is not None else self.recorder.clock()
         reason = request.get_finished_reason()
         self.recorder.request_finished(request.request_id, request.num_output_tokens,
                                        str(reason) if reason is not None else None, now)
+        self._kv_release(request, finished=True)   # at once, also when EOS or a stop ends it
         return super()._free_request(request, *args, **kwargs)
+
+    def _preempt_request(self, request: Request, *args: Any, **kwargs: Any):
+        # Never expected (admission keeps every reservation inside the cache); if vLLM does
+        # preempt, the request gives its blocks back and reserves again when re-admitted.
+        self._kv_release(request, finished=False)
+        return super()._preempt_request(request, *args, **kwargs)
 
     def shutdown(self) -> None:
         self.recorder.close()

@@ -53,6 +53,9 @@ class RunConfig:
     decode_buckets: list[int]       # num_seqs_buckets
     scheduler_cls: str
     enable_prefix_caching: bool = False
+    # The KV admission rule (kv_reserve.py). Records written before it existed used the seed
+    # design's rule, hence the default.
+    kv_reserve: str = "max_model_len"
 
 
 @dataclass(slots=True)
@@ -66,6 +69,9 @@ class StepRecord:
     decode batch bucket. `context_tokens` is the KV already held by the scheduled requests before
     the step (prior chunks for a prefill, prompt + generated tokens for decodes): what the step's
     attention reads. `t_end` is set when the step's model output comes back.
+    `kv_reserved_blocks` is what the running requests reserved under the KV admission rule when
+    the step was planned (`kv_usage` is what they really held); `num_preempted` the requests
+    vLLM preempted while planning it (Neuron cannot preempt: always 0 with this scheduler).
     """
 
     step: int                       # 0-based index among recorded steps
@@ -84,6 +90,8 @@ class StepRecord:
     kv_usage: float                 # fraction of KV blocks in use after planning
     t_start: float
     t_end: float | None = None
+    kv_reserved_blocks: int = 0     # blocks reserved by the running requests (kv_reserve rule)
+    num_preempted: int = 0          # requests vLLM preempted while planning this step
 
 
 @dataclass(slots=True)
