@@ -182,8 +182,8 @@ def report(results: list[dict], args, total_wall: float) -> bool:
             continue
         kv = r["kv"]
         usable = kv["num_blocks"] - 1
-        kv_text = (f"{kv['peak_reserved_blocks'] / usable:.0%}/{kv['peak_used_blocks'] / usable:.0%}"
-                   f"/{kv['mean_used_fraction']:.0%}")
+        reserved, used = kv["peak_reserved_blocks"] / usable, kv["peak_used_blocks"] / usable
+        kv_text = f"{reserved:.0%}/{used:.0%}/{kv['mean_used_fraction']:.0%}"
         print(f"{r['workload']:<14}{r['max_num_seqs']:>4}  {r['kv_reserve']:<14}"
               f"{r['output_tokens_per_s']:>10,.1f}{r['elapsed_s']:>11,.0f}{r['max_running']:>8}"
               f"{r['kv_saturated']:>10,}{kv_text:>24}{r['preemptions']:>8}"
