@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -213,7 +214,8 @@ def _configure_ray_data() -> None:
     """Ray Data for a batch job: no progress bars or per-dataset log lines on the driver's
     terminal (the run prints its own progress, and cron wants silence; failures still come
     back as exceptions), and no request dispatched before every replica is up, so the first
-    replica to load does not take the whole queue. Per-operator resource reservation is off:
+    replica to load does not take the whole queue, nor the replica next to the input blocks.
+    Per-operator resource reservation is off:
     the pipeline has one operator, and with it on, Ray Data held new batches back until a whole
     first wave of batches had come back, draining the engines meanwhile."""
     import ray.data
@@ -224,6 +226,11 @@ def _configure_ray_data() -> None:
     context.verbose_stats_logs = False
     context.wait_for_min_actors_s = REPLICA_START_TIMEOUT_S
     context.op_resource_reservation_enabled = False
+    # Batches go to the least busy replica, not to the one on the node holding the input
+    # blocks (all on the driver's node): that one would take everything a small run has.
+    with warnings.catch_warnings():   # deprecated in 2.60 ("managed internally"), still read
+        warnings.simplefilter("ignore")
+        context.execution_options.actor_locality_enabled = False
     logging.getLogger("ray").setLevel(logging.ERROR)
     # Ray Data's own console handler (its log file in the Ray session keeps everything).
     for handler in logging.getLogger("ray.data").handlers:

@@ -128,7 +128,9 @@ def _run_locked(job: Job) -> RunResult:
     folder.open_outputs()
     pending = [r for r in prepared.requests if r.record.id not in folder.done_ids]
     attempts = folder.attempts()
-    attempt = len(attempts) + 1
+    # After a kill -9 the killed attempt left records but no line in attempts.json: number past
+    # it rather than overwrite its records.
+    attempt = max([len(attempts), *folder.records_layout()]) + 1
     if pending:
         log(f"running {len(pending):,} of {len(ids):,} requests on {device_label(settings)} "
             f"(output: {folder.path})")
