@@ -39,6 +39,7 @@ class SimOptions:
     tensor_parallel_size: int | None = None  # default: every NeuronCore of the instance
     weight_dtype: str = "bf16"
     cost_profile: str | None = None      # a profile JSON from `neuron-batch calibrate`
+    num_instances: int = 1               # instances the --replicas engines are spread over
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ class RunSettings:
     quiet: bool = False
     max_runtime: float | None = None     # seconds
     metrics_textfile: str | None = None
+    replicas: int = 1                    # engines (data parallel); more than 1 runs on Ray
+    ray: str | None = None               # Ray cluster address ("local": a fresh local one)
     sim: SimOptions = field(default_factory=SimOptions)
     cost: CostOptions = field(default_factory=CostOptions)
 
@@ -97,6 +100,10 @@ class RunSettings:
         if self.max_runtime is not None and self.max_runtime <= 0:
             raise SettingsError(f"--max-runtime must be a positive number of seconds, "
                                 f"got {self.max_runtime}")
+        _positive("replicas", self.replicas)
+        _positive("num-instances", self.sim.num_instances)
+        if self.ray is not None and not str(self.ray).strip():
+            raise SettingsError("--ray needs a cluster address (host:port, auto or local)")
         if self.temperature < 0:
             raise SettingsError(f"--temperature must be 0 or more, got {self.temperature}")
         if self.device not in DEVICES:
@@ -121,6 +128,12 @@ class RunSettings:
                                 .replace("num_seqs_buckets (decode buckets)", "--decode-buckets")
                                 ) from None
         return self
+
+    @property
+    def uses_ray(self) -> bool:
+        """More than one engine, or --ray given: the run goes through Ray (run/replicas.py);
+        otherwise it is the single-engine path, which never imports Ray."""
+        return self.replicas > 1 or self.ray is not None
 
     def buckets(self) -> tuple[list[int], list[int]]:
         """(prefill, decode) buckets this run uses, validated against the limits."""

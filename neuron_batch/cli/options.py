@@ -87,7 +87,8 @@ def engine_options(func):
                      help="[sim] Model architecture: a catalogue name (llama-3-8b, "
                           "mistral-7b, ...) or a config.json. Default: the --model's."),
         click.option("--tensor-parallel-size", type=int, default=None,
-                     help="[sim] NeuronCores to shard over. Default: all of the instance's."),
+                     help="[sim] NeuronCores to shard over. Default: all of the instance's. "
+                          "With --replicas on Neuron: the NeuronCores of each replica."),
         click.option("--weight-dtype", type=click.Choice(["bf16", "fp8", "int8"]),
                      default="bf16", show_default=True, help="[sim] Weight storage type."),
         click.option("--cost-profile", default=None, envvar="NEURON_BATCH_COST_PROFILE",
@@ -120,7 +121,8 @@ SIM_OPTIONS = ("instance", "architecture", "tensor_parallel_size", "weight_dtype
 
 def settings_from_options(inputs, max_num_seqs: int, options: dict) -> RunSettings:
     """RunSettings from a command's options (the ones RunSettings knows; buckets parsed)."""
-    sim = SimOptions(**{name: options.pop(name) for name in SIM_OPTIONS})
+    sim = SimOptions(**{name: options.pop(name) for name in SIM_OPTIONS},
+                     num_instances=options.pop("num_instances", 1))  # `run` only
     cost = CostOptions(pricing=options.pop("pricing", CostOptions.pricing),
                        price_per_hour=options.pop("price_per_hour", None),
                        instance=(sim.instance if _given("instance")

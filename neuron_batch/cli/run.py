@@ -56,6 +56,17 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError
               envvar="NEURON_BATCH_METRICS_TEXTFILE",
               help="Also write the headline figures in Prometheus text format here "
                    "(node_exporter's textfile collector).")
+@click.option("--replicas", type=int, default=1, show_default=True,
+              help="Engines sharing the prompts (data parallel), each with the Neuron "
+                   "scheduler and these settings (--tensor-parallel-size NeuronCores each on "
+                   "Neuron). More than 1 runs on Ray: a local Ray instance for the run, or "
+                   "the cluster of --ray / RAY_ADDRESS. Needs neuron-batch[ray].")
+@click.option("--ray", "ray", default=None, metavar="ADDRESS",
+              help="Run the replicas on this Ray cluster: the host:port of `ray start "
+                   "--head`, or auto. `local` starts a local Ray instance even for one "
+                   "replica. Without it, --replicas 1 never touches Ray.")
+@click.option("--num-instances", type=int, default=1, show_default=True,
+              help="[sim] Instances of --instance the --replicas engines are spread over.")
 def run(inputs, **options):
     """Run prompts through vLLM with the Neuron scheduler and report what happened.
 

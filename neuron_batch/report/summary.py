@@ -84,9 +84,17 @@ def format_summary(report: dict[str, Any]) -> str:
     lines += ["", *_padding_section(padding.get("decode", {}), phase="Decode",
                                     unit="sequence slots", noun="seqs", count_key="steps",
                                     actual_key="actual_seqs", padded_key="padded_seqs")]
-    lines += ["", *_state_section(report.get("states", {}), throughput.get("elapsed_s"))]
+    states = report.get("states", {})
+    if report.get("replicas"):
+        # Replica-seconds: shares of the replicas' summed time, not of the run's elapsed time.
+        state_total = sum(row.get("seconds", 0.0) for row in states.values())
+        lines += ["", *_state_section(states, state_total, "Time per state (all replicas)")]
+    else:
+        lines += ["", *_state_section(states, throughput.get("elapsed_s"))]
     lines += ["", *_blocked_section(report.get("admission_blocked", {}))]
     lines += _kv_hint(report)
+    if report.get("replicas"):
+        lines += ["", *_replicas_section(report["replicas"])]
     # Long model paths are the only thing that could overflow: cut rather than wrap tables.
     return "\n".join(_clip(line) for line in lines) + "\n"
 
@@ -126,14 +134,31 @@ def _padding_section(phase_report: dict[str, Any], *, phase: str, unit: str, nou
     return [title, *_table(headers, rows, first_left=False)]
 
 
-def _state_section(states: dict[str, Any], elapsed: float | None) -> list[str]:
+def _state_section(states: dict[str, Any], elapsed: float | None,
+                   title: str = "Time per state") -> list[str]:
     rows = []
     names = [s for s in _STATES if s in states] + [s for s in states if s not in _STATES]
     for name in names:
         seconds = states[name].get("seconds", 0.0)
         share = seconds / elapsed if elapsed else None
         rows.append([name, _float(seconds, 2), _percent(share), _int(states[name].get("steps"))])
-    return ["Time per state", *_table(["", "seconds", "share", "steps"], rows)]
+    return [title, *_table(["", "seconds", "share", "steps"], rows)]
+
+
+def _replicas_section(replicas: list[dict[str, Any]]) -> list[str]:
+    restarts = any(row.get("restarts") for row in replicas)
+    rows = []
+    for row in replicas:
+        device = str(row.get("device") or "-").removeprefix("sim ")
+        cells = [str(row.get("replica")), str(row.get("node") or "-")[:8], device[:25],
+                 _int(row.get("requests")), _int(row.get("output_tokens")),
+                 _float(row.get("elapsed_s"), 2), _float(row.get("output_tokens_per_s"), 1),
+                 _percent(row.get("busy_fraction"))]
+        rows.append(cells + ([_int(row.get("restarts"))] if restarts else []))
+    headers = ["#", "node", "device", "requests", "out tokens", "seconds", "out tok/s", "busy"]
+    headers += ["restarts"] if restarts else []
+    return [f"Replicas ({len(replicas)}; busy = share of the time its engine was full)",
+            *_table(headers, rows)]
 
 
 def _kv_row(report: dict[str, Any]) -> str:
@@ -242,7 +267,8 @@ def _percent(fraction: float | None) -> str:
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 #: Label names the metrics carry themselves; caller labels may not reuse them.
-METRIC_LABELS = frozenset({"status", "kind", "phase", "bucket", "state", "reason", "quantile"})
+METRIC_LABELS = frozenset({"status", "kind", "phase", "bucket", "state", "reason", "quantile",
+                           "replica"})
 
 
 def prometheus_text(report: dict[str, Any], *, job: str = "neuron_batch",
@@ -287,6 +313,7 @@ def _families(report: dict[str, Any], timestamp: float) -> list[tuple[str, str, 
     padding = report.get("padding", {})
     latency = report.get("latency", {})
     kv = report.get("kv") or {}
+    replicas = report.get("replicas") or []
 
     def samples(label: str, values: dict[str, Any]) -> list:
         return [({label: key}, value) for key, value in values.items() if value is not None]
@@ -354,6 +381,14 @@ def _families(report: dict[str, Any], timestamp: float) -> list[tuple[str, str, 
          single(kv.get("mean_used_fraction"))),
         ("last_run_timestamp_seconds", "gauge", "When the last run's report was written.",
          single(timestamp)),
+        ("replica_output_tokens_per_second", "gauge",
+         "Generated tokens per second of each replica (--replicas runs).",
+         [({"replica": str(r.get("replica"))}, r["output_tokens_per_s"])
+          for r in replicas if r.get("output_tokens_per_s") is not None]),
+        ("replica_busy_ratio", "gauge",
+         "Share of each replica's time with its engine full (--replicas runs).",
+         [({"replica": str(r.get("replica"))}, r["busy_fraction"])
+          for r in replicas if r.get("busy_fraction") is not None]),
     ]
 
 

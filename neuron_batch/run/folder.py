@@ -4,6 +4,9 @@ Layout of a run folder:
     outputs.jsonl        one line per finished request, appended and flushed as it finishes
     run.json             the settings and an input fingerprint (resume checks it)
     records-N.jsonl      the scheduler's step/request records of attempt N (1, 2, ... on resume)
+    records-N-rK.jsonl   the same of replica K of attempt N, in a --replicas run (written by the
+                         driver from what the replica sends back); -rK-restartJ.jsonl after
+                         Ray restarted that replica's process J times
     attempts.json        per attempt: wall time, requests finished, how it ended
     report.json          the report over the whole input (rewritten at the end of each attempt)
     .lock                held (flock) while a run uses the folder
@@ -19,6 +22,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -30,6 +34,8 @@ MANIFEST = "run.json"
 ATTEMPTS = "attempts.json"
 REPORT = "report.json"
 LOCK = ".lock"
+_RECORDS_NAME = re.compile(
+    r"records-(?P<attempt>\d+)(?:-r(?P<replica>\d+)(?:-restart(?P<restart>\d+))?)?\.jsonl")
 
 
 class OutputError(Exception):
@@ -107,10 +113,34 @@ class RunFolder:
         return self.path / f"records-{attempt}.jsonl"
 
     def records_paths(self) -> list[Path]:
-        paths = sorted(self.path.glob("records-*.jsonl"),
-                       key=lambda p: int(p.stem.split("-")[1]) if p.stem.split("-")[1].isdigit()
-                       else 0)
-        return paths
+        """The single-engine attempts' records files, in attempt order."""
+        return [path for path in self.records_layout().values() if isinstance(path, Path)]
+
+    def replica_records_path(self, attempt: int, replica: int, restart: int = 0) -> Path:
+        suffix = f"-restart{restart}" if restart else ""
+        return self.path / f"records-{attempt}-r{replica}{suffix}.jsonl"
+
+    def records_layout(self) -> dict[int, Path | dict[int, list[Path]]]:
+        """Attempt -> its records: one file (a single engine), or per replica the files of
+        each of its processes in restart order (a --replicas run). In attempt order."""
+        layout: dict[int, Any] = {}
+        for path in self.path.glob("records-*.jsonl"):
+            match = _RECORDS_NAME.fullmatch(path.name)
+            if match is None:
+                continue
+            attempt = int(match["attempt"])
+            if match["replica"] is None:
+                layout[attempt] = path
+                continue
+            replicas = layout.setdefault(attempt, {})
+            if isinstance(replicas, dict):
+                replicas.setdefault(int(match["replica"]), []).append(
+                    (int(match["restart"] or 0), path))
+        for entry in layout.values():
+            if isinstance(entry, dict):
+                for replica, paths in entry.items():
+                    entry[replica] = [path for _, path in sorted(paths)]
+        return dict(sorted(layout.items()))
 
     # -- outputs ------------------------------------------------------------------------------
     def load_done(self, id_key: str = "id") -> list[dict[str, Any]]:

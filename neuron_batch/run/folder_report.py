@@ -14,17 +14,14 @@ from neuron_batch.run.job import Job
 def build_report(job: Job) -> dict:
     """The report over the whole input, from every attempt's records and the outputs file."""
     from neuron_batch.report.metrics import summarize
+    from neuron_batch.run.replica_report import has_replicas, summarize_replicas
     from neuron_batch.scheduler.records import concat_attempts, read_records
 
     folder, settings = job.folder, job.settings
     model, prepared, problems = job.workload.model, job.workload.prepared, job.workload.problems
-    attempts = [read_records(p) for p in folder.records_paths()]
-    attempts = [a for a in attempts if a.steps or a.requests] or attempts
-    if not attempts:
+    layout = folder.records_layout()
+    if not layout:
         raise RunError(f"{folder.path} has no scheduler records", EXIT_FAILED)
-    records = concat_attempts(attempts)
-    # Abandoned (aborted) or failed requests are not completed work: leave them out.
-    records.requests = [r for r in records.requests if r.finish_reason not in ("abort", "error")]
     # Failed: what the last attempt could not run (a --resume tries those again).
     ran = [a for a in folder.attempts() if "requests_failed" in a]
     failed = ran[-1]["requests_failed"] if ran else 0
@@ -40,8 +37,24 @@ def build_report(job: Job) -> dict:
             extra["model"] = f"{extra['sim']['arch']} (simulated)"
     total = len(prepared.requests) + len(problems)
     completed = len(folder.done_ids & {r.record.id for r in prepared.requests})
-    report = summarize(records, extra_config=extra, total=total, skipped=len(problems),
-                       failed=0)
+    if has_replicas(layout):
+        extra.update(replicas=settings.replicas,
+                     ray=next((a["ray"] for a in reversed(folder.attempts()) if a.get("ray")),
+                              None))
+        if "sim" in extra:
+            extra["sim"]["num_instances"] = settings.sim.num_instances
+        report = summarize_replicas(layout, attempts=folder.attempts(), done_ids=folder.done_ids,
+                                    simulated=job.simulated, extra_config=extra, total=total,
+                                    skipped=len(problems))
+    else:
+        attempts = [read_records(p) for p in folder.records_paths()]
+        attempts = [a for a in attempts if a.steps or a.requests] or attempts
+        records = concat_attempts(attempts)
+        # Abandoned (aborted) or failed requests are not completed work: leave them out.
+        records.requests = [r for r in records.requests
+                            if r.finish_reason not in ("abort", "error")]
+        report = summarize(records, extra_config=extra, total=total, skipped=len(problems),
+                           failed=0)
     _tokens_from_outputs(report, folder)
     report["requests"]["completed"] = completed
     report["requests"]["failed"] = failed

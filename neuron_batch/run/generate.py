@@ -17,7 +17,7 @@ from neuron_batch.run.folder import OutputError
 from neuron_batch.run.job import Job
 
 
-class _StopFlag:
+class StopFlag:
     """Set by SIGTERM/SIGINT: stop admitting, abandon in-flight requests, flush, exit 4.
     The handler only sets a flag, so vLLM is never interrupted halfway through a step."""
 
@@ -96,12 +96,12 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
                    ignore_eos=simulated or settings.ignore_eos,
                    detokenize=detokenize)
     deadline = (runtime_clock() + settings.max_runtime) if settings.max_runtime else None
-    bar = _progress_bar(settings, len(pending))
+    bar = progress_bar(settings, len(pending))
     finished = output_tokens = 0
     errors: list[str] = []   # requests the engine finished with an error (e.g. too big for KV)
     ended = "completed"
     try:
-        with _StopFlag() as stop:
+        with StopFlag() as stop:
             while engine.has_unfinished():
                 if deadline is not None and runtime_clock() >= deadline:
                     stop.reason = stop.reason or "deadline"
@@ -123,7 +123,7 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
                         log(f"error: {errors[-1]}")
                         continue
                     request = by_id[done.request_id]
-                    folder.append_output(_output_row(request, done, model.name, simulated))
+                    folder.append_output(output_row(request, done, model.name, simulated))
                     folder.done_ids.add(done.request_id)
                     finished += 1
                     output_tokens += len(done.token_ids)
@@ -150,7 +150,7 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
             "requests_failed": len(errors), "errors": errors[:MAX_ERRORS_KEPT]}
 
 
-def _progress_bar(settings: RunSettings, total: int):
+def progress_bar(settings: RunSettings, total: int):
     if settings.quiet or not sys.stderr.isatty():
         return None
     from tqdm import tqdm
@@ -158,10 +158,10 @@ def _progress_bar(settings: RunSettings, total: int):
     return tqdm(total=total, unit="req", desc="requests", file=sys.stderr, smoothing=0.1)
 
 
-def _output_row(request: PreparedRequest, done, model_name: str, simulated: bool) -> dict:
+def output_row(request: PreparedRequest, done, model_name: str, simulated: bool) -> dict:
     record = request.record
     if record.openai is not None:
-        return _openai_row(request, done, model_name)
+        return openai_row(request, done, model_name)
     row: dict[str, Any] = {"id": record.id, "index": record.index}
     if record.prompt is not None:
         row["prompt"] = record.prompt
@@ -176,7 +176,7 @@ def _output_row(request: PreparedRequest, done, model_name: str, simulated: bool
     return row
 
 
-def _openai_row(request: PreparedRequest, done, model_name: str) -> dict:
+def openai_row(request: PreparedRequest, done, model_name: str) -> dict:
     """A line of the OpenAI batch output format, as `vllm run-batch` writes it."""
     record = request.record
     chat = record.openai.get("url", "").endswith("/chat/completions")

@@ -14,6 +14,7 @@ from neuron_batch.run.workload import Workload
 
 if TYPE_CHECKING:
     from neuron_batch.device.target import SimTarget
+    from neuron_batch.run.ray_cluster import RayCluster
 
 
 @dataclass
@@ -23,6 +24,7 @@ class Job:
     folder: RunFolder
     log: Callable[[str], None]
     target: SimTarget | None = None     # the simulated device, resolved once; None elsewhere
+    cluster: RayCluster | None = None   # the Ray connection of a --replicas run; None elsewhere
 
     @property
     def simulated(self) -> bool:

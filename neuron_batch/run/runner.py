@@ -54,6 +54,8 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
     log = log or (lambda message: say(settings, message))
     workload = workload or load_workload(settings, log)
     target = resolve_sim_target(settings, workload.model) if settings.device == "sim" else None
+    if target is not None and settings.uses_ray:
+        check_sim_layout(settings, target)
 
     out_dir = Path(settings.output) if settings.output else default_output_dir(settings.inputs)
     folder = RunFolder(out_dir)
@@ -61,11 +63,14 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
         folder.lock()
     except OutputError as error:
         raise RunError(str(error), error.exit_code) from None
+    job = Job(settings, workload, folder, log, target)
     try:
-        return _run_locked(Job(settings, workload, folder, log, target))
+        return _run_locked(job)
     except OutputError as error:
         raise RunError(str(error), error.exit_code) from None
     finally:
+        if job.cluster is not None:
+            job.cluster.shutdown()
         folder.unlock()
 
 
@@ -85,6 +90,16 @@ def resolve_sim_target(settings: RunSettings, model):
         raise RunError(f"--device sim: {error}") from None
 
 
+def check_sim_layout(settings: RunSettings, target) -> None:
+    """N simulated engines of T NeuronCores must fit on --num-instances instances."""
+    from neuron_batch.device.replica_layout import replica_devices
+
+    try:
+        replica_devices(target.instance, target.tp, settings.replicas, settings.sim.num_instances)
+    except ValueError as error:
+        raise RunError(f"--device sim: {error}") from None
+
+
 def _run_locked(job: Job) -> RunResult:
     from neuron_batch.run.folder_report import build_report
     from neuron_batch.run.generate import generate
@@ -101,6 +116,11 @@ def _run_locked(job: Job) -> RunResult:
         if manifest is not None and manifest.get("input_fingerprint") != fingerprint:
             raise RunError(f"{folder.path} holds a run of different input (other prompts, "
                            f"--limit, --shuffle or --seed); choose another --output")
+    if settings.uses_ray:
+        # Before the folder is written to: a bad address or a cluster too small fails here.
+        from neuron_batch.run.ray_cluster import connect
+
+        job.cluster = connect(settings, log)
     folder.write_manifest({"settings": settings.to_dict(), "model": job.workload.model.name,
                            "input_fingerprint": fingerprint, "num_requests": len(ids),
                            "num_skipped": len(problems), "input_kind": job.workload.input_kind})
@@ -108,12 +128,19 @@ def _run_locked(job: Job) -> RunResult:
     folder.open_outputs()
     pending = [r for r in prepared.requests if r.record.id not in folder.done_ids]
     attempts = folder.attempts()
-    attempt = len(attempts) + 1
+    # After a kill -9 the killed attempt left records but no line in attempts.json: number past
+    # it rather than overwrite its records.
+    attempt = max([len(attempts), *folder.records_layout()]) + 1
     if pending:
         log(f"running {len(pending):,} of {len(ids):,} requests on {device_label(settings)} "
             f"(output: {folder.path})")
         try:
-            outcome = generate(job, pending, attempt)
+            if settings.uses_ray:
+                from neuron_batch.run.replicas import generate_replicas
+
+                outcome = generate_replicas(job, pending, attempt)
+            else:
+                outcome = generate(job, pending, attempt)
         except RunError as error:  # keep a trace of the failed attempt next to its outputs
             attempts.append({"attempt": attempt, "ended": "failed", "error": str(error)})
             folder.write_attempts(attempts)
@@ -145,5 +172,11 @@ def _run_locked(job: Job) -> RunResult:
 
 def device_label(settings: RunSettings) -> str:
     if settings.device == "sim":
-        return f"a simulated {settings.sim.instance}"
-    return f"device '{settings.device}'"
+        label = f"a simulated {settings.sim.instance}"
+        if settings.sim.num_instances > 1:
+            label = f"{settings.sim.num_instances} simulated {settings.sim.instance}"
+    else:
+        label = f"device '{settings.device}'"
+    if settings.uses_ray:
+        label += f", {settings.replicas} replica(s) on Ray"
+    return label

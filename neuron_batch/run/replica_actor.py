@@ -1,0 +1,324 @@
+"""One replica of a `--replicas` run: a Ray Data callable class that holds one engine.
+
+Ray Data's `map_batches` makes one `ReplicaWorker` per actor of the pool and sends it batches of
+requests. `__call__` is a coroutine, and several run at once in one actor (Ray Data's async UDF
+support, `max_concurrent_calls_per_actor`): each hands its requests to the engine thread and
+waits for them. The engine thread owns the engine and never drains it between batches: it adds
+every request as soon as its batch arrives, steps while anything is unfinished, and completes a
+batch the moment its last request finishes. So the engine keeps running requests of the batches
+still in flight while the next ones arrive.
+
+What comes back, per finished request, is the engine's result and the scheduler's record of it;
+the scheduler's other records (its config and every step) ride along with whichever batch
+completes next. The replica keeps no file: the driver (`replicas.py`) writes outputs.jsonl and
+the records, so no shared filesystem is needed. If this actor's process dies, Ray restarts it (a
+new engine, a new `incarnation`) and retries its unfinished batches there.
+
+Rows in and out are Arrow tables (Ray Data's "pyarrow" batch format); token ids travel as
+little-endian int32 bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from neuron_batch.config import RunSettings
+
+#: On the simulated device a step costs about a millisecond of wall time for tens of
+#: milliseconds of device time, so an engine would outrun Ray's delivery of the next batches
+#: and run below capacity, which the device itself (whose steps leave the host that long to feed
+#: it) would not. A simulated engine below capacity therefore waits up to its last step's
+#: simulated duration (at most MAX_FEED_WAIT_S) for new requests before the next step, as long
+#: as requests arrived in the last FEED_WINDOW_S (after that it is the end of the run: no wait).
+FEED_WINDOW_S = 1.0
+MAX_FEED_WAIT_S = 0.25
+#: The engine thread holds the GIL while it steps; Ray's threads in this process (receiving
+#: batches, sending results) need it too. A short switch interval and a pause after each
+#: completed batch keep them from waiting behind a busy engine.
+SWITCH_INTERVAL_S = 0.0005
+HANDOFF_S = 0.001
+#: Columns of a request row (driver -> replica).
+REQUEST_COLUMNS = ("id", "tokens", "max_tokens", "temperature", "stop", "seed")
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """Everything a replica needs to build its engine; pickled to every actor by Ray."""
+
+    settings: RunSettings
+    device: str                  # "sim", "cpu" or "neuron"
+    target: Any = None           # the resolved SimTarget on the simulated device
+
+
+def encode_tokens(token_ids) -> bytes:
+    data = array("i", token_ids)
+    if sys.byteorder != "little":
+        data.byteswap()
+    return data.tobytes()
+
+
+def decode_tokens(blob: bytes) -> list[int]:
+    data = array("i")
+    data.frombytes(blob)
+    if sys.byteorder != "little":
+        data.byteswap()
+    return data.tolist()
+
+
+class _RecordSink:
+    """Where the scheduler's Recorder writes (`Recorder.stream_to`): request lines kept by
+    request id (they travel with their output), every other line in order."""
+
+    def __init__(self) -> None:
+        self.other: list[str] = []
+        self.requests: dict[str, str] = {}
+
+    def write(self, text: str) -> None:
+        for line in text.splitlines():
+            if not line:
+                continue
+            if '"type":"request"' in line:
+                self.requests[json.loads(line)["req_id"]] = line
+            else:
+                self.other.append(line)
+
+    def take_other(self) -> str:
+        text = "".join(line + "\n" for line in self.other)
+        self.other.clear()
+        return text
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class _Batch:
+    requests: list[dict]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    remaining: set[str] = field(default_factory=set)
+    finished: list[Any] = field(default_factory=list)
+
+
+class ReplicaWorker:
+    """The Ray Data callable class: one engine per actor, kept full (see the module text)."""
+
+    def __init__(self, spec: ReplicaSpec):
+        import ray
+
+        context = ray.get_runtime_context()
+        self.spec = spec
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.actor_id = context.get_actor_id() or f"pid-{os.getpid()}"
+        self.node_id = context.get_node_id()
+        self.pid = os.getpid()
+        self.device = _device_label(spec.device)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._clock = None       # the simulated device's virtual clock (None elsewhere)
+        self._ready = threading.Event()
+        self._workdir = tempfile.mkdtemp(prefix="neuron-batch-replica-")
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self._thread = threading.Thread(target=self._engine_loop, name="replica-engine",
+                                        daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        self.ready_at = time.time()
+
+    async def __call__(self, batch):
+        if self._error is not None:
+            raise RuntimeError(f"the replica's engine failed earlier: {self._error!r}")
+        columns = batch.to_pydict()
+        requests = [dict(zip(REQUEST_COLUMNS, values))
+                    for values in zip(*(columns[name] for name in REQUEST_COLUMNS))]
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._inbox.put(_Batch(requests, loop, future))
+        return await future
+
+    def __del__(self):
+        self._inbox.put(None)
+        shutil.rmtree(getattr(self, "_workdir", ""), ignore_errors=True)
+
+    # -- the engine thread ---------------------------------------------------------------------
+    def _engine_loop(self) -> None:
+        try:
+            self._engine, self._recorder, self._detokenize = self._build_engine()
+        except BaseException as error:  # surfaces in __init__: Ray Data reports the actor's death
+            self._error = error
+            self._ready.set()
+            return
+        self._ready.set()
+        waiting: dict[str, list[_Batch]] = {}     # request id -> batches waiting for it
+        engine = self._engine
+        last_arrival = step_s = 0.0
+        while True:
+            arrived = []
+            if not engine.has_unfinished():
+                arrived.append(self._inbox.get())  # idle: sleep until work comes
+            elif (self._clock is not None and not self._full()
+                  and time.monotonic() - last_arrival < FEED_WINDOW_S):
+                try:  # simulated and hungry: give Ray the device time of a step to feed it
+                    arrived.append(self._inbox.get(timeout=step_s))
+                except queue.Empty:
+                    pass
+            while True:
+                try:
+                    arrived.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            if any(batch is None for batch in arrived):
+                return
+            if arrived:
+                last_arrival = time.monotonic()
+            before = self._clock.now if self._clock is not None else 0.0
+            try:
+                for batch in arrived:
+                    self._admit(batch, waiting)
+                completed = 0
+                for done in engine.step():
+                    for batch in waiting.pop(done.request_id, ()):
+                        batch.finished.append(done)
+                        batch.remaining.discard(done.request_id)
+                        if not batch.remaining:
+                            self._complete(batch)
+                            completed += 1
+                if completed:
+                    time.sleep(HANDOFF_S)   # let Ray's threads send the results on at once
+                if self._clock is not None:
+                    step_s = min(max(self._clock.now - before, 0.0), MAX_FEED_WAIT_S)
+            except BaseException as error:  # the engine died: every waiting batch fails
+                self._error = error
+                for batch in {id(b): b for bs in waiting.values() for b in bs}.values():
+                    batch.loop.call_soon_threadsafe(_fail, batch.future, error)
+                return
+
+    def _admit(self, batch: _Batch, waiting: dict[str, list[_Batch]]) -> None:
+        settings = self.spec.settings
+        ignore_eos = self.spec.device == "sim" or settings.ignore_eos
+        for request in batch.requests:
+            request_id = request["id"]
+            batch.remaining.add(request_id)
+            if request_id in waiting:       # already running for another batch (a retry)
+                waiting[request_id].append(batch)
+                continue
+            waiting[request_id] = [batch]
+            self._engine.add(request_id, decode_tokens(request["tokens"]),
+                             request["max_tokens"], request["temperature"],
+                             json.loads(request["stop"]) if request["stop"] else None,
+                             request["seed"], ignore_eos=ignore_eos,
+                             detokenize=self._detokenize)
+
+    def _complete(self, batch: _Batch) -> None:
+        import pyarrow as pa
+
+        self._recorder.flush()
+        sink = self._sink
+        rows = batch.finished
+        n = len(rows)
+        table = pa.table({
+            "id": [d.request_id for d in rows],
+            "token_ids": [encode_tokens(d.token_ids) for d in rows],
+            "text": [d.text for d in rows],
+            "finish_reason": [d.finish_reason for d in rows],
+            "num_prompt_tokens": [d.num_prompt_tokens for d in rows],
+            "request_line": [sink.requests.pop(d.request_id, None) for d in rows],
+            "lines": [sink.take_other()] + [""] * (n - 1),
+            "actor": [self.actor_id] * n,
+            "incarnation": [self.incarnation] * n,
+            "node": [self.node_id] * n,
+            "pid": [self.pid] * n,
+            "device": [self.device] * n,
+            "ready_at": [self.ready_at] * n,
+        }, schema=_result_schema())
+        batch.loop.call_soon_threadsafe(_resolve, batch.future, table)
+
+    def _build_engine(self):
+        from neuron_batch.device.executor import engine_core, sim_executor
+        from neuron_batch.run.engine import Engine, engine_kwargs
+
+        # The recorder must live in this process (read below), and the simulated device's
+        # clock with it.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # The records name requests by the ids we gave them (the driver matches them to the
+        # outputs), not by vLLM's randomized internal ids.
+        os.environ["VLLM_DISABLE_REQUEST_ID_RANDOMIZATION"] = "1"
+        spec, settings = self.spec, self.spec.settings
+        workdir = Path(self._workdir)
+        if spec.device == "sim":
+            model_path, has_tokenizer = str(workdir), False
+        else:
+            from neuron_batch.run.models import resolve_model
+
+            model = resolve_model(settings.model)   # on this host: no shared filesystem
+            model_path, has_tokenizer = model.path, model.has_tokenizer
+        kwargs = engine_kwargs(settings, spec.device, model_path, workdir / "records.jsonl",
+                               workdir, has_tokenizer=has_tokenizer, target=spec.target)
+        kwargs["additional_config"]["neuron_batch"].pop("records_path", None)
+        if spec.device == "neuron" and settings.sim.tensor_parallel_size:
+            kwargs["tensor_parallel_size"] = settings.sim.tensor_parallel_size
+        engine = Engine(kwargs)
+        scheduler = getattr(engine_core(engine.llm), "scheduler", None)
+        recorder = getattr(scheduler, "recorder", None)
+        if recorder is None:
+            raise RuntimeError("the Neuron scheduler's records are not reachable in the replica "
+                               "(vLLM's engine core must run in-process)")
+        self._sink = _RecordSink()
+        recorder.stream_to(self._sink)
+        self._scheduler = scheduler
+        executor = sim_executor(engine.llm) if spec.device == "sim" else None
+        self._clock = executor.clock if executor is not None else None
+        return engine, recorder, has_tokenizer and spec.device != "sim"
+
+    def _full(self) -> bool:
+        """The engine has requests queued for admission, or runs max_num_seqs (what the
+        report's busy_fraction counts as full)."""
+        scheduler = self._scheduler
+        return (len(scheduler.waiting) > 0
+                or len(scheduler.running) >= self.spec.settings.max_num_seqs)
+
+
+def _device_label(device: str) -> str:
+    if device == "neuron":
+        return f"neuron cores {os.environ.get('NEURON_RT_VISIBLE_CORES', '?')}"
+    return device
+
+
+def _resolve(future: asyncio.Future, value) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _fail(future: asyncio.Future, error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(RuntimeError(f"the replica's engine failed: {error!r}"))
+
+
+def _result_schema():
+    import pyarrow as pa
+
+    return pa.schema([("id", pa.string()), ("token_ids", pa.binary()), ("text", pa.string()),
+                      ("finish_reason", pa.string()), ("num_prompt_tokens", pa.int64()),
+                      ("request_line", pa.string()), ("lines", pa.large_string()),
+                      ("actor", pa.string()), ("incarnation", pa.string()),
+                      ("node", pa.string()), ("pid", pa.int64()), ("device", pa.string()),
+                      ("ready_at", pa.float64())])
+

@@ -1,0 +1,240 @@
+"""`neuron-batch run --replicas N` on a real Ray cluster on this machine: two nodes of one CPU
+each, made with Ray's own `ray.cluster_utils.Cluster` (every node a real raylet). Runs on the
+simulated device and on the CPU with the built-in model; kill -9 of a replica's process and of the
+driver; `--replicas 1` through Ray against the plain path; a node lost for good.
+
+Slow (each run starts Ray workers that import vLLM): the cluster is shared by the module and
+the inputs are small.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("vllm")
+pytest.importorskip("ray.data")
+pytestmark = pytest.mark.ray
+
+from neuron_batch.cli import main  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT / "datasets" / "azure-llm-inference-conv-2023.csv"
+SIM = ["--device", "sim", "--instance", "inf2.48xlarge", "--tensor-parallel-size", "4",
+       "--architecture", "llama-3.1-8b", "--max-model-len", "8192",
+       "--max-num-batched-tokens", "2048", "--max-num-seqs", "16"]
+ENV = {"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    temp = tempfile.mkdtemp(prefix="nbray", dir="/tmp")   # short: Ray's socket paths
+    # The nodes' workers import this tree; Ray's files go to this cluster's own temp dir.
+    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "RAY_TMPDIR")}
+    os.environ.update(PYTHONPATH=ENV["PYTHONPATH"], RAY_TMPDIR=temp)
+    made = None
+    try:
+        made = Cluster(initialize_head=True,
+                       head_node_args={"num_cpus": 1, "include_dashboard": False})
+        made.add_node(num_cpus=1)
+        made.wait_for_nodes()
+        yield made
+    finally:
+        if made is not None:
+            made.shutdown()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def node_ids(cluster):
+    return {node.node_id for node in cluster.list_all_nodes()}
+
+
+def trace_slice(path: Path, n: int) -> str:
+    rows = list(csv.reader(TRACE.open()))
+    with path.open("w", newline="") as handle:
+        csv.writer(handle).writerows(rows[:n + 1])
+    return str(path)
+
+
+def invoke(args):
+    return CliRunner().invoke(main, args, catch_exceptions=False)
+
+
+def outputs(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "outputs.jsonl").read_text().splitlines()]
+
+
+def report_of(folder: Path) -> dict:
+    return json.loads((folder / "report.json").read_text())
+
+
+def assert_totals_match_replicas(report: dict) -> None:
+    replicas = report["replicas"]
+    assert sum(r["requests"] for r in replicas) == report["requests"]["completed"]
+    assert sum(r["output_tokens"] for r in replicas) == report["tokens"]["output"]
+
+
+def start_driver(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "neuron_batch.cli", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, **ENV})
+
+
+def wait_until(check, proc: subprocess.Popen, what: str, timeout: float = 400):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before {what}: "
+                                 f"{proc.stdout.read().decode()[-3000:]}")
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def count_lines(path: Path) -> int:
+    return path.read_text().count("\n") if path.exists() else 0
+
+
+def replica_pid(folder: Path, replica: int) -> int | None:
+    path = folder / f"records-1-r{replica}.jsonl"
+    if not path.exists() or not path.read_text():
+        return None
+    return json.loads(path.read_text().splitlines()[0])["pid"]
+
+
+# -- the two-node cluster ------------------------------------------------------------------------
+def test_sim_replicas_on_two_nodes(cluster, node_ids, tmp_path):
+    out = tmp_path / "run"
+    result = invoke(["run", trace_slice(tmp_path / "t.csv", 300), *SIM, "--ray", cluster.address,
+                     "--replicas", "2", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    ids = [row["id"] for row in outputs(out)]
+    assert len(ids) == len(set(ids)) == 300
+    report = report_of(out)
+    assert report["requests"]["completed"] == 300 and report["requests"]["pending"] == 0
+    replicas = report["replicas"]
+    assert {r["node"] for r in replicas} == node_ids          # both nodes used
+    assert all(r["requests"] > 0 for r in replicas)
+    assert_totals_match_replicas(report)
+    assert report["throughput"]["elapsed_s"] == max(r["elapsed_s"] for r in replicas)
+    assert report["config"]["replicas"] == 2
+    assert [r["device"] for r in replicas] == ["sim inf2.48xlarge#0 cores 0-3",
+                                               "sim inf2.48xlarge#0 cores 4-7"]
+    assert "Replicas (2" in result.output                     # the terminal table
+
+
+def test_cpu_replicas_with_the_builtin_model(cluster, node_ids, tmp_path):
+    out = tmp_path / "run"
+    result = invoke(["run", "--device", "cpu", "--max-tokens", "4", "--ray", cluster.address,
+                     "--replicas", "2", "-q", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = outputs(out)
+    assert len({r["id"] for r in rows}) == len(rows) == 24
+    assert all(isinstance(r["output"], str) for r in rows)     # real text from SmolLM2
+    report = report_of(out)
+    assert {r["node"] for r in report["replicas"]} == node_ids
+    assert_totals_match_replicas(report)
+    assert report["latency"]["e2e_s"]["mean"] is not None
+    assert report["config"]["device"] == "cpu"
+
+
+def test_a_killed_replica_is_restarted_and_nothing_is_lost(cluster, tmp_path):
+    out = tmp_path / "run"
+    proc = start_driver(["run", trace_slice(tmp_path / "t.csv", 1500), *SIM,
+                         "--ray", cluster.address, "--replicas", "2", "-q", "-o", str(out)])
+    pid = wait_until(lambda: replica_pid(out, 0), proc, "replica 0 reported its pid")
+    wait_until(lambda: count_lines(out / "outputs.jsonl") >= 60, proc, "some outputs")
+    os.kill(pid, signal.SIGKILL)
+    assert proc.wait(timeout=600) == 0, proc.stdout.read().decode()[-3000:]
+    ids = [row["id"] for row in outputs(out)]
+    assert len(ids) == len(set(ids)) == 1500
+    report = report_of(out)
+    assert report["requests"]["completed"] == 1500
+    assert_totals_match_replicas(report)
+    assert report["replicas"][0]["restarts"] >= 1
+    assert (out / "records-1-r0-restart1.jsonl").exists()
+    assert pid in report["attempts"][0]["replicas"][0]["pids"]
+
+
+def test_a_killed_driver_resumes_without_loss_or_duplicates(cluster, tmp_path):
+    out = tmp_path / "run"
+    trace = trace_slice(tmp_path / "t.csv", 1500)
+    args = ["run", trace, *SIM, "--ray", cluster.address, "--replicas", "2", "-q", "-o", str(out)]
+    proc = start_driver(args)
+    wait_until(lambda: count_lines(out / "outputs.jsonl") >= 100, proc, "some outputs")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    partial = outputs(out)
+    assert 100 <= len(partial) < 1500
+    resumed = invoke([*args, "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    ids = [row["id"] for row in outputs(out)]
+    assert len(ids) == len(set(ids)) == 1500
+    report = report_of(out)
+    assert report["requests"]["completed"] == 1500
+    assert report["tokens"]["output"] == sum(r["num_output_tokens"] for r in outputs(out))
+    assert [a.get("ended", "killed") for a in report["attempts"]] == ["completed"]
+    assert report["replicas"] and all(r["requests"] >= 0 for r in report["replicas"])
+
+
+def test_one_replica_through_ray_counts_as_the_plain_path(cluster, tmp_path):
+    trace = trace_slice(tmp_path / "t.csv", 120)
+    plain, ray = tmp_path / "plain", tmp_path / "ray"
+    assert invoke(["run", trace, *SIM, "-q", "-o", str(plain)]).exit_code == 0
+    result = invoke(["run", trace, *SIM, "--ray", cluster.address, "-q", "-o", str(ray)])
+    assert result.exit_code == 0, result.output
+    a, b = report_of(plain), report_of(ray)
+    assert "replicas" not in a and len(b["replicas"]) == 1
+    assert a["requests"] == b["requests"]
+    assert a["tokens"] == b["tokens"]
+    # what the workload fixes: prefill chunks per bucket, decode tokens; batching may differ
+    assert a["padding"]["prefill"] == b["padding"]["prefill"]
+    assert a["padding"]["decode"]["actual_seqs"] == b["padding"]["decode"]["actual_seqs"]
+    assert a["steps"]["prefill"] == b["steps"]["prefill"]
+    assert set(a["admission_blocked"]) == set(b["admission_blocked"])
+    assert b["replicas"][0]["requests"] == a["requests"]["completed"]
+
+
+def test_a_lost_node_stops_the_run_and_resume_finishes_it(cluster, tmp_path):
+    """Last in the module: it takes the cluster's second node away."""
+    out = tmp_path / "run"
+    trace = trace_slice(tmp_path / "t.csv", 1500)
+    proc = start_driver(["run", trace, *SIM, "--ray", cluster.address, "--replicas", "2",
+                         "-q", "-o", str(out)])
+    wait_until(lambda: count_lines(out / "outputs.jsonl") >= 60, proc, "some outputs")
+    worker = next(iter(cluster.worker_nodes))
+    lost = worker.node_id
+    cluster.remove_node(worker)
+    assert proc.wait(timeout=300) == 1
+    message = proc.stdout.read().decode()
+    assert lost in message and "--resume" in message, message
+    kept = outputs(out)
+    assert 60 <= len(kept) < 1500
+    resumed = invoke(["run", trace, *SIM, "--ray", cluster.address, "--replicas", "1",
+                      "--resume", "-q", "-o", str(out)])
+    assert resumed.exit_code == 0, resumed.output
+    ids = [row["id"] for row in outputs(out)]
+    assert len(ids) == len(set(ids)) == 1500
+    assert report_of(out)["requests"]["completed"] == 1500

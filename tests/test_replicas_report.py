@@ -1,0 +1,213 @@
+"""`--replicas` without Ray: the simulated layout, how the report sums replicas, the records file
+names, and the checks that must fail before anything starts. Milliseconds each; the runs on a
+real Ray cluster are in test_replicas.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+
+import pytest
+from click.testing import CliRunner
+
+from neuron_batch.cli import main
+from neuron_batch.config import RunSettings, SettingsError, SimOptions
+from neuron_batch.device.replica_layout import replica_devices
+from neuron_batch.device.target import SimError
+from neuron_batch.run.errors import RunError
+from neuron_batch.run.folder import RunFolder
+from neuron_batch.run.ray_cluster import (
+    Placement,
+    check_address,
+    placement_for,
+    replicas_that_fit,
+)
+from neuron_batch.run.replica_actor import _RecordSink, decode_tokens, encode_tokens
+from neuron_batch.run.replica_report import busy_fraction, summarize_replicas
+from neuron_batch.run.replicas import batching
+from neuron_batch.scheduler.records import RequestRecord, StepRecord
+
+
+# -- the simulated layout -------------------------------------------------------------------------
+def test_replicas_fill_one_instance_before_the_next():
+    labels = replica_devices("inf2.48xlarge", 4, 6, 1)
+    assert labels[0] == "sim inf2.48xlarge#0 cores 0-3"
+    assert labels[-1] == "sim inf2.48xlarge#0 cores 20-23"
+    two = replica_devices("inf2.8xlarge", 2, 2, 2)
+    assert two == ["sim inf2.8xlarge#0 cores 0-1", "sim inf2.8xlarge#1 cores 0-1"]
+    assert replica_devices("inf2.xlarge", 1, 2, 1)[1] == "sim inf2.xlarge#0 core 1"
+
+
+def test_too_many_cores_is_refused_with_what_would_fit():
+    with pytest.raises(SimError) as caught:
+        replica_devices("inf2.48xlarge", 24, 2, 1)
+    message = str(caught.value)
+    assert "--replicas 2 x --tensor-parallel-size 24 needs 48 NeuronCores" in message
+    assert "--num-instances 2" in message and "--tensor-parallel-size 8" in message
+    # cores add up (24 of 24) but an engine may not span two inf2.24xlarge
+    with pytest.raises(SimError, match="1 engine of TP 8 per instance"):
+        replica_devices("inf2.24xlarge", 8, 3, 2)
+
+
+def test_cli_refuses_a_layout_that_does_not_fit_before_ray_starts(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt_len": 100, "max_tokens": 4}\n')
+    result = CliRunner().invoke(main, [
+        "run", str(prompts), "--device", "sim", "--instance", "inf2.8xlarge", "--architecture",
+        "llama-3.1-8b", "--replicas", "2", "-o", str(tmp_path / "r")])
+    assert result.exit_code == 2, result.output
+    assert "needs 4 NeuronCores" in result.output and "--num-instances 2" in result.output
+    # and a TP that cannot hold the model is refused the same way
+    result = CliRunner().invoke(main, [
+        "run", str(prompts), "--device", "sim", "--instance", "inf2.48xlarge", "--architecture",
+        "llama-3-70b", "--tensor-parallel-size", "2", "--replicas", "2",
+        "-o", str(tmp_path / "r2")])
+    assert result.exit_code == 2 and "TP 2" in result.output, result.output
+
+
+def test_settings_validate_replicas_and_instances():
+    with pytest.raises(SettingsError, match="--replicas"):
+        RunSettings(inputs=("x",), replicas=0).validate()
+    with pytest.raises(SettingsError, match="--num-instances"):
+        RunSettings(inputs=("x",), sim=SimOptions(num_instances=0)).validate()
+    assert not RunSettings(inputs=("x",)).uses_ray
+    assert RunSettings(inputs=("x",), replicas=2).uses_ray
+    assert RunSettings(inputs=("x",), ray="local").uses_ray
+
+
+# -- before anything starts -------------------------------------------------------------------
+def test_bad_ray_addresses_fail_at_once():
+    with pytest.raises(RunError, match="expected host:port"):
+        check_address("nonsense")
+    with pytest.raises(RunError, match="Ray Client addresses are not supported"):
+        check_address("ray://head:10001")
+    with pytest.raises(RunError, match="no Ray cluster answers there") as caught:
+        check_address("127.0.0.1:1")
+    assert caught.value.exit_code == 1
+    check_address("local")
+
+
+def test_placement_per_device_and_what_fits():
+    settings = RunSettings(inputs=("x",), device="neuron", replicas=6,
+                           sim=SimOptions(tensor_parallel_size=4))
+    neuron = placement_for(settings, {"neuron_cores": 24.0, "CPU": 192.0})
+    assert neuron.needs() == {"CPU": 1.0, "neuron_cores": 4.0}
+    nodes = [{"Resources": {"CPU": 192.0, "neuron_cores": 24.0}},
+             {"Resources": {"CPU": 32.0, "neuron_cores": 2.0}}]
+    assert replicas_that_fit(nodes, neuron) == 6          # 4-core groups: none on the small node
+    auto = placement_for(RunSettings(inputs=("x",)), {"CPU": 4.0})
+    assert auto == Placement("cpu")
+    assert replicas_that_fit([{"Resources": {"CPU": 1.0}}] * 2, Placement("sim")) == 2
+    with pytest.raises(RunError, match="not supported"):
+        placement_for(RunSettings(inputs=("x",), device="cuda"), {})
+
+
+def test_help_and_one_replica_do_not_import_ray(tmp_path):
+    import subprocess
+
+    code = ("import sys\n"
+            "from click.testing import CliRunner\n"
+            "from neuron_batch.cli import main\n"
+            "CliRunner().invoke(main, ['--help'])\n"
+            "CliRunner().invoke(main, ['run', '--help'])\n"
+            "from neuron_batch.run import runner, folder_report\n"
+            "print('ray' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
+
+
+# -- what travels between driver and replicas ------------------------------------------------
+def test_tokens_round_trip_and_the_record_sink():
+    ids = [0, 1, 2**31 - 1, 128_000]
+    assert decode_tokens(encode_tokens(ids)) == ids
+    sink = _RecordSink()
+    sink.write('{"step":0,"type":"step"}\n{"req_id":"a","finished":1.0,"type":"request"}\n')
+    sink.write('{"step":1,"type":"step"}\n')
+    assert list(sink.requests) == ["a"]
+    assert sink.take_other() == '{"step":0,"type":"step"}\n{"step":1,"type":"step"}\n'
+    assert sink.take_other() == ""
+
+
+def test_batching_keeps_several_engines_worth_in_flight():
+    for seqs in (1, 4, 8, 16, 32, 64, 256):
+        size, in_flight = batching(seqs)
+        assert size >= 1 and size * in_flight >= 3 * seqs
+
+
+def test_records_file_names(tmp_path):
+    folder = RunFolder(tmp_path)
+    for name in ("records-1.jsonl", "records-2-r0.jsonl", "records-2-r1.jsonl",
+                 "records-2-r0-restart1.jsonl", "records-10.jsonl", "notes.jsonl"):
+        (tmp_path / name).write_text("")
+    layout = folder.records_layout()
+    assert list(layout) == [1, 2, 10]
+    assert layout[2] == {0: [tmp_path / "records-2-r0.jsonl",
+                             tmp_path / "records-2-r0-restart1.jsonl"],
+                         1: [tmp_path / "records-2-r1.jsonl"]}
+    assert folder.records_paths() == [tmp_path / "records-1.jsonl",
+                                      tmp_path / "records-10.jsonl"]
+    assert folder.replica_records_path(3, 1, 2).name == "records-3-r1-restart2.jsonl"
+
+
+# -- the report over replicas ----------------------------------------------------------------
+def _step(i, t0, t1, waiting, running, kind="decode"):
+    return StepRecord(i, "ACTIVE_DECODE", kind, [], running, running, running, running,
+                      running, 0, None, waiting, running, 0.1, t0, t1)
+
+
+def test_busy_fraction_counts_time_with_the_engine_full():
+    steps = [_step(0, 0.0, 1.0, 3, 4), _step(1, 1.0, 2.0, 0, 4), _step(2, 2.0, 4.0, 0, 2)]
+    assert busy_fraction(steps, 0.0, 4.0, max_num_seqs=4) == pytest.approx(0.5)
+    assert busy_fraction(steps, 0.0, 4.0, max_num_seqs=8) == pytest.approx(0.25)
+    assert busy_fraction([], 0.0, 1.0, 4) == 0.0
+
+
+def _write_replica(path, meta, steps, requests, config):
+    lines = [json.dumps({"type": "replica", **meta}),
+             json.dumps({"type": "config", **config})]
+    for step in steps:
+        lines.append(json.dumps({"type": "step", **asdict(step)}))
+    for request in requests:
+        lines.append(json.dumps({"type": "request", **asdict(request)}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_report_sums_replicas_and_keeps_each_request_once(tmp_path):
+    config = {"max_num_seqs": 4, "max_num_batched_tokens": 256, "max_model_len": 1024,
+              "block_size": 32, "num_kv_blocks": 100, "max_kv_concurrent": 3,
+              "prefill_buckets": [128, 256], "decode_buckets": [1, 2, 4], "scheduler_cls": "x"}
+    r0 = tmp_path / "records-1-r0.jsonl"
+    r1 = tmp_path / "records-1-r1.jsonl"
+    _write_replica(r0, {"replica": 0, "restart": 0, "node": "n0", "device": "sim a"},
+                   [_step(0, 0.0, 1.0, 1, 4), _step(1, 1.0, 3.0, 0, 1)],
+                   [RequestRecord("a", 10, 0.0, 0.0, 1.0, 2.0, 5, 0, "length"),
+                    RequestRecord("b", 20, 0.0, 0.0, 1.0, 3.0, 7, 0, "length")], config)
+    _write_replica(r1, {"replica": 1, "restart": 0, "node": "n1", "device": "sim b"},
+                   [_step(0, 0.0, 5.0, 0, 4)],
+                   [RequestRecord("c", 30, 0.0, 0.0, 1.0, 5.0, 9, 0, "length"),
+                    RequestRecord("b", 20, 0.0, 0.0, 1.0, 5.0, 7, 0, "length"),   # twice
+                    RequestRecord("z", 20, 0.0, 0.0, 1.0, 5.0, 7, 0, "length")],  # not in outputs
+                   config)
+    layout = RunFolder(tmp_path).records_layout()
+    report = summarize_replicas(layout, attempts=[{"attempt": 1, "generation_s": 9.0}],
+                                done_ids={"a", "b", "c"}, simulated=True,
+                                extra_config={"max_num_seqs": 4}, total=3, skipped=0)
+    replicas = report["replicas"]
+    assert [r["node"] for r in replicas] == ["n0", "n1"]
+    assert [r["requests"] for r in replicas] == [2, 1]
+    assert sum(r["requests"] for r in replicas) == report["requests"]["completed"] == 3
+    assert sum(r["output_tokens"] for r in replicas) == report["tokens"]["output"] == 21
+    assert report["throughput"]["elapsed_s"] == 5.0      # simulated: the longest replica
+    assert [r["elapsed_s"] for r in replicas] == [3.0, 5.0]
+    assert replicas[0]["busy_fraction"] == pytest.approx(1 / 3)
+    assert replicas[1]["busy_fraction"] == pytest.approx(1.0)
+    assert report["steps"]["total"] == 3
+    seconds = sum(s["seconds"] for s in report["states"].values())
+    assert seconds == pytest.approx(3.0 + 5.0)           # replica-seconds
+    assert report["padding"]["decode"]["actual_seqs"] == 4 + 1 + 4
+    wall = summarize_replicas(layout, attempts=[{"attempt": 1, "generation_s": 9.0}],
+                              done_ids={"a", "b", "c"}, simulated=False,
+                              extra_config={"max_num_seqs": 4}, total=3, skipped=0)
+    assert wall["throughput"]["elapsed_s"] == 9.0       # elsewhere: the driver's wall time
