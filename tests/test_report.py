@@ -12,7 +12,8 @@ from dataclasses import asdict
 import pytest
 
 from neuron_batch.report.metrics import summarize
-from neuron_batch.report.summary import format_summary, prometheus_text, write_text_atomic
+from neuron_batch.report.prometheus import prometheus_text, write_text_atomic
+from neuron_batch.report.summary import format_summary
 from neuron_batch.scheduler.records import (
     BLOCK_REASONS,
     Records,

@@ -154,7 +154,7 @@ def _run_locked(job: Job) -> RunResult:
     report = build_report(job)
     write_json_atomic(folder.path / REPORT, report)
     if settings.metrics_textfile:
-        from neuron_batch.report.summary import prometheus_text, write_text_atomic
+        from neuron_batch.report.prometheus import prometheus_text, write_text_atomic
 
         write_text_atomic(settings.metrics_textfile,
                           prometheus_text(report, labels={"output": str(folder.path)}))
