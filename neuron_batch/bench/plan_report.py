@@ -165,7 +165,8 @@ def format_plan(data: dict[str, Any]) -> str:
     lines = [f"neuron-batch plan: {meta['num_requests']:,} requests, {meta['architecture']}, "
              f"deadline {deadline['text']} ({format_hours(deadline['hours'])}); "
              f"{meta['num_options']} options, {meta['num_simulated_options']} simulated "
-             f"({meta['num_simulations']} runs), {meta['num_pruned']} pruned by their bounds, "
+             f"({_plural(meta['num_simulations'], 'run')}), {meta['num_pruned']} pruned by "
+             f"their bounds, "
              f"{meta['num_skipped']} skipped"]
     if rows:
         body = [[str(r["rank"]), r["instance"], str(r["num_instances"]),
@@ -191,6 +192,10 @@ def format_plan(data: dict[str, Any]) -> str:
         lines += ([paragraph] if paragraph.startswith("  ") or not paragraph
                   else textwrap.wrap(paragraph, 100))
     return "\n".join(lines) + "\n"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _closest_not_simulated(data: dict[str, Any], count: int = 5) -> list[str]:
