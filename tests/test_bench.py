@@ -134,3 +134,40 @@ def test_calibrate_recovers_the_profile_that_made_the_records(tmp_path):
     for seqs, context in [(1, 500), (8, 8000), (16, 30000)]:
         assert fitted.decode_time(seqs, context) == pytest.approx(
             truth.decode_time(seqs, context), rel=0.02)
+
+
+def test_kv_reserve_is_a_sweep_dimension(tmp_path):
+    """--kv-reserve request,max-model-len runs every configuration under both rules (K=req /
+    K=mml in the names) and the verdict says which wins. max_model_len 8192 on inf2.8xlarge:
+    the KV cache holds 9 requests at that length, fewer than max_num_seqs 16."""
+    out = tmp_path / "kv"
+    result = CliRunner().invoke(main, [
+        "bench", str(TRACE), "--device", "sim", "--instance", "inf2.8xlarge", "--architecture",
+        "llama-3.1-8b", "--limit", "40", "--max-model-len", "8192", "--max-num-batched-tokens",
+        "2048", "--max-num-seqs", "16", "--max-prefill-buckets", "1", "--max-decode-buckets",
+        "0", "--kv-reserve", "request,max-model-len", "--sweep-buckets", "--jobs", "1",
+        "-o", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "sweep.json").read_text())
+    by_name = {c["name"]: c for c in data["configurations"]}
+    assert set(by_name) == {"default", "P=def,D=def,S=16,K=mml", "P=o1,D=def,K=req",
+                            "P=o1,D=def,K=mml"}
+    for name, config in by_name.items():
+        rule = "max_model_len" if name.endswith("K=mml") else "request"
+        assert config["params"]["kv_reserve"] == rule
+        assert config["report"]["config"]["kv_reserve"] == rule
+        assert config["report"]["preemptions"] == 0
+    mml = by_name["P=def,D=def,S=16,K=mml"]["report"]
+    assert mml["admission_blocked"]["kv_saturated"] > 0
+    assert by_name["default"]["report"]["admission_blocked"]["kv_saturated"] == 0
+    verdict = data["recommendation"]["kv_reserve"]
+    assert verdict["winner"] == "request" and verdict["ratio"] > 1
+    assert "KV admission: request wins" in " ".join(result.output.split())
+    assert "param_kv_reserve" in (out / "sweep.csv").read_text().splitlines()[0]
+
+
+def test_several_kv_rules_need_a_sweep(tmp_path):
+    result = CliRunner().invoke(main, ["bench", str(TRACE), "--device", "sim", "--kv-reserve",
+                                       "request,max-model-len", "-o", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "several --kv-reserve rules need --sweep-buckets" in \
+        result.output

@@ -441,3 +441,73 @@ def test_cost_shows_in_table_csv_and_verdict(tmp_path):
     assert float(by_name["cfg-5"]["usd_with_compile"]) == pytest.approx(1.3)
     assert by_name["cfg-5"]["rank"] == "1" and by_name["cfg-big"]["usd"] == ""
     assert "cost USD" not in format_table(rank(sweep()), recommend(rank(sweep())))
+
+
+# -- the KV admission rule as a sweep dimension --------------------------------------------------
+
+def kv_entry(name: str, tps: float, rule: str, *, saturated: int, mean_used: float,
+             peak_used: int, preemptions: int = 0) -> dict:
+    e = entry(name, tps, [512, 2048], [1, 8, 16], blocked={"kv_saturated": saturated})
+    e["params"]["kv_reserve"] = rule
+    e["report"]["config"]["kv_reserve"] = rule
+    e["report"]["preemptions"] = preemptions
+    e["report"]["kv"] = {"num_blocks": 2001, "peak_reserved_blocks": 2000,
+                         "peak_used_blocks": peak_used, "mean_used_fraction": mean_used}
+    return e
+
+
+def kv_sweep(request_tps: float, mml_tps: float) -> list[dict]:
+    return [kv_entry("default", request_tps, "request", saturated=900, mean_used=0.84,
+                     peak_used=1820),
+            kv_entry("P=def,D=def,S=16,K=mml", mml_tps, "max_model_len", saturated=9_800,
+                     mean_used=0.07, peak_used=340),
+            kv_entry("P=o1,D=def,K=mml", mml_tps * 0.9, "max_model_len", saturated=9_800,
+                     mean_used=0.07, peak_used=340)]
+
+
+def test_rows_carry_the_kv_rule_and_its_figures():
+    row = next(r for r in rank(kv_sweep(2000.0, 1000.0)) if r["name"] == "default")
+    assert row["kv_reserve"] == "request" and row["preemptions"] == 0
+    assert row["kv_peak_reserved_fraction"] == 1.0
+    assert row["kv_peak_used_fraction"] == pytest.approx(0.91)
+    assert row["kv_mean_used_fraction"] == 0.84
+    # reports from before the KV figures: None, not an error
+    assert rank(sweep())[0]["kv_mean_used_fraction"] is None
+
+
+def test_verdict_says_request_wins_and_why():
+    rec = recommend(rank(kv_sweep(2170.0, 1000.0)))
+    kv = rec["kv_reserve"]
+    assert kv["winner"] == "request" and kv["ratio"] == pytest.approx(2.17)
+    assert kv["request"] == "default" and kv["max_model_len"] == "P=def,D=def,S=16,K=mml"
+    assert kv["text"] in rec["reasons"]
+    assert kv["text"].startswith("KV admission: request wins, 2.17x (default at 2,170 output "
+                                 "tok/s against P=def,D=def,S=16,K=mml at 1,000)")
+    assert "kv_saturated refused admission in 98% of steps" in kv["text"]
+    assert "held 7.0% of the KV cache on average" in kv["text"]
+    assert "use 84% on average (peak 91%), with no preemption under either rule" in kv["text"]
+
+
+def test_verdict_when_the_rules_are_level_or_max_model_len_wins():
+    level = recommend(rank(kv_sweep(1002.0, 1000.0)))["kv_reserve"]
+    assert level["winner"] is None and "the rules are level" in level["text"]
+    assert "the KV cache was not what limited it" in level["text"]
+    slower = recommend(rank(kv_sweep(900.0, 1000.0)))["kv_reserve"]
+    assert slower["winner"] == "max_model_len"
+    assert slower["text"].startswith("KV admission: max_model_len wins, 11% above request")
+
+
+def test_no_kv_verdict_without_both_rules():
+    assert "kv_reserve" not in recommend(rank(sweep()))
+    only_request = [e for e in kv_sweep(2000.0, 1000.0) if e["params"]["kv_reserve"] == "request"]
+    assert "kv_reserve" not in recommend(rank(only_request))
+
+
+def test_csv_has_the_kv_columns(tmp_path: Path):
+    path = write_csv(kv_sweep(2000.0, 1000.0), tmp_path / "sweep.csv")
+    with path.open(newline="") as handle:
+        records = {r["name"]: r for r in csv.DictReader(handle)}
+    row = records["default"]
+    assert row["param_kv_reserve"] == row["kv_reserve"] == "request"
+    assert row["preemptions"] == "0" and float(row["kv_mean_used_fraction"]) == 0.84
+    assert records["P=o1,D=def,K=mml"]["kv_reserve"] == "max_model_len"

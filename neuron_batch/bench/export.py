@@ -23,6 +23,9 @@ from neuron_batch.scheduler.records import BLOCK_REASONS
 
 #: The cost columns of a sweep CSV (empty where the instance has no price).
 COST_COLUMNS = (COST_USD, COST_USD_WITH_COMPILE, "usd_per_million_output_tokens")
+#: The KV admission figures of a row, as CSV columns.
+KV_COLUMNS = ("kv_reserve", "preemptions", "kv_peak_reserved_fraction", "kv_peak_used_fraction",
+              "kv_mean_used_fraction")
 
 # -- files ------------------------------------------------------------------------------------
 
@@ -51,8 +54,9 @@ def csv_rows(entries: Sequence[Mapping[str, Any]], by: str = "throughput"
                + [f"seconds_{state}" for state in STATES]
                + [f"share_{state}" for state in STATES]
                + [f"blocked_{reason}" for reason in reasons]
-               + ["ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
-                  "prefill_buckets", "decode_buckets", "compiled_graphs", COST_COMPILE_S,
+               + ["ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"]
+               + list(KV_COLUMNS)
+               + ["prefill_buckets", "decode_buckets", "compiled_graphs", COST_COMPILE_S,
                   *COST_COLUMNS, "status", "error"])
     out = []
     for entry in entries:
@@ -68,7 +72,7 @@ def csv_rows(entries: Sequence[Mapping[str, Any]], by: str = "throughput"
             record.update({key: _csv_value(row.get(key)) for key in (
                 "rank", "output_tokens_per_s", "total_tokens_per_s", "throughput_per_graph",
                 "elapsed_s", "prefill_waste", "decode_waste", "ttft_p50_s", "ttft_p99_s",
-                "tpot_p50_s", "tpot_p99_s", "prefill_buckets", "decode_buckets",
+                "tpot_p50_s", "tpot_p99_s", *KV_COLUMNS, "prefill_buckets", "decode_buckets",
                 "compiled_graphs", COST_COMPILE_S, *COST_COLUMNS)})
             for state in STATES:
                 record[f"seconds_{state}"] = _csv_value(row["state_seconds"].get(state))

@@ -133,7 +133,25 @@ def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
         COST_USD: run_usd,
         COST_USD_WITH_COMPILE: with_compile,
         "usd_per_million_output_tokens": cost.get("usd_per_million_output_tokens"),
+        # KV admission: the rule, and what it reserved and the requests held (fractions of
+        # the usable blocks); None in reports from before these figures existed.
+        "kv_reserve": config.get("kv_reserve") or params.get("kv_reserve"),
+        "preemptions": report.get("preemptions"),
+        **_kv_fractions(report.get("kv") or {}),
     }
+
+
+def _kv_fractions(kv: Mapping[str, Any]) -> dict[str, float | None]:
+    num_blocks = kv.get("num_blocks")
+    usable = num_blocks - 1 if num_blocks and num_blocks > 1 else None
+
+    def share(key: str) -> float | None:
+        value = kv.get(key)
+        return value / usable if usable and value is not None else None
+
+    return {"kv_peak_reserved_fraction": share("peak_reserved_blocks"),
+            "kv_peak_used_fraction": share("peak_used_blocks"),
+            "kv_mean_used_fraction": kv.get("mean_used_fraction")}
 
 
 def configured_buckets(configured: Any, param: Any) -> list[int]:

@@ -1,7 +1,9 @@
 """`neuron-batch bench`: one workload under one or many configurations, each in a fresh engine.
 
-Configuration names: P = prefill set, D = decode set, S = max_num_seqs; "def" is the default
-buckets, "uN" the user's Nth set, "oK" the exact optimum with at most K buckets.
+Configuration names: P = prefill set, D = decode set, S = max_num_seqs, K = KV admission rule
+(`--kv-reserve`: "req" reserves each request's prompt + max_tokens, "mml" max_model_len); "def"
+is the default buckets, "uN" the user's Nth set, "oK" the exact optimum with at most K buckets.
+S and K appear in names only when the sweep has several values of them.
 
 A sweep runs in two phases. First the default buckets at every `--max-num-seqs` value (those
 runs also show which decode batch sizes the workload produces); then the grid: prefill bucket
@@ -31,6 +33,7 @@ from neuron_batch.run.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
 from neuron_batch.run.folder import REPORT, write_json_atomic
 from neuron_batch.run.runner import run
 from neuron_batch.run.workload import load_workload
+from neuron_batch.scheduler.kv_reserve import SHORT_NAMES
 from neuron_batch.scheduler.records import DECODE, read_records
 
 SWEEP_JSON, SWEEP_CSV = "sweep.json", "sweep.csv"
@@ -52,30 +55,50 @@ def _slug(name: str) -> str:
 
 
 def candidate(base: RunSettings, sweep_dir: Path, name: str, *, max_num_seqs: int,
-              prefill: Sequence[int] | None, decode: Sequence[int] | None) -> Candidate:
+              prefill: Sequence[int] | None, decode: Sequence[int] | None,
+              kv_reserve: str | None = None) -> Candidate:
+    kv_reserve = kv_reserve or base.kv_reserve
     settings = replace(base, max_num_seqs=max_num_seqs,
                        prefill_buckets=tuple(prefill) if prefill else None,
-                       decode_buckets=tuple(decode) if decode else None,
+                       decode_buckets=tuple(decode) if decode else None, kv_reserve=kv_reserve,
                        output=str(sweep_dir / "configs" / _slug(name)), quiet=True, resume=True,
                        metrics_textfile=None)
     prefill_used, decode_used = settings.validate().buckets()
     return Candidate(name, {"max_num_seqs": max_num_seqs, "prefill_buckets": _join(prefill_used),
-                            "decode_buckets": _join(decode_used)}, settings)
+                            "decode_buckets": _join(decode_used), "kv_reserve": kv_reserve},
+                     settings)
 
 
-def default_candidates(base: RunSettings, sweep_dir: Path, seqs_values: Sequence[int]
-                       ) -> list[Candidate]:
-    """The defaults at each max_num_seqs; the first is "default", the baseline of the verdict."""
-    return [candidate(base, sweep_dir, "default" if i == 0 else f"P=def,D=def,S={seqs}",
-                      max_num_seqs=seqs, prefill=None, decode=None)
-            for i, seqs in enumerate(seqs_values)]
+def _suffix(seqs: int, kv_reserve: str, *, multi_seqs: bool, multi_kv: bool) -> str:
+    """The S= and K= parts of a name, for the dimensions the sweep varies."""
+    return ((f",S={seqs}" if multi_seqs else "")
+            + (f",K={SHORT_NAMES[kv_reserve]}" if multi_kv else ""))
+
+
+def default_candidates(base: RunSettings, sweep_dir: Path, seqs_values: Sequence[int],
+                       kv_values: Sequence[str] | None = None) -> list[Candidate]:
+    """The defaults at each max_num_seqs (and KV admission rule); the first is "default", the
+    baseline of the verdict."""
+    kv_values = list(kv_values or [base.kv_reserve])
+    out = []
+    for kv_reserve in kv_values:
+        for seqs in seqs_values:
+            name = "default" if not out else "P=def,D=def" + _suffix(
+                seqs, kv_reserve, multi_seqs=True, multi_kv=len(kv_values) > 1)
+            out.append(candidate(base, sweep_dir, name, max_num_seqs=seqs, prefill=None,
+                                 decode=None, kv_reserve=kv_reserve))
+    return out
 
 
 def grid_candidates(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
-                    prompt_lengths: Sequence[int], decode_hists: dict[int, Counter],
+                    prompt_lengths: Sequence[int], decode_hists: dict,
                     user_prefill: Sequence[Sequence[int]], user_decode: Sequence[Sequence[int]],
-                    max_prefill_buckets: int, max_decode_buckets: int) -> list[Candidate]:
-    """Every prefill set x decode set x max_num_seqs, defaults excluded (phase one ran them)."""
+                    max_prefill_buckets: int, max_decode_buckets: int,
+                    kv_values: Sequence[str] | None = None) -> list[Candidate]:
+    """Every prefill set x decode set x max_num_seqs x KV rule, defaults excluded (phase one ran
+    them). `decode_hists` maps (max_num_seqs, kv_reserve), or just max_num_seqs, to the decode
+    batch sizes phase one produced: the rules give very different batches."""
+    kv_values = list(kv_values or [base.kv_reserve])
     chunks = prefill_chunk_lengths(prompt_lengths, base.max_num_batched_tokens,
                                    base.max_model_len)
     prefill_max = min(base.max_num_batched_tokens, base.max_model_len)
@@ -88,13 +111,13 @@ def grid_candidates(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence
         for k, plan in enumerate(plans_for_each_k(chunks, max_prefill_buckets, prefill_max), 1):
             prefill_sets[f"o{k}"] = plan.buckets
     out: list[Candidate] = []
-    multi = len(seqs_values) > 1
-    for seqs in seqs_values:
+    multi_seqs, multi_kv = len(seqs_values) > 1, len(kv_values) > 1
+    for kv_reserve, seqs in ((k, s) for k in kv_values for s in seqs_values):
         decode_sets: dict[str, tuple[int, ...] | None] = {"def": None}
         for i, buckets in enumerate(user_decode, 1):
             if buckets[-1] == seqs:
                 decode_sets[f"u{i}"] = tuple(buckets)
-        hist = decode_hists.get(seqs)
+        hist = decode_hists.get((seqs, kv_reserve), decode_hists.get(seqs))
         if max_decode_buckets > 0 and hist:
             for k, plan in enumerate(plans_for_each_k(hist, max_decode_buckets, seqs), 1):
                 decode_sets[f"o{k}"] = plan.buckets
@@ -107,9 +130,10 @@ def grid_candidates(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence
                 if key in seen:
                     continue
                 seen.add(key)
-                name = f"P={pname},D={dname}" + (f",S={seqs}" if multi else "")
+                name = f"P={pname},D={dname}" + _suffix(seqs, kv_reserve, multi_seqs=multi_seqs,
+                                                         multi_kv=multi_kv)
                 out.append(candidate(base, sweep_dir, name, max_num_seqs=seqs,
-                                     prefill=prefill, decode=decode))
+                                     prefill=prefill, decode=decode, kv_reserve=kv_reserve))
     return out
 
 
@@ -268,7 +292,8 @@ def render(sweep_dir: Path, *, plots: bool = True) -> str:
 def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
               user_prefill: Sequence[Sequence[int]], user_decode: Sequence[Sequence[int]],
               max_prefill_buckets: int, max_decode_buckets: int, jobs: int, resume: bool,
-              log: Callable[[str], None], rank_by: str = "throughput") -> int:
+              log: Callable[[str], None], rank_by: str = "throughput",
+              kv_values: Sequence[str] | None = None) -> int:
     if (sweep_dir / SWEEP_JSON).exists() and not resume:
         raise RunError(f"{sweep_dir} already holds a sweep; pass --resume to continue it, or "
                        f"choose another --output")
@@ -281,28 +306,32 @@ def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
             "sim": base.sim.__dict__ if simulated else None, "num_requests": len(lengths),
             "max_num_batched_tokens": base.max_num_batched_tokens,
             "max_model_len": base.max_model_len, "max_num_seqs_values": list(seqs_values),
+            "kv_reserve_values": list(kv_values or [base.kv_reserve]),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs": jobs, "rank_by": rank_by}
     sweep = Sweep(sweep_dir, jobs=jobs, log=log, prompt_lengths=lengths, meta=meta)
     if resume:
         sweep.entries.update(load_previous(sweep_dir))
     try:
-        phase_one = default_candidates(base, sweep_dir, seqs_values)
+        phase_one = default_candidates(base, sweep_dir, seqs_values, kv_values)
         started = time.monotonic()
-        log(f"phase 1: the default buckets at max_num_seqs {', '.join(map(str, seqs_values))}")
+        log(f"phase 1: the default buckets at max_num_seqs {', '.join(map(str, seqs_values))}"
+            + (f", kv-reserve {', '.join(kv_values)}" if kv_values and len(kv_values) > 1
+               else ""))
         sweep.run(phase_one)
         first_s = max(time.monotonic() - started, 1e-3)
-        hists = {c.settings.max_num_seqs: decode_batch_histogram(Path(c.settings.output))
-                 for c in phase_one}
+        hists = {(c.settings.max_num_seqs, c.settings.kv_reserve):
+                 decode_batch_histogram(Path(c.settings.output)) for c in phase_one}
         grid = grid_candidates(base, sweep_dir, seqs_values=seqs_values, prompt_lengths=lengths,
                                decode_hists=hists, user_prefill=user_prefill,
                                user_decode=user_decode, max_prefill_buckets=max_prefill_buckets,
-                               max_decode_buckets=max_decode_buckets)
+                               max_decode_buckets=max_decode_buckets, kv_values=kv_values)
         remaining = [c for c in grid if c.name not in sweep.entries]
         # phase one ran min(jobs, n) configurations at a time
         per_config = first_s * min(jobs, len(phase_one)) / max(1, len(phase_one))
         estimate = per_config * len(remaining) / max(1, min(jobs, len(remaining) or 1))
         log(f"phase 2: {len(grid)} configurations ({len(remaining)} to run; prefill sets x "
-            f"decode sets x max_num_seqs), about {estimate / 60:.1f} min with {jobs} job(s)")
+            f"decode sets x max_num_seqs x kv-reserve), about {estimate / 60:.1f} min with "
+            f"{jobs} job(s)")
         sweep.run(remaining)
     except KeyboardInterrupt:
         sweep.write()

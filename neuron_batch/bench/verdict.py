@@ -39,7 +39,8 @@ def recommend(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     Returns {"fastest", "best_per_graph", "pareto" (names, cheapest first), "pareto_cost"
     (the cost key of the front), "baseline" ("default" when the sweep has it, else None),
     "limits" (what holds the fastest back: dominant state and admission block), "reasons"
-    (sentences)}.
+    (sentences)}, and "kv_reserve" (which KV admission rule wins, see `kv_reserve_verdict`)
+    when the sweep ran both.
     """
     ordered = sorted(rows, key=rank_key)
     front = pareto_front(ordered)
@@ -63,6 +64,10 @@ def recommend(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     limits = _limits(fastest)
     result["limits"] = limits
     reasons.append(f"what limits {fastest['name']}: {limits['text']}")
+    kv_rule = kv_reserve_verdict(ordered)
+    if kv_rule is not None:
+        result["kv_reserve"] = kv_rule
+        reasons.append(kv_rule["text"])
     reasons.append(_per_graph_sentence(per_graph, fastest))
     cheapest = _cheapest_sentence(ordered, fastest)
     if cheapest:
@@ -128,6 +133,65 @@ def _fastest_sentence(fastest: dict, baseline: dict | None, ordered: list[dict])
     text += (f"; padding waste {fmt_pct(fastest['prefill_waste'])} prefill, "
              f"{fmt_pct(fastest['decode_waste'])} decode")
     return text
+
+
+#: Throughputs closer than this are level: neither KV admission rule wins.
+LEVEL_SHARE = 0.005
+
+
+def kv_reserve_verdict(ordered: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """Which KV admission rule wins, comparing the best configuration of each (rows fastest
+    first), and why: how often kv_saturated held the queue back and how much of the KV cache
+    the requests really used. None unless the rows hold both rules."""
+    best: dict[str, dict[str, Any]] = {}
+    for row in ordered:
+        if row.get("kv_reserve"):
+            best.setdefault(row["kv_reserve"], row)
+    request, seed = best.get("request"), best.get("max_model_len")
+    if request is None or seed is None:
+        return None
+    tps_request = as_number(request["output_tokens_per_s"])
+    tps_seed = as_number(seed["output_tokens_per_s"])
+    ratio = tps_request / tps_seed if tps_seed else None
+    if ratio is None or abs(ratio - 1) < LEVEL_SHARE:
+        winner = None
+    else:
+        winner = "request" if ratio > 1 else "max_model_len"
+    pair = (f"{request['name']} at {fmt_tps(tps_request)} output tok/s against "
+            f"{seed['name']} at {fmt_tps(tps_seed)}")
+    seed_use = (f"under max_model_len kv_saturated refused admission in "
+                f"{_block_share(seed, 'kv_saturated')} of steps while the requests held "
+                f"{fmt_pct(seed.get('kv_mean_used_fraction'))} of the KV cache on average")
+    if winner == "request":
+        text = (f"KV admission: request wins, {ratio:.2f}x ({pair}): {seed_use}; reserving "
+                f"each request's own prompt + max_tokens let them use "
+                f"{fmt_pct(request.get('kv_mean_used_fraction'))} on average (peak "
+                f"{fmt_pct(request.get('kv_peak_used_fraction'))})"
+                f"{_preemption_words(request, seed)}")
+    elif winner is None:
+        text = (f"KV admission: the rules are level ({pair}): {seed_use}, so the KV cache was "
+                f"not what limited it; {_limits(request)['text']}")
+    else:
+        text = (f"KV admission: max_model_len wins, {fmt_relative(tps_seed, tps_request)} "
+                f"request ({pair}): running more requests at once cost more than it gained; "
+                f"{_limits(request)['text']}")
+    return {"winner": winner, "ratio": ratio, "request": request["name"],
+            "max_model_len": seed["name"], "text": text}
+
+
+def _block_share(row: dict[str, Any], reason: str) -> str:
+    steps = row.get("steps") or 0
+    count = (row.get("admission_blocked") or {}).get(reason, 0)
+    return fmt_pct(count / steps) if steps else "-"
+
+
+def _preemption_words(*rows: dict[str, Any]) -> str:
+    counts = [row.get("preemptions") for row in rows]
+    if any(count is None for count in counts):
+        return ""
+    total = sum(counts)
+    return ", with no preemption under either rule" if total == 0 else (
+        f"; vLLM preempted {total:,} requests, which Neuron cannot do")
 
 
 def _per_graph_sentence(row: dict, fastest: dict) -> str:

@@ -14,6 +14,7 @@ from neuron_batch.cli.options import (
     cost_options,
     engine_options,
     int_list,
+    kv_reserve_list,
     load_config_option,
     settings_from_options,
 )
@@ -70,7 +71,9 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
       - prefill sets: defaults, every --prefill-buckets-set, and the optimal sets of
         1..--max-prefill-buckets buckets for this workload's prefill chunks,
       - crossed with decode sets: defaults, every --decode-buckets-set, and the optimal sets
-        of 1..--max-decode-buckets buckets for the batch sizes the defaults produced.
+        of 1..--max-decode-buckets buckets for the batch sizes the defaults produced,
+      - and, with --kv-reserve request,max-model-len, under both KV admission rules (names
+        end K=req / K=mml; the verdict says which rule wins and why).
     It prints the grid's size and an estimate first, writes sweep.json and sweep.csv after every
     configuration (--resume continues after a crash or Ctrl-C), then a ranked table, the
     recommendation (fastest, best per compiled graph, Pareto front of throughput against
@@ -83,6 +86,7 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
 
     try:
         seqs_values = int_list(options.pop("max_num_seqs"), "--max-num-seqs")
+        kv_values = kv_reserve_list(options["kv_reserve"])
         output, quiet = options.pop("output"), options.pop("quiet")
         base = settings_from_options(inputs, seqs_values[0], {**options, "quiet": True})
         user_prefill = [parse_buckets_option(t, "--prefill-buckets-set") for t in
@@ -98,6 +102,10 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
                                     f"{','.join(map(str, seqs_values))}")
         if len(seqs_values) > 1 and not sweep_buckets:
             raise SettingsError("several --max-num-seqs values need --sweep-buckets")
+        if len(kv_values) > 1 and not sweep_buckets:
+            raise SettingsError("several --kv-reserve rules need --sweep-buckets (add "
+                                "--max-prefill-buckets 0 --max-decode-buckets 0 to compare "
+                                "only the rules)")
     except SettingsError as error:
         raise click.UsageError(str(error)) from None
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
@@ -109,7 +117,7 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
                              user_decode=user_decode, max_prefill_buckets=max_prefill_buckets,
                              max_decode_buckets=max_decode_buckets,
                              jobs=jobs or default_jobs(), resume=resume, log=log,
-                             rank_by=rank_by)
+                             rank_by=rank_by, kv_values=kv_values)
         else:
             code = run_repeats(base, out_dir, repeats=repeat or 1, warmup=warmup if repeat else 0,
                                log=log)
