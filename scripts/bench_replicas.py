@@ -34,12 +34,12 @@ TRACE = ROOT / "datasets" / "azure-llm-inference-conv-2023.csv"
 
 #: (name, group, instance, tensor parallel size, replicas, instances, through Ray)
 LAYOUTS = [
-    ("inf2.48xlarge 1 x TP24", "48xl", "inf2.48xlarge", 24, 1, 1, False),
-    ("inf2.48xlarge 6 x TP4", "48xl", "inf2.48xlarge", 4, 6, 1, True),
-    ("inf2.48xlarge 12 x TP2", "48xl", "inf2.48xlarge", 2, 12, 1, True),
     ("inf2.8xlarge x1 (plain)", "8xl", "inf2.8xlarge", 2, 1, 1, False),
     ("inf2.8xlarge x1 (Ray, 1 replica)", "8xl", "inf2.8xlarge", 2, 1, 1, True),
     ("inf2.8xlarge x2 (Ray, 2 replicas)", "8xl", "inf2.8xlarge", 2, 2, 2, True),
+    ("inf2.48xlarge 1 x TP24", "48xl", "inf2.48xlarge", 24, 1, 1, False),
+    ("inf2.48xlarge 6 x TP4", "48xl", "inf2.48xlarge", 4, 6, 1, True),
+    ("inf2.48xlarge 12 x TP2", "48xl", "inf2.48xlarge", 2, 12, 1, True),
 ]
 
 
