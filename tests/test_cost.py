@@ -98,3 +98,12 @@ def test_summary_shows_the_cost():
     assert "$25.96" in line and "2 x inf2.48xlarge" in line and "$12.9813/h (on-demand)" in line
     assert "$12.981 per M output tok" in line
     assert not any(line.startswith("Cost") for line in format_summary({}).splitlines())
+
+
+def test_a_simulated_layout_is_billed_for_all_its_instances():
+    from neuron_batch.run.folder_report import num_instances
+
+    layout = RunSettings(inputs=("x",), device="sim", replicas=6,
+                         sim=SimOptions(instance="inf2.48xlarge", num_instances=2))
+    assert num_instances(layout) == 2
+    assert num_instances(RunSettings(inputs=("x",), device="neuron")) == 1

@@ -32,10 +32,8 @@ def _value(value: Any) -> str:
     return str(value)
 
 
-def run_command(settings: RunSettings, *, extra: dict[str, Any] | None = None,
-                program: str = "neuron-batch run") -> str:
-    """The command line for `settings`; `extra` adds options RunSettings may not know yet
-    (name -> value, e.g. {"replicas": 4}), written after the others."""
+def run_command(settings: RunSettings, *, program: str = "neuron-batch run") -> str:
+    """The command line for `settings`."""
     defaults = RunSettings(inputs=settings.inputs)
     parts = [program, *(shlex.quote(i) for i in settings.inputs)]
 
@@ -76,6 +74,4 @@ def run_command(settings: RunSettings, *, extra: dict[str, Any] | None = None,
     if settings.shuffle or settings.seed != defaults.seed:
         add("seed", settings.seed)
     add("limit", settings.limit)
-    for name, value in (extra or {}).items():
-        add(name, value)
     return " ".join(parts)

@@ -16,13 +16,13 @@ import hashlib
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 from neuron_batch.bench.deadline import Deadline, format_hours
-from neuron_batch.bench.plan_bounds import KV_RESERVE_MAX_MODEL_LEN, KV_RESERVE_REQUEST
+from neuron_batch.bench.plan_bounds import KV_RESERVE_REQUEST
 from neuron_batch.bench.plan_grid import (
     Option,
     PlanError,
@@ -61,20 +61,15 @@ class PlanJob:
     prune: bool = True          # False simulates every option (tests compare the two)
 
 
-def kv_reserve_field() -> bool:
-    """Whether this version's RunSettings chooses the KV admission rule (`kv_reserve`)."""
-    return any(f.name == "kv_reserve" for f in fields(RunSettings))
-
-
 def plan_base(settings: RunSettings) -> tuple[RunSettings, str]:
-    """The settings every simulated replica starts from: the simulated device, the workload in
-    a seeded random order (what the replica shares are cut from), and KV admission by real
-    need where this version has it; and the admission rule in force."""
+    """The settings every simulated replica starts from: the simulated device, one engine, the
+    workload in a seeded random order (what the replica shares are cut from), and KV admission
+    by each request's real need; and that admission rule."""
     base = replace(settings, device="sim", shuffle=True, quiet=True, resume=True,
-                   metrics_textfile=None, max_runtime=None)
-    if kv_reserve_field():
-        return replace(base, kv_reserve=KV_RESERVE_REQUEST), KV_RESERVE_REQUEST
-    return base, KV_RESERVE_MAX_MODEL_LEN
+                   metrics_textfile=None, max_runtime=None, replicas=1, ray=None,
+                   kv_reserve=KV_RESERVE_REQUEST,
+                   sim=replace(settings.sim, num_instances=1))
+    return base, KV_RESERVE_REQUEST
 
 
 def option_settings(base: RunSettings, option: Option, out_dir: Path | None) -> RunSettings:
@@ -91,9 +86,12 @@ def option_settings(base: RunSettings, option: Option, out_dir: Path | None) -> 
 
 
 def layout_settings(base: RunSettings, option: Option) -> RunSettings:
-    """The whole layout's run: every request (the plan's --limit, if any), all replicas."""
+    """The whole layout's run: every request (the plan's --limit, if any), every replica
+    (`--replicas` engines over `--num-instances` instances)."""
     settings = option_settings(base, option, None)
-    return replace(settings, limit=base.limit, shuffle=base.limit is not None)
+    return replace(settings, limit=base.limit, shuffle=base.limit is not None,
+                   replicas=option.total_replicas,
+                   sim=replace(settings.sim, num_instances=option.num_instances))
 
 
 def run_folder(option: Option, settings: RunSettings) -> str:
@@ -218,8 +216,8 @@ def _announce(job: PlanJob, options: list[Option], excluded: list[str], load_s: 
     log(f"grid: {len(kinds)} instance x TP placements ({', '.join(spec.instances)}), "
         f"1..{spec.max_num_instances} instances, max_num_seqs "
         f"{','.join(map(str, spec.seqs_values))}: {len(options)} options"
-        + (f", {len(skipped)} of them skipped (same schedule as a smaller max_num_seqs)"
-           if skipped else ""))
+        + (f", {len(skipped)} of them skipped (e.g. {skipped[0].name}: "
+           f"{skipped[0].skip_reason})" if skipped else ""))
     if excluded:
         names = [reason.split(":", 1)[0] for reason in excluded]
         log(f"  left out ({len(excluded)}; reasons in plan.json): {', '.join(names)}; e.g. "

@@ -185,7 +185,7 @@ def placements(spec: PlanSpec) -> tuple[list[Placement], list[str]]:
             settings = SimSettings(instance=name, arch=spec.architecture, tp_degree=tp,
                                    weight_dtype=spec.weight_dtype, profile=spec.cost_profile)
             try:
-                target = SimTarget.resolve(settings, spec.max_model_len)
+                target = SimTarget.resolve(settings, spec.max_model_len, spec.kv_reserve)
             except FileNotFoundError as error:     # --cost-profile
                 raise PlanError(str(error)) from None
             except ValueError as error:             # weights or KV cache do not fit
@@ -251,7 +251,14 @@ def build_options(spec: PlanSpec, placements_: Sequence[Placement], prompt_lens:
     chooser = BucketChooser(prompt_lens, spec)
     stats_by_size: dict[int, ShareStats] = {}
     options: list[Option] = []
+    # the largest KV reservation of any request (kv_reserve=request admits it only if it fits)
+    most_blocks = max((-(-min(p + o, spec.max_model_len) // NEURON_BLOCK_SIZE)
+                       for p, o in zip(prompt_lens, output_lens)), default=0)
     for placement in placements_:
+        too_small = None
+        if spec.kv_reserve != KV_RESERVE_MAX_MODEL_LEN and most_blocks > placement.num_blocks - 1:
+            too_small = (f"the KV cache ({placement.num_blocks - 1} usable blocks) cannot hold "
+                         f"the longest request ({most_blocks} blocks)")
         for num_instances in range(1, spec.max_num_instances + 1):
             total = placement.replicas * num_instances
             size = share_size(len(prompt_lens), total)
@@ -273,7 +280,8 @@ def build_options(spec: PlanSpec, placements_: Sequence[Placement], prompt_lens:
                 sim_key = (placement.hardware_key(), seqs, prefill, (seqs,), size, seed,
                            spec.kv_reserve)
                 options.append(Option(name, placement, num_instances, seqs, prefill, (seqs,),
-                                      compile_s, size, bound.seconds, bound.steps, sim_key))
+                                      compile_s, size, bound.seconds, bound.steps, sim_key,
+                                      skip_reason=too_small))
     mark_same_schedule(options, spec)
     progress(f"{len(options)} options bounded")
     return options

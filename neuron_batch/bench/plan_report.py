@@ -65,9 +65,7 @@ class PlanWriter:
             "price_per_hour_usd": price.per_hour_usd, "share_requests": option.share_size,
             "hours_at_least": option.hours_bound, "usd_at_least": option.usd_bound,
             "command": run_command(option_settings(self.job.base, option, None)),
-            "layout_command": run_command(
-                layout_settings(self.job.base, option),
-                extra={"replicas": option.total_replicas, "num_instances": option.num_instances}),
+            "layout_command": run_command(layout_settings(self.job.base, option)),
         }
 
     def record(self, option: Option, rank: int | None = None) -> dict[str, Any]:

@@ -67,12 +67,8 @@ def build_report(job: Job) -> dict:
 
 
 def num_instances(settings) -> int:
-    """Instances the run is spread over (1 until runs span several)."""
-    for holder in (settings, settings.sim):
-        value = getattr(holder, "num_instances", None)
-        if value:
-            return int(value)
-    return 1
+    """Instances the run is billed for: the simulated layout's (--num-instances), else one."""
+    return int(settings.sim.num_instances) if settings.device == "sim" else 1
 
 
 def _add_cost(report: dict, settings) -> None:
