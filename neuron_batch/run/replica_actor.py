@@ -239,6 +239,8 @@ class ReplicaWorker:
             "token_ids": [encode_tokens(d.token_ids) for d in rows],
             "text": [d.text for d in rows],
             "finish_reason": [d.finish_reason for d in rows],
+            "stop_reason": [None if d.stop_reason is None else str(d.stop_reason)
+                            for d in rows],
             "num_prompt_tokens": [d.num_prompt_tokens for d in rows],
             "request_line": [sink.requests.pop(d.request_id, None) for d in rows],
             "lines": [sink.take_other()] + [""] * (n - 1),
@@ -316,7 +318,8 @@ def _result_schema():
     import pyarrow as pa
 
     return pa.schema([("id", pa.string()), ("token_ids", pa.binary()), ("text", pa.string()),
-                      ("finish_reason", pa.string()), ("num_prompt_tokens", pa.int64()),
+                      ("finish_reason", pa.string()), ("stop_reason", pa.string()),
+                      ("num_prompt_tokens", pa.int64()),
                       ("request_line", pa.string()), ("lines", pa.large_string()),
                       ("actor", pa.string()), ("incarnation", pa.string()),
                       ("node", pa.string()), ("pid", pa.int64()), ("device", pa.string()),
