@@ -155,8 +155,12 @@ class ReplicaWorker:
         return await future
 
     def __del__(self):
-        self._inbox.put(None)
-        shutil.rmtree(getattr(self, "_workdir", ""), ignore_errors=True)
+        inbox = getattr(self, "_inbox", None)
+        if inbox is not None:
+            inbox.put(None)      # the engine thread ends
+        workdir = getattr(self, "_workdir", None)
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
 
     # -- the engine thread ---------------------------------------------------------------------
     def _engine_loop(self) -> None:

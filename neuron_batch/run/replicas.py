@@ -105,6 +105,7 @@ def _generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int
                     stop.reason = stop.reason or "deadline"
                 if stop.reason is not None:
                     ended = stop.reason
+                    _write_received(inbox, writer, log)   # finished work already here: keep it
                     left = len(by_id) - writer.finished
                     log(f"{'--max-runtime reached' if ended == 'deadline' else 'stopping'}: "
                         f"abandoning {left} unfinished request(s); rerun with --resume")
@@ -154,6 +155,16 @@ def _generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int
             "requests_failed": len(writer.errors), "errors": writer.errors[:MAX_ERRORS_KEPT],
             "ray": cluster.address, "generation_s": writer.generation_s(),
             "replicas": writer.replica_info()}
+
+
+def _write_received(inbox: queue.Queue, writer: _ResultWriter, log) -> None:
+    while True:
+        try:
+            kind, value = inbox.get_nowait()
+        except queue.Empty:
+            return
+        if kind == "batch":
+            writer.write(value, log)
 
 
 def _request_item(request: PreparedRequest, settings) -> dict[str, Any]:
