@@ -25,7 +25,7 @@ from neuron_batch.run.ray_cluster import (
 )
 from neuron_batch.run.replica_actor import _RecordSink, decode_tokens, encode_tokens
 from neuron_batch.run.replica_report import busy_fraction, summarize_replicas
-from neuron_batch.run.replicas import batching
+from neuron_batch.run.replicas import _failed_to_start, _root_cause, batching
 from neuron_batch.scheduler.records import RequestRecord, StepRecord
 
 
@@ -211,3 +211,26 @@ def test_report_sums_replicas_and_keeps_each_request_once(tmp_path):
                               done_ids={"a", "b", "c"}, simulated=False,
                               extra_config={"max_num_seqs": 4}, total=3, skipped=0)
     assert wall["throughput"]["elapsed_s"] == 9.0       # elsewhere: the driver's wall time
+
+
+def test_a_replica_error_is_found_under_rays_wrappers():
+    class SystemException(Exception):
+        pass
+
+    class ActorDiedError(Exception):
+        pass
+
+    died = ActorDiedError("The actor died because of an error raised in its creation task, "
+                          "ray::MapWorker.__init__()\nTraceback (most recent call last):\n"
+                          "  File \"x.py\", line 1\nValueError: No common block size for 7")
+    try:
+        try:
+            raise died
+        except ActorDiedError as error:
+            raise SystemException() from error
+    except SystemException as error:
+        wrapped = error
+    assert _root_cause(wrapped) == "ValueError: No common block size for 7"
+    assert _failed_to_start(wrapped)
+    assert _root_cause(RuntimeError("boom")) == "RuntimeError: boom"
+    assert not _failed_to_start(RuntimeError("boom"))

@@ -93,6 +93,9 @@ class RayCluster:
         import ray
 
         ray.shutdown()
+        # Threads Ray started (a dashboard still starting on a loaded machine) may log after
+        # the shutdown; nothing they could say matters to the run any more.
+        logging.getLogger("ray").setLevel(logging.CRITICAL)
 
 
 def ray_address(settings: RunSettings) -> str:

@@ -155,8 +155,12 @@ class ReplicaWorker:
         return await future
 
     def __del__(self):
-        self._inbox.put(None)
-        shutil.rmtree(getattr(self, "_workdir", ""), ignore_errors=True)
+        inbox = getattr(self, "_inbox", None)
+        if inbox is not None:
+            inbox.put(None)      # the engine thread ends
+        workdir = getattr(self, "_workdir", None)
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
 
     # -- the engine thread ---------------------------------------------------------------------
     def _engine_loop(self) -> None:
@@ -239,6 +243,8 @@ class ReplicaWorker:
             "token_ids": [encode_tokens(d.token_ids) for d in rows],
             "text": [d.text for d in rows],
             "finish_reason": [d.finish_reason for d in rows],
+            "stop_reason": [None if d.stop_reason is None else str(d.stop_reason)
+                            for d in rows],
             "num_prompt_tokens": [d.num_prompt_tokens for d in rows],
             "request_line": [sink.requests.pop(d.request_id, None) for d in rows],
             "lines": [sink.take_other()] + [""] * (n - 1),
@@ -316,7 +322,8 @@ def _result_schema():
     import pyarrow as pa
 
     return pa.schema([("id", pa.string()), ("token_ids", pa.binary()), ("text", pa.string()),
-                      ("finish_reason", pa.string()), ("num_prompt_tokens", pa.int64()),
+                      ("finish_reason", pa.string()), ("stop_reason", pa.string()),
+                      ("num_prompt_tokens", pa.int64()),
                       ("request_line", pa.string()), ("lines", pa.large_string()),
                       ("actor", pa.string()), ("incarnation", pa.string()),
                       ("node", pa.string()), ("pid", pa.int64()), ("device", pa.string()),

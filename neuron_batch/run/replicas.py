@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import threading
 import time
 from typing import IO, Any
@@ -29,7 +30,8 @@ from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.run.engine import Finished
 from neuron_batch.run.errors import EXIT_FAILED, RunError
 from neuron_batch.run.folder import OutputError, RunFolder
-from neuron_batch.run.generate import StopFlag, output_row, progress_bar
+from neuron_batch.run.engine_log import ENGINE_LOG, engine_output_to
+from neuron_batch.run.generate import MAX_ERRORS_KEPT, StopFlag, output_row, progress_bar
 from neuron_batch.run.job import Job
 from neuron_batch.run.replica_actor import ReplicaSpec, ReplicaWorker, decode_tokens, encode_tokens
 
@@ -51,7 +53,15 @@ def batching(max_num_seqs: int) -> tuple[int, int]:
 
 
 def generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[str, Any]:
-    """Run `pending` through the replicas; returns the attempt's record for attempts.json."""
+    """Run `pending` through the replicas; returns the attempt's record for attempts.json.
+    What Ray itself writes to the driver's terminal (its C++ core's log lines) goes to the run
+    folder's engine.log meanwhile, as vLLM's does on one engine."""
+    with engine_output_to(job.folder.path / ENGINE_LOG):
+        return _generate_replicas(job, pending, attempt)
+
+
+def _generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int
+                       ) -> dict[str, Any]:
     import ray.data
     from ray.data import ActorPoolStrategy
 
@@ -95,6 +105,7 @@ def generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int) ->
                     stop.reason = stop.reason or "deadline"
                 if stop.reason is not None:
                     ended = stop.reason
+                    _write_received(inbox, writer, log)   # finished work already here: keep it
                     left = len(by_id) - writer.finished
                     log(f"{'--max-runtime reached' if ended == 'deadline' else 'stopping'}: "
                         f"abandoning {left} unfinished request(s); rerun with --resume")
@@ -114,11 +125,15 @@ def generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int) ->
                 if kind == "done":
                     break
                 if kind == "error":
+                    cause = _root_cause(value)
+                    if _failed_to_start(value) and cause.startswith("ValueError: "):
+                        # vLLM's own configuration checks, as on one engine: a usage error
+                        raise RunError(f"vLLM refused the configuration (in a replica): "
+                                       f"{cause.removeprefix('ValueError: ')}") from None
                     raise RunError(f"a replica failed after {writer.finished} request(s): "
-                                   f"{_root_cause(value)}; finished outputs are kept in "
-                                   f"{folder.path}; rerun with --resume",
-                                   EXIT_FAILED) from None
-                added, tokens = writer.write(value)
+                                   f"{cause}; finished outputs are kept in {folder.path}; "
+                                   f"rerun with --resume", EXIT_FAILED) from None
+                added, tokens = writer.write(value, log)
                 if bar is not None and added:
                     bar.update(added)
                     elapsed = max(time.time() - started, 1e-9)
@@ -136,8 +151,20 @@ def generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int) ->
     return {"attempt": attempt, "ended": ended, "requests_finished": writer.finished,
             "wall_time_s": round(time.time() - started, 3),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-            "device": placement.device, "pid": os.getpid(), "ray": cluster.address,
-            "generation_s": writer.generation_s(), "replicas": writer.replica_info()}
+            "device": placement.device, "pid": os.getpid(),
+            "requests_failed": len(writer.errors), "errors": writer.errors[:MAX_ERRORS_KEPT],
+            "ray": cluster.address, "generation_s": writer.generation_s(),
+            "replicas": writer.replica_info()}
+
+
+def _write_received(inbox: queue.Queue, writer: _ResultWriter, log) -> None:
+    while True:
+        try:
+            kind, value = inbox.get_nowait()
+        except queue.Empty:
+            return
+        if kind == "batch":
+            writer.write(value, log)
 
 
 def _request_item(request: PreparedRequest, settings) -> dict[str, Any]:
@@ -173,17 +200,45 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
+#: "SomeError: message" lines of a traceback, and Ray's own wrapper names to look past.
+_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(\w*(?:Error|Exception)): (\S.*)$")
+_RAY_WRAPPERS = ("SystemException", "UserCodeException", "RayTaskError", "ActorDiedError",
+                 "RayActorError", "ActorUnavailableError", "RaySystemError")
+
+
 def _root_cause(error: BaseException) -> str:
-    """The replica's own error out of Ray's wrappers (RayTaskError, UserCodeException)."""
+    """The replica's own error out of Ray's wrappers: Ray Data's SystemException around an
+    ActorDiedError whose text carries the replica's traceback, ending in what went wrong."""
+    chain, seen = [], set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        chain.append(current)
+        current = (getattr(current, "cause", None) or current.__cause__
+                   or current.__context__)
+    found = None
+    for item in chain:
+        for line in str(item).splitlines():
+            match = _ERROR_LINE.match(line.strip())
+            if match and match[1] not in _RAY_WRAPPERS:
+                found = f"{match[1]}: {match[2]}"
+    if found is not None:
+        return found
+    text = str(chain[-1]).strip().splitlines()
+    return f"{type(chain[-1]).__name__}: {text[-1] if text else ''}".rstrip(": ")
+
+
+def _failed_to_start(error: BaseException) -> bool:
+    """Whether a replica died building its engine (an error in the actor's creation task)."""
     seen = set()
-    while id(error) not in seen:
-        seen.add(id(error))
-        inner = getattr(error, "cause", None) or error.__cause__
-        if inner is None or inner is error:
-            break
-        error = inner
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[-1] if text else ''}"
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if "error raised in its creation task" in str(current):
+            return True
+        current = (getattr(current, "cause", None) or current.__cause__
+                   or current.__context__)
+    return False
 
 
 class _ResultWriter:
@@ -198,13 +253,15 @@ class _ResultWriter:
         self.simulated = job.simulated
         self.sim_devices = sim_devices
         self.finished = self.output_tokens = self.duplicates = 0
+        self.errors: list[str] = []       # requests the engines finished with an error
+        self._failed: set[str] = set()
         self._replica_of_actor: dict[str, int] = {}
         self._files: dict[str, IO[str]] = {}          # incarnation -> its records file
         self._info: list[dict[str, Any]] = []          # per replica
         self._first_ready: float | None = None
         self._last_output: float | None = None
 
-    def write(self, table) -> tuple[int, int]:
+    def write(self, table, log) -> tuple[int, int]:
         columns = table.to_pydict()
         if not columns["id"]:
             return 0, 0
@@ -213,12 +270,19 @@ class _ResultWriter:
         folder = self.folder
         for i, request_id in enumerate(columns["id"]):
             request = self.by_id.get(request_id)
-            if request is None or request_id in folder.done_ids:
+            if request is None or request_id in folder.done_ids or request_id in self._failed:
                 self.duplicates += request is not None
+                continue
+            if columns["finish_reason"][i] == "error":   # e.g. too big for the KV cache
+                self._failed.add(request_id)
+                self.errors.append(columns["stop_reason"][i]
+                                   or f"request {request_id} failed in the engine")
+                log(f"error: {self.errors[-1]}")
                 continue
             token_ids = decode_tokens(columns["token_ids"][i])
             done = Finished(request_id, token_ids, columns["text"][i],
-                            columns["finish_reason"][i], columns["num_prompt_tokens"][i])
+                            columns["finish_reason"][i], columns["num_prompt_tokens"][i],
+                            columns["stop_reason"][i])
             folder.append_output(output_row(request, done, self.model_name, self.simulated))
             folder.done_ids.add(request_id)
             if columns["request_line"][i]:
