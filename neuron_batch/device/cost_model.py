@@ -10,9 +10,9 @@ Every core runs the same program on its shard, so a step takes what one core tak
                     + max(W / bw_w + (C + T) * kv_core / bw_kv,
                           T * 2 * P_dec / F + 2 * P_head / F + T * (C + T / 2) * attn / F)
 
-    P_core    weights one core holds: its padded share of the q/o heads, the k/v projections
-              of its KV heads (replicated when TP exceeds the KV heads), 1/tp of the MLP and
-              of lm_head (Architecture.decoder_params_per_core)
+    P_core    weights one core holds: P_dec, its padded share of the q/o heads, the k/v
+              projections of its KV heads (replicated when TP exceeds the KV heads) and 1/tp
+              of the MLP (Architecture.decoder_params_per_core), plus P_head, 1/tp of lm_head
     W         bytes one core streams per step: decoder weights at their storage size (int8 /
               fp8 at `quantized_weight_bytes`, which counts dequantization) + lm_head in bf16
     kv_core   KV bytes per token on one core: 2 * layers * ceil(kv_heads / tp) * head_dim * 2
