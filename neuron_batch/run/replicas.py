@@ -28,9 +28,9 @@ from typing import IO, Any
 
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.run.engine import Finished
+from neuron_batch.run.engine_log import ENGINE_LOG, engine_output_to
 from neuron_batch.run.errors import EXIT_FAILED, RunError
 from neuron_batch.run.folder import OutputError, RunFolder
-from neuron_batch.run.engine_log import ENGINE_LOG, engine_output_to
 from neuron_batch.run.generate import MAX_ERRORS_KEPT, StopFlag, output_row, progress_bar
 from neuron_batch.run.job import Job
 from neuron_batch.run.replica_actor import ReplicaSpec, ReplicaWorker, decode_tokens, encode_tokens
