@@ -63,7 +63,7 @@ vllm = pytest.importorskip("vllm")
 
 from vllm.v1.request import RequestStatus  # noqa: E402
 
-from neuron_batch.scheduler import NeuronAsyncScheduler, NeuronScheduler  # noqa: E402
+from neuron_batch.scheduler import NeuronAsyncScheduler, NeuronScheduler, compat  # noqa: E402
 from neuron_batch.scheduler.harness import (  # noqa: E402
     EOS_TOKEN_ID,
     drive,
@@ -92,7 +92,7 @@ class Watch:
 
     def __call__(self, out):
         sched = self.sched
-        assert not out.preempted_req_ids
+        assert not compat.preempted_req_ids(out)  # (no such field up to vLLM 0.11)
         assert sched.kv_reserved_blocks == sum(sched.kv_blocks_needed(r) for r in sched.running)
         assert used_blocks(sched) <= sched.kv_reserved_blocks <= sched.kv_usable_blocks
         self.max_running = max(self.max_running, len(sched.running))

@@ -54,7 +54,7 @@ except ImportError:  # vLLM 0.10 / 0.11
     from vllm.utils import get_hash_fn_by_name
 
 __all__ = [
-    "VLLM_VERSION", "SCHEDULER_OUTPUT_FIELDS", "cdiv", "create_request_queue",
+    "VLLM_VERSION", "SCHEDULER_OUTPUT_FIELDS", "cdiv", "create_request_queue", "preempted_req_ids",
     "prepend_in_order", "lower_running_caps", "scheduler_init_kwargs", "make_request",
     "request_block_hasher", "model_runner_output", "full_attention_spec", "model_config",
     "scheduler_config", "cpu_vllm_config",
@@ -72,6 +72,13 @@ SCHEDULER_OUTPUT_FIELDS = ("scheduled_new_reqs", "scheduled_cached_reqs", "num_s
 def cdiv(a: int, b: int) -> int:
     """Ceiling division (vLLM's helper moved between modules; it is one line)."""
     return -(a // -b)
+
+
+def preempted_req_ids(output) -> set[str]:
+    """The requests a step preempted: `SchedulerOutput.preempted_req_ids` from vLLM 0.24 on (None
+    when there were none). Up to 0.11 the field does not exist and this is always empty: there a
+    preemption shows only as `resumed_from_preemption` when the request is scheduled again."""
+    return set(getattr(output, "preempted_req_ids", None) or ())
 
 
 # -- request queues ------------------------------------------------------------------------
