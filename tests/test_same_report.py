@@ -38,8 +38,11 @@ def test_cpu_and_sim_reports_agree(tiny_model, tmp_path):
         assert result.exit_code == 0, result.output
         reports[device] = json.loads((out / "report.json").read_text())
     cpu, sim = reports["cpu"], reports["sim"]
-    # same shape (the simulated report adds its device description)
-    assert keys(cpu) == {k for k in keys(sim) if not k.startswith("config.sim")}
+    # same shape: the simulated report adds its device description, and its cost (the instance,
+    # hence the price, is known only for sim and Neuron hosts; a CPU run is never priced)
+    assert "cost" not in cpu and sim["cost"]["instance"] == "inf2.xlarge"
+    sim_only = ("config.sim", "cost")
+    assert keys(cpu) == {k for k in keys(sim) if not k.startswith(sim_only)}
     # same counts: requests, tokens, padding, steps per state, admission blocks
     assert cpu["requests"] == sim["requests"]
     assert cpu["tokens"] == sim["tokens"]
