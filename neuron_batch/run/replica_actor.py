@@ -43,7 +43,7 @@ from neuron_batch.config import RunSettings
 #: it) would not. A simulated engine below capacity therefore waits up to its last step's
 #: simulated duration (at most MAX_FEED_WAIT_S) for new requests before the next step, as long
 #: as requests arrived in the last FEED_WINDOW_S (after that it is the end of the run: no wait).
-FEED_WINDOW_S = 1.0
+FEED_WINDOW_S = 5.0
 MAX_FEED_WAIT_S = 0.25
 #: The engine thread holds the GIL while it steps; Ray's threads in this process (receiving
 #: batches, sending results) need it too. A short switch interval and a pause after each

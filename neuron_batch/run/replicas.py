@@ -44,11 +44,11 @@ FORWARDED_ENV_PREFIXES = ("NEURON_BATCH_", "VLLM_", "HF_", "TRANSFORMERS_", "TOK
 
 def batching(max_num_seqs: int) -> tuple[int, int]:
     """(requests per batch, batches in flight per replica). A batch comes back only when its
-    last request finishes, so batches are small and many are in flight: about four engines'
+    last request finishes, so batches are small and many are in flight: about eight engines'
     worth of requests per replica, which keeps the waiting queue non-empty while the slowest
-    request of each batch finishes."""
-    size = max(1, min(16, max_num_seqs // 4 or 1))
-    in_flight = max(4, min(64, -(-4 * max_num_seqs // size)))
+    request of each batch finishes and while Ray brings the next batches."""
+    size = max(1, min(8, max_num_seqs // 4))
+    in_flight = max(4, min(128, -(-8 * max_num_seqs // size)))
     return size, in_flight
 
 
