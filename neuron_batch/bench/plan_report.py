@@ -172,7 +172,7 @@ def format_plan(data: dict[str, Any]) -> str:
                  ",".join(map(str, r["prefill_buckets"])), f"{r['hours']:.2f}",
                  f"{r['compile_hours']:.2f}", f"{r['usd']:,.2f}",
                  f"{r['usd_per_million_output_tokens']:,.2f}",
-                 "meets" if r["meets_deadline"] else f"{-r['hours_to_spare']:.2f} h late"]
+                 "meets" if r["meets_deadline"] else f"{_late(-r['hours_to_spare'])} late"]
                 for r in rows]
         widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(_HEADERS)]
         left = {1, 3, 5, 10}
@@ -190,6 +190,10 @@ def format_plan(data: dict[str, Any]) -> str:
         lines += ([paragraph] if paragraph.startswith("  ") or not paragraph
                   else textwrap.wrap(paragraph, 100))
     return "\n".join(lines) + "\n"
+
+
+def _late(hours: float) -> str:
+    return "<1 min" if hours < 1 / 60 else format_hours(hours)
 
 
 def _plural(count: int, noun: str) -> str:
@@ -236,8 +240,8 @@ def recommendation_words(data: dict[str, Any]) -> list[str]:
                        f"for ${fastest['usd']:,.2f}.")
     else:
         out = [f"No option meets the {deadline['text']} deadline. The fastest is {what}: "
-               f"{format_hours(best['hours'])}{compile_}, {format_hours(-best['hours_to_spare'])}"
-               f" late, for {cost}."]
+               f"{format_hours(best['hours'])}{compile_}, {_late(-best['hours_to_spare'])} late, "
+               f"for {cost}."]
         if best["compile_hours"] and best["hours"] - best["compile_hours"] <= deadline["hours"]:
             out.append("With the graphs compiled in advance (--compiled) it would make it.")
         else:
