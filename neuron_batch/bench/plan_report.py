@@ -192,6 +192,10 @@ def format_plan(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 0.001 * max(abs(a), abs(b))
+
+
 def _late(hours: float) -> str:
     return "<1 min" if hours < 1 / 60 else format_hours(hours)
 
@@ -234,8 +238,12 @@ def recommendation_words(data: dict[str, Any]) -> list[str]:
         out = [f"Recommendation: {what}. It finishes in {format_hours(best['hours'])}"
                f"{compile_}, {format_hours(best['hours_to_spare'])} before the deadline, for "
                f"{cost}: the cheapest option that meets the deadline."]
+        same = [r["name"] for r in rows[1:] if _close(r["hours"], best["hours"])
+                and _close(r["usd"], best["usd"])]
+        if same:
+            out.append(f"Equally good (same time and cost): {', '.join(same)}.")
         fastest = min(rows, key=lambda r: (r["hours"], r["usd"]))
-        if fastest is not best:
+        if fastest is not best and fastest["hours"] < best["hours"] * 0.999:
             out.append(f"The fastest, {fastest['name']}, takes {format_hours(fastest['hours'])} "
                        f"for ${fastest['usd']:,.2f}.")
     else:
