@@ -242,6 +242,11 @@ def recommendation_words(data: dict[str, Any]) -> list[str]:
                 and _close(r["usd"], best["usd"])]
         if same:
             out.append(f"Equally good (same time and cost): {', '.join(same)}.")
+        cheaper = [r for r in rows if not r["meets_deadline"] and r["usd"] < best["usd"]]
+        if cheaper:
+            late = min(cheaper, key=lambda r: r["usd"])
+            out.append(f"Cheaper but late: {late['name']} takes {format_hours(late['hours'])} "
+                       f"({_late(-late['hours_to_spare'])} late) for ${late['usd']:,.2f}.")
         fastest = min(rows, key=lambda r: (r["hours"], r["usd"]))
         if fastest is not best and fastest["hours"] < best["hours"] * 0.999:
             out.append(f"The fastest, {fastest['name']}, takes {format_hours(fastest['hours'])} "
