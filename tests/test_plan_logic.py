@@ -274,3 +274,32 @@ def test_plan_cli_refuses_bad_input_before_reading_anything(tmp_path):
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output, (args, result.output)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_layout_line_runs_every_replica_over_the_instances(monkeypatch, tmp_path):
+    import shlex
+
+    import neuron_batch.run.runner as runner
+    from neuron_batch.bench.plan import layout_settings, option_settings, plan_base
+
+    spec = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.24xlarge",),
+                    max_num_instances=2, seqs_values=(16,), max_model_len=4096,
+                    max_num_batched_tokens=2048)
+    found, _ = placements(spec)
+    options = build_options(spec, found, [1000] * 40, [50] * 40, seed=3)
+    option = next(o for o in options if o.name == "2x inf2.24xlarge 6xTP2 S16")
+    base, _ = plan_base(RunSettings(inputs=("t.csv",), max_model_len=4096,
+                                    max_num_batched_tokens=2048, limit=40, seed=3,
+                                    sim=SimOptions(architecture="llama-3.1-8b")))
+    seen = []
+    monkeypatch.setattr(runner, "run", lambda s: seen.append(s) or SimpleNamespace(exit_code=0))
+    for run_settings in (option_settings(base, option, None), layout_settings(base, option)):
+        line = run_command(run_settings)
+        result = CliRunner().invoke(main, shlex.split(line)[1:] + ["-o", str(tmp_path)])
+        assert result.exit_code == 0, result.output
+    one, layout = seen
+    assert (one.replicas, one.sim.num_instances, one.limit, one.shuffle) == (1, 1, 4, True)
+    assert (layout.replicas, layout.sim.num_instances, layout.limit) == (12, 2, 40)
+    assert one.kv_reserve == layout.kv_reserve == "request"
+    assert (one.sim.tensor_parallel_size, one.prefill_buckets, one.decode_buckets) == (
+        2, option.prefill_buckets, (16,))

@@ -35,9 +35,11 @@ from neuron_batch.config import RunSettings
 from neuron_batch.run.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
 
 PLAN_JSON = "plan.json"
-#: Seconds of one CPU core per simulated engine step, measured on the 2-core development
-#: machine when idle (about 0.35 ms); a busy machine takes longer.
-SECONDS_PER_STEP = 0.00035
+#: CPU seconds a simulation costs per engine step and per output token, measured on the 2-core
+#: development machine (the whole conversation trace at max_num_seqs 32: 147 k steps, 4.1 M
+#: tokens, about 200 s); a busy machine takes longer.
+SECONDS_PER_STEP = 0.0003
+SECONDS_PER_TOKEN = 0.00004
 #: Seconds a worker process takes to import vLLM, on top of reading the workload (which the
 #: estimate takes to cost what it cost the plan itself).
 VLLM_IMPORT_S = 15.0
@@ -240,7 +242,10 @@ def _steps(options: list[Option]) -> int:
 
 
 def _minutes(options: list[Option], jobs: int, load_s: float) -> str:
-    seconds = _steps(options) * SECONDS_PER_STEP / max(1, jobs) + VLLM_IMPORT_S + load_s
+    unique = {o.sim_key: o for o in options}.values()
+    cpu = (_steps(options) * SECONDS_PER_STEP
+           + sum(o.share_output_tokens for o in unique) * SECONDS_PER_TOKEN)
+    seconds = cpu / max(1, min(jobs, len(unique))) + VLLM_IMPORT_S + load_s
     return f"about {seconds / 60:.0f} min" if seconds >= 90 else f"about {seconds:.0f} s"
 
 

@@ -111,6 +111,7 @@ class Option:
     share_size: int
     bound_s: float              # lower bound on one replica's run time (seconds)
     bound_steps: int
+    share_output_tokens: int
     sim_key: tuple
     skip_reason: str | None = None      # set when another option provably does as well
     pruned_by: str | None = None        # the best option when this one was pruned
@@ -280,8 +281,8 @@ def build_options(spec: PlanSpec, placements_: Sequence[Placement], prompt_lens:
                 sim_key = (placement.hardware_key(), seqs, prefill, (seqs,), size, seed,
                            spec.kv_reserve)
                 options.append(Option(name, placement, num_instances, seqs, prefill, (seqs,),
-                                      compile_s, size, bound.seconds, bound.steps, sim_key,
-                                      skip_reason=too_small))
+                                      compile_s, size, bound.seconds, bound.steps,
+                                      stats.output_tokens, sim_key, skip_reason=too_small))
     mark_same_schedule(options, spec)
     progress(f"{len(options)} options bounded")
     return options

@@ -172,7 +172,7 @@ def format_plan(data: dict[str, Any]) -> str:
                  ",".join(map(str, r["prefill_buckets"])), f"{r['hours']:.2f}",
                  f"{r['compile_hours']:.2f}", f"{r['usd']:,.2f}",
                  f"{r['usd_per_million_output_tokens']:,.2f}",
-                 "meets" if r["meets_deadline"] else f"{-r['hours_to_spare']:.2f} h late"]
+                 "meets" if r["meets_deadline"] else f"{_late(-r['hours_to_spare'])} late"]
                 for r in rows]
         widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(_HEADERS)]
         left = {1, 3, 5, 10}
@@ -190,6 +190,14 @@ def format_plan(data: dict[str, Any]) -> str:
         lines += ([paragraph] if paragraph.startswith("  ") or not paragraph
                   else textwrap.wrap(paragraph, 100))
     return "\n".join(lines) + "\n"
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 0.001 * max(abs(a), abs(b))
+
+
+def _late(hours: float) -> str:
+    return "<1 min" if hours < 1 / 60 else format_hours(hours)
 
 
 def _plural(count: int, noun: str) -> str:
@@ -230,14 +238,23 @@ def recommendation_words(data: dict[str, Any]) -> list[str]:
         out = [f"Recommendation: {what}. It finishes in {format_hours(best['hours'])}"
                f"{compile_}, {format_hours(best['hours_to_spare'])} before the deadline, for "
                f"{cost}: the cheapest option that meets the deadline."]
+        same = [r["name"] for r in rows[1:] if _close(r["hours"], best["hours"])
+                and _close(r["usd"], best["usd"])]
+        if same:
+            out.append(f"Equally good (same time and cost): {', '.join(same)}.")
+        cheaper = [r for r in rows if not r["meets_deadline"] and r["usd"] < best["usd"]]
+        if cheaper:
+            late = min(cheaper, key=lambda r: r["usd"])
+            out.append(f"Cheaper but late: {late['name']} takes {format_hours(late['hours'])} "
+                       f"({_late(-late['hours_to_spare'])} late) for ${late['usd']:,.2f}.")
         fastest = min(rows, key=lambda r: (r["hours"], r["usd"]))
-        if fastest is not best:
+        if fastest is not best and fastest["hours"] < best["hours"] * 0.999:
             out.append(f"The fastest, {fastest['name']}, takes {format_hours(fastest['hours'])} "
                        f"for ${fastest['usd']:,.2f}.")
     else:
         out = [f"No option meets the {deadline['text']} deadline. The fastest is {what}: "
-               f"{format_hours(best['hours'])}{compile_}, {format_hours(-best['hours_to_spare'])}"
-               f" late, for {cost}."]
+               f"{format_hours(best['hours'])}{compile_}, {_late(-best['hours_to_spare'])} late, "
+               f"for {cost}."]
         if best["compile_hours"] and best["hours"] - best["compile_hours"] <= deadline["hours"]:
             out.append("With the graphs compiled in advance (--compiled) it would make it.")
         else:
