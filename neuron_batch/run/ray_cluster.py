@@ -174,6 +174,11 @@ def connect(settings: RunSettings, log: Callable[[str], None]) -> RayCluster:
     version = check_ray_installed()
     address = ray_address(settings)
     check_address(address)
+    # Ray's usage statistics: a batch host usually cannot (and need not) report them, and Ray
+    # Data's collector queries a local Prometheus from a background thread that logs its failure
+    # at exit. A user's own setting wins.
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_DATA_USAGE_DISABLED", "1")
     try:
         import ray
         import ray.data  # noqa: F401  (ray without the [data] extra fails here)
