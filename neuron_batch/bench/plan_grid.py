@@ -38,6 +38,7 @@ from neuron_batch.device.cost_model import StepCostModel, compile_footprint
 from neuron_batch.device.hardware import HardwareError, get_instance, valid_tp_degrees
 from neuron_batch.device.target import NEURON_BLOCK_SIZE, SimSettings, SimTarget
 from neuron_batch.report.cost import Price, PricingError, price_for, usd
+from neuron_batch.scheduler.kv_reserve import blocks_for_tokens, reachable_tokens
 
 DEFAULT_INSTANCES = ("inf2.xlarge", "inf2.8xlarge", "inf2.24xlarge", "inf2.48xlarge",
                      "trn1.32xlarge")
@@ -253,7 +254,8 @@ def build_options(spec: PlanSpec, placements_: Sequence[Placement], prompt_lens:
     stats_by_size: dict[int, ShareStats] = {}
     options: list[Option] = []
     # the largest KV reservation of any request (kv_reserve=request admits it only if it fits)
-    most_blocks = max((-(-min(p + o, spec.max_model_len) // NEURON_BLOCK_SIZE)
+    whole_cache = ((NEURON_BLOCK_SIZE, -(-spec.max_model_len // NEURON_BLOCK_SIZE)),)
+    most_blocks = max((blocks_for_tokens(reachable_tokens(p, o, spec.max_model_len), whole_cache)
                        for p, o in zip(prompt_lens, output_lens)), default=0)
     for placement in placements_:
         too_small = None
