@@ -23,13 +23,7 @@ from neuron_batch.run.ray_cluster import (
     placement_for,
     replicas_that_fit,
 )
-from neuron_batch.run.replica_actor import (
-    ReplicaSpec,
-    ReplicaWorker,
-    _RecordSink,
-    decode_tokens,
-    encode_tokens,
-)
+from neuron_batch.run.replica_actor import _RecordSink, decode_tokens, encode_tokens
 from neuron_batch.run.replica_report import busy_fraction, summarize_replicas
 from neuron_batch.run.replicas import _failed_to_start, _root_cause, batching
 from neuron_batch.scheduler.records import RequestRecord, StepRecord
@@ -140,18 +134,6 @@ def test_batching_keeps_several_engines_worth_in_flight():
     for seqs in (1, 4, 8, 16, 32, 64, 256):
         size, in_flight = batching(seqs)
         assert size >= 1 and size * in_flight >= 4 * seqs
-
-
-def test_a_replica_holding_every_batch_ray_may_give_it_does_not_wait_for_more():
-    # the simulated engine's feed wait: only worth it while Ray has a free slot to fill
-    worker = object.__new__(ReplicaWorker)          # no Ray, no engine: the decision only
-    worker.spec = ReplicaSpec(RunSettings(inputs=["p.jsonl"]), "sim", batches_in_flight=4)
-    worker._held = 3
-    assert worker._may_get_more()
-    worker._held = 4
-    assert not worker._may_get_more()
-    worker.spec = ReplicaSpec(RunSettings(inputs=["p.jsonl"]), "sim")  # limit unknown: wait
-    assert worker._may_get_more()
 
 
 def test_records_file_names(tmp_path):

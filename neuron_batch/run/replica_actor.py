@@ -42,9 +42,7 @@ from neuron_batch.config import RunSettings
 #: and run below capacity, which the device itself (whose steps leave the host that long to feed
 #: it) would not. A simulated engine below capacity therefore waits up to its last step's
 #: simulated duration (at most MAX_FEED_WAIT_S) for new requests before the next step, as long
-#: as requests arrived in the last FEED_WINDOW_S (after that it is the end of the run: no wait)
-#: and it holds fewer batches than Ray may give it (when it holds them all, Ray sends nothing
-#: until one goes back, so waiting would only cost wall time).
+#: as requests arrived in the last FEED_WINDOW_S (after that it is the end of the run: no wait).
 FEED_WINDOW_S = 5.0
 MAX_FEED_WAIT_S = 0.25
 #: The engine thread holds the GIL while it steps (pure Python on the simulated device); Ray's
@@ -69,7 +67,6 @@ class ReplicaSpec:
     settings: RunSettings
     device: str                  # "sim", "cpu" or "neuron"
     target: Any = None           # the resolved SimTarget on the simulated device
-    batches_in_flight: int = 0   # the most batches Ray gives one replica at once (0: unknown)
 
 
 def encode_tokens(token_ids) -> bytes:
@@ -183,12 +180,11 @@ class ReplicaWorker:
         waiting: dict[str, list[_Batch]] = {}     # request id -> batches waiting for it
         engine = self._engine
         last_arrival = step_s = 0.0
-        self._held = 0                            # batches taken and not yet sent back
         while True:
             arrived = []
             if not engine.has_unfinished():
                 arrived.append(self._inbox.get())  # idle: sleep until work comes
-            elif (self._clock is not None and not self._full() and self._may_get_more()
+            elif (self._clock is not None and not self._full()
                   and time.monotonic() - last_arrival < FEED_WINDOW_S):
                 try:  # simulated and hungry: give Ray the device time of a step to feed it
                     arrived.append(self._inbox.get(timeout=step_s))
@@ -203,7 +199,6 @@ class ReplicaWorker:
                 return
             if arrived:
                 last_arrival = time.monotonic()
-                self._held += len(arrived)
             before = self._clock.now if self._clock is not None else 0.0
             try:
                 for batch in arrived:
@@ -215,7 +210,6 @@ class ReplicaWorker:
                         batch.remaining.discard(done.request_id)
                         if not batch.remaining:
                             self._complete(batch)
-                            self._held -= 1
                             completed += 1
                 if completed:
                     time.sleep(HANDOFF_S)   # let Ray's threads send the results on at once
@@ -305,11 +299,6 @@ class ReplicaWorker:
         executor = sim_executor(engine.llm) if spec.device == "sim" else None
         self._clock = executor.clock if executor is not None else None
         return engine, recorder, has_tokenizer and spec.device != "sim"
-
-    def _may_get_more(self) -> bool:
-        """Ray may send another batch now: this replica holds fewer than its in-flight limit."""
-        limit = self.spec.batches_in_flight
-        return limit <= 0 or self._held < limit
 
     def _full(self) -> bool:
         """The engine has requests queued for admission, or runs max_num_seqs (what the

@@ -80,8 +80,7 @@ def _generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int
     dataset = ray.data.from_items(items, override_num_blocks=max(1, -(-len(items) // size)))
     results = dataset.map_batches(
         ReplicaWorker,
-        fn_constructor_kwargs={"spec": ReplicaSpec(settings, placement.device, job.target,
-                                                   batches_in_flight=in_flight)},
+        fn_constructor_kwargs={"spec": ReplicaSpec(settings, placement.device, job.target)},
         batch_size=size, batch_format="pyarrow",
         compute=ActorPoolStrategy(size=settings.replicas,
                                   max_tasks_in_flight_per_actor=in_flight,
