@@ -18,3 +18,7 @@ class RunError(Exception):
     def __init__(self, message: str, exit_code: int = EXIT_USAGE):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class ModelError(Exception):
+    """A model that cannot be used; the message names it and says what to do."""
