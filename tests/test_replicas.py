@@ -217,6 +217,40 @@ def test_one_replica_through_ray_counts_as_the_plain_path(cluster, tmp_path):
     assert b["replicas"][0]["requests"] == a["requests"]["completed"]
 
 
+def test_sigterm_stops_the_replicas_and_resume_finishes(cluster, tmp_path):
+    """SIGTERM as for one engine: exit 4 with the reason, outputs kept, --resume finishes."""
+    out = tmp_path / "run"
+    trace = trace_slice(tmp_path / "t.csv", 600)
+    args = ["run", trace, *SIM, "--ray", cluster.address, "--replicas", "2", "-o", str(out)]
+    proc = start_driver(args)
+    wait_until(lambda: count_lines(out / "outputs.jsonl") >= 60, proc, "some outputs")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=300) == 4
+    assert "rerun with --resume" in proc.stdout.read().decode()
+    assert 60 <= len(outputs(out)) < 600
+    resumed = invoke([*args, "--resume", "-q"])
+    assert resumed.exit_code == 0, resumed.output
+    ids = [row["id"] for row in outputs(out)]
+    assert len(ids) == len(set(ids)) == 600
+
+
+def test_max_runtime_while_the_replicas_start(cluster, tmp_path):
+    """--max-runtime shorter than the replicas take to load their engines (each imports vLLM
+    in a new Ray worker): the stop comes while Ray Data still waits for its first result, and
+    the run still ends cleanly with exit 4, nothing written twice, --resume finishing it."""
+    out = tmp_path / "run"
+    trace = trace_slice(tmp_path / "t.csv", 300)
+    args = ["run", trace, *SIM, "--ray", cluster.address, "--replicas", "2", "-o", str(out)]
+    proc = start_driver([*args, "--max-runtime", "1"])
+    assert proc.wait(timeout=300) == 4
+    assert "--max-runtime reached" in proc.stdout.read().decode()
+    assert len(outputs(out)) < 300
+    resumed = invoke([*args, "--resume", "-q"])
+    assert resumed.exit_code == 0, resumed.output
+    ids = [row["id"] for row in outputs(out)]
+    assert len(ids) == len(set(ids)) == 300
+
+
 def test_a_lost_node_stops_the_run_and_resume_finishes_it(cluster, tmp_path):
     """Last in the module: it takes the cluster's second node away."""
     out = tmp_path / "run"

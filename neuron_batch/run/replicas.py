@@ -20,20 +20,17 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
-import threading
 import time
-from typing import IO, Any
+from typing import Any
 
 from neuron_batch.inputs.prepare import PreparedRequest
-from neuron_batch.run.engine import Finished
 from neuron_batch.run.engine_log import ENGINE_LOG, engine_output_to
 from neuron_batch.run.errors import EXIT_FAILED, RunError
-from neuron_batch.run.folder import OutputError, RunFolder
-from neuron_batch.run.generate import MAX_ERRORS_KEPT, StopFlag, output_row, progress_bar
+from neuron_batch.run.generate import MAX_ERRORS_KEPT, StopFlag, progress_bar
 from neuron_batch.run.job import Job
-from neuron_batch.run.replica_actor import ReplicaSpec, ReplicaWorker, decode_tokens, encode_tokens
+from neuron_batch.run.replica_actor import ReplicaSpec, ReplicaWorker, encode_tokens
+from neuron_batch.run.replica_results import ResultStream, ResultWriter
 
 #: Seconds between checks that no node was lost for good.
 NODE_CHECK_S = 2.0
@@ -91,15 +88,24 @@ def _generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int
         f"{size}, {in_flight} in flight per replica")
 
     by_id = {request.record.id: request for request in pending}
-    writer = _ResultWriter(job, attempt, by_id, sim_devices)
+    writer = ResultWriter(job, attempt, by_id, sim_devices)
     started = time.time()
     deadline = (time.monotonic() + settings.max_runtime) if settings.max_runtime else None
-    inbox: queue.Queue = queue.Queue()
-    threading.Thread(target=_consume, args=(results, inbox), name="ray-data-results",
-                     daemon=True).start()
+    stream = ResultStream(results).start()
     bar = progress_bar(settings, len(pending))
     ended = "completed"
     next_node_check = time.monotonic() + NODE_CHECK_S
+    lost: str | None = None                  # why the cluster cannot go on
+    failed: BaseException | None = None      # what a replica raised
+
+    def write(table) -> None:
+        added, _ = writer.write(table, log)
+        if bar is not None and added:
+            bar.update(added)
+            elapsed = max(time.time() - started, 1e-9)
+            bar.set_postfix_str(f"{writer.output_tokens / elapsed:,.0f} out tok/s",
+                                refresh=False)
+
     try:
         with StopFlag() as stop:
             while True:
@@ -107,46 +113,46 @@ def _generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int
                     stop.reason = stop.reason or "deadline"
                 if stop.reason is not None:
                     ended = stop.reason
-                    _write_received(inbox, writer, log)   # finished work already here: keep it
-                    left = len(by_id) - writer.finished
-                    log(f"{'--max-runtime reached' if ended == 'deadline' else 'stopping'}: "
-                        f"abandoning {left} unfinished request(s); rerun with --resume")
                     break
                 if time.monotonic() >= next_node_check:
                     next_node_check = time.monotonic() + NODE_CHECK_S
                     lost = cluster.lost_node_message()
                     if lost is not None:
-                        raise RunError(f"{lost}; {writer.finished} request(s) finished and are "
-                                       f"kept in {folder.path}; rerun with --resume when the "
-                                       f"cluster can hold the replicas (or with fewer "
-                                       f"--replicas)", EXIT_FAILED)
-                try:
-                    kind, value = inbox.get(timeout=0.25)
-                except queue.Empty:
+                        break
+                got = stream.get(timeout=0.25)
+                if got is None:
                     continue
+                kind, value = got
                 if kind == "done":
                     break
                 if kind == "error":
-                    cause = _root_cause(value)
-                    if _failed_to_start(value) and cause.startswith("ValueError: "):
-                        # vLLM's own configuration checks, as on one engine: a usage error
-                        raise RunError(f"vLLM refused the configuration (in a replica): "
-                                       f"{cause.removeprefix('ValueError: ')}") from None
-                    raise RunError(f"a replica failed after {writer.finished} request(s): "
-                                   f"{cause}; finished outputs are kept in {folder.path}; "
-                                   f"rerun with --resume", EXIT_FAILED) from None
-                added, tokens = writer.write(value, log)
-                if bar is not None and added:
-                    bar.update(added)
-                    elapsed = max(time.time() - started, 1e-9)
-                    bar.set_postfix_str(f"{writer.output_tokens / elapsed:,.0f} out tok/s",
-                                        refresh=False)
+                    failed = value
+                    break
+                write(value)
+        # Stopping early: what already came back is kept. Ray Data's threads end before Ray
+        # shuts down (replica_results.py says why).
+        stopped_cleanly = stream.stop()
+        for table in stream.received():
+            write(table)
     finally:
         if bar is not None:
             bar.close()
         writer.close()
         folder.close_outputs()
+        stream.stop()
         cluster.shutdown()   # stops the replicas (they belong to this driver's job)
+    if not stopped_cleanly:
+        log("warning: Ray Data's result thread did not end after its execution was shut down")
+    if lost is not None:
+        raise RunError(f"{lost}; {writer.finished} request(s) finished and are kept in "
+                       f"{folder.path}; rerun with --resume when the cluster can hold the "
+                       f"replicas (or with fewer --replicas)", EXIT_FAILED)
+    if failed is not None:
+        raise _replica_failure(failed, writer.finished, folder.path)
+    if ended != "completed":
+        left = len(by_id) - writer.finished
+        log(f"{'--max-runtime reached' if ended == 'deadline' else 'stopping'}: "
+            f"abandoning {left} unfinished request(s); rerun with --resume")
     if writer.duplicates:
         log(f"{writer.duplicates} request(s) came back twice (a replica restarted) and were "
             f"written once")
@@ -159,14 +165,14 @@ def _generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int
             "replicas": writer.replica_info()}
 
 
-def _write_received(inbox: queue.Queue, writer: _ResultWriter, log) -> None:
-    while True:
-        try:
-            kind, value = inbox.get_nowait()
-        except queue.Empty:
-            return
-        if kind == "batch":
-            writer.write(value, log)
+def _replica_failure(error: BaseException, finished: int, path) -> RunError:
+    cause = _root_cause(error)
+    if _failed_to_start(error) and cause.startswith("ValueError: "):
+        # vLLM's own configuration checks, as on one engine: a usage error
+        return RunError(f"vLLM refused the configuration (in a replica): "
+                        f"{cause.removeprefix('ValueError: ')}")
+    return RunError(f"a replica failed after {finished} request(s): {cause}; finished "
+                    f"outputs are kept in {path}; rerun with --resume", EXIT_FAILED)
 
 
 def _request_item(request: PreparedRequest, settings) -> dict[str, Any]:
@@ -176,18 +182,6 @@ def _request_item(request: PreparedRequest, settings) -> dict[str, Any]:
             "max_tokens": request.max_tokens, "temperature": float(temperature),
             "stop": json.dumps(record.stop) if record.stop else "",
             "seed": settings.seed + record.index}
-
-
-def _consume(results, inbox: queue.Queue) -> None:
-    """Iterate the dataset in a thread, so the driver's loop can watch signals, the deadline
-    and the nodes while it waits for results."""
-    try:
-        for table in results.iter_batches(batch_size=None, batch_format="pyarrow",
-                                          prefetch_batches=1):
-            inbox.put(("batch", table))
-        inbox.put(("done", None))
-    except BaseException as error:  # noqa: BLE001 (handed to the driver's loop)
-        inbox.put(("error", error))
 
 
 def _worker_env() -> dict[str, str]:
@@ -241,108 +235,3 @@ def _failed_to_start(error: BaseException) -> bool:
         current = (getattr(current, "cause", None) or current.__cause__
                    or current.__context__)
     return False
-
-
-class _ResultWriter:
-    """Writes what the replicas send back: outputs once each, records per replica process."""
-
-    def __init__(self, job: Job, attempt: int, by_id: dict[str, PreparedRequest],
-                 sim_devices: list[str] | None):
-        self.folder: RunFolder = job.folder
-        self.attempt = attempt
-        self.by_id = by_id
-        self.model_name = job.workload.model.name
-        self.simulated = job.simulated
-        self.sim_devices = sim_devices
-        self.finished = self.output_tokens = self.duplicates = 0
-        self.errors: list[str] = []       # requests the engines finished with an error
-        self._failed: set[str] = set()
-        self._replica_of_actor: dict[str, int] = {}
-        self._files: dict[str, IO[str]] = {}          # incarnation -> its records file
-        self._info: list[dict[str, Any]] = []          # per replica
-        self._first_ready: float | None = None
-        self._last_output: float | None = None
-
-    def write(self, table, log) -> tuple[int, int]:
-        columns = table.to_pydict()
-        if not columns["id"]:
-            return 0, 0
-        handle = self._records_file(columns, 0)
-        added = tokens = 0
-        folder = self.folder
-        for i, request_id in enumerate(columns["id"]):
-            request = self.by_id.get(request_id)
-            if request is None or request_id in folder.done_ids or request_id in self._failed:
-                self.duplicates += request is not None
-                continue
-            if columns["finish_reason"][i] == "error":   # e.g. too big for the KV cache
-                self._failed.add(request_id)
-                self.errors.append(columns["stop_reason"][i]
-                                   or f"request {request_id} failed in the engine")
-                log(f"error: {self.errors[-1]}")
-                continue
-            token_ids = decode_tokens(columns["token_ids"][i])
-            done = Finished(request_id, token_ids, columns["text"][i],
-                            columns["finish_reason"][i], columns["num_prompt_tokens"][i],
-                            columns["stop_reason"][i])
-            folder.append_output(output_row(request, done, self.model_name, self.simulated))
-            folder.done_ids.add(request_id)
-            if columns["request_line"][i]:
-                handle.write(columns["request_line"][i] + "\n")
-            added += 1
-            tokens += len(token_ids)
-        handle.write(columns["lines"][0])
-        handle.flush()
-        self.finished += added
-        self.output_tokens += tokens
-        self._last_output = time.time()
-        return added, tokens
-
-    def _records_file(self, columns: dict[str, list], i: int) -> IO[str]:
-        incarnation = columns["incarnation"][i]
-        handle = self._files.get(incarnation)
-        if handle is not None:
-            return handle
-        actor = columns["actor"][i]
-        replica = self._replica_of_actor.setdefault(actor, len(self._replica_of_actor))
-        if replica == len(self._info):
-            self._info.append({"replica": replica, "node": columns["node"][i],
-                               "device": self._device(replica, columns["device"][i]),
-                               "pids": [], "restarts": -1})
-        info = self._info[replica]
-        info["restarts"] += 1
-        info["pids"].append(columns["pid"][i])
-        info["node"] = columns["node"][i]
-        ready = columns["ready_at"][i]
-        self._first_ready = ready if self._first_ready is None else min(self._first_ready, ready)
-        path = self.folder.replica_records_path(self.attempt, replica, info["restarts"])
-        try:
-            handle = open(path, "w", encoding="utf-8")
-        except OSError as error:
-            raise OutputError(f"{path}: {error}", exit_code=EXIT_FAILED) from None
-        meta = {"type": "replica", "replica": replica, "restart": info["restarts"],
-                "node": columns["node"][i], "device": info["device"], "actor": actor,
-                "incarnation": incarnation, "pid": columns["pid"][i]}
-        handle.write(json.dumps(meta) + "\n")
-        self._files[incarnation] = handle
-        return handle
-
-    def _device(self, replica: int, reported: str) -> str:
-        if self.sim_devices is not None and replica < len(self.sim_devices):
-            return self.sim_devices[replica]
-        return reported
-
-    def generation_s(self) -> float | None:
-        """Wall time from the first replica ready to the last output (clocks of the replicas'
-        hosts: NTP-close on a cluster)."""
-        if self._first_ready is None or self._last_output is None:
-            return None
-        return round(max(self._last_output - self._first_ready, 0.0), 3)
-
-    def replica_info(self) -> list[dict[str, Any]]:
-        return [dict(info, restarts=max(info["restarts"], 0)) for info in self._info]
-
-    def close(self) -> None:
-        for handle in self._files.values():
-            handle.close()
-        self._files.clear()

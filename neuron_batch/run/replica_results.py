@@ -1,0 +1,207 @@
+"""What the replicas of a `--replicas` run send back, on the driver: `ResultStream` reads Ray
+Data's output in a thread of its own and can be stopped cleanly; `ResultWriter` writes it to the
+run folder (outputs once each, scheduler records per replica process).
+
+Stopping matters because of how a run ends early (SIGTERM, --max-runtime, a lost node, a failed
+replica): the driver then calls ray.shutdown(), and any thread that touches Ray after that makes
+Ray's core worker end the whole process ("The core worker has already been shutdown ... The
+process will exit"), before the run can say why it stopped. Ray Data's execution runs in threads
+(the streaming executor's scheduling loop, the iterator's prefetch workers) that do touch Ray, so
+the stream shuts the execution down and waits for those threads first.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from typing import IO, Any
+
+from neuron_batch.inputs.prepare import PreparedRequest
+from neuron_batch.run.engine import Finished
+from neuron_batch.run.errors import EXIT_FAILED
+from neuron_batch.run.folder import OutputError, RunFolder
+from neuron_batch.run.generate import output_row
+from neuron_batch.run.job import Job
+from neuron_batch.run.replica_actor import decode_tokens
+
+#: Seconds to wait for Ray Data's threads after its execution is shut down (they poll every
+#: 10 ms; the executor's own shutdown waits up to 2 s for its scheduling loop).
+STOP_WAIT_S = 60.0
+
+
+class ResultStream:
+    """Iterates the replicas' results (pyarrow tables, one per batch) in a thread, so the
+    driver's loop can watch signals, the deadline and the nodes while it waits. `get` returns
+    ("batch", table), ("done", None) or ("error", exception), or None after `timeout`."""
+
+    def __init__(self, results):
+        self._results = results
+        self._inbox: queue.Queue = queue.Queue()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="ray-data-results",
+                                        daemon=True)
+
+    def start(self) -> ResultStream:
+        self._thread.start()
+        return self
+
+    def get(self, timeout: float) -> tuple[str, Any] | None:
+        try:
+            return self._inbox.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def received(self) -> list[Any]:
+        """The tables already read and not yet taken."""
+        tables = []
+        while True:
+            try:
+                kind, value = self._inbox.get_nowait()
+            except queue.Empty:
+                return tables
+            if kind == "batch":
+                tables.append(value)
+
+    def stop(self) -> bool:
+        """Shut Ray Data's execution down (its tasks and replica actors too) and wait for the
+        reading thread to end; True when it did, so that ray.shutdown() is safe."""
+        self._stopping.set()
+        if not self._thread.is_alive():
+            return True
+        _shutdown_executions()
+        self._thread.join(STOP_WAIT_S)
+        return not self._thread.is_alive()
+
+    def _read(self) -> None:
+        batches = iter(self._results.iter_batches(batch_size=None, batch_format="pyarrow",
+                                                  prefetch_batches=1))
+        try:
+            for table in batches:
+                self._inbox.put(("batch", table))
+                if self._stopping.is_set():
+                    break
+            self._inbox.put(("done", None))
+        except BaseException as error:  # noqa: BLE001 (handed to the driver's loop)
+            if not self._stopping.is_set():
+                self._inbox.put(("error", error))
+        finally:
+            batches.close()   # ends Ray Data's execution in this thread, if it still runs
+
+
+def _shutdown_executions() -> None:
+    """Shut down the Ray Data executions of this process. Ray Data has no public call to cancel
+    an iteration from another thread; its StreamingExecutor is a thread, and its shutdown ends
+    the scheduling loop, which marks the output finished, so the reading thread's wait ends
+    (Ray 2.60; Ray is pinned to the tested range in ray_cluster.TESTED_RAY)."""
+    from ray.data._internal.execution.streaming_executor import StreamingExecutor
+
+    for thread in threading.enumerate():
+        if isinstance(thread, StreamingExecutor) and thread.is_alive():
+            thread.shutdown(force=True)
+
+
+class ResultWriter:
+    """Writes what the replicas send back: outputs once each, records per replica process."""
+
+    def __init__(self, job: Job, attempt: int, by_id: dict[str, PreparedRequest],
+                 sim_devices: list[str] | None):
+        self.folder: RunFolder = job.folder
+        self.attempt = attempt
+        self.by_id = by_id
+        self.model_name = job.workload.model.name
+        self.simulated = job.simulated
+        self.sim_devices = sim_devices
+        self.finished = self.output_tokens = self.duplicates = 0
+        self.errors: list[str] = []       # requests the engines finished with an error
+        self._failed: set[str] = set()
+        self._replica_of_actor: dict[str, int] = {}
+        self._files: dict[str, IO[str]] = {}          # incarnation -> its records file
+        self._info: list[dict[str, Any]] = []          # per replica
+        self._first_ready: float | None = None
+        self._last_output: float | None = None
+
+    def write(self, table, log) -> tuple[int, int]:
+        columns = table.to_pydict()
+        if not columns["id"]:
+            return 0, 0
+        handle = self._records_file(columns, 0)
+        added = tokens = 0
+        folder = self.folder
+        for i, request_id in enumerate(columns["id"]):
+            request = self.by_id.get(request_id)
+            if request is None or request_id in folder.done_ids or request_id in self._failed:
+                self.duplicates += request is not None
+                continue
+            if columns["finish_reason"][i] == "error":   # e.g. too big for the KV cache
+                self._failed.add(request_id)
+                self.errors.append(columns["stop_reason"][i]
+                                   or f"request {request_id} failed in the engine")
+                log(f"error: {self.errors[-1]}")
+                continue
+            token_ids = decode_tokens(columns["token_ids"][i])
+            done = Finished(request_id, token_ids, columns["text"][i],
+                            columns["finish_reason"][i], columns["num_prompt_tokens"][i],
+                            columns["stop_reason"][i])
+            folder.append_output(output_row(request, done, self.model_name, self.simulated))
+            folder.done_ids.add(request_id)
+            if columns["request_line"][i]:
+                handle.write(columns["request_line"][i] + "\n")
+            added += 1
+            tokens += len(token_ids)
+        handle.write(columns["lines"][0])
+        handle.flush()
+        self.finished += added
+        self.output_tokens += tokens
+        self._last_output = time.time()
+        return added, tokens
+
+    def _records_file(self, columns: dict[str, list], i: int) -> IO[str]:
+        incarnation = columns["incarnation"][i]
+        handle = self._files.get(incarnation)
+        if handle is not None:
+            return handle
+        actor = columns["actor"][i]
+        replica = self._replica_of_actor.setdefault(actor, len(self._replica_of_actor))
+        if replica == len(self._info):
+            self._info.append({"replica": replica, "node": columns["node"][i],
+                               "device": self._device(replica, columns["device"][i]),
+                               "pids": [], "restarts": -1})
+        info = self._info[replica]
+        info["restarts"] += 1
+        info["pids"].append(columns["pid"][i])
+        info["node"] = columns["node"][i]
+        ready = columns["ready_at"][i]
+        self._first_ready = ready if self._first_ready is None else min(self._first_ready, ready)
+        path = self.folder.replica_records_path(self.attempt, replica, info["restarts"])
+        try:
+            handle = open(path, "w", encoding="utf-8")
+        except OSError as error:
+            raise OutputError(f"{path}: {error}", exit_code=EXIT_FAILED) from None
+        meta = {"type": "replica", "replica": replica, "restart": info["restarts"],
+                "node": columns["node"][i], "device": info["device"], "actor": actor,
+                "incarnation": incarnation, "pid": columns["pid"][i]}
+        handle.write(json.dumps(meta) + "\n")
+        self._files[incarnation] = handle
+        return handle
+
+    def _device(self, replica: int, reported: str) -> str:
+        if self.sim_devices is not None and replica < len(self.sim_devices):
+            return self.sim_devices[replica]
+        return reported
+
+    def generation_s(self) -> float | None:
+        """Wall time from the first replica ready to the last output (clocks of the replicas'
+        hosts: NTP-close on a cluster)."""
+        if self._first_ready is None or self._last_output is None:
+            return None
+        return round(max(self._last_output - self._first_ready, 0.0), 3)
+
+    def replica_info(self) -> list[dict[str, Any]]:
+        return [dict(info, restarts=max(info["restarts"], 0)) for info in self._info]
+
+    def close(self) -> None:
+        for handle in self._files.values():
+            handle.close()
+        self._files.clear()
