@@ -234,6 +234,9 @@ def _configure_ray_data() -> None:
     context.verbose_stats_logs = False
     context.wait_for_min_actors_s = REPLICA_START_TIMEOUT_S
     context.op_resource_reservation_enabled = False
+    # No per-task thread polling the worker's memory each second: in a replica it competes
+    # with the engine thread for the GIL, for statistics nobody reads here.
+    context.memory_usage_poll_interval_s = None
     # Batches go to the least busy replica, not to the one on the node holding the input
     # blocks (all on the driver's node): that one would take everything a small run has.
     with warnings.catch_warnings():   # deprecated in 2.60 ("managed internally"), still read
