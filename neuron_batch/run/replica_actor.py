@@ -14,8 +14,12 @@ completes next. The replica keeps no file: the driver (`replicas.py`) writes out
 the records, so no shared filesystem is needed. If this actor's process dies, Ray restarts it (a
 new engine, a new `incarnation`) and retries its unfinished batches there.
 
-Rows come in as Arrow tables (Ray Data's "pyarrow" batch format) and go out as columns that Ray
-Data turns into Arrow blocks; token ids travel as little-endian int32 bytes.
+What travels through Ray Data is one row per batch each way, a single binary column holding the
+batch pickled (`pack`): the requests in (column "requests"), the results out (column "result").
+Ray Data's own work per call (building the output block, serializing and deserializing its
+columns) holds the engine's GIL and grows with the number of columns: with a column per field,
+about a third of the actor's Python time was Ray Data's (py-spy, whole trace, one replica).
+Token ids travel as little-endian int32 bytes.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pickle
 import queue
 import shutil
 import sys
@@ -57,8 +62,9 @@ MAX_FEED_WAIT_S = 0.25
 #: 200 ms 83; plain path 59.
 SWITCH_INTERVAL_S = 0.2
 HANDOFF_S = 0.001
-#: Columns of a request row (driver -> replica).
-REQUEST_COLUMNS = ("id", "tokens", "max_tokens", "temperature", "stop", "seed")
+#: The one column of a batch going to a replica, and of its result coming back.
+REQUESTS_COLUMN = "requests"
+RESULT_COLUMN = "result"
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,15 @@ class ReplicaSpec:
     settings: RunSettings
     device: str                  # "sim", "cpu" or "neuron"
     target: Any = None           # the resolved SimTarget on the simulated device
+
+
+def pack(value) -> bytes:
+    """A batch's requests or results as one binary cell (both ends are this project's code)."""
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def unpack(blob: bytes):
+    return pickle.loads(blob)
 
 
 def encode_tokens(token_ids) -> bytes:
@@ -153,13 +168,13 @@ class ReplicaWorker:
     async def __call__(self, batch):
         if self._error is not None:
             raise RuntimeError(f"the replica's engine failed earlier: {self._error!r}")
-        columns = batch.to_pydict()
-        requests = [dict(zip(REQUEST_COLUMNS, values))
-                    for values in zip(*(columns[name] for name in REQUEST_COLUMNS))]
+        requests = [request for blob in batch.column(REQUESTS_COLUMN).to_pylist()
+                    for request in unpack(blob)]
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._inbox.put(_Batch(requests, loop, future))
-        return await future
+        columns = await future
+        return {RESULT_COLUMN: [pack(columns)]}
 
     def __del__(self):
         inbox = getattr(self, "_inbox", None)
@@ -239,10 +254,10 @@ class ReplicaWorker:
                              detokenize=self._detokenize)
 
     def _complete(self, batch: _Batch) -> None:
-        """Hand a finished batch to its `__call__` as plain columns: Ray Data turns them into
-        an Arrow block in its own task thread. Built here with pyarrow, the table cost the
-        engine thread about 15 ms a batch, for pyarrow lets go of the GIL while it builds one
-        and Ray's threads then held it (6,000 trace requests, one replica: 5.5 s -> 0.25 s)."""
+        """Hand a finished batch to its `__call__` as plain columns (a dict of lists, pickled
+        there). Built here with pyarrow, a table cost the engine thread about 15 ms a batch,
+        for pyarrow lets go of the GIL while it builds one and Ray's threads then held it
+        (6,000 trace requests, one replica: 5.5 s -> 0.25 s)."""
         self._recorder.flush()
         sink = self._sink
         rows = batch.finished

@@ -24,7 +24,7 @@ from neuron_batch.run.errors import EXIT_FAILED
 from neuron_batch.run.folder import OutputError, RunFolder
 from neuron_batch.run.generate import output_row
 from neuron_batch.run.job import Job
-from neuron_batch.run.replica_actor import decode_tokens
+from neuron_batch.run.replica_actor import RESULT_COLUMN, decode_tokens, unpack
 
 #: Seconds to wait for Ray Data's threads after its execution is shut down (they poll every
 #: 10 ms; the executor's own shutdown waits up to 2 s for its scheduling loop).
@@ -32,7 +32,7 @@ STOP_WAIT_S = 60.0
 
 
 class ResultStream:
-    """Iterates the replicas' results (pyarrow tables, one per batch) in a thread, so the
+    """Iterates the replicas' results (pyarrow tables of packed batches) in a thread, so the
     driver's loop can watch signals, the deadline and the nodes while it waits. `get` returns
     ("batch", table), ("done", None) or ("error", exception), or None after `timeout`."""
 
@@ -123,7 +123,15 @@ class ResultWriter:
         self._last_output: float | None = None
 
     def write(self, table, log) -> tuple[int, int]:
-        columns = table.to_pydict()
+        """Write a block of results (a row per batch); returns (outputs added, their tokens)."""
+        added = tokens = 0
+        for blob in table.column(RESULT_COLUMN).to_pylist():
+            batch_added, batch_tokens = self._write_batch(unpack(blob), log)
+            added += batch_added
+            tokens += batch_tokens
+        return added, tokens
+
+    def _write_batch(self, columns: dict[str, list], log) -> tuple[int, int]:
         if not columns["id"]:
             return 0, 0
         handle = self._records_file(columns, 0)

@@ -1,10 +1,11 @@
 """Generation over N engines on Ray: the driver side of a `--replicas` run.
 
-The pending requests become a Ray Data dataset (`from_items`, one small block per batch) and
-flow through `map_batches(ReplicaWorker, ...)` with a fixed pool of N actors, one engine each
-(`replica_actor.py`). Each actor takes several batches at once, so its engine is never drained
-between batches. Ray Data restarts an actor whose process dies and retries its unfinished
-batches there (its defaults: `max_restarts=-1`, `max_task_retries=-1`).
+The pending requests become a Ray Data dataset (`from_items`, one row and one block per batch
+of requests, the batch pickled in one cell: replica_actor.py says why) and flow through
+`map_batches(ReplicaWorker, ...)` with a fixed pool of N actors, one engine each. Each actor
+takes several batches at once, so its engine is never drained between batches. Ray Data
+restarts an actor whose process dies and retries its unfinished batches there (its defaults:
+`max_restarts=-1`, `max_task_retries=-1`).
 
 The driver is the only writer of the run folder: it appends every finished request to
 outputs.jsonl (once: a request that comes back twice, from a retried batch, is dropped) and
@@ -29,7 +30,13 @@ from neuron_batch.run.engine_log import ENGINE_LOG, engine_output_to
 from neuron_batch.run.errors import EXIT_FAILED, RunError
 from neuron_batch.run.generate import MAX_ERRORS_KEPT, StopFlag, progress_bar
 from neuron_batch.run.job import Job
-from neuron_batch.run.replica_actor import ReplicaSpec, ReplicaWorker, encode_tokens
+from neuron_batch.run.replica_actor import (
+    REQUESTS_COLUMN,
+    ReplicaSpec,
+    ReplicaWorker,
+    encode_tokens,
+    pack,
+)
 from neuron_batch.run.replica_results import ResultStream, ResultWriter
 
 #: Seconds between checks that no node was lost for good.
@@ -77,12 +84,14 @@ def _generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int
         sim_devices = replica_devices(job.target.instance, job.target.tp, settings.replicas,
                                       settings.sim.num_instances)
     size, in_flight = batching(settings.max_num_seqs)
-    items = [_request_item(request, settings) for request in pending]
-    dataset = ray.data.from_items(items, override_num_blocks=max(1, -(-len(items) // size)))
+    requests = [_request_item(request, settings) for request in pending]
+    items = [{REQUESTS_COLUMN: pack(requests[start:start + size])}
+             for start in range(0, len(requests), size)]
+    dataset = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     results = dataset.map_batches(
         ReplicaWorker,
         fn_constructor_kwargs={"spec": ReplicaSpec(settings, placement.device, job.target)},
-        batch_size=size, batch_format="pyarrow",
+        batch_size=1, batch_format="pyarrow",
         compute=ActorPoolStrategy(size=settings.replicas,
                                   max_tasks_in_flight_per_actor=in_flight,
                                   max_concurrent_calls_per_actor=in_flight),
@@ -239,3 +248,4 @@ def _failed_to_start(error: BaseException) -> bool:
         current = (getattr(current, "cause", None) or current.__cause__
                    or current.__context__)
     return False
+
