@@ -23,7 +23,13 @@ from neuron_batch.run.ray_cluster import (
     placement_for,
     replicas_that_fit,
 )
-from neuron_batch.run.replica_actor import _RecordSink, decode_tokens, encode_tokens
+from neuron_batch.run.replica_actor import (
+    _RecordTail,
+    decode_tokens,
+    encode_tokens,
+    pack,
+    unpack,
+)
 from neuron_batch.run.replica_report import busy_fraction, summarize_replicas
 from neuron_batch.run.replicas import _failed_to_start, _root_cause, batching
 from neuron_batch.scheduler.records import RequestRecord, StepRecord
@@ -119,15 +125,29 @@ def test_help_and_one_replica_do_not_import_ray(tmp_path):
 
 
 # -- what travels between driver and replicas ------------------------------------------------
-def test_tokens_round_trip_and_the_record_sink():
+def test_tokens_and_batches_round_trip():
     ids = [0, 1, 2**31 - 1, 128_000]
     assert decode_tokens(encode_tokens(ids)) == ids
-    sink = _RecordSink()
-    sink.write('{"step":0,"type":"step"}\n{"req_id":"a","finished":1.0,"type":"request"}\n')
-    sink.write('{"step":1,"type":"step"}\n')
-    assert list(sink.requests) == ["a"]
-    assert sink.take_other() == '{"step":0,"type":"step"}\n{"step":1,"type":"step"}\n'
-    assert sink.take_other() == ""
+    batch = [{"id": "a", "tokens": encode_tokens(ids), "stop": ""}, {"id": "b", "seed": 3}]
+    assert unpack(pack(batch)) == batch
+
+
+def test_the_record_tail_reads_whole_lines_as_the_scheduler_writes_them(tmp_path):
+    path = tmp_path / "records.jsonl"
+    tail = _RecordTail(path)
+    tail.read()                                   # the engine core has not written yet
+    assert tail.take_other() == "" and not tail.requests
+    with open(path, "w") as handle:
+        handle.write('{"step":0,"type":"step"}\n{"req_id":"a","finished":1.0,"type":"requ')
+        handle.flush()
+        tail.read()
+        assert list(tail.requests) == [] and tail.take_other() == '{"step":0,"type":"step"}\n'
+        handle.write('est"}\n{"step":1,"type":"step"}\n')
+        handle.flush()
+        tail.read()
+    assert tail.requests == {"a": '{"req_id":"a","finished":1.0,"type":"request"}'}
+    assert tail.take_other() == '{"step":1,"type":"step"}\n'
+    assert tail.take_other() == ""
 
 
 def test_batching_keeps_several_engines_worth_in_flight():

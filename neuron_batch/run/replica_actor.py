@@ -8,17 +8,28 @@ every request as soon as its batch arrives, steps while anything is unfinished, 
 batch the moment its last request finishes. So the engine keeps running requests of the batches
 still in flight while the next ones arrive.
 
+vLLM's engine core (the scheduler and the device, real or simulated) runs in a child process
+of the actor (vLLM's own multiprocessing mode; vLLM spawns it, as it must in a Ray actor), and
+the child ends with the actor (scheduler/lifeline.py), so Ray's restart of a dead actor leaves
+no engine behind. In the actor's process the engine core's steps would hold the GIL against
+Ray's threads there (receiving batches, sending results), and each side slowed the other: one
+simulated replica on the whole trace ran 1.3-1.5x the wall time of the plain path in-process
+(py-spy: the engine thread ran about two thirds of the time, Ray's threads waited for the
+GIL up to the switch interval), 1.17x with the engine core in its own process.
+
 What comes back, per finished request, is the engine's result and the scheduler's record of it;
 the scheduler's other records (its config and every step) ride along with whichever batch
-completes next. The replica keeps no file: the driver (`replicas.py`) writes outputs.jsonl and
-the records, so no shared filesystem is needed. If this actor's process dies, Ray restarts it (a
-new engine, a new `incarnation`) and retries its unfinished batches there.
+completes next. The scheduler writes them to a file in the replica's own temporary folder
+(at once whenever a request finishes), which the actor reads. The run folder stays on the driver
+(`replicas.py` writes outputs.jsonl and the records), so no shared filesystem is needed. If
+this actor's process dies, Ray restarts it (a new engine, a new `incarnation`) and retries its
+unfinished batches there.
 
 What travels through Ray Data is one row per batch each way, a single binary column holding the
 batch pickled (`pack`): the requests in (column "requests"), the results out (column "result").
 Ray Data's own work per call (building the output block, serializing and deserializing its
-columns) holds the engine's GIL and grows with the number of columns: with a column per field,
-about a third of the actor's Python time was Ray Data's (py-spy, whole trace, one replica).
+columns) grows with the number of columns: with a column per field, about a third of the
+actor's Python time was Ray Data's (py-spy, whole trace, one replica, engine in-process).
 Token ids travel as little-endian int32 bytes.
 """
 
@@ -42,26 +53,6 @@ from typing import Any
 
 from neuron_batch.config import RunSettings
 
-#: On the simulated device a step costs about a millisecond of wall time for tens of
-#: milliseconds of device time, so an engine would outrun Ray's delivery of the next batches
-#: and run below capacity, which the device itself (whose steps leave the host that long to feed
-#: it) would not. A simulated engine below capacity therefore waits up to its last step's
-#: simulated duration (at most MAX_FEED_WAIT_S) for new requests before the next step, as long
-#: as requests arrived in the last FEED_WINDOW_S (after that it is the end of the run: no wait;
-#: 5 s cost a one-replica run about 5 s of waits at its end, 1 s keeps the busy fraction).
-FEED_WINDOW_S = 1.0
-MAX_FEED_WAIT_S = 0.25
-#: The engine thread holds the GIL while it steps (pure Python on the simulated device); Ray's
-#: threads in this process (receiving batches, sending results) need it now and then. A short
-#: switch interval (0.5 ms; Python's 5 ms default too) made them take it from the engine every
-#: few steps: a simulated step cost 2.4x its wall time on the plain path (whole trace, one
-#: replica, 0.5 ms). The engine thread lets them run at every completed batch (HANDOFF_S) and
-#: whenever it waits for work; beyond that a batch may wait up to the switch interval, harmless
-#: with many engines' worth in flight.
-#: Measured (6,000 trace requests, one replica, wall s): 0.5 ms 161, 5 ms 106, 50 ms 90,
-#: 200 ms 83; plain path 59.
-SWITCH_INTERVAL_S = 0.2
-HANDOFF_S = 0.001
 #: The one column of a batch going to a replica, and of its result coming back.
 REQUESTS_COLUMN = "requests"
 RESULT_COLUMN = "result"
@@ -100,16 +91,28 @@ def decode_tokens(blob: bytes) -> list[int]:
     return data.tolist()
 
 
-class _RecordSink:
-    """Where the scheduler's Recorder writes (`Recorder.stream_to`): request lines kept by
-    request id (they travel with their output), every other line in order."""
+class _RecordTail:
+    """Reads what the scheduler (in the engine-core process) has written to its records file so
+    far: request lines kept by request id (they travel with their output), every other line in
+    order. A line still being written stays for the next read."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path):
+        self.path = path
         self.other: list[str] = []
         self.requests: dict[str, str] = {}
+        self._handle: Any = None
+        self._partial = ""
 
-    def write(self, text: str) -> None:
-        for line in text.splitlines():
+    def read(self) -> None:
+        if self._handle is None:
+            try:
+                self._handle = open(self.path, encoding="utf-8")
+            except FileNotFoundError:
+                return
+        text = self._partial + self._handle.read()
+        lines = text.split("\n")
+        self._partial = lines.pop()
+        for line in lines:
             if not line:
                 continue
             if '"type":"request"' in line:
@@ -121,12 +124,6 @@ class _RecordSink:
         text = "".join(line + "\n" for line in self.other)
         self.other.clear()
         return text
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 @dataclass
@@ -153,10 +150,9 @@ class ReplicaWorker:
         self.device = _device_label(spec.device)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._error: BaseException | None = None
-        self._clock = None       # the simulated device's virtual clock (None elsewhere)
         self._ready = threading.Event()
         self._workdir = tempfile.mkdtemp(prefix="neuron-batch-replica-")
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self._records = _RecordTail(Path(self._workdir) / "records.jsonl")
         self._thread = threading.Thread(target=self._engine_loop, name="replica-engine",
                                         daemon=True)
         self._thread.start()
@@ -187,7 +183,7 @@ class ReplicaWorker:
     # -- the engine thread ---------------------------------------------------------------------
     def _engine_loop(self) -> None:
         try:
-            self._engine, self._recorder, self._detokenize = self._build_engine()
+            self._engine, self._detokenize = self._build_engine()
         except BaseException as error:  # surfaces in __init__: Ray Data reports the actor's death
             self._error = error
             self._ready.set()
@@ -195,17 +191,10 @@ class ReplicaWorker:
         self._ready.set()
         waiting: dict[str, list[_Batch]] = {}     # request id -> batches waiting for it
         engine = self._engine
-        last_arrival = step_s = 0.0
         while True:
             arrived = []
             if not engine.has_unfinished():
                 arrived.append(self._inbox.get())  # idle: sleep until work comes
-            elif (self._clock is not None and not self._full()
-                  and time.monotonic() - last_arrival < FEED_WINDOW_S):
-                try:  # simulated and hungry: give Ray the device time of a step to feed it
-                    arrived.append(self._inbox.get(timeout=step_s))
-                except queue.Empty:
-                    pass
             while True:
                 try:
                     arrived.append(self._inbox.get_nowait())
@@ -213,24 +202,16 @@ class ReplicaWorker:
                     break
             if any(batch is None for batch in arrived):
                 return
-            if arrived:
-                last_arrival = time.monotonic()
-            before = self._clock.now if self._clock is not None else 0.0
             try:
                 for batch in arrived:
                     self._admit(batch, waiting)
-                completed = 0
+                # Waits (without the GIL) for the engine core's next step.
                 for done in engine.step():
                     for batch in waiting.pop(done.request_id, ()):
                         batch.finished.append(done)
                         batch.remaining.discard(done.request_id)
                         if not batch.remaining:
                             self._complete(batch)
-                            completed += 1
-                if completed:
-                    time.sleep(HANDOFF_S)   # let Ray's threads send the results on at once
-                if self._clock is not None:
-                    step_s = min(max(self._clock.now - before, 0.0), MAX_FEED_WAIT_S)
             except BaseException as error:  # the engine died: every waiting batch fails
                 self._error = error
                 for batch in {id(b): b for bs in waiting.values() for b in bs}.values():
@@ -255,11 +236,9 @@ class ReplicaWorker:
 
     def _complete(self, batch: _Batch) -> None:
         """Hand a finished batch to its `__call__` as plain columns (a dict of lists, pickled
-        there). Built here with pyarrow, a table cost the engine thread about 15 ms a batch,
-        for pyarrow lets go of the GIL while it builds one and Ray's threads then held it
-        (6,000 trace requests, one replica: 5.5 s -> 0.25 s)."""
-        self._recorder.flush()
-        sink = self._sink
+        there), with the scheduler's records written since the last batch."""
+        records = self._records
+        records.read()
         rows = batch.finished
         n = len(rows)
         columns = {
@@ -270,8 +249,8 @@ class ReplicaWorker:
             "stop_reason": [None if d.stop_reason is None else str(d.stop_reason)
                             for d in rows],
             "num_prompt_tokens": [d.num_prompt_tokens for d in rows],
-            "request_line": [sink.requests.pop(d.request_id, None) for d in rows],
-            "lines": [sink.take_other()] + [""] * (n - 1),
+            "request_line": [records.requests.pop(d.request_id, None) for d in rows],
+            "lines": [records.take_other()] + [""] * (n - 1),
             "actor": [self.actor_id] * n,
             "incarnation": [self.incarnation] * n,
             "node": [self.node_id] * n,
@@ -282,12 +261,12 @@ class ReplicaWorker:
         batch.loop.call_soon_threadsafe(_resolve, batch.future, columns)
 
     def _build_engine(self):
-        from neuron_batch.device.executor import engine_core, sim_executor
         from neuron_batch.run.engine import Engine, engine_kwargs
+        from neuron_batch.scheduler.neuron import EXIT_WITH_KEY, RECORDS_FLUSH_KEY
 
-        # The recorder must live in this process (read below), and the simulated device's
-        # clock with it.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vLLM's engine core (scheduler and device) runs in a child process of this actor: the
+        # module text says why.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         # The records name requests by the ids we gave them (the driver matches them to the
         # outputs), not by vLLM's randomized internal ids.
         os.environ["VLLM_DISABLE_REQUEST_ID_RANDOMIZATION"] = "1"
@@ -300,30 +279,14 @@ class ReplicaWorker:
 
             model = resolve_model(settings.model)   # on this host: no shared filesystem
             model_path, has_tokenizer = model.path, model.has_tokenizer
-        kwargs = engine_kwargs(settings, spec.device, model_path, workdir / "records.jsonl",
+        kwargs = engine_kwargs(settings, spec.device, model_path, self._records.path,
                                workdir, has_tokenizer=has_tokenizer, target=spec.target)
-        kwargs["additional_config"]["neuron_batch"].pop("records_path", None)
+        own = kwargs["additional_config"]["neuron_batch"]
+        own[RECORDS_FLUSH_KEY] = True   # a request's record is in the file before its output
+        own[EXIT_WITH_KEY] = os.getpid()
         if spec.device == "neuron" and settings.sim.tensor_parallel_size:
             kwargs["tensor_parallel_size"] = settings.sim.tensor_parallel_size
-        engine = Engine(kwargs)
-        scheduler = getattr(engine_core(engine.llm), "scheduler", None)
-        recorder = getattr(scheduler, "recorder", None)
-        if recorder is None:
-            raise RuntimeError("the Neuron scheduler's records are not reachable in the replica "
-                               "(vLLM's engine core must run in-process)")
-        self._sink = _RecordSink()
-        recorder.stream_to(self._sink)
-        self._scheduler = scheduler
-        executor = sim_executor(engine.llm) if spec.device == "sim" else None
-        self._clock = executor.clock if executor is not None else None
-        return engine, recorder, has_tokenizer and spec.device != "sim"
-
-    def _full(self) -> bool:
-        """The engine has requests queued for admission, or runs max_num_seqs (what the
-        report's busy_fraction counts as full)."""
-        scheduler = self._scheduler
-        return (len(scheduler.waiting) > 0
-                or len(scheduler.running) >= self.spec.settings.max_num_seqs)
+        return Engine(kwargs), has_tokenizer and spec.device != "sim"
 
 
 def _device_label(device: str) -> str:

@@ -202,7 +202,7 @@ def _worker_env() -> dict[str, str]:
            if name.startswith(FORWARDED_ENV_PREFIXES)}
     if os.environ.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"   # the engine core in a child (replica_actor.py)
     env["VLLM_DISABLE_REQUEST_ID_RANDOMIZATION"] = "1"
     env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -248,4 +248,5 @@ def _failed_to_start(error: BaseException) -> bool:
         current = (getattr(current, "cause", None) or current.__cause__
                    or current.__context__)
     return False
+
 

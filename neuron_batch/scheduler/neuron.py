@@ -41,6 +41,7 @@ from neuron_batch.scheduler.compat import (
 )
 from neuron_batch.scheduler.kv_admission import KVAdmission
 from neuron_batch.scheduler.kv_reserve import MAX_MODEL_LEN
+from neuron_batch.scheduler.lifeline import exit_with_parent
 from neuron_batch.scheduler.records import (
     DECODE,
     EMPTY,
@@ -65,6 +66,8 @@ _STATE_VALUES = {state: state.value for state in SchedulerState}
 #: Keys of `additional_config["neuron_batch"]` (this project's own settings).
 RECORDS_PATH_KEY = "records_path"   # write step/request records here as JSON lines
 CLOCK_KEY = "clock"                 # "module:attribute" of a zero-argument clock
+RECORDS_FLUSH_KEY = "records_flush_on_finish"  # write the records out as requests finish
+EXIT_WITH_KEY = "exit_with_pid"     # end this (engine-core) process when that pid ends
 # (and KV_RESERVE_KEY in kv_admission.py: the kv_reserve rule)
 
 
@@ -93,9 +96,16 @@ class NeuronScheduler(KVAdmission, Scheduler):
         self._state = SchedulerState.IDLE
         self.total_padding_tokens = 0
 
+        if own.get(EXIT_WITH_KEY):
+            exit_with_parent(int(own[EXIT_WITH_KEY]))
         records_path = own.get(RECORDS_PATH_KEY)
         self.recorder = Recorder(clock=_resolve_clock(own.get(CLOCK_KEY)),
                                  path=Path(records_path) if records_path else None)
+        # A replica's actor reads a finished request's record from the file as its output
+        # comes back (run/replica_actor.py), so the record must be there by then; flushing
+        # every record instead cost the engine core 14% of its time (py-spy).
+        self._flush_on_finish = bool(own.get(RECORDS_FLUSH_KEY))
+        self._finished_in_update = False
         self.recorder.start(RunConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
@@ -322,6 +332,9 @@ class NeuronScheduler(KVAdmission, Scheduler):
             self._update_time = None
         if self._kv_refused:
             self._send_refusals(outputs)
+        if self._finished_in_update and self._flush_on_finish:
+            self.recorder.flush()
+        self._finished_in_update = False
         return outputs
 
     def add_request(self, request: Request) -> None:
@@ -335,6 +348,7 @@ class NeuronScheduler(KVAdmission, Scheduler):
         reason = request.get_finished_reason()
         self.recorder.request_finished(request.request_id, request.num_output_tokens,
                                        str(reason) if reason is not None else None, now)
+        self._finished_in_update = True
         self._kv_release(request, finished=True)   # at once, also when EOS or a stop ends it
         return super()._free_request(request, *args, **kwargs)
 

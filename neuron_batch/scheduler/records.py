@@ -138,15 +138,6 @@ class Recorder:
             self._file = open(self.path, "w", encoding="utf-8")
             self._emit("config", asdict(config))
 
-    def stream_to(self, handle: IO[str]) -> None:
-        """Stream the records to an open text handle (anything with write/flush/close) instead
-        of a file: the config line first, then as `path` would get them. A replica of a Ray
-        run (`run/replica_actor.py`) ships them to the driver this way, with no file of its
-        own."""
-        self._file = handle
-        if self.config is not None:
-            self._emit("config", asdict(self.config))
-
     # -- steps -------------------------------------------------------------------------------
     def add_step(self, record: StepRecord) -> None:
         self.steps.append(record)
