@@ -51,12 +51,11 @@ def batching(max_num_seqs: int) -> tuple[int, int]:
     last request finishes, so batches are small and many may be in flight: up to sixteen
     engines' worth of requests per replica, so that the waiting queue stays non-empty while the
     slowest request of each batch finishes and while Ray brings the next batches. Ray Data's own
-    backpressure keeps fewer in flight (about ten batches of 8 per replica on the whole
-    conversation trace at max_num_seqs 32, measured), enough for a busy fraction of 0.99.
-    Each batch costs the replica's process Ray work that holds the GIL against the engine:
-    at max_num_seqs 32, batches of 16 ran 6,000 trace requests through one replica in 62 s of
-    generation, batches of 8 in 81-83 s and of 32 in 77 s (whose fewer batches in flight left
-    the engine short of work more often)."""
+    backpressure used to keep fewer in flight; with its DownstreamCapacity policy off
+    (ray_cluster.py) the pool stays near the limit. Measured with the engine core still in the
+    actor's process (at max_num_seqs 32, 6,000 trace requests, one replica): batches of 16 took
+    62 s of generation, of 8 81-83 s and of 32 77 s (fewer in flight left the engine short of
+    work more often)."""
     size = max(1, min(16, max_num_seqs // 2))
     in_flight = max(4, min(256, -(-16 * max_num_seqs // size)))
     return size, in_flight
