@@ -13,9 +13,9 @@ of the actor (vLLM's own multiprocessing mode; vLLM spawns it, as it must in a R
 the child ends with the actor (scheduler/lifeline.py), so Ray's restart of a dead actor leaves
 no engine behind. In the actor's process the engine core's steps would hold the GIL against
 Ray's threads there (receiving batches, sending results), and each side slowed the other: one
-simulated replica on the whole trace ran 1.3-1.5x the wall time of the plain path in-process
-(py-spy: the engine thread ran about two thirds of the time, Ray's threads waited for the
-GIL up to the switch interval), 1.17x with the engine core in its own process.
+simulated replica on the whole trace took 1.38-1.54x the wall time of the plain path with the
+engine core in-process (py-spy: the engine thread ran about two thirds of the time, Ray's
+threads waited for the GIL up to the switch interval), 1.26-1.35x with it in its own process.
 
 What comes back, per finished request, is the engine's result and the scheduler's record of it;
 the scheduler's other records (its config and every step) ride along with whichever batch

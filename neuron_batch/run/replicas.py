@@ -247,5 +247,3 @@ def _failed_to_start(error: BaseException) -> bool:
         current = (getattr(current, "cause", None) or current.__cause__
                    or current.__context__)
     return False
-
-

@@ -100,12 +100,8 @@ class NeuronScheduler(KVAdmission, Scheduler):
             exit_with_parent(int(own[EXIT_WITH_KEY]))
         records_path = own.get(RECORDS_PATH_KEY)
         self.recorder = Recorder(clock=_resolve_clock(own.get(CLOCK_KEY)),
-                                 path=Path(records_path) if records_path else None)
-        # A replica's actor reads a finished request's record from the file as its output
-        # comes back (run/replica_actor.py), so the record must be there by then; flushing
-        # every record instead cost the engine core 14% of its time (py-spy).
-        self._flush_on_finish = bool(own.get(RECORDS_FLUSH_KEY))
-        self._finished_in_update = False
+                                 path=Path(records_path) if records_path else None,
+                                 flush_on_request=bool(own.get(RECORDS_FLUSH_KEY)))
         self.recorder.start(RunConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
@@ -332,9 +328,6 @@ class NeuronScheduler(KVAdmission, Scheduler):
             self._update_time = None
         if self._kv_refused:
             self._send_refusals(outputs)
-        if self._finished_in_update and self._flush_on_finish:
-            self.recorder.flush()
-        self._finished_in_update = False
         return outputs
 
     def add_request(self, request: Request) -> None:
@@ -348,7 +341,6 @@ class NeuronScheduler(KVAdmission, Scheduler):
         reason = request.get_finished_reason()
         self.recorder.request_finished(request.request_id, request.num_output_tokens,
                                        str(reason) if reason is not None else None, now)
-        self._finished_in_update = True
         self._kv_release(request, finished=True)   # at once, also when EOS or a stop ends it
         return super()._free_request(request, *args, **kwargs)
 
