@@ -180,11 +180,14 @@ class Engine:
     def add(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
             temperature: float, stop: list[str] | None, seed: int, ignore_eos: bool,
             detokenize: bool) -> None:
-        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
 
+        # FINAL_ONLY: the engine builds a request's output once, when it finishes, instead of a
+        # cumulative copy for every request at every step (which nothing here reads).
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature,
                                 stop=stop or None, seed=seed if temperature > 0 else None,
-                                ignore_eos=ignore_eos, detokenize=detokenize)
+                                ignore_eos=ignore_eos, detokenize=detokenize,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
         self.engine.add_request(request_id, {"prompt_token_ids": prompt_token_ids}, params)
 
     def abort(self, request_ids: list[str]) -> None:
