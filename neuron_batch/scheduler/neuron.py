@@ -41,7 +41,6 @@ from neuron_batch.scheduler.compat import (
 )
 from neuron_batch.scheduler.kv_admission import KVAdmission
 from neuron_batch.scheduler.kv_reserve import MAX_MODEL_LEN
-from neuron_batch.scheduler.lifeline import exit_with_parent
 from neuron_batch.scheduler.records import (
     DECODE,
     EMPTY,
@@ -67,7 +66,6 @@ _STATE_VALUES = {state: state.value for state in SchedulerState}
 RECORDS_PATH_KEY = "records_path"   # write step/request records here as JSON lines
 CLOCK_KEY = "clock"                 # "module:attribute" of a zero-argument clock
 RECORDS_FLUSH_KEY = "records_flush_on_finish"  # write the records out as requests finish
-EXIT_WITH_KEY = "exit_with_pid"     # end this (engine-core) process when that pid ends
 # (and KV_RESERVE_KEY in kv_admission.py: the kv_reserve rule)
 
 
@@ -96,8 +94,6 @@ class NeuronScheduler(KVAdmission, Scheduler):
         self._state = SchedulerState.IDLE
         self.total_padding_tokens = 0
 
-        if own.get(EXIT_WITH_KEY):
-            exit_with_parent(int(own[EXIT_WITH_KEY]))
         records_path = own.get(RECORDS_PATH_KEY)
         self.recorder = Recorder(clock=_resolve_clock(own.get(CLOCK_KEY)),
                                  path=Path(records_path) if records_path else None,
