@@ -13,7 +13,7 @@ simulated time), the lowest replica busy fraction and the wall time of the comma
 targets: two inf2.8xlarge give at least 1.9x the tokens/s of one; one replica through Ray takes at
 most 1.3x the wall time of the plain path.
 
-    .venv/bin/python scripts/bench_replicas.py                  # everything (long: tens of minutes)
+    .venv/bin/python scripts/bench_replicas.py                  # everything (about 11 min here)
     .venv/bin/python scripts/bench_replicas.py --limit 2000 --only 8xl
     .venv/bin/python scripts/bench_replicas.py --json > bench.json
 """
