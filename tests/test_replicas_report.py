@@ -162,13 +162,13 @@ def test_the_record_tail_reads_whole_lines_as_the_scheduler_writes_them(tmp_path
 
 @hypothesis_settings(max_examples=300, deadline=None)
 @given(pending=st.integers(1, 200_000), replicas=st.integers(1, 64),
-       seqs=st.sampled_from([1, 4, 8, 16, 32, 64, 256]))
-def test_batching_keeps_several_engines_worth_in_flight(pending, replicas, seqs):
-    size, in_flight = batching(pending, replicas, seqs)
-    assert 1 <= size <= MAX_BATCH and in_flight >= 4
+       seqs=st.sampled_from([1, 4, 8, 16, 32, 64, 256]), simulated=st.booleans())
+def test_batching_keeps_several_engines_worth_in_flight(pending, replicas, seqs, simulated):
+    size, in_flight = batching(pending, replicas, seqs, simulated=simulated)
+    assert 1 <= size <= (MAX_BATCH if simulated else MIN_BATCH) and in_flight >= 4
     assert size * in_flight >= 4 * seqs
-    # a large run gets large batches (few Ray Data tasks) ...
-    if pending >= replicas * BATCHES_PER_REPLICA * MAX_BATCH:
+    # a large simulated run gets large batches (few Ray Data tasks) ...
+    if simulated and pending >= replicas * BATCHES_PER_REPLICA * MAX_BATCH:
         assert size == MAX_BATCH
     # ... but never so large that a replica gets fewer than its share of batches, unless the
     # batch is already at its smallest
@@ -183,6 +183,9 @@ def test_batching_examples():
     assert batching(19_366, 12, 32)[0] == 26
     # a small run (the tests' 1,500 requests on two replicas): the smallest batches
     assert batching(1_500, 2, 32) == (16, 32)
+    # a real device: small batches whatever the run's size (its steps dwarf Ray Data's work)
+    assert batching(19_366, 1, 32, simulated=False) == (16, 32)
+    assert batching(100, 1, 8, simulated=False) == (4, 32)
 
 
 def test_records_file_names(tmp_path):

@@ -52,7 +52,8 @@ BATCHES_PER_REPLICA = 64
 MIN_BATCH, MAX_BATCH = 16, 256
 
 
-def batching(pending: int, replicas: int, max_num_seqs: int) -> tuple[int, int]:
+def batching(pending: int, replicas: int, max_num_seqs: int,
+             simulated: bool = True) -> tuple[int, int]:
     """(requests per batch, batches in flight per replica).
 
     Each batch costs the replica a fixed amount of Ray Data's work (a task: receiving and
@@ -66,10 +67,15 @@ def batching(pending: int, replicas: int, max_num_seqs: int) -> tuple[int, int]:
     batches), which keeps the engine's waiting queue full while a batch's slowest request
     finishes and while Ray brings the next one. Measured on the whole conversation trace, one
     simulated replica (19,366 requests, max_num_seqs 32): generation took 96 s with batches of
-    16, 79 s of 128 and 76 s of 512, against 62 s on the plain path."""
+    16, 79 s of 128 and 76 s of 512, against 62 s on the plain path.
+
+    That is the simulated device, whose steps take microseconds of real time. A real device
+    (the CPU, Neuron) takes milliseconds to seconds per step, which dwarfs Ray Data's few
+    milliseconds per batch; there batches stay at MIN_BATCH, so outputs come back (to the
+    progress bar, and to outputs.jsonl, safe from a driver that dies) as soon as a few finish."""
     small = max(1, min(MIN_BATCH, max_num_seqs // 2))
     share = -(-max(1, pending) // (max(1, replicas) * BATCHES_PER_REPLICA))
-    size = max(small, min(MAX_BATCH, share))
+    size = max(small, min(MAX_BATCH if simulated else MIN_BATCH, share))
     in_flight = max(4, min(256, -(-16 * max_num_seqs // size)))
     return size, in_flight
 
@@ -95,7 +101,8 @@ def _generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int
 
         sim_devices = replica_devices(job.target.instance, job.target.tp, settings.replicas,
                                       settings.sim.num_instances)
-    size, in_flight = batching(len(pending), settings.replicas, settings.max_num_seqs)
+    size, in_flight = batching(len(pending), settings.replicas, settings.max_num_seqs,
+                               simulated=job.simulated)
     requests = [_request_item(request, settings) for request in pending]
     items = [{REQUESTS_COLUMN: pack(requests[start:start + size])}
              for start in range(0, len(requests), size)]
