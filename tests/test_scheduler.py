@@ -216,29 +216,32 @@ def test_records_stream_to_jsonl_and_read_back(tmp_path):
         assert request.arrival <= request.admitted <= request.first_token <= request.finished
 
 
-@pytest.mark.parametrize("flush_on_finish", [True, False])
-def test_records_reach_the_file_as_requests_finish(tmp_path, flush_on_finish):
-    """A replica's actor reads a finished request's record from the file when the request's
-    output reaches it (run/replica_actor.py): with records_flush_on_finish the record is on disk
-    by the end of the update that finished it; without it, records wait in the buffer."""
+def test_records_reach_the_file_when_flushed_after_the_update(tmp_path):
+    """A replica's actor flushes the scheduler's records (same thread) before it reads a
+    finished request's record from the file (run/replica_actor.py): the update that finished a
+    request has buffered its record, and the flush writes it out."""
     path = tmp_path / "records.jsonl"
-    config = {"records_path": str(path), "records_flush_on_finish": flush_on_finish}
-    sched = make_scheduler(NeuronScheduler, max_num_seqs=2, neuron_batch_config=config)
+    sched = make_scheduler(NeuronScheduler, max_num_seqs=2,
+                           neuron_batch_config={"records_path": str(path)})
+    sched.recorder.flush_seconds = float("inf")   # no timed flush: only the caller's
     update = sched.update_from_output
-    on_disk_at_finish = []
+    on_disk_before, on_disk_after = [], []
 
     def update_and_look(output, model_output):
         outputs = update(output, model_output)
-        text = path.read_text()
-        on_disk_at_finish.extend(f'"req_id":"{out.request_id}"' in text
-                                 for client in outputs.values() for out in client.outputs
-                                 if out.finish_reason is not None)
+        finished = [f'"req_id":"{out.request_id}"' for client in outputs.values()
+                    for out in client.outputs if out.finish_reason is not None]
+        before = path.read_text()
+        sched.recorder.flush()
+        after = path.read_text()
+        on_disk_before.extend(line in before for line in finished)
+        on_disk_after.extend(line in after for line in finished)
         return outputs
 
     sched.update_from_output = update_and_look
     drive(sched, [make_request(300, 4) for _ in range(3)] + [make_request(40, 9)])
-    assert len(on_disk_at_finish) == 4
-    assert all(on_disk_at_finish) if flush_on_finish else not any(on_disk_at_finish)
+    assert len(on_disk_after) == 4
+    assert all(on_disk_after) and not any(on_disk_before)
 
 
 def test_injected_clock_times_the_records():

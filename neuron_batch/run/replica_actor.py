@@ -19,8 +19,8 @@ took more of this machine's two cores than the GIL ever did.
 
 What comes back, per finished request, is the engine's result and the scheduler's record of it;
 the scheduler's other records (its config and every step) ride along with whichever batch
-completes next. The scheduler writes them to a file in the replica's own temporary folder
-(at once whenever a request finishes), which the actor reads. The run folder stays on the driver
+completes next. The scheduler writes them to a file in the replica's own temporary folder,
+which the actor flushes and reads as each batch completes. The run folder stays on the driver
 (`replicas.py` writes outputs.jsonl and the records), so no shared filesystem is needed. If
 this actor's process dies, Ray restarts it (a new engine, a new `incarnation`) and retries its
 unfinished batches there.
@@ -184,6 +184,7 @@ class ReplicaWorker:
     def _engine_loop(self) -> None:
         try:
             self._engine, self._detokenize = self._build_engine()
+            self._recorder = _scheduler_recorder(self._engine)
         except BaseException as error:  # surfaces in __init__: Ray Data reports the actor's death
             self._error = error
             self._ready.set()
@@ -237,6 +238,7 @@ class ReplicaWorker:
         """Hand a finished batch to its `__call__` as plain columns (a dict of lists, pickled
         there), with the scheduler's records written since the last batch."""
         records = self._records
+        self._recorder.flush()   # this thread runs the scheduler: its records reach the file
         records.read()
         rows = batch.finished
         n = len(rows)
@@ -261,7 +263,6 @@ class ReplicaWorker:
 
     def _build_engine(self):
         from neuron_batch.run.engine import Engine, engine_kwargs
-        from neuron_batch.scheduler.neuron import RECORDS_FLUSH_KEY
 
         # vLLM's engine core (scheduler and device) runs in this process: the module text says
         # why.
@@ -280,11 +281,20 @@ class ReplicaWorker:
             model_path, has_tokenizer = model.path, model.has_tokenizer
         kwargs = engine_kwargs(settings, spec.device, model_path, self._records.path,
                                workdir, has_tokenizer=has_tokenizer, target=spec.target)
-        own = kwargs["additional_config"]["neuron_batch"]
-        own[RECORDS_FLUSH_KEY] = True   # a request's record is in the file before its output
         if spec.device == "neuron" and settings.sim.tensor_parallel_size:
             kwargs["tensor_parallel_size"] = settings.sim.tensor_parallel_size
         return Engine(kwargs), has_tokenizer and spec.device != "sim"
+
+
+def _scheduler_recorder(engine):
+    """The scheduler's Recorder, reachable because the engine core runs in this process."""
+    from neuron_batch.device.executor import engine_core
+
+    core = engine_core(engine.llm)
+    if core is None:
+        raise RuntimeError("a replica needs vLLM's engine core in its own process "
+                           "(VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+    return core.scheduler.recorder
 
 
 def _device_label(device: str) -> str:

@@ -221,8 +221,6 @@ def _worker_env() -> dict[str, str]:
            if name.startswith(FORWARDED_ENV_PREFIXES)}
     if os.environ.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # the engine core in the actor (replica_actor.py)
-    env["VLLM_DISABLE_REQUEST_ID_RANDOMIZATION"] = "1"
     env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env

@@ -65,7 +65,6 @@ _STATE_VALUES = {state: state.value for state in SchedulerState}
 #: Keys of `additional_config["neuron_batch"]` (this project's own settings).
 RECORDS_PATH_KEY = "records_path"   # write step/request records here as JSON lines
 CLOCK_KEY = "clock"                 # "module:attribute" of a zero-argument clock
-RECORDS_FLUSH_KEY = "records_flush_on_finish"  # write the records out as requests finish
 # (and KV_RESERVE_KEY in kv_admission.py: the kv_reserve rule)
 
 
@@ -96,8 +95,7 @@ class NeuronScheduler(KVAdmission, Scheduler):
 
         records_path = own.get(RECORDS_PATH_KEY)
         self.recorder = Recorder(clock=_resolve_clock(own.get(CLOCK_KEY)),
-                                 path=Path(records_path) if records_path else None,
-                                 flush_on_request=bool(own.get(RECORDS_FLUSH_KEY)))
+                                 path=Path(records_path) if records_path else None)
         self.recorder.start(RunConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,

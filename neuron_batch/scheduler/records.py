@@ -122,10 +122,6 @@ class Recorder:
     path: Path | None = None
     flush_every: int = 256
     flush_seconds: float = 0.5
-    #: Write out at once whenever a request finishes: a replica's actor reads a finished
-    #: request's record from the file as its output comes back (run/replica_actor.py). (Every
-    #: record at once cost the engine core 14% of its time, py-spy.)
-    flush_on_request: bool = False
     steps: list[StepRecord] = field(default_factory=list)
     requests: dict[str, RequestRecord] = field(default_factory=dict)
     blocked_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(BLOCK_REASONS, 0))
@@ -172,8 +168,6 @@ class Recorder:
         record.finish_reason = finish_reason
         if self._file is not None:
             self._emit("request", _fields_of(record))
-            if self.flush_on_request:
-                self.flush()
 
     # -- output ------------------------------------------------------------------------------
     def _emit(self, kind: str, payload: dict[str, Any]) -> None:
