@@ -11,9 +11,20 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.buckets import BucketError, parse_bucket_list, resolve_buckets
+from neuron_batch.buckets import BucketError, parse_bucket_list
 from neuron_batch.report.cost import DEFAULT_PRICING, Price, PricingError, price_for
-from neuron_batch.scheduler.kv_reserve import DEFAULT_KV_RESERVE, parse_kv_reserve
+from neuron_batch.runtime import (
+    Runtime,
+    RuntimeNameError,
+    Shapes,
+    get_runtime,
+    runtime_of_plugin,
+)
+from neuron_batch.scheduler.kv_reserve import (
+    DEFAULT_KV_RESERVE,
+    MAX_MODEL_LEN,
+    parse_kv_reserve,
+)
 
 DEVICES = ("auto", "cpu", "cuda", "neuron", "sim")
 ON_ERROR = ("fail", "skip")
@@ -67,6 +78,10 @@ class RunSettings:
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
     prefill_buckets: tuple[int, ...] | None = None   # None: powers of two (see buckets.py)
     decode_buckets: tuple[int, ...] | None = None
+    runtime: str | None = None           # "nxdi" | "vllm-neuron"; None: by device/instance
+    context_encoding_buckets: tuple[int, ...] | None = None   # nxdi (None: NxDI's default)
+    token_generation_buckets: tuple[int, ...] | None = None   # nxdi
+    decode_context_buckets: tuple[int, ...] | None = None     # vllm-neuron (opt-in)
     block_size: int | None = None        # None: the device's default (32 on Neuron)
     kv_reserve: str = DEFAULT_KV_RESERVE  # KV admission: "request" or "max_model_len"
     max_tokens: int = DEFAULT_MAX_TOKENS
@@ -121,12 +136,19 @@ class RunSettings:
         except PricingError as error:
             raise SettingsError(str(error)) from None
         try:
-            self.buckets()
+            runtime = self.resolve_runtime()
+        except RuntimeNameError as error:
+            raise SettingsError(str(error)) from None
+        if runtime.static_kv and parse_kv_reserve(self.kv_reserve) == MAX_MODEL_LEN:
+            raise SettingsError(
+                f"--kv-reserve does not apply under the {runtime.name} runtime: its static KV "
+                f"cache holds max_num_seqs x max_model_len by construction, so KV never limits "
+                f"admission (max_num_seqs does); drop the option, or choose --runtime "
+                f"vllm-neuron")
+        try:
+            self.shapes(runtime)
         except BucketError as error:
-            raise SettingsError(str(error).replace("num_batched_tokens_buckets (prefill buckets)",
-                                                   "--prefill-buckets")
-                                .replace("num_seqs_buckets (decode buckets)", "--decode-buckets")
-                                ) from None
+            raise SettingsError(str(error)) from None
         return self
 
     @property
@@ -135,11 +157,47 @@ class RunSettings:
         otherwise it is the single-engine path, which never imports Ray."""
         return self.replicas > 1 or self.ray is not None
 
+    def resolve_runtime(self) -> Runtime:
+        """The Neuron runtime whose shapes this run follows, decided once: `--runtime`; else
+        on the simulated device the instance's (nxdi on inf2/trn1, vllm-neuron on trn2); on a
+        Neuron host the installed plugin's line; elsewhere the seed design's (vllm-neuron)."""
+        if self.runtime is not None:
+            return get_runtime(self.runtime)
+        if self.device == "sim":
+            from neuron_batch.device.hardware import HardwareError, get_instance
+            try:
+                family = get_instance(self.sim.instance).family
+            except HardwareError:
+                family = None
+            return get_runtime(None, family=family)
+        if self.device in ("neuron", "auto"):
+            from neuron_batch.versions import neuron_plugin
+            detected = runtime_of_plugin(neuron_plugin()["version"])
+            if detected is not None:
+                return detected
+        return get_runtime(None)
+
+    def bucket_lists(self) -> dict[str, list[int]]:
+        """The bucket lists the user gave, by the plugin config key of their runtime."""
+        given = {"num_batched_tokens_buckets": self.prefill_buckets,
+                 "num_seqs_buckets": self.decode_buckets,
+                 "context_encoding_buckets": self.context_encoding_buckets,
+                 "token_generation_buckets": self.token_generation_buckets,
+                 "decode_context_length_buckets": self.decode_context_buckets}
+        return {key: list(value) for key, value in given.items() if value is not None}
+
+    def shapes(self, runtime: Runtime | None = None) -> Shapes:
+        """The compiled shapes of this run under `runtime` (default: resolve_runtime());
+        BucketError for a list the runtime refuses, or one of the other runtime."""
+        runtime = runtime or self.resolve_runtime()
+        return runtime.shapes(self.bucket_lists(), max_num_seqs=self.max_num_seqs,
+                              max_num_batched_tokens=self.max_num_batched_tokens,
+                              max_model_len=self.max_model_len)
+
     def buckets(self) -> tuple[list[int], list[int]]:
         """(prefill, decode) buckets this run uses, validated against the limits."""
-        return resolve_buckets(self.neuron_config(), max_num_seqs=self.max_num_seqs,
-                               max_num_batched_tokens=self.max_num_batched_tokens,
-                               max_model_len=self.max_model_len)
+        shapes = self.shapes()
+        return list(shapes.prefill_buckets), list(shapes.decode_buckets)
 
     def priced_instance(self) -> str | None:
         """The instance the run is billed for: the simulated one, or the --instance given on a
@@ -159,13 +217,9 @@ class RunSettings:
         return price_for(instance, self.cost.pricing, self.cost.price_per_hour)
 
     def neuron_config(self) -> dict[str, list[int]]:
-        """The AWS plugin's `additional_config["neuron_config"]` keys for these buckets."""
-        config: dict[str, list[int]] = {}
-        if self.prefill_buckets is not None:
-            config["num_batched_tokens_buckets"] = list(self.prefill_buckets)
-        if self.decode_buckets is not None:
-            config["num_seqs_buckets"] = list(self.decode_buckets)
-        return config
+        """The given bucket lists by their plugin keys (`bucket_lists`), which go into
+        `additional_config[runtime.config_section]`."""
+        return self.bucket_lists()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -20,6 +20,7 @@ from neuron_batch.config import (
     parse_buckets_option,
 )
 from neuron_batch.report.cost import DEFAULT_PRICING, PRICINGS
+from neuron_batch.runtime import RUNTIME_NAMES
 from neuron_batch.scheduler.kv_reserve import parse_kv_reserve
 
 EXIT_CODES_HELP = """\b
@@ -61,16 +62,37 @@ def engine_options(func):
                      help="Most requests decoding at once (the largest decode batch). `bench` "
                           "takes a list to sweep, e.g. 8,16,32."),
         click.option("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                     show_default=True, help="Largest prefill chunk; longer prompts are "
-                     "prefilled in chunks of this size."),
+                     show_default=True, help="[vllm-neuron] Largest prefill chunk; longer "
+                     "prompts are prefilled in chunks of this size (nxdi prefills whole "
+                     "prompts)."),
         click.option("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN,
                      show_default=True, help="Longest prompt + output, in tokens."),
+        click.option("--runtime", type=click.Choice(RUNTIME_NAMES), default=None,
+                     envvar="NEURON_BATCH_RUNTIME",
+                     help="What the Neuron device compiles: nxdi (vLLM on NxD Inference, what "
+                          "inf2/trn1 run: whole prompts padded to context-encoding buckets, "
+                          "decode over all max-num-seqs slots, static KV) or vllm-neuron (AWS's "
+                          "Beta plugin, trn2/trn3: token and batch buckets, paged KV). Default: "
+                          "the instance's on sim, the installed plugin's on Neuron, "
+                          "vllm-neuron elsewhere."),
+        click.option("--context-encoding-buckets", default=None, metavar="N,N,...",
+                     help="[nxdi] Prefill buckets over whole prompt lengths, ascending, ending "
+                          "at max-model-len. Default: NxDI's, 128, 256, ... then max-model-len."),
+        click.option("--token-generation-buckets", default=None, metavar="N,N,...",
+                     help="[nxdi] Decode attention lengths, ascending, ending at "
+                          "max-model-len; each decode step attends the smallest above its "
+                          "longest sequence. Default: as --context-encoding-buckets."),
         click.option("--prefill-buckets", default=None, metavar="N,N,...",
-                     help="Prefill token buckets, ascending, ending at min(max-num-batched-"
-                          "tokens, max-model-len). Default: 128, 256, ... then that max."),
+                     help="[vllm-neuron] Prefill chunk token buckets, ascending, ending at "
+                          "min(max-num-batched-tokens, max-model-len). Default: 128, 256, ... "
+                          "then that max."),
         click.option("--decode-buckets", default=None, metavar="N,N,...",
-                     help="Decode batch-size buckets, ascending, ending at max-num-seqs. "
-                          "Default: 1, 2, 4, ... then max-num-seqs."),
+                     help="[vllm-neuron] Decode batch-size buckets, ascending, ending at "
+                          "max-num-seqs. Default: 1, 2, 4, ... then max-num-seqs."),
+        click.option("--decode-context-buckets", default=None, metavar="N,N,...",
+                     help="[vllm-neuron] Decode KV context-length buckets (multiples of 128, "
+                          "below max-model-len): a decode step reads the smallest above its "
+                          "longest sequence instead of a whole max-model-len. Default: none."),
         click.option("--block-size", type=int, default=None,
                      help="KV cache block size. Default: the device's (32 on Neuron)."),
         click.option("--kv-reserve", default="request", show_default=True, metavar="RULE",
@@ -78,7 +100,8 @@ def engine_options(func):
                           "request's prompt + max_tokens and admits while the reservations "
                           "fit; 'max-model-len' reserves max_model_len for every request (the "
                           "seed design, far fewer at once). `bench` takes "
-                          "request,max-model-len to compare them."),
+                          "request,max-model-len to compare them. [vllm-neuron only: nxdi's "
+                          "static cache holds every slot]"),
         click.option("--instance", default="inf2.8xlarge", show_default=True,
                      envvar="NEURON_BATCH_INSTANCE",
                      help="[sim] inf2.xlarge, inf2.8xlarge, inf2.24xlarge, inf2.48xlarge or "
@@ -129,8 +152,10 @@ def settings_from_options(inputs, max_num_seqs: int, options: dict) -> RunSettin
                                  and options.get("device") != "sim" else None))
     options["prefill_buckets"] = parse_buckets_option(options.get("prefill_buckets"),
                                                       "--prefill-buckets")
-    options["decode_buckets"] = parse_buckets_option(options.get("decode_buckets"),
-                                                     "--decode-buckets")
+    for name in ("decode_buckets", "context_encoding_buckets", "token_generation_buckets",
+                 "decode_context_buckets"):
+        options[name] = parse_buckets_option(options.get(name),
+                                             "--" + name.replace("_", "-"))
     if "kv_reserve" in options:
         options["kv_reserve"] = kv_reserve_list(options["kv_reserve"])[0]
     settings = RunSettings(inputs=tuple(inputs) or (str(BUILTIN_PROMPTS),),

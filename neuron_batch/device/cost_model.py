@@ -310,7 +310,8 @@ def kv_capacity(instance: str | Instance, arch: str | Architecture, tp_degree: i
 
 def compile_footprint(num_prefill_buckets: int, num_decode_buckets: int,
                       arch: str | Architecture, weight_dtype: str = "bf16", tp: int | None = None,
-                      profile: CostProfile | None = None) -> dict[str, Any]:
+                      profile: CostProfile | None = None,
+                      num_graphs: int | None = None) -> dict[str, Any]:
     """Graphs to compile and the estimated compile time.
 
     estimated_compile_s = graphs * compile_s_per_graph_per_gb * weight GB. AWS says a 15 GB
@@ -320,7 +321,9 @@ def compile_footprint(num_prefill_buckets: int, num_decode_buckets: int,
     """
     arch = resolve_architecture(arch)
     per_gb = profile.compile_s_per_graph_per_gb if profile else DEFAULT_COMPILE_S_PER_GRAPH_PER_GB
-    graphs = num_prefill_buckets + num_decode_buckets
+    # The runtime's own count when given (runtime.Shapes.num_graphs: the Beta plugin compiles
+    # each decode batch bucket once per decode context-length bucket, plus max_model_len).
+    graphs = num_graphs if num_graphs is not None else num_prefill_buckets + num_decode_buckets
     per_graph = per_gb * arch.weight_bytes(weight_dtype) / 1e9
     return {"graphs": graphs, "per_graph_s": per_graph, "estimated_compile_s": graphs * per_graph,
             "tp": tp}

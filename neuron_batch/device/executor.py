@@ -38,6 +38,7 @@ core (VLLM_ENABLE_V1_MULTIPROCESSING=0, as the CLI and the tests run it).
 
 from __future__ import annotations
 
+import functools
 import logging
 from concurrent.futures import Future
 from typing import Any
@@ -56,6 +57,7 @@ from neuron_batch.device.target import (
     SimTarget,
     checked_kv_capacity,
 )
+from neuron_batch.runtime import VLLM_NEURON, get_runtime
 from neuron_batch.scheduler.compat import full_attention_spec, model_runner_output
 from neuron_batch.scheduler.kv_reserve import DEFAULT_KV_RESERVE
 
@@ -79,10 +81,14 @@ class NeuronSimExecutor(Executor):
         sim = own.get(SIM_KEY)
         if sim is None:
             # Built without SimTarget.engine_kwargs: default settings, the model directory's
-            # shapes.
-            sim = SimTarget.resolve(SimSettings(arch=self.model_config.model),
-                                    self.model_config.max_model_len
-                                    ).executor_settings(self.model_config.model)
+            # shapes, and the seed design's runtime unless the engine names one (an engine
+            # built by hand has vLLM's chunked prefill on, which nxdi refuses).
+            own.setdefault("runtime", VLLM_NEURON)
+            sim = SimTarget.resolve(
+                SimSettings(arch=self.model_config.model, runtime=own["runtime"]),
+                self.model_config.max_model_len,
+                max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
+            ).executor_settings(self.model_config.model)
         self.instance = sim["instance"]
         self.tp = sim["tp"]
         self.weight_dtype = sim["weight_dtype"]
@@ -93,12 +99,15 @@ class NeuronSimExecutor(Executor):
                                         self.weight_dtype)
         self.block_size = self.cache_config.block_size
         max_model_len = self.model_config.max_model_len
-        self.kv = checked_kv_capacity(self.instance, self.arch, self.tp, self.weight_dtype,
-                                       max_model_len, self.block_size,
-                                       float(sim["kv_cap_fraction"]),
-                                       own.get("kv_reserve", DEFAULT_KV_RESERVE),
-                                       warn=False)  # the scheduler says it again
-        self.num_blocks = self.kv["num_blocks"]
+        self.runtime = get_runtime(sim.get("runtime") or own.get("runtime"))
+        if sim.get("num_blocks") is not None:   # resolved by SimTarget (static or paged)
+            self.num_blocks = int(sim["num_blocks"])
+        else:
+            self.num_blocks = checked_kv_capacity(
+                self.instance, self.arch, self.tp, self.weight_dtype, max_model_len,
+                self.block_size, float(sim["kv_cap_fraction"]),
+                own.get("kv_reserve", DEFAULT_KV_RESERVE),
+                warn=False)["num_blocks"]  # the scheduler says it again
         # KV spec per decoder layer: the TP group's KV heads (replicated when TP > heads).
         group_kv_heads = self.tp * self.arch.kv_heads_per_core(self.tp)
         spec = full_attention_spec(block_size=self.block_size, num_kv_heads=group_kv_heads,
@@ -118,6 +127,10 @@ class NeuronSimExecutor(Executor):
         self.num_steps = 0
         self._prefill_time = self.cost_model.prefill_time
         self._decode_time = self.cost_model.decode_time
+        # KV tokens a decode step reads: its compiled shape (padded slots x attended length)
+        # where the runtime's kernel reads it whole, else what the requests hold.
+        self._kv_read = functools.partial(self.runtime.decode_kv_tokens,
+                                          head_dim=self.arch.head_dim, kv_dtype="bf16")
 
     # -- the KV-cache handshake ----------------------------------------------------------------
     def get_kv_cache_specs(self) -> list[dict[str, Any]]:
@@ -169,6 +182,9 @@ class NeuronSimExecutor(Executor):
             # NeuronScheduler decode step: every request samples one token.
             req_ids = list(num_scheduled)
             context = sum(cached.num_computed_tokens)
+            attended = getattr(so, "attended_len", None)
+            if attended is not None:
+                context = self._kv_read(seqs_padded, attended, context)
             self.clock.now += self._decode_time(seqs_padded, context)
             return model_runner_output(
                 req_ids=req_ids, req_id_to_index=dict(zip(req_ids, range(len(req_ids)))),

@@ -35,6 +35,8 @@ from neuron_batch.device.cost_model import (
     load_profile,
 )
 from neuron_batch.device.hardware import default_tp, get_instance, validate_tp
+from neuron_batch.device.static_kv import static_kv_capacity
+from neuron_batch.runtime import Runtime, get_runtime
 from neuron_batch.scheduler.kv_reserve import (
     DEFAULT_KV_RESERVE,
     MAX_MODEL_LEN,
@@ -72,6 +74,7 @@ class SimSettings:
     weight_dtype: str = "bf16"
     profile: str | Path | None = None           # None: the instance's built-in cost profile
     kv_cap_fraction: float = 0.30               # VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION
+    runtime: str | None = None                  # None: nxdi on inf2/trn1, vllm-neuron on trn2
 
 
 @dataclass(frozen=True)
@@ -88,17 +91,25 @@ class SimTarget:
     profile_source: str             # "built-in <instance>" or the JSON path
     kv_cap_fraction: float
     max_model_len: int
-    kv: dict[str, Any]              # cost_model.kv_capacity() for max_model_len
+    kv: dict[str, Any]              # the KV cache for max_model_len (static or paged)
     kv_reserve: str = DEFAULT_KV_RESERVE   # the scheduler's KV admission rule
+    runtime: Runtime = get_runtime(None)   # what the device compiles (runtime.py)
+    max_num_seqs: int | None = None        # the static cache's slots (nxdi)
 
     @classmethod
     def resolve(cls, settings: SimSettings, max_model_len: int,
-                kv_reserve: str = DEFAULT_KV_RESERVE) -> SimTarget:
+                kv_reserve: str = DEFAULT_KV_RESERVE, *,
+                max_num_seqs: int | None = None) -> SimTarget:
         """Resolve and check `settings`: SimError / CapacityError / FileNotFoundError (all
-        ValueErrors but the last) with a message that says what would work. A KV cache too
-        small for one max_model_len request is an error under kv_reserve=max_model_len and a
-        warning under kv_reserve=request (shorter requests run)."""
+        ValueErrors but the last) with a message that says what would work.
+
+        Under a static-KV runtime (nxdi) the cache is `max_num_seqs` slots of max_model_len
+        (None: as many as fit, for planning) and a layout that does not fit is a
+        CapacityError. Under the paged one (vllm-neuron) a KV cache too small for one
+        max_model_len request is an error under kv_reserve=max_model_len and a warning under
+        kv_reserve=request (shorter requests run)."""
         inst = get_instance(settings.instance)
+        runtime = get_runtime(settings.runtime, family=inst.family)
         tp = validate_tp(inst, settings.tp_degree if settings.tp_degree is not None
                          else default_tp(inst))
         arch = resolve_architecture(settings.arch)
@@ -119,17 +130,32 @@ class SimTarget:
             raise SimError(f"kv_cap_fraction must be in (0, 1], got {settings.kv_cap_fraction}")
         _check_context(arch, max_model_len)
         kv_reserve = parse_kv_reserve(kv_reserve)
-        kv = checked_kv_capacity(inst.name, arch, tp, settings.weight_dtype, max_model_len,
-                                 NEURON_BLOCK_SIZE, float(settings.kv_cap_fraction), kv_reserve)
+        if runtime.static_kv:
+            kv = static_kv_capacity(inst.name, arch, tp, settings.weight_dtype, max_model_len,
+                                    max_num_seqs, NEURON_BLOCK_SIZE)
+        else:
+            kv = checked_kv_capacity(inst.name, arch, tp, settings.weight_dtype, max_model_len,
+                                     NEURON_BLOCK_SIZE, float(settings.kv_cap_fraction),
+                                     kv_reserve)
         return cls(settings, inst.name, arch, arch_spec, tp, settings.weight_dtype, profile,
-                   source, float(settings.kv_cap_fraction), max_model_len, kv, kv_reserve)
+                   source, float(settings.kv_cap_fraction), max_model_len, kv, kv_reserve,
+                   runtime, max_num_seqs)
+
+    @property
+    def pool_blocks(self) -> int:
+        """Blocks of vLLM's KV pool on this device. A static cache holds its slots plus the
+        null block vLLM's pool keeps back (as the NxDI plugin 0.2.0 adds it), so every slot
+        can reach max_model_len and KV never limits admission."""
+        blocks = int(self.kv["num_blocks"])
+        return blocks + 1 if self.runtime.static_kv else blocks
 
     def executor_settings(self, arch_spec: str | None = None) -> dict[str, Any]:
         """What the executor reads from `additional_config["neuron_batch"]["sim"]`."""
         return {"instance": self.instance, "tp": self.tp, "weight_dtype": self.weight_dtype,
                 "arch": arch_spec if arch_spec is not None else self.arch_spec,
                 "profile": self.profile_source, "profile_params": self.profile.to_dict(),
-                "kv_cap_fraction": self.kv_cap_fraction}
+                "kv_cap_fraction": self.kv_cap_fraction, "runtime": self.runtime.name,
+                "num_blocks": self.pool_blocks}
 
     def engine_kwargs(self, *, max_num_seqs: int, max_num_batched_tokens: int,
                       workdir: Path) -> dict[str, Any]:
@@ -144,6 +170,16 @@ class SimTarget:
 
         model_dir = _write_model_dir(self.settings.arch, self.arch, Path(workdir))
         arch_spec = self.arch_spec or str(model_dir / "config.json")
+        executor = self.executor_settings(arch_spec)
+        if self.runtime.static_kv:
+            # One static slot of max_model_len per sequence (refused here if they do not fit),
+            # whole prompts one a step: vLLM must neither chunk nor hold back a long prompt.
+            kv = static_kv_capacity(self.instance, self.arch, self.tp, self.weight_dtype,
+                                    self.max_model_len, max_num_seqs, NEURON_BLOCK_SIZE)
+            executor["num_blocks"] = int(kv["num_blocks"]) + 1
+        runtime_kwargs = self.runtime.engine_limits(
+            max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens)
         # Deterministic request ids (see _REQUEST_ID_ENV); vLLM caches its environment once an
         # engine has started, so drop that cache for the next engine to read the setting.
         if os.environ.get(_REQUEST_ID_ENV) != "1":
@@ -160,19 +196,22 @@ class SimTarget:
             "enable_prefix_caching": False,
             "max_model_len": self.max_model_len,
             "max_num_seqs": max_num_seqs,
-            "max_num_batched_tokens": max_num_batched_tokens,
+            **runtime_kwargs,
             "seed": 0,
             "additional_config": {"neuron_batch": {
-                "clock": VIRTUAL_CLOCK, SIM_KEY: self.executor_settings(arch_spec),
-                "kv_reserve": self.kv_reserve}},
+                "clock": VIRTUAL_CLOCK, SIM_KEY: executor, "kv_reserve": self.kv_reserve,
+                "runtime": self.runtime.name}},
         }
 
-    def describe(self, *, num_prefill_buckets: int, num_decode_buckets: int) -> dict[str, Any]:
-        """The simulated device in numbers, for the report."""
+    def describe(self, *, num_prefill_buckets: int, num_decode_buckets: int,
+                 num_graphs: int | None = None) -> dict[str, Any]:
+        """The simulated device in numbers, for the report (`num_graphs`: the runtime's own
+        count, `Shapes.num_graphs`; default prefill + decode buckets)."""
         kv = self.kv
         blocks_per_seq = -(-self.max_model_len // NEURON_BLOCK_SIZE)
         compile_ = compile_footprint(num_prefill_buckets, num_decode_buckets, self.arch,
-                                     self.weight_dtype, tp=self.tp, profile=self.profile)
+                                     self.weight_dtype, tp=self.tp, profile=self.profile,
+                                     num_graphs=num_graphs)
         return {
             "instance": self.instance,
             "tp_degree": self.tp,
@@ -181,16 +220,18 @@ class SimTarget:
             "arch": self.arch.name,
             "params": self.arch.num_params,
             "weight_bytes": self.arch.weight_bytes(self.weight_dtype),
+            "runtime": self.runtime.name,
             "kv_cache": {
+                "layout": "static" if self.runtime.static_kv else "paged",
                 "num_blocks": kv["num_blocks"],
                 "block_size": NEURON_BLOCK_SIZE,
                 "tokens": kv["tokens"],
                 "bytes": kv["bytes"],
                 "max_concurrent_at_max_model_len": kv["max_concurrent_at_max_len"],
                 # what NeuronScheduler admits: vLLM keeps one block back as its null block
-                "scheduler_max_concurrent": (kv["num_blocks"] - 1) // blocks_per_seq,
+                "scheduler_max_concurrent": (self.pool_blocks - 1) // blocks_per_seq,
                 "max_model_len": self.max_model_len,
-                "cap_fraction": self.kv_cap_fraction,
+                "cap_fraction": None if self.runtime.static_kv else self.kv_cap_fraction,
                 "limited_by": kv["limited_by"],
                 "derivation": kv["derivation"],
             },

@@ -96,13 +96,16 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
     """Keyword arguments for vllm.LLM for this run and device (`target`: the simulated device,
     resolved once by the runner; required when device is "sim")."""
     kv_reserve = parse_kv_reserve(settings.kv_reserve)
-    neuron_batch: dict[str, Any] = {"records_path": str(records_path), "kv_reserve": kv_reserve}
+    runtime = target.runtime if target is not None else settings.resolve_runtime()
+    neuron_batch: dict[str, Any] = {"records_path": str(records_path), "kv_reserve": kv_reserve,
+                                    "runtime": runtime.name}
     kwargs: dict[str, Any] = dict(
         model=model_path,
         max_model_len=settings.max_model_len,
         max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
-        enable_chunked_prefill=True,
+        **runtime.engine_limits(max_model_len=settings.max_model_len,
+                                max_num_seqs=settings.max_num_seqs,
+                                max_num_batched_tokens=settings.max_num_batched_tokens),
         scheduler_cls=SCHEDULER_CLS,
         seed=settings.seed,
         skip_tokenizer_init=not has_tokenizer,
@@ -139,12 +142,12 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
             kwargs["load_format"] = "dummy"
     if settings.block_size is not None:
         kwargs["block_size"] = settings.block_size
-    neuron_config = settings.neuron_config()
+    # The bucket lists go where the runtime's plugin reads them (the scheduler reads them
+    # there too). On Neuron all of them, so it compiles exactly the graphs the scheduler pads to.
+    bucket_lists = settings.bucket_lists()
     if device == "neuron":
-        prefill, decode = settings.buckets()
-        neuron_config = {**neuron_config, "num_batched_tokens_buckets": list(prefill),
-                         "num_seqs_buckets": list(decode)}
-    kwargs["additional_config"] = {"neuron_config": neuron_config,
+        bucket_lists = settings.shapes(runtime).bucket_lists()
+    kwargs["additional_config"] = {runtime.config_section: bucket_lists,
                                    "neuron_batch": neuron_batch}
     return kwargs
 

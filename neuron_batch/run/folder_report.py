@@ -30,9 +30,12 @@ def build_report(job: Job) -> dict:
              "tokenizer": prepared.tokenizer_name, "max_tokens": settings.max_tokens,
              "temperature": settings.temperature, "inputs": list(settings.inputs)}
     if job.target is not None:
-        prefill, decode = settings.buckets()
-        extra["sim"] = job.target.describe(num_prefill_buckets=len(prefill),
-                                           num_decode_buckets=len(decode))
+        shapes = settings.shapes(job.target.runtime)
+        extra["sim"] = job.target.describe(num_prefill_buckets=len(shapes.prefill_buckets),
+                                           num_decode_buckets=len(shapes.attention_buckets)
+                                           if shapes.runtime.static_kv
+                                           else len(shapes.decode_buckets),
+                                           num_graphs=shapes.num_graphs)
         if settings.sim.architecture:  # the model simulated, not the one lending its tokenizer
             extra["model"] = f"{extra['sim']['arch']} (simulated)"
     total = len(prepared.requests) + len(problems)

@@ -84,8 +84,8 @@ def resolve_sim_target(settings: RunSettings, model):
         return SimTarget.resolve(
             SimSettings(instance=sim.instance, arch=sim.architecture or model.path,
                         tp_degree=sim.tensor_parallel_size, weight_dtype=sim.weight_dtype,
-                        profile=sim.cost_profile),
-            settings.max_model_len, settings.kv_reserve)
+                        profile=sim.cost_profile, runtime=settings.resolve_runtime().name),
+            settings.max_model_len, settings.kv_reserve, max_num_seqs=settings.max_num_seqs)
     except (ValueError, FileNotFoundError) as error:
         raise RunError(f"--device sim: {error}") from None
 

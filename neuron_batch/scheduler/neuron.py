@@ -30,10 +30,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
-from neuron_batch.buckets import (
-    bucket_for,
-    resolve_buckets,
-)
+from neuron_batch.runtime import get_runtime
 from neuron_batch.scheduler.compat import (
     create_request_queue,
     lower_running_caps,
@@ -59,12 +56,13 @@ logger = logging.getLogger(__name__)
 STEP_FIELDS_FILLED = ("step", "state", "kind", "req_ids", "num_tokens", "num_tokens_padded",
                       "num_seqs", "num_seqs_padded", "bucket", "context_tokens", "blocked",
                       "num_waiting", "num_running", "kv_usage", "t_start", "t_end",
-                      "kv_reserved_blocks", "num_preempted")
+                      "kv_reserved_blocks", "num_preempted", "attended_len")
 _STATE_VALUES = {state: state.value for state in SchedulerState}
 
 #: Keys of `additional_config["neuron_batch"]` (this project's own settings).
 RECORDS_PATH_KEY = "records_path"   # write step/request records here as JSON lines
 CLOCK_KEY = "clock"                 # "module:attribute" of a zero-argument clock
+RUNTIME_KEY = "runtime"             # "nxdi" or "vllm-neuron" (runtime.py; default vllm-neuron)
 # (and KV_RESERVE_KEY in kv_admission.py: the kv_reserve rule)
 
 
@@ -85,10 +83,17 @@ class NeuronScheduler(KVAdmission, Scheduler):
         self.max_prefills_per_batch = 1
         # Requests kept out of the base scheduler's sight this step (the design's holdback).
         self.holdback_queue = create_request_queue(self.policy)
-        self.num_batched_tokens_buckets, self.num_seqs_buckets = resolve_buckets(
-            additional.get("neuron_config"), max_num_seqs=self.max_num_seqs,
+        # The runtime says what the device compiles; its bucket lists are read where its
+        # plugin reads them, so the records pad to exactly the graphs that exist.
+        self.runtime = get_runtime(own.get(RUNTIME_KEY))
+        self.shapes = self.runtime.shapes(
+            additional.get(self.runtime.config_section), max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
             max_model_len=self.max_model_len)
+        self.num_batched_tokens_buckets = list(self.shapes.prefill_buckets)
+        self.num_seqs_buckets = list(self.shapes.decode_buckets)
+        if not self.runtime.chunked_prefill:
+            self._check_whole_prompts()
         self._setup_kv_admission(own, vllm_config, kv_cache_config, block_size)
         self._state = SchedulerState.IDLE
         self.total_padding_tokens = 0
@@ -105,7 +110,8 @@ class NeuronScheduler(KVAdmission, Scheduler):
             decode_buckets=list(self.num_seqs_buckets),
             scheduler_cls=f"{type(self).__module__}.{type(self).__name__}",
             enable_prefix_caching=bool(self.cache_config.enable_prefix_caching),
-            kv_reserve=self.kv_reserve))
+            kv_reserve=self.kv_reserve, runtime=self.runtime.name,
+            attention_buckets=list(self.shapes.attention_buckets)))
         # Time of the update_from_output call in progress, for requests finishing in it.
         self._update_time: float | None = None
         if self._max_kv_concurrent < self.max_num_seqs:
@@ -114,6 +120,19 @@ class NeuronScheduler(KVAdmission, Scheduler):
                         self.max_model_len, self.max_num_seqs,
                         "admission stops there" if self.kv_reserve == MAX_MODEL_LEN else
                         "kv_reserve=request admits more while their prompt + max_tokens fit")
+
+    def _check_whole_prompts(self) -> None:
+        """Under a runtime that prefills whole prompts (nxdi), vLLM must never split one: its
+        model runner feeds a new request's whole prompt whatever the step says."""
+        config = self.scheduler_config
+        chunked = getattr(config, "chunked_prefill_enabled",
+                          getattr(config, "enable_chunked_prefill", False))
+        if chunked or config.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"Neuron scheduler: the {self.runtime.name} runtime prefills whole prompts, one "
+                f"a step; it needs chunked prefill off (it is {'on' if chunked else 'off'}) and "
+                f"max_num_batched_tokens >= max_model_len (they are "
+                f"{config.max_num_batched_tokens} and {self.max_model_len})")
 
     # -- the design's properties ------------------------------------------------------------
     @property
@@ -261,11 +280,13 @@ class NeuronScheduler(KVAdmission, Scheduler):
         # num_scheduled_tokens stays the actual count (vLLM advances num_computed_tokens by it);
         # the padded size travels separately for the model runner.
         padded = dict(num_scheduled)
+        attended = None
         if num_prefill:
             kind = PREFILL
             bucket = 0
+            prefill_shape = self.shapes.prefill
             for req_id in prefill_ids:
-                chunk_bucket = bucket_for(num_scheduled[req_id], self.num_batched_tokens_buckets)
+                chunk_bucket = prefill_shape(num_scheduled[req_id])
                 padded[req_id] = chunk_bucket
                 bucket += chunk_bucket
             self.total_padding_tokens += bucket - prefill_tokens
@@ -282,7 +303,14 @@ class NeuronScheduler(KVAdmission, Scheduler):
             kind = DECODE
             num_tokens = num_tokens_padded = output.total_num_scheduled_tokens
             num_seqs = num_decode
-            bucket = num_seqs_padded = bucket_for(num_decode, self.num_seqs_buckets)
+            # The longest position written this step is the largest num_computed_tokens (a
+            # decode step holds only decodes: the mixed check above guarantees it).
+            longest = max(cached_computed, default=0)
+            if output.scheduled_new_reqs:
+                longest = max(longest, max(n.num_computed_tokens
+                                           for n in output.scheduled_new_reqs))
+            bucket, attended = self.shapes.decode(num_decode, longest)
+            num_seqs_padded = bucket
             output.num_seqs_padded = bucket
             self._state = SchedulerState.ACTIVE_DECODE
         else:
@@ -290,6 +318,7 @@ class NeuronScheduler(KVAdmission, Scheduler):
             num_tokens = num_tokens_padded = num_seqs = num_seqs_padded = 0
             output.num_seqs_padded = None
         output.num_scheduled_tokens_padded = padded
+        output.attended_len = attended
         if not self.running and not self.waiting:
             self._state = SchedulerState.IDLE
 
@@ -299,7 +328,7 @@ class NeuronScheduler(KVAdmission, Scheduler):
             num_tokens, num_tokens_padded, num_seqs, num_seqs_padded, bucket, context_tokens,
             blocked, num_waiting, len(self.running), self.kv_cache_manager.usage, t_start,
             None, self.kv_reserved_blocks,
-            len(getattr(output, "preempted_req_ids", None) or ())))
+            len(getattr(output, "preempted_req_ids", None) or ()), attended))
 
     # -- outputs and request life ------------------------------------------------------------
     def update_from_output(self, scheduler_output, model_runner_output):

@@ -56,6 +56,12 @@ class RunConfig:
     # The KV admission rule (kv_reserve.py). Records written before it existed used the seed
     # design's rule, hence the default.
     kv_reserve: str = "max_model_len"
+    # The Neuron runtime whose compiled shapes the steps are padded to (runtime.py). Records
+    # written before it existed were the Beta plugin's (the seed design), hence the default.
+    runtime: str = "vllm-neuron"
+    # nxdi: token-generation buckets; vllm-neuron: decode context-length buckets ([]: every
+    # decode attends max_model_len).
+    attention_buckets: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -65,7 +71,9 @@ class StepRecord:
     Prefill steps carry one request (max_prefills_per_batch = 1): `num_tokens` is its chunk,
     `num_tokens_padded` the prefill bucket it was padded to, `num_seqs` = `num_seqs_padded` = 1.
     Decode steps carry one token per request: `num_tokens` = `num_tokens_padded` = `num_seqs`,
-    and `num_seqs_padded` is the decode batch bucket. `bucket` is the prefill bucket or the
+    and `num_seqs_padded` is the decode batch bucket (under nxdi: every slot, `max_num_seqs`);
+    `attended_len` the KV length each padded slot attends (nxdi: the token-generation bucket;
+    vllm-neuron: the decode context-length bucket, else max_model_len). `bucket` is the prefill bucket or the
     decode batch bucket. `context_tokens` is the KV already held by the scheduled requests before
     the step (prior chunks for a prefill, prompt + generated tokens for decodes): what the step's
     attention reads. `t_end` is set when the step's model output comes back.
@@ -92,6 +100,8 @@ class StepRecord:
     t_end: float | None = None
     kv_reserved_blocks: int = 0     # blocks reserved by the running requests (kv_reserve rule)
     num_preempted: int = 0          # requests vLLM preempted while planning this step
+    attended_len: int | None = None  # decode: KV length each padded slot attends (the
+                                     # token-generation / context-length bucket)
 
 
 @dataclass(slots=True)

@@ -1,0 +1,305 @@
+"""The two ways vLLM runs on Neuron, as one object each: what the device compiles, where the
+bucket lists go, how the KV cache is laid out.
+
+- `nxdi`: AWS's vLLM plugin on NxD Inference (vllm-neuron 0.1/0.2 on vLLM 0.10/0.11, 0.4.x on
+  0.13, 0.5.x on 0.16), what inf2 and trn1 hosts run. A prefill step is one whole prompt padded
+  to a *context-encoding bucket*; a decode step runs all `max_num_seqs` slots, attending a
+  *token-generation bucket* (the smallest >= the longest position + 1 in the batch). The KV
+  cache is static: `max_num_seqs` slots of `max_model_len`, so it must fit in HBM beside the
+  weights, and it never limits admission.
+- `vllm-neuron`: AWS's vLLM Neuron (Beta) plugin (trn2/trn3 only), whose scheduler the seed
+  design describes: prefill chunks padded to token buckets, decode batches padded to batch-size
+  buckets, a paged KV cache under a budget cap, and each padded decode request reading a whole
+  `max_model_len` of KV (or the smallest decode context-length bucket above the batch's longest
+  position) where the kernel cannot skip unused blocks.
+
+Sources: ../shared/notes/neuron-runtimes.md (NxDI feature guide "Bucketing", NxDI's
+`autobucketing.generate_buckets`, the plugin's platform and loader, the Beta plugin's design
+notes on decode context-length bucketing). Every module asks the resolved `Runtime` (and the
+`Shapes` it builds for one configuration) instead of testing the runtime's name.
+
+Pure Python (no vLLM): the CLI, the scheduler, the simulated device, bench and plan share it.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from neuron_batch.buckets import (
+    BucketError,
+    bucket_for,
+    default_decode_buckets,
+    default_prefill_buckets,
+    effective_max_prefill_tokens,
+    validate_buckets,
+)
+
+NXDI = "nxdi"
+VLLM_NEURON = "vllm-neuron"
+RUNTIME_NAMES = (NXDI, VLLM_NEURON)
+
+#: Smallest NxDI bucket its `generate_buckets` starts from (context encoding and token
+#: generation alike, without prefix caching).
+NXDI_MIN_BUCKET = 128
+#: The Beta plugin's decode context-length buckets must be multiples of this.
+DECODE_CONTEXT_MULTIPLE = 128
+
+
+def nxdi_default_buckets(max_length: int, min_length: int = NXDI_MIN_BUCKET) -> list[int]:
+    """NxDI's `generate_buckets(min, max)`: powers of two from `min` up to (not including)
+    2**round(log2(max)), then `max` itself; rounding drops a power of two too close to the
+    maximum (4352 -> [..., 2048, 4352], 3000 -> [..., 2048, 3000])."""
+    if max_length < 1:
+        raise BucketError(f"the largest bucket must be positive, got {max_length}")
+    if max_length <= min_length:
+        return [max_length]
+    low, high = int(math.log2(min_length)), round(math.log2(max_length))
+    return [2 ** i for i in range(low, high) if 2 ** i < max_length] + [max_length]
+
+
+def _smallest_at_least(value: int, buckets: Sequence[int], fallback: int) -> int:
+    index = bisect_left(buckets, value)
+    return buckets[index] if index < len(buckets) else fallback
+
+
+@dataclass(frozen=True)
+class BucketOption:
+    """One bucket list a runtime compiles: its command-line flag, its key in the plugin's
+    config, and what its largest entry must equal."""
+
+    flag: str               # "--context-encoding-buckets"
+    key: str                # "context_encoding_buckets"
+    what: str               # "prefill token buckets over whole prompts"
+    maximum: str            # "max_model_len"
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The compiled shapes of one configuration: what every step is padded to."""
+
+    runtime: Runtime
+    max_num_seqs: int
+    max_model_len: int
+    prefill_buckets: tuple[int, ...]    # nxdi: context encoding; vllm-neuron: token buckets
+    decode_buckets: tuple[int, ...]     # nxdi: (max_num_seqs,); vllm-neuron: batch buckets
+    attention_buckets: tuple[int, ...]  # nxdi: token generation; vllm-neuron: decode context
+                                        # lengths (may be empty: max_model_len then)
+
+    def prefill(self, num_tokens: int) -> int:
+        """The padded size of a prefill of `num_tokens` (a whole prompt under nxdi, a chunk
+        under vllm-neuron)."""
+        return bucket_for(num_tokens, self.prefill_buckets)
+
+    def decode(self, num_seqs: int, longest_position: int) -> tuple[int, int]:
+        """(padded batch, attended length per slot) of a decode step of `num_seqs` requests
+        whose longest one writes position `longest_position` (its tokens so far)."""
+        if self.runtime.static_kv:
+            return self.max_num_seqs, _smallest_at_least(longest_position + 1,
+                                                         self.attention_buckets,
+                                                         self.max_model_len)
+        return (bucket_for(num_seqs, self.decode_buckets),
+                _smallest_at_least(longest_position + 1, self.attention_buckets,
+                                   self.max_model_len))
+
+    @property
+    def num_graphs(self) -> int:
+        """Graphs the runtime compiles for this configuration."""
+        if self.runtime.static_kv:
+            return len(self.prefill_buckets) + len(self.attention_buckets)
+        return len(self.prefill_buckets) + len(self.decode_buckets) * (
+            len(self.attention_buckets) + 1)
+
+    def bucket_lists(self) -> dict[str, list[int]]:
+        """The lists by the runtime's own config keys (what the plugin is given)."""
+        runtime = self.runtime
+        lists = {runtime.prefill.key: list(self.prefill_buckets)}
+        if runtime.decode is not None:
+            lists[runtime.decode.key] = list(self.decode_buckets)
+        if self.attention_buckets or runtime.static_kv:
+            lists[runtime.attention.key] = list(self.attention_buckets)
+        return lists
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """One way vLLM runs on Neuron. Two instances exist: `RUNTIMES[NXDI]` and
+    `RUNTIMES[VLLM_NEURON]`."""
+
+    name: str
+    summary: str
+    #: Instance families that run this runtime by default.
+    families: tuple[str, ...]
+    #: Static KV (`max_num_seqs` x `max_model_len`, decode over every slot) or paged KV under
+    #: the plugin's budget cap with padded decode batches.
+    static_kv: bool
+    #: Whether prefills are chunked (vllm-neuron) or whole prompts, one a step (nxdi).
+    chunked_prefill: bool
+    #: Where the bucket lists go in vLLM's `additional_config`.
+    config_section: str
+    prefill: BucketOption
+    decode: BucketOption | None
+    attention: BucketOption
+
+    # -- bucket lists --------------------------------------------------------------------------
+    @property
+    def bucket_options(self) -> tuple[BucketOption, ...]:
+        return tuple(o for o in (self.prefill, self.decode, self.attention) if o is not None)
+
+    def shapes(self, bucket_lists: Mapping[str, Sequence[int] | None] | None, *,
+               max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> Shapes:
+        """The shapes for these limits and the user's lists (by config key; a missing or None
+        list takes the runtime's default). BucketError, naming the flag, for a list the
+        plugin would refuse or that leaves a step without a graph."""
+        given = dict(bucket_lists or {})
+        unknown = sorted(k for k, v in given.items() if v is not None
+                         and k not in {o.key for o in self.bucket_options})
+        if unknown:
+            raise BucketError(self.foreign_message(unknown))
+        if self.static_kv:
+            prefill = self._list(given, self.prefill, max_model_len,
+                                 nxdi_default_buckets(max_model_len))
+            attention = self._list(given, self.attention, max_model_len,
+                                   nxdi_default_buckets(max_model_len))
+            return Shapes(self, max_num_seqs, max_model_len, tuple(prefill), (max_num_seqs,),
+                          tuple(attention))
+        prefill_max = effective_max_prefill_tokens(max_num_batched_tokens, max_model_len)
+        prefill = self._list(given, self.prefill, prefill_max,
+                             default_prefill_buckets(max_num_batched_tokens, max_model_len))
+        decode = self._list(given, self.decode, max_num_seqs,
+                            default_decode_buckets(max_num_seqs))
+        context = given.get(self.attention.key)
+        attention = [] if context is None else validate_context_buckets(
+            list(context), max_model_len, self.attention.flag)
+        return Shapes(self, max_num_seqs, max_model_len, tuple(prefill), tuple(decode),
+                      tuple(attention))
+
+    @staticmethod
+    def _list(given: Mapping[str, Sequence[int] | None], option: BucketOption, maximum: int,
+              default: list[int]) -> list[int]:
+        value = given.get(option.key)
+        if value is None:
+            return default
+        return validate_buckets(list(value), maximum, name=option.flag, max_name=option.maximum)
+
+    def foreign_message(self, keys: Sequence[str]) -> str:
+        """Why bucket settings of the other runtime are refused here."""
+        other = next(r for r in RUNTIMES.values() if r is not self)
+        flags = {o.key: o.flag for o in other.bucket_options}
+        named = ", ".join(flags.get(k, k) for k in keys)
+        own = ", ".join(o.flag for o in self.bucket_options)
+        return (f"{named} belong(s) to the {other.name} runtime ({other.summary}); this run "
+                f"uses {self.name} ({self.summary}), whose buckets are {own}. Drop the "
+                f"option, or choose --runtime {other.name}")
+
+    # -- decode KV traffic -------------------------------------------------------------------
+    def decode_kv_tokens(self, padded_seqs: int, attended: int, held: int, *, head_dim: int,
+                         kv_dtype: str = "bf16") -> int:
+        """KV tokens a decode step reads: the compiled shape (every padded slot reads its
+        attended length) where the kernel cannot skip unused blocks, else what the requests
+        hold. NxDI attends its token-generation bucket in every slot. The Beta plugin's DMA
+        skips the -1 entries of a block table on its dma_copy path but not on the
+        dma_transpose path it takes for head_dim 128 without FP8 KV (e.g. Llama 3 in bf16)."""
+        if self.static_kv or (head_dim == 128 and kv_dtype not in ("fp8", "int8")):
+            return padded_seqs * attended
+        return held
+
+    def engine_limits(self, *, max_model_len: int, max_num_seqs: int,
+                      max_num_batched_tokens: int) -> dict[str, object]:
+        """vLLM's chunking and token budget for this runtime. Whole prompts (nxdi): chunked
+        prefill off and a budget of at least max_model_len, so vLLM never splits a prompt
+        (NxDI's runner feeds a new request's whole prompt whatever the step says)."""
+        if self.chunked_prefill:
+            return {"enable_chunked_prefill": True,
+                    "max_num_batched_tokens": max_num_batched_tokens}
+        return {"enable_chunked_prefill": False,
+                "max_num_batched_tokens": max(max_model_len, max_num_seqs)}
+
+    def describe(self) -> dict[str, object]:
+        return {"name": self.name, "summary": self.summary, "static_kv": self.static_kv,
+                "chunked_prefill": self.chunked_prefill,
+                "bucket_flags": [o.flag for o in self.bucket_options]}
+
+
+def validate_context_buckets(buckets: list[int], max_model_len: int, flag: str) -> list[int]:
+    """The Beta plugin's rules for decode context-length buckets: ascending, each below
+    max_model_len and a multiple of 128 (the max_model_len graph is always compiled too)."""
+    for value in buckets:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise BucketError(f"{flag} must hold positive whole numbers, got {value!r}")
+        if value % DECODE_CONTEXT_MULTIPLE:
+            raise BucketError(f"{flag}: {value} is not a multiple of "
+                              f"{DECODE_CONTEXT_MULTIPLE} (the plugin's rule)")
+        if value >= max_model_len:
+            raise BucketError(f"{flag}: {value} is not below max_model_len = {max_model_len} "
+                              f"(the max_model_len graph is always there)")
+    if buckets != sorted(set(buckets)):
+        raise BucketError(f"{flag} must be strictly ascending, got {buckets}")
+    return buckets
+
+
+RUNTIMES: dict[str, Runtime] = {
+    NXDI: Runtime(
+        name=NXDI,
+        summary="vLLM on NxD Inference, inf2/trn1 (plugin 0.1/0.2/0.4/0.5)",
+        families=("inf2", "trn1"),
+        static_kv=True,
+        chunked_prefill=False,
+        config_section="override_neuron_config",
+        prefill=BucketOption("--context-encoding-buckets", "context_encoding_buckets",
+                             "prefill buckets over whole prompt lengths", "max_model_len"),
+        decode=None,
+        attention=BucketOption("--token-generation-buckets", "token_generation_buckets",
+                               "decode attention lengths over sequence length",
+                               "max_model_len"),
+    ),
+    VLLM_NEURON: Runtime(
+        name=VLLM_NEURON,
+        summary="AWS's vLLM Neuron (Beta) plugin, trn2/trn3",
+        families=("trn2", "trn3"),
+        static_kv=False,
+        chunked_prefill=True,
+        config_section="neuron_config",
+        prefill=BucketOption("--prefill-buckets", "num_batched_tokens_buckets",
+                             "prefill chunk token buckets",
+                             "min(max_num_batched_tokens, max_model_len)"),
+        decode=BucketOption("--decode-buckets", "num_seqs_buckets", "decode batch-size buckets",
+                            "max_num_seqs"),
+        attention=BucketOption("--decode-context-buckets", "decode_context_length_buckets",
+                               "decode KV context lengths (opt-in)", "below max_model_len"),
+    ),
+}
+
+
+class RuntimeNameError(ValueError):
+    """An unknown runtime name; the message lists the known ones."""
+
+
+def get_runtime(name: str | Runtime | None, *, family: str | None = None) -> Runtime:
+    """The runtime called `name`; None: the default of the instance `family` (inf2/trn1 ->
+    nxdi, trn2/trn3 -> vllm-neuron), and vllm-neuron (the seed design) when that is unknown."""
+    if isinstance(name, Runtime):
+        return name
+    if name is None or name == "":
+        if family is not None:
+            for runtime in RUNTIMES.values():
+                if family in runtime.families:
+                    return runtime
+        return RUNTIMES[VLLM_NEURON]
+    key = str(name).strip().lower().replace("_", "-")
+    if key not in RUNTIMES:
+        raise RuntimeNameError(f"--runtime must be one of {', '.join(RUNTIME_NAMES)}, got {name!r}")
+    return RUNTIMES[key]
+
+
+def runtime_of_plugin(plugin_version: str | None) -> Runtime | None:
+    """The runtime an installed `vllm-neuron` distribution runs: the NxDI line is versioned
+    0.x (0.1.0, 0.2.0, 0.4.x, 0.5.x), the Beta line by the vLLM it pins then its own release
+    (0.21.0.1.0.0, 0.24.0.1.1.0, 0.29.0.1.2.0). None when no plugin is installed."""
+    if not plugin_version:
+        return None
+    parts = [int(p) for p in plugin_version.split("+")[0].split(".")[:2] if p.isdigit()]
+    minor = parts[1] if len(parts) > 1 else 0
+    return RUNTIMES[VLLM_NEURON] if minor >= 21 else RUNTIMES[NXDI]
