@@ -107,10 +107,8 @@ class Shapes:
     @property
     def num_graphs(self) -> int:
         """Graphs the runtime compiles for this configuration."""
-        if self.runtime.static_kv:
-            return len(self.prefill_buckets) + len(self.attention_buckets)
-        return len(self.prefill_buckets) + len(self.decode_buckets) * (
-            len(self.attention_buckets) + 1)
+        return self.runtime.num_graphs(len(self.prefill_buckets), len(self.decode_buckets),
+                                       len(self.attention_buckets))
 
     def bucket_lists(self) -> dict[str, list[int]]:
         """The lists by the runtime's own config keys (what the plugin is given)."""
@@ -205,6 +203,14 @@ class Runtime:
         if self.static_kv or (head_dim == 128 and kv_dtype not in ("fp8", "int8")):
             return padded_seqs * attended
         return held
+
+    def num_graphs(self, num_prefill: int, num_decode: int, num_attention: int) -> int:
+        """Graphs compiled for bucket lists of these lengths: NxDI one per context-encoding
+        and one per token-generation bucket; the Beta plugin each decode batch bucket once per
+        decode context-length bucket and once at max_model_len."""
+        if self.static_kv:
+            return num_prefill + num_attention
+        return num_prefill + num_decode * (num_attention + 1)
 
     def engine_limits(self, *, max_model_len: int, max_num_seqs: int,
                       max_num_batched_tokens: int) -> dict[str, object]:

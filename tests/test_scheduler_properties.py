@@ -185,3 +185,101 @@ def test_neuron_async_scheduler_invariants_with_a_step_in_flight(sc, kv_reserve)
 def test_kv_capacity_in_scenarios_is_what_the_scheduler_uses():
     sched = make_scheduler(NeuronScheduler, max_model_len=1024, num_blocks=200, block_size=BLOCK)
     assert sched._max_kv_concurrent == max_kv_concurrent_requests(200, BLOCK, 1024) == 3
+
+
+# -- the nxdi runtime: NxDI's compiled shapes --------------------------------------------------
+@st.composite
+def nxdi_scenario(draw):
+    """A static KV cache (max_num_seqs slots of max_model_len, plus vLLM's null block) and
+    random context-encoding / token-generation bucket lists."""
+    max_model_len = draw(st.sampled_from([256, 512, 1024]))
+    max_num_seqs = draw(st.integers(1, 10))
+    neuron_config = {}
+    if draw(st.booleans()):
+        neuron_config["context_encoding_buckets"] = draw(bucket_list(max_model_len, 16))
+    if draw(st.booleans()):
+        neuron_config["token_generation_buckets"] = draw(bucket_list(max_model_len, 16))
+    num_requests = draw(st.integers(1, 16))
+    prompts = draw(st.lists(st.integers(1, max_model_len - 40), min_size=num_requests,
+                            max_size=num_requests))
+    outputs = draw(st.lists(st.integers(1, 30), min_size=num_requests, max_size=num_requests))
+    arrival_steps = draw(st.lists(st.integers(0, 25), min_size=num_requests,
+                                  max_size=num_requests))
+    return dict(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                num_blocks=max_num_seqs * -(-max_model_len // BLOCK) + 1,
+                neuron_config=neuron_config, prompts=prompts, outputs=outputs,
+                arrival_steps=sorted(arrival_steps))
+
+
+def _expected_nxdi_buckets(neuron_config, key, max_model_len):
+    """The list the scheduler must pad to, worked out here: the given one, else NxDI's
+    generate_buckets(128, max_model_len) rule (powers of two up to 2**round(log2 max), then
+    the max)."""
+    import math
+    given = neuron_config.get(key)
+    if given is not None:
+        return given
+    if max_model_len <= 128:
+        return [max_model_len]
+    top = round(math.log2(max_model_len))
+    return [2 ** i for i in range(7, top) if 2 ** i < max_model_len] + [max_model_len]
+
+
+@pytest.mark.parametrize("cls", [NeuronScheduler, NeuronAsyncScheduler])
+@SETTINGS
+@given(sc=nxdi_scenario())
+def test_nxdi_steps_are_the_shapes_nxdi_compiles(sc, cls):
+    mml, seqs = sc["max_model_len"], sc["max_num_seqs"]
+    ceb = _expected_nxdi_buckets(sc["neuron_config"], "context_encoding_buckets", mml)
+    tkb = _expected_nxdi_buckets(sc["neuron_config"], "token_generation_buckets", mml)
+    sched = make_scheduler(cls, max_num_seqs=seqs, max_num_batched_tokens=64,
+                           max_model_len=mml, num_blocks=sc["num_blocks"], block_size=BLOCK,
+                           neuron_config=sc["neuron_config"], runtime="nxdi")
+    requests, arrivals = {}, {}
+    for i, (p, o, step) in enumerate(zip(sc["prompts"], sc["outputs"], sc["arrival_steps"])):
+        request = make_request(p, o, req_id=f"r{i:02d}", block_size=BLOCK)
+        arrivals.setdefault(step, []).append(request)
+        requests[request.request_id] = request
+    first = []
+
+    def check(out):
+        before = {n.req_id: n.num_computed_tokens for n in out.scheduled_new_reqs}
+        before.update(zip(out.scheduled_cached_reqs.req_ids,
+                          out.scheduled_cached_reqs.num_computed_tokens))
+        prefills = [r for r in out.num_scheduled_tokens
+                    if before[r] < requests[r].num_prompt_tokens]
+        decodes = [r for r in out.num_scheduled_tokens if r not in prefills]
+        assert not (prefills and decodes) and len(prefills) <= 1
+        for r in prefills:
+            # the whole prompt in one step (max_num_batched_tokens 64 asked for chunks),
+            # padded to the smallest context-encoding bucket that holds it
+            assert before[r] == 0
+            assert out.num_scheduled_tokens[r] == requests[r].num_prompt_tokens
+            padded = out.num_scheduled_tokens_padded[r]
+            assert padded == min(b for b in ceb if b >= requests[r].num_prompt_tokens)
+            first.append(r)
+        if decodes:
+            # every running request decodes, over all max_num_seqs slots, attending the
+            # smallest token-generation bucket above the longest position
+            assert sorted(decodes) == sorted(q.request_id for q in sched.running)
+            assert out.num_seqs_padded == seqs
+            longest = max(before[r] for r in decodes)
+            assert out.attended_len == min(b for b in tkb if b >= longest + 1)
+        # the static cache holds every slot: KV never refuses a request
+        assert sched.recorder.steps[-1].blocked != "kv_saturated"
+        assert len(sched.running) <= seqs
+
+    result = drive(sched, arrivals=arrivals, max_steps=5_000, on_step=check)
+    assert result.finished == {r: q.max_tokens for r, q in requests.items()}
+    assert first == list(requests)       # FIFO: requests are numbered in arrival order
+    assert sched.recorder.config.runtime == "nxdi"
+    assert sched.recorder.config.attention_buckets == tkb
+
+
+def test_nxdi_refuses_vllms_chunked_prefill():
+    """The runner feeds whole prompts: a scheduler under nxdi with vLLM chunking on fails
+    at start-up, naming what it needs."""
+    with pytest.raises(ValueError, match="whole prompts"):
+        make_scheduler(NeuronScheduler, max_num_seqs=4, max_num_batched_tokens=64,
+                       max_model_len=512, num_blocks=200, block_size=BLOCK,
+                       neuron_batch_config={"runtime": "nxdi"})

@@ -149,7 +149,7 @@ class StepCostModel:
 
     def __init__(self, profile: CostProfile, instance: str | Instance,
                  arch: str | Architecture, tp_degree: int, weight_dtype: str = "bf16",
-                 kv_dtype: str = "bf16") -> None:
+                 kv_dtype: str = "bf16", runtime: Any = None) -> None:
         if weight_dtype not in WEIGHT_DTYPES:
             raise ValueError(f"weight_dtype must be one of {WEIGHT_DTYPES}, got {weight_dtype!r}")
         self.profile = profile
@@ -157,6 +157,9 @@ class StepCostModel:
         self.arch = arch = resolve_architecture(arch)
         self.tp = tp = validate_tp(inst, tp_degree)
         self.weight_dtype, self.kv_dtype = weight_dtype, kv_dtype
+        # The runtime (runtime.Runtime) says how much KV a decode step's compiled shape reads;
+        # without one, a decode reads what its requests hold.
+        self.runtime = runtime
         p = profile
 
         bw_weights = inst.hbm_bytes_s_per_core * p.weight_bw_efficiency
@@ -214,15 +217,24 @@ class StepCostModel:
         return (self._prefill_base + self._collective_s_per_token * padded_tokens
                 + (memory if memory > compute else compute))
 
+    def decode_kv_tokens(self, padded_seqs: int, attended: int | None, held: int) -> int:
+        """KV tokens a decode step reads: its compiled shape (padded slots x attended length)
+        where the runtime's kernel reads it whole, else `held`, what its requests hold."""
+        if attended is None or self.runtime is None:
+            return held
+        return self.runtime.decode_kv_tokens(padded_seqs, attended, held,
+                                             head_dim=self.arch.head_dim, kv_dtype=self.kv_dtype)
+
     def step_time(self, record: Any) -> float:
         """Time of a StepRecord-like object (kind, num_tokens_padded, num_seqs_padded,
-        context_tokens); 0 for an empty step."""
+        context_tokens, attended_len); 0 for an empty step."""
         if record.kind == "prefill":
             return self.prefill_time(record.num_tokens_padded or record.num_tokens,
                                      record.context_tokens)
         if record.kind == "decode":
-            return self.decode_time(record.num_seqs_padded or record.num_seqs,
-                                    record.context_tokens)
+            padded = record.num_seqs_padded or record.num_seqs
+            return self.decode_time(padded, self.decode_kv_tokens(
+                padded, getattr(record, "attended_len", None), record.context_tokens))
         return 0.0
 
     def breakdown(self, kind: str, padded: int, context_tokens: int) -> dict[str, float]:

@@ -38,7 +38,6 @@ core (VLLM_ENABLE_V1_MULTIPROCESSING=0, as the CLI and the tests run it).
 
 from __future__ import annotations
 
-import functools
 import logging
 from concurrent.futures import Future
 from typing import Any
@@ -57,6 +56,7 @@ from neuron_batch.device.target import (
     SimTarget,
     checked_kv_capacity,
 )
+from neuron_batch.device.static_kv import static_kv_capacity
 from neuron_batch.runtime import VLLM_NEURON, get_runtime
 from neuron_batch.scheduler.compat import full_attention_spec, model_runner_output
 from neuron_batch.scheduler.kv_reserve import DEFAULT_KV_RESERVE
@@ -95,19 +95,27 @@ class NeuronSimExecutor(Executor):
         self.arch = resolve_architecture(sim["arch"])
         self.profile = CostProfile.from_dict(sim["profile_params"]) if sim.get(
             "profile_params") else load_profile(sim.get("profile") or self.instance)
+        self.runtime = get_runtime(sim.get("runtime") or own.get("runtime"))
         self.cost_model = StepCostModel(self.profile, self.instance, self.arch, self.tp,
-                                        self.weight_dtype)
+                                        self.weight_dtype, runtime=self.runtime)
         self.block_size = self.cache_config.block_size
         max_model_len = self.model_config.max_model_len
-        self.runtime = get_runtime(sim.get("runtime") or own.get("runtime"))
-        if sim.get("num_blocks") is not None:   # resolved by SimTarget (static or paged)
-            self.num_blocks = int(sim["num_blocks"])
+        # Checked again here (weights, and a static cache's slots): an engine built from
+        # edited settings must fail as the up-front check would. SimTarget sized the pool.
+        if self.runtime.static_kv:
+            kv = static_kv_capacity(self.instance, self.arch, self.tp, self.weight_dtype,
+                                    max_model_len, vllm_config.scheduler_config.max_num_seqs,
+                                    self.block_size)
+            self.num_blocks = int(kv["num_blocks"]) + 1     # and vLLM's null block
         else:
             self.num_blocks = checked_kv_capacity(
                 self.instance, self.arch, self.tp, self.weight_dtype, max_model_len,
                 self.block_size, float(sim["kv_cap_fraction"]),
                 own.get("kv_reserve", DEFAULT_KV_RESERVE),
                 warn=False)["num_blocks"]  # the scheduler says it again
+        if sim.get("num_blocks") is not None and int(sim["num_blocks"]) != self.num_blocks:
+            raise RuntimeError(f"simulated Neuron device: settings name {sim['num_blocks']} KV "
+                               f"blocks, the device holds {self.num_blocks}")
         # KV spec per decoder layer: the TP group's KV heads (replicated when TP > heads).
         group_kv_heads = self.tp * self.arch.kv_heads_per_core(self.tp)
         spec = full_attention_spec(block_size=self.block_size, num_kv_heads=group_kv_heads,
@@ -127,10 +135,7 @@ class NeuronSimExecutor(Executor):
         self.num_steps = 0
         self._prefill_time = self.cost_model.prefill_time
         self._decode_time = self.cost_model.decode_time
-        # KV tokens a decode step reads: its compiled shape (padded slots x attended length)
-        # where the runtime's kernel reads it whole, else what the requests hold.
-        self._kv_read = functools.partial(self.runtime.decode_kv_tokens,
-                                          head_dim=self.arch.head_dim, kv_dtype="bf16")
+        self._kv_read = self.cost_model.decode_kv_tokens
 
     # -- the KV-cache handshake ----------------------------------------------------------------
     def get_kv_cache_specs(self) -> list[dict[str, Any]]:
@@ -182,9 +187,7 @@ class NeuronSimExecutor(Executor):
             # NeuronScheduler decode step: every request samples one token.
             req_ids = list(num_scheduled)
             context = sum(cached.num_computed_tokens)
-            attended = getattr(so, "attended_len", None)
-            if attended is not None:
-                context = self._kv_read(seqs_padded, attended, context)
+            context = self._kv_read(seqs_padded, getattr(so, "attended_len", None), context)
             self.clock.now += self._decode_time(seqs_padded, context)
             return model_runner_output(
                 req_ids=req_ids, req_id_to_index=dict(zip(req_ids, range(len(req_ids)))),

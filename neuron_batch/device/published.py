@@ -136,15 +136,26 @@ def pow2_bucket(n: int, maximum: int) -> int:
     return min(maximum, max(MIN_BUCKET, 1 << max(0, n - 1).bit_length()))
 
 
+#: What a decode step of a published row attends, per sequence (`decode_groups`):
+#: "held" the tokens it holds, "pow2" the power-of-two window holding them (capped at
+#: max_seq_len), "compiled" the whole compiled max_seq_len every step.
+ATTENDED_MODES = ("held", "pow2", "compiled")
+
+
 def decode_groups(row: PublishedRow,
-                  context_buckets: bool = True) -> tuple[list[tuple[int, int]], int]:
+                  context_buckets: bool | str = True) -> tuple[list[tuple[int, int]], int]:
     """The row's decode steps as (KV tokens read per sequence, number of steps), and the KV
-    read by the median step. Step k (k = 1 .. output_len-1) holds input_len + k tokens; with
-    context_buckets the graph reads the whole power-of-two window holding them."""
+    read by the median step. Step k (k = 1 .. output_len-1) holds input_len + k tokens; what
+    the graph reads of them is `context_buckets`, one of ATTENDED_MODES (True: "pow2", False:
+    "held")."""
+    mode = {True: "pow2", False: "held"}.get(context_buckets, context_buckets)
+    if mode not in ATTENDED_MODES:
+        raise ValueError(f"attended mode must be one of {ATTENDED_MODES}, got {mode!r}")
     counts: dict[int, int] = {}
     for k in range(1, row.output_len):
         ctx = row.input_len + k
-        key = pow2_bucket(ctx, row.max_seq_len) if context_buckets else ctx
+        key = (pow2_bucket(ctx, row.max_seq_len) if mode == "pow2"
+               else row.max_seq_len if mode == "compiled" else ctx)
         counts[key] = counts.get(key, 0) + 1
     groups = sorted(counts.items())
     middle, seen = (row.output_len - 2) // 2, 0     # time grows with KV: median step by KV

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from neuron_batch.runtime import get_runtime
 from neuron_batch.scheduler.records import (
     BLOCK_REASONS,
     DECODE,
@@ -58,7 +59,9 @@ def summarize(records: Records, *, elapsed_s: float | None = None, start: float 
     config.update(extra_config or {})
     prefill_buckets = list(config.get("prefill_buckets") or [])
     decode_buckets = list(config.get("decode_buckets") or [])
-    config["compiled_graphs"] = len(prefill_buckets) + len(decode_buckets)
+    attention_buckets = list(config.get("attention_buckets") or [])
+    config["compiled_graphs"] = get_runtime(config.get("runtime")).num_graphs(
+        len(prefill_buckets), len(decode_buckets), len(attention_buckets))
 
     return {
         # The fields `vllm bench throughput --output-json` writes, so its dashboards read us.
@@ -82,7 +85,7 @@ def summarize(records: Records, *, elapsed_s: float | None = None, start: float 
             "total_tokens_per_s": _rate(total_tokens, elapsed),
         },
         "tokens": {"input": input_tokens, "output": output_tokens, "total": total_tokens},
-        "padding": padding_summary(steps, prefill_buckets, decode_buckets),
+        "padding": padding_summary(steps, prefill_buckets, decode_buckets, attention_buckets),
         "states": time_per_state(steps, records.requests, start, start + elapsed),
         "admission_blocked": _blocked(records.blocked_counts),
         # vLLM preemptions seen in the scheduler's outputs: Neuron cannot preempt, so the KV
@@ -125,8 +128,13 @@ def _rate(amount: float, seconds: float) -> float:
 # -- padding ---------------------------------------------------------------------------------
 
 def padding_summary(steps: Iterable[StepRecord], prefill_buckets: Sequence[int],
-                    decode_buckets: Sequence[int]) -> dict[str, Any]:
-    """Tokens (prefill) and sequences (decode) scheduled versus padded to, per bucket.
+                    decode_buckets: Sequence[int],
+                    attention_buckets: Sequence[int] = ()) -> dict[str, Any]:
+    """Tokens (prefill) and sequences (decode) scheduled versus padded to, per bucket, and
+    (`attention`) the KV decode steps held versus the KV their compiled shape attends (padded
+    slots x attended length), per attended length: under nxdi the idle slots and the
+    attention-length waste per token-generation bucket, under vllm-neuron the decode context
+    read versus held.
 
     Every configured bucket gets a row, used or not: an unused bucket is a compiled graph that
     costs compile time and device memory for nothing, and AWS's advice is to drop it.
@@ -134,12 +142,20 @@ def padding_summary(steps: Iterable[StepRecord], prefill_buckets: Sequence[int],
     # bucket -> [count, actual, padded]; dicts keep configured buckets even when unused.
     prefill: dict[int, list[int]] = {b: [0, 0, 0] for b in prefill_buckets}
     decode: dict[int, list[int]] = {b: [0, 0, 0] for b in decode_buckets}
+    attention: dict[int, list[int]] = {b: [0, 0, 0] for b in attention_buckets}
     for step in steps:
         kind = step.kind
         if kind == PREFILL:
             actual, padded, table = step.num_tokens, step.num_tokens_padded, prefill
         elif kind == DECODE:
             actual, padded, table = step.num_seqs, step.num_seqs_padded, decode
+            if step.attended_len is not None:
+                row = attention.get(step.attended_len)
+                if row is None:
+                    row = attention[step.attended_len] = [0, 0, 0]
+                row[0] += 1
+                row[1] += step.context_tokens + step.num_seqs   # held once the step writes
+                row[2] += step.num_seqs_padded * step.attended_len
         else:
             continue
         # A record without a bucket (older scheduler) is filed under the size it padded to.
@@ -150,10 +166,14 @@ def padding_summary(steps: Iterable[StepRecord], prefill_buckets: Sequence[int],
         row[0] += 1
         row[1] += actual
         row[2] += padded
-    return {
+    summary = {
         "prefill": _padding_phase(prefill, "chunks", "actual_tokens", "padded_tokens"),
         "decode": _padding_phase(decode, "steps", "actual_seqs", "padded_seqs"),
     }
+    if any(row[0] for row in attention.values()):
+        summary["attention"] = _padding_phase(attention, "steps", "kv_held_tokens",
+                                              "kv_attended_tokens")
+    return summary
 
 
 def _padding_phase(table: dict[int, list[int]], count_key: str, actual_key: str,

@@ -13,13 +13,16 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
+from neuron_batch.runtime import get_runtime
+
 MAX_WIDTH = 100
 
 _STATES = ("IDLE", "ACTIVE_PREFILL", "ACTIVE_DECODE")
 #: (label, report key) of each latency, and (column, quantile) of each percentile.
 LATENCIES = (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("E2E", "e2e_s"))
 PERCENTILES = (("p50", "0.5"), ("p90", "0.9"), ("p99", "0.99"))
-_CONFIG_KEYS = ("model", "device", "scheduler_cls", "max_num_seqs", "max_num_batched_tokens",
+_CONFIG_KEYS = ("model", "device", "runtime", "scheduler_cls", "max_num_seqs",
+                "max_num_batched_tokens",
                 "max_model_len", "block_size", "num_kv_blocks", "max_kv_concurrent", "kv_reserve")
 #: kv_saturated refusing the queue head in at least this share of steps, and more often than
 #: any other reason, counts as the KV rule limiting the run.
@@ -38,7 +41,10 @@ def format_summary(report: dict[str, Any]) -> str:
     padding = report.get("padding", {})
 
     lines = ["neuron-batch run summary"]
-    lines += _wrap_pairs([(key, config[key]) for key in _CONFIG_KEYS if key in config])
+    shown = dict(config)
+    if "kv_reserve" in shown and get_runtime(config.get("runtime")).static_kv:
+        shown["kv_reserve"] = "n/a (static KV cache)"    # the rule never binds under nxdi
+    lines += _wrap_pairs([(key, shown[key]) for key in _CONFIG_KEYS if key in shown])
     lines.append("")
     lines.append(_row("Requests", [
         f"{_int(requests.get('completed'))} completed of {_int(requests.get('total'))}",
@@ -62,10 +68,16 @@ def format_summary(report: dict[str, Any]) -> str:
     # The configured lists are what was compiled; by_bucket may add buckets seen but not configured.
     prefill_buckets = config.get("prefill_buckets", padding.get("prefill", {}).get("by_bucket", {}))
     decode_buckets = config.get("decode_buckets", padding.get("decode", {}).get("by_bucket", {}))
+    attention_buckets = config.get("attention_buckets") or []
+    runtime = get_runtime(config.get("runtime"))
     lines.append(_kv_row(report))
-    lines.append(_row("Graphs", [
-        f"{_int(config.get('compiled_graphs'))} compiled "
-        f"({len(prefill_buckets)} prefill buckets + {len(decode_buckets)} decode buckets)"]))
+    if runtime.static_kv:
+        graphs = (f"{len(prefill_buckets)} context-encoding + {len(attention_buckets)} "
+                  f"token-generation buckets")
+    else:
+        graphs = (f"{len(prefill_buckets)} prefill buckets + {len(decode_buckets)} decode "
+                  f"buckets x {len(attention_buckets) + 1} context lengths")
+    lines.append(_row("Graphs", [f"{_int(config.get('compiled_graphs'))} compiled ({graphs})"]))
 
     lines += ["", *_latency_section(report.get("latency", {}))]
     lines += ["", *_padding_section(padding.get("prefill", {}), phase="Prefill",
@@ -74,6 +86,13 @@ def format_summary(report: dict[str, Any]) -> str:
     lines += ["", *_padding_section(padding.get("decode", {}), phase="Decode",
                                     unit="sequence slots", noun="seqs", count_key="steps",
                                     actual_key="actual_seqs", padded_key="padded_seqs")]
+    if padding.get("attention"):
+        # What decode attended: NxDI's token-generation buckets over every slot, or the Beta
+        # plugin's max_model_len / context-length bucket per padded request.
+        lines += ["", *_padding_section(padding["attention"], phase="Decode attention",
+                                        unit="KV tokens attended", noun="KV",
+                                        count_key="steps", actual_key="kv_held_tokens",
+                                        padded_key="kv_attended_tokens")]
     states = report.get("states", {})
     if report.get("replicas"):
         # Replica-seconds: shares of the replicas' summed time, not of the run's elapsed time.

@@ -52,8 +52,13 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
         workload: Workload | None = None) -> RunResult:
     settings = settings.validate()
     log = log or (lambda message: say(settings, message))
+    target = None
+    if settings.device == "sim" and settings.sim.architecture:
+        # A layout that cannot load is refused before the inputs and the model are read.
+        target = resolve_sim_target(settings, None)
     workload = workload or load_workload(settings, log)
-    target = resolve_sim_target(settings, workload.model) if settings.device == "sim" else None
+    if settings.device == "sim" and target is None:
+        target = resolve_sim_target(settings, workload.model)
     if target is not None and settings.uses_ray:
         check_sim_layout(settings, target)
 

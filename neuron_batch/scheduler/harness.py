@@ -71,20 +71,32 @@ def make_scheduler(
     neuron_batch_config: dict[str, Any] | None = None,
     async_scheduling: bool = False,
     kv_reserve: str | None = None,
+    runtime: str | None = None,
 ):
     """A scheduler of `scheduler_cls` over a KV cache of `num_blocks` blocks. `kv_reserve`
-    ("request" or "max_model_len") is put into `neuron_batch_config`; None: the default."""
+    ("request" or "max_model_len") is put into `neuron_batch_config`; None: the default.
+    `runtime` ("nxdi" or "vllm-neuron"; None: the scheduler's default, vllm-neuron) sets
+    vLLM's chunking and token budget as the runtime needs them (nxdi: whole prompts, so
+    `max_num_batched_tokens` is raised to max_model_len) and where `neuron_config` (the
+    bucket lists by the runtime's keys) goes."""
+    from neuron_batch.runtime import get_runtime
+
+    resolved = get_runtime(runtime)
+    limits = resolved.engine_limits(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                                    max_num_batched_tokens=max_num_batched_tokens)
     model_config = compat.model_config(
         model=tiny_model_dir(), skip_tokenizer_init=True, max_model_len=max_model_len,
         dtype="float32", seed=0)
     scheduler_config = compat.scheduler_config(
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_model_len, enable_chunked_prefill=True,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=limits["max_num_batched_tokens"],
+        max_model_len=max_model_len, enable_chunked_prefill=limits["enable_chunked_prefill"],
         is_encoder_decoder=False, async_scheduling=async_scheduling)
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     additional: dict[str, Any] = {}
     if neuron_config is not None:
-        additional["neuron_config"] = neuron_config
+        additional[resolved.config_section] = neuron_config
+    if runtime is not None:
+        neuron_batch_config = {**(neuron_batch_config or {}), "runtime": resolved.name}
     if kv_reserve is not None:
         neuron_batch_config = {**(neuron_batch_config or {}), "kv_reserve": kv_reserve}
     if neuron_batch_config is not None:
