@@ -7,12 +7,19 @@ The CLI, a `--config job.toml` file and environment variables all end up here as
 from __future__ import annotations
 
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from neuron_batch.buckets import BucketError, parse_bucket_list
-from neuron_batch.report.cost import DEFAULT_PRICING, Price, PricingError, price_for
+from neuron_batch.report.cost import (
+    DEFAULT_PRICING,
+    Price,
+    PricingError,
+    has_builtin_price,
+    price_for,
+)
 from neuron_batch.runtime import (
     Runtime,
     RuntimeNameError,
@@ -35,6 +42,14 @@ DEFAULT_MAX_NUM_SEQS = 8
 DEFAULT_MAX_MODEL_LEN = 2048
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 DEFAULT_MAX_TOKENS = 64
+
+
+#: RunSettings field of each bucket list, by the plugin config key (runtime.py) it goes to.
+BUCKET_FIELDS = {"num_batched_tokens_buckets": "prefill_buckets",
+                 "num_seqs_buckets": "decode_buckets",
+                 "context_encoding_buckets": "context_encoding_buckets",
+                 "token_generation_buckets": "token_generation_buckets",
+                 "decode_context_length_buckets": "decode_context_buckets"}
 
 
 class SettingsError(ValueError):
@@ -179,12 +194,21 @@ class RunSettings:
 
     def bucket_lists(self) -> dict[str, list[int]]:
         """The bucket lists the user gave, by the plugin config key of their runtime."""
-        given = {"num_batched_tokens_buckets": self.prefill_buckets,
-                 "num_seqs_buckets": self.decode_buckets,
-                 "context_encoding_buckets": self.context_encoding_buckets,
-                 "token_generation_buckets": self.token_generation_buckets,
-                 "decode_context_length_buckets": self.decode_context_buckets}
-        return {key: list(value) for key, value in given.items() if value is not None}
+        return {key: list(getattr(self, name)) for key, name in BUCKET_FIELDS.items()
+                if getattr(self, name) is not None}
+
+    def with_buckets(self, runtime: Runtime, prefill: Sequence[int] | None,
+                     decode: Sequence[int] | None = None,
+                     attention: Sequence[int] | None = None) -> RunSettings:
+        """These settings under `runtime` with its three bucket lists (None or empty: the
+        runtime's default), every other runtime's list cleared: how bench and plan set the
+        lists they sweep without naming the runtime's flags."""
+        lists = {o.key: v for o, v in ((runtime.prefill, prefill), (runtime.decode, decode),
+                                       (runtime.attention, attention))
+                 if o is not None and v}
+        return replace(self, runtime=runtime.name,
+                       **{name: (tuple(lists[key]) if key in lists else None)
+                          for key, name in BUCKET_FIELDS.items()})
 
     def shapes(self, runtime: Runtime | None = None) -> Shapes:
         """The compiled shapes of this run under `runtime` (default: resolve_runtime());
@@ -209,10 +233,12 @@ class RunSettings:
         return None
 
     def price(self) -> Price | None:
-        """The hourly price of `priced_instance()`, or None; PricingError for an instance
-        without a built-in price and no --price-per-hour."""
+        """The hourly price of `priced_instance()`, or None: no instance named, or one without
+        a built-in price and no --price-per-hour (the run still runs; the report has no cost
+        and says how to add one). PricingError for a bad --pricing / --price-per-hour."""
         instance = self.priced_instance()
-        if instance is None:
+        if instance is None or (self.cost.price_per_hour is None
+                                and not has_builtin_price(instance)):
             return None
         return price_for(instance, self.cost.pricing, self.cost.price_per_hour)
 

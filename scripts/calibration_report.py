@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from neuron_batch.device import calibrate  # noqa: E402
 from neuron_batch.device.calibrate import (  # noqa: E402
     QUANTIZED_WEIGHT_BYTES_PRIOR,
+    TRN2_TOLERANCE,
     builtin_profiles,
     default_profile,
     evaluate_published,
@@ -34,6 +35,7 @@ from neuron_batch.device.calibrate import (  # noqa: E402
     leave_one_model_out,
     leave_one_out,
     read_published,
+    trn2_points,
 )
 from neuron_batch.device.cost_model import (  # noqa: E402
     PROFILES_DIR,
@@ -44,7 +46,14 @@ from neuron_batch.device.cost_model import (  # noqa: E402
 )
 from neuron_batch.device.fit import BOUNDS  # noqa: E402
 from neuron_batch.device.hardware import get_instance  # noqa: E402
-from neuron_batch.device.published import decode_groups, row_model  # noqa: E402
+from neuron_batch.device.published import (  # noqa: E402
+    ATTENDED_MODES,
+    DEFAULT_ATTENDED,
+    decode_groups,
+    max_abs_errors,
+    median_abs_errors,
+    row_model,
+)
 
 CALIBRATION_MD = PROFILES_DIR.parent / "CALIBRATION.md"
 FAMILIES = ("inf2", "trn1")
@@ -287,9 +296,26 @@ def render(profile: CostProfile, rows, tests: list[tuple[str, list[dict]]],
         "trn1; the instance table supplies core counts, peaks and link bandwidths.",
         "",
         "A published row is reproduced as AWS ran it: TTFT = one prefill of the batch, each "
-        "prompt padded to a power-of-two bucket (>= 128); decode step k reads, per sequence, "
-        "the power-of-two KV window >= input_len + k (capped at max_seq_len); TPOT = the "
-        "median step; output tok/s = batch x output_len / (TTFT + all decode steps).",
+        "prompt padded to a power-of-two bucket (>= 128); every decode step attends, per "
+        "sequence, the whole compiled sequence length (the row's max_seq_len: the compiled "
+        "shape, see below); TPOT = the median step; output tok/s = batch x output_len / "
+        "(TTFT + all decode steps). The simulated device charges the same way: a decode step "
+        "costs its compiled shape, padded slots x attended length (NxDI's token-generation "
+        "bucket, or the Beta plugin's max_model_len / context-length bucket).",
+        "",
+        "### What a decode step attends: the choice, before and after",
+        "The rows were measured at a known batch and compiled sequence length. AWS's own "
+        "figures say decode time follows the compiled length: Llama-3-8B batch 8 at 8192, "
+        "128 in / 8064 out and 4096 in / 4096 out, cost 15.22 and 15.31 ms a step though their "
+        "mean contexts differ about 1.5x, and the same 128-token input costs 1.46x more "
+        "compiled for 8192 than for 4096. Refitting under each reading (leave-one-model-out, "
+        "median / max absolute error over all rows):",
+        "",
+        *attended_table(rows),
+        "",
+        "`held` is what the simulator charged before (the KV the requests hold), `pow2` what "
+        "the previous fit assumed (a power-of-two window over the context, NxDI's default "
+        "buckets read into TNx runs); `compiled` is used now.",
         "",
         "The fit minimises, over rows, log(model/published)^2 of TPOT and of tok/s, plus "
         f"{calibrate.TTFT_WEIGHT:g}^2 x that of TTFT (TTFT includes host work the model does "
@@ -346,8 +372,41 @@ def render(profile: CostProfile, rows, tests: list[tuple[str, list[dict]]],
         "Inferentia2 chip and NeuronCore-v2); the hardware table scales them. No published "
         "row checks them.",
         "",
+        *trn2_section(profile),
+        "",
     ]
     return "\n".join(out)
+
+
+def attended_table(rows) -> list[str]:
+    """Leave-one-model-out error of a fit under each reading of what a decode step attends."""
+    lines = ["| decode attends | LOMO TPOT | LOMO tok/s |", "|---|---|---|"]
+    for mode in ATTENDED_MODES:
+        table = leave_one_model_out(rows=rows, attended=mode)
+        med, most = median_abs_errors(table), max_abs_errors(table)
+        mark = " (used)" if mode == DEFAULT_ATTENDED else ""
+        lines.append(f"| `{mode}`{mark} | {pct(med['tpot'])} / {pct(most['tpot'])} | "
+                     f"{pct(med['throughput'])} / {pct(most['throughput'])} |")
+    return lines
+
+
+def trn2_section(profile: CostProfile) -> list[str]:
+    lines = ["## Trainium2 (uncalibrated)",
+             "trn2.3xlarge and trn2.48xlarge have no published inference table. Their profile "
+             "is the NeuronCore-v2 fit above applied to Trainium2's per-logical-core peaks "
+             "(LNC=2: 4 logical cores a chip, 24 GiB, 725 GB/s and 167 bf16 TFLOPS each; "
+             "NeuronLink-v3 1.28 TB/s a chip): a hardware-ratio estimate, marked uncalibrated "
+             "in reports and summaries. Against AWS's tutorial points (sanity checks, not a "
+             f"calibration set; stated tolerance: within {TRN2_TOLERANCE:g}x either way, "
+             "checked by `tests/test_calibrate.py`):",
+             "", "| point | modelled TPOT | published TPOT | ratio |", "|---|---|---|---|"]
+    for label, modelled, published in trn2_points(profile):
+        lines.append(f"| {label} | {modelled:.2f} ms | {published:.2f} ms | "
+                     f"{modelled / published:.2f}x |")
+    lines += ["", "The model is faster than both points: the published figures include "
+              "serving overhead the per-step model does not describe, and trn2 fixed costs "
+              "are assumed equal to NeuronCore-v2's. Treat trn2 figures as optimistic."]
+    return lines
 
 
 def main() -> None:

@@ -106,7 +106,7 @@ def test_buckets_and_decode_groups():
     groups, median_ctx = decode_groups(row)
     assert sum(count for _, count in groups) == row.output_len - 1
     assert [ctx for ctx, _ in groups] == [256, 512, 1024, 2048, 4096] and median_ctx == 4096
-    exact, median_exact = decode_groups(row, context_buckets=False)
+    exact, median_exact = decode_groups(row, attended="held")
     assert len(exact) == row.output_len - 1 and median_exact == row.input_len + row.output_len // 2
     odd = read_published()[14]                  # trn1 70b: msl 1152 caps the last window
     assert decode_groups(odd)[0][-1][0] == 1152
@@ -366,3 +366,18 @@ def test_calibrate_cli_usage_errors(tmp_path):
     assert result.exit_code == 2 and "--published" in result.output
     result = CliRunner().invoke(main, ["calibrate", str(tmp_path), "-o", str(tmp_path / "p.json")])
     assert result.exit_code == 2 and "--instance and --architecture" in result.output
+
+
+def test_uncalibrated_trn2_profile_is_within_its_stated_tolerance_of_the_tutorials():
+    """trn2 has no published table: its hardware-ratio profile must stay within the stated
+    factor of AWS's tutorial TPOTs (CALIBRATION.md), and be marked uncalibrated."""
+    from neuron_batch.device.calibrate import TRN2_TOLERANCE, trn2_points
+    from neuron_batch.device.hardware import get_instance
+
+    points = trn2_points(load_profile("inf2.48xlarge"))
+    assert len(points) == 2
+    for label, modelled, published in points:
+        assert 1 / TRN2_TOLERANCE <= modelled / published <= TRN2_TOLERANCE, label
+    for name in ("trn2.3xlarge", "trn2.48xlarge"):
+        assert not get_instance(name).calibrated
+        assert load_profile(name).source.startswith("uncalibrated")

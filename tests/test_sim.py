@@ -185,7 +185,8 @@ def test_kv_handshake_answers_the_instance_kv_capacity(main_run):
     assert main_run.scheduler_blocks == expected
     assert main_run.recorder.config.num_kv_blocks == expected
     assert main_run.recorder.config.block_size == 32
-    described = describe_sim(SimSettings(runtime=PAGED), max_model_len=MAX_MODEL_LEN, num_prefill_buckets=5,
+    described = describe_sim(SimSettings(runtime=PAGED), max_model_len=MAX_MODEL_LEN,
+                             num_prefill_buckets=5,
                              num_decode_buckets=4)
     assert described["kv_cache"]["num_blocks"] == expected
     assert described["kv_cache"]["scheduler_max_concurrent"] == \
@@ -207,7 +208,8 @@ def test_describe_sim_reports_the_device():
 
 def test_weights_that_do_not_fit_raise_naming_instance_and_tp(workdir):
     with pytest.raises(CapacityError, match=r"TP 2 on inf2\.8xlarge"):
-        sim_engine_kwargs(SimSettings(arch="llama-3-70b", runtime=PAGED), max_model_len=4096, max_num_seqs=8,
+        sim_engine_kwargs(SimSettings(arch="llama-3-70b", runtime=PAGED), max_model_len=4096,
+                          max_num_seqs=8,
                           max_num_batched_tokens=2048, workdir=workdir)
     with pytest.raises(CapacityError, match=r"inf2\.8xlarge"):
         describe_sim(SimSettings(arch="llama-3-70b", runtime=PAGED), max_model_len=4096,
@@ -228,7 +230,8 @@ def test_unusable_settings_raise_clear_errors(workdir):
         sim_engine_kwargs(SimSettings(runtime=PAGED), max_model_len=16384, max_num_seqs=8,
                           max_num_batched_tokens=8192, workdir=workdir)
     with pytest.raises(ValueError, match="TP degree 3"):
-        describe_sim(SimSettings(tp_degree=3, runtime=PAGED), max_model_len=4096, num_prefill_buckets=1,
+        describe_sim(SimSettings(tp_degree=3, runtime=PAGED), max_model_len=4096,
+                     num_prefill_buckets=1,
                      num_decode_buckets=1)
     with pytest.raises(CapacityError, match="max_model_len"):
         # KV cache too small for one request of max_model_len (an error under that rule)
@@ -280,7 +283,8 @@ def sweep(workdir) -> dict[int, Run]:
     # max_model_len 8192 on inf2.8xlarge TP2: the KV cache holds 9 requests at that length
     # (the seed design's rule, which this sweep is about).
     return {n: run_workload(workdir, SWEEP_WORKLOAD, max_num_seqs=n, max_model_len=8192,
-                            settings=SimSettings(arch="llama-3-8b", runtime=PAGED), kv_reserve="max_model_len")
+                            settings=SimSettings(arch="llama-3-8b", runtime=PAGED),
+                            kv_reserve="max_model_len")
             for n in (1, 2, 4, 8, 16, 32)}
 
 
@@ -302,7 +306,8 @@ def test_throughput_grows_with_max_num_seqs_until_kv_binds(sweep):
 def chips(workdir) -> dict[str, Run]:
     workload = [(200 + 150 * i, 24 + i) for i in range(10)]
     return {inst: run_workload(workdir, workload, max_num_seqs=4,
-                               settings=SimSettings(instance=inst, arch="llama-3-8b", runtime=PAGED))
+                               settings=SimSettings(instance=inst, arch="llama-3-8b",
+                                                    runtime=PAGED))
             for inst in ("inf2.8xlarge", "inf2.24xlarge", "inf2.48xlarge")}
 
 

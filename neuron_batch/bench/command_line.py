@@ -11,7 +11,7 @@ import shlex
 from dataclasses import fields
 from typing import Any
 
-from neuron_batch.config import CostOptions, RunSettings, SimOptions
+from neuron_batch.config import BUCKET_FIELDS, CostOptions, RunSettings, SimOptions
 
 #: RunSettings fields that say where and how a run reports, not what it runs.
 _NOT_WRITTEN = {"output", "resume", "quiet", "max_runtime", "metrics_textfile", "inputs",
@@ -56,9 +56,10 @@ def run_command(settings: RunSettings, *, program: str = "neuron-batch run") -> 
                     sim_defaults, f.name):
                 add(f.name, getattr(settings.sim, f.name))
     add("max_num_seqs", settings.max_num_seqs)
-    prefill, decode = settings.buckets()
-    add("prefill_buckets", prefill)
-    add("decode_buckets", decode)
+    # Every bucket list the runtime compiles, by its own flags (resolved defaults included, so
+    # the line reproduces the run whatever the defaults become).
+    for key, values in settings.shapes().bucket_lists().items():
+        add(BUCKET_FIELDS[key], values)
     for f in fields(RunSettings):
         if f.name in _NOT_WRITTEN or f.name in _ALWAYS or f.name.endswith("_buckets"):
             continue

@@ -28,6 +28,7 @@ from neuron_batch.bench.plan_grid import (
     PlanError,
     PlanSpec,
     build_options,
+    model_len_candidates,
     placements,
 )
 from neuron_batch.bench.plan_search import Search, dry_run
@@ -79,9 +80,10 @@ def option_settings(base: RunSettings, option: Option, out_dir: Path | None) -> 
     reproduces."""
     sim = replace(base.sim, instance=option.instance, tensor_parallel_size=option.tp)
     settings = replace(base, sim=sim, max_num_seqs=option.max_num_seqs,
-                       prefill_buckets=option.prefill_buckets,
-                       decode_buckets=option.decode_buckets, limit=option.share_size,
+                       max_model_len=option.max_model_len, limit=option.share_size,
                        shuffle=True, output=None)
+    settings = settings.with_buckets(option.runtime, option.prefill_buckets,
+                                     option.decode_buckets, option.attention_buckets)
     if out_dir is None:
         return settings
     return replace(settings, output=str(out_dir / "runs" / run_folder(option, settings)))
@@ -177,7 +179,7 @@ def run_plan(job: PlanJob) -> int:
         raise RunError(f"{job.out_dir} already holds a plan; pass --resume to continue it, or "
                        f"choose another --output")
     try:
-        found, excluded = placements(job.spec)
+        placements(job.spec)        # a model that fits nowhere fails before the inputs load
     except PlanError as error:
         raise RunError(str(error)) from None
     job.out_dir.mkdir(parents=True, exist_ok=True)
@@ -187,7 +189,19 @@ def run_plan(job: PlanJob) -> int:
     requests = workload.prepared.requests
     prompt_lens = [len(r.prompt_token_ids) for r in requests]
     output_lens = [r.max_tokens for r in requests]
-    options = build_options(job.spec, found, prompt_lens, output_lens, seed=job.base.seed)
+    options, excluded = [], []
+    for max_model_len in model_len_candidates(job.spec, prompt_lens, output_lens):
+        try:
+            found, left_out = placements(replace(job.spec, max_model_len=max_model_len))
+        except PlanError as error:
+            excluded.append(f"max_model_len {max_model_len}: {error}")
+            continue
+        excluded += [reason for reason in left_out if reason not in excluded]
+        # (the placements carry their max_model_len; the spec names the one given)
+        options += build_options(job.spec, found, prompt_lens, output_lens,
+                                 seed=job.base.seed, excluded=excluded)
+    if not options:
+        raise RunError("no layout loads: " + "; ".join(excluded[-3:]))
     writer = PlanWriter(job, options, excluded, workload_output_tokens=sum(output_lens),
                         num_requests=len(requests))
     _announce(job, options, excluded, load_s=time.monotonic() - started)

@@ -15,6 +15,12 @@ Choices made here, and why:
 - Decode: one bucket, max_num_seqs. In a batch job every request is queued at once, so decode
   batches stay full until the last requests drain, a decode step is bound by reading the
   weights (padding a batch costs little), and every extra graph costs minutes of compiling.
+- The runtime (runtime.py) is each instance's own: nxdi on inf2/trn1 (whole prompts padded to
+  context-encoding buckets, decode over every slot attending NxDI's default token-generation
+  buckets, a static KV cache: a max_num_seqs whose slots do not fit is left out, never
+  simulated), vllm-neuron on trn2 (the seed's buckets and paged KV). `--runtime` forces one.
+- max_model_len: the one given and, when smaller, the tightest that holds every request
+  (prompt + max_tokens, rounded up to a multiple of 128): under nxdi it frees static slots.
 - Compile time: the graphs of one replica, compiled once before the run on every instance in
   parallel (billed on all of them).
 """
@@ -37,11 +43,21 @@ from neuron_batch.device.architectures import resolve_architecture
 from neuron_batch.device.cost_model import StepCostModel, compile_footprint
 from neuron_batch.device.hardware import HardwareError, get_instance, valid_tp_degrees
 from neuron_batch.device.target import NEURON_BLOCK_SIZE, SimSettings, SimTarget
-from neuron_batch.report.cost import Price, PricingError, price_for, usd
+from neuron_batch.report.cost import (
+    Price,
+    PricingError,
+    has_builtin_price,
+    no_price_message,
+    price_for,
+    usd,
+)
+from neuron_batch.runtime import Runtime, nxdi_default_buckets
 from neuron_batch.scheduler.kv_reserve import blocks_for_tokens, reachable_tokens
 
 DEFAULT_INSTANCES = ("inf2.xlarge", "inf2.8xlarge", "inf2.24xlarge", "inf2.48xlarge",
-                     "trn1.32xlarge")
+                     "trn1.32xlarge", "trn2.3xlarge", "trn2.48xlarge")
+#: Candidate max_model_len values are rounded up to a multiple of this.
+MODEL_LEN_STEP = 128
 DEFAULT_SEQS = (8, 16, 32, 64)
 DEFAULT_MAX_NUM_INSTANCES = 4
 DEFAULT_MAX_PREFILL_BUCKETS = 4
@@ -69,6 +85,7 @@ class PlanSpec:
     kv_reserve: str = KV_RESERVE_MAX_MODEL_LEN
     pricing: str = "on-demand"
     prices: dict[str, float] = field(default_factory=dict)   # instance -> USD/h overrides
+    runtime: str | None = None      # None: each instance's own (nxdi inf2/trn1, vllm-neuron trn2)
 
 
 @dataclass(frozen=True)
@@ -83,8 +100,34 @@ class Placement:
     price: Price
 
     @property
+    def runtime(self) -> Runtime:
+        return self.target.runtime
+
+    @property
+    def max_model_len(self) -> int:
+        return self.target.max_model_len
+
+    @property
     def num_blocks(self) -> int:
         return int(self.target.kv["num_blocks"])
+
+    @property
+    def max_slots(self) -> int | None:
+        """Under a static KV cache, the most max_num_seqs slots that load (None: paged)."""
+        return int(self.target.kv["max_static_seqs"]) if self.runtime.static_kv else None
+
+    def pool_blocks(self, max_num_seqs: int) -> int:
+        """vLLM's KV pool at this max_num_seqs: a static cache holds exactly its slots (and
+        vLLM's null block), a paged one what the HBM budget gives."""
+        if self.runtime.static_kv:
+            return max_num_seqs * -(-self.max_model_len // NEURON_BLOCK_SIZE) + 1
+        return self.num_blocks
+
+    def attention_buckets(self) -> tuple[int, ...]:
+        """The token-generation buckets NxDI compiles by default (nxdi); none (vllm-neuron:
+        the max_model_len graph only, the seed's default)."""
+        return tuple(nxdi_default_buckets(self.max_model_len)) if self.runtime.static_kv \
+            else ()
 
     def hardware_key(self) -> tuple:
         """What the simulated device's timing and KV size depend on besides the settings: two
@@ -95,7 +138,8 @@ class Placement:
                    if k not in ("instance", "source")}
         return (inst.family, inst.hbm_bytes_per_core, inst.hbm_bytes_s_per_core,
                 inst.flops_per_core, inst.collective_bytes_s(self.tp), inst.link_gib_s,
-                self.tp, self.num_blocks, tuple(sorted(profile.items())))
+                self.tp, self.num_blocks, tuple(sorted(profile.items())), self.runtime.name,
+                self.max_model_len)
 
 
 @dataclass
@@ -108,6 +152,7 @@ class Option:
     max_num_seqs: int
     prefill_buckets: tuple[int, ...]
     decode_buckets: tuple[int, ...]
+    attention_buckets: tuple[int, ...]
     compile_s: float
     share_size: int
     bound_s: float              # lower bound on one replica's run time (seconds)
@@ -121,6 +166,14 @@ class Option:
     @property
     def instance(self) -> str:
         return self.placement.instance
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.placement.runtime
+
+    @property
+    def max_model_len(self) -> int:
+        return self.placement.max_model_len
 
     @property
     def replicas(self) -> int:
@@ -165,9 +218,19 @@ def check_instances(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def model_len_candidates(spec: PlanSpec, prompt_lens: Sequence[int],
+                         output_lens: Sequence[int]) -> tuple[int, ...]:
+    """The max_model_len values to weigh: the one given and, when smaller, the tightest that
+    holds every request (its prompt + max_tokens, rounded up to MODEL_LEN_STEP)."""
+    longest = max((p + o for p, o in zip(prompt_lens, output_lens)), default=0)
+    tight = -(-longest // MODEL_LEN_STEP) * MODEL_LEN_STEP
+    return tuple(sorted({spec.max_model_len, tight})) if 0 < tight < spec.max_model_len \
+        else (spec.max_model_len,)
+
+
 def placements(spec: PlanSpec) -> tuple[list[Placement], list[str]]:
-    """Every (instance, TP) that holds the model with a usable KV cache, and why the others do
-    not; PlanError when none does or an instance has no price."""
+    """Every (instance, TP) that holds the model with a usable KV cache under its runtime, and
+    why the others do not (an instance without a price among them); PlanError when none does."""
     found: list[Placement] = []
     excluded: list[str] = []
     try:
@@ -178,15 +241,22 @@ def placements(spec: PlanSpec) -> tuple[list[Placement], list[str]]:
         raise PlanError(f"--max-model-len {spec.max_model_len} exceeds {arch.name}'s context "
                         f"of {arch.max_position_embeddings} tokens")
     for name in check_instances(spec.instances):
+        override = spec.prices.get(name)
+        if override is None and not has_builtin_price(name):
+            excluded.append(f"{name}: {no_price_message(name)}")
+            continue
         try:
-            price = price_for(name, spec.pricing, spec.prices.get(name))
+            price = price_for(name, spec.pricing, override)
         except PricingError as error:
             raise PlanError(str(error)) from None
         cores = get_instance(name).num_cores
         for tp in valid_tp_degrees(name):
             settings = SimSettings(instance=name, arch=spec.architecture, tp_degree=tp,
-                                   weight_dtype=spec.weight_dtype, profile=spec.cost_profile)
+                                   weight_dtype=spec.weight_dtype, profile=spec.cost_profile,
+                                   runtime=spec.runtime)
             try:
+                # Static KV (nxdi): sized for as many slots as fit; options above that are
+                # left out in build_options.
                 target = SimTarget.resolve(settings, spec.max_model_len, spec.kv_reserve)
             except FileNotFoundError as error:     # --cost-profile
                 raise PlanError(str(error)) from None
@@ -194,7 +264,7 @@ def placements(spec: PlanSpec) -> tuple[list[Placement], list[str]]:
                 excluded.append(f"{name} TP {tp}: {error}")
                 continue
             model = StepCostModel(target.profile, name, target.arch, tp,
-                                  weight_dtype=spec.weight_dtype)
+                                  weight_dtype=spec.weight_dtype, runtime=target.runtime)
             found.append(Placement(name, tp, cores // tp, target, model, price))
     if not found:
         reasons = "; ".join(excluded[-3:])
@@ -212,86 +282,126 @@ def share_size(num_requests: int, total_replicas: int) -> int:
 
 class BucketChooser:
     """The optimiser's prefill sets for 1..K buckets per placement, priced by its cost model,
-    and the k worth its compile time for a given number of replicas."""
+    and the k worth its compile time for a given number of replicas. Prefills are chunks of
+    max_num_batched_tokens (vllm-neuron) or whole prompts (nxdi)."""
 
     def __init__(self, prompt_lens: Sequence[int], spec: PlanSpec):
         self.spec = spec
-        self.chunks = prefill_chunk_lengths(prompt_lens, spec.max_num_batched_tokens,
-                                            spec.max_model_len)
-        self.maximum = min(spec.max_num_batched_tokens, spec.max_model_len)
+        self.prompt_lens = prompt_lens
+        self._chunks: dict[tuple, Counter] = {}
         self._plans: dict[tuple, list] = {}
+
+    def limits(self, placement: Placement) -> tuple[int, int]:
+        """(max_num_batched_tokens as the runtime uses it, the largest prefill bucket)."""
+        mml = placement.max_model_len
+        budget = self.spec.max_num_batched_tokens if placement.runtime.chunked_prefill else mml
+        return budget, min(budget, mml)
 
     def plans(self, placement: Placement) -> list:
         key = placement.hardware_key()
         if key not in self._plans:
-            self._plans[key] = plans_for_each_k(self.chunks, self.spec.max_prefill_buckets,
-                                                self.maximum, cost=placement.model.prefill_time)
+            budget, maximum = self.limits(placement)
+            if (budget, placement.max_model_len) not in self._chunks:
+                self._chunks[(budget, placement.max_model_len)] = prefill_chunk_lengths(
+                    self.prompt_lens, budget, placement.max_model_len)
+            chunks = self._chunks[(budget, placement.max_model_len)]
+            self._plans[key] = plans_for_each_k(chunks, self.spec.max_prefill_buckets,
+                                                maximum, cost=placement.model.prefill_time)
         return self._plans[key]
 
-    def choose(self, placement: Placement, total_replicas: int, num_decode: int
+    def choose(self, placement: Placement, total_replicas: int
                ) -> tuple[tuple[int, ...], float]:
         """(prefill buckets, compile seconds) minimising compile + one replica's prefill."""
         best = None
         for plan in self.plans(placement):
-            compile_s = self.compile_s(placement, len(plan.buckets), num_decode)
+            compile_s = self.compile_s(placement, len(plan.buckets))
             score = (0.0 if self.spec.compiled else compile_s) + plan.cost / total_replicas
             if best is None or score < best[0] - 1e-9:
                 best = (score, tuple(plan.buckets), compile_s)
         return best[1], (0.0 if self.spec.compiled else best[2])
 
-    def compile_s(self, placement: Placement, num_prefill: int, num_decode: int) -> float:
-        return float(compile_footprint(num_prefill, num_decode, placement.target.arch,
+    def compile_s(self, placement: Placement, num_prefill: int) -> float:
+        """Compile time of the runtime's graphs: the prefill buckets, one decode bucket and
+        its attention buckets (nxdi: token generation; vllm-neuron: max_model_len only)."""
+        graphs = placement.runtime.num_graphs(num_prefill, 1,
+                                              len(placement.attention_buckets()))
+        return float(compile_footprint(num_prefill, 1, placement.target.arch,
                                        self.spec.weight_dtype, tp=placement.tp,
-                                       profile=placement.target.profile)["estimated_compile_s"])
+                                       profile=placement.target.profile,
+                                       num_graphs=graphs)["estimated_compile_s"])
 
 
 def build_options(spec: PlanSpec, placements_: Sequence[Placement], prompt_lens: Sequence[int],
                   output_lens: Sequence[int], *, seed: int,
-                  progress: Callable[[str], None] = lambda m: None) -> list[Option]:
+                  progress: Callable[[str], None] = lambda m: None,
+                  excluded: list[str] | None = None) -> list[Option]:
     """Every option of the grid with its bounds, in the workload's (shuffled) order: the share
-    of T replicas is the first ceil(n / T) requests."""
+    of T replicas is the first ceil(n / T) requests. A max_num_seqs whose static KV cache does
+    not load on a placement is not an option; why goes to `excluded`."""
     chooser = BucketChooser(prompt_lens, spec)
-    stats_by_size: dict[int, ShareStats] = {}
+    stats_by_size: dict[tuple, ShareStats] = {}
     options: list[Option] = []
-    # the largest KV reservation of any request (kv_reserve=request admits it only if it fits)
-    whole_cache = ((NEURON_BLOCK_SIZE, -(-spec.max_model_len // NEURON_BLOCK_SIZE)),)
-    most_blocks = max((blocks_for_tokens(reachable_tokens(p, o, spec.max_model_len), whole_cache)
-                       for p, o in zip(prompt_lens, output_lens)), default=0)
     for placement in placements_:
+        mml = placement.max_model_len
+        # the largest KV reservation of any request (kv_reserve=request admits it only if
+        # it fits)
+        whole_cache = ((NEURON_BLOCK_SIZE, -(-mml // NEURON_BLOCK_SIZE)),)
+        most_blocks = max((blocks_for_tokens(reachable_tokens(p, o, mml), whole_cache)
+                           for p, o in zip(prompt_lens, output_lens)), default=0)
         too_small = None
-        if spec.kv_reserve != KV_RESERVE_MAX_MODEL_LEN and most_blocks > placement.num_blocks - 1:
+        if (not placement.runtime.static_kv and spec.kv_reserve != KV_RESERVE_MAX_MODEL_LEN
+                and most_blocks > placement.num_blocks - 1):
             too_small = (f"the KV cache ({placement.num_blocks - 1} usable blocks) cannot hold "
                          f"the longest request ({most_blocks} blocks)")
+        seqs_values = list(spec.seqs_values)
+        if placement.max_slots is not None:
+            too_many = [s for s in seqs_values if s > placement.max_slots]
+            if too_many and excluded is not None:
+                excluded.append(
+                    f"{placement.instance} TP {placement.tp} at max_model_len {mml}: "
+                    f"max_num_seqs {','.join(map(str, too_many))} cannot load under "
+                    f"{placement.runtime.name} (its static KV cache holds at most "
+                    f"{placement.max_slots} slots of {mml} tokens beside the weights); "
+                    f"weighing {placement.max_slots} instead")
+            # The most slots that load stand in for the values that do not.
+            seqs_values = sorted({s for s in seqs_values if s <= placement.max_slots}
+                                 | ({placement.max_slots} if too_many else set()))
+        budget = chooser.limits(placement)[0]
         for num_instances in range(1, spec.max_num_instances + 1):
             total = placement.replicas * num_instances
             size = share_size(len(prompt_lens), total)
-            if size not in stats_by_size:
-                stats_by_size[size] = ShareStats.of(
-                    prompt_lens[:size], output_lens[:size],
-                    max_num_batched_tokens=spec.max_num_batched_tokens,
-                    max_model_len=spec.max_model_len, block_size=NEURON_BLOCK_SIZE)
-            stats = stats_by_size[size]
-            prefill, compile_s = chooser.choose(placement, total, num_decode=1)
-            for seqs in spec.seqs_values:
+            key = (size, budget, mml)
+            if key not in stats_by_size:
+                stats_by_size[key] = ShareStats.of(
+                    prompt_lens[:size], output_lens[:size], max_num_batched_tokens=budget,
+                    max_model_len=mml, block_size=NEURON_BLOCK_SIZE)
+            stats = stats_by_size[key]
+            prefill, compile_s = chooser.choose(placement, total)
+            for seqs in seqs_values:
+                num_blocks = placement.pool_blocks(seqs)
                 bound = replica_bound(placement.model, stats, prefill_buckets=prefill,
-                                      max_num_seqs=seqs, num_blocks=placement.num_blocks,
-                                      block_size=NEURON_BLOCK_SIZE,
-                                      max_model_len=spec.max_model_len,
+                                      max_num_seqs=seqs, num_blocks=num_blocks,
+                                      block_size=NEURON_BLOCK_SIZE, max_model_len=mml,
                                       kv_reserve=spec.kv_reserve)
                 name = option_name(placement.instance, num_instances, placement.replicas,
-                                   placement.tp, seqs)
+                                   placement.tp, seqs, mml if mml != spec.max_model_len
+                                   else None)
                 sim_key = (placement.hardware_key(), seqs, prefill, (seqs,), size, seed,
                            spec.kv_reserve)
                 options.append(Option(name, placement, num_instances, seqs, prefill, (seqs,),
-                                      compile_s, size, bound.seconds, bound.steps,
-                                      stats.output_tokens, sim_key, skip_reason=too_small))
+                                      placement.attention_buckets(), compile_s, size,
+                                      bound.seconds, bound.steps, stats.output_tokens,
+                                      sim_key, skip_reason=too_small))
     mark_same_schedule(options, spec)
     progress(f"{len(options)} options bounded")
     return options
 
 
-def option_name(instance: str, num_instances: int, replicas: int, tp: int, seqs: int) -> str:
-    return f"{num_instances}x {instance} {replicas}xTP{tp} S{seqs}"
+def option_name(instance: str, num_instances: int, replicas: int, tp: int, seqs: int,
+                max_model_len: int | None = None) -> str:
+    """'2x inf2.8xlarge 1xTP2 S8', with ' L4224' when max_model_len is not the one given."""
+    return (f"{num_instances}x {instance} {replicas}xTP{tp} S{seqs}"
+            + (f" L{max_model_len}" if max_model_len else ""))
 
 
 def mark_same_schedule(options: list[Option], spec: PlanSpec) -> None:
@@ -303,6 +413,8 @@ def mark_same_schedule(options: list[Option], spec: PlanSpec) -> None:
     blocks_per_seq = -(-spec.max_model_len // NEURON_BLOCK_SIZE)
     groups: dict[tuple, list[Option]] = {}
     for option in options:
+        if option.runtime.static_kv or option.max_model_len != spec.max_model_len:
+            continue     # static slots: max_num_seqs is what runs at once
         fit = (option.placement.num_blocks - 1) // blocks_per_seq
         if option.max_num_seqs >= fit:
             key = (option.instance, option.tp, option.num_instances, option.prefill_buckets)

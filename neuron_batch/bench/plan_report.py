@@ -23,8 +23,9 @@ from neuron_batch.run.folder import write_json_atomic
 
 PLAN_CSV, PLAN_PNG = "plan.csv", "plan_cost_vs_time.png"
 CSV_COLUMNS = ("rank", "name", "status", "instance", "num_instances", "replicas",
-               "tensor_parallel_size", "max_num_seqs", "prefill_buckets", "decode_buckets",
-               "kv_reserve", "hours", "compile_hours", "price_per_hour_usd", "usd",
+               "tensor_parallel_size", "runtime", "max_model_len", "max_num_seqs",
+               "prefill_buckets", "decode_buckets", "attention_buckets", "kv_reserve", "hours",
+               "compile_hours", "price_per_hour_usd", "usd",
                "usd_per_million_output_tokens", "output_tokens_per_s",
                "replica_output_tokens_per_s", "share_requests", "meets_deadline",
                "hours_at_least", "usd_at_least", "reason", "command")
@@ -59,8 +60,12 @@ class PlanWriter:
             "name": option.name, "instance": option.instance,
             "num_instances": option.num_instances, "replicas": option.replicas,
             "total_replicas": option.total_replicas, "tensor_parallel_size": option.tp,
+            "runtime": option.runtime.name, "max_model_len": option.max_model_len,
             "max_num_seqs": option.max_num_seqs, "prefill_buckets": list(option.prefill_buckets),
-            "decode_buckets": list(option.decode_buckets), "kv_reserve": self.job.spec.kv_reserve,
+            "decode_buckets": list(option.decode_buckets),
+            "attention_buckets": list(option.attention_buckets),
+            "kv_reserve": ("n/a (static KV cache)" if option.runtime.static_kv
+                           else self.job.spec.kv_reserve),
             "compile_hours": option.compile_s / 3600.0, "pricing": price.pricing,
             "price_per_hour_usd": price.per_hour_usd, "share_requests": option.share_size,
             "hours_at_least": option.hours_bound, "usd_at_least": option.usd_bound,
@@ -153,8 +158,8 @@ def write_csv(data: dict[str, Any], path) -> None:
 
 # -- text ---------------------------------------------------------------------------------------
 
-_HEADERS = ("#", "instance", "n", "replicas", "S", "prefill buckets", "hours", "compile",
-            "USD", "$/M out", "deadline")
+_HEADERS = ("#", "instance", "n", "replicas", "S", "L", "prefill buckets", "hours",
+            "compile", "USD", "$/M out", "deadline")
 
 
 def format_plan(data: dict[str, Any]) -> str:
@@ -169,20 +174,22 @@ def format_plan(data: dict[str, Any]) -> str:
     if rows:
         body = [[str(r["rank"]), r["instance"], str(r["num_instances"]),
                  f"{r['replicas']}xTP{r['tensor_parallel_size']}", str(r["max_num_seqs"]),
+                 str(r.get("max_model_len", "")),
                  ",".join(map(str, r["prefill_buckets"])), f"{r['hours']:.2f}",
                  f"{r['compile_hours']:.2f}", f"{r['usd']:,.2f}",
                  f"{r['usd_per_million_output_tokens']:,.2f}",
                  "meets" if r["meets_deadline"] else f"{_late(-r['hours_to_spare'])} late"]
                 for r in rows]
         widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(_HEADERS)]
-        left = {1, 3, 5, 10}
+        left = {1, 3, 6, 11}
 
         def line(cells):
             return ("  " + "  ".join(c.ljust(w) if i in left else c.rjust(w)
                                      for i, (c, w) in enumerate(zip(cells, widths)))).rstrip()
         lines += [line(_HEADERS), *(line(b) for b in body)]
         lines.append("  n = instances; replicas per instance x TP degree; S = max_num_seqs "
-                     "(also the one decode bucket); hours include compile")
+                     "(also the one decode bucket); L = max_model_len; prefill buckets are "
+                     "context-encoding buckets on inf2/trn1 (nxdi); hours include compile")
     lines += _closest_not_simulated(data)
     lines.append("")
     for paragraph in recommendation_words(data):
@@ -225,11 +232,16 @@ def recommendation_words(data: dict[str, Any]) -> list[str]:
     if not rows:
         return ["No option could be simulated: nothing to recommend."]
     best = rows[0]
+    runtime = best.get("runtime")
+    buckets = (f"context-encoding buckets {','.join(map(str, best['prefill_buckets']))}, "
+               f"NxDI's default token-generation buckets"
+               if runtime == "nxdi" else
+               f"prefill buckets {','.join(map(str, best['prefill_buckets']))}, decode bucket "
+               f"{','.join(map(str, best['decode_buckets']))}")
     what = (f"{best['num_instances']} x {best['instance']}, {best['replicas']} replica"
             f"{'s' if best['replicas'] != 1 else ''} of TP {best['tensor_parallel_size']} on "
-            f"each, max_num_seqs {best['max_num_seqs']}, prefill buckets "
-            f"{','.join(map(str, best['prefill_buckets']))}, decode bucket "
-            f"{','.join(map(str, best['decode_buckets']))}")
+            f"each ({runtime or 'vllm-neuron'}), max_model_len {best.get('max_model_len')}, "
+            f"max_num_seqs {best['max_num_seqs']}, {buckets}")
     cost = (f"${best['usd']:,.2f} (${best['usd_per_million_output_tokens']:,.2f} per million "
             f"output tokens, {best['pricing']} at ${best['price_per_hour_usd']:,.4f}/h)")
     compile_ = (f" of which {format_hours(best['compile_hours'])} compiling"

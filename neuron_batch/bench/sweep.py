@@ -1,14 +1,19 @@
 """`neuron-batch bench`: one workload under one or many configurations, each in a fresh engine.
 
-Configuration names: P = prefill set, D = decode set, S = max_num_seqs, K = KV admission rule
-(`--kv-reserve`: "req" reserves each request's prompt + max_tokens, "mml" max_model_len); "def"
-is the default buckets, "uN" the user's Nth set, "oK" the exact optimum with at most K buckets.
-S and K appear in names only when the sweep has several values of them.
+The dimensions swept are the runtime's own (runtime.py). Configuration names: P = prefill set
+(vllm-neuron: token buckets over chunks; nxdi: context-encoding buckets over whole prompts),
+D = decode batch-size set (vllm-neuron), T = token-generation set (nxdi: attention lengths),
+C = decode context-length set (vllm-neuron, opt-in, so swept with the default P and D),
+S = max_num_seqs, K = KV admission rule (`--kv-reserve`: "req" reserves each request's prompt +
+max_tokens, "mml" max_model_len); "def" is the default buckets, "uN" the user's Nth set, "oK"
+the exact optimum with at most K buckets. S and K appear in names only when the sweep has
+several values of them.
 
 A sweep runs in two phases. First the default buckets at every `--max-num-seqs` value (those
-runs also show which decode batch sizes the workload produces); then the grid: prefill bucket
-sets (defaults, the user's, and the exact optimum for 1..K buckets on the workload's prefill
-chunks) crossed with decode bucket sets (likewise, optimised on the batch sizes of phase one).
+runs also show which decode batch sizes and lengths the workload produces); then the grid:
+prefill bucket sets (defaults, the user's, and the exact optimum for 1..K buckets on the
+workload's prefills) crossed with the decode dimension (likewise, optimised on what phase one's
+decode steps did: their batch sizes, or their longest request's length).
 Each finished configuration is written to sweep.json / sweep.csv at once, so a crash keeps what
 finished and `--resume` skips it. Simulated configurations run in parallel processes; the
 simulated device is deterministic, so the results equal a serial run's.
@@ -19,140 +24,28 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.bench.optimiser import plans_for_each_k, prefill_chunk_lengths
+from neuron_batch.bench.sweep_grid import (  # noqa: F401  (re-exported)
+    Candidate,
+    candidate,
+    decode_batch_histogram,
+    decode_histograms,
+    default_candidates,
+    grid_candidates,
+)
 from neuron_batch.config import RunSettings
 from neuron_batch.run.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
 from neuron_batch.run.folder import REPORT, write_json_atomic
 from neuron_batch.run.runner import run
 from neuron_batch.run.workload import load_workload
-from neuron_batch.scheduler.kv_reserve import SHORT_NAMES
-from neuron_batch.scheduler.records import DECODE, read_records
 
 SWEEP_JSON, SWEEP_CSV = "sweep.json", "sweep.csv"
-
-
-@dataclass(frozen=True)
-class Candidate:
-    name: str
-    params: dict[str, Any]          # the swept settings, as the CSV's param_* columns show them
-    settings: RunSettings
-
-
-def _join(buckets: Sequence[int] | None) -> str | None:
-    return None if buckets is None else ",".join(str(b) for b in buckets)
-
-
-def _slug(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
-
-
-def candidate(base: RunSettings, sweep_dir: Path, name: str, *, max_num_seqs: int,
-              prefill: Sequence[int] | None, decode: Sequence[int] | None,
-              kv_reserve: str | None = None) -> Candidate:
-    kv_reserve = kv_reserve or base.kv_reserve
-    settings = replace(base, max_num_seqs=max_num_seqs,
-                       prefill_buckets=tuple(prefill) if prefill else None,
-                       decode_buckets=tuple(decode) if decode else None, kv_reserve=kv_reserve,
-                       output=str(sweep_dir / "configs" / _slug(name)), quiet=True, resume=True,
-                       metrics_textfile=None)
-    prefill_used, decode_used = settings.validate().buckets()
-    return Candidate(name, {"max_num_seqs": max_num_seqs, "prefill_buckets": _join(prefill_used),
-                            "decode_buckets": _join(decode_used), "kv_reserve": kv_reserve},
-                     settings)
-
-
-def _suffix(seqs: int, kv_reserve: str, *, multi_seqs: bool, multi_kv: bool) -> str:
-    """The S= and K= parts of a name, for the dimensions the sweep varies."""
-    return ((f",S={seqs}" if multi_seqs else "")
-            + (f",K={SHORT_NAMES[kv_reserve]}" if multi_kv else ""))
-
-
-def default_candidates(base: RunSettings, sweep_dir: Path, seqs_values: Sequence[int],
-                       kv_values: Sequence[str] | None = None) -> list[Candidate]:
-    """The defaults at each max_num_seqs (and KV admission rule); the first is "default", the
-    baseline of the verdict."""
-    kv_values = list(kv_values or [base.kv_reserve])
-    out = []
-    for kv_reserve in kv_values:
-        for seqs in seqs_values:
-            name = "default" if not out else "P=def,D=def" + _suffix(
-                seqs, kv_reserve, multi_seqs=True, multi_kv=len(kv_values) > 1)
-            out.append(candidate(base, sweep_dir, name, max_num_seqs=seqs, prefill=None,
-                                 decode=None, kv_reserve=kv_reserve))
-    return out
-
-
-def grid_candidates(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
-                    prompt_lengths: Sequence[int], decode_hists: dict,
-                    user_prefill: Sequence[Sequence[int]], user_decode: Sequence[Sequence[int]],
-                    max_prefill_buckets: int, max_decode_buckets: int,
-                    kv_values: Sequence[str] | None = None) -> list[Candidate]:
-    """Every prefill set x decode set x max_num_seqs x KV rule, defaults excluded (phase one ran
-    them). `decode_hists` maps (max_num_seqs, kv_reserve), or just max_num_seqs, to the decode
-    batch sizes phase one produced: the rules give very different batches."""
-    kv_values = list(kv_values or [base.kv_reserve])
-    chunks = prefill_chunk_lengths(prompt_lengths, base.max_num_batched_tokens,
-                                   base.max_model_len)
-    prefill_max = min(base.max_num_batched_tokens, base.max_model_len)
-    # Short labels keep the table narrow: def = defaults, uN = the user's Nth set, oK = the
-    # optimum with at most K buckets.
-    prefill_sets: dict[str, tuple[int, ...] | None] = {"def": None}
-    for i, buckets in enumerate(user_prefill, 1):
-        prefill_sets[f"u{i}"] = tuple(buckets)
-    if max_prefill_buckets > 0:
-        for k, plan in enumerate(plans_for_each_k(chunks, max_prefill_buckets, prefill_max), 1):
-            prefill_sets[f"o{k}"] = plan.buckets
-    out: list[Candidate] = []
-    multi_seqs, multi_kv = len(seqs_values) > 1, len(kv_values) > 1
-    for kv_reserve, seqs in ((k, s) for k in kv_values for s in seqs_values):
-        decode_sets: dict[str, tuple[int, ...] | None] = {"def": None}
-        for i, buckets in enumerate(user_decode, 1):
-            if buckets[-1] == seqs:
-                decode_sets[f"u{i}"] = tuple(buckets)
-        hist = decode_hists.get((seqs, kv_reserve), decode_hists.get(seqs))
-        if max_decode_buckets > 0 and hist:
-            for k, plan in enumerate(plans_for_each_k(hist, max_decode_buckets, seqs), 1):
-                decode_sets[f"o{k}"] = plan.buckets
-        seen: set[tuple] = set()
-        for pname, prefill in _unique(prefill_sets).items():
-            for dname, decode in _unique(decode_sets).items():
-                if pname == "def" and dname == "def":
-                    continue
-                key = (prefill, decode)
-                if key in seen:
-                    continue
-                seen.add(key)
-                name = f"P={pname},D={dname}" + _suffix(seqs, kv_reserve, multi_seqs=multi_seqs,
-                                                         multi_kv=multi_kv)
-                out.append(candidate(base, sweep_dir, name, max_num_seqs=seqs,
-                                     prefill=prefill, decode=decode, kv_reserve=kv_reserve))
-    return out
-
-
-def _unique(sets: dict[str, tuple[int, ...] | None]) -> dict[str, tuple[int, ...] | None]:
-    """Drop sets equal to an earlier one (an optimum can equal the defaults or a user's set)."""
-    out, seen = {}, set()
-    for name, buckets in sets.items():
-        if buckets in seen:
-            continue
-        seen.add(buckets)
-        out[name] = buckets
-    return out
-
-
-def decode_batch_histogram(run_dir: Path) -> Counter:
-    counts: Counter = Counter()
-    for path in sorted(run_dir.glob("records-*.jsonl")):
-        counts.update(s.num_seqs for s in read_records(path).steps if s.kind == DECODE)
-    return counts
 
 
 # -- running configurations -------------------------------------------------------------------
@@ -306,6 +199,7 @@ def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
             "sim": base.sim.__dict__ if simulated else None, "num_requests": len(lengths),
             "max_num_batched_tokens": base.max_num_batched_tokens,
             "max_model_len": base.max_model_len, "max_num_seqs_values": list(seqs_values),
+            "runtime": base.resolve_runtime().name,
             "kv_reserve_values": list(kv_values or [base.kv_reserve]),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs": jobs, "rank_by": rank_by}
     sweep = Sweep(sweep_dir, jobs=jobs, log=log, prompt_lengths=lengths, meta=meta)
@@ -319,11 +213,13 @@ def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
                else ""))
         sweep.run(phase_one)
         first_s = max(time.monotonic() - started, 1e-3)
-        hists = {(c.settings.max_num_seqs, c.settings.kv_reserve):
-                 decode_batch_histogram(Path(c.settings.output)) for c in phase_one}
+        observed = {(c.settings.max_num_seqs, c.settings.kv_reserve):
+                    decode_histograms(Path(c.settings.output)) for c in phase_one}
         grid = grid_candidates(base, sweep_dir, seqs_values=seqs_values, prompt_lengths=lengths,
-                               decode_hists=hists, user_prefill=user_prefill,
-                               user_decode=user_decode, max_prefill_buckets=max_prefill_buckets,
+                               decode_hists={k: v[0] for k, v in observed.items()},
+                               length_hists={k: v[1] for k, v in observed.items()},
+                               user_prefill=user_prefill, user_decode=user_decode,
+                               max_prefill_buckets=max_prefill_buckets,
                                max_decode_buckets=max_decode_buckets, kv_values=kv_values)
         remaining = [c for c in grid if c.name not in sweep.entries]
         # phase one ran min(jobs, n) configurations at a time

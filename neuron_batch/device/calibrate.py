@@ -26,8 +26,9 @@ from .cost_model import (
     load_profile,
 )
 from .fit import MAX_EFFICIENCY, nelder_mead  # noqa: F401  (re-exported)
-from .hardware import INSTANCES
+from .hardware import INSTANCES, get_instance
 from .published import (  # noqa: F401  (re-exported: the calibration API)
+    DEFAULT_ATTENDED,
     PUBLISHED_INF2_CSV,
     PUBLISHED_MORE_CSV,
     PublishedRow,
@@ -125,7 +126,7 @@ def _select_rows(csv_path: str | Path | None, rows: Iterable[PublishedRow] | Non
 
 def fit_published(csv_path: str | Path | None = None, instance: str | None = None,
                   select: Callable[[PublishedRow], bool] | None = None,
-                  context_buckets: bool = True, start: CostProfile | None = None,
+                  attended: bool | str = DEFAULT_ATTENDED, start: CostProfile | None = None,
                   rows: Iterable[PublishedRow] | None = None) -> CostProfile:
     """Fit FIT_PARAMS to published rows: those of `rows` (default: the CSV at csv_path, or
     the sixteen embedded rows) on `instance` (default: all) that `select` keeps. The
@@ -133,7 +134,7 @@ def fit_published(csv_path: str | Path | None = None, instance: str | None = Non
     chosen = _select_rows(csv_path, rows, instance, select)
     if not chosen:
         raise ValueError(f"no published rows{f' for {instance}' if instance else ''} to fit")
-    prepared = [(r, decode_groups(r, context_buckets)) for r in chosen]
+    prepared = [(r, decode_groups(r, attended)) for r in chosen]
     names = [n for n in FIT_PARAMS if n != "quantized_weight_bytes"
              or any(r.weight_dtype in QUANTIZED_DTYPES for r in chosen)]
 
@@ -158,16 +159,17 @@ def fit_published(csv_path: str | Path | None = None, instance: str | None = Non
 
 
 def evaluate_published(profile: CostProfile, csv_path: str | Path | None = None,
-                       context_buckets: bool = True,
+                       attended: bool | str = DEFAULT_ATTENDED,
                        rows: Iterable[PublishedRow] | None = None) -> list[dict[str, Any]]:
     """Published vs modelled figures for every row (all instances: one profile serves all)."""
     pool = list(rows) if rows is not None else read_published(csv_path)
-    return evaluate_rows(profile, pool, context_buckets)
+    return evaluate_rows(profile, pool, attended)
 
 
 def cross_validate(key: Callable[[PublishedRow], Any], csv_path: str | Path | None = None,
                    rows: Iterable[PublishedRow] | None = None,
-                   start: CostProfile | None = None) -> list[dict[str, Any]]:
+                   start: CostProfile | None = None,
+                   attended: bool | str = DEFAULT_ATTENDED) -> list[dict[str, Any]]:
     """For each value of key(row): fit without those rows, predict them. Entries are those of
     evaluate_published plus "held_out" (the key value) and "profile" (that fold's fit)."""
     pool = list(rows) if rows is not None else read_published(csv_path)
@@ -176,8 +178,8 @@ def cross_validate(key: Callable[[PublishedRow], Any], csv_path: str | Path | No
         train = [r for r in pool if key(r) != group]
         if not train:
             raise ValueError(f"holding out {group!r} leaves no rows to fit")
-        profile = fit_published(rows=train, start=start)
-        for entry in evaluate_rows(profile, [r for r in pool if key(r) == group]):
+        profile = fit_published(rows=train, start=start, attended=attended)
+        for entry in evaluate_rows(profile, [r for r in pool if key(r) == group], attended):
             out.append(entry | {"held_out": group, "profile": profile})
     order = {id(r): i for i, r in enumerate(pool)}
     return sorted(out, key=lambda e: order[id(e["row"])])
@@ -190,9 +192,10 @@ def leave_one_out(csv_path: str | Path | None = None,
 
 
 def leave_one_model_out(csv_path: str | Path | None = None,
-                        rows: Iterable[PublishedRow] | None = None) -> list[dict[str, Any]]:
+                        rows: Iterable[PublishedRow] | None = None,
+                        attended: bool | str = DEFAULT_ATTENDED) -> list[dict[str, Any]]:
     """Each model's rows (on every instance) predicted by a fit to the other models' rows."""
-    return cross_validate(lambda r: r.model, csv_path, rows)
+    return cross_validate(lambda r: r.model, csv_path, rows, attended=attended)
 
 
 def leave_one_instance_out(csv_path: str | Path | None = None,
@@ -218,9 +221,15 @@ def derive_profile(base: CostProfile, instance: str,
     inf2 and trn1 instance; the hardware table supplies the rest."""
     if instance == base.instance:
         return base
-    note = ("measured: published rows of this instance are in the fit" if instance in measured
-            else "no published row of this instance: same NeuronCore-v2 parameters, its own "
-                 "core count and links from the hardware table")
+    if not get_instance(instance).calibrated:
+        note = ("uncalibrated: no published figures for this family; the NeuronCore-v2 "
+                "fractions of peak and latencies applied to its own per-core peaks, core count "
+                "and links from the hardware table (a hardware-ratio estimate)")
+    elif instance in measured:
+        note = "measured: published rows of this instance are in the fit"
+    else:
+        note = ("no published row of this instance: same NeuronCore-v2 parameters, its own "
+                "core count and links from the hardware table")
     return base.replace(instance=instance, source=f"{note}; base: {base.source}")
 
 
@@ -230,6 +239,31 @@ def builtin_profiles(base: CostProfile, digits: int = 4) -> dict[str, CostProfil
     names = FIT_PARAMS + ("kv_bw_efficiency",)
     rounded = base.replace(**{n: float(f"{getattr(base, n):.{digits}g}") for n in names})
     return {name: derive_profile(rounded, name) for name in INSTANCES}
+
+
+#: Trainium2 tutorial figures (vllm-neuron docs, via ../shared/notes/neuron-runtimes.md):
+#: (label, instance, TP, concurrency, input, output, published TPOT ms). The recipe's 39.0
+#: tok/s at concurrency 1 is read as a TPOT of 1000 / 39.0 ms.
+TRN2_POINTS = (
+    ("Llama-3.1-8B TP8, 2 at once, 512/128 (EAGLE tutorial baseline)", "trn2.48xlarge", 8, 2,
+     512, 128, 10.52),
+    ("Llama-3.1-8B TP4 one chip, 1 at once (model recipe)", "trn2.3xlarge", 4, 1, 512, 128,
+     1000 / 39.0),
+)
+#: The stated tolerance of the uncalibrated trn2 profile against those points.
+TRN2_TOLERANCE = 2.5
+
+
+def trn2_points(base: CostProfile) -> list[tuple[str, float, float]]:
+    """(label, modelled TPOT ms, published TPOT ms) of each trn2 tutorial point under the
+    profile derived from `base`: one decode step of the point's concurrency holding input +
+    output / 2 tokens each (the tutorials' max_model_len is not stated, so the KV a Beta-plugin
+    decode would attend is unknown: the held context is the optimistic side)."""
+    out = []
+    for label, instance, tp, batch, inp, outp, tpot in TRN2_POINTS:
+        model = StepCostModel(derive_profile(base, instance), instance, "llama-3.1-8b", tp)
+        out.append((label, model.decode_time(batch, batch * (inp + outp // 2)) * 1e3, tpot))
+    return out
 
 
 # -- fitting to measured steps ---------------------------------------------------------------

@@ -50,13 +50,13 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from neuron_batch.device import virtual_clock
 from neuron_batch.device.architectures import resolve_architecture
 from neuron_batch.device.cost_model import CostProfile, StepCostModel, load_profile
+from neuron_batch.device.static_kv import static_kv_capacity
 from neuron_batch.device.target import (
     SIM_KEY,
     SimSettings,
     SimTarget,
     checked_kv_capacity,
 )
-from neuron_batch.device.static_kv import static_kv_capacity
 from neuron_batch.runtime import VLLM_NEURON, get_runtime
 from neuron_batch.scheduler.compat import full_attention_spec, model_runner_output
 from neuron_batch.scheduler.kv_reserve import DEFAULT_KV_RESERVE

@@ -11,6 +11,12 @@ Trn1/Trn1n Architecture" pages):
 - each chip also has 1 TB/s of DMA bandwidth, which we use for collectives between the two
   cores of one chip (TP <= 2).
 
+Trainium2 (trn2, AWS Neuron docs "Trainium2 Architecture"): 8 NeuronCore-v3 a chip, used as 4
+logical NeuronCores at the default LNC=2 (what vLLM Neuron's TP degrees count), 96 GiB HBM at
+2.9 TB/s, 667 bf16 TFLOPS, 3.5 TB/s of DMA and NeuronLink-v3 at 1.28 TB/s per chip; trn2.48xlarge
+has 16 chips (1,536 GiB at 46.4 TB/s, 10.7 PFLOPS), trn2.3xlarge one. Their vCPU and host memory
+figures are EC2's listing as commonly quoted (the simulator does not use them).
+
 A tensor-parallel group of `tp` NeuronCores uses only those cores' HBM, bandwidth and FLOPS:
 the cost model works per core and never assumes the idle cores help.
 """
@@ -30,8 +36,16 @@ ON_CHIP_DMA_BYTES_S = 1.0e12
 #: Tensor-parallel degrees the Neuron stack uses on inf2 (neuron-facts.md); an instance also
 #: accepts its own core count (12 on inf2.24xlarge), which is what default_tp() picks.
 INF2_TP_DEGREES = (1, 2, 4, 8, 24)
-#: On trn1, powers of two up to all 32 cores.
+#: On trn1, powers of two up to all 32 cores; on trn2 (logical cores at LNC=2) up to 64.
 TRN1_TP_DEGREES = (1, 2, 4, 8, 16, 32)
+TRN2_TP_DEGREES = (1, 2, 4, 8, 16, 32, 64)
+#: Families with AWS-published inference figures the cost model is fitted to; trn2's profile
+#: is derived from hardware ratios only (uncalibrated: reports say so).
+CALIBRATED_FAMILIES = ("inf2", "trn1")
+_TP_DEGREES = {"inf2": INF2_TP_DEGREES, "trn1": TRN1_TP_DEGREES, "trn2": TRN2_TP_DEGREES}
+#: Trainium2 figures per chip (see the module docstring).
+TRN2_CORES_PER_CHIP = 4
+TRN2_DMA_BYTES_S = 3.5e12
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +53,7 @@ class Instance:
     """One EC2 instance type with Neuron chips. Bandwidths are whole-instance figures."""
 
     name: str                   # "inf2.48xlarge"
-    family: str                 # "inf2" | "trn1"
+    family: str                 # "inf2" | "trn1" | "trn2"
     num_chips: int              # Inferentia2 / Trainium chips
     hbm_gib: int                # total device HBM
     bf16_tflops: float          # total bf16 peak
@@ -47,10 +61,16 @@ class Instance:
     link_gib_s: float | None    # NeuronLink-v2 per chip; None on single-chip instances
     vcpus: int
     host_memory_gib: int
+    cores_per_chip: int = CORES_PER_CHIP        # (logical) NeuronCores per chip
+    dma_bytes_s: float = ON_CHIP_DMA_BYTES_S    # per chip
+
+    @property
+    def calibrated(self) -> bool:
+        return self.family in CALIBRATED_FAMILIES
 
     @property
     def num_cores(self) -> int:
-        return self.num_chips * CORES_PER_CHIP
+        return self.num_chips * self.cores_per_chip
 
     @property
     def hbm_bytes_per_core(self) -> int:
@@ -69,8 +89,8 @@ class Instance:
     def collective_bytes_s(self, tp: int) -> float:
         """Bandwidth available to an all-reduce over `tp` cores: on-chip DMA while the group
         fits in one chip, else the NeuronLink-v2 bandwidth per chip."""
-        if tp <= CORES_PER_CHIP or self.link_gib_s is None:
-            return ON_CHIP_DMA_BYTES_S
+        if tp <= self.cores_per_chip or self.link_gib_s is None:
+            return self.dma_bytes_s
         return self.link_gib_s * GIB
 
 
@@ -81,6 +101,11 @@ INSTANCES: dict[str, Instance] = {
         Instance("inf2.24xlarge", "inf2", 6, 192, 1140.0, 4920.0, 192.0, 96, 384),
         Instance("inf2.48xlarge", "inf2", 12, 384, 2280.0, 9840.0, 192.0, 192, 768),
         Instance("trn1.32xlarge", "trn1", 16, 512, 3040.0, 13100.0, 384.0, 128, 512),
+        # 2.9 TB/s = 2,701 GiB/s of HBM and 1.28 TB/s = 1,192 GiB/s of NeuronLink-v3 per chip.
+        Instance("trn2.3xlarge", "trn2", 1, 96, 667.0, 2700.9, None, 12, 128,
+                 TRN2_CORES_PER_CHIP, TRN2_DMA_BYTES_S),
+        Instance("trn2.48xlarge", "trn2", 16, 1536, 10672.0, 43214.0, 1192.1, 192, 2048,
+                 TRN2_CORES_PER_CHIP, TRN2_DMA_BYTES_S),
     )
 }
 
@@ -102,7 +127,7 @@ def get_instance(name: str | Instance) -> Instance:
 def valid_tp_degrees(instance: str | Instance) -> tuple[int, ...]:
     """The TP degrees usable on `instance`, ascending, ending with all of its cores."""
     inst = get_instance(instance)
-    usual = INF2_TP_DEGREES if inst.family == "inf2" else TRN1_TP_DEGREES
+    usual = _TP_DEGREES[inst.family]
     return tuple(sorted({d for d in usual if d <= inst.num_cores} | {inst.num_cores}))
 
 

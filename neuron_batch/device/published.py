@@ -138,17 +138,23 @@ def pow2_bucket(n: int, maximum: int) -> int:
 
 #: What a decode step of a published row attends, per sequence (`decode_groups`):
 #: "held" the tokens it holds, "pow2" the power-of-two window holding them (capped at
-#: max_seq_len), "compiled" the whole compiled max_seq_len every step.
+#: max_seq_len), "compiled" the whole compiled max_seq_len every step. The rows are
+#: transformers-neuronx runs at a known compiled sequence length, and AWS's own figures say
+#: decode time follows it: at batch 8, 128 in / 8064 out and 4096 in / 4096 out, both compiled
+#: for 8192, cost 15.22 and 15.31 ms a step though their mean contexts differ about 1.5x, and
+#: the same 128-token input costs 1.46x more at 8192 than at 4096. Fitting "compiled" halves
+#: the worst leave-one-model-out error of "pow2" (CALIBRATION.md), so it is the default.
 ATTENDED_MODES = ("held", "pow2", "compiled")
+DEFAULT_ATTENDED = "compiled"
 
 
 def decode_groups(row: PublishedRow,
-                  context_buckets: bool | str = True) -> tuple[list[tuple[int, int]], int]:
+                  attended: bool | str = DEFAULT_ATTENDED) -> tuple[list[tuple[int, int]], int]:
     """The row's decode steps as (KV tokens read per sequence, number of steps), and the KV
     read by the median step. Step k (k = 1 .. output_len-1) holds input_len + k tokens; what
-    the graph reads of them is `context_buckets`, one of ATTENDED_MODES (True: "pow2", False:
+    the graph reads of them is `attended`, one of ATTENDED_MODES (True: "pow2", False:
     "held")."""
-    mode = {True: "pow2", False: "held"}.get(context_buckets, context_buckets)
+    mode = {True: "pow2", False: "held"}.get(attended, attended)
     if mode not in ATTENDED_MODES:
         raise ValueError(f"attended mode must be one of {ATTENDED_MODES}, got {mode!r}")
     counts: dict[int, int] = {}
@@ -191,12 +197,12 @@ def row_errors(predicted: dict[str, float], row: PublishedRow) -> dict[str, floa
 
 
 def evaluate_rows(profile: CostProfile, rows: Iterable[PublishedRow],
-                  context_buckets: bool = True) -> list[dict[str, Any]]:
+                  attended: bool | str = DEFAULT_ATTENDED) -> list[dict[str, Any]]:
     """Published vs modelled figures for each row: {"row", "ttft_s", "tpot_s",
     "throughput", "error"}."""
     table = []
     for row in rows:
-        pred = predict_row(row_model(profile, row), row, decode_groups(row, context_buckets))
+        pred = predict_row(row_model(profile, row), row, decode_groups(row, attended))
         table.append({"row": row, **pred, "error": row_errors(pred, row)})
     return table
 

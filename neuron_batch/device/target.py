@@ -34,7 +34,7 @@ from neuron_batch.device.cost_model import (
     kv_capacity,
     load_profile,
 )
-from neuron_batch.device.hardware import default_tp, get_instance, validate_tp
+from neuron_batch.device.hardware import INSTANCES, default_tp, get_instance, validate_tp
 from neuron_batch.device.static_kv import static_kv_capacity
 from neuron_batch.runtime import Runtime, get_runtime
 from neuron_batch.scheduler.kv_reserve import (
@@ -242,6 +242,8 @@ class SimTarget:
                 "estimated_compile_s": compile_["estimated_compile_s"],
             },
             "profile": {"name": self.profile.instance, "source": self.profile_source,
+                        "calibrated": get_instance(self.profile.instance).calibrated
+                        if self.profile.instance in INSTANCES else True,
                         "params": self.profile.to_dict()},
         }
 

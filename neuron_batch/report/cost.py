@@ -71,6 +71,16 @@ def check_price_per_hour(value: float | None) -> float | None:
     return float(value)
 
 
+def has_builtin_price(instance: str) -> bool:
+    return instance.strip().lower() in PRICES
+
+
+def no_price_message(instance: str) -> str:
+    """What the report and summary say when a run's instance has no price."""
+    return (f"no built-in price for {instance}: the report has no cost; give one with "
+            f"--price-per-hour USD (or `price-per-hour` in the job file)")
+
+
 def price_for(instance: str, pricing: str = DEFAULT_PRICING,
               price_per_hour: float | None = None) -> Price:
     """The price of `instance` under `pricing`, or the `--price-per-hour` override.

@@ -60,6 +60,12 @@ def format_summary(report: dict[str, Any]) -> str:
                                  f"{_int(tokens.get('total'))} total"]))
     if report.get("cost"):
         lines.append(_cost_row(report["cost"]))
+    elif report.get("cost_missing"):
+        lines.append(_row("Cost", [report["cost_missing"]]))
+    profile = (config.get("sim") or {}).get("profile") or {}
+    if profile.get("calibrated") is False:
+        lines.append(_row("Profile", [f"uncalibrated ({profile.get('name')}: derived from "
+                                      f"hardware ratios, no published figures to fit)"]))
     lines.append(_row("Steps", [f"{_int(steps.get('total'))} total",
                                 f"{_int(steps.get('prefill'))} prefill",
                                 f"{_int(steps.get('decode'))} decode",

@@ -76,7 +76,7 @@ def num_instances(settings) -> int:
 
 def _add_cost(report: dict, settings) -> None:
     """`cost` whenever the instance is known: run time x price x instances (report/cost.py)."""
-    from neuron_batch.report.cost import report_cost
+    from neuron_batch.report.cost import no_price_message, report_cost
 
     device = report["config"].get("device")
     if settings.device == "auto" and device != "neuron":
@@ -84,6 +84,8 @@ def _add_cost(report: dict, settings) -> None:
     price = settings.price()
     if price is not None:
         report["cost"] = report_cost(report, price, num_instances(settings))
+    elif settings.priced_instance() is not None:
+        report["cost_missing"] = no_price_message(settings.priced_instance())
 
 
 def _tokens_from_outputs(report: dict, folder: RunFolder) -> None:

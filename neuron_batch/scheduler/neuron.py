@@ -56,7 +56,7 @@ logger = logging.getLogger(__name__)
 STEP_FIELDS_FILLED = ("step", "state", "kind", "req_ids", "num_tokens", "num_tokens_padded",
                       "num_seqs", "num_seqs_padded", "bucket", "context_tokens", "blocked",
                       "num_waiting", "num_running", "kv_usage", "t_start", "t_end",
-                      "kv_reserved_blocks", "num_preempted", "attended_len")
+                      "kv_reserved_blocks", "num_preempted", "attended_len", "longest_len")
 _STATE_VALUES = {state: state.value for state in SchedulerState}
 
 #: Keys of `additional_config["neuron_batch"]` (this project's own settings).
@@ -280,7 +280,7 @@ class NeuronScheduler(KVAdmission, Scheduler):
         # num_scheduled_tokens stays the actual count (vLLM advances num_computed_tokens by it);
         # the padded size travels separately for the model runner.
         padded = dict(num_scheduled)
-        attended = None
+        attended = longest = None
         if num_prefill:
             kind = PREFILL
             bucket = 0
@@ -328,7 +328,8 @@ class NeuronScheduler(KVAdmission, Scheduler):
             num_tokens, num_tokens_padded, num_seqs, num_seqs_padded, bucket, context_tokens,
             blocked, num_waiting, len(self.running), self.kv_cache_manager.usage, t_start,
             None, self.kv_reserved_blocks,
-            len(getattr(output, "preempted_req_ids", None) or ()), attended))
+            len(getattr(output, "preempted_req_ids", None) or ()), attended,
+            None if longest is None else longest + 1))
 
     # -- outputs and request life ------------------------------------------------------------
     def update_from_output(self, scheduler_output, model_runner_output):

@@ -73,9 +73,9 @@ class StepRecord:
     Decode steps carry one token per request: `num_tokens` = `num_tokens_padded` = `num_seqs`,
     and `num_seqs_padded` is the decode batch bucket (under nxdi: every slot, `max_num_seqs`);
     `attended_len` the KV length each padded slot attends (nxdi: the token-generation bucket;
-    vllm-neuron: the decode context-length bucket, else max_model_len). `bucket` is the prefill bucket or the
-    decode batch bucket. `context_tokens` is the KV already held by the scheduled requests before
-    the step (prior chunks for a prefill, prompt + generated tokens for decodes): what the step's
+    vllm-neuron: the decode context-length bucket, else max_model_len), `longest_len` the
+    longest request's length it pads. `bucket` is the prefill bucket or the decode batch bucket.
+    `context_tokens` is the KV already held by the scheduled requests before the step (prior chunks for a prefill, prompt + generated tokens for decodes): what the step's
     attention reads. `t_end` is set when the step's model output comes back.
     `kv_reserved_blocks` is what the running requests reserved under the KV admission rule when
     the step was planned (`kv_usage` is what they really held); `num_preempted` the requests
@@ -102,6 +102,8 @@ class StepRecord:
     num_preempted: int = 0          # requests vLLM preempted while planning this step
     attended_len: int | None = None  # decode: KV length each padded slot attends (the
                                      # token-generation / context-length bucket)
+    longest_len: int | None = None   # decode: the longest request's length after the step
+                                     # (its position + 1): what the attention buckets pad
 
 
 @dataclass(slots=True)

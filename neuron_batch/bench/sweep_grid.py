@@ -1,0 +1,194 @@
+"""The configurations a bucket sweep runs: the defaults at each max_num_seqs (phase one), then
+the grid of the runtime's own bucket dimensions (phase two), with the exact optimum for 1..K
+buckets on what phase one's runs did. Names and dimensions: see sweep.py's docstring.
+Pure Python (no vLLM)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from neuron_batch.bench.optimiser import plans_for_each_k, prefill_chunk_lengths
+from neuron_batch.config import RunSettings
+from neuron_batch.runtime import DECODE_CONTEXT_MULTIPLE
+from neuron_batch.scheduler.kv_reserve import SHORT_NAMES
+from neuron_batch.scheduler.records import DECODE, read_records
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    params: dict[str, Any]          # the swept settings, as the CSV's param_* columns show them
+    settings: RunSettings
+
+
+def _join(buckets: Sequence[int] | None) -> str | None:
+    return None if buckets is None else ",".join(str(b) for b in buckets)
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
+
+
+def candidate(base: RunSettings, sweep_dir: Path, name: str, *, max_num_seqs: int,
+              prefill: Sequence[int] | None, decode: Sequence[int] | None,
+              kv_reserve: str | None = None,
+              attention: Sequence[int] | None = None) -> Candidate:
+    """One configuration: `prefill`, `decode` and `attention` are the runtime's three lists
+    (runtime.Runtime.prefill / decode / attention; None: its default). Under nxdi the swept
+    second list is the token-generation one, given as `attention`."""
+    kv_reserve = kv_reserve or base.kv_reserve
+    runtime = base.resolve_runtime()
+    settings = replace(base, max_num_seqs=max_num_seqs, kv_reserve=kv_reserve,
+                       output=str(sweep_dir / "configs" / _slug(name)), quiet=True, resume=True,
+                       metrics_textfile=None)
+    settings = settings.with_buckets(runtime, prefill, decode, attention)
+    shapes = settings.validate().shapes(runtime)
+    return Candidate(name, {"runtime": runtime.name, "max_num_seqs": max_num_seqs,
+                            "prefill_buckets": _join(shapes.prefill_buckets),
+                            "decode_buckets": _join(shapes.decode_buckets),
+                            "attention_buckets": _join(shapes.attention_buckets) or None,
+                            "kv_reserve": kv_reserve},
+                     settings)
+
+
+def _suffix(seqs: int, kv_reserve: str, *, multi_seqs: bool, multi_kv: bool) -> str:
+    """The S= and K= parts of a name, for the dimensions the sweep varies."""
+    return ((f",S={seqs}" if multi_seqs else "")
+            + (f",K={SHORT_NAMES[kv_reserve]}" if multi_kv else ""))
+
+
+def default_candidates(base: RunSettings, sweep_dir: Path, seqs_values: Sequence[int],
+                       kv_values: Sequence[str] | None = None) -> list[Candidate]:
+    """The defaults at each max_num_seqs (and KV admission rule); the first is "default", the
+    baseline of the verdict."""
+    kv_values = list(kv_values or [base.kv_reserve])
+    out = []
+    for kv_reserve in kv_values:
+        for seqs in seqs_values:
+            name = "default" if not out else "P=def,D=def" + _suffix(
+                seqs, kv_reserve, multi_seqs=True, multi_kv=len(kv_values) > 1)
+            out.append(candidate(base, sweep_dir, name, max_num_seqs=seqs, prefill=None,
+                                 decode=None, kv_reserve=kv_reserve))
+    return out
+
+
+def grid_candidates(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
+                    prompt_lengths: Sequence[int], decode_hists: dict,
+                    user_prefill: Sequence[Sequence[int]], user_decode: Sequence[Sequence[int]],
+                    max_prefill_buckets: int, max_decode_buckets: int,
+                    kv_values: Sequence[str] | None = None,
+                    length_hists: dict | None = None) -> list[Candidate]:
+    """Every prefill set x decode set x max_num_seqs x KV rule, defaults excluded (phase one ran
+    them). `decode_hists` maps (max_num_seqs, kv_reserve), or just max_num_seqs, to the decode
+    batch sizes phase one produced (the rules give very different batches); `length_hists`
+    likewise to the longest request's length of each decode step, which the attention buckets
+    pad (nxdi: the swept decode dimension; vllm-neuron: the C sets)."""
+    kv_values = list(kv_values or [base.kv_reserve])
+    runtime = base.resolve_runtime()
+    mml = base.max_model_len
+    budget = base.max_num_batched_tokens if runtime.chunked_prefill else mml
+    chunks = prefill_chunk_lengths(prompt_lengths, budget, mml)
+    prefill_max = min(budget, mml)
+    # Short labels keep the table narrow: def = defaults, uN = the user's Nth set, oK = the
+    # optimum with at most K buckets.
+    prefill_sets: dict[str, tuple[int, ...] | None] = {"def": None}
+    for i, buckets in enumerate(user_prefill, 1):
+        prefill_sets[f"u{i}"] = tuple(buckets)
+    if max_prefill_buckets > 0:
+        for k, plan in enumerate(plans_for_each_k(chunks, max_prefill_buckets, prefill_max), 1):
+            prefill_sets[f"o{k}"] = plan.buckets
+    out: list[Candidate] = []
+    multi_seqs, multi_kv = len(seqs_values) > 1, len(kv_values) > 1
+    second = "T" if runtime.static_kv else "D"
+    for kv_reserve, seqs in ((k, s) for k in kv_values for s in seqs_values):
+        suffix = _suffix(seqs, kv_reserve, multi_seqs=multi_seqs, multi_kv=multi_kv)
+        lengths = _hist_for(length_hists or {}, seqs, kv_reserve)
+        decode_sets: dict[str, tuple[int, ...] | None] = {"def": None}
+        if runtime.static_kv:
+            # The swept second list: token-generation buckets over the decode steps' longest
+            # lengths (every step runs all max_num_seqs slots).
+            for i, buckets in enumerate(user_decode, 1):
+                if buckets[-1] == mml:
+                    decode_sets[f"u{i}"] = tuple(buckets)
+            if max_decode_buckets > 0 and lengths:
+                for k, plan in enumerate(plans_for_each_k(lengths, max_decode_buckets, mml), 1):
+                    decode_sets[f"o{k}"] = plan.buckets
+        else:
+            for i, buckets in enumerate(user_decode, 1):
+                if buckets[-1] == seqs:
+                    decode_sets[f"u{i}"] = tuple(buckets)
+            hist = _hist_for(decode_hists, seqs, kv_reserve)
+            if max_decode_buckets > 0 and hist:
+                for k, plan in enumerate(plans_for_each_k(hist, max_decode_buckets, seqs), 1):
+                    decode_sets[f"o{k}"] = plan.buckets
+        seen: set[tuple] = set()
+        for pname, prefill in _unique(prefill_sets).items():
+            for dname, decode in _unique(decode_sets).items():
+                if pname == "def" and dname == "def":
+                    continue
+                key = (prefill, decode)
+                if key in seen:
+                    continue
+                seen.add(key)
+                name = f"P={pname},{second}={dname}" + suffix
+                if runtime.static_kv:
+                    out.append(candidate(base, sweep_dir, name, max_num_seqs=seqs,
+                                         prefill=prefill, decode=None, attention=decode,
+                                         kv_reserve=kv_reserve))
+                else:
+                    out.append(candidate(base, sweep_dir, name, max_num_seqs=seqs,
+                                         prefill=prefill, decode=decode,
+                                         kv_reserve=kv_reserve))
+        if not runtime.static_kv and max_decode_buckets > 0 and lengths:
+            # The Beta plugin's decode context-length buckets (multiples of 128 below
+            # max_model_len; the max_model_len graph is always there), with the default P, D.
+            rounded = Counter()
+            for length, count in lengths.items():
+                rounded[min(-(-length // DECODE_CONTEXT_MULTIPLE) * DECODE_CONTEXT_MULTIPLE,
+                            mml)] += count
+            context_sets = {}
+            for k, plan in enumerate(plans_for_each_k(rounded, max_decode_buckets + 1, mml), 1):
+                inner = tuple(b for b in plan.buckets if b < mml)
+                if inner and inner not in context_sets.values():
+                    context_sets[f"o{k}"] = inner
+            for cname, context in context_sets.items():
+                out.append(candidate(base, sweep_dir, f"P=def,D=def,C={cname}" + suffix,
+                                     max_num_seqs=seqs, prefill=None, decode=None,
+                                     attention=context, kv_reserve=kv_reserve))
+    return out
+
+
+def _hist_for(hists: dict, seqs: int, kv_reserve: str):
+    return hists.get((seqs, kv_reserve), hists.get(seqs))
+
+
+def _unique(sets: dict[str, tuple[int, ...] | None]) -> dict[str, tuple[int, ...] | None]:
+    """Drop sets equal to an earlier one (an optimum can equal the defaults or a user's set)."""
+    out, seen = {}, set()
+    for name, buckets in sets.items():
+        if buckets in seen:
+            continue
+        seen.add(buckets)
+        out[name] = buckets
+    return out
+
+
+def decode_batch_histogram(run_dir: Path) -> Counter:
+    return decode_histograms(run_dir)[0]
+
+
+def decode_histograms(run_dir: Path) -> tuple[Counter, Counter]:
+    """What a run's decode steps did: (batch sizes, longest request's length) -> steps."""
+    sizes: Counter = Counter()
+    lengths: Counter = Counter()
+    for path in sorted(run_dir.glob("records-*.jsonl")):
+        for step in read_records(path).steps:
+            if step.kind == DECODE:
+                sizes[step.num_seqs] += 1
+                if step.longest_len is not None:
+                    lengths[step.longest_len] += 1
+    return sizes, lengths
