@@ -75,8 +75,9 @@ class StepRecord:
     `attended_len` the KV length each padded slot attends (nxdi: the token-generation bucket;
     vllm-neuron: the decode context-length bucket, else max_model_len), `longest_len` the
     longest request's length it pads. `bucket` is the prefill bucket or the decode batch bucket.
-    `context_tokens` is the KV already held by the scheduled requests before the step (prior chunks for a prefill, prompt + generated tokens for decodes): what the step's
-    attention reads. `t_end` is set when the step's model output comes back.
+    `context_tokens` is the KV already held by the scheduled requests before the step (prior
+    chunks for a prefill, prompt + generated tokens for decodes): what the step's attention
+    reads. `t_end` is set when the step's model output comes back.
     `kv_reserved_blocks` is what the running requests reserved under the KV admission rule when
     the step was planned (`kv_usage` is what they really held); `num_preempted` the requests
     vLLM preempted while planning it (Neuron cannot preempt: always 0 with this scheduler).
