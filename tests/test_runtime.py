@@ -1,0 +1,165 @@
+"""The runtime object (runtime.py) and NxDI's static KV cache (device/static_kv.py): pure
+Python, milliseconds. The engine-level behaviour is in test_sim_nxdi.py and the scheduler's in
+test_scheduler_properties.py."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from neuron_batch.buckets import BucketError
+from neuron_batch.config import RunSettings, SettingsError, SimOptions
+from neuron_batch.device.cost_model import CapacityError
+from neuron_batch.device.static_kv import static_kv_capacity, static_slots
+from neuron_batch.runtime import (
+    NXDI,
+    VLLM_NEURON,
+    RuntimeNameError,
+    get_runtime,
+    nxdi_default_buckets,
+    runtime_of_plugin,
+)
+
+GIB = 1 << 30
+
+
+def test_nxdi_default_buckets_follow_nxdis_rounding():
+    # NxDI's generate_buckets(128, max): powers of two up to 2**round(log2(max)), then max
+    assert nxdi_default_buckets(4352) == [128, 256, 512, 1024, 2048, 4352]
+    assert nxdi_default_buckets(3000) == [128, 256, 512, 1024, 2048, 3000]
+    assert nxdi_default_buckets(6000) == [128, 256, 512, 1024, 2048, 4096, 6000]
+    assert nxdi_default_buckets(16384) == [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+    assert nxdi_default_buckets(128) == [128]
+
+
+@given(st.integers(129, 200_000))
+def test_nxdi_default_buckets_are_ascending_and_end_at_the_max(maximum):
+    buckets = nxdi_default_buckets(maximum)
+    assert buckets == sorted(set(buckets)) and buckets[-1] == maximum
+    assert all(b & (b - 1) == 0 for b in buckets[:-1])
+    # no power of two closer than the rounding allows
+    assert len(buckets) == 1 + round(math.log2(maximum)) - 7
+
+
+def test_runtime_by_family_and_plugin():
+    assert get_runtime(None, family="inf2").name == NXDI
+    assert get_runtime(None, family="trn1").name == NXDI
+    assert get_runtime(None, family="trn2").name == VLLM_NEURON
+    assert get_runtime(None).name == VLLM_NEURON
+    assert runtime_of_plugin("0.2.0").name == NXDI
+    assert runtime_of_plugin("0.5.3").name == NXDI
+    assert runtime_of_plugin("0.24.0.1.1.0").name == VLLM_NEURON
+    assert runtime_of_plugin("0.29.0.1.2.0").name == VLLM_NEURON
+    assert runtime_of_plugin(None) is None
+    with pytest.raises(RuntimeNameError, match="nxdi, vllm-neuron"):
+        get_runtime("tnx")
+
+
+def test_nxdi_shapes_pad_whole_prompts_and_decode_every_slot():
+    shapes = get_runtime(NXDI).shapes({}, max_num_seqs=6, max_num_batched_tokens=512,
+                                      max_model_len=4096)
+    assert shapes.prefill_buckets == (128, 256, 512, 1024, 2048, 4096)
+    assert shapes.prefill(3000) == 4096         # whole prompt, not chunks of 512
+    # decode: every slot, the smallest token-generation bucket above the longest position
+    assert shapes.decode(1, 127) == (6, 128)
+    assert shapes.decode(3, 128) == (6, 256)
+    assert shapes.decode(6, 4095) == (6, 4096)
+    assert shapes.num_graphs == 6 + 6
+    assert shapes.bucket_lists() == {"context_encoding_buckets": list(shapes.prefill_buckets),
+                                     "token_generation_buckets": list(shapes.attention_buckets)}
+
+
+def test_vllm_neuron_shapes_are_the_seeds_plus_context_buckets():
+    runtime = get_runtime(VLLM_NEURON)
+    shapes = runtime.shapes({}, max_num_seqs=8, max_num_batched_tokens=512, max_model_len=4096)
+    assert shapes.prefill(300) == 512 and shapes.decode(3, 100) == (4, 4096)
+    assert shapes.num_graphs == 3 + 4 * 1
+    with_context = runtime.shapes({"decode_context_length_buckets": [512, 1024]},
+                                  max_num_seqs=8, max_num_batched_tokens=512,
+                                  max_model_len=4096)
+    assert with_context.decode(3, 100) == (4, 512)
+    assert with_context.decode(3, 600) == (4, 1024)
+    assert with_context.decode(3, 1024) == (4, 4096)      # position + 1 above every bucket
+    assert with_context.num_graphs == 3 + 4 * 3
+
+
+@pytest.mark.parametrize("lists, message", [
+    ({"decode_context_length_buckets": [500]}, "multiple of 128"),
+    ({"decode_context_length_buckets": [4096]}, "not below max_model_len"),
+    ({"decode_context_length_buckets": [1024, 512]}, "ascending"),
+    ({"context_encoding_buckets": [512]}, "--context-encoding-buckets belong"),
+])
+def test_vllm_neuron_refuses_what_its_plugin_refuses(lists, message):
+    with pytest.raises(BucketError, match=message):
+        get_runtime(VLLM_NEURON).shapes(lists, max_num_seqs=8, max_num_batched_tokens=512,
+                                        max_model_len=4096)
+
+
+def test_nxdi_refuses_the_other_runtimes_flags_naming_them():
+    with pytest.raises(BucketError, match="--prefill-buckets, --decode-buckets belong.*"
+                                          "--runtime vllm-neuron"):
+        get_runtime(NXDI).shapes({"num_batched_tokens_buckets": [512],
+                                  "num_seqs_buckets": [8]},
+                                 max_num_seqs=8, max_num_batched_tokens=512, max_model_len=4096)
+    with pytest.raises(BucketError, match="last bucket of --token-generation-buckets"):
+        get_runtime(NXDI).shapes({"token_generation_buckets": [512, 1024]}, max_num_seqs=8,
+                                 max_num_batched_tokens=512, max_model_len=4096)
+
+
+def test_settings_resolve_the_runtime_once_and_refuse_what_does_not_apply():
+    sim = RunSettings(inputs=("x",), device="sim")
+    assert sim.resolve_runtime().name == NXDI             # inf2.8xlarge by default
+    trn2 = RunSettings(inputs=("x",), device="sim", sim=SimOptions(instance="trn2.48xlarge"))
+    assert trn2.resolve_runtime().name == VLLM_NEURON
+    assert RunSettings(inputs=("x",), device="cpu").resolve_runtime().name == VLLM_NEURON
+    with pytest.raises(SettingsError, match="--decode-buckets belong"):
+        RunSettings(inputs=("x",), device="sim", decode_buckets=(1, 8)).validate()
+    with pytest.raises(SettingsError, match="--kv-reserve does not apply under the nxdi"):
+        RunSettings(inputs=("x",), device="sim", kv_reserve="max_model_len").validate()
+    ok = RunSettings(inputs=("x",), device="sim", runtime="vllm-neuron", decode_buckets=(1, 8))
+    assert ok.validate().buckets()[1] == [1, 8]
+
+
+def test_with_buckets_sets_the_runtimes_own_fields():
+    base = RunSettings(inputs=("x",), device="sim", prefill_buckets=(128, 2048))
+    nxdi = base.with_buckets(get_runtime(NXDI), (512, 2048), None, (1024, 2048))
+    assert nxdi.prefill_buckets is None and nxdi.runtime == NXDI
+    assert nxdi.context_encoding_buckets == (512, 2048)
+    assert nxdi.token_generation_buckets == (1024, 2048)
+    assert nxdi.validate().shapes().attention_buckets == (1024, 2048)
+
+
+def test_static_kv_matches_the_notes_example_and_says_what_fits():
+    # Llama-3.1-8B bf16 at 16384 on one inf2 chip (TP 2): 6 slots with the reserve
+    # (../shared/notes/neuron-runtimes.md), never 32.
+    assert static_slots("inf2.xlarge", _arch(), 2, "bf16", 16384) == 6
+    kv = static_kv_capacity("inf2.xlarge", "llama-3.1-8b", 2, "bf16", 16384, 6, 32)
+    assert kv["max_concurrent_at_max_len"] == 6 and kv["num_blocks"] == 6 * 512
+    assert kv["bytes"] == 6 * 16384 * 131072
+    with pytest.raises(CapacityError) as info:
+        static_kv_capacity("inf2.xlarge", "llama-3.1-8b", 2, "bf16", 16384, 32, 32)
+    message = str(info.value)
+    assert "64.0 GiB" in message and "--max-num-seqs 6 at this max_model_len" in message
+    assert "--max-model-len 3,456 at this max_num_seqs" in message
+    assert "--tensor-parallel-size 8 on inf2.24xlarge" in message
+
+
+@given(seqs=st.integers(1, 64), length=st.sampled_from([1024, 2048, 4096, 8192, 16384]),
+       tp=st.sampled_from([2, 4, 8, 24]))
+def test_a_static_layout_loads_exactly_when_its_bytes_fit(seqs, length, tp):
+    """Independent arithmetic: slots x length x 131,072 B (Llama 3 8B) beside 16.06 GB of
+    weights and a 10% reserve of the TP group's HBM."""
+    free = 0.9 * tp * 16 * GIB - _arch().weight_bytes("bf16")
+    fits = seqs * length * 131072 <= free
+    try:
+        static_kv_capacity("inf2.48xlarge", "llama-3.1-8b", tp, "bf16", length, seqs, 32)
+        loaded = True
+    except CapacityError:
+        loaded = False
+    assert loaded == fits
+
+
+def _arch():
+    from neuron_batch.device.architectures import resolve_architecture
+    return resolve_architecture("llama-3.1-8b")
