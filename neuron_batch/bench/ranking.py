@@ -109,8 +109,10 @@ def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
         "rank": None,
         "name": str(entry.get("name")),
         "params": params,
+        "runtime": config.get("runtime") or params.get("runtime"),
         "prefill_buckets": prefill,
         "decode_buckets": decode,
+        "attention_buckets": list(config.get("attention_buckets") or []),
         "max_num_seqs": config.get("max_num_seqs", params.get("max_num_seqs")),
         "max_num_batched_tokens": config.get("max_num_batched_tokens",
                                              params.get("max_num_batched_tokens")),
@@ -122,6 +124,9 @@ def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
         "steps": (report.get("steps") or {}).get("total"),
         "prefill_waste": (padding.get("prefill") or {}).get("waste_fraction"),
         "decode_waste": (padding.get("decode") or {}).get("waste_fraction"),
+        # decode KV attended but not held (nxdi: idle slots and the token-generation bucket;
+        # vllm-neuron: max_model_len or the context-length bucket per padded request)
+        "attention_waste": (padding.get("attention") or {}).get("waste_fraction"),
         "state_seconds": seconds,
         "state_shares": shares,
         "admission_blocked": blocked,

@@ -121,8 +121,12 @@ def _fastest_sentence(fastest: dict, baseline: dict | None, ordered: list[dict])
                  f"{baseline['compiled_graphs']} graphs)")
         text += (f"; its prefill padding waste is {fmt_pct(fastest['prefill_waste'])} against "
                  f"{fmt_pct(baseline['prefill_waste'])} for the default (decode "
-                 f"{fmt_pct(fastest['decode_waste'])} against {fmt_pct(baseline['decode_waste'])})")
-        return text
+                 f"{fmt_pct(fastest['decode_waste'])} against {fmt_pct(baseline['decode_waste'])}")
+        if fastest.get("attention_waste") is not None:
+            # what the attention buckets save: KV attended but not held
+            text += (f"; decode KV attended but not held {fmt_pct(fastest['attention_waste'])}"
+                     f" against {fmt_pct(baseline.get('attention_waste'))}")
+        return text + ")"
     if baseline is fastest:
         text += "; no configuration beat the default"
     if len(ordered) > 1:

@@ -73,8 +73,15 @@ def compile_pair(row: dict, other: dict, inline: bool = False) -> str:
 
 
 def bucket_words(row: dict) -> str:
-    return (f"prefill {join_buckets(row.get('prefill_buckets'))} / "
+    """The configuration's buckets in its runtime's own words."""
+    if row.get("runtime") == "nxdi":
+        return (f"context encoding {join_buckets(row.get('prefill_buckets'))} / "
+                f"token generation {join_buckets(row.get('attention_buckets'))}")
+    text = (f"prefill {join_buckets(row.get('prefill_buckets'))} / "
             f"decode {join_buckets(row.get('decode_buckets'))}")
+    if row.get("attention_buckets"):
+        text += f" / decode context {join_buckets(row.get('attention_buckets'))}"
+    return text
 
 
 def join_buckets(buckets: Sequence[int] | None) -> str:
