@@ -2,6 +2,12 @@
 """KV admission by each request's own need (`--kv-reserve request`) against the seed design's
 rule (`--kv-reserve max-model-len`), measured in the same run on the simulated device.
 
+The rules are the Beta plugin's (`--runtime vllm-neuron`, paged KV, trn2/trn3): under nxdi,
+what inf2 and trn1 hosts run, the KV cache is static and never limits admission, so there is
+nothing to compare. The default instance is therefore the Beta plugin's paged cache on inf2
+hardware (`--runtime vllm-neuron`, a layout to compare the rules, not one an inf2 host runs);
+`--instance trn2.3xlarge` measures the rules where they apply.
+
 Each configuration is a whole `neuron-batch run` (the library's `run()`, in a fresh engine, as
 `bench` runs it) on a simulated inf2.8xlarge with Llama-3.1-8B, max_model_len 16384,
 max_num_batched_tokens 8192, all requests at time zero. Workloads:
@@ -78,7 +84,7 @@ def settings_for(args, csv_path: Path, max_num_seqs: int, rule: str, out: Path):
     return RunSettings(
         inputs=(str(csv_path),), device="sim", max_num_seqs=max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-        kv_reserve=rule, output=str(out), quiet=True,
+        kv_reserve=rule, output=str(out), quiet=True, runtime=args.runtime,
         sim=SimOptions(instance=args.instance, architecture=args.arch)).validate()
 
 
@@ -128,6 +134,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-num-seqs", type=int, nargs="+", default=[32, 64])
     parser.add_argument("--instance", default="inf2.8xlarge")
     parser.add_argument("--arch", default="llama-3.1-8b")
+    parser.add_argument("--runtime", default="vllm-neuron",
+                        help="the rules apply to the Beta plugin's paged KV cache only")
     parser.add_argument("--max-model-len", type=int, default=16384)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--jobs", type=int, default=1,

@@ -125,7 +125,7 @@ def run_bare(args, max_num_seqs, num_blocks, workload, *, block_hasher=True):
     scheduler = make_scheduler(NeuronScheduler, max_num_seqs=max_num_seqs,
                                max_num_batched_tokens=args.max_num_batched_tokens,
                                max_model_len=args.max_model_len, num_blocks=num_blocks,
-                               block_size=32)
+                               block_size=32, runtime=args.resolved_runtime)
     if block_hasher:
         requests = [make_request(p, m, req_id=str(i), prompt_token_ids=prompt_ids(i, p))
                     for i, (p, m) in enumerate(workload)]
@@ -145,11 +145,11 @@ def run_bare(args, max_num_seqs, num_blocks, workload, *, block_hasher=True):
 # -- the measurements ------------------------------------------------------------------------------
 def measure_ratio(settings, args, max_num_seqs, workload, workdir):
     from neuron_batch.device.executor import shutdown_llm
-    from neuron_batch.device.target import describe_sim
+    from neuron_batch.device.target import SimTarget
 
-    desc = describe_sim(settings, max_model_len=args.max_model_len, num_prefill_buckets=1,
-                        num_decode_buckets=1)
-    num_blocks = desc["kv_cache"]["num_blocks"]
+    # the KV pool the engine gets: a static cache's slots (and the null block), or the paged one
+    num_blocks = SimTarget.resolve(settings, args.max_model_len,
+                                   max_num_seqs=max_num_seqs).pool_blocks
     rows = []
     for repeat in range(args.repeats):
         llm = build_llm(settings, args, max_num_seqs, workdir)
@@ -263,6 +263,8 @@ def main(argv=None):
     parser.add_argument("--no-ratio", action="store_true", help="skip the ratio measurement")
     parser.add_argument("--max-num-seqs", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--instance", default="inf2.8xlarge")
+    parser.add_argument("--runtime", default=None, choices=("nxdi", "vllm-neuron"),
+                        help="default: the instance's (nxdi on inf2/trn1)")
     parser.add_argument("--arch", default="llama-3.1-8b",
                         help="Llama-3.1-8B: Llama-3-8B's shapes with a context of more than "
                              "8,192 tokens, which the trace's longest requests need")
@@ -281,12 +283,22 @@ def main(argv=None):
     from neuron_batch.device.target import SimSettings, describe_sim
 
     settings = SimSettings(instance=args.instance, arch=args.arch, tp_degree=args.tp,
-                           weight_dtype=args.weight_dtype)
+                           weight_dtype=args.weight_dtype, runtime=args.runtime)
     desc = describe_sim(settings, max_model_len=args.max_model_len, num_prefill_buckets=1,
                         num_decode_buckets=1)
     kv = desc["kv_cache"]
+    args.resolved_runtime = desc["runtime"]
     print(f"simulated device: {desc['instance']} TP {desc['tp_degree']}, {desc['arch']} "
-          f"{desc['weight_dtype']}, profile {desc['profile']['source']}")
+          f"{desc['weight_dtype']}, runtime {desc['runtime']}, profile "
+          f"{desc['profile']['source']}")
+    if kv["layout"] == "static":
+        # NxDI's static cache: a max_num_seqs whose slots do not fit cannot load.
+        fit = kv["max_concurrent_at_max_model_len"]
+        clamped = sorted({min(n, fit) for n in args.max_num_seqs})
+        if clamped != sorted(args.max_num_seqs):
+            print(f"static KV cache: {fit} slots of {args.max_model_len} fit; max_num_seqs "
+                  f"{args.max_num_seqs} -> {clamped}")
+        args.max_num_seqs = clamped
     print(f"KV cache: {kv['num_blocks']} blocks x 32 = {kv['tokens']:,} tokens "
           f"({kv['limited_by']}); at max_model_len {args.max_model_len} it holds "
           f"{kv['scheduler_max_concurrent']} requests (NeuronScheduler's admission cap)")
