@@ -15,8 +15,8 @@ from typing import Any
 from neuron_batch.bench.command_line import run_command
 from neuron_batch.bench.deadline import format_hours
 from neuron_batch.bench.export import _jsonable
-from neuron_batch.bench.plan import PLAN_JSON, PlanJob, layout_settings, option_settings
 from neuron_batch.bench.plan_grid import Option
+from neuron_batch.bench.plan_job import PLAN_JSON, PlanJob, layout_settings, option_settings
 from neuron_batch.bench.plan_search import objective_key
 from neuron_batch.report.cost import per_million
 from neuron_batch.run.folder import write_json_atomic

@@ -51,6 +51,8 @@ NEURON_BLOCK_SIZE = 32
 #: The clock to name in `additional_config["neuron_batch"]["clock"]`. The executor replaces it
 #: with its own engine's clock when it starts; this name reads the last engine started.
 VIRTUAL_CLOCK = "neuron_batch.device.virtual_clock:virtual_now"
+#: The simulated device's vLLM executor, by dotted path.
+SIM_EXECUTOR = "neuron_batch.device.executor.NeuronSimExecutor"
 #: The scheduler the simulated device is built for (it sets the padded shapes).
 SCHEDULER_CLS = "neuron_batch.scheduler.NeuronScheduler"
 #: Key of the executor's settings inside `additional_config["neuron_batch"]`.
@@ -166,8 +168,6 @@ class SimTarget:
         "sim" settings). `enable_prefix_caching=False` (the harness' and scheduler tests'
         setting) and `scheduler_cls` = NeuronScheduler may be overridden.
         """
-        from neuron_batch.device.executor import NeuronSimExecutor
-
         model_dir = _write_model_dir(self.settings.arch, self.arch, Path(workdir))
         arch_spec = self.arch_spec or str(model_dir / "config.json")
         executor = self.executor_settings(arch_spec)
@@ -189,7 +189,9 @@ class SimTarget:
             "model": str(model_dir),
             "skip_tokenizer_init": True,
             "load_format": "dummy",
-            "distributed_executor_backend": NeuronSimExecutor,
+            # By name: vLLM imports it in the engine core (and this module stays free of the
+            # executor, which imports it).
+            "distributed_executor_backend": SIM_EXECUTOR,
             "scheduler_cls": SCHEDULER_CLS,
             "block_size": NEURON_BLOCK_SIZE,
             "enforce_eager": True,

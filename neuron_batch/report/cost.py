@@ -77,8 +77,7 @@ def has_builtin_price(instance: str) -> bool:
 
 def no_price_message(instance: str) -> str:
     """What the report and summary say when a run's instance has no price."""
-    return (f"no built-in price for {instance}: the report has no cost; give one with "
-            f"--price-per-hour USD (or `price-per-hour` in the job file)")
+    return f"none: no built-in price for {instance}; give --price-per-hour USD"
 
 
 def price_for(instance: str, pricing: str = DEFAULT_PRICING,
