@@ -73,7 +73,11 @@ fast = settings(max_examples=60, deadline=None)
 def test_instances_and_tp_degrees():
     assert get_instance("Inf2.48xlarge").num_cores == 24
     assert get_instance("inf2.48xlarge").hbm_bytes_per_core == 16 << 30
-    assert [default_tp(n) for n in INSTANCES] == [2, 2, 12, 24, 32]
+    assert [default_tp(n) for n in INSTANCES] == [2, 2, 12, 24, 32, 4, 64]
+    # trn2: logical NeuronCores at LNC=2, 4 a chip, 24 GiB each
+    assert get_instance("trn2.48xlarge").hbm_bytes_per_core == 24 << 30
+    assert valid_tp_degrees("trn2.3xlarge") == (1, 2, 4)
+    assert valid_tp_degrees("trn2.48xlarge") == (1, 2, 4, 8, 16, 32, 64)
     assert valid_tp_degrees("inf2.48xlarge") == (1, 2, 4, 8, 24)
     assert valid_tp_degrees("inf2.24xlarge") == (1, 2, 4, 8, 12)
     assert valid_tp_degrees("inf2.xlarge") == (1, 2)

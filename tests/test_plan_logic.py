@@ -228,13 +228,18 @@ def test_decode_steps_bound_counts_kv_and_max_num_seqs():
 
 # -- command lines -----------------------------------------------------------------------------
 
-def test_the_command_line_gives_the_same_settings_back(monkeypatch, tmp_path):
+@pytest.mark.parametrize("buckets", [
+    {"runtime": "vllm-neuron", "prefill_buckets": (512, 4096), "decode_buckets": (16,),
+     "decode_context_buckets": (1024,)},
+    {"runtime": "nxdi", "context_encoding_buckets": (512, 8192),
+     "token_generation_buckets": (2048, 8192)},
+])
+def test_the_command_line_gives_the_same_settings_back(monkeypatch, tmp_path, buckets):
     import neuron_batch.run.runner as runner
 
     settings = RunSettings(inputs=("my trace.csv",), device="sim", max_num_seqs=16,
-                           max_num_batched_tokens=4096, max_model_len=8192,
-                           prefill_buckets=(512, 4096), decode_buckets=(16,), max_tokens=99,
-                           shuffle=True, seed=7, limit=123,
+                           max_num_batched_tokens=4096, max_model_len=8192, **buckets,
+                           max_tokens=99, shuffle=True, seed=7, limit=123,
                            sim=SimOptions(instance="inf2.24xlarge", architecture="llama-3-8b",
                                           tensor_parallel_size=4, weight_dtype="int8"),
                            cost=CostOptions(pricing="reserved"))
@@ -252,7 +257,16 @@ def test_the_command_line_gives_the_same_settings_back(monkeypatch, tmp_path):
     assert result.exit_code == 0, result.output
     got = seen["settings"]
     keep = {"output": None, "quiet": False}
-    assert RunSettings(**{**got.__dict__, **keep}) == RunSettings(**{**settings.__dict__, **keep})
+    # the line spells out every compiled list, defaults included
+    resolved = settings.with_buckets(settings.resolve_runtime(),
+                                     *_lists(settings.shapes()))
+    assert RunSettings(**{**got.__dict__, **keep}) == RunSettings(**{**resolved.__dict__, **keep})
+
+
+def _lists(shapes):
+    runtime = shapes.runtime
+    return (shapes.prefill_buckets, None if runtime.static_kv else shapes.decode_buckets,
+            shapes.attention_buckets)
 
 
 def test_plan_cli_refuses_bad_input_before_reading_anything(tmp_path):
@@ -301,5 +315,9 @@ def test_the_layout_line_runs_every_replica_over_the_instances(monkeypatch, tmp_
     assert (one.replicas, one.sim.num_instances, one.limit, one.shuffle) == (1, 1, 4, True)
     assert (layout.replicas, layout.sim.num_instances, layout.limit) == (12, 2, 40)
     assert one.kv_reserve == layout.kv_reserve == "request"
-    assert (one.sim.tensor_parallel_size, one.prefill_buckets, one.decode_buckets) == (
-        2, option.prefill_buckets, (16,))
+    # inf2 runs nxdi: the prefill buckets are context-encoding buckets, decode runs every slot
+    assert one.runtime == layout.runtime == "nxdi"
+    assert (one.sim.tensor_parallel_size, one.context_encoding_buckets) == (
+        2, option.prefill_buckets)
+    assert one.token_generation_buckets == option.attention_buckets
+    assert one.prefill_buckets is None and one.decode_buckets is None

@@ -56,7 +56,8 @@ def test_summary_has_every_section_and_fits_the_terminal():
     assert all(len(line) <= 100 for line in text.splitlines())
     assert "\x1b" not in text
     assert "model=tiny-llama" in text and "device=inf2" in text
-    assert "5 compiled (3 prefill buckets + 2 decode buckets)" in text
+    # the records' runtime is the seed design's (vllm-neuron): batch buckets x context lengths
+    assert "5 compiled (3 prefill buckets + 2 decode buckets x 1 context lengths)" in text
 
 
 def test_summary_figures():
