@@ -46,7 +46,7 @@ def run_slice(tmp_path: Path, extra: list[str] | None = None) -> dict:
     result = CliRunner().invoke(main, [
         "run", str(sliced), "--device", "sim", "--instance", "inf2.8xlarge",
         "--architecture", "llama-3.1-8b", "--max-model-len", "8192",
-        "--max-num-batched-tokens", "2048", "--max-num-seqs", "16", "-q", "-o", str(out),
+        "--max-num-batched-tokens", "2048", "--max-num-seqs", "12", "-q", "-o", str(out),
         *(extra or [])], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return json.loads((out / "report.json").read_text())
