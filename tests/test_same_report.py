@@ -21,14 +21,17 @@ def keys(value, prefix=""):
     return set()
 
 
-def test_cpu_and_sim_reports_agree(tiny_model, tmp_path):
+@pytest.mark.parametrize("runtime", ["nxdi", "vllm-neuron"])
+def test_cpu_and_sim_reports_agree(tiny_model, tmp_path, runtime):
+    """Under either runtime's shapes (on the CPU the runtime only shapes the schedule: nxdi's
+    whole prompts, one a step, and decode over every slot)."""
     model = tiny_model
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"r{i}", "prompt_len": 20 + 45 * i,
                                            "max_tokens": 4 + i % 5}) + "\n" for i in range(12)))
     common = ["run", str(prompts), "--model", str(model), "--max-num-seqs", "4",
               "--max-num-batched-tokens", "256", "--max-model-len", "1024", "--block-size", "32",
-              "--ignore-eos", "-q"]
+              "--ignore-eos", "-q", "--runtime", runtime]
     reports = {}
     for device in ("cpu", "sim"):
         out = tmp_path / device
@@ -38,6 +41,7 @@ def test_cpu_and_sim_reports_agree(tiny_model, tmp_path):
         assert result.exit_code == 0, result.output
         reports[device] = json.loads((out / "report.json").read_text())
     cpu, sim = reports["cpu"], reports["sim"]
+    assert cpu["config"]["runtime"] == sim["config"]["runtime"] == runtime
     # same shape: the simulated report adds its device description, and its cost (the instance,
     # hence the price, is known only for sim and Neuron hosts; a CPU run is never priced)
     assert "cost" not in cpu and sim["cost"]["instance"] == "inf2.xlarge"
