@@ -286,7 +286,9 @@ def test_kv_reserve_from_a_job_file_reaches_the_scheduler_and_the_report(tmp_pat
     path = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt_len": 200 + 10 * i,
                                               "max_tokens": 40} for i in range(30)])
     job = tmp_path / "job.toml"
+    # (the rules are the Beta plugin's, whose paged cache they govern: runtime vllm-neuron)
     job.write_text('kv-reserve = "max-model-len"\ndevice = "sim"\nmax-num-seqs = 16\n'
+                   'runtime = "vllm-neuron"\n'
                    'max-model-len = 8192\n[sim]\narchitecture = "llama-3-8b"\n')
     sim = ["--max-num-batched-tokens", "2048"]
     reports = {}
@@ -316,3 +318,6 @@ def test_kv_reserve_is_checked_before_anything_runs(tmp_path):
         bad.output
     two = invoke(["run", path, "--device", "sim", "--kv-reserve", "request,max-model-len"])
     assert two.exit_code == 2 and "neuron-batch bench --kv-reserve" in two.output
+    # inf2 runs nxdi, whose static cache the rule cannot govern: said before anything runs
+    static = invoke(["run", path, "--device", "sim", "--kv-reserve", "max-model-len"])
+    assert static.exit_code == 2 and "does not apply under the nxdi runtime" in static.output
