@@ -146,7 +146,7 @@ def test_kv_reserve_is_a_sweep_dimension(tmp_path):
         "llama-3.1-8b", "--limit", "40", "--max-model-len", "8192", "--max-num-batched-tokens",
         "2048", "--max-num-seqs", "16", "--max-prefill-buckets", "1", "--max-decode-buckets",
         "0", "--kv-reserve", "request,max-model-len", "--sweep-buckets", "--jobs", "1",
-        "-o", str(out)], catch_exceptions=False)
+        "--runtime", "vllm-neuron", "-o", str(out)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     data = json.loads((out / "sweep.json").read_text())
     by_name = {c["name"]: c for c in data["configurations"]}
@@ -171,3 +171,29 @@ def test_several_kv_rules_need_a_sweep(tmp_path):
                                        "request,max-model-len", "-o", str(tmp_path / "x")])
     assert result.exit_code == 2 and "several --kv-reserve rules need --sweep-buckets" in \
         result.output
+
+
+def test_each_runtime_sweeps_its_own_dimensions(serial, tmp_path):
+    """inf2 runs nxdi: context-encoding (P) x token-generation (T) sets, the latter optimised
+    on the longest sequence of each default decode step. Under vllm-neuron: prefill (P) x
+    decode batch (D) sets, plus decode context-length sets (C, multiples of 128 below
+    max_model_len); the verdict names the buckets in the runtime's words."""
+    _, data = serial
+    by_name = {c["name"]: c for c in data["configurations"]}
+    assert {"P=o1,T=def", "P=def,T=o1"} <= set(by_name)
+    assert all(c["params"]["runtime"] == "nxdi" for c in by_name.values())
+    tuned = by_name["P=def,T=o1"]["params"]["attention_buckets"].split(",")
+    assert tuned[-1] == "8192" and len(tuned) <= 2
+    assert by_name["default"]["params"]["decode_buckets"] == "8"      # every slot, always
+    assert "token generation" in " ".join(data["recommendation"]["reasons"])
+
+    beta = sweep(tmp_path / "beta", "--runtime", "vllm-neuron", "--jobs", "2")
+    names = {c["name"]: c for c in beta["configurations"]}
+    context = [c for n, c in names.items() if ",C=" in n]
+    assert {"P=o1,D=def", "P=def,D=o1"} <= set(names) and context
+    for config in context:
+        buckets = [int(b) for b in config["params"]["attention_buckets"].split(",")]
+        assert all(b % 128 == 0 and b < 8192 for b in buckets)
+        # a context bucket reads less KV than max_model_len for the same shapes: faster
+        assert config["report"]["throughput"]["output_tokens_per_s"] > \
+            names["default"]["report"]["throughput"]["output_tokens_per_s"]

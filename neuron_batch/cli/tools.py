@@ -56,26 +56,39 @@ def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size,
     from neuron_batch.device.hardware import default_tp
     from neuron_batch.scheduler.records import read_records
 
+    from neuron_batch.runtime import get_runtime
+
     steps = []
+    runtimes = set()
     for run_dir in run_dirs:
         paths = sorted(Path(run_dir).glob("records-*.jsonl"))
         if not paths:
             raise click.UsageError(f"{run_dir}: no records-N.jsonl here; is it a neuron-batch "
                                    f"run folder?")
         for path in paths:
-            steps += [s for s in read_records(path).steps
+            records = read_records(path)
+            if records.config is not None:
+                runtimes.add(records.config.runtime)
+            steps += [s for s in records.steps
                       if s.kind in ("prefill", "decode") and s.t_end is not None
                       and s.t_end > s.t_start]
+    if len(runtimes) > 1:
+        raise click.UsageError(f"the runs mix runtimes ({', '.join(sorted(runtimes))}): "
+                               f"their steps read different KV; calibrate each on its own")
+    # what a decode step reads is its runtime's compiled shape, as the records say
+    runtime = get_runtime(runtimes.pop() if runtimes else None)
     if len(steps) < 10:
         raise click.UsageError(f"only {len(steps)} timed steps in {', '.join(run_dirs)}; "
                                f"calibration needs at least 10")
     try:
         tp = tensor_parallel_size or default_tp(instance)
-        profile = fit_from_steps(steps, instance, architecture, tp, weight_dtype=weight_dtype)
+        profile = fit_from_steps(steps, instance, architecture, tp, weight_dtype=weight_dtype,
+                                 runtime=runtime)
     except (ValueError, FileNotFoundError) as error:
         raise click.UsageError(str(error)) from None
     save_profile(profile, output)
-    model = StepCostModel(profile, instance, architecture, tp, weight_dtype=weight_dtype)
+    model = StepCostModel(profile, instance, architecture, tp, weight_dtype=weight_dtype,
+                          runtime=runtime)
     errors = sorted(abs(model.step_time(s) / (s.t_end - s.t_start) - 1) for s in steps)
     click.echo(f"fitted {len(steps):,} steps from {len(run_dirs)} run(s): median step-time "
                f"error {errors[len(errors) // 2]:.1%}, p90 {errors[int(len(errors) * 0.9)]:.1%}")

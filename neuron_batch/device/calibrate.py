@@ -270,19 +270,24 @@ def trn2_points(base: CostProfile) -> list[tuple[str, float, float]]:
 
 def fit_from_steps(steps: Iterable[Any], instance: str, arch: Any, tp: int,
                    weight_dtype: str = "bf16", start_profile: CostProfile | None = None,
-                   kv_dtype: str = "bf16") -> CostProfile:
+                   kv_dtype: str = "bf16", runtime: Any = None) -> CostProfile:
     """Fit STEP_FIT_PARAMS to measured step durations (t_end - t_start) of StepRecord-like
-    objects from one run configuration. A fixed cost whose kind has no steps keeps its start
-    value."""
+    objects from one run configuration. A decode step's KV read is its compiled shape under
+    `runtime` (the records' own, runtime.Runtime; None: the KV its requests held). A fixed cost
+    whose kind has no steps keeps its start value."""
+    reader = StepCostModel(start_profile or _start_for(instance), instance, arch, tp,
+                           weight_dtype, kv_dtype, runtime=runtime)
     durations: dict[tuple[str, int, int], list[float]] = {}
     for s in steps:
         if s.kind not in ("prefill", "decode") or s.t_end is None or s.t_end <= s.t_start:
             continue
         if s.kind == "prefill":
-            padded = s.num_tokens_padded or s.num_tokens
+            padded, context = s.num_tokens_padded or s.num_tokens, s.context_tokens
         else:
             padded = s.num_seqs_padded or s.num_seqs
-        durations.setdefault((s.kind, padded, s.context_tokens), []).append(s.t_end - s.t_start)
+            context = reader.decode_kv_tokens(padded, getattr(s, "attended_len", None),
+                                              s.context_tokens)
+        durations.setdefault((s.kind, padded, context), []).append(s.t_end - s.t_start)
     if not durations:
         raise ValueError("no finished prefill or decode steps to fit")
     # Identical shapes fold into one term: the log of their geometric mean, weighted by count.
