@@ -54,9 +54,8 @@ def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size,
     from neuron_batch.device.calibrate import fit_from_steps
     from neuron_batch.device.cost_model import StepCostModel, save_profile
     from neuron_batch.device.hardware import default_tp
-    from neuron_batch.scheduler.records import read_records
-
     from neuron_batch.runtime import get_runtime
+    from neuron_batch.scheduler.records import read_records
 
     steps = []
     runtimes = set()
