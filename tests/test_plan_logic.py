@@ -321,3 +321,55 @@ def test_the_layout_line_runs_every_replica_over_the_instances(monkeypatch, tmp_
         2, option.prefill_buckets)
     assert one.token_generation_buckets == option.attention_buckets
     assert one.prefill_buckets is None and one.decode_buckets is None
+
+
+# -- the runtimes in the grid ------------------------------------------------------------------
+
+@settings(max_examples=25, deadline=None)
+@given(seqs=st.lists(st.sampled_from([4, 6, 8, 16, 32, 64]), min_size=1, max_size=3,
+                     unique=True),
+       length=st.sampled_from([4096, 8192, 16384]))
+def test_plan_never_offers_a_layout_that_cannot_load(seqs, length):
+    """Under nxdi (inf2, trn1) an option's static KV cache of max_num_seqs x max_model_len fits
+    beside the weights, checked independently of the grid; a max_num_seqs that does not fit is
+    left out with a reason, and the most slots that fit stand in for it."""
+    from neuron_batch.device.static_kv import static_slots
+
+    spec = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.xlarge", "inf2.24xlarge"),
+                    max_num_instances=1, seqs_values=tuple(seqs), max_model_len=length,
+                    max_num_batched_tokens=2048)
+    found, _ = placements(spec)
+    excluded: list[str] = []
+    options = build_options(spec, found, [1000] * 30, [64] * 30, seed=0, excluded=excluded)
+    assert options
+    for option in options:
+        assert option.runtime.name == "nxdi"
+        slots = static_slots(option.instance, option.placement.target.arch, option.tp, "bf16",
+                             option.max_model_len)
+        assert option.max_num_seqs <= slots, option.name
+    for placement in found:
+        fit = static_slots(placement.instance, placement.target.arch, placement.tp, "bf16",
+                           length)
+        if any(s > fit for s in seqs):
+            assert any(r.startswith(f"{placement.instance} TP {placement.tp} at max_model_len "
+                                    f"{length}") and "cannot load under nxdi" in r
+                       for r in excluded)
+            assert any(o.placement is placement and o.max_num_seqs == fit for o in options)
+
+
+def test_plan_weighs_the_tightest_max_model_len_and_trn2_needs_a_price():
+    from neuron_batch.bench.plan_grid import model_len_candidates
+
+    spec = PlanSpec(architecture="llama-3.1-8b", max_model_len=16384)
+    assert model_len_candidates(spec, [1000, 3000], [100, 1000]) == (4096, 16384)
+    assert model_len_candidates(spec, [1000], [20]) == (1024, 16384)
+    assert model_len_candidates(spec, [16000], [384]) == (16384,)
+    trn2 = PlanSpec(architecture="llama-3.1-8b", instances=("trn2.48xlarge", "inf2.xlarge"),
+                    max_model_len=4096)
+    found, excluded = placements(trn2)
+    assert {p.instance for p in found} == {"inf2.xlarge"}
+    assert any(r.startswith("trn2.48xlarge:") and "--price-per-hour" in r for r in excluded)
+    priced = PlanSpec(**{**trn2.__dict__, "prices": {"trn2.48xlarge": 40.0}})
+    found, _ = placements(priced)
+    beta = [p for p in found if p.instance == "trn2.48xlarge"]
+    assert beta and all(p.runtime.name == "vllm-neuron" for p in beta)
