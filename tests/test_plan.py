@@ -13,11 +13,11 @@ from click.testing import CliRunner
 pytest.importorskip("vllm")
 
 from neuron_batch.bench.deadline import Deadline  # noqa: E402
-from neuron_batch.bench.plan import PlanJob, plan_base, run_plan  # noqa: E402
-from neuron_batch.bench.plan_grid import PlanSpec  # noqa: E402
-from neuron_batch.bench.plan_search import objective_key  # noqa: E402
 from neuron_batch.cli import main  # noqa: E402
 from neuron_batch.config import RunSettings, SimOptions  # noqa: E402
+from neuron_batch.plan.grid import PlanSpec  # noqa: E402
+from neuron_batch.plan.run import PlanJob, plan_base, run_plan  # noqa: E402
+from neuron_batch.plan.search import objective_key  # noqa: E402
 
 TRACE = Path(__file__).resolve().parents[1] / "datasets" / "azure-llm-inference-conv-2023.csv"
 pytestmark = pytest.mark.skipif(not TRACE.exists(), reason="the trace copy is missing")

@@ -13,17 +13,17 @@ from hypothesis import strategies as st
 
 from neuron_batch.bench.command_line import run_command
 from neuron_batch.bench.deadline import DeadlineError, format_hours, parse_deadline
-from neuron_batch.bench.plan_bounds import ShareStats, decode_steps_bound
-from neuron_batch.bench.plan_grid import (
+from neuron_batch.cli import main
+from neuron_batch.config import CostOptions, RunSettings, SimOptions
+from neuron_batch.plan.bounds import ShareStats, decode_steps_bound
+from neuron_batch.plan.grid import (
     PlanError,
     PlanSpec,
     build_options,
     check_instances,
     placements,
 )
-from neuron_batch.bench.plan_search import Search, bound_key, objective_key
-from neuron_batch.cli import main
-from neuron_batch.config import CostOptions, RunSettings, SimOptions
+from neuron_batch.plan.search import Search, bound_key, objective_key
 
 NOW = datetime(2026, 11, 30, 22, 15)
 
@@ -294,7 +294,7 @@ def test_the_layout_line_runs_every_replica_over_the_instances(monkeypatch, tmp_
     import shlex
 
     import neuron_batch.run.runner as runner
-    from neuron_batch.bench.plan import layout_settings, option_settings, plan_base
+    from neuron_batch.plan.run import layout_settings, option_settings, plan_base
 
     spec = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.24xlarge",),
                     max_num_instances=2, seqs_values=(16,), max_model_len=4096,
@@ -358,7 +358,7 @@ def test_plan_never_offers_a_layout_that_cannot_load(seqs, length):
 
 
 def test_plan_weighs_the_tightest_max_model_len_and_trn2_needs_a_price():
-    from neuron_batch.bench.plan_grid import model_len_candidates
+    from neuron_batch.plan.grid import model_len_candidates
 
     spec = PlanSpec(architecture="llama-3.1-8b", max_model_len=16384)
     assert model_len_candidates(spec, [1000, 3000], [100, 1000]) == (4096, 16384)

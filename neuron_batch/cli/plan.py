@@ -119,18 +119,18 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
     cost against completion time.
     """
     from neuron_batch.bench.deadline import DeadlineError, parse_deadline
-    from neuron_batch.bench.plan import PlanJob, plan_base, run_plan
-    from neuron_batch.bench.plan_grid import (
-        PlanError,
-        PlanSpec,
-        check_instances,
-        placements,
-    )
     from neuron_batch.bench.sweep import default_jobs
     from neuron_batch.device.architectures import (
         ArchitectureError,
         resolve_architecture,
     )
+    from neuron_batch.plan.grid import (
+        PlanError,
+        PlanSpec,
+        check_instances,
+        placements,
+    )
+    from neuron_batch.plan.run import PlanJob, plan_base, run_plan
     from neuron_batch.report.cost import PricingError
     from neuron_batch.run.errors import RunError
     from neuron_batch.run.folder import default_output_dir

@@ -112,7 +112,7 @@ def report(path):
             click.echo(render(Path(path)))
             return
         if (Path(path) / "plan.json").exists():
-            from neuron_batch.bench.plan_report import rerender_plan
+            from neuron_batch.plan.report import rerender_plan
 
             click.echo(rerender_plan(Path(path)))
             return

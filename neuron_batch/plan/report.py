@@ -1,5 +1,5 @@
 """A plan's results: plan.json, plan.csv, the ranked table, the recommendation in words and
-the command lines that reproduce it. Pure Python apart from the plot (plan_plot, matplotlib).
+the command lines that reproduce it. Pure Python apart from the plot (plot.py, matplotlib).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 from neuron_batch.bench.command_line import run_command
 from neuron_batch.bench.deadline import format_hours
 from neuron_batch.bench.export import _jsonable
-from neuron_batch.bench.plan_grid import Option
-from neuron_batch.bench.plan_job import PLAN_JSON, PlanJob, layout_settings, option_settings
-from neuron_batch.bench.plan_search import objective_key
+from neuron_batch.plan.grid import Option
+from neuron_batch.plan.job import PLAN_JSON, PlanJob, layout_settings, option_settings
+from neuron_batch.plan.search import objective_key
 from neuron_batch.report.cost import per_million
 from neuron_batch.run.folder import write_json_atomic
 
@@ -134,7 +134,7 @@ class PlanWriter:
         write_csv(data, out / PLAN_CSV)
         text = format_plan(data)
         if plot and data["options"]:
-            from neuron_batch.bench.plan_plot import write_plot
+            from neuron_batch.plan.plot import write_plot
 
             path = write_plot(data, out / PLAN_PNG)
             text += f"\nplot: {path}\nfiles: {out / PLAN_JSON}, {out / PLAN_CSV}\n"

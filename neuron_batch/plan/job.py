@@ -1,6 +1,6 @@
 """What one plan is (`PlanJob`) and the `neuron-batch run` settings of each option: one replica
 on its share, and the whole layout. Shared by the search (plan.py) and its report
-(plan_report.py), so neither imports the other."""
+(report.py), so neither imports the other."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from neuron_batch.bench.deadline import Deadline
-from neuron_batch.bench.plan_bounds import KV_RESERVE_REQUEST
-from neuron_batch.bench.plan_grid import Option, PlanSpec
 from neuron_batch.config import RunSettings
+from neuron_batch.plan.bounds import KV_RESERVE_REQUEST
+from neuron_batch.plan.grid import Option, PlanSpec
 
 PLAN_JSON = "plan.json"
 

@@ -1,11 +1,11 @@
 """`neuron-batch plan`: which instances, how many and laid out how, to finish a batch job by a
 deadline for the least money, found on the simulated device.
 
-Read top-down: `run_plan` checks the grid (plan_grid: every option and its lower bounds, no
+Read top-down: `run_plan` checks the grid (grid.py: every option and its lower bounds, no
 engine), states its size and an estimate, then simulates options best-bound first in parallel
 processes, skipping every option whose bounds cannot beat the best simulated so far
-(plan_search), and writes plan.json / plan.csv / the plot after every simulation
-(plan_report, plan_plot). Each simulation is one replica on its share of the requests, a
+(search.py), and writes plan.json / plan.csv / the plot after every simulation
+(report.py, plot.py). Each simulation is one replica on its share of the requests, a
 `neuron-batch run` (its command line is in plan.json), in a folder under runs/ that
 `--resume` reuses.
 """
@@ -21,14 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.bench.deadline import format_hours
-from neuron_batch.bench.plan_grid import (
+from neuron_batch.config import RunSettings
+from neuron_batch.plan.grid import (
     Option,
     PlanError,
     build_options,
     model_len_candidates,
     placements,
 )
-from neuron_batch.bench.plan_job import (  # noqa: F401  (re-exported)
+from neuron_batch.plan.job import (  # noqa: F401  (re-exported)
     PLAN_JSON,
     PlanJob,
     layout_settings,
@@ -36,9 +37,8 @@ from neuron_batch.bench.plan_job import (  # noqa: F401  (re-exported)
     plan_base,
     run_folder,
 )
-from neuron_batch.bench.plan_report import PlanWriter
-from neuron_batch.bench.plan_search import Search, dry_run
-from neuron_batch.config import RunSettings
+from neuron_batch.plan.report import PlanWriter
+from neuron_batch.plan.search import Search, dry_run
 from neuron_batch.run.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
 
 #: CPU seconds a simulation costs per engine step and per output token, measured on the 2-core
