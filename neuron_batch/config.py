@@ -113,6 +113,8 @@ class RunSettings:
     quiet: bool = False
     max_runtime: float | None = None     # seconds
     metrics_textfile: str | None = None
+    split_at: int | None = None          # run requests of prompt + max_tokens <= N in their
+                                         # own layout first (run/split.py)
     replicas: int = 1                    # engines (data parallel); more than 1 runs on Ray
     ray: str | None = None               # Ray cluster address ("local": a fresh local one)
     sim: SimOptions = field(default_factory=SimOptions)
@@ -131,6 +133,16 @@ class RunSettings:
             raise SettingsError(f"--max-runtime must be a positive number of seconds, "
                                 f"got {self.max_runtime}")
         _positive("replicas", self.replicas)
+        if self.split_at is not None:
+            _positive("split-at", self.split_at)
+            if self.split_at >= self.max_model_len:
+                raise SettingsError(
+                    f"--split-at {self.split_at:,} must be below --max-model-len "
+                    f"{self.max_model_len:,} (the long layout's); requests up to {self.split_at:,} "
+                    f"tokens run in a layout of that length, the rest in the long one")
+            if self.uses_ray:
+                raise SettingsError("--split-at runs its two layouts one after the other on one "
+                                    "engine host; it does not combine with --replicas / --ray")
         _positive("num-instances", self.sim.num_instances)
         if self.ray is not None and not str(self.ray).strip():
             raise SettingsError("--ray needs a cluster address (host:port, auto or local)")

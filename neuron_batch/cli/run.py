@@ -56,6 +56,12 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError
               envvar="NEURON_BATCH_METRICS_TEXTFILE",
               help="Also write the headline figures in Prometheus text format here "
                    "(node_exporter's textfile collector).")
+@click.option("--split-at", type=int, default=None, metavar="N",
+              help="Split the job by length: requests whose prompt + max_tokens fit in N "
+                   "tokens run first in a layout compiled for max-model-len N (on sim under "
+                   "nxdi: with every static slot that fits), the rest in the --max-model-len / "
+                   "--max-num-seqs layout. Two engine starts (and compiles); one folder, one "
+                   "report.")
 @click.option("--replicas", type=int, default=1, show_default=True,
               help="Engines sharing the prompts (data parallel), each with the Neuron "
                    "scheduler and these settings (--tensor-parallel-size NeuronCores each on "

@@ -99,6 +99,8 @@ def format_summary(report: dict[str, Any]) -> str:
                                         unit="KV tokens attended", noun="KV",
                                         count_key="steps", actual_key="kv_held_tokens",
                                         padded_key="kv_attended_tokens")]
+    if report.get("split"):
+        lines += ["", *_split_section(report["split"])]
     states = report.get("states", {})
     if report.get("replicas"):
         # Replica-seconds: shares of the replicas' summed time, not of the run's elapsed time.
@@ -123,6 +125,20 @@ def _cost_row(cost: dict[str, Any]) -> str:
         f"${_float(cost.get('usd'), 2)}",
         f"{where} at ${_float(cost.get('price_per_hour_usd'), 4)}/h ({cost.get('pricing')})",
         f"${_float(per_m, 3)} per M output tok" if per_m is not None else "no output tokens"])
+
+
+def _split_section(split: dict[str, Any]) -> list[str]:
+    """The layouts of a --split-at run, one row a part, with the compile time of both."""
+    rows = [[part.get("part", ""), _int(part.get("max_model_len")),
+             _int(part.get("max_num_seqs")), _int(part.get("requests")),
+             _float(part.get("elapsed_s"), 1), _float(part.get("output_tokens_per_s"), 1)]
+            for part in split.get("parts", [])]
+    compile_s = split.get("estimated_compile_s")
+    title = (f"Split at {_int(split.get('split_at'))} tokens: two layouts, one after the other"
+             + (f" (compiling both: about {compile_s / 60:,.0f} min, not in the elapsed time)"
+                if compile_s else ""))
+    return [title, *_table(["part", "max_model_len", "max_num_seqs", "requests", "seconds",
+                            "out tok/s"], rows)]
 
 
 def _latency_section(latency: dict[str, Any]) -> list[str]:

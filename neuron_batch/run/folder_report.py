@@ -65,8 +65,36 @@ def build_report(job: Job) -> dict:
     report["requests"]["max_tokens_clamped"] = sum(r.max_tokens_clamped for r in prepared.requests)
     _add_cost(report, settings)
     report["attempts"] = folder.attempts()
+    if any("part" in a for a in report["attempts"]):
+        report["split"] = split_section(report["attempts"], folder, settings)
     report["output_dir"] = str(folder.path)
     return report
+
+
+def split_section(attempts: list[dict], folder, settings) -> dict:
+    """A --split-at run's parts: each attempt that ran a part, its layout and its own figures
+    (from its records), and the compile time of the layouts (both are compiled)."""
+    from neuron_batch.report.metrics import summarize
+    from neuron_batch.scheduler.records import read_records
+
+    parts = []
+    for attempt in attempts:
+        if "part" not in attempt:
+            continue
+        records = read_records(folder.records_path(attempt["attempt"]))
+        figures = summarize(records)
+        parts.append({**attempt["part"], "attempt": attempt["attempt"],
+                      "ended": attempt.get("ended"),
+                      "elapsed_s": figures["throughput"]["elapsed_s"],
+                      "output_tokens": figures["tokens"]["output"],
+                      "output_tokens_per_s": figures["throughput"]["output_tokens_per_s"]})
+    compile_s = [p["estimated_compile_s"] for p in parts if "estimated_compile_s" in p]
+    # a layout compiled in an earlier attempt (resumed run) is counted once
+    layouts = {(p["part"], p["max_model_len"], p["max_num_seqs"]): p.get("estimated_compile_s")
+               for p in parts}
+    return {"split_at": settings.split_at, "parts": parts,
+            "estimated_compile_s": (sum(v for v in layouts.values() if v is not None)
+                                    if compile_s else None)}
 
 
 def num_instances(settings) -> int:

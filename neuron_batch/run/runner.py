@@ -59,6 +59,10 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
     workload = workload or load_workload(settings, log)
     if settings.device == "sim" and target is None:
         target = resolve_sim_target(settings, workload.model)
+    if settings.split_at is not None:
+        from neuron_batch.run.split import check_split
+
+        check_split(settings, workload.prepared.requests)
     if target is not None and settings.uses_ray:
         check_sim_layout(settings, target)
 
@@ -140,18 +144,26 @@ def _run_locked(job: Job) -> RunResult:
         log(f"running {len(pending):,} of {len(ids):,} requests on {device_label(settings)} "
             f"(output: {folder.path})")
         try:
-            if settings.uses_ray:
+            if settings.split_at is not None:
+                from neuron_batch.run.split import plan_parts, run_parts
+
+                resolve = lambda s: resolve_sim_target(s, job.workload.model)  # noqa: E731
+                outcomes = run_parts(job, plan_parts(settings, pending, resolve), attempt,
+                                     generate, resolve)
+            elif settings.uses_ray:
                 from neuron_batch.run.replicas import generate_replicas
 
-                outcome = generate_replicas(job, pending, attempt)
+                outcomes = iter([generate_replicas(job, pending, attempt)])
             else:
-                outcome = generate(job, pending, attempt)
+                outcomes = iter([generate(job, pending, attempt)])
+            for outcome in outcomes:        # (a split run's parts, one at a time)
+                attempts.append(outcome)
+                folder.write_attempts(attempts)
+                attempt = outcome["attempt"] + 1
         except RunError as error:  # keep a trace of the failed attempt next to its outputs
             attempts.append({"attempt": attempt, "ended": "failed", "error": str(error)})
             folder.write_attempts(attempts)
             raise
-        attempts.append(outcome)
-        folder.write_attempts(attempts)
     else:
         outcome = {"ended": "nothing to do"}
         log(f"all {len(ids):,} requests already done in {folder.path}")

@@ -1,0 +1,103 @@
+"""`run --split-at N` on the simulated device: two layouts one after the other, one folder, every
+request once, a report with each part; bad cuts refused before anything runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("vllm")
+
+from neuron_batch.cli import main  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+# (prompt, max_tokens): most fit in 1024 tokens, three need the long layout.
+WORKLOAD = [(100 + 37 * i, 20 + i % 7) for i in range(24)] + [(2500, 40), (3000, 16),
+                                                                  (1500, 30)]
+BASE = ["--device", "sim", "--instance", "inf2.xlarge", "--architecture", "llama-3.1-8b",
+        "--max-model-len", "4096", "--max-num-seqs", "3", "-q"]
+
+
+def trace(tmp_path: Path) -> str:
+    path = tmp_path / "trace.csv"
+    path.write_text("ContextTokens,GeneratedTokens\n"
+                    + "".join(f"{p},{m}\n" for p, m in WORKLOAD))
+    return str(path)
+
+
+def run(args):
+    return CliRunner().invoke(main, ["run", *args], catch_exceptions=False)
+
+
+def test_a_split_run_runs_each_request_once_in_the_layout_it_fits(tmp_path):
+    data = trace(tmp_path)
+    out = tmp_path / "split"
+    result = run([data, *BASE, "--split-at", "1024", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    outputs = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
+    assert sorted(o["index"] for o in outputs) == list(range(len(WORKLOAD)))
+    assert all(o["num_output_tokens"] == WORKLOAD[o["index"]][1] for o in outputs)
+    report = json.loads((out / "report.json").read_text())
+    short, long = report["split"]["parts"]
+    assert (short["part"], short["max_model_len"], short["requests"]) == ("short", 1024, 24)
+    assert (long["part"], long["max_model_len"], long["requests"]) == ("long", 4096, 3)
+    # the short layout gets every static slot of 1024 that loads beside the weights; the
+    # long one the --max-num-seqs given (3 of 4096 fit on one inf2 chip)
+    assert short["max_num_seqs"] > 3 and long["max_num_seqs"] == 3
+    assert report["split"]["estimated_compile_s"] == pytest.approx(
+        short["estimated_compile_s"] + long["estimated_compile_s"])
+    # each part's records are its own attempt: their steps add up to the whole report's
+    assert [a["part"]["part"] for a in report["attempts"]] == ["short", "long"]
+    assert report["requests"]["completed"] == len(WORKLOAD)
+    assert report["throughput"]["elapsed_s"] == pytest.approx(
+        short["elapsed_s"] + long["elapsed_s"], rel=1e-6)
+
+    # against one layout sized for the longest request: the split finishes sooner
+    single = tmp_path / "single"
+    assert run([data, *BASE, "-o", str(single)]).exit_code == 0
+    one = json.loads((single / "report.json").read_text())
+    assert report["throughput"]["output_tokens_per_s"] > \
+        one["throughput"]["output_tokens_per_s"]
+    summary = CliRunner().invoke(main, ["report", str(out)])
+    assert "Split at 1,024 tokens" in summary.output
+
+
+def test_bad_cuts_are_refused_with_the_numbers_before_anything_runs(tmp_path):
+    data = trace(tmp_path)
+    above = run([data, *BASE, "--split-at", "4096", "-o", str(tmp_path / "a")])
+    assert above.exit_code == 2 and "must be below --max-model-len 4,096" in above.output
+    below = run([data, *BASE, "--split-at", "50", "-o", str(tmp_path / "b")])
+    assert below.exit_code != 0
+    assert "below the shortest request" in below.output and "120" in below.output
+    assert not (tmp_path / "b" / "outputs.jsonl").exists()
+
+
+def test_a_killed_split_run_resumes_without_loss_or_duplicates(tmp_path):
+    """kill -9 while the short part runs; --resume splits what is left and finishes."""
+    data = trace(tmp_path)
+    out = tmp_path / "killed"
+    args = [sys.executable, "-m", "neuron_batch.cli", "run", data, *BASE, "--split-at", "1024",
+            "-o", str(out)]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    outputs = out / "outputs.jsonl"
+    import time
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if outputs.exists() and len(outputs.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    resumed = run([data, *BASE, "--split-at", "1024", "--resume", "-o", str(out)])
+    assert resumed.exit_code == 0, resumed.output
+    rows = [json.loads(line) for line in outputs.read_text().splitlines()]
+    assert sorted(r["index"] for r in rows) == list(range(len(WORKLOAD)))
+    report = json.loads((out / "report.json").read_text())
+    assert report["requests"]["completed"] == len(WORKLOAD)
+    assert {p["part"] for p in report["split"]["parts"]} <= {"short", "long"}
