@@ -115,29 +115,6 @@ def parse_bucket_list(text: str, *, name: str) -> list[int]:
     return values
 
 
-def resolve_buckets(neuron_config: dict | None, *, max_num_seqs: int, max_num_batched_tokens: int,
-                    max_model_len: int) -> tuple[list[int], list[int]]:
-    """The (prefill, decode) buckets a run uses: the user's from `neuron_config` (the AWS
-    plugin's `num_batched_tokens_buckets` / `num_seqs_buckets` keys), validated, or the
-    defaults."""
-    neuron_config = neuron_config or {}
-    prefill_max = effective_max_prefill_tokens(max_num_batched_tokens, max_model_len)
-    prefill = neuron_config.get("num_batched_tokens_buckets")
-    if prefill is None:
-        prefill = default_prefill_buckets(max_num_batched_tokens, max_model_len)
-    else:
-        prefill = validate_buckets(
-            prefill, prefill_max, name="num_batched_tokens_buckets (prefill buckets)",
-            max_name="min(max_num_batched_tokens, max_model_len)")
-    decode = neuron_config.get("num_seqs_buckets")
-    if decode is None:
-        decode = default_decode_buckets(max_num_seqs)
-    else:
-        decode = validate_buckets(decode, max_num_seqs, name="num_seqs_buckets (decode buckets)",
-                                  max_name="max_num_seqs")
-    return prefill, decode
-
-
 def max_kv_concurrent_requests(num_blocks: int, block_size: int, max_model_len: int) -> int:
     """How many requests the KV cache holds if each grows to max_model_len tokens."""
     blocks_per_request = -(-max_model_len // block_size)

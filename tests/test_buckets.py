@@ -11,7 +11,6 @@ from neuron_batch.buckets import (
     default_prefill_buckets,
     max_kv_concurrent_requests,
     parse_bucket_list,
-    resolve_buckets,
     validate_buckets,
 )
 
@@ -74,16 +73,22 @@ def test_invalid_bucket_lists_say_what_is_wrong_and_what_is_valid(buckets, messa
         validate_buckets(buckets, 512, name="prefill buckets", max_name="max")
 
 
-def test_resolve_buckets_reads_the_aws_keys():
-    prefill, decode = resolve_buckets(
+def test_the_beta_plugin_runtime_reads_its_own_keys():
+    from neuron_batch.runtime import get_runtime
+
+    def lists(config, **limits):
+        shapes = get_runtime("vllm-neuron").shapes(config, **limits)
+        return list(shapes.prefill_buckets), list(shapes.decode_buckets)
+
+    prefill, decode = lists(
         {"num_batched_tokens_buckets": [512, 2048], "num_seqs_buckets": [4, 8]},
         max_num_seqs=8, max_num_batched_tokens=2048, max_model_len=4096)
     assert prefill == [512, 2048] and decode == [4, 8]
-    assert resolve_buckets(None, max_num_seqs=8, max_num_batched_tokens=8192,
-                           max_model_len=131072) == (DESIGN_BUCKETS, [1, 2, 4, 8])
-    with pytest.raises(BucketError, match="num_seqs_buckets"):
-        resolve_buckets({"num_seqs_buckets": [1, 2]}, max_num_seqs=8,
-                        max_num_batched_tokens=2048, max_model_len=4096)
+    assert lists(None, max_num_seqs=8, max_num_batched_tokens=8192,
+                 max_model_len=131072) == (DESIGN_BUCKETS, [1, 2, 4, 8])
+    with pytest.raises(BucketError, match="--decode-buckets"):
+        lists({"num_seqs_buckets": [1, 2]}, max_num_seqs=8, max_num_batched_tokens=2048,
+              max_model_len=4096)
 
 
 def test_parse_bucket_list():
