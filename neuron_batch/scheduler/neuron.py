@@ -38,6 +38,7 @@ from neuron_batch.scheduler.compat import (
 )
 from neuron_batch.scheduler.kv_admission import KVAdmission
 from neuron_batch.scheduler.kv_reserve import MAX_MODEL_LEN
+from neuron_batch.scheduler.min_tokens import MinTokensStop
 from neuron_batch.scheduler.records import (
     DECODE,
     EMPTY,
@@ -66,7 +67,7 @@ RUNTIME_KEY = "runtime"             # "nxdi" or "vllm-neuron" (runtime.py; defau
 # (and KV_RESERVE_KEY in kv_admission.py: the kv_reserve rule)
 
 
-class NeuronScheduler(KVAdmission, Scheduler):
+class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
     """vLLM's scheduler with Neuron's admission control, prefill/decode separation and padding."""
 
     def __init__(self, vllm_config, kv_cache_config, structured_output_manager,
