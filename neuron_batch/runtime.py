@@ -189,6 +189,14 @@ class Runtime:
                       tuple(attention))
 
     @staticmethod
+    def bucket_lists_in(section: Mapping[str, object] | None) -> dict[str, object]:
+        """The bucket lists of a plugin config section, by key: its other keys (KV layout,
+        sampling) are the plugin's. Lists of either runtime are kept, so that `shapes` still
+        refuses the other runtime's."""
+        keys = {o.key for runtime in RUNTIMES.values() for o in runtime.bucket_options}
+        return {k: v for k, v in (section or {}).items() if k in keys}
+
+    @staticmethod
     def _list(given: Mapping[str, Sequence[int] | None], option: BucketOption, maximum: int,
               default: list[int]) -> list[int]:
         value = given.get(option.key)

@@ -88,7 +88,8 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
         # plugin reads them, so the records pad to exactly the graphs that exist.
         self.runtime = get_runtime(own.get(RUNTIME_KEY))
         self.shapes = self.runtime.shapes(
-            additional.get(self.runtime.config_section), max_num_seqs=self.max_num_seqs,
+            self.runtime.bucket_lists_in(additional.get(self.runtime.config_section)),
+            max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
             max_model_len=self.max_model_len)
         self.num_batched_tokens_buckets = list(self.shapes.prefill_buckets)
