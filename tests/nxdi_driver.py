@@ -67,6 +67,7 @@ def case_config(args: dict) -> dict:
 
         whole_prompts(scheduler)   # what our worker does before the model loads
     return {
+        "detected_device": engine.detect_device(),   # what --device auto runs on
         "platform": f"{type(current_platform).__module__}.{type(current_platform).__name__}",
         "device_type": current_platform.device_type,
         "kwargs": {k: v for k, v in kwargs.items() if k != "additional_config"},

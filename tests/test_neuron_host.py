@@ -197,3 +197,30 @@ def test_min_tokens_holds_back_an_early_eos():
                 if out.finish_reason is not None:
                     finished[out.request_id] = requests[out.request_id].num_output_tokens
     assert finished == {"plain": 1, "held": 5}
+
+
+def test_engine_sets_the_plugins_switches_before_vllm_starts(monkeypatch):
+    """Engine (the single-engine path and every Ray replica) puts the plugin's switches in its
+    process's environment before vLLM builds its config."""
+    import os
+
+    import vllm
+
+    seen = {}
+
+    class FakeLLM:
+        def __init__(self, **kwargs):
+            seen.update(os.environ)
+            self.llm_engine = None
+
+    monkeypatch.setattr(vllm, "LLM", FakeLLM)
+    monkeypatch.delenv("DISABLE_NEURON_CUSTOM_SCHEDULER", raising=False)
+    monkeypatch.delenv("NEURON_COMPILED_ARTIFACTS", raising=False)
+    env = {"DISABLE_NEURON_CUSTOM_SCHEDULER": "1", "NEURON_COMPILED_ARTIFACTS": "/c/x"}
+    try:
+        engine.Engine({"model": "x", "additional_config": {"neuron_batch": {"process_env": env}}},
+                      quiet=True)
+        assert {k: seen.get(k) for k in env} == env
+    finally:
+        for key in env:
+            os.environ.pop(key, None)

@@ -127,14 +127,17 @@ LIMITS = {"max_num_seqs": 4, "max_model_len": 512, "max_num_batched_tokens": 64}
 
 # -- config contract ------------------------------------------------------------------------
 def test_config_contract_our_scheduler_budget_block_size_and_chunking_survive(case):
-    got = case("config", LIMITS)
+    got = case("config", {**LIMITS, "tensor_parallel_size": 2})
     assert got["platform"] == "vllm_neuron.platform.NeuronPlatform"
     assert got["device_type"] == "cpu"   # why Neuron is told by the platform's class
+    assert got["detected_device"] == "neuron"
+    assert got["tensor_parallel_size"] == 2
     assert got["scheduler_cls"] == "neuron_batch.scheduler.NeuronScheduler"
     assert got["worker_cls"] == "neuron_batch.run.neuron_worker.WholePromptNeuronWorker"
     # Whole prompts: our budget (>= max_model_len), not the plugin's 131072; chunking off
     # once our worker has run (vLLM 0.11 builds it on whatever we pass).
     assert got["max_num_batched_tokens"] == 512
+    assert got["chunked_prefill_as_built"] is True    # vLLM's defaults, whatever we pass
     assert got["chunked_prefill_enabled"] is False
     # NxDI's contiguous layout; vLLM's pool: one block per slot plus its null block, on both
     # plugin lines (0.2.0 adds the null block itself, 0.1.0 gets it from us).
@@ -153,8 +156,10 @@ def test_config_contract_control_without_our_switch_the_plugin_takes_over(case):
 
 # -- loader contract ------------------------------------------------------------------------
 def test_loader_contract_keys_buckets_and_block_count(case, tmp_path):
-    got = case("loader", {**LIMITS, "token_generation_buckets": [256, 512]})
+    got = case("loader", {**LIMITS, "token_generation_buckets": [256, 512],
+                          "tensor_parallel_size": 2})
     config = got["neuron_config"]
+    assert config["tp_degree"] == 2
     assert set(config) <= NXDI_NEURON_CONFIG_KEYS, set(config) - NXDI_NEURON_CONFIG_KEYS
     assert config["context_encoding_buckets"] == got["prefill_buckets"] == [128, 256, 512]
     assert config["token_generation_buckets"] == got["attention_buckets"] == [256, 512]
@@ -166,7 +171,8 @@ def test_loader_contract_keys_buckets_and_block_count(case, tmp_path):
     assert Path(got["artifacts"]).parent == tmp_path / "artifacts"
     # A second start with the same shapes loads what the first compiled; a changed shape
     # compiles into a folder of its own.
-    again = case("loader", {**LIMITS, "token_generation_buckets": [256, 512]})
+    again = case("loader", {**LIMITS, "token_generation_buckets": [256, 512],
+                            "tensor_parallel_size": 2})
     assert again["compiled"] == [] and again["loaded"] == [got["artifacts"]]
     other = case("loader", LIMITS)
     assert other["compiled"] == [other["artifacts"]] != [got["artifacts"]]

@@ -6,8 +6,8 @@ installed plugin's release).
 Why each setting (sources: ../shared/notes/neuron-runtimes.md, the plugin's public source):
 - The NxDI line's platform replaces any `scheduler_cls` with its own unless
   DISABLE_NEURON_CUSTOM_SCHEDULER=1 (`Runtime.scheduler_env`). With that set it leaves chunked
-  prefill as vLLM has it, and vLLM 0.11 turns it back on whatever we pass; the loader then
-  asserts a chunked-prefill config, and the runner (continuous batching) feeds whole prompts
+  prefill as vLLM has it, and vLLM (0.10.2, 0.11.0) turns it on whatever we pass; the loader
+  then asserts a chunked-prefill config, and the runner (continuous batching) feeds whole prompts
   anyway. So a worker of ours (`neuron_worker.py`) turns it off on the built config before the
   model loads, in every process that loads one, and the token budget is >= max_model_len.
 - Bucket lists go to `additional_config[runtime.config_section]` under NxDI's own keys, never

@@ -1,13 +1,14 @@
 """The AWS NxDI plugin's worker, with chunked prefill off before the model loads.
 
 Why a worker: to keep our scheduler, the plugin's platform must be told
-DISABLE_NEURON_CUSTOM_SCHEDULER=1, and then it leaves chunked prefill as vLLM set it. vLLM 0.11's
-`EngineArgs._set_default_args` turns it on for every generative model whatever we pass, and the
-plugin's loader then asserts a chunked-prefill config (and its runner would read chunk sizes
-that our whole-prompt scheduler never makes). The worker is built, in every process that loads
-a model, from the config the engine core also schedules with, before the model loads: the one
-place where turning it off reaches both the loader and our scheduler. `neuron_host.py` names
-this class as vLLM's `worker_cls` (the plugin's platform keeps a given one).
+DISABLE_NEURON_CUSTOM_SCHEDULER=1, and then it leaves chunked prefill as vLLM set it. vLLM's
+engine arguments turn it on for generative models whatever we pass (0.11.0:
+`EngineArgs._set_default_args`; seen on 0.10.2 and 0.11.0 in tests/test_nxdi_plugin.py), and
+the plugin's loader then asserts a chunked-prefill config (and its runner would read chunk
+sizes our whole-prompt scheduler never makes). The worker is built, in every process that
+loads a model, from the config the engine core also schedules with, before the model loads:
+the one place where turning it off reaches both the loader and our scheduler. `neuron_host.py`
+names this class as vLLM's `worker_cls` (the plugin's platform keeps a given one).
 
 Imports AWS's plugin: only used where it is installed.
 """
