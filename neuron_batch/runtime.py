@@ -140,6 +140,18 @@ class Runtime:
     prefill: BucketOption
     decode: BucketOption | None
     attention: BucketOption
+    # -- on a Neuron host (run/neuron_host.py composes these) ---------------------------------
+    #: Environment its plugin needs to keep a given `scheduler_cls` (NxDI line: the platform
+    #: swaps in its own scheduler unless DISABLE_NEURON_CUSTOM_SCHEDULER=1).
+    scheduler_env: tuple[tuple[str, str], ...] = ()
+    #: KV block size on the device: None for one block of max_model_len per slot (NxDI's
+    #: contiguous layout, which the runtime's shapes describe), else the plugin's paged size.
+    host_block_size: int | None = None
+    #: Keys of its config section that fix the compiled KV layout to the one the shapes model.
+    layout_config: tuple[tuple[str, object], ...] = ()
+    #: Keys of its config section that sample on the CPU with each request's own parameters
+    #: (None: the plugin already samples per request).
+    cpu_sampling_config: tuple[tuple[str, object], ...] | None = None
 
     # -- bucket lists --------------------------------------------------------------------------
     @property
@@ -173,6 +185,14 @@ class Runtime:
             list(context), max_model_len, self.attention.flag)
         return Shapes(self, max_num_seqs, max_model_len, tuple(prefill), tuple(decode),
                       tuple(attention))
+
+    @staticmethod
+    def bucket_lists_in(section: Mapping[str, object] | None) -> dict[str, object]:
+        """The bucket lists of a plugin config section, by key: its other keys (KV layout,
+        sampling) are the plugin's. Lists of either runtime are kept, so that `shapes` still
+        refuses the other runtime's."""
+        keys = {o.key for runtime in RUNTIMES.values() for o in runtime.bucket_options}
+        return {k: v for k, v in (section or {}).items() if k in keys}
 
     @staticmethod
     def _list(given: Mapping[str, Sequence[int] | None], option: BucketOption, maximum: int,
@@ -260,6 +280,14 @@ RUNTIMES: dict[str, Runtime] = {
         attention=BucketOption("--token-generation-buckets", "token_generation_buckets",
                                "decode attention lengths over sequence length",
                                "max_model_len"),
+        scheduler_env=(("DISABLE_NEURON_CUSTOM_SCHEDULER", "1"),),
+        host_block_size=None,
+        # Contiguous KV without prefix caching: prefix caching switches NxDI to the block layout
+        # and a 2-D prefill grid (prefill x prefix buckets) that these shapes do not describe.
+        layout_config=(("is_block_kv_layout", False), ("is_prefix_caching", False)),
+        # On-device sampling takes its parameters in the runner's request-table order, not the
+        # scheduled batch's (runner get_nxd_sampling_params); the CPU sampler reads the batch's.
+        cpu_sampling_config=(("on_device_sampling_config", None),),
     ),
     VLLM_NEURON: Runtime(
         name=VLLM_NEURON,
@@ -275,6 +303,7 @@ RUNTIMES: dict[str, Runtime] = {
                             "max_num_seqs"),
         attention=BucketOption("--decode-context-buckets", "decode_context_length_buckets",
                                "decode KV context lengths (opt-in)", "below max_model_len"),
+        host_block_size=32,
     ),
 }
 

@@ -161,3 +161,59 @@ def test_gather_reads_the_host_through_its_hooks(tmp_path):
                                "visible_cores": "0,1"}
     assert found["results"]["checked_at"] == str(tmp_path)
     assert found["platform"] is None
+
+
+def nxdi_runtime(**changes):
+    base = {"runtime": "nxdi", "runtime_summary": "vLLM on NxD Inference, inf2/trn1",
+            "nxdi": "0.6.10598", "compiled_artifacts": "/c/neuron-compiled",
+            "instance": "inf2.xlarge", "static_kv": None}
+    base.update(changes)
+    return base
+
+
+def test_an_nxdi_host_is_neuron_although_its_platform_says_cpu():
+    """vllm-neuron 0.1/0.2's NeuronPlatform has device_type "cpu": the class tells."""
+    rep = doctor.report(facts(
+        vllm={"version": "0.11.0", "distribution": "vllm", "tested": True,
+              "tested_scope": "scheduler", "tested_versions": ["0.11.0"]},
+        neuron_plugin={"version": "0.2.0", "entry_point": "vllm_neuron:register"},
+        neuron_runtime=nxdi_runtime(),
+        platform={"class": "NeuronPlatform", "module": "vllm_neuron.platform",
+                  "device_type": "cpu"},
+        neuron={"devices": ["/dev/neuron0"], "neuron_ls": None, "visible_cores": None}))
+    assert rep["run_device"] == "neuron" and rep["can_run"] is True
+    text = doctor.format_text(rep)
+    for shown in ("neuron runtime", "nxdi", "NxD Inference", "installed (0.6.10598)",
+                  "compiled artifacts", "/c/neuron-compiled", "static KV", "not checked"):
+        assert shown in text
+
+
+def test_an_nxdi_host_without_nxdi_or_room_for_its_kv_cannot_run():
+    kv = {"model": "llama-3.1-8b", "max_num_seqs": 32, "max_model_len": 16384,
+          "tensor_parallel_size": 2, "weight_dtype": "bf16", "fits": False,
+          "detail": "cannot load under nxdi ... What fits: --max-num-seqs 6"}
+    rep = doctor.report(facts(
+        neuron_plugin={"version": "0.2.0", "entry_point": "vllm_neuron:register"},
+        neuron_runtime=nxdi_runtime(nxdi=None, static_kv=kv),
+        neuron={"devices": ["/dev/neuron0"], "neuron_ls": None, "visible_cores": None}))
+    assert statuses(rep)["NxD Inference"] == "fail"
+    assert statuses(rep)["static KV"] == "fail"
+    assert rep["can_run"] is False
+    assert any("--max-num-seqs 6" in p for p in rep["problems"])
+
+
+def test_doctor_checks_a_layout_against_the_static_kv_rule(monkeypatch, tmp_path):
+    from neuron_batch.config import CostOptions, RunSettings, SimOptions
+
+    layout = RunSettings(inputs=("-",), model="llama-3.1-8b", max_num_seqs=32,
+                         max_model_len=16384, sim=SimOptions(tensor_parallel_size=2),
+                         cost=CostOptions(instance="inf2.xlarge"))
+    found = doctor.neuron_runtime_facts("0.2.0", layout)
+    assert found["runtime"] == "nxdi" and found["instance"] == "inf2.xlarge"
+    assert found["static_kv"]["fits"] is False
+    assert "What fits" in found["static_kv"]["detail"]
+    small = RunSettings(inputs=("-",), model="llama-3.1-8b", max_num_seqs=4,
+                        max_model_len=4096, sim=SimOptions(tensor_parallel_size=2),
+                        cost=CostOptions(instance="inf2.xlarge"))
+    assert doctor.neuron_runtime_facts("0.2.0", small)["static_kv"]["fits"] is True
+    assert doctor.neuron_runtime_facts(None, small)["runtime"] is None

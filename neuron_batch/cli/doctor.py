@@ -8,6 +8,7 @@ import sys
 import click
 
 from neuron_batch.cli.group import main
+from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_SEQS
 
 
 @main.command()
@@ -17,18 +18,42 @@ from neuron_batch.cli.group import main
               help="Where run folders go (its free space is checked).")
 @click.option("--no-platform", is_flag=True,
               help="Do not import vLLM to see which platform it picks (saves ~10 s).")
-def doctor(as_json, results_dir, no_platform):
+@click.option("--model", default=None, envvar="NEURON_BATCH_MODEL",
+              help="[Neuron] Check this model's static KV cache (a local directory with "
+                   "config.json, or a catalogue name such as llama-3.1-8b).")
+@click.option("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS, show_default=True)
+@click.option("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN, show_default=True)
+@click.option("--tensor-parallel-size", type=int, default=None,
+              help="NeuronCores the model is sharded over. Default: vLLM's (1).")
+@click.option("--weight-dtype", type=click.Choice(["bf16", "fp8", "int8"]), default="bf16",
+              show_default=True)
+@click.option("--instance", default=None, envvar="NEURON_BATCH_INSTANCE",
+              help="The instance type. Default: what the host says (EC2's DMI product name).")
+@click.option("--compiled-artifacts", default=None, metavar="DIR",
+              envvar="NEURON_BATCH_COMPILED_ARTIFACTS",
+              help="Where `run` keeps compiled graphs. Default: <cache>/neuron-compiled.")
+def doctor(as_json, results_dir, no_platform, model, max_num_seqs, max_model_len,
+           tensor_parallel_size, weight_dtype, instance, compiled_artifacts):
     """Check this host: neuron-batch, Python and vLLM versions (against the tested releases),
-    AWS's Neuron plugin and the platform vLLM picks, Neuron devices and cores, the built-in
-    model's cache and free space for results.
+    AWS's Neuron plugin, the Neuron runtime it runs (nxdi or vllm-neuron), NxD Inference, the
+    compiled-artifacts folder, the platform vLLM picks, Neuron devices and cores, the built-in
+    model's cache and free space for results. With --model on an NxDI host: whether
+    max-num-seqs x max-model-len of static KV fits beside the weights, before anything loads.
 
     Exits 0 when a run can start, 1 (with the reasons) when it cannot.
     """
+    from neuron_batch.config import CostOptions, RunSettings, SimOptions
     from neuron_batch.doctor import format_text, gather, report
 
+    layout = RunSettings(inputs=("-",), model=model, max_num_seqs=max_num_seqs,
+                         max_model_len=max_model_len, compiled_artifacts=compiled_artifacts,
+                         sim=SimOptions(tensor_parallel_size=tensor_parallel_size,
+                                        weight_dtype=weight_dtype),
+                         cost=CostOptions(instance=instance))
     if not as_json and not no_platform:
         click.echo("(asking vLLM which platform it picks: about 10 s)", err=True)
-    rep = report(gather(results_dir=results_dir, check_platform=not no_platform))
+    rep = report(gather(results_dir=results_dir, check_platform=not no_platform,
+                        layout=layout))
     if as_json:
         click.echo(json.dumps(rep, indent=2, default=str))
     else:

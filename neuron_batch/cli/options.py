@@ -94,7 +94,14 @@ def engine_options(func):
                           "below max-model-len): a decode step reads the smallest above its "
                           "longest sequence instead of a whole max-model-len. Default: none."),
         click.option("--block-size", type=int, default=None,
-                     help="KV cache block size. Default: the device's (32 on Neuron)."),
+                     help="KV cache block size. Default: the device's (nxdi: max-model-len, "
+                          "NxDI's contiguous layout; vllm-neuron: 32)."),
+        click.option("--compiled-artifacts", default=None, metavar="DIR",
+                     envvar="NEURON_BATCH_COMPILED_ARTIFACTS",
+                     help="[neuron] Where compiled graphs are kept, one folder per hash of "
+                          "every compiled shape: an unchanged configuration loads instead of "
+                          "recompiling, a changed one compiles anew. Default: "
+                          "<cache>/neuron-compiled."),
         click.option("--kv-reserve", default="request", show_default=True, metavar="RULE",
                      help="KV admission (Neuron cannot preempt): 'request' reserves each "
                           "request's prompt + max_tokens and admits while the reservations "
@@ -110,8 +117,8 @@ def engine_options(func):
                      help="[sim] Model architecture: a catalogue name (llama-3-8b, "
                           "mistral-7b, ...) or a config.json. Default: the --model's."),
         click.option("--tensor-parallel-size", type=int, default=None,
-                     help="[sim] NeuronCores to shard over. Default: all of the instance's. "
-                          "With --replicas on Neuron: the NeuronCores of each replica."),
+                     help="NeuronCores to shard over. [sim] Default: all of the instance's. "
+                          "[neuron] Default: vLLM's (1); with --replicas, per replica."),
         click.option("--weight-dtype", type=click.Choice(["bf16", "fp8", "int8"]),
                      default="bf16", show_default=True, help="[sim] Weight storage type."),
         click.option("--cost-profile", default=None, envvar="NEURON_BATCH_COST_PROFILE",

@@ -22,8 +22,8 @@ _STATES = ("IDLE", "ACTIVE_PREFILL", "ACTIVE_DECODE")
 LATENCIES = (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("E2E", "e2e_s"))
 PERCENTILES = (("p50", "0.5"), ("p90", "0.9"), ("p99", "0.99"))
 _CONFIG_KEYS = ("model", "device", "runtime", "scheduler_cls", "max_num_seqs",
-                "max_num_batched_tokens",
-                "max_model_len", "block_size", "num_kv_blocks", "max_kv_concurrent", "kv_reserve")
+                "max_num_batched_tokens", "max_model_len", "block_size", "num_kv_blocks",
+                "max_kv_concurrent", "kv_reserve")
 #: kv_saturated refusing the queue head in at least this share of steps, and more often than
 #: any other reason, counts as the KV rule limiting the run.
 KV_BOUND_SHARE = 0.10

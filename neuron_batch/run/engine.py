@@ -29,9 +29,6 @@ if TYPE_CHECKING:
 
 SCHEDULER_CLS = "neuron_batch.scheduler.NeuronScheduler"
 CPU_KV_CACHE_BYTES = 2 << 30
-#: The AWS Neuron plugin's KV block size: what its model runner expects when the scheduler is
-#: ours rather than the one its platform would choose.
-NEURON_BLOCK_SIZE = 32
 
 _warned_versions: set[str] = set()
 
@@ -83,18 +80,27 @@ class Finished:
 
 
 def detect_device() -> str:
-    """What vLLM's platform found: 'cpu', 'cuda' or 'neuron'."""
+    """What vLLM's platform found: 'cpu', 'cuda' or 'neuron'. The NxDI plugin's platform says
+    device_type "cpu", so Neuron is recognised by the platform's class and module."""
     from vllm.platforms import current_platform
 
+    from neuron_batch.run.neuron_host import is_neuron_platform
+
     device = getattr(current_platform, "device_type", "") or "cpu"
-    return "neuron" if device in ("neuron", "xla") else device
+    cls = type(current_platform)
+    if is_neuron_platform(cls.__name__, cls.__module__, device):
+        return "neuron"
+    return device
 
 
 def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_path: Path,
                   workdir: Path, has_tokenizer: bool,
-                  target: SimTarget | None = None) -> dict[str, Any]:
+                  target: SimTarget | None = None, mixed_sampling: bool = False
+                  ) -> dict[str, Any]:
     """Keyword arguments for vllm.LLM for this run and device (`target`: the simulated device,
-    resolved once by the runner; required when device is "sim")."""
+    resolved once by the runner; required when device is "sim"; `mixed_sampling`: the requests
+    sample with different temperatures). On Neuron, `additional_config["neuron_batch"]
+    ["process_env"]` is environment `Engine` sets before vLLM starts."""
     kv_reserve = parse_kv_reserve(settings.kv_reserve)
     runtime = target.runtime if target is not None else settings.resolve_runtime()
     neuron_batch: dict[str, Any] = {"records_path": str(records_path), "kv_reserve": kv_reserve,
@@ -121,12 +127,6 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
         kwargs.update(sim_kwargs)
         kwargs["skip_tokenizer_init"] = True
     else:
-        if device == "neuron":
-            # The plugin's platform keeps an explicitly given scheduler_cls, so ours runs; give
-            # its model runner what it would have set up itself: its block size and the bucket
-            # lists (all of them, so it compiles exactly the graphs our scheduler pads to).
-            check_device_available(device)
-            kwargs["block_size"] = NEURON_BLOCK_SIZE
         if device == "cpu":
             kwargs.update(enforce_eager=True, dtype="float32")
             if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
@@ -143,11 +143,27 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
     if settings.block_size is not None:
         kwargs["block_size"] = settings.block_size
     # The bucket lists go where the runtime's plugin reads them (the scheduler reads them
-    # there too). On Neuron all of them, so it compiles exactly the graphs the scheduler pads to.
-    bucket_lists = settings.bucket_lists()
+    # there too).
+    section: dict[str, Any] = settings.bucket_lists()
     if device == "neuron":
-        bucket_lists = settings.shapes(runtime).bucket_lists()
-    kwargs["additional_config"] = {runtime.config_section: bucket_lists,
+        # Everything AWS's plugin needs for our scheduler to run with the shapes it records
+        # (neuron_host.py says why each setting): all bucket lists, the KV layout, TP,
+        # sampling, the plugin's switches and the compiled-artifacts folder.
+        check_device_available(device)
+        from neuron_batch.run.neuron_host import (
+            NXDI_DISTRIBUTION,
+            host_setup,
+            installed_version,
+        )
+        from neuron_batch.versions import neuron_plugin
+
+        setup = host_setup(settings, runtime, model_path=model_path,
+                           plugin_version=neuron_plugin()["version"], mixed=mixed_sampling,
+                           nxdi_version=installed_version(NXDI_DISTRIBUTION))
+        kwargs.update(setup.kwargs)
+        section = setup.section
+        neuron_batch["process_env"] = setup.env
+    kwargs["additional_config"] = {runtime.config_section: section,
                                    "neuron_batch": neuron_batch}
     return kwargs
 
@@ -174,6 +190,10 @@ class Engine:
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
             warnings.filterwarnings("ignore", category=FutureWarning)
             warnings.filterwarnings("ignore", category=DeprecationWarning)
+        # Set before vLLM starts, so its platform and every process it starts see it (the
+        # Neuron plugin reads its switches when the config is built; see neuron_host.py).
+        own = (kwargs.get("additional_config") or {}).get("neuron_batch") or {}
+        os.environ.update(own.get("process_env") or {})
         from vllm import LLM
 
         self.llm = LLM(**kwargs)

@@ -71,6 +71,7 @@ def _import_vllm() -> None:
 
 def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[str, Any]:
     from neuron_batch.run.engine import Engine, detect_device, engine_kwargs
+    from neuron_batch.run.neuron_host import mixed_sampling
 
     settings, folder, log, model = job.settings, job.folder, job.log, job.workload.model
     device = settings.device if settings.device != "auto" else detect_device()
@@ -78,7 +79,8 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
     workdir = folder.path / ".work"
     workdir.mkdir(exist_ok=True)
     kwargs = engine_kwargs(settings, device, model.path, folder.records_path(attempt), workdir,
-                           has_tokenizer=model.has_tokenizer and not simulated, target=job.target)
+                           has_tokenizer=model.has_tokenizer and not simulated, target=job.target,
+                           mixed_sampling=mixed_sampling(settings, pending))
     started = time.time()
     log("loading the model into vLLM" if not simulated else "starting the simulated device")
     try:

@@ -65,6 +65,7 @@ class ReplicaSpec:
     settings: RunSettings
     device: str                  # "sim", "cpu" or "neuron"
     target: Any = None           # the resolved SimTarget on the simulated device
+    mixed_sampling: bool = False  # requests sample with different temperatures
 
 
 def pack(value) -> bytes:
@@ -279,10 +280,11 @@ class ReplicaWorker:
 
             model = resolve_model(settings.model)   # on this host: no shared filesystem
             model_path, has_tokenizer = model.path, model.has_tokenizer
+        # (On Neuron, the kwargs carry the plugin's switches, which Engine sets in this
+        # process's environment before vLLM starts: see neuron_host.py.)
         kwargs = engine_kwargs(settings, spec.device, model_path, self._records.path,
-                               workdir, has_tokenizer=has_tokenizer, target=spec.target)
-        if spec.device == "neuron" and settings.sim.tensor_parallel_size:
-            kwargs["tensor_parallel_size"] = settings.sim.tensor_parallel_size
+                               workdir, has_tokenizer=has_tokenizer, target=spec.target,
+                               mixed_sampling=spec.mixed_sampling)
         return Engine(kwargs), has_tokenizer and spec.device != "sim"
 
 

@@ -30,6 +30,7 @@ from neuron_batch.run.engine_log import ENGINE_LOG, engine_output_to
 from neuron_batch.run.errors import EXIT_FAILED, RunError
 from neuron_batch.run.generate import MAX_ERRORS_KEPT, StopFlag, progress_bar
 from neuron_batch.run.job import Job
+from neuron_batch.run.neuron_host import mixed_sampling
 from neuron_batch.run.replica_actor import (
     REQUESTS_COLUMN,
     ReplicaSpec,
@@ -109,7 +110,9 @@ def _generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int
     dataset = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     results = dataset.map_batches(
         ReplicaWorker,
-        fn_constructor_kwargs={"spec": ReplicaSpec(settings, placement.device, job.target)},
+        fn_constructor_kwargs={"spec": ReplicaSpec(
+            settings, placement.device, job.target,
+            mixed_sampling=mixed_sampling(settings, job.workload.prepared.requests))},
         batch_size=1, batch_format="pyarrow",
         compute=ActorPoolStrategy(size=settings.replicas,
                                   max_tasks_in_flight_per_actor=in_flight,

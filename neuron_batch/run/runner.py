@@ -65,6 +65,8 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
         check_split(settings, workload.prepared.requests)
     if target is not None and settings.uses_ray:
         check_sim_layout(settings, target)
+    if settings.device == "neuron" or (settings.device == "auto" and on_neuron_host()):
+        check_neuron_host(settings, workload)
 
     out_dir = Path(settings.output) if settings.output else default_output_dir(settings.inputs)
     folder = RunFolder(out_dir)
@@ -97,6 +99,29 @@ def resolve_sim_target(settings: RunSettings, model):
             settings.max_model_len, settings.kv_reserve, max_num_seqs=settings.max_num_seqs)
     except (ValueError, FileNotFoundError) as error:
         raise RunError(f"--device sim: {error}") from None
+
+
+def on_neuron_host() -> bool:
+    """AWS's plugin installed and Neuron devices present: `--device auto` runs on Neuron."""
+    import glob
+
+    from neuron_batch.versions import neuron_plugin
+
+    plugin = neuron_plugin()
+    return bool((plugin["version"] or plugin["entry_point"]) and glob.glob("/dev/neuron*"))
+
+
+def check_neuron_host(settings: RunSettings, workload) -> None:
+    """A Neuron run's settings, checked before anything loads (neuron_host.py): the plugin's
+    limits, the sampling it can do, and whether the static KV cache fits beside the weights."""
+    from neuron_batch.run.neuron_host import NeuronHostError, check_host
+    from neuron_batch.versions import neuron_plugin
+
+    try:
+        check_host(settings, settings.resolve_runtime(), workload.model.path,
+                   workload.prepared.requests, neuron_plugin()["version"])
+    except NeuronHostError as error:
+        raise RunError(str(error)) from None
 
 
 def check_sim_layout(settings: RunSettings, target) -> None:

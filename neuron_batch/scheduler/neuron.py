@@ -38,6 +38,7 @@ from neuron_batch.scheduler.compat import (
 )
 from neuron_batch.scheduler.kv_admission import KVAdmission
 from neuron_batch.scheduler.kv_reserve import MAX_MODEL_LEN
+from neuron_batch.scheduler.min_tokens import MinTokensStop
 from neuron_batch.scheduler.records import (
     DECODE,
     EMPTY,
@@ -66,7 +67,7 @@ RUNTIME_KEY = "runtime"             # "nxdi" or "vllm-neuron" (runtime.py; defau
 # (and KV_RESERVE_KEY in kv_admission.py: the kv_reserve rule)
 
 
-class NeuronScheduler(KVAdmission, Scheduler):
+class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
     """vLLM's scheduler with Neuron's admission control, prefill/decode separation and padding."""
 
     def __init__(self, vllm_config, kv_cache_config, structured_output_manager,
@@ -87,7 +88,8 @@ class NeuronScheduler(KVAdmission, Scheduler):
         # plugin reads them, so the records pad to exactly the graphs that exist.
         self.runtime = get_runtime(own.get(RUNTIME_KEY))
         self.shapes = self.runtime.shapes(
-            additional.get(self.runtime.config_section), max_num_seqs=self.max_num_seqs,
+            self.runtime.bucket_lists_in(additional.get(self.runtime.config_section)),
+            max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
             max_model_len=self.max_model_len)
         self.num_batched_tokens_buckets = list(self.shapes.prefill_buckets)

@@ -1,0 +1,270 @@
+"""`--device neuron`: what AWS's vLLM plugin needs so that *our* scheduler runs on the device,
+and the device compiles exactly the shapes our records describe. One place, asked through the
+resolved `Runtime` (runtime.py holds the per-runtime facts; this module composes them with the
+installed plugin's release).
+
+Why each setting (sources: ../shared/notes/neuron-runtimes.md, the plugin's public source):
+- The NxDI line's platform replaces any `scheduler_cls` with its own unless
+  DISABLE_NEURON_CUSTOM_SCHEDULER=1 (`Runtime.scheduler_env`). With that set it leaves chunked
+  prefill as vLLM has it, and vLLM (0.10.2, 0.11.0) turns it on whatever we pass; the loader
+  then asserts a chunked-prefill config, and the runner (continuous batching) feeds whole prompts
+  anyway. So a worker of ours (`neuron_worker.py`) turns it off on the built config before the
+  model loads, in every process that loads one, and the token budget is >= max_model_len.
+- Bucket lists go to `additional_config[runtime.config_section]` under NxDI's own keys, never
+  batch_size / seq_len / max_context_length (the loader derives those from vLLM's settings).
+- KV: contiguous layout, one block of max_model_len per slot. vLLM keeps block 0 as its null
+  block, so it needs max_num_seqs + 1 blocks; plugin 0.2.0 adds that one itself to
+  `num_gpu_blocks_override`, 0.1.0 does not.
+- Sampling: on-device sampling takes parameters in the runner's request-table order, not the
+  batch's, so requests with different temperatures sample on the CPU (0.2.0) or are refused
+  (0.1.0 has no CPU sampler).
+- Compiled artifacts: without NEURON_COMPILED_ARTIFACTS every start recompiles; with it, old
+  artifacts load whatever the configuration. We point it at a folder keyed by a hash of every
+  input of the compiled graphs.
+
+Pure Python apart from what the callers pass in (no vLLM import).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from neuron_batch.config import RunSettings, SettingsError
+from neuron_batch.runtime import Runtime
+from neuron_batch.versions import release
+
+#: Our worker: the plugin's, with chunked prefill turned off before the model loads.
+WORKER_CLS = "neuron_batch.run.neuron_worker.WholePromptNeuronWorker"
+ARTIFACTS_ENV = "NEURON_COMPILED_ARTIFACTS"
+#: Under the cache folder when --compiled-artifacts is not given.
+ARTIFACTS_DIRNAME = "neuron-compiled"
+NXDI_DISTRIBUTION = "neuronx-distributed-inference"
+
+
+class NeuronHostError(SettingsError):
+    """A setting the plugin or the device cannot run; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class PluginLine:
+    """What differs between releases of the NxDI plugin line (vllm-neuron 0.x)."""
+
+    version: str | None
+    #: The platform adds 1 to num_gpu_blocks_override for vLLM's null block (0.2.0 on).
+    adds_null_block: bool
+    #: `on_device_sampling_config: None` samples on the CPU with vLLM's sampler (0.2.0 on;
+    #: 0.1.0's model raises "CPU sampler not implemented").
+    cpu_sampling: bool
+
+
+def plugin_line(version: str | None) -> PluginLine:
+    """The behaviour of an installed vllm-neuron release (unknown: the newer behaviour)."""
+    try:
+        newer = version is None or release(version) >= (0, 2, 0)
+    except ValueError:
+        newer = True
+    return PluginLine(version, adds_null_block=newer, cpu_sampling=newer)
+
+
+@dataclass(frozen=True)
+class HostSetup:
+    """The engine settings of a Neuron host: vLLM keyword arguments, the plugin's config
+    section, and environment every process that loads the model needs."""
+
+    kwargs: dict[str, Any]
+    section: dict[str, Any]
+    env: dict[str, str] = field(default_factory=dict)
+    artifacts: Path | None = None
+
+
+def mixed_sampling(settings: RunSettings, requests) -> bool:
+    """Whether these prepared requests sample with different temperatures (what on-device
+    sampling mixes up): a record's own temperature, else --temperature."""
+    return len({float(settings.temperature if r.record.temperature is None
+                      else r.record.temperature) for r in requests}) > 1
+
+
+def host_setup(settings: RunSettings, runtime: Runtime, *, model_path: str,
+               plugin_version: str | None, mixed: bool = False,
+               nxdi_version: str | None = None,
+               artifacts_root: str | Path | None = None) -> HostSetup:
+    """Everything `--device neuron` sets for this run under `runtime`; NeuronHostError, before
+    anything loads, for a setting the plugin cannot run."""
+    shapes = settings.shapes(runtime)
+    line = plugin_line(plugin_version)
+    kwargs: dict[str, Any] = {}
+    section: dict[str, Any] = dict(shapes.bucket_lists())
+    tp = settings.sim.tensor_parallel_size
+    if tp:
+        kwargs["tensor_parallel_size"] = tp
+    if runtime.host_block_size is None:
+        kwargs.update(_contiguous_kv(settings, runtime, line))
+    else:
+        kwargs["block_size"] = settings.block_size or runtime.host_block_size
+    section.update(dict(runtime.layout_config))
+    if mixed and runtime.cpu_sampling_config is not None:
+        if not line.cpu_sampling:
+            raise NeuronHostError(
+                f"the requests ask for different temperatures, and vllm-neuron "
+                f"{line.version} samples on the device with one request's parameters for "
+                f"another (its runner orders them by its own request table, not the batch); "
+                f"it has no CPU sampler (0.2.0 has). Give every request the same temperature "
+                f"(drop the per-record `temperature` or use --temperature), or install "
+                f"vllm-neuron 0.2.0")
+        section.update(dict(runtime.cpu_sampling_config))
+    env = dict(runtime.scheduler_env)
+    if runtime.scheduler_env:
+        kwargs["worker_cls"] = WORKER_CLS
+    artifacts = artifacts_dir(settings, runtime, model_path, kwargs, section,
+                              plugin_version=plugin_version, nxdi_version=nxdi_version,
+                              root=artifacts_root)
+    env[ARTIFACTS_ENV] = str(artifacts)
+    return HostSetup(kwargs, section, env, artifacts)
+
+
+def _contiguous_kv(settings: RunSettings, runtime: Runtime, line: PluginLine) -> dict[str, Any]:
+    """NxDI's contiguous KV: a block of max_model_len per slot, one slot per max_num_seqs."""
+    length = settings.max_model_len
+    if settings.block_size is not None and settings.block_size != length:
+        raise NeuronHostError(
+            f"--block-size {settings.block_size}: under the {runtime.name} runtime the KV "
+            f"cache is NxDI's contiguous layout, one block of max_model_len ({length}) per "
+            f"request slot. A smaller block means NxDI's block layout, which the plugin runs "
+            f"only with prefix caching (a 2-D prefill grid of prefill x prefix buckets that "
+            f"neuron-batch does not model) and which needs max_model_len to be a multiple of "
+            f"the block size. Drop --block-size")
+    # vLLM's block pool keeps one block back (the null block): max_num_seqs usable blocks.
+    blocks = settings.max_num_seqs + (0 if line.adds_null_block else 1)
+    return {"block_size": length, "enable_prefix_caching": False,
+            "num_gpu_blocks_override": blocks}
+
+
+def block_layout_blocks(max_model_len: int, block_size: int, max_num_seqs: int,
+                        line: PluginLine) -> int:
+    """The num_gpu_blocks_override NxDI's block layout needs (what its validator asserts:
+    ceil(max_model_len / block_size) x max_num_seqs usable blocks; 0.1.0 needs the null block
+    added by us). NeuronHostError when max_model_len is not a multiple of block_size: the
+    runner pads block tables to max_model_len // block_size entries, so the last block of a
+    long request would not fit."""
+    if max_model_len % block_size:
+        raise NeuronHostError(
+            f"max_model_len {max_model_len} is not a multiple of the block size "
+            f"{block_size}: NxDI's block layout cannot hold a request's last block (the "
+            f"plugin's block tables have max_model_len // block_size entries)")
+    need = math.ceil(max_model_len / block_size) * max_num_seqs
+    return need + (0 if line.adds_null_block else 1)
+
+
+# -- compiled artifacts ---------------------------------------------------------------------
+def artifacts_key(fields: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str)
+                          .encode()).hexdigest()[:16]
+
+
+def artifacts_dir(settings: RunSettings, runtime: Runtime, model_path: str,
+                  kwargs: dict[str, Any], section: dict[str, Any], *,
+                  plugin_version: str | None, nxdi_version: str | None,
+                  root: str | Path | None = None) -> Path:
+    """<root>/<model>-<hash>: a hash of every input of the compiled graphs (the model's
+    config.json, the releases that compile, the limits, the KV layout, TP, the plugin's config
+    section), so a changed shape compiles anew and an unchanged one loads."""
+    path = Path(model_path)
+    config = path / "config.json"
+    fields = {
+        "model": str(path.resolve()) if path.exists() else model_path,
+        "model_config": (hashlib.sha256(config.read_bytes()).hexdigest()
+                         if config.is_file() else None),
+        "runtime": runtime.name, "plugin": plugin_version, "nxdi": nxdi_version,
+        "max_model_len": settings.max_model_len, "max_num_seqs": settings.max_num_seqs,
+        "kwargs": {k: v for k, v in kwargs.items() if k != "worker_cls"},
+        "section": section,
+    }
+    if root is None:
+        root = settings.compiled_artifacts or _default_root()
+    return Path(root).expanduser() / f"{path.name or 'model'}-{artifacts_key(fields)}"
+
+
+def _default_root() -> Path:
+    from neuron_batch.run.models import default_cache_dir
+
+    return default_cache_dir() / ARTIFACTS_DIRNAME
+
+
+def installed_version(distribution: str) -> str | None:
+    import importlib.metadata as metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+# -- which platform vLLM picked ---------------------------------------------------------------
+def is_neuron_platform(class_name: str | None, module: str | None,
+                       device_type: str | None = None) -> bool:
+    """Whether vLLM's current platform is a Neuron one. The NxDI plugin's NeuronPlatform says
+    device_type "cpu", so the class and its module decide, not device_type."""
+    names = f"{class_name or ''} {module or ''}".lower()
+    return "neuron" in names or (device_type or "") in ("neuron", "xla")
+
+
+# -- does the static KV cache fit? --------------------------------------------------------------
+#: The EC2 instance type, as the hypervisor reports it (Nitro instances: e.g. "inf2.xlarge").
+DMI_PRODUCT_NAME = Path("/sys/devices/virtual/dmi/id/product_name")
+
+
+def host_instance(settings: RunSettings, product_name: Path = DMI_PRODUCT_NAME) -> str | None:
+    """The instance this host is: --instance when given, else what the DMI product name says
+    when it is one the hardware table knows; None when unknown."""
+    from neuron_batch.device.hardware import INSTANCES
+
+    if settings.cost.instance:
+        return settings.cost.instance
+    try:
+        name = product_name.read_text(encoding="utf-8").strip().lower()
+    except OSError:
+        return None
+    return name if name in INSTANCES else None
+
+
+def static_kv_fit(settings: RunSettings, runtime: Runtime, model_path: str,
+                  instance: str | None) -> dict[str, Any] | None:
+    """Whether max_num_seqs slots of max_model_len of static KV fit beside the weights at the
+    run's TP (vLLM's default, 1, when none is given): `static_kv_capacity`'s figures, None
+    when it cannot be told (paged runtime, unknown instance or model shape); NeuronHostError
+    with what would fit when it does not."""
+    from neuron_batch.device.architectures import ArchitectureError, resolve_architecture
+    from neuron_batch.device.cost_model import CapacityError
+    from neuron_batch.device.hardware import HardwareError, validate_tp
+    from neuron_batch.device.static_kv import static_kv_capacity
+
+    if not runtime.static_kv or instance is None:
+        return None
+    try:
+        arch = resolve_architecture(model_path)
+    except (ArchitectureError, OSError, ValueError):
+        return None
+    tp = settings.sim.tensor_parallel_size or 1
+    try:
+        validate_tp(instance, tp)
+        return static_kv_capacity(instance, arch, tp, settings.sim.weight_dtype,
+                                  settings.max_model_len, settings.max_num_seqs,
+                                  block_size=settings.max_model_len)
+    except (CapacityError, HardwareError) as error:
+        raise NeuronHostError(f"--device neuron: {error}") from None
+
+
+def check_host(settings: RunSettings, runtime: Runtime, model_path: str, requests,
+               plugin_version: str | None) -> HostSetup:
+    """Every check of a Neuron run that needs no device, before anything loads: the plugin's
+    settings (host_setup) and the static KV cache beside the weights."""
+    setup = host_setup(settings, runtime, model_path=model_path, plugin_version=plugin_version,
+                       mixed=mixed_sampling(settings, requests),
+                       nxdi_version=installed_version(NXDI_DISTRIBUTION))
+    static_kv_fit(settings, runtime, model_path, host_instance(settings))
+    return setup

@@ -1,0 +1,40 @@
+"""The AWS NxDI plugin's worker, with chunked prefill off before the model loads.
+
+Why a worker: to keep our scheduler, the plugin's platform must be told
+DISABLE_NEURON_CUSTOM_SCHEDULER=1, and then it leaves chunked prefill as vLLM set it. vLLM's
+engine arguments turn it on for generative models whatever we pass (0.11.0:
+`EngineArgs._set_default_args`; seen on 0.10.2 and 0.11.0 in tests/test_nxdi_plugin.py), and
+the plugin's loader then asserts a chunked-prefill config (and its runner would read chunk
+sizes our whole-prompt scheduler never makes). The worker is built, in every process that
+loads a model, from the config the engine core also schedules with, before the model loads:
+the one place where turning it off reaches both the loader and our scheduler. `neuron_host.py`
+names this class as vLLM's `worker_cls` (the plugin's platform keeps a given one).
+
+Imports AWS's plugin: only used where it is installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_neuron.worker.neuron_worker import NeuronWorker
+
+
+def whole_prompts(scheduler_config: Any) -> None:
+    """Chunked prefill off on a built SchedulerConfig (the field the plugin's loader reads is
+    `chunked_prefill_enabled`; vLLM keeps the requested value in `enable_chunked_prefill`)."""
+    for name in ("enable_chunked_prefill", "chunked_prefill_enabled"):
+        if getattr(scheduler_config, name, False):
+            try:
+                setattr(scheduler_config, name, False)
+            except AttributeError:  # a read-only property derived from the other field
+                pass
+    if getattr(scheduler_config, "chunked_prefill_enabled", False):
+        raise RuntimeError("neuron-batch could not turn vLLM's chunked prefill off; the NxDI "
+                           "plugin's loader would assert a chunked-prefill config")
+
+
+class WholePromptNeuronWorker(NeuronWorker):
+    def __init__(self, vllm_config, *args: Any, **kwargs: Any) -> None:
+        whole_prompts(vllm_config.scheduler_config)
+        super().__init__(vllm_config, *args, **kwargs)

@@ -1,0 +1,40 @@
+"""`min_tokens` in the stop check, as AWS's Neuron plugin does in its own scheduler
+(`vllm_neuron/core/scheduler.py`, `check_stop_with_min_tokens`).
+
+vLLM's stop check trusts its sampler to mask EOS and stop tokens until a request has
+`min_tokens` outputs; a sampler on the device (NxDI's on-device sampling) does not, so an early
+EOS would end the request. Elsewhere the sampler already masks them and this changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.v1.request import Request, RequestStatus
+
+
+class MinTokensStop:
+    """Mixin for a vLLM Scheduler: no EOS / stop-token stop before min_tokens outputs."""
+
+    def _update_request_with_output(self, request: Request, new_token_ids: list[int],
+                                    *args: Any, **kwargs: Any):
+        params = request.sampling_params
+        # Fast path (every request, every step): the next token may already stop it.
+        if params is None or params.min_tokens <= request.num_output_tokens + 1:
+            return super()._update_request_with_output(request, new_token_ids, *args, **kwargs)
+        kept: list[int] = []
+        for token in new_token_ids:
+            if request.num_output_tokens + 1 >= params.min_tokens:
+                break   # this token reaches min_tokens: vLLM's own check may stop on it
+            request.append_output_token_ids(token)
+            kept.append(token)
+            # Only the length caps may end a request before min_tokens.
+            if (request.num_tokens >= self.max_model_len
+                    or request.num_output_tokens >= request.max_tokens):
+                request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                return kept, True
+        rest = new_token_ids[len(kept):]
+        if not rest:
+            return kept, False
+        tail, stopped = super()._update_request_with_output(request, rest, *args, **kwargs)
+        return kept + list(tail), stopped

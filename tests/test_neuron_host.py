@@ -1,0 +1,226 @@
+"""`--device neuron` engine settings (run/neuron_host.py): what AWS's NxDI plugin is given so
+that our scheduler runs with the shapes its records say, and what is refused before anything
+loads. Pure: no plugin, no device (tests/test_nxdi_plugin.py runs the plugin's own code)."""
+
+from __future__ import annotations
+
+import pytest
+
+from neuron_batch.config import CostOptions, RunSettings, SettingsError, SimOptions
+from neuron_batch.run import engine, neuron_host
+from neuron_batch.run.neuron_host import NeuronHostError, host_setup, plugin_line
+from neuron_batch.runtime import RUNTIMES
+
+NXDI = RUNTIMES["nxdi"]
+#: Keys the NxDI loader derives from vLLM's own settings: never in override_neuron_config.
+LOADER_OWNED = {"batch_size", "seq_len", "max_context_length", "tp_degree", "ctx_batch_size"}
+
+
+def settings(**changes) -> RunSettings:
+    base = dict(inputs=("x.jsonl",), runtime="nxdi", max_num_seqs=8, max_model_len=4352,
+                max_num_batched_tokens=512)
+    base.update(changes)
+    return RunSettings(**base).validate()
+
+
+def setup(tmp_path, plugin="0.2.0", mixed=False, **changes):
+    return host_setup(settings(**changes), NXDI, model_path=str(tmp_path / "model"),
+                      plugin_version=plugin, mixed=mixed, artifacts_root=tmp_path / "art")
+
+
+def test_nxdi_keeps_our_scheduler_whole_prompts_and_nxdi_bucket_keys(tmp_path):
+    done = setup(tmp_path)
+    assert done.env["DISABLE_NEURON_CUSTOM_SCHEDULER"] == "1"
+    assert done.kwargs["worker_cls"] == neuron_host.WORKER_CLS
+    # Contiguous KV: one block of max_model_len per slot, vLLM's null block added by 0.2.0.
+    assert done.kwargs["block_size"] == 4352
+    assert done.kwargs["enable_prefix_caching"] is False
+    assert done.kwargs["num_gpu_blocks_override"] == 8
+    shapes = settings().shapes()
+    assert done.section == {
+        "context_encoding_buckets": list(shapes.prefill_buckets),
+        "token_generation_buckets": list(shapes.attention_buckets),
+        "is_block_kv_layout": False, "is_prefix_caching": False}
+    assert shapes.prefill_buckets[-2:] == (2048, 4352)   # NxDI's generate_buckets
+    assert not LOADER_OWNED & set(done.section)
+    assert "tensor_parallel_size" not in done.kwargs
+
+
+def test_plugin_0_1_0_needs_the_null_block_added_by_us(tmp_path):
+    assert setup(tmp_path, plugin="0.1.0").kwargs["num_gpu_blocks_override"] == 9
+    assert plugin_line("0.2.0").adds_null_block and not plugin_line("0.1.0").adds_null_block
+
+
+def test_tensor_parallel_size_reaches_vllm(tmp_path):
+    done = setup(tmp_path, sim=SimOptions(tensor_parallel_size=2))
+    assert done.kwargs["tensor_parallel_size"] == 2
+
+
+def test_mixed_temperatures_sample_on_the_cpu_or_are_refused(tmp_path):
+    assert setup(tmp_path, mixed=True).section["on_device_sampling_config"] is None
+    assert "on_device_sampling_config" not in setup(tmp_path).section
+    with pytest.raises(NeuronHostError, match="different temperatures.*no CPU sampler"):
+        setup(tmp_path, plugin="0.1.0", mixed=True)
+
+
+def test_a_block_size_the_plugin_cannot_use_is_refused(tmp_path):
+    with pytest.raises(NeuronHostError, match="--block-size 32.*contiguous layout"):
+        setup(tmp_path, block_size=32)
+    assert setup(tmp_path, block_size=4352).kwargs["block_size"] == 4352
+
+
+def test_block_layout_block_counts_and_lengths():
+    new, old = plugin_line("0.2.0"), plugin_line("0.1.0")
+    assert neuron_host.block_layout_blocks(4096, 32, 8, new) == 128 * 8
+    assert neuron_host.block_layout_blocks(4096, 32, 8, old) == 128 * 8 + 1
+    with pytest.raises(NeuronHostError, match="not a multiple of the block size"):
+        neuron_host.block_layout_blocks(4352 + 16, 32, 8, new)
+
+
+def test_flags_of_the_other_runtime_are_refused():
+    with pytest.raises(SettingsError, match="--prefill-buckets.*vllm-neuron"):
+        settings(prefill_buckets=(128, 512))
+    with pytest.raises(SettingsError, match="--decode-buckets"):
+        settings(decode_buckets=(1, 8))
+
+
+def test_compiled_artifacts_are_keyed_by_every_compiled_shape(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 64}')
+    first = setup(tmp_path)
+    assert first.env["NEURON_COMPILED_ARTIFACTS"] == str(first.artifacts)
+    assert first.artifacts.parent == tmp_path / "art"
+    assert first.artifacts.name.startswith("model-")
+    assert setup(tmp_path).artifacts == first.artifacts
+    changed = [setup(tmp_path, token_generation_buckets=(1024, 4352)),
+               setup(tmp_path, max_num_seqs=4), setup(tmp_path, plugin="0.1.0"),
+               setup(tmp_path, mixed=True), setup(tmp_path, sim=SimOptions(tensor_parallel_size=2))]
+    assert len({c.artifacts for c in changed} | {first.artifacts}) == 6
+    (model / "config.json").write_text('{"hidden_size": 128}')
+    assert setup(tmp_path).artifacts != first.artifacts
+    given = host_setup(settings(compiled_artifacts=str(tmp_path / "mine")), NXDI,
+                       model_path=str(model), plugin_version="0.2.0")
+    assert given.artifacts.parent == tmp_path / "mine"
+
+
+def test_engine_kwargs_on_neuron_under_nxdi(monkeypatch, tmp_path):
+    monkeypatch.setattr(engine, "neuron_plugin_missing_message", lambda: None)
+    run = settings(sim=SimOptions(tensor_parallel_size=2), compiled_artifacts=str(tmp_path))
+    kwargs = engine.engine_kwargs(run, "neuron", str(tmp_path / "m"), tmp_path / "r.jsonl",
+                                  tmp_path, has_tokenizer=True)
+    assert kwargs["scheduler_cls"] == "neuron_batch.scheduler.NeuronScheduler"
+    assert kwargs["enable_chunked_prefill"] is False
+    assert kwargs["max_num_batched_tokens"] >= run.max_model_len   # never a split prompt
+    assert kwargs["tensor_parallel_size"] == 2                    # not only with --replicas
+    assert kwargs["block_size"] == run.max_model_len
+    section = kwargs["additional_config"]["override_neuron_config"]
+    assert section["context_encoding_buckets"] == list(run.shapes().prefill_buckets)
+    own = kwargs["additional_config"]["neuron_batch"]
+    assert own["runtime"] == "nxdi"
+    assert own["process_env"]["DISABLE_NEURON_CUSTOM_SCHEDULER"] == "1"
+
+
+def test_neuron_is_told_by_the_platform_not_its_device_type():
+    # The NxDI plugin's NeuronPlatform says device_type "cpu".
+    assert neuron_host.is_neuron_platform("NeuronPlatform", "vllm_neuron.platform", "cpu")
+    assert not neuron_host.is_neuron_platform("CpuPlatform", "vllm.platforms.cpu", "cpu")
+    assert neuron_host.is_neuron_platform("X", "y", "neuron")
+
+
+def test_static_kv_that_does_not_fit_is_refused_with_what_would(tmp_path):
+    # ../shared/notes/neuron-runtimes.md: Llama-3.1-8B bf16, 32 x 16384 on one inf2 chip.
+    run = settings(max_num_seqs=32, max_model_len=16384,
+                   sim=SimOptions(tensor_parallel_size=2), cost=CostOptions(instance="inf2.xlarge"))
+    with pytest.raises(NeuronHostError, match="cannot load under nxdi.*What fits"):
+        neuron_host.static_kv_fit(run, NXDI, "llama-3.1-8b", "inf2.xlarge")
+    small = settings(max_num_seqs=4, max_model_len=4096, sim=SimOptions(tensor_parallel_size=2))
+    fit = neuron_host.static_kv_fit(small, NXDI, "llama-3.1-8b", "inf2.xlarge")
+    assert fit["max_static_seqs"] >= 4
+    assert neuron_host.static_kv_fit(small, NXDI, "llama-3.1-8b", None) is None
+    assert neuron_host.static_kv_fit(small, RUNTIMES["vllm-neuron"], "llama-3.1-8b",
+                                     "inf2.xlarge") is None
+
+
+def test_the_host_instance_comes_from_the_option_or_the_dmi_name(tmp_path):
+    dmi = tmp_path / "product_name"
+    dmi.write_text("inf2.8xlarge\n")
+    assert neuron_host.host_instance(settings(), dmi) == "inf2.8xlarge"
+    given = settings(cost=CostOptions(instance="inf2.48xlarge"))
+    assert neuron_host.host_instance(given, dmi) == "inf2.48xlarge"
+    dmi.write_text("m5.large\n")
+    assert neuron_host.host_instance(settings(), dmi) is None
+    assert neuron_host.host_instance(settings(), tmp_path / "absent") is None
+
+
+def test_a_run_is_refused_before_anything_loads(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from neuron_batch.run import runner
+    from neuron_batch.run.errors import RunError
+
+    monkeypatch.setattr("neuron_batch.versions.neuron_plugin",
+                        lambda: {"version": "0.1.0", "entry_point": "vllm_neuron:register"})
+    record = lambda t: SimpleNamespace(record=SimpleNamespace(temperature=t))  # noqa: E731
+    workload = SimpleNamespace(model=SimpleNamespace(path=str(tmp_path)),
+                               prepared=SimpleNamespace(requests=[record(None), record(0.7)]))
+    with pytest.raises(RunError, match="different temperatures"):
+        runner.check_neuron_host(settings(device="neuron"), workload)
+    with pytest.raises(RunError, match="--block-size"):
+        runner.check_neuron_host(settings(device="neuron", block_size=64), workload)
+
+
+def test_min_tokens_holds_back_an_early_eos():
+    """As the plugin's own scheduler does: EOS before min_tokens does not end a request (a
+    sampler on the device does not mask it the way vLLM's does)."""
+    from vllm.sampling_params import SamplingParams
+
+    from neuron_batch.scheduler import NeuronScheduler, compat
+    from neuron_batch.scheduler.harness import EOS_TOKEN_ID, fake_model_output, make_scheduler
+
+    scheduler = make_scheduler(NeuronScheduler, max_num_seqs=2, max_model_len=256,
+                               max_num_batched_tokens=256, num_blocks=64)
+    finished = {}
+    requests = {}
+    for name, min_tokens in (("plain", 0), ("held", 5)):
+        params = SamplingParams(max_tokens=20, min_tokens=min_tokens)
+        params.update_from_generation_config({}, EOS_TOKEN_ID)
+        requests[name] = compat.make_request(name, [7] * 10, params, EOS_TOKEN_ID, 32)
+        scheduler.add_request(requests[name])
+    for _ in range(40):
+        if not scheduler.has_requests():
+            break
+        output = scheduler.schedule()
+        model_output = fake_model_output(output, requests, token_id=EOS_TOKEN_ID)
+        for outs in scheduler.update_from_output(output, model_output).values():
+            for out in outs.outputs:
+                if out.finish_reason is not None:
+                    finished[out.request_id] = requests[out.request_id].num_output_tokens
+    assert finished == {"plain": 1, "held": 5}
+
+
+def test_engine_sets_the_plugins_switches_before_vllm_starts(monkeypatch):
+    """Engine (the single-engine path and every Ray replica) puts the plugin's switches in its
+    process's environment before vLLM builds its config."""
+    import os
+
+    import vllm
+
+    seen = {}
+
+    class FakeLLM:
+        def __init__(self, **kwargs):
+            seen.update(os.environ)
+            self.llm_engine = None
+
+    monkeypatch.setattr(vllm, "LLM", FakeLLM)
+    monkeypatch.delenv("DISABLE_NEURON_CUSTOM_SCHEDULER", raising=False)
+    monkeypatch.delenv("NEURON_COMPILED_ARTIFACTS", raising=False)
+    env = {"DISABLE_NEURON_CUSTOM_SCHEDULER": "1", "NEURON_COMPILED_ARTIFACTS": "/c/x"}
+    try:
+        engine.Engine({"model": "x", "additional_config": {"neuron_batch": {"process_env": env}}},
+                      quiet=True)
+        assert {k: seen.get(k) for k in env} == env
+    finally:
+        for key in env:
+            os.environ.pop(key, None)
