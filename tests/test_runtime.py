@@ -148,10 +148,14 @@ def test_static_kv_matches_the_notes_example_and_says_what_fits():
 @given(seqs=st.integers(1, 64), length=st.sampled_from([1024, 2048, 4096, 8192, 16384]),
        tp=st.sampled_from([2, 4, 8, 24]))
 def test_a_static_layout_loads_exactly_when_its_bytes_fit(seqs, length, tp):
-    """Independent arithmetic: slots x length x 131,072 B (Llama 3 8B) beside 16.06 GB of
-    weights and a 10% reserve of the TP group's HBM."""
+    """Independent arithmetic: Llama 3 8B keeps 8 KV heads of 128 over 32 layers, K and V in
+    bf16 (16 KiB a head a token); each core of the TP group holds ceil(8 / tp) of them (copies
+    when TP exceeds 8). Slots x length x that, beside 16.06 GB of weights and a 10% reserve of
+    the group's HBM."""
+    per_token = tp * -(-8 // tp) * 32 * 2 * 128 * 2
+    assert per_token == (131072 if tp <= 8 else 131072 * tp // 8)
     free = 0.9 * tp * 16 * GIB - _arch().weight_bytes("bf16")
-    fits = seqs * length * 131072 <= free
+    fits = seqs * length * per_token <= free
     try:
         static_kv_capacity("inf2.48xlarge", "llama-3.1-8b", tp, "bf16", length, seqs, 32)
         loaded = True
