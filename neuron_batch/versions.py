@@ -11,15 +11,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+# The two ways vLLM runs on a Neuron host: through NxD Inference (the plugin lines of inf2 and
+# trn1) or the Beta plugin's own runtime (trn2, trn3). runtime.py is pure Python too.
+from neuron_batch.runtime import NXDI, VLLM_NEURON
+
 #: What the matrix proves on a release.
 SCHEDULER_ONLY = "scheduler"          # scheduler, recorder, harness, simulated executor's step
 FULL_ENGINE = "full engine"           # also every engine, simulated-device and CLI test
 
-#: The two ways vLLM runs on a Neuron host (shared/notes/neuron-runtimes.md): through NxD
-#: Inference (the plugin lines of inf2 and trn1), or the Beta plugin's own runtime (trn2, trn3).
-NXDI = "nxdi"
-VLLM_NEURON = "vllm-neuron"
-RUNTIMES = (NXDI, VLLM_NEURON)
 
 
 @dataclass(frozen=True)
