@@ -38,7 +38,7 @@ NEURON_PLUGIN_RELEASES: tuple[PluginLine, ...] = (
     PluginLine("vllm-neuron 0.1.0", "0.10.2", "2.26", ("inf2", "trn1", "trn2"), NXDI),
     PluginLine("vllm-neuron 0.2.0", "0.11.0", "2.26.1 and later", ("inf2", "trn1", "trn2"), NXDI),
     PluginLine("vllm-neuron 0.4.x", "0.13.0", "2.28", ("inf2", "trn1", "trn2"), NXDI,
-               "the last SDK whose NxDI supports inf2/trn1 (SDK 2.29 release notes)"),
+               "the last SDK whose NxDI supports inf2/trn1, per SDK 2.29's release notes"),
     PluginLine("vllm-neuron 0.5.x", "0.16.0", "2.29", ("inf2", "trn1", "trn2"), NXDI,
                "SDK 2.29's notes drop inf2/trn1 from NxDI; AWS's overview page still lists them"),
     PluginLine("vLLM Neuron (Beta) 0.21.0.1.0.0", "0.21.0", "2.31", ("trn2", "trn3"),
