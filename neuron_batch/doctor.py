@@ -25,8 +25,11 @@ from neuron_batch.config import RunSettings
 from neuron_batch.run.neuron_host import is_neuron_platform
 from neuron_batch.runtime import NXDI as NXDI_RUNTIME
 from neuron_batch.versions import (
+    describe_release,
     installed_vllm,
     neuron_plugin,
+    plugin_line_of,
+    release,
     tested_release,
     tested_versions,
 )
@@ -168,14 +171,15 @@ def gather(*, results_dir: str | Path = "results", check_platform: bool = True,
     environ = dict(os.environ if environ is None else environ)
     version, distribution = installed_vllm()
     entry = tested_release(version) if version else None
-    plugin = neuron_plugin()
+    plugin = plugin_facts()
     facts: dict[str, Any] = {
         "neuron_batch": {"version": __version__},
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "vllm": {"version": version, "distribution": distribution,
                  "tested": entry is not None,
                  "tested_scope": entry.scope if entry else None,
-                 "tested_versions": tested_versions()},
+                 "tested_versions": tested_versions(),
+                 "runs_on": describe_release(version)},
         "neuron_plugin": plugin,
         "neuron_runtime": neuron_runtime_facts(plugin["version"], layout),
         "platform": None,
@@ -190,6 +194,14 @@ def gather(*, results_dir: str | Path = "results", check_platform: bool = True,
     if check_platform and version is not None:
         facts["platform"] = probe_platform()
     return facts
+
+
+def plugin_facts() -> dict[str, Any]:
+    """The installed plugin, and the line its release belongs to (the vLLM it pins, its SDK,
+    instances and runtime) when versions.NEURON_PLUGIN_RELEASES knows it."""
+    plugin = neuron_plugin()
+    line = plugin_line_of(plugin["version"])
+    return {**plugin, "line": asdict(line) if line else None}
 
 
 # -- judging it (pure) ---------------------------------------------------------------------------
@@ -213,8 +225,10 @@ def diagnose(facts: dict[str, Any]) -> list[Check]:
                             "install it: `bash scripts/setup.sh` here; on inf2, AWS's vllm-neuron "
                             "(README 'On an inf2 / trn1 host')"))
     elif vllm["tested"]:
+        runs_on = f"; {vllm['runs_on']}" if vllm.get("runs_on") else ""
         checks.append(Check("vllm", OK, f"{vllm['version']} ({vllm['distribution']})",
-                            f"tested ({vllm['tested_scope']}); tested releases: {tested}"))
+                            f"tested ({vllm['tested_scope']}){runs_on}; tested releases: "
+                            f"{tested}"))
     else:
         checks.append(Check("vllm", WARN, f"{vllm['version']} ({vllm['distribution']})",
                             f"not a tested release (tested: {tested}): check with a short run"))
@@ -223,9 +237,17 @@ def diagnose(facts: dict[str, Any]) -> list[Check]:
     devices = facts["neuron"]["devices"]
     if plugin["version"] or plugin["entry_point"]:
         value = f"installed ({plugin['version'] or 'version unknown'})"
-        checks.append(Check("neuron plugin", OK if devices else WARN, value,
-                            None if devices else "installed, but no /dev/neuron* here: "
-                            "vLLM will not activate it"))
+        line = plugin.get("line")
+        detail = (None if devices
+                  else "installed, but no /dev/neuron* here: vLLM will not activate it")
+        if line:
+            value += f": {line['plugin']}"      # its runtime: the "neuron runtime" check
+            if vllm["version"] and _release_or_none(vllm["version"]) != release(line["vllm"]):
+                # The plugin's model runner is built against the vLLM it pins.
+                detail = (f"it pins vLLM {line['vllm']}, this host has {vllm['version']}: "
+                          f"install the pinned release")
+        checks.append(Check("neuron plugin", OK if devices and detail is None else WARN, value,
+                            detail))
     else:
         checks.append(Check("neuron plugin", WARN if devices else INFO, "not installed",
                             "Neuron devices are present but vLLM cannot use them without AWS's "
@@ -324,6 +346,13 @@ def _runtime_checks(rt: dict[str, Any], plugin: bool, devices: bool) -> list[Che
     else:
         checks.append(Check("static KV", FAIL, f"{what}: does not fit", kv["detail"]))
     return checks
+
+
+def _release_or_none(version: str) -> tuple[int, ...] | None:
+    try:
+        return release(version)
+    except ValueError:
+        return None
 
 
 def verdict(checks: list[Check]) -> tuple[bool, list[str]]:

