@@ -315,7 +315,14 @@ def diagnose(facts: dict[str, Any]) -> list[Check]:
 def _runtime_checks(rt: dict[str, Any], plugin: bool, devices: bool) -> list[Check]:
     """The Neuron runtime, NxDI, the compiled-artifacts folder and the static KV cache."""
     if not plugin or not rt:
-        return []
+        # No plugin: a run here schedules to the seed's shapes unless told otherwise.
+        from neuron_batch.runtime import get_runtime
+
+        default = get_runtime(None)
+        return [Check("neuron runtime", INFO, f"{default.name} (no Neuron plugin here)",
+                      "runs on this host follow its shapes; `--runtime nxdi` schedules as "
+                      "inf2/trn1 hosts do; on --device sim the instance decides (nxdi on "
+                      "inf2/trn1, vllm-neuron on trn2)")]
     checks = [Check("neuron runtime", INFO, rt.get("runtime") or "unknown",
                     rt.get("runtime_summary"))]
     if rt.get("runtime") == NXDI_RUNTIME:

@@ -61,6 +61,9 @@ def test_doctor_text_is_one_screen_and_ends_with_the_verdict(tmp_path):
     for name in ("neuron-batch", "python", "vllm", "neuron plugin", "neuron devices",
                  "neuron cores", "NEURON_RT_VISIBLE_CORES", "built-in model", "results folder"):
         assert any(name in line for line in lines), name
+    # without a plugin the runtime a run follows is still named, with how to choose another
+    runtime = next(line for line in lines if "neuron runtime" in line)
+    assert "vllm-neuron (no Neuron plugin here)" in runtime
     assert lines[-1] == "a run can start here"
 
 
