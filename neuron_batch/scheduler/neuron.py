@@ -308,9 +308,8 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
             # The longest position written this step is the largest num_computed_tokens (a
             # decode step holds only decodes: the mixed check above guarantees it).
             longest = max(cached_computed, default=0)
-            if output.scheduled_new_reqs:
-                longest = max(longest, max(n.num_computed_tokens
-                                           for n in output.scheduled_new_reqs))
+            for new in output.scheduled_new_reqs:
+                longest = max(longest, new.num_computed_tokens)
             bucket, attended = self.shapes.decode(num_decode, longest)
             num_seqs_padded = bucket
             output.num_seqs_padded = bucket
