@@ -184,10 +184,21 @@ started_all=$SECONDS
 prune_venvs
 declare -A venv_of build_s
 ready=()
+queued=()     # built, tests not started yet
+# Starts queued releases' tests while fewer than JOBS run (each pytest uses one core); never
+# waits, so building the next environment goes on while tests run.
+start_queued() {
+  while [ ${#queued[@]} -gt 0 ] && [ "$(jobs -rp | wc -l)" -lt "$JOBS" ]; do
+    local version=${queued[0]}
+    queued=("${queued[@]:1}")
+    echo "vllm_matrix: vLLM $version: testing"
+    run_tests "$version" "${venv_of[$version]}" "$LOGS/vllm-$version.log" &
+  done
+}
+echo "vllm_matrix: tests ($JOBS at a time): $TESTS"
 # 1. Environments, one after the other (downloads and unpacking, not CPU, bound them); each
-# release's tests start as soon as its environment is ready, JOBS at a time (each pytest uses
-# one core), so on a cold cache the tests of one release overlap the build of the next.
-tests_started=0
+# release's tests start as soon as its environment is ready and a slot is free, so on a cold
+# cache tests overlap the builds of the releases after them.
 for version in "${versions[@]}"; do
   started=$SECONDS
   scope=$("$PYTHON" "${TOOLS[@]}" scope "$version")
@@ -213,14 +224,15 @@ for version in "${versions[@]}"; do
   venv_of[$version]=$dir
   build_s[$version]=$((SECONDS - started))
   ready+=("$version")
-  [ $tests_started -eq 1 ] || echo "vllm_matrix: testing ($JOBS at a time): $TESTS"
-  tests_started=1
-  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
-  echo "vllm_matrix: vLLM $version: testing"
-  run_tests "$version" "$dir" "$log" &
+  queued+=("$version")
+  start_queued
 done
 
-# 2. The tests still running.
+# 2. The tests not started yet, then those still running.
+while [ ${#queued[@]} -gt 0 ]; do
+  wait -n
+  start_queued
+done
 wait
 
 # 3. Results.
