@@ -23,7 +23,7 @@ from typing import Any
 from neuron_batch import __version__
 from neuron_batch.config import RunSettings
 from neuron_batch.run.neuron_host import is_neuron_platform
-from neuron_batch.runtime import NXDI as NXDI_RUNTIME
+from neuron_batch.runtime import get_runtime
 from neuron_batch.versions import (
     describe_release,
     installed_vllm,
@@ -316,8 +316,6 @@ def _runtime_checks(rt: dict[str, Any], plugin: bool, devices: bool) -> list[Che
     """The Neuron runtime, NxDI, the compiled-artifacts folder and the static KV cache."""
     if not plugin or not rt:
         # No plugin: a run here schedules to the seed's shapes unless told otherwise.
-        from neuron_batch.runtime import get_runtime
-
         default = get_runtime(None)
         return [Check("neuron runtime", INFO, f"{default.name} (no Neuron plugin here)",
                       "runs on this host follow its shapes; `--runtime nxdi` schedules as "
@@ -325,7 +323,8 @@ def _runtime_checks(rt: dict[str, Any], plugin: bool, devices: bool) -> list[Che
                       "inf2/trn1, vllm-neuron on trn2)")]
     checks = [Check("neuron runtime", INFO, rt.get("runtime") or "unknown",
                     rt.get("runtime_summary"))]
-    if rt.get("runtime") == NXDI_RUNTIME:
+    runtime = get_runtime(rt.get("runtime")) if rt.get("runtime") else None
+    if runtime is not None and runtime.loader_distribution:
         if rt.get("nxdi"):
             checks.append(Check("NxD Inference", OK, f"installed ({rt['nxdi']})"))
         else:
@@ -336,7 +335,7 @@ def _runtime_checks(rt: dict[str, Any], plugin: bool, devices: bool) -> list[Che
                         "one folder per hash of every compiled shape (--compiled-artifacts)"))
     kv = rt.get("static_kv")
     if kv is None:
-        if rt.get("runtime") == NXDI_RUNTIME:
+        if runtime is not None and runtime.static_kv:
             checks.append(Check("static KV", INFO, "not checked",
                                 "give --model (and --max-num-seqs, --max-model-len, "
                                 "--tensor-parallel-size, --instance off EC2) to check that "

@@ -152,6 +152,8 @@ class Runtime:
     #: Keys of its config section that sample on the CPU with each request's own parameters
     #: (None: the plugin already samples per request).
     cpu_sampling_config: tuple[tuple[str, object], ...] | None = None
+    #: The distribution its plugin's model loader imports (NxDI), for doctor; None: in-plugin.
+    loader_distribution: str | None = None
 
     # -- bucket lists --------------------------------------------------------------------------
     @property
@@ -243,6 +245,17 @@ class Runtime:
         return {"enable_chunked_prefill": False,
                 "max_num_batched_tokens": max(max_model_len, max_num_seqs)}
 
+    def bucket_words(self, prefill: Sequence[int] | None, decode: Sequence[int] | None,
+                     attention: Sequence[int] | None) -> str:
+        """The three lists in this runtime's own words, for tables and verdicts."""
+        def join(buckets):
+            return ",".join(str(b) for b in buckets or []) or "default"
+
+        if self.static_kv:
+            return f"context encoding {join(prefill)} / token generation {join(attention)}"
+        text = f"prefill {join(prefill)} / decode {join(decode)}"
+        return text + (f" / decode context {join(attention)}" if attention else "")
+
     def describe(self) -> dict[str, object]:
         return {"name": self.name, "summary": self.summary, "static_kv": self.static_kv,
                 "chunked_prefill": self.chunked_prefill,
@@ -288,6 +301,7 @@ RUNTIMES: dict[str, Runtime] = {
         # On-device sampling takes its parameters in the runner's request-table order, not the
         # scheduled batch's (runner get_nxd_sampling_params); the CPU sampler reads the batch's.
         cpu_sampling_config=(("on_device_sampling_config", None),),
+        loader_distribution="neuronx-distributed-inference",
     ),
     VLLM_NEURON: Runtime(
         name=VLLM_NEURON,

@@ -38,15 +38,19 @@ def scenario(draw):
         neuron_config["num_batched_tokens_buckets"] = draw(bucket_list(prefill_max, 16))
     if draw(st.booleans()):
         neuron_config["num_seqs_buckets"] = draw(bucket_list(max_num_seqs, 1))
-    num_requests = draw(st.integers(1, 14))
-    prompts = draw(st.lists(st.integers(1, max_model_len - 40), min_size=num_requests,
-                            max_size=num_requests))
-    outputs = draw(st.lists(st.integers(1, 30), min_size=num_requests, max_size=num_requests))
-    arrival_steps = draw(st.lists(st.integers(0, 25), min_size=num_requests,
-                                  max_size=num_requests))
     return dict(max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
                 max_num_seqs=max_num_seqs, num_blocks=num_blocks, neuron_config=neuron_config,
-                prompts=prompts, outputs=outputs, arrival_steps=sorted(arrival_steps))
+                **draw(requests(max_model_len, 14)))
+
+
+@st.composite
+def requests(draw, max_model_len, most):
+    """1..`most` requests: prompt lengths, max_tokens and sorted arrival steps."""
+    n = draw(st.integers(1, most))
+    prompts = draw(st.lists(st.integers(1, max_model_len - 40), min_size=n, max_size=n))
+    outputs = draw(st.lists(st.integers(1, 30), min_size=n, max_size=n))
+    arrivals = draw(st.lists(st.integers(0, 25), min_size=n, max_size=n))
+    return dict(prompts=prompts, outputs=outputs, arrival_steps=sorted(arrivals))
 
 
 def run_scenario(cls, sc, overlap=False, kv_reserve="max_model_len"):
@@ -199,16 +203,9 @@ def nxdi_scenario(draw):
         neuron_config["context_encoding_buckets"] = draw(bucket_list(max_model_len, 16))
     if draw(st.booleans()):
         neuron_config["token_generation_buckets"] = draw(bucket_list(max_model_len, 16))
-    num_requests = draw(st.integers(1, 16))
-    prompts = draw(st.lists(st.integers(1, max_model_len - 40), min_size=num_requests,
-                            max_size=num_requests))
-    outputs = draw(st.lists(st.integers(1, 30), min_size=num_requests, max_size=num_requests))
-    arrival_steps = draw(st.lists(st.integers(0, 25), min_size=num_requests,
-                                  max_size=num_requests))
     return dict(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                 num_blocks=max_num_seqs * -(-max_model_len // BLOCK) + 1,
-                neuron_config=neuron_config, prompts=prompts, outputs=outputs,
-                arrival_steps=sorted(arrival_steps))
+                neuron_config=neuron_config, **draw(requests(max_model_len, 16)))
 
 
 def _expected_nxdi_buckets(neuron_config, key, max_model_len):

@@ -7,6 +7,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from neuron_batch.runtime import get_runtime
+
 #: The row key of a configuration's estimated compile time (a compile-cost key of `ranking`).
 COST_COMPILE_S = "estimated_compile_s"
 
@@ -73,15 +75,9 @@ def compile_pair(row: dict, other: dict, inline: bool = False) -> str:
 
 
 def bucket_words(row: dict) -> str:
-    """The configuration's buckets in its runtime's own words."""
-    if row.get("runtime") == "nxdi":
-        return (f"context encoding {join_buckets(row.get('prefill_buckets'))} / "
-                f"token generation {join_buckets(row.get('attention_buckets'))}")
-    text = (f"prefill {join_buckets(row.get('prefill_buckets'))} / "
-            f"decode {join_buckets(row.get('decode_buckets'))}")
-    if row.get("attention_buckets"):
-        text += f" / decode context {join_buckets(row.get('attention_buckets'))}"
-    return text
+    """The configuration's buckets in its runtime's own words (runtime.Runtime.bucket_words)."""
+    return get_runtime(row.get("runtime")).bucket_words(
+        row.get("prefill_buckets"), row.get("decode_buckets"), row.get("attention_buckets"))
 
 
 def join_buckets(buckets: Sequence[int] | None) -> str:

@@ -20,6 +20,7 @@ from neuron_batch.plan.job import PLAN_JSON, PlanJob, layout_settings, option_se
 from neuron_batch.plan.search import objective_key
 from neuron_batch.report.cost import per_million
 from neuron_batch.run.folder import write_json_atomic
+from neuron_batch.runtime import get_runtime
 
 PLAN_CSV, PLAN_PNG = "plan.csv", "plan_cost_vs_time.png"
 CSV_COLUMNS = ("rank", "name", "status", "instance", "num_instances", "replicas",
@@ -232,15 +233,12 @@ def recommendation_words(data: dict[str, Any]) -> list[str]:
     if not rows:
         return ["No option could be simulated: nothing to recommend."]
     best = rows[0]
-    runtime = best.get("runtime")
-    buckets = (f"context-encoding buckets {','.join(map(str, best['prefill_buckets']))}, "
-               f"NxDI's default token-generation buckets"
-               if runtime == "nxdi" else
-               f"prefill buckets {','.join(map(str, best['prefill_buckets']))}, decode bucket "
-               f"{','.join(map(str, best['decode_buckets']))}")
+    runtime = get_runtime(best.get("runtime"))
+    buckets = "buckets " + runtime.bucket_words(best["prefill_buckets"], best["decode_buckets"],
+                                                best.get("attention_buckets"))
     what = (f"{best['num_instances']} x {best['instance']}, {best['replicas']} replica"
             f"{'s' if best['replicas'] != 1 else ''} of TP {best['tensor_parallel_size']} on "
-            f"each ({runtime or 'vllm-neuron'}), max_model_len {best.get('max_model_len')}, "
+            f"each ({runtime.name}), max_model_len {best.get('max_model_len')}, "
             f"max_num_seqs {best['max_num_seqs']}, {buckets}")
     cost = (f"${best['usd']:,.2f} (${best['usd_per_million_output_tokens']:,.2f} per million "
             f"output tokens, {best['pricing']} at ${best['price_per_hour_usd']:,.4f}/h)")

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.config import RunSettings, SettingsError
-from neuron_batch.runtime import Runtime
+from neuron_batch.runtime import NXDI, RUNTIMES, Runtime
 from neuron_batch.versions import release
 
 #: Our worker: the plugin's, with chunked prefill turned off before the model loads.
@@ -43,7 +43,8 @@ WORKER_CLS = "neuron_batch.run.neuron_worker.WholePromptNeuronWorker"
 ARTIFACTS_ENV = "NEURON_COMPILED_ARTIFACTS"
 #: Under the cache folder when --compiled-artifacts is not given.
 ARTIFACTS_DIRNAME = "neuron-compiled"
-NXDI_DISTRIBUTION = "neuronx-distributed-inference"
+#: The distribution NxDI's model loader imports (one spelling: the runtime's).
+NXDI_DISTRIBUTION = RUNTIMES[NXDI].loader_distribution
 
 
 class NeuronHostError(SettingsError):
