@@ -34,6 +34,9 @@ from neuron_batch.scheduler.kv_reserve import (
 )
 
 DEVICES = ("auto", "cpu", "cuda", "neuron", "sim")
+#: How `run --order` arranges the requests it submits (the scheduler admits them FIFO):
+#: inputs/prepare.py `in_order`.
+ORDERS = ("input", "length")
 ON_ERROR = ("fail", "skip")
 
 # Defaults chosen to work on a fresh 2-core CPU machine with the built-in 135M model, and to be
@@ -114,6 +117,7 @@ class RunSettings:
     quiet: bool = False
     max_runtime: float | None = None     # seconds
     metrics_textfile: str | None = None
+    order: str = "input"                 # submission order: "input" or "length" (longest first)
     split_at: int | None = None          # run requests of prompt + max_tokens <= N in their
                                          # own layout first (run/split.py)
     replicas: int = 1                    # engines (data parallel); more than 1 runs on Ray
@@ -134,6 +138,8 @@ class RunSettings:
             raise SettingsError(f"--max-runtime must be a positive number of seconds, "
                                 f"got {self.max_runtime}")
         _positive("replicas", self.replicas)
+        if self.order not in ORDERS:
+            raise SettingsError(f"--order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         if self.split_at is not None:
             _positive("split-at", self.split_at)
             if self.split_at >= self.max_model_len:

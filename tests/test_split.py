@@ -14,6 +14,7 @@ from click.testing import CliRunner
 pytest.importorskip("vllm")
 
 from neuron_batch.cli import main  # noqa: E402
+from neuron_batch.runtime import nxdi_default_buckets  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # (prompt, max_tokens): most fit in 1024 tokens, three need the long layout.
@@ -49,6 +50,12 @@ def test_a_split_run_runs_each_request_once_in_the_layout_it_fits(tmp_path):
     # the short layout gets every static slot of 1024 that loads beside the weights; the
     # long one the --max-num-seqs given (3 of 4096 fit on one inf2 chip)
     assert short["max_num_seqs"] > 3 and long["max_num_seqs"] == 3
+    # each layout's lists fitted to its own requests, as many as NxDI's default (no more
+    # graphs), ending at the layout's max_model_len; prompts 1..1000 -> not powers of two
+    assert len(short["buckets"]["context_encoding_buckets"]) == len(nxdi_default_buckets(1024))
+    assert short["buckets"]["context_encoding_buckets"] != nxdi_default_buckets(1024)
+    assert short["buckets"]["token_generation_buckets"][-1] == 1024
+    assert long["buckets"]["context_encoding_buckets"][-1] == 4096
     assert report["split"]["estimated_compile_s"] == pytest.approx(
         short["estimated_compile_s"] + long["estimated_compile_s"])
     # each part's records are its own attempt: their steps add up to the whole report's
@@ -65,6 +72,17 @@ def test_a_split_run_runs_each_request_once_in_the_layout_it_fits(tmp_path):
         one["throughput"]["output_tokens_per_s"]
     summary = CliRunner().invoke(main, ["report", str(out)])
     assert "Split at 1,024 tokens" in summary.output
+    assert "short: context_encoding_buckets " in summary.output
+
+
+def test_the_user_s_bucket_lists_stay_the_long_layout_s(tmp_path):
+    out = tmp_path / "given"
+    result = run([trace(tmp_path), *BASE, "--split-at", "1024", "--context-encoding-buckets",
+                  "2048,4096", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    short, long = json.loads((out / "report.json").read_text())["split"]["parts"]
+    assert long["buckets"]["context_encoding_buckets"] == [2048, 4096]
+    assert short["buckets"]["context_encoding_buckets"][-1] == 1024
 
 
 def test_bad_cuts_are_refused_with_the_numbers_before_anything_runs(tmp_path):

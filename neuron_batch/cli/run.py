@@ -56,12 +56,20 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError
               envvar="NEURON_BATCH_METRICS_TEXTFILE",
               help="Also write the headline figures in Prometheus text format here "
                    "(node_exporter's textfile collector).")
+@click.option("--order", type=click.Choice(["input", "length"]), default="input",
+              show_default=True,
+              help="The order requests are submitted in (the scheduler admits them first "
+                   "come, first served). length: longest (prompt + max_tokens) first: under "
+                   "NxDI every decode step attends the longest running request's bucket, so "
+                   "like lengths running together waste less; outputs are keyed by id "
+                   "either way.")
 @click.option("--split-at", type=int, default=None, metavar="N",
               help="Split the job by length: requests whose prompt + max_tokens fit in N "
                    "tokens run first in a layout compiled for max-model-len N (on sim under "
-                   "nxdi: with every static slot that fits), the rest in the --max-model-len / "
-                   "--max-num-seqs layout. Two engine starts (and compiles); one folder, one "
-                   "report.")
+                   "nxdi: with every static slot that fits; under nxdi its buckets fitted to "
+                   "its own requests), the rest in the --max-model-len / --max-num-seqs "
+                   "layout. Two engine starts (and compiles); one folder, one report. "
+                   "`neuron-batch plan` weighs cuts.")
 @click.option("--replicas", type=int, default=1, show_default=True,
               help="Engines sharing the prompts (data parallel), each with the Neuron "
                    "scheduler and these settings (--tensor-parallel-size NeuronCores each on "

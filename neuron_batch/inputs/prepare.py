@@ -28,6 +28,22 @@ class PreparedRequest:
     max_tokens: int
     max_tokens_clamped: bool = False
 
+    @property
+    def length(self) -> int:
+        """What the request can reach: its prompt plus every token it may generate."""
+        return len(self.prompt_token_ids) + self.max_tokens
+
+
+def in_order(requests: Sequence[PreparedRequest], order: str) -> list[PreparedRequest]:
+    """`requests` as `run --order` submits them: as read ("input"), or longest first
+    ("length": prompt + max_tokens, ties in input order). Under NxDI every decode step attends
+    the bucket of the longest running request, so running requests of like lengths together
+    cuts the attention padding; longest first also leaves short requests, not a long one, to
+    drain at the end."""
+    if order == "length":
+        return sorted(requests, key=lambda r: -r.length)
+    return list(requests)
+
 
 @dataclass
 class Prepared:

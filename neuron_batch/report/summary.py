@@ -137,8 +137,11 @@ def _split_section(split: dict[str, Any]) -> list[str]:
     title = (f"Split at {_int(split.get('split_at'))} tokens: two layouts, one after the other"
              + (f" (compiling both: about {compile_s / 60:,.0f} min, not in the elapsed time)"
                 if compile_s else ""))
+    lists = [f"  {part.get('part', '')}: " + "; ".join(
+                 f"{key} {','.join(map(str, values))}" for key, values in part["buckets"].items())
+             for part in split.get("parts", []) if part.get("buckets")]
     return [title, *_table(["part", "max_model_len", "max_num_seqs", "requests", "seconds",
-                            "out tok/s"], rows)]
+                            "out tok/s"], rows), *lists]
 
 
 def _latency_section(latency: dict[str, Any]) -> list[str]:

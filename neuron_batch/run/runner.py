@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.config import RunSettings
+from neuron_batch.inputs.prepare import in_order
 from neuron_batch.inputs.records import InputProblem
 from neuron_batch.run.errors import (
     EXIT_INTERRUPTED,
@@ -160,7 +161,8 @@ def _run_locked(job: Job) -> RunResult:
                            "num_skipped": len(problems), "input_kind": job.workload.input_kind})
     folder.load_done()
     folder.open_outputs()
-    pending = [r for r in prepared.requests if r.record.id not in folder.done_ids]
+    pending = in_order([r for r in prepared.requests if r.record.id not in folder.done_ids],
+                       settings.order)
     attempts = folder.attempts()
     # After a kill -9 the killed attempt left records but no line in attempts.json: number past
     # it rather than overwrite its records.

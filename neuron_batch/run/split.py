@@ -10,19 +10,27 @@ its own attempt in the run folder (records-N.jsonl, a line in attempts.json with
 `--resume` and the report work as for any run; the report adds `split`: each part's layout and
 figures, and the compile time of both.
 
-The first part takes its runtime's default buckets (the lists given are the long layout's: a
-list must end at its own max_model_len). No vLLM import here.
+Buckets: under a runtime of whole prompts (nxdi) each layout's context-encoding and
+token-generation lists are fitted to its own requests (the exact optimiser over their prompt
+lengths and their lengths, as many buckets as NxDI's default for that max_model_len, so no more
+graphs to compile): a default list is powers of two, and a cut just above one (2176) would pad
+every prompt past 1024 to the cut. Lists the user gave are the long layout's (a list must end at
+its own max_model_len). A chunked runtime (vllm-neuron) keeps its defaults: its buckets are over
+chunks and batch sizes, not over what a split sorts by. No vLLM import here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from neuron_batch.bench.optimiser import optimal_buckets
 from neuron_batch.config import RunSettings
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.run.errors import RunError
+from neuron_batch.runtime import Runtime, nxdi_default_buckets
 
 SHORT, LONG = "short", "long"
 #: The most slots the short layout is given (vLLM's own default max_num_seqs): past that a
@@ -39,13 +47,37 @@ class Part:
     requests: list[PreparedRequest]
 
     def describe(self) -> dict[str, Any]:
+        shapes = self.settings.shapes()
+        compiled = {option.key: list(value) for option, value in (
+            (shapes.runtime.prefill, shapes.prefill_buckets),
+            (shapes.runtime.decode, shapes.decode_buckets),
+            (shapes.runtime.attention, shapes.attention_buckets)) if option and value}
         return {"part": self.name, "max_model_len": self.settings.max_model_len,
-                "max_num_seqs": self.settings.max_num_seqs, "requests": len(self.requests)}
+                "max_num_seqs": self.settings.max_num_seqs, "requests": len(self.requests),
+                "buckets": compiled}
 
 
-def request_length(request: PreparedRequest) -> int:
-    """What a request can reach: its prompt plus every token it may generate."""
-    return len(request.prompt_token_ids) + request.max_tokens
+def fitted_buckets(runtime: Runtime, prompt_lens: Sequence[int], lengths: Sequence[int],
+                   max_model_len: int
+                   ) -> tuple[tuple[int, ...] | None, None, tuple[int, ...] | None]:
+    """(prefill, decode, attention) lists for a layout of `max_model_len` serving requests of
+    these prompt lengths and lengths (prompt + max_tokens): under whole-prompt prefill the
+    optimiser's least-padding lists over each (a decode step attends the bucket of its longest
+    request, which reaches its length at its last token), as many as NxDI's default for
+    `max_model_len`; None (the runtime's default) for a chunked runtime or no requests."""
+    if runtime.chunked_prefill or not prompt_lens:
+        return None, None, None
+    count = len(nxdi_default_buckets(max_model_len))
+    prompts = Counter(min(p, max_model_len) for p in prompt_lens)
+    reach = Counter(min(n, max_model_len) for n in lengths)
+    return (tuple(optimal_buckets(prompts, count, max_model_len).buckets), None,
+            tuple(optimal_buckets(reach, count, max_model_len).buckets))
+
+
+def fitted_to(runtime: Runtime, requests: Sequence[PreparedRequest], max_model_len: int):
+    """`fitted_buckets` for these requests."""
+    return fitted_buckets(runtime, [len(r.prompt_token_ids) for r in requests],
+                          [r.length for r in requests], max_model_len)
 
 
 def check_split(settings: RunSettings, requests: list[PreparedRequest]) -> None:
@@ -54,16 +86,16 @@ def check_split(settings: RunSettings, requests: list[PreparedRequest]) -> None:
     if not requests:
         return
     split_at = settings.split_at
-    shortest = min(request_length(r) for r in requests)
+    shortest = min(r.length for r in requests)
     if split_at < shortest:
         raise RunError(f"--split-at {split_at:,} is below the shortest request (prompt + "
                        f"max_tokens = {shortest:,} tokens): no request would run in the short "
                        f"layout; choose a cut of at least {shortest:,}")
     # (a request whose max_tokens the input stage clamped to fit max_model_len is one too)
     too_long = [r for r in requests if r.max_tokens_clamped
-                or request_length(r) > settings.max_model_len]
+                or r.length > settings.max_model_len]
     if too_long:
-        named = ", ".join(f"{r.record.id} ({request_length(r):,})" for r in too_long[:5])
+        named = ", ".join(f"{r.record.id} ({r.length:,})" for r in too_long[:5])
         more = f" and {len(too_long) - 5} more" if len(too_long) > 5 else ""
         raise RunError(f"{len(too_long)} request(s) reach more than --max-model-len "
                        f"{settings.max_model_len:,} tokens (prompt + max_tokens): {named}{more}; "
@@ -88,19 +120,23 @@ def plan_parts(settings: RunSettings, pending: list[PreparedRequest],
                resolve_target) -> list[Part]:
     """The parts of the pending requests, short first, empty parts left out.
     `resolve_target(settings)` resolves a simulated device (runner.resolve_sim_target)."""
-    short = [r for r in pending if request_length(r) <= settings.split_at]
-    long = [r for r in pending if request_length(r) > settings.split_at]
+    short = [r for r in pending if r.length <= settings.split_at]
+    long = [r for r in pending if r.length > settings.split_at]
     runtime = settings.resolve_runtime()
     parts = []
     if short:
         short_settings = replace(settings, max_model_len=settings.split_at, split_at=None,
                                  max_num_seqs=short_layout_slots(settings, resolve_target,
                                                                  len(short)))
-        # this layout's own default buckets (the lists given end at the long max_model_len)
-        short_settings = short_settings.with_buckets(runtime, None, None, None)
+        short_settings = short_settings.with_buckets(
+            runtime, *fitted_to(runtime, short, settings.split_at))
         parts.append(Part(SHORT, short_settings.validate(), short))
     if long:
-        parts.append(Part(LONG, replace(settings, split_at=None), long))
+        long_settings = replace(settings, split_at=None)
+        if not any(settings.bucket_lists().values()):     # the user's lists win
+            long_settings = long_settings.with_buckets(
+                runtime, *fitted_to(runtime, long, settings.max_model_len))
+        parts.append(Part(LONG, long_settings.validate(), long))
     return parts
 
 
