@@ -119,3 +119,31 @@ def test_a_killed_split_run_resumes_without_loss_or_duplicates(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["requests"]["completed"] == len(WORKLOAD)
     assert {p["part"] for p in report["split"]["parts"]} <= {"short", "long"}
+
+
+def test_bench_compares_splits_with_the_best_single_layout(tmp_path):
+    data = trace(tmp_path)
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(main, ["bench", data, *BASE, "--split-at", "1024,2048",
+                                       "--order", "length", "--jobs", "1", "-o", str(out)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out / "split.json").read_text())
+    rows = {r["name"]: r for r in saved["configurations"]}
+    assert set(rows) == {"single", "single fitted", "split 1024", "split 2048"}
+    assert all(r["order"] == "length" for r in rows.values())
+    singles = [rows["single"], rows["single fitted"]]
+    best = max(singles, key=lambda r: r["output_tokens_per_s"])
+    assert saved["best_single"] == best["name"]
+    split = rows[saved["best_split"]]
+    assert saved["ratio"] == pytest.approx(split["output_tokens_per_s"]
+                                           / best["output_tokens_per_s"])
+    # a split compiles both layouts; its parts are in the row
+    assert split["estimated_compile_s"] > best["estimated_compile_s"]
+    assert [p["part"] for p in split["parts"]] == ["short", "long"]
+    assert rows["split 1024"]["parts"][0]["max_model_len"] == 1024
+    again = CliRunner().invoke(main, ["report", str(out)])
+    assert "x best single" in again.output and "split 1024" in again.output
+    bad = CliRunner().invoke(main, ["bench", data, *BASE, "--split-at", "4096",
+                                    "-o", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "must be below --max-model-len" in bad.output

@@ -38,6 +38,11 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError, parse_buckets
                    "(0: none).")
 @click.option("--max-decode-buckets", type=int, default=3, show_default=True,
               help="Also sweep the optimal decode sets of 1..K buckets (0: none).")
+@click.option("--split-at", "split_cuts", default=None, metavar="N,N,...",
+              help="Compare a job split by length at each cut (`run --split-at N`) with the "
+                   "single layout as given and with buckets fitted to the workload: output "
+                   "tok/s, run and compile time, $/M output tokens, ratio to the best single "
+                   "layout (split.json).")
 @click.option("--repeat", type=int, default=None,
               help="Without --sweep-buckets: run the configuration N times after a warm-up "
                    "and report the spread.")
@@ -61,9 +66,12 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError, parse_buckets
 @click.option("--resume", is_flag=True, help="Continue a sweep in --output.")
 @click.option("-q", "--quiet", is_flag=True, help="Only the final table.")
 def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_prefill_buckets,
-          max_decode_buckets, repeat, warmup, rank_by, jobs, resume, **options):
+          max_decode_buckets, split_cuts, repeat, warmup, rank_by, jobs, resume, **options):
     """Benchmark a workload: one configuration (--repeat for the spread), or with
     --sweep-buckets many bucket configurations, ranked, with a recommendation.
+
+    With --split-at N,N,... it compares a job split by length at each cut with the best
+    single layout instead (see `run --split-at`).
 
     \b
     A sweep runs, each in a fresh engine:
@@ -100,6 +108,13 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
                 raise SettingsError(f"--decode-buckets-set {','.join(map(str, buckets))}: the "
                                     f"last bucket must be one of --max-num-seqs "
                                     f"{','.join(map(str, seqs_values))}")
+        cuts = int_list(split_cuts, "--split-at") if split_cuts else []
+        if cuts and (sweep_buckets or repeat or len(seqs_values) > 1 or len(kv_values) > 1):
+            raise SettingsError("--split-at compares one layout with its splits; it does not "
+                                "combine with --sweep-buckets, --repeat or several "
+                                "--max-num-seqs / --kv-reserve values")
+        for cut in cuts:
+            replace(base, split_at=cut).validate()
         if len(seqs_values) > 1 and not sweep_buckets:
             raise SettingsError("several --max-num-seqs values need --sweep-buckets")
         if len(kv_values) > 1 and not sweep_buckets:
@@ -112,7 +127,12 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
     name = Path(base.inputs[0]).stem if not base.inputs[0].startswith("hf:") else "hf"
     out_dir = Path(output) if output else default_output_dir((f"bench-{name}",))
     try:
-        if sweep_buckets:
+        if cuts:
+            from neuron_batch.bench.split_compare import run_split_compare
+
+            code = run_split_compare(base, out_dir, cuts, jobs=jobs or default_jobs(),
+                                     resume=resume, log=log)
+        elif sweep_buckets:
             code = run_sweep(base, out_dir, seqs_values=seqs_values, user_prefill=user_prefill,
                              user_decode=user_decode, max_prefill_buckets=max_prefill_buckets,
                              max_decode_buckets=max_decode_buckets,

@@ -12,6 +12,7 @@ from neuron_batch.config import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
     DEVICES,
+    ORDERS,
     CostOptions,
     RunSettings,
     SettingsError,
@@ -109,6 +110,13 @@ def engine_options(func):
                           "seed design, far fewer at once). `bench` takes "
                           "request,max-model-len to compare them. [vllm-neuron only: nxdi's "
                           "static cache holds every slot]"),
+        click.option("--order", type=click.Choice(ORDERS), default="input",
+                     show_default=True,
+                     help="The order requests are submitted in (the scheduler admits them "
+                          "first come, first served). length: longest (prompt + max_tokens) "
+                          "first: under nxdi every decode step attends the longest running "
+                          "request's bucket, so like lengths running together waste less; "
+                          "outputs are keyed by id either way."),
         click.option("--instance", default="inf2.8xlarge", show_default=True,
                      envvar="NEURON_BATCH_INSTANCE",
                      help="[sim] inf2.xlarge, inf2.8xlarge, inf2.24xlarge, inf2.48xlarge or "

@@ -56,13 +56,6 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError
               envvar="NEURON_BATCH_METRICS_TEXTFILE",
               help="Also write the headline figures in Prometheus text format here "
                    "(node_exporter's textfile collector).")
-@click.option("--order", type=click.Choice(["input", "length"]), default="input",
-              show_default=True,
-              help="The order requests are submitted in (the scheduler admits them first "
-                   "come, first served). length: longest (prompt + max_tokens) first: under "
-                   "NxDI every decode step attends the longest running request's bucket, so "
-                   "like lengths running together waste less; outputs are keyed by id "
-                   "either way.")
 @click.option("--split-at", type=int, default=None, metavar="N",
               help="Split the job by length: requests whose prompt + max_tokens fit in N "
                    "tokens run first in a layout compiled for max-model-len N (on sim under "
@@ -124,6 +117,11 @@ def report(path):
             from neuron_batch.bench.sweep import render
 
             click.echo(render(Path(path)))
+            return
+        if (Path(path) / "split.json").exists():
+            from neuron_batch.bench.split_compare import rerender_comparison
+
+            click.echo(rerender_comparison(Path(path)))
             return
         if (Path(path) / "plan.json").exists():
             from neuron_batch.plan.report import rerender_plan

@@ -80,6 +80,29 @@ def fitted_to(runtime: Runtime, requests: Sequence[PreparedRequest], max_model_l
                           [r.length for r in requests], max_model_len)
 
 
+def cut_candidates(lengths: Sequence[int], slots_at, max_model_len: int, step: int = 128
+                   ) -> list[tuple[int, int]]:
+    """The cuts worth weighing, as (cut, short-layout slots): for each number of slots
+    `slots_at(N)` gives over the multiples of `step` below `max_model_len`, the largest N with
+    that many (the same layout holds more of the requests), while some request fits under N
+    and some does not. Under a static KV cache the slots fall as N grows, so these are where
+    the trade between slots and requests served changes."""
+    ordered = sorted(lengths)
+    if not ordered:
+        return []
+    first = -(-ordered[0] // step) * step
+    out: list[tuple[int, int]] = []
+    for cut in range(first, max_model_len, step):
+        if cut >= ordered[-1]:          # nothing left for the long layout
+            break
+        slots = slots_at(cut)
+        if out and out[-1][1] == slots:
+            out[-1] = (cut, slots)
+        else:
+            out.append((cut, slots))
+    return out
+
+
 def check_split(settings: RunSettings, requests: list[PreparedRequest]) -> None:
     """RunError (exit 2, nothing run) for a cut no request fits under, or a request longer than
     every layout (named: a batch job never cuts one short)."""
