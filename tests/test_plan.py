@@ -25,15 +25,20 @@ pytestmark = pytest.mark.skipif(not TRACE.exists(), reason="the trace copy is mi
 SPEC = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.xlarge", "inf2.8xlarge",
                                                          "inf2.24xlarge"),
                 max_num_instances=2, seqs_values=(16,), max_prefill_buckets=2, compiled=True,
-                max_model_len=4096, max_num_batched_tokens=2048)
+                max_model_len=4096, max_num_batched_tokens=2048, splits=False)
+# Splits by length (plan/splits.py) on one placement: every candidate cut is an option.
+SPLIT_SPEC = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.xlarge",),
+                      max_num_instances=1, seqs_values=(4,), max_prefill_buckets=2,
+                      compiled=True, max_model_len=8192, max_num_batched_tokens=2048)
 
 
-def plan_job(out: Path, deadline_h: float, *, prune: bool, resume: bool) -> PlanJob:
-    settings = RunSettings(inputs=(str(TRACE),), device="sim", limit=40, max_model_len=4096,
-                           max_num_batched_tokens=2048, quiet=True,
-                           sim=SimOptions(architecture="llama-3.1-8b"))
+def plan_job(out: Path, deadline_h: float, *, prune: bool, resume: bool,
+             spec: PlanSpec = SPEC, order: str = "input", limit: int = 40) -> PlanJob:
+    settings = RunSettings(inputs=(str(TRACE),), device="sim", limit=limit,
+                           max_model_len=spec.max_model_len, max_num_batched_tokens=2048,
+                           quiet=True, order=order, sim=SimOptions(architecture="llama-3.1-8b"))
     base, kv_reserve = plan_base(settings)
-    spec = PlanSpec(**{**SPEC.__dict__, "kv_reserve": kv_reserve})
+    spec = PlanSpec(**{**spec.__dict__, "kv_reserve": kv_reserve})
     return PlanJob(base, spec, Deadline(f"{deadline_h}h", deadline_h, None), out, jobs=1,
                    resume=resume, log=lambda m: None, prune=prune)
 
@@ -43,6 +48,39 @@ def unpruned(tmp_path_factory):
     out = tmp_path_factory.mktemp("plan") / "grid"
     assert run_plan(plan_job(out, 1.0, prune=False, resume=False)) == 0
     return out, json.loads((out / "plan.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def unpruned_splits(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan") / "splits"
+    assert run_plan(plan_job(out, 1.0, prune=False, resume=False, spec=SPLIT_SPEC,
+                             order="length", limit=16)) == 0
+    return out, json.loads((out / "plan.json").read_text())
+
+
+def test_split_bounds_hold_and_pruning_keeps_the_optimum(unpruned_splits):
+    out, data = unpruned_splits
+    splits = [o for o in data["options"] if o["split"]]
+    assert len(splits) >= 3 and any(not o["split"] for o in data["options"])
+    for option in data["options"]:
+        assert option["hours_at_least"] <= option["hours"] * (1 + 1e-9), option["name"]
+        # what plan.json says of the short layout is what `run --split-at` built
+        if option["split"]:
+            report = json.loads((Path(option["run_dir"]) / "report.json").read_text())
+            short = report["split"]["parts"][0]
+            assert (short["part"], short["max_model_len"], short["max_num_seqs"],
+                    short["requests"]) == ("short", option["split"]["split_at"],
+                                           option["split"]["max_num_seqs"],
+                                           option["split"]["requests"])
+            assert "--split-at" in option["command"] and "--order length" in option["command"]
+    hours = sorted(o["hours"] for o in data["options"])
+    for deadline_h in (hours[0] / 2, hours[len(hours) // 2], hours[-1] * 2):
+        truth = min(data["options"], key=lambda o: (objective_key(o["hours"], o["usd"],
+                                                                  deadline_h), o["name"]))
+        assert run_plan(plan_job(out, deadline_h, prune=True, resume=True, spec=SPLIT_SPEC,
+                                 order="length", limit=16)) == 0
+        pruned = json.loads((out / "plan.json").read_text())
+        assert pruned["recommendation"]["name"] == truth["name"], deadline_h
 
 
 def test_bounds_never_exceed_the_simulated_figures(unpruned):

@@ -373,3 +373,35 @@ def test_plan_weighs_the_tightest_max_model_len_and_trn2_needs_a_price():
     found, _ = placements(priced)
     beta = [p for p in found if p.instance == "trn2.48xlarge"]
     assert beta and all(p.runtime.name == "vllm-neuron" for p in beta)
+
+
+def test_split_options_weigh_every_candidate_cut_under_a_static_cache_only():
+    from neuron_batch.device.architectures import resolve_architecture
+    from neuron_batch.device.static_kv import static_slots
+    from neuron_batch.plan.splits import split_options
+    from neuron_batch.run.split import MAX_SHORT_SLOTS, cut_candidates
+
+    spec = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.xlarge", "trn2.48xlarge"),
+                    max_num_instances=1, seqs_values=(4,), max_model_len=8192,
+                    prices={"trn2.48xlarge": 40.0})
+    found, _ = placements(spec)
+    prompts = [200 + (i * 397) % 3000 for i in range(60)] + [7000]
+    outputs = [20 + i % 50 for i in range(61)]
+    singles = build_options(spec, found, prompts, outputs, seed=0)
+    splits = split_options(spec, singles, prompts, outputs)
+    assert splits and all(o.runtime.static_kv for o in splits)        # none on trn2
+    assert not split_options(PlanSpec(**{**spec.__dict__, "splits": False}), singles,
+                             prompts, outputs)
+    arch = resolve_architecture("llama-3.1-8b")
+    for single in (o for o in singles if o.runtime.static_kv):
+        mine = [o for o in splits if o.name.startswith(single.name + " split")]
+        share = [p + o for p, o in zip(prompts[:single.share_size], outputs)]
+        slots = lambda n: min(static_slots(single.instance, arch, single.tp, "bf16", n),  # noqa: E731,B023
+                              MAX_SHORT_SLOTS, max(sum(x <= n for x in share), 1))  # noqa: B023
+        expected = cut_candidates(share, slots, single.max_model_len)
+        assert [(o.split.cut, o.split.max_num_seqs) for o in mine] == expected
+        for option in mine:
+            assert option.split.requests == sum(n <= option.split.cut for n in share)
+            assert option.compile_s == pytest.approx(single.compile_s + option.split.compile_s)
+            assert option.split.prefill_buckets[-1] == option.split.cut
+            assert option.sim_key != single.sim_key and option.max_num_seqs == single.max_num_seqs

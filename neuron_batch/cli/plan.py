@@ -67,6 +67,16 @@ _DEFAULT_INSTANCES = "inf2.xlarge,inf2.8xlarge,inf2.24xlarge,inf2.48xlarge,trn1.
 @click.option("--max-prefill-buckets", type=int, default=4, show_default=True,
               help="The exact optimiser picks at most this many prefill buckets, as many as "
                    "are worth their compile time.")
+@click.option("--splits/--no-splits", default=True, show_default=True,
+              help="Also weigh splitting the job by length (nxdi: inf2/trn1): the requests "
+                   "that fit in N tokens first in a layout of max_model_len N with every slot "
+                   "that fits, the rest in the single layout (`run --split-at N`), at every "
+                   "cut where the short layout's slot count changes. Recommended only when "
+                   "cheaper, or on time where no single layout is.")
+@click.option("--order", type=click.Choice(["input", "length"]), default="input",
+              show_default=True,
+              help="The order each replica submits its requests in (`run --order`); "
+                   "length: longest first, which under nxdi wastes less attention.")
 @click.option("--compiled", is_flag=True,
               help="The graphs are cached from an earlier run: compile time does not count.")
 @click.option("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN, show_default=True,
@@ -102,7 +112,7 @@ _DEFAULT_INSTANCES = "inf2.xlarge,inf2.8xlarge,inf2.24xlarge,inf2.48xlarge,trn1.
                                                "simulations are reused).")
 @click.option("-q", "--quiet", is_flag=True, help="Only the final table and recommendation.")
 def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_seqs,
-         max_prefill_buckets, compiled, weight_dtype, cost_profile, pricing, price_per_hour,
+         max_prefill_buckets, splits, compiled, weight_dtype, cost_profile, pricing, price_per_hour,
          jobs, output, resume, quiet, **options):
     """Which instances, how many, laid out how, to finish INPUTS by --deadline for the least
     money, on the simulated Neuron device.
@@ -111,7 +121,8 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
     Candidates: every --instances type, every tensor-parallel degree that holds the model,
     replicas filling the instance's cores, 1..--max-num-instances instances, every
     --max-num-seqs, with the prefill buckets the exact optimiser picks and compile time
-    counted (unless --compiled). One replica is simulated on its share of the requests (a
+    counted (unless --compiled); on inf2/trn1 each also split by length at every candidate
+    cut (--no-splits: not). One replica is simulated on its share of the requests (a
     seeded random split); options whose lower bounds cannot beat the best one found are
     never simulated. Prints the grid and an estimate first, then a ranked table, the
     recommendation (the cheapest option that meets the deadline, or the fastest) and the
@@ -159,7 +170,8 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
                         weight_dtype=weight_dtype, cost_profile=cost_profile,
                         max_model_len=settings.max_model_len,
                         max_num_batched_tokens=settings.max_num_batched_tokens,
-                        kv_reserve=kv_reserve, pricing=pricing, prices=prices)
+                        kv_reserve=kv_reserve, pricing=pricing, prices=prices,
+                        splits=splits)
         placements(spec)    # a model that fits nowhere fails here, before any input is read
     except (SettingsError, PlanError, DeadlineError, ArchitectureError, PricingError) as error:
         raise click.UsageError(str(error)) from None

@@ -31,7 +31,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_batch.device.architectures import resolve_architecture
 from neuron_batch.device.cost_model import StepCostModel
@@ -53,6 +53,9 @@ from neuron_batch.report.cost import (
 )
 from neuron_batch.runtime import Runtime, nxdi_default_buckets
 from neuron_batch.scheduler.kv_reserve import blocks_for_tokens, reachable_tokens
+
+if TYPE_CHECKING:   # (splits.py builds on this module)
+    from neuron_batch.plan.splits import SplitLayout
 
 DEFAULT_INSTANCES = ("inf2.xlarge", "inf2.8xlarge", "inf2.24xlarge", "inf2.48xlarge",
                      "trn1.32xlarge", "trn2.3xlarge", "trn2.48xlarge")
@@ -86,6 +89,7 @@ class PlanSpec:
     pricing: str = "on-demand"
     prices: dict[str, float] = field(default_factory=dict)   # instance -> USD/h overrides
     runtime: str | None = None      # None: each instance's own (nxdi inf2/trn1, vllm-neuron trn2)
+    splits: bool = True             # also weigh jobs split by length (static-KV runtimes)
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,7 @@ class Option:
     bound_steps: int
     share_output_tokens: int
     sim_key: tuple
+    split: SplitLayout | None = None    # a job split by length (splits.py): its short layout
     skip_reason: str | None = None      # set when another option provably does as well
     pruned_by: str | None = None        # the best option when this one was pruned
     result: dict[str, Any] | None = field(default=None, repr=False)

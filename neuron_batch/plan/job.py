@@ -50,7 +50,8 @@ def option_settings(base: RunSettings, option: Option, out_dir: Path | None) -> 
     sim = replace(base.sim, instance=option.instance, tensor_parallel_size=option.tp)
     settings = replace(base, sim=sim, max_num_seqs=option.max_num_seqs,
                        max_model_len=option.max_model_len, limit=option.share_size,
-                       shuffle=True, output=None)
+                       shuffle=True, output=None,
+                       split_at=option.split.cut if option.split else None)
     settings = settings.with_buckets(option.runtime, option.prefill_buckets,
                                      option.decode_buckets, option.attention_buckets)
     if out_dir is None:

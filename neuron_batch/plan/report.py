@@ -25,11 +25,25 @@ from neuron_batch.runtime import get_runtime
 PLAN_CSV, PLAN_PNG = "plan.csv", "plan_cost_vs_time.png"
 CSV_COLUMNS = ("rank", "name", "status", "instance", "num_instances", "replicas",
                "tensor_parallel_size", "runtime", "max_model_len", "max_num_seqs",
-               "prefill_buckets", "decode_buckets", "attention_buckets", "kv_reserve", "hours",
+               "prefill_buckets", "decode_buckets", "attention_buckets", "split_at",
+               "split_max_num_seqs", "kv_reserve", "hours",
                "compile_hours", "price_per_hour_usd", "usd",
                "usd_per_million_output_tokens", "output_tokens_per_s",
                "replica_output_tokens_per_s", "share_requests", "meets_deadline",
                "hours_at_least", "usd_at_least", "reason", "command")
+
+
+def _split_fields(option: Option) -> dict[str, Any] | None:
+    """A split option's short layout (splits.py), or None for a single layout."""
+    layout = option.split
+    if layout is None:
+        return None
+    return {"split_at": layout.cut, "max_model_len": layout.cut,
+            "max_num_seqs": layout.max_num_seqs, "requests": layout.requests,
+            "share_requests": option.share_size,
+            "prefill_buckets": list(layout.prefill_buckets),
+            "attention_buckets": list(layout.attention_buckets),
+            "compile_hours": layout.compile_s / 3600.0}
 
 
 class PlanWriter:
@@ -70,6 +84,7 @@ class PlanWriter:
             "compile_hours": option.compile_s / 3600.0, "pricing": price.pricing,
             "price_per_hour_usd": price.per_hour_usd, "share_requests": option.share_size,
             "hours_at_least": option.hours_bound, "usd_at_least": option.usd_bound,
+            "split": _split_fields(option),
             "command": run_command(option_settings(self.job.base, option, None)),
             "layout_command": run_command(layout_settings(self.job.base, option)),
         }
@@ -153,6 +168,9 @@ def write_csv(data: dict[str, Any], path) -> None:
         writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         writer.writeheader()
         for row in rows:
+            split = row.get("split") or {}
+            row = {**row, "split_at": split.get("split_at"),
+                   "split_max_num_seqs": split.get("max_num_seqs")}
             writer.writerow({k: (",".join(map(str, v)) if isinstance(v, list) else
                                  "" if v is None else v) for k, v in row.items()})
 
@@ -174,8 +192,8 @@ def format_plan(data: dict[str, Any]) -> str:
              f"{meta['num_skipped']} skipped"]
     if rows:
         body = [[str(r["rank"]), r["instance"], str(r["num_instances"]),
-                 f"{r['replicas']}xTP{r['tensor_parallel_size']}", str(r["max_num_seqs"]),
-                 str(r.get("max_model_len", "")),
+                 f"{r['replicas']}xTP{r['tensor_parallel_size']}", _two(r, "max_num_seqs"),
+                 _two(r, "max_model_len"),
                  ",".join(map(str, r["prefill_buckets"])), f"{r['hours']:.2f}",
                  f"{r['compile_hours']:.2f}", f"{r['usd']:,.2f}",
                  f"{r['usd_per_million_output_tokens']:,.2f}",
@@ -191,6 +209,9 @@ def format_plan(data: dict[str, Any]) -> str:
         lines.append("  n = instances; replicas per instance x TP degree; S = max_num_seqs "
                      "(also the one decode bucket); L = max_model_len; prefill buckets are "
                      "context-encoding buckets on inf2/trn1 (nxdi); hours include compile")
+        if any(r.get("split") for r in rows):
+            lines.append("  S and L as 52+7 and 2176+14208: a job split by length, the short "
+                         "layout first (run --split-at); prefill buckets are the long one's")
     lines += _closest_not_simulated(data)
     lines.append("")
     for paragraph in recommendation_words(data):
@@ -198,6 +219,12 @@ def format_plan(data: dict[str, Any]) -> str:
         lines += ([paragraph] if paragraph.startswith("  ") or not paragraph
                   else textwrap.wrap(paragraph, 100))
     return "\n".join(lines) + "\n"
+
+
+def _two(row: dict[str, Any], key: str) -> str:
+    """A column's value, as short+long for a split option."""
+    value = str(row.get(key, ""))
+    return f"{row['split'][key]}+{value}" if row.get("split") else value
 
 
 def _close(a: float, b: float) -> bool:
@@ -227,6 +254,21 @@ def _closest_not_simulated(data: dict[str, Any], count: int = 5) -> list[str]:
     return lines
 
 
+def _split_words(best: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """How the recommendation compares with the other kind (rows are ranked): a split is only
+    recommended when it beats every single layout simulated."""
+    other = next((r for r in rows if bool(r.get("split")) != bool(best.get("split"))), None)
+    if other is None:
+        return []
+    figures = (f"{format_hours(other['hours'])} for ${other['usd']:,.2f} "
+               f"(${other['usd_per_million_output_tokens']:,.2f}/M)")
+    if best.get("split"):
+        return [f"The best single layout, {other['name']}, takes {figures}: splitting by "
+                f"length is worth its second layout here."]
+    return [f"The best split by length, {other['name']}, takes {figures}: not worth its "
+            f"second layout here."]
+
+
 def recommendation_words(data: dict[str, Any]) -> list[str]:
     meta, rows = data["meta"], data["options"]
     deadline = meta["deadline"]
@@ -240,6 +282,14 @@ def recommendation_words(data: dict[str, Any]) -> list[str]:
             f"{'s' if best['replicas'] != 1 else ''} of TP {best['tensor_parallel_size']} on "
             f"each ({runtime.name}), max_model_len {best.get('max_model_len')}, "
             f"max_num_seqs {best['max_num_seqs']}, {buckets}")
+    if best.get("split"):
+        short = best["split"]
+        what += (f"; split by length at {short['split_at']:,} tokens: the requests of prompt + "
+                 f"max_tokens <= {short['split_at']:,} ({short['requests']:,} of the "
+                 f"{short['share_requests']:,} of a replica's share) first, in a layout of "
+                 f"max_model_len {short['split_at']:,} with {short['max_num_seqs']} slots "
+                 f"(`run --split-at`; its buckets fitted to them, "
+                 f"{format_hours(short['compile_hours'])} more compiling)")
     cost = (f"${best['usd']:,.2f} (${best['usd_per_million_output_tokens']:,.2f} per million "
             f"output tokens, {best['pricing']} at ${best['price_per_hour_usd']:,.4f}/h)")
     compile_ = (f" of which {format_hours(best['compile_hours'])} compiling"
@@ -269,6 +319,7 @@ def recommendation_words(data: dict[str, Any]) -> list[str]:
             out.append("With the graphs compiled in advance (--compiled) it would make it.")
         else:
             out.append("More instances (--max-num-instances) or a later deadline would help.")
+    out += _split_words(best, rows)
     out += ["", f"One replica, on its share of {best['share_requests']:,} requests (measured "
                 f"{best['replica_output_tokens_per_s']:,.1f} output tok/s; the simulated device "
                 f"reproduces it):", f"  {best['command']}",

@@ -39,6 +39,7 @@ from neuron_batch.plan.job import (  # noqa: F401  (re-exported)
 )
 from neuron_batch.plan.report import PlanWriter
 from neuron_batch.plan.search import Search, dry_run
+from neuron_batch.plan.splits import split_options
 from neuron_batch.run.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
 
 #: CPU seconds a simulation costs per engine step and per output token, measured on the 2-core
@@ -149,6 +150,7 @@ def run_plan(job: PlanJob) -> int:
                                  seed=job.base.seed, excluded=excluded)
     if not options:
         raise RunError("no layout loads: " + "; ".join(excluded[-3:]))
+    options += split_options(job.spec, options, prompt_lens, output_lens)
     writer = PlanWriter(job, options, excluded, workload_output_tokens=sum(output_lens),
                         num_requests=len(requests))
     _announce(job, options, excluded, load_s=time.monotonic() - started)

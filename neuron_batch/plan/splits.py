@@ -1,0 +1,125 @@
+"""Options that split the job by length (`run --split-at N`, run/split.py), for `plan`.
+
+Under a static KV cache (nxdi: inf2, trn1) every slot is sized for the longest request, so a
+batch job whose lengths it knows can run the requests that fit in N tokens first in a layout
+of max_model_len N with as many slots as fit there, then the rest in the single layout. For
+every single-layout option (placement, instances, max_num_seqs) this adds one option per
+candidate cut (`cut_candidates`: for each slot count the short layout can have, the largest N
+that has it, so every trade between slots and requests served is weighed, cuts need not be
+powers of two). Each is bounded like a single option, part by part, with the same bounds
+(bounds.py), and counts the compile time of both layouts; the search (search.py) then treats
+it like any other option, so a split is recommended only when it is cheaper, or meets a
+deadline no single layout meets, and pruning never drops the one an unpruned plan would pick.
+
+The short layout is what `run --split-at` builds for the replica's share: slots =
+min(static slots at N, MAX_SHORT_SLOTS, its requests), buckets fitted to its requests
+(`fitted_buckets`); the long layout keeps the option's own. Pure Python (no vLLM).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from neuron_batch.device.cost_model import compile_footprint
+from neuron_batch.device.static_kv import static_slots
+from neuron_batch.device.target import NEURON_BLOCK_SIZE
+from neuron_batch.plan.bounds import ShareStats, replica_bound
+from neuron_batch.plan.grid import Option, Placement, PlanSpec
+from neuron_batch.run.split import MAX_SHORT_SLOTS, cut_candidates, fitted_buckets
+
+#: Cuts are multiples of this (the KV block granularity `plan` rounds max_model_len to).
+CUT_STEP = 128
+
+
+@dataclass(frozen=True)
+class SplitLayout:
+    """The short layout of a split option, and what its share puts in it."""
+
+    cut: int                            # its max_model_len: requests of length <= cut
+    max_num_seqs: int
+    prefill_buckets: tuple[int, ...]
+    attention_buckets: tuple[int, ...]
+    requests: int                       # of the simulated share
+    compile_s: float                    # its own graphs (the option's compile_s has both)
+
+
+def split_options(spec: PlanSpec, singles: Sequence[Option], prompt_lens: Sequence[int],
+                  output_lens: Sequence[int]) -> list[Option]:
+    """A split option per single option under a static KV cache and per candidate cut of
+    its share (the first `share_size` requests of the workload, as the single's)."""
+    if not spec.splits:
+        return []
+    out: list[Option] = []
+    cache: dict[tuple, list] = {}
+    for single in singles:
+        placement = single.placement
+        if not placement.runtime.static_kv or single.skip_reason:
+            continue
+        key = (placement.hardware_key(), single.share_size)
+        if key not in cache:
+            cache[key] = _short_layouts(spec, placement, prompt_lens[:single.share_size],
+                                        output_lens[:single.share_size])
+        for layout, short_stats, long_stats in cache[key]:
+            out.append(_option(spec, single, layout, short_stats, long_stats))
+    return out
+
+
+def _short_layouts(spec: PlanSpec, placement: Placement, prompts: Sequence[int],
+                   outputs: Sequence[int]) -> list[tuple[SplitLayout, ShareStats, ShareStats]]:
+    """Each candidate cut's short layout for this share, with both parts' statistics."""
+    lengths = [p + o for p, o in zip(prompts, outputs)]
+    mml = placement.max_model_len
+    arch = placement.target.arch
+    fits = sorted(lengths)
+
+    def slots_at(cut: int) -> int:
+        count = bisect_right(fits, cut)
+        return min(static_slots(placement.instance, arch, placement.tp, spec.weight_dtype,
+                                cut), MAX_SHORT_SLOTS, max(count, 1))
+
+    layouts = []
+    for cut, slots in cut_candidates(lengths, slots_at, mml, CUT_STEP):
+        if slots < 1:
+            continue
+        short = [i for i, n in enumerate(lengths) if n <= cut]
+        long = [i for i, n in enumerate(lengths) if n > cut]
+        short_p, short_o = [prompts[i] for i in short], [outputs[i] for i in short]
+        prefill, _, attention = fitted_buckets(placement.runtime, short_p,
+                                               [lengths[i] for i in short], cut)
+        if prefill is None or attention is None:
+            continue
+        graphs = placement.runtime.num_graphs(len(prefill), 1, len(attention))
+        compile_s = 0.0 if spec.compiled else float(compile_footprint(
+            len(prefill), 1, arch, spec.weight_dtype, tp=placement.tp,
+            profile=placement.target.profile, num_graphs=graphs)["estimated_compile_s"])
+        layouts.append((
+            SplitLayout(cut, slots, prefill, attention, len(short), compile_s),
+            ShareStats.of(short_p, short_o, max_num_batched_tokens=cut, max_model_len=cut,
+                          block_size=NEURON_BLOCK_SIZE),
+            ShareStats.of([prompts[i] for i in long], [outputs[i] for i in long],
+                          max_num_batched_tokens=mml, max_model_len=mml,
+                          block_size=NEURON_BLOCK_SIZE)))
+    return layouts
+
+
+def _option(spec: PlanSpec, single: Option, layout: SplitLayout, short_stats: ShareStats,
+            long_stats: ShareStats) -> Option:
+    """`single` with the requests of length <= layout.cut moved to the short layout first."""
+    placement, model = single.placement, single.placement.model
+    short = replica_bound(model, short_stats, prefill_buckets=layout.prefill_buckets,
+                          max_num_seqs=layout.max_num_seqs,
+                          num_blocks=layout.max_num_seqs * -(-layout.cut // NEURON_BLOCK_SIZE)
+                          + 1, block_size=NEURON_BLOCK_SIZE, max_model_len=layout.cut,
+                          kv_reserve=spec.kv_reserve)
+    long = replica_bound(model, long_stats, prefill_buckets=single.prefill_buckets,
+                         max_num_seqs=single.max_num_seqs,
+                         num_blocks=placement.pool_blocks(single.max_num_seqs),
+                         block_size=NEURON_BLOCK_SIZE, max_model_len=placement.max_model_len,
+                         kv_reserve=spec.kv_reserve)
+    return replace(single, name=f"{single.name} split{layout.cut}xS{layout.max_num_seqs}",
+                   compile_s=single.compile_s + layout.compile_s,
+                   bound_s=short.seconds + long.seconds, bound_steps=short.steps + long.steps,
+                   sim_key=(*single.sim_key, "split", layout.cut), split=layout,
+                   result=None, pruned_by=None)
