@@ -157,10 +157,25 @@ def replica_rows(units: list[_Unit], max_num_seqs: int) -> list[dict[str, Any]]:
             "output_tokens": output_tokens,
             "elapsed_s": elapsed,
             "output_tokens_per_s": output_tokens / elapsed if elapsed > 0 else 0.0,
-            "busy_fraction": busy_fraction(records.steps, start, end, max_num_seqs),
+            "busy_fraction": _busy(parts, records, start, end, max_num_seqs),
             "restarts": sum(1 for m in meta if m.get("restart")),
         })
     return rows
+
+
+def _busy(parts: list[_Unit], records: Records, start: float, end: float,
+          max_num_seqs: int) -> float:
+    """A replica's `busy_fraction` over its attempts; a --split-at run's parts have layouts of
+    their own max_num_seqs, so there each part's share is weighted by its time."""
+    def slots(unit: _Unit) -> int:
+        return unit.records.config.max_num_seqs if unit.records.config else max_num_seqs
+
+    if len({slots(unit) for unit in parts}) <= 1:
+        return busy_fraction(records.steps, start, end, slots(parts[0]))
+    total = sum(unit.elapsed for unit in parts)
+    full = sum(busy_fraction(unit.records.steps, unit.start, unit.end, slots(unit))
+               * unit.elapsed for unit in parts)
+    return full / total if total > 0 else 0.0
 
 
 def busy_fraction(steps: list[StepRecord], start: float, end: float, max_num_seqs: int) -> float:
