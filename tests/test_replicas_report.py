@@ -294,6 +294,20 @@ def test_split_parts_on_replicas_add_up_to_the_run(tmp_path):
     wall = attempt_figures(layout, attempts=attempts, done_ids=done, simulated=False)
     assert [wall[a]["elapsed_s"] for a in (1, 2)] == [5.0, 3.5]
 
+    # the split section: a third part stopped before any replica wrote a record counts 0 s
+    from types import SimpleNamespace
+
+    from neuron_batch.run.folder_report import split_section
+
+    folder = RunFolder(tmp_path)
+    folder.done_ids = done
+    part = {"part": "short", "max_model_len": 1024, "max_num_seqs": 8}
+    lines = [{**a, "part": part, "ended": "completed"} for a in attempts]
+    lines.append({"attempt": 3, "part": part, "ended": "interrupted"})
+    split = split_section(lines, folder, SimpleNamespace(split_at=1024), simulated=True)
+    assert [p["elapsed_s"] for p in split["parts"]] == [4.0, 3.0, 0.0]
+    assert [len(p.get("replicas", [])) for p in split["parts"]] == [2, 2, 0]
+
 
 def test_split_at_combines_with_replicas_and_caps_the_short_slots():
     from types import SimpleNamespace

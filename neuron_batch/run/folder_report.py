@@ -91,14 +91,17 @@ def split_section(attempts: list[dict], folder, settings, simulated: bool) -> di
     for attempt in attempts:
         if "part" not in attempt:
             continue
-        figures = on_replicas.get(attempt["attempt"])
-        if figures is not None and isinstance(layout.get(attempt["attempt"]), dict):
+        entry = layout.get(attempt["attempt"])
+        extra = {}
+        if entry is None:       # stopped before a record was written (replicas still loading)
+            elapsed, output_tokens = 0.0, 0
+        elif isinstance(entry, dict):
+            figures = on_replicas[attempt["attempt"]]
             elapsed, output_tokens = figures["elapsed_s"], figures["output_tokens"]
             extra = {"replicas": figures["replicas"]}
         else:
-            one = summarize(read_records(folder.records_path(attempt["attempt"])))
+            one = summarize(read_records(entry))
             elapsed, output_tokens = one["throughput"]["elapsed_s"], one["tokens"]["output"]
-            extra = {}
         parts.append({**attempt["part"], "attempt": attempt["attempt"],
                       "ended": attempt.get("ended"), "elapsed_s": elapsed,
                       "output_tokens": output_tokens,
