@@ -147,9 +147,6 @@ class RunSettings:
                     f"--split-at {self.split_at:,} must be below --max-model-len "
                     f"{self.max_model_len:,} (the long layout's); requests up to {self.split_at:,} "
                     f"tokens run in a layout of that length, the rest in the long one")
-            if self.uses_ray:
-                raise SettingsError("--split-at runs its two layouts one after the other on one "
-                                    "engine host; it does not combine with --replicas / --ray")
         _positive("num-instances", self.sim.num_instances)
         if self.ray is not None and not str(self.ray).strip():
             raise SettingsError("--ray needs a cluster address (host:port, auto or local)")

@@ -251,6 +251,59 @@ def test_max_runtime_while_the_replicas_start(cluster, tmp_path):
     assert len(ids) == len(set(ids)) == 300
 
 
+def test_a_split_run_runs_each_part_across_both_replicas(cluster, node_ids, tmp_path):
+    """--split-at with --replicas: the short part on both replicas, then the long one; each
+    request once, the run's elapsed time the sum of the parts' (each its slowest replica's)."""
+    out = tmp_path / "run"
+    # the slice's prompt + max_tokens run from 95 to 4,176: 185 fit in 2,048, 15 do not
+    result = invoke(["run", trace_slice(tmp_path / "t.csv", 200), *SIM, "--ray", cluster.address,
+                     "--replicas", "2", "--split-at", "2048", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    ids = [row["id"] for row in outputs(out)]
+    assert len(ids) == len(set(ids)) == 200
+    report = report_of(out)
+    assert report["requests"]["completed"] == 200 and report["requests"]["pending"] == 0
+    short, long = report["split"]["parts"]
+    assert (short["part"], short["max_model_len"]) == ("short", 2048)
+    assert (long["part"], long["max_model_len"]) == ("long", 8192)
+    assert short["requests"] + long["requests"] == 200 and long["requests"] > 0
+    # a replica serves about half the short part: no more slots than that
+    assert short["max_num_seqs"] <= -(-short["requests"] // 2)
+    for part, attempt in zip((short, long), report["attempts"]):
+        assert attempt["part"]["part"] == part["part"]
+        assert {r["node"] for r in attempt["replicas"]} == node_ids     # both nodes
+        assert [r["replica"] for r in part["replicas"]] == [0, 1]
+        assert sum(r["requests"] for r in part["replicas"]) == part["requests"]
+        assert part["elapsed_s"] == max(r["elapsed_s"] for r in part["replicas"])
+    assert all(r["requests"] > 0 for r in short["replicas"])
+    assert report["throughput"]["elapsed_s"] == pytest.approx(
+        short["elapsed_s"] + long["elapsed_s"], rel=1e-9)
+    assert short["output_tokens"] + long["output_tokens"] == report["tokens"]["output"]
+    assert_totals_match_replicas(report)
+    assert (out / "records-1-r1.jsonl").exists() and (out / "records-2-r1.jsonl").exists()
+    assert "each across 2 replicas" in result.output
+
+
+def test_a_killed_split_run_on_replicas_resumes_each_request_once(cluster, tmp_path):
+    out = tmp_path / "run"
+    trace = trace_slice(tmp_path / "t.csv", 600)
+    args = ["run", trace, *SIM, "--ray", cluster.address, "--replicas", "2", "--split-at",
+            "2048", "-q", "-o", str(out)]
+    proc = start_driver(args)
+    wait_until(lambda: count_lines(out / "outputs.jsonl") >= 60, proc, "some outputs")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert 60 <= len(outputs(out)) < 600
+    resumed = invoke([*args, "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    ids = [row["id"] for row in outputs(out)]
+    assert len(ids) == len(set(ids)) == 600
+    report = report_of(out)
+    assert report["requests"]["completed"] == 600
+    assert report["tokens"]["output"] == sum(r["num_output_tokens"] for r in outputs(out))
+    assert {p["part"] for p in report["split"]["parts"]} <= {"short", "long"}
+
+
 def test_a_lost_node_stops_the_run_and_resume_finishes_it(cluster, tmp_path):
     """Last in the module: it takes the cluster's second node away."""
     out = tmp_path / "run"

@@ -33,7 +33,7 @@ from neuron_batch.run.replica_actor import (
     pack,
     unpack,
 )
-from neuron_batch.run.replica_report import busy_fraction, summarize_replicas
+from neuron_batch.run.replica_report import attempt_figures, busy_fraction, summarize_replicas
 from neuron_batch.run.replicas import (
     BATCHES_PER_REPLICA,
     MAX_BATCH,
@@ -263,6 +263,64 @@ def test_report_sums_replicas_and_keeps_each_request_once(tmp_path):
                               done_ids={"a", "b", "c"}, simulated=False,
                               extra_config={"max_num_seqs": 4}, total=3, skipped=0)
     assert wall["throughput"]["elapsed_s"] == 9.0       # elsewhere: the driver's wall time
+
+
+def test_split_parts_on_replicas_add_up_to_the_run(tmp_path):
+    """Two attempts (a --split-at run's parts) of two replicas each, layouts of 8 and 2 slots:
+    each part's elapsed is its slowest replica's, and they add up to the run's; a replica's
+    busy share weighs each part's own slots by its time."""
+    base = {"max_num_batched_tokens": 256, "max_model_len": 1024, "block_size": 32,
+            "num_kv_blocks": 100, "max_kv_concurrent": 3, "prefill_buckets": [128, 256],
+            "decode_buckets": [1, 2, 4], "scheduler_cls": "x"}
+    for attempt, seqs, ends in ((1, 8, (2.0, 4.0)), (2, 2, (3.0, 1.0))):
+        for replica, end in enumerate(ends):
+            _write_replica(tmp_path / f"records-{attempt}-r{replica}.jsonl",
+                           {"replica": replica, "restart": 0, "node": f"n{replica}"},
+                           [_step(0, 0.0, end, 0, 2)],
+                           [RequestRecord(f"{attempt}{replica}", 10, 0.0, 0.0, 0.5, end, 3, 0,
+                                          "length")], {**base, "max_num_seqs": seqs})
+    layout = RunFolder(tmp_path).records_layout()
+    attempts = [{"attempt": 1, "generation_s": 5.0}, {"attempt": 2, "generation_s": 3.5}]
+    done = {"10", "11", "20", "21"}
+    figures = attempt_figures(layout, attempts=attempts, done_ids=done, simulated=True)
+    assert [figures[a]["elapsed_s"] for a in (1, 2)] == [4.0, 3.0]
+    assert [r["requests"] for r in figures[1]["replicas"]] == [1, 1]
+    assert figures[2]["output_tokens"] == 6
+    report = summarize_replicas(layout, attempts=attempts, done_ids=done, simulated=True,
+                                extra_config={}, total=4, skipped=0)
+    assert report["throughput"]["elapsed_s"] == 4.0 + 3.0
+    # replica 0: 2 s below 8 slots (not full), then 3 s at 2 of 2 (full)
+    assert report["replicas"][0]["busy_fraction"] == pytest.approx(3.0 / 5.0)
+    wall = attempt_figures(layout, attempts=attempts, done_ids=done, simulated=False)
+    assert [wall[a]["elapsed_s"] for a in (1, 2)] == [5.0, 3.5]
+
+    # the split section: a third part stopped before any replica wrote a record counts 0 s
+    from types import SimpleNamespace
+
+    from neuron_batch.run.folder_report import split_section
+
+    folder = RunFolder(tmp_path)
+    folder.done_ids = done
+    part = {"part": "short", "max_model_len": 1024, "max_num_seqs": 8}
+    lines = [{**a, "part": part, "ended": "completed"} for a in attempts]
+    lines.append({"attempt": 3, "part": part, "ended": "interrupted"})
+    split = split_section(lines, folder, SimpleNamespace(split_at=1024), simulated=True)
+    assert [p["elapsed_s"] for p in split["parts"]] == [4.0, 3.0, 0.0]
+    assert [len(p.get("replicas", [])) for p in split["parts"]] == [2, 2, 0]
+
+
+def test_split_at_combines_with_replicas_and_caps_the_short_slots():
+    from types import SimpleNamespace
+
+    from neuron_batch.run.split import short_layout_slots
+
+    settings = RunSettings(inputs=("x",), device="sim", replicas=2, split_at=1024,
+                           max_model_len=4096).validate()
+    target = SimpleNamespace(kv={"max_static_seqs": 60})
+    assert short_layout_slots(settings, lambda _: target, 101) == 51     # ceil(101 / 2)
+    assert short_layout_slots(settings, lambda _: target, 400) == 60     # what fits
+    one = RunSettings(inputs=("x",), device="sim", split_at=1024, max_model_len=4096)
+    assert short_layout_slots(one, lambda _: target, 40) == 40
 
 
 def test_a_replica_error_is_found_under_rays_wrappers():

@@ -61,7 +61,8 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError
                    "tokens run first in a layout compiled for max-model-len N (on sim under "
                    "nxdi: with every static slot that fits; under nxdi its buckets fitted to "
                    "its own requests), the rest in the --max-model-len / --max-num-seqs "
-                   "layout. Two engine starts (and compiles); one folder, one report. "
+                   "layout. Two engine starts (and compiles); one folder, one report. With "
+                   "--replicas each part runs across every replica, one part after the other. "
                    "`neuron-batch plan` weighs cuts.")
 @click.option("--replicas", type=int, default=1, show_default=True,
               help="Engines sharing the prompts (data parallel), each with the Neuron "

@@ -134,7 +134,10 @@ def _split_section(split: dict[str, Any]) -> list[str]:
              _float(part.get("elapsed_s"), 1), _float(part.get("output_tokens_per_s"), 1)]
             for part in split.get("parts", [])]
     compile_s = split.get("estimated_compile_s")
+    replicas = max((len(part.get("replicas") or []) for part in split.get("parts", [])),
+                   default=0)
     title = (f"Split at {_int(split.get('split_at'))} tokens: two layouts, one after the other"
+             + (f", each across {replicas} replicas" if replicas > 1 else "")
              + (f" (compiling both: about {compile_s / 60:,.0f} min, not in the elapsed time)"
                 if compile_s else ""))
     lists = [f"  {part.get('part', '')}: " + "; ".join(

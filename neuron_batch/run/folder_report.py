@@ -66,28 +66,47 @@ def build_report(job: Job) -> dict:
     _add_cost(report, settings)
     report["attempts"] = folder.attempts()
     if any("part" in a for a in report["attempts"]):
-        report["split"] = split_section(report["attempts"], folder, settings)
+        report["split"] = split_section(report["attempts"], folder, settings, job.simulated)
     report["output_dir"] = str(folder.path)
     return report
 
 
-def split_section(attempts: list[dict], folder, settings) -> dict:
+def split_section(attempts: list[dict], folder, settings, simulated: bool) -> dict:
     """A --split-at run's parts: each attempt that ran a part, its layout and its own figures
-    (from its records), and the compile time of the layouts (both are compiled)."""
+    (from its records), and the compile time of the layouts (both are compiled). A part run on
+    replicas counts as the whole report does (replica_report.attempt_figures): its elapsed time
+    the slowest replica's on the simulated device (else from the first replica ready to the
+    last output), its output tokens summed, and per replica its requests and time; so the
+    parts' elapsed times add up to the run's, as without replicas."""
     from neuron_batch.report.metrics import summarize
+    from neuron_batch.run.replica_report import attempt_figures, has_replicas
     from neuron_batch.scheduler.records import read_records
 
+    layout = folder.records_layout()
+    on_replicas = {}
+    if has_replicas(layout):
+        on_replicas = attempt_figures(layout, attempts=attempts, done_ids=folder.done_ids,
+                                      simulated=simulated)
     parts = []
     for attempt in attempts:
         if "part" not in attempt:
             continue
-        records = read_records(folder.records_path(attempt["attempt"]))
-        figures = summarize(records)
+        entry = layout.get(attempt["attempt"])
+        extra = {}
+        if entry is None:       # stopped before a record was written (replicas still loading)
+            elapsed, output_tokens = 0.0, 0
+        elif isinstance(entry, dict):
+            figures = on_replicas[attempt["attempt"]]
+            elapsed, output_tokens = figures["elapsed_s"], figures["output_tokens"]
+            extra = {"replicas": figures["replicas"]}
+        else:
+            one = summarize(read_records(entry))
+            elapsed, output_tokens = one["throughput"]["elapsed_s"], one["tokens"]["output"]
         parts.append({**attempt["part"], "attempt": attempt["attempt"],
-                      "ended": attempt.get("ended"),
-                      "elapsed_s": figures["throughput"]["elapsed_s"],
-                      "output_tokens": figures["tokens"]["output"],
-                      "output_tokens_per_s": figures["throughput"]["output_tokens_per_s"]})
+                      "ended": attempt.get("ended"), "elapsed_s": elapsed,
+                      "output_tokens": output_tokens,
+                      "output_tokens_per_s": output_tokens / elapsed if elapsed > 0 else 0.0,
+                      **extra})
     compile_s = [p["estimated_compile_s"] for p in parts if "estimated_compile_s" in p]
     # a layout compiled in an earlier attempt (resumed run) is counted once
     layouts = {(p["part"], p["max_model_len"], p["max_num_seqs"]): p.get("estimated_compile_s")

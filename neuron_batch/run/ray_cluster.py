@@ -86,6 +86,26 @@ class RayCluster:
                 f"nodes left hold {room} of {self.replicas} replicas "
                 f"({self.placement.describe()} each)")
 
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    def reconnect(self, settings: RunSettings, log: Callable[[str], None]) -> None:
+        """Join the cluster again after `shutdown`, in place (the runner holds this object and
+        shuts it down at the end): a --split-at run's next part. Each part's replicas end with
+        the driver's Ray job, so the NeuronCores (or CPUs) of the part before are free for the
+        next one's; the checks of `connect` run again (a node may have gone meanwhile). The
+        parts differ only in max_model_len, max_num_seqs and buckets, so the placement (TP per
+        replica) must be the same."""
+        fresh = connect(settings, log)
+        if fresh.placement != self.placement:
+            fresh.shutdown()
+            raise RunError(f"the next part asks Ray for {fresh.placement.describe()} per "
+                           f"replica, the part before for {self.placement.describe()}")
+        self.address, self.started_local = fresh.address, fresh.started_local
+        self.replicas, self.node_ids = fresh.replicas, fresh.node_ids
+        self._connected = True
+
     def shutdown(self) -> None:
         if not self._connected:
             return

@@ -67,9 +67,50 @@ def summarize_replicas(layout: dict[int, Path | dict[int, list[Path]]], *,
                        attempts: list[dict[str, Any]], done_ids: set[str], simulated: bool,
                        extra_config: dict[str, Any], total: int, skipped: int) -> dict[str, Any]:
     """The report dict (as `metrics.summarize` makes it) over every attempt's records."""
+    per_attempt = _attempt_units(layout, attempts, done_ids, simulated)
+    units = [unit for _, attempt_units, _ in per_attempt for unit in attempt_units]
+    elapsed = sum(attempt_elapsed for _, _, attempt_elapsed in per_attempt)
+
+    merged = Records(next((u.records.config for u in units if u.records.config), None),
+                     [s for u in units for s in u.records.steps],
+                     [r for u in units for r in u.records.requests],
+                     _sum_blocked(u.records.blocked_counts for u in units))
+    report = summarize(merged, elapsed_s=elapsed, extra_config=extra_config, total=total,
+                       skipped=skipped, failed=0)
+    report["states"] = _sum_states(units)
+    max_num_seqs = (merged.config.max_num_seqs if merged.config is not None
+                    else extra_config.get("max_num_seqs", 0))
+    report["replicas"] = replica_rows(units, max_num_seqs)
+    return report
+
+
+def attempt_figures(layout: dict[int, Path | dict[int, list[Path]]], *,
+                    attempts: list[dict[str, Any]], done_ids: set[str], simulated: bool
+                    ) -> dict[int, dict[str, Any]]:
+    """Per attempt, its share of `summarize_replicas`'s figures (a --split-at part's): its
+    `elapsed_s` as the run's elapsed time counts it (so the attempts' add up to the run's),
+    `output_tokens` of its requests kept, and on replicas per replica its `requests`,
+    `output_tokens` and `elapsed_s`."""
+    figures = {}
+    for attempt, units, elapsed in _attempt_units(layout, attempts, done_ids, simulated):
+        done = [[r for r in u.records.requests if r.finished is not None] for u in units]
+        figures[attempt] = {
+            "elapsed_s": elapsed,
+            "output_tokens": sum(r.num_output_tokens for rows in done for r in rows),
+            "replicas": [{"replica": u.replica, "requests": len(rows),
+                          "output_tokens": sum(r.num_output_tokens for r in rows),
+                          "elapsed_s": u.elapsed}
+                         for u, rows in zip(units, done) if u.replica is not None]}
+    return figures
+
+
+def _attempt_units(layout: dict[int, Path | dict[int, list[Path]]], attempts: list[dict[str, Any]],
+                   done_ids: set[str], simulated: bool) -> list[tuple[int, list[_Unit], float]]:
+    """(attempt, its units, its elapsed time) in attempt order: a request's records kept once
+    over the whole run (in the first attempt that finished it); elapsed as the module text says
+    (on the simulated device, or a single engine, the longest unit's; else `generation_s`)."""
     wall = {a.get("attempt"): a.get("generation_s") for a in attempts}
-    units: list[_Unit] = []
-    elapsed = 0.0
+    out = []
     seen: set[str] = set()
     for attempt, entry in layout.items():
         attempt_units = []
@@ -86,21 +127,10 @@ def summarize_replicas(layout: dict[int, Path | dict[int, list[Path]]], *,
             unit.start, unit.end = _window(unit.records.steps, unit.records.requests)
         longest = max((u.elapsed for u in attempt_units), default=0.0)
         measured = wall.get(attempt)
-        elapsed += longest if simulated or not isinstance(entry, dict) or measured is None \
+        elapsed = longest if simulated or not isinstance(entry, dict) or measured is None \
             else float(measured)
-        units.extend(attempt_units)
-
-    merged = Records(next((u.records.config for u in units if u.records.config), None),
-                     [s for u in units for s in u.records.steps],
-                     [r for u in units for r in u.records.requests],
-                     _sum_blocked(u.records.blocked_counts for u in units))
-    report = summarize(merged, elapsed_s=elapsed, extra_config=extra_config, total=total,
-                       skipped=skipped, failed=0)
-    report["states"] = _sum_states(units)
-    max_num_seqs = (merged.config.max_num_seqs if merged.config is not None
-                    else extra_config.get("max_num_seqs", 0))
-    report["replicas"] = replica_rows(units, max_num_seqs)
-    return report
+        out.append((attempt, attempt_units, elapsed))
+    return out
 
 
 def replica_rows(units: list[_Unit], max_num_seqs: int) -> list[dict[str, Any]]:
@@ -127,10 +157,25 @@ def replica_rows(units: list[_Unit], max_num_seqs: int) -> list[dict[str, Any]]:
             "output_tokens": output_tokens,
             "elapsed_s": elapsed,
             "output_tokens_per_s": output_tokens / elapsed if elapsed > 0 else 0.0,
-            "busy_fraction": busy_fraction(records.steps, start, end, max_num_seqs),
+            "busy_fraction": _busy(parts, records, start, end, max_num_seqs),
             "restarts": sum(1 for m in meta if m.get("restart")),
         })
     return rows
+
+
+def _busy(parts: list[_Unit], records: Records, start: float, end: float,
+          max_num_seqs: int) -> float:
+    """A replica's `busy_fraction` over its attempts; a --split-at run's parts have layouts of
+    their own max_num_seqs, so there each part's share is weighted by its time."""
+    def slots(unit: _Unit) -> int:
+        return unit.records.config.max_num_seqs if unit.records.config else max_num_seqs
+
+    if len({slots(unit) for unit in parts}) <= 1:
+        return busy_fraction(records.steps, start, end, slots(parts[0]))
+    total = sum(unit.elapsed for unit in parts)
+    full = sum(busy_fraction(unit.records.steps, unit.start, unit.end, slots(unit))
+               * unit.elapsed for unit in parts)
+    return full / total if total > 0 else 0.0
 
 
 def busy_fraction(steps: list[StepRecord], start: float, end: float, max_num_seqs: int) -> float:

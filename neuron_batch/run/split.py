@@ -8,7 +8,10 @@ runtime; elsewhere the --max-num-seqs given), then the rest in the layout of --m
 with --max-num-seqs. Each part is its own engine start (on a Neuron host, its own compile) and
 its own attempt in the run folder (records-N.jsonl, a line in attempts.json with its `part`), so
 `--resume` and the report work as for any run; the report adds `split`: each part's layout and
-figures, and the compile time of both.
+figures, and the compile time of both. With --replicas each part runs across every replica, one
+part after the other (records-N-rK.jsonl per replica; a part's elapsed time is its slowest
+replica's on the simulated device), and the short layout's slots are capped at a replica's share
+of its requests.
 
 Buckets: under a runtime of whole prompts (nxdi) each layout's context-encoding and
 token-generation lists are fitted to its own requests (the exact optimiser over their prompt
@@ -127,16 +130,18 @@ def check_split(settings: RunSettings, requests: list[PreparedRequest]) -> None:
 
 def short_layout_slots(settings: RunSettings, resolve_target, num_requests: int) -> int:
     """max_num_seqs of the short layout: on the simulated device under a static-KV runtime,
-    every slot of split_at tokens that fits beside the weights, but no more than the part has
-    requests (NxDI decodes every slot each step: an idle slot still reads its KV); elsewhere
-    the one given."""
+    every slot of split_at tokens that fits beside the weights, but no more than one engine has
+    requests (NxDI decodes every slot each step: an idle slot still reads its KV): the part's,
+    or with --replicas R about a replica's share of them, ceil(requests / R); elsewhere the one
+    given."""
     if settings.device != "sim":
         return settings.max_num_seqs
     target = resolve_target(replace(settings, max_model_len=settings.split_at))
     slots = target.kv.get("max_static_seqs")
     if not slots:
         return settings.max_num_seqs
-    return max(1, min(int(slots), MAX_SHORT_SLOTS, num_requests))
+    per_engine = -(-num_requests // settings.replicas) if settings.uses_ray else num_requests
+    return max(1, min(int(slots), MAX_SHORT_SLOTS, per_engine))
 
 
 def plan_parts(settings: RunSettings, pending: list[PreparedRequest],
@@ -167,15 +172,30 @@ def run_parts(job, parts: list[Part], attempt: int, generate, resolve_target
               ) -> Iterator[dict[str, Any]]:
     """Each part in its own engine, in turn, as attempts `attempt`, `attempt` + 1; yields
     their attempts.json lines (with `part`) as each ends, so a part that fails later cannot
-    lose the record of one that finished. Stops after a part that did not finish."""
+    lose the record of one that finished. Stops after a part that did not finish.
+
+    With --replicas (Ray) each part runs across every replica (`generate_replicas`), one part
+    after the other. A part's end stops its replicas with the driver's Ray job (replicas.py),
+    so the next part joins the cluster again (`RayCluster.reconnect`) before its replicas
+    start; `job.cluster` is the runner's connection, the one it shuts down at the end."""
     for number, part in enumerate(parts, start=attempt):
         target = resolve_target(part.settings) if part.settings.device == "sim" else None
         part_job = replace(job, settings=part.settings, target=target)
+        where = "a separate engine start"
+        if part.settings.uses_ray:
+            where = f"across {part.settings.replicas} replica(s), separate engine starts"
         job.log(f"part {part.name}: {len(part.requests):,} requests at max_model_len "
                 f"{part.settings.max_model_len:,}, max_num_seqs {part.settings.max_num_seqs} "
-                f"(a separate engine start)")
+                f"({where})")
         job.folder.open_outputs()       # (each engine's generate closes it when it ends)
-        outcome = generate(part_job, part.requests, number)
+        if part.settings.uses_ray:
+            from neuron_batch.run.replicas import generate_replicas
+
+            if not job.cluster.connected:           # a part before this one shut it down
+                job.cluster.reconnect(part.settings, job.log)
+            outcome = generate_replicas(part_job, part.requests, number)
+        else:
+            outcome = generate(part_job, part.requests, number)
         outcome["part"] = part.describe()
         if target is not None:
             shapes = part.settings.shapes(target.runtime)
