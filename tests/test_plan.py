@@ -72,6 +72,8 @@ def test_split_bounds_hold_and_pruning_keeps_the_optimum(unpruned_splits):
                     short["requests"]) == ("short", option["split"]["split_at"],
                                            option["split"]["max_num_seqs"],
                                            option["split"]["requests"])
+            assert option["split"]["buckets"] == short["buckets"]
+            assert option["split"]["graphs"] == sum(len(v) for v in short["buckets"].values())
             assert "--split-at" in option["command"] and "--order length" in option["command"]
     hours = sorted(o["hours"] for o in data["options"])
     for deadline_h in (hours[0] / 2, hours[len(hours) // 2], hours[-1] * 2):

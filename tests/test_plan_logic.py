@@ -379,7 +379,7 @@ def test_split_options_weigh_every_candidate_cut_under_a_static_cache_only():
     from neuron_batch.device.architectures import resolve_architecture
     from neuron_batch.device.static_kv import static_slots
     from neuron_batch.plan.splits import split_options
-    from neuron_batch.run.split import MAX_SHORT_SLOTS, cut_candidates
+    from neuron_batch.run.split import MAX_SHORT_SLOTS, cut_candidates, fitted_buckets
 
     spec = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.xlarge", "trn2.48xlarge"),
                     max_num_instances=1, seqs_values=(4,), max_model_len=8192,
@@ -403,5 +403,10 @@ def test_split_options_weigh_every_candidate_cut_under_a_static_cache_only():
         for option in mine:
             assert option.split.requests == sum(n <= option.split.cut for n in share)
             assert option.compile_s == pytest.approx(single.compile_s + option.split.compile_s)
-            assert option.split.prefill_buckets[-1] == option.split.cut
+            # the graphs run/split.py's fitted lists will compile, counted without solving
+            short = [(p, p + o) for p, o in zip(prompts[:single.share_size], outputs)
+                     if p + o <= option.split.cut]
+            prefill, _, attention = fitted_buckets(single.runtime, [p for p, _ in short],
+                                                   [n for _, n in short], option.split.cut)
+            assert option.split.num_graphs == len(prefill) + len(attention)
             assert option.sim_key != single.sim_key and option.max_num_seqs == single.max_num_seqs

@@ -35,3 +35,16 @@ def test_each_slot_count_is_weighed_once_at_its_largest_cut(lengths, capacity, m
 
 def test_no_cut_when_every_request_has_one_length():
     assert cut_candidates([300, 300], static_slots(10_000), 4096) == []
+
+
+@given(st.lists(st.integers(1, 4096), min_size=1, max_size=80), st.integers(1, 12),
+       st.sampled_from([128, 1000, 2176, 4096]))
+def test_the_fitted_bucket_count_is_the_optimiser_s(sizes, count, maximum):
+    from collections import Counter
+
+    from neuron_batch.bench.optimiser import optimal_buckets
+    from neuron_batch.run.split import fitted_count
+
+    sizes = [min(s, maximum) for s in sizes]
+    assert fitted_count(sizes, count, maximum) == len(
+        optimal_buckets(Counter(sizes), count, maximum).buckets)

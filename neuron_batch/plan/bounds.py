@@ -69,10 +69,27 @@ class ShareStats:
         return cls(len(prompt_lens), sum(output_lens), sum(prompt_lens), decode, context,
                    reserve, chunks)
 
+    def __add__(self, other: ShareStats) -> ShareStats:
+        """The statistics of both groups of requests together (every field is a sum), for
+        groups computed with the same max_num_batched_tokens and a max_model_len that holds
+        every request of both."""
+        return ShareStats(*(a + b for a, b in zip(
+            (self.num_requests, self.output_tokens, self.input_tokens, self.decode_tokens,
+             self.context_sum, self.reserve_request_area, self.chunks),
+            (other.num_requests, other.output_tokens, other.input_tokens, other.decode_tokens,
+             other.context_sum, other.reserve_request_area, other.chunks))))
 
-def prefill_seconds(model, stats: ShareStats, buckets: Sequence[int]) -> float:
-    """Exactly what the prefill steps cost: every chunk at its padded bucket and prior KV."""
-    return sum(count * model.prefill_time(bucket_for(size, buckets), prior)
+    @classmethod
+    def empty(cls) -> ShareStats:
+        return cls(0, 0, 0, 0, 0, 0, Counter())
+
+
+def prefill_seconds(model, stats: ShareStats, buckets: Sequence[int] | None) -> float:
+    """Exactly what the prefill steps cost: every chunk at its padded bucket and prior KV.
+    Buckets None: each chunk at its own size, a lower bound for any buckets (a prefill's
+    time grows with its padded size)."""
+    return sum(count * model.prefill_time(bucket_for(size, buckets) if buckets else size,
+                                          prior)
                for (size, prior), count in stats.chunks.items())
 
 
@@ -115,7 +132,7 @@ class ReplicaBound:
         return self.prefill_steps + self.decode_steps
 
 
-def replica_bound(model, stats: ShareStats, *, prefill_buckets: Sequence[int],
+def replica_bound(model, stats: ShareStats, *, prefill_buckets: Sequence[int] | None,
                   max_num_seqs: int, num_blocks: int, block_size: int, max_model_len: int,
                   kv_reserve: str) -> ReplicaBound:
     """Lower bound on the simulated run time of one replica serving `stats`' requests with

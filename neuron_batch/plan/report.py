@@ -38,12 +38,12 @@ def _split_fields(option: Option) -> dict[str, Any] | None:
     layout = option.split
     if layout is None:
         return None
+    # the lists the run fitted to its short requests, once simulated
+    parts = (option.result or {}).get("split_parts") or [{}]
     return {"split_at": layout.cut, "max_model_len": layout.cut,
             "max_num_seqs": layout.max_num_seqs, "requests": layout.requests,
-            "share_requests": option.share_size,
-            "prefill_buckets": list(layout.prefill_buckets),
-            "attention_buckets": list(layout.attention_buckets),
-            "compile_hours": layout.compile_s / 3600.0}
+            "share_requests": option.share_size, "graphs": layout.num_graphs,
+            "buckets": parts[0].get("buckets"), "compile_hours": layout.compile_s / 3600.0}
 
 
 class PlanWriter:

@@ -79,6 +79,7 @@ def simulate_share(settings: RunSettings, workload_limit: int | None) -> dict[st
             "replica_output_tokens_per_s": throughput["output_tokens_per_s"],
             "num_requests": report["requests"]["completed"], "steps": steps.get("total"),
             "run_dir": settings.output, "reused": reused,
+            "split_parts": (report.get("split") or {}).get("parts"),
             "wall_s": round(time.monotonic() - started, 1),
             "cpu_s": round(time.process_time() - cpu, 1)}
 

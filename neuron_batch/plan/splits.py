@@ -13,12 +13,13 @@ deadline no single layout meets, and pruning never drops the one an unpruned pla
 
 The short layout is what `run --split-at` builds for the replica's share: slots =
 min(static slots at N, MAX_SHORT_SLOTS, its requests), buckets fitted to its requests
-(`fitted_buckets`); the long layout keeps the option's own. Pure Python (no vLLM).
+(`fitted_buckets`, whose count `fitted_count` gives without solving, for the compile time);
+the long layout keeps the option's own. Pure Python (no vLLM).
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -27,7 +28,8 @@ from neuron_batch.device.static_kv import static_slots
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
 from neuron_batch.plan.bounds import ShareStats, replica_bound
 from neuron_batch.plan.grid import Option, Placement, PlanSpec
-from neuron_batch.run.split import MAX_SHORT_SLOTS, cut_candidates, fitted_buckets
+from neuron_batch.run.split import MAX_SHORT_SLOTS, cut_candidates, fitted_count
+from neuron_batch.runtime import nxdi_default_buckets
 
 #: Cuts are multiples of this (the KV block granularity `plan` rounds max_model_len to).
 CUT_STEP = 128
@@ -35,13 +37,14 @@ CUT_STEP = 128
 
 @dataclass(frozen=True)
 class SplitLayout:
-    """The short layout of a split option, and what its share puts in it."""
+    """The short layout of a split option, and what its share puts in it. Its bucket lists
+    are the run's to fit (run/split.py): `plan` needs only how many there are (their compile
+    time) and bounds the prefills below by their unpadded sizes."""
 
     cut: int                            # its max_model_len: requests of length <= cut
     max_num_seqs: int
-    prefill_buckets: tuple[int, ...]
-    attention_buckets: tuple[int, ...]
     requests: int                       # of the simulated share
+    num_graphs: int
     compile_s: float                    # its own graphs (the option's compile_s has both)
 
 
@@ -55,7 +58,9 @@ def split_options(spec: PlanSpec, singles: Sequence[Option], prompt_lens: Sequen
     cache: dict[tuple, list] = {}
     for single in singles:
         placement = single.placement
-        if not placement.runtime.static_kv or single.skip_reason:
+        # (whole prompts: the short layout's lists are fitted, run/split.py)
+        if (not placement.runtime.static_kv or placement.runtime.chunked_prefill
+                or single.skip_reason):
             continue
         key = (placement.hardware_key(), single.share_size)
         if key not in cache:
@@ -68,39 +73,51 @@ def split_options(spec: PlanSpec, singles: Sequence[Option], prompt_lens: Sequen
 
 def _short_layouts(spec: PlanSpec, placement: Placement, prompts: Sequence[int],
                    outputs: Sequence[int]) -> list[tuple[SplitLayout, ShareStats, ShareStats]]:
-    """Each candidate cut's short layout for this share, with both parts' statistics."""
+    """Each candidate cut's short layout for this share, with both parts' statistics. The
+    requests are grouped by the cuts they fall between, each group's statistics computed
+    once and summed (every prompt is whole under both layouts' budgets, so a group's figures
+    do not depend on the layout it runs in)."""
     lengths = [p + o for p, o in zip(prompts, outputs)]
     mml = placement.max_model_len
     arch = placement.target.arch
     fits = sorted(lengths)
 
     def slots_at(cut: int) -> int:
-        count = bisect_right(fits, cut)
         return min(static_slots(placement.instance, arch, placement.tp, spec.weight_dtype,
-                                cut), MAX_SHORT_SLOTS, max(count, 1))
+                                cut), MAX_SHORT_SLOTS, max(bisect_right(fits, cut), 1))
 
+    cuts = [(cut, slots) for cut, slots in cut_candidates(lengths, slots_at, mml, CUT_STEP)
+            if slots >= 1]
+    if not cuts:
+        return []
+    edges = [cut for cut, _ in cuts]
+    groups: list[list[int]] = [[] for _ in range(len(edges) + 1)]
+    for i, n in enumerate(lengths):
+        groups[bisect_left(edges, n)].append(i)
+    stats = [ShareStats.of([prompts[i] for i in g], [outputs[i] for i in g],
+                           max_num_batched_tokens=mml, max_model_len=mml,
+                           block_size=NEURON_BLOCK_SIZE) for g in groups]
     layouts = []
-    for cut, slots in cut_candidates(lengths, slots_at, mml, CUT_STEP):
-        if slots < 1:
-            continue
-        short = [i for i, n in enumerate(lengths) if n <= cut]
-        long = [i for i, n in enumerate(lengths) if n > cut]
-        short_p, short_o = [prompts[i] for i in short], [outputs[i] for i in short]
-        prefill, _, attention = fitted_buckets(placement.runtime, short_p,
-                                               [lengths[i] for i in short], cut)
-        if prefill is None or attention is None:
-            continue
-        graphs = placement.runtime.num_graphs(len(prefill), 1, len(attention))
+    short, shorts = ShareStats.empty(), []
+    for group in stats[:-1]:
+        short = short + group
+        shorts.append(short)
+    long, longs = ShareStats.empty(), []
+    for group in reversed(stats[1:]):
+        long = long + group
+        longs.append(long)
+    longs.reverse()
+    for index, (cut, slots) in enumerate(cuts):
+        members = [i for g in groups[:index + 1] for i in g]
+        per_list = len(nxdi_default_buckets(cut))
+        num_prefill = fitted_count([prompts[i] for i in members], per_list, cut)
+        graphs = placement.runtime.num_graphs(
+            num_prefill, 1, fitted_count([lengths[i] for i in members], per_list, cut))
         compile_s = 0.0 if spec.compiled else float(compile_footprint(
-            len(prefill), 1, arch, spec.weight_dtype, tp=placement.tp,
+            num_prefill, 1, arch, spec.weight_dtype, tp=placement.tp,
             profile=placement.target.profile, num_graphs=graphs)["estimated_compile_s"])
-        layouts.append((
-            SplitLayout(cut, slots, prefill, attention, len(short), compile_s),
-            ShareStats.of(short_p, short_o, max_num_batched_tokens=cut, max_model_len=cut,
-                          block_size=NEURON_BLOCK_SIZE),
-            ShareStats.of([prompts[i] for i in long], [outputs[i] for i in long],
-                          max_num_batched_tokens=mml, max_model_len=mml,
-                          block_size=NEURON_BLOCK_SIZE)))
+        layouts.append((SplitLayout(cut, slots, len(members), graphs, compile_s),
+                        shorts[index], longs[index]))
     return layouts
 
 
@@ -108,7 +125,7 @@ def _option(spec: PlanSpec, single: Option, layout: SplitLayout, short_stats: Sh
             long_stats: ShareStats) -> Option:
     """`single` with the requests of length <= layout.cut moved to the short layout first."""
     placement, model = single.placement, single.placement.model
-    short = replica_bound(model, short_stats, prefill_buckets=layout.prefill_buckets,
+    short = replica_bound(model, short_stats, prefill_buckets=None,
                           max_num_seqs=layout.max_num_seqs,
                           num_blocks=layout.max_num_seqs * -(-layout.cut // NEURON_BLOCK_SIZE)
                           + 1, block_size=NEURON_BLOCK_SIZE, max_model_len=layout.cut,

@@ -77,6 +77,15 @@ def fitted_buckets(runtime: Runtime, prompt_lens: Sequence[int], lengths: Sequen
             tuple(optimal_buckets(reach, count, max_model_len).buckets))
 
 
+def fitted_count(sizes: Sequence[int], count: int, maximum: int) -> int:
+    """How many buckets `fitted_buckets` gives for these sizes, without solving: the
+    optimiser's least-padding list of at most `count` buckets (ties: fewer) has one per
+    distinct size below `maximum` plus `maximum`, or `count` when that is fewer (each further
+    bucket takes padding off some size). tests/test_split_cuts.py checks it against the
+    optimiser."""
+    return min(count, len({s for s in sizes if s < maximum}) + 1)
+
+
 def fitted_to(runtime: Runtime, requests: Sequence[PreparedRequest], max_model_len: int):
     """`fitted_buckets` for these requests."""
     return fitted_buckets(runtime, [len(r.prompt_token_ids) for r in requests],
