@@ -310,17 +310,16 @@ def test_split_parts_on_replicas_add_up_to_the_run(tmp_path):
 
 
 def test_split_at_combines_with_replicas_and_caps_the_short_slots():
-    from types import SimpleNamespace
-
     from neuron_batch.run.split import short_layout_slots
 
     settings = RunSettings(inputs=("x",), device="sim", replicas=2, split_at=1024,
                            max_model_len=4096).validate()
-    target = SimpleNamespace(kv={"max_static_seqs": 60})
-    assert short_layout_slots(settings, lambda _: target, 101) == 51     # ceil(101 / 2)
-    assert short_layout_slots(settings, lambda _: target, 400) == 60     # what fits
+    assert short_layout_slots(settings, lambda _: 60, 101) == 51     # ceil(101 / 2)
+    assert short_layout_slots(settings, lambda _: 60, 400) == 60     # what fits
     one = RunSettings(inputs=("x",), device="sim", split_at=1024, max_model_len=4096)
-    assert short_layout_slots(one, lambda _: target, 40) == 40
+    assert short_layout_slots(one, lambda _: 60, 40) == 40
+    # unknown (e.g. a Neuron host that cannot tell its instance): the --max-num-seqs given
+    assert short_layout_slots(one, lambda _: None, 40) == one.max_num_seqs
 
 
 def test_a_replica_error_is_found_under_rays_wrappers():

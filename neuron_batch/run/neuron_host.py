@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -258,6 +258,18 @@ def static_kv_fit(settings: RunSettings, runtime: Runtime, model_path: str,
                                   block_size=settings.max_model_len)
     except (CapacityError, HardwareError) as error:
         raise NeuronHostError(f"--device neuron: {error}") from None
+
+
+def host_static_slots(settings: RunSettings, runtime: Runtime, model_path: str) -> int | None:
+    """How many slots of settings.max_model_len this host's static KV cache holds beside the
+    weights (a split's short layout takes them, run/split.py); None when it cannot be told or
+    none fit (the run's own checks then say why)."""
+    try:
+        fit = static_kv_fit(replace(settings, max_num_seqs=None), runtime, model_path,
+                            host_instance(settings))
+    except NeuronHostError:
+        return None
+    return int(fit["max_static_seqs"]) if fit else None
 
 
 def check_host(settings: RunSettings, runtime: Runtime, model_path: str, requests,

@@ -112,6 +112,20 @@ def on_neuron_host() -> bool:
     return bool((plugin["version"] or plugin["entry_point"]) and glob.glob("/dev/neuron*"))
 
 
+def static_slots_at(job: Job):
+    """settings -> the slots of settings.max_model_len a static KV cache holds beside the
+    weights (None when unknown): on the simulated device from its target, on a Neuron host
+    from its instance (--instance or EC2's) and the model's shape, elsewhere None."""
+    model = job.workload.model
+    if job.settings.device == "sim":
+        return lambda s: resolve_sim_target(s, model).kv.get("max_static_seqs")
+    if job.settings.device == "neuron" or (job.settings.device == "auto" and on_neuron_host()):
+        from neuron_batch.run.neuron_host import host_static_slots
+
+        return lambda s: host_static_slots(s, s.resolve_runtime(), model.path)
+    return lambda s: None
+
+
 def check_neuron_host(settings: RunSettings, workload) -> None:
     """A Neuron run's settings, checked before anything loads (neuron_host.py): the plugin's
     limits, the sampling it can do, and whether the static KV cache fits beside the weights."""
@@ -175,8 +189,8 @@ def _run_locked(job: Job) -> RunResult:
                 from neuron_batch.run.split import plan_parts, run_parts
 
                 resolve = lambda s: resolve_sim_target(s, job.workload.model)  # noqa: E731
-                outcomes = run_parts(job, plan_parts(settings, pending, resolve), attempt,
-                                     generate, resolve)
+                outcomes = run_parts(job, plan_parts(settings, pending, static_slots_at(job)),
+                                     attempt, generate, resolve)
             elif settings.uses_ray:
                 from neuron_batch.run.replicas import generate_replicas
 

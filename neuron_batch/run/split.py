@@ -137,16 +137,14 @@ def check_split(settings: RunSettings, requests: list[PreparedRequest]) -> None:
                        f"raise --max-model-len (the long layout) or lower their max_tokens")
 
 
-def short_layout_slots(settings: RunSettings, resolve_target, num_requests: int) -> int:
-    """max_num_seqs of the short layout: on the simulated device under a static-KV runtime,
-    every slot of split_at tokens that fits beside the weights, but no more than one engine has
+def short_layout_slots(settings: RunSettings, slots_at, num_requests: int) -> int:
+    """max_num_seqs of the short layout: under a static-KV runtime, every slot of split_at
+    tokens that fits beside the weights (`slots_at(settings)`: on the simulated device, or on
+    a Neuron host whose instance and model shape are known), but no more than one engine has
     requests (NxDI decodes every slot each step: an idle slot still reads its KV): the part's,
-    or with --replicas R about a replica's share of them, ceil(requests / R); elsewhere the one
-    given."""
-    if settings.device != "sim":
-        return settings.max_num_seqs
-    target = resolve_target(replace(settings, max_model_len=settings.split_at))
-    slots = target.kv.get("max_static_seqs")
+    or with --replicas R about a replica's share of them, ceil(requests / R); when that cannot
+    be told, the --max-num-seqs given."""
+    slots = slots_at(replace(settings, max_model_len=settings.split_at))
     if not slots:
         return settings.max_num_seqs
     per_engine = -(-num_requests // settings.replicas) if settings.uses_ray else num_requests
@@ -154,16 +152,17 @@ def short_layout_slots(settings: RunSettings, resolve_target, num_requests: int)
 
 
 def plan_parts(settings: RunSettings, pending: list[PreparedRequest],
-               resolve_target) -> list[Part]:
+               slots_at) -> list[Part]:
     """The parts of the pending requests, short first, empty parts left out.
-    `resolve_target(settings)` resolves a simulated device (runner.resolve_sim_target)."""
+    `slots_at(settings)`: the static slots of settings.max_model_len that load, None when
+    unknown (runner.py)."""
     short = [r for r in pending if r.length <= settings.split_at]
     long = [r for r in pending if r.length > settings.split_at]
     runtime = settings.resolve_runtime()
     parts = []
     if short:
         short_settings = replace(settings, max_model_len=settings.split_at, split_at=None,
-                                 max_num_seqs=short_layout_slots(settings, resolve_target,
+                                 max_num_seqs=short_layout_slots(settings, slots_at,
                                                                  len(short)))
         short_settings = short_settings.with_buckets(
             runtime, *fitted_to(runtime, short, settings.split_at))
