@@ -58,9 +58,9 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError
                    "(node_exporter's textfile collector).")
 @click.option("--split-at", type=int, default=None, metavar="N",
               help="Split the job by length: requests whose prompt + max_tokens fit in N "
-                   "tokens run first in a layout compiled for max-model-len N (on sim under "
-                   "nxdi: with every static slot that fits; under nxdi its buckets fitted to "
-                   "its own requests), the rest in the --max-model-len / --max-num-seqs "
+                   "tokens run first in a layout compiled for max-model-len N (under nxdi: "
+                   "every static slot that fits, on sim or on a Neuron host that knows its "
+                   "instance, and buckets fitted to its own requests), the rest in the --max-model-len / --max-num-seqs "
                    "layout. Two engine starts (and compiles); one folder, one report. With "
                    "--replicas each part runs across every replica, one part after the other. "
                    "`neuron-batch plan` weighs cuts.")
