@@ -60,10 +60,10 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError
               help="Split the job by length: requests whose prompt + max_tokens fit in N "
                    "tokens run first in a layout compiled for max-model-len N (under nxdi: "
                    "every static slot that fits, on sim or on a Neuron host that knows its "
-                   "instance, and buckets fitted to its own requests), the rest in the --max-model-len / --max-num-seqs "
-                   "layout. Two engine starts (and compiles); one folder, one report. With "
-                   "--replicas each part runs across every replica, one part after the other. "
-                   "`neuron-batch plan` weighs cuts.")
+                   "instance, and buckets fitted to its own requests), the rest in the "
+                   "--max-model-len / --max-num-seqs layout. Two engine starts (and "
+                   "compiles); one folder, one report. With --replicas each part runs across "
+                   "every replica, one part after the other. `neuron-batch plan` weighs cuts.")
 @click.option("--replicas", type=int, default=1, show_default=True,
               help="Engines sharing the prompts (data parallel), each with the Neuron "
                    "scheduler and these settings (--tensor-parallel-size NeuronCores each on "
