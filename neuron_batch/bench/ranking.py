@@ -97,13 +97,9 @@ def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
     def quantile(kind: str, name: str) -> float | None:
         return (latency.get(kind) or {}).get(name)
 
-    compile_s = _estimated_compile_s(config)
+    compile_s, with_compile = compile_and_usd(report)
     cost = report.get("cost") or {}
     run_usd = cost.get("usd")
-    with_compile = None
-    if run_usd is not None and compile_s is not None and cost.get("price_per_hour_usd"):
-        with_compile = run_usd + (compile_s / 3600.0 * cost["price_per_hour_usd"]
-                                  * (cost.get("num_instances") or 1))
 
     return {
         "rank": None,
@@ -167,6 +163,20 @@ def configured_buckets(configured: Any, param: Any) -> list[int]:
     if isinstance(value, str):
         return [int(part) for part in value.replace(" ", ",").split(",") if part.strip()]
     return [int(part) for part in value]
+
+
+def compile_and_usd(report: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """(estimated compile seconds, run + compile USD) of a run's report; a run split by
+    length (run/split.py) compiles both its layouts."""
+    compile_s = (report.get("split") or {}).get("estimated_compile_s")
+    if compile_s is None:
+        compile_s = _estimated_compile_s(report.get("config") or {})
+    cost = report.get("cost") or {}
+    run_usd = cost.get("usd")
+    if run_usd is None or compile_s is None or not cost.get("price_per_hour_usd"):
+        return compile_s, None
+    return compile_s, run_usd + (compile_s / 3600.0 * cost["price_per_hour_usd"]
+                                 * (cost.get("num_instances") or 1))
 
 
 def _estimated_compile_s(config: Mapping[str, Any]) -> float | None:

@@ -19,14 +19,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import replace
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from neuron_batch.bench.ranking import compile_and_usd
 from neuron_batch.bench.sweep_grid import Candidate
 from neuron_batch.config import RunSettings
+from neuron_batch.report.cost import per_million
 from neuron_batch.run.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
 from neuron_batch.run.folder import write_json_atomic
 from neuron_batch.run.split import fitted_buckets
@@ -59,7 +59,7 @@ def comparison_candidates(base: RunSettings, out_dir: Path, cuts: Sequence[int],
 def run_candidates(candidates: Sequence[Candidate], *, jobs: int,
                    log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
     """Each candidate's outcome (sweep.run_candidate: reused when its folder finished)."""
-    from neuron_batch.bench.sweep import run_candidate
+    from neuron_batch.bench.sweep import run_all
 
     outcomes: dict[str, dict[str, Any]] = {}
 
@@ -70,32 +70,18 @@ def run_candidates(candidates: Sequence[Candidate], *, jobs: int,
             f"{report['throughput']['output_tokens_per_s']:,.1f} out tok/s" if report
             else f"FAILED: {outcome.get('error')}"))
 
-    if jobs <= 1 or len(candidates) <= 1:
-        for c in candidates:
-            record(c, run_candidate(c.settings))
-        return outcomes
-    with ProcessPoolExecutor(max_workers=min(jobs, len(candidates)),
-                             mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(run_candidate, c.settings): c for c in candidates}
-        while futures:
-            done, _ = wait(futures, return_when=FIRST_COMPLETED)
-            for future in done:
-                record(futures.pop(future), future.result())
+    run_all(candidates, jobs=jobs, record=record)
     return outcomes
 
 
 def figures(name: str, params: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
     """One row: throughput, run and compile time, USD per million output tokens."""
     split = report.get("split") or {}
-    sim = (report.get("config") or {}).get("sim") or {}
-    compile_s = split.get("estimated_compile_s") or (sim.get("compile") or {}).get(
-        "estimated_compile_s")
+    compile_s, usd_with_compile = compile_and_usd(report)
     cost = report.get("cost") or {}
-    price = cost.get("price_per_hour_usd")
-    output = report["tokens"]["output"]
     elapsed = report["throughput"]["elapsed_s"]
-    with_compile = (price * (elapsed + (compile_s or 0)) / 3600 / output * 1e6
-                    if price is not None and output else None)
+    with_compile = (None if usd_with_compile is None
+                    else per_million(usd_with_compile, report["tokens"]["output"]))
     layouts = [{k: p.get(k) for k in ("part", "max_model_len", "max_num_seqs", "requests",
                                       "output_tokens_per_s", "buckets")}
                for p in split.get("parts", [])]

@@ -80,6 +80,29 @@ def run_candidate(settings: RunSettings) -> dict[str, Any]:
                 "wall_s": round(time.monotonic() - started, 3), "reused": False}
 
 
+def run_all(candidates: Sequence[Candidate], *, jobs: int,
+            record: Callable[[Candidate, dict[str, Any]], None]) -> None:
+    """`record(candidate, run_candidate outcome)` for each, as each finishes: in parallel
+    processes when jobs > 1 (simulated runs), else one after the other; Ctrl-C cancels what
+    has not started."""
+    if jobs <= 1 or len(candidates) <= 1:
+        for c in candidates:
+            record(c, run_candidate(c.settings))
+        return
+    with ProcessPoolExecutor(max_workers=min(jobs, len(candidates)),
+                             mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(run_candidate, c.settings): c for c in candidates}
+        try:
+            while futures:
+                done, _ = wait(futures, return_when=FIRST_COMPLETED)
+                for future in done:
+                    record(futures.pop(future), future.result())
+        except KeyboardInterrupt:
+            for future in futures:
+                future.cancel()
+            raise
+
+
 def finished_report(out_dir: Path) -> dict | None:
     """The report of a finished run in `out_dir` (every request done), else None."""
     try:
@@ -102,25 +125,8 @@ class Sweep:
         self.entries: dict[str, dict[str, Any]] = {}
 
     def run(self, candidates: Sequence[Candidate]) -> None:
-        todo = [c for c in candidates if c.name not in self.entries]
-        if not todo:
-            return
-        if self.jobs == 1 or len(todo) == 1:
-            for c in todo:
-                self._record(c, run_candidate(c.settings))
-            return
-        with ProcessPoolExecutor(max_workers=min(self.jobs, len(todo)),
-                                 mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(run_candidate, c.settings): c for c in todo}
-            try:
-                while futures:
-                    done, _ = wait(futures, return_when=FIRST_COMPLETED)
-                    for future in done:
-                        self._record(futures.pop(future), future.result())
-            except KeyboardInterrupt:
-                for future in futures:
-                    future.cancel()
-                raise
+        run_all([c for c in candidates if c.name not in self.entries], jobs=self.jobs,
+                record=self._record)
 
     def _record(self, c: Candidate, outcome: dict[str, Any]) -> None:
         entry = {"name": c.name, "params": c.params, **outcome}
