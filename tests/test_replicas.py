@@ -113,6 +113,19 @@ def wait_until(check, proc: subprocess.Popen, what: str, timeout: float = 400):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def resume_and_check_each_once(args: list[str], out: Path, total: int) -> dict:
+    """`--resume` the run of `args` into `out`: it finishes, every request is in outputs.jsonl
+    once and the report's totals match it; returns the report."""
+    resumed = invoke([*args, "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    ids = [row["id"] for row in outputs(out)]
+    assert len(ids) == len(set(ids)) == total
+    report = report_of(out)
+    assert report["requests"]["completed"] == total
+    assert report["tokens"]["output"] == sum(r["num_output_tokens"] for r in outputs(out))
+    return report
+
+
 def count_lines(path: Path) -> int:
     return path.read_text().count("\n") if path.exists() else 0
 
@@ -188,13 +201,7 @@ def test_a_killed_driver_resumes_without_loss_or_duplicates(cluster, tmp_path):
     proc.wait()
     partial = outputs(out)
     assert 100 <= len(partial) < 1500
-    resumed = invoke([*args, "--resume"])
-    assert resumed.exit_code == 0, resumed.output
-    ids = [row["id"] for row in outputs(out)]
-    assert len(ids) == len(set(ids)) == 1500
-    report = report_of(out)
-    assert report["requests"]["completed"] == 1500
-    assert report["tokens"]["output"] == sum(r["num_output_tokens"] for r in outputs(out))
+    report = resume_and_check_each_once(args, out, 1500)
     assert [a.get("ended", "killed") for a in report["attempts"]] == ["completed"]
     assert report["replicas"] and all(r["requests"] >= 0 for r in report["replicas"])
 
@@ -294,13 +301,7 @@ def test_a_killed_split_run_on_replicas_resumes_each_request_once(cluster, tmp_p
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert 60 <= len(outputs(out)) < 600
-    resumed = invoke([*args, "--resume"])
-    assert resumed.exit_code == 0, resumed.output
-    ids = [row["id"] for row in outputs(out)]
-    assert len(ids) == len(set(ids)) == 600
-    report = report_of(out)
-    assert report["requests"]["completed"] == 600
-    assert report["tokens"]["output"] == sum(r["num_output_tokens"] for r in outputs(out))
+    report = resume_and_check_each_once(args, out, 600)
     assert {p["part"] for p in report["split"]["parts"]} <= {"short", "long"}
 
 

@@ -66,7 +66,7 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
         check_split(settings, workload.prepared.requests)
     if target is not None and settings.uses_ray:
         check_sim_layout(settings, target)
-    if settings.device == "neuron" or (settings.device == "auto" and on_neuron_host()):
+    if runs_on_neuron(settings):
         check_neuron_host(settings, workload)
 
     out_dir = Path(settings.output) if settings.output else default_output_dir(settings.inputs)
@@ -112,6 +112,11 @@ def on_neuron_host() -> bool:
     return bool((plugin["version"] or plugin["entry_point"]) and glob.glob("/dev/neuron*"))
 
 
+def runs_on_neuron(settings: RunSettings) -> bool:
+    """--device neuron, or auto on a Neuron host."""
+    return settings.device == "neuron" or (settings.device == "auto" and on_neuron_host())
+
+
 def static_slots_at(job: Job):
     """settings -> the slots of settings.max_model_len a static KV cache holds beside the
     weights (None when unknown): on the simulated device from its target, on a Neuron host
@@ -119,7 +124,7 @@ def static_slots_at(job: Job):
     model = job.workload.model
     if job.settings.device == "sim":
         return lambda s: resolve_sim_target(s, model).kv.get("max_static_seqs")
-    if job.settings.device == "neuron" or (job.settings.device == "auto" and on_neuron_host()):
+    if runs_on_neuron(job.settings):
         from neuron_batch.run.neuron_host import host_static_slots
 
         return lambda s: host_static_slots(s, s.resolve_runtime(), model.path)
