@@ -37,6 +37,8 @@ DEVICES = ("auto", "cpu", "cuda", "neuron", "sim")
 #: How `run --order` arranges the requests it submits (the scheduler admits them FIFO):
 #: inputs/prepare.py `in_order`.
 ORDERS = ("input", "length")
+#: Where `run --split-at N --replicas R` runs its two parts (run/split_placement.py).
+SPLIT_PLACEMENTS = ("auto", "in-turn", "side-by-side")
 ON_ERROR = ("fail", "skip")
 
 # Defaults chosen to work on a fresh 2-core CPU machine with the built-in 135M model, and to be
@@ -120,6 +122,7 @@ class RunSettings:
     order: str = "input"                 # submission order: "input" or "length" (longest first)
     split_at: int | None = None          # run requests of prompt + max_tokens <= N in their
                                          # own layout first (run/split.py)
+    split_placement: str = "auto"        # its parts on --replicas: auto, in-turn, side-by-side
     replicas: int = 1                    # engines (data parallel); more than 1 runs on Ray
     ray: str | None = None               # Ray cluster address ("local": a fresh local one)
     sim: SimOptions = field(default_factory=SimOptions)
@@ -147,6 +150,14 @@ class RunSettings:
                     f"--split-at {self.split_at:,} must be below --max-model-len "
                     f"{self.max_model_len:,} (the long layout's); requests up to {self.split_at:,} "
                     f"tokens run in a layout of that length, the rest in the long one")
+        if self.split_placement not in SPLIT_PLACEMENTS:
+            raise SettingsError(f"--split-placement must be one of "
+                                f"{', '.join(SPLIT_PLACEMENTS)}, got {self.split_placement!r}")
+        if self.split_placement == "side-by-side" and (self.split_at is None
+                                                       or self.replicas < 2):
+            raise SettingsError("--split-placement side-by-side runs the two parts of "
+                                "--split-at N on separate replicas at once: it needs --split-at "
+                                f"and --replicas 2 or more (got --replicas {self.replicas})")
         _positive("num-instances", self.sim.num_instances)
         if self.ray is not None and not str(self.ray).strip():
             raise SettingsError("--ray needs a cluster address (host:port, auto or local)")

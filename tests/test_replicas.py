@@ -305,6 +305,57 @@ def test_a_killed_split_run_on_replicas_resumes_each_request_once(cluster, tmp_p
     assert {p["part"] for p in report["split"]["parts"]} <= {"short", "long"}
 
 
+def test_split_parts_side_by_side_run_at_once_each_on_its_own_replica(cluster, node_ids,
+                                                                     tmp_path):
+    """--split-placement side-by-side: the short part on one replica while the long one runs on
+    the other; each request once, the run's elapsed time the longer part's, each replica its
+    own number and records, the estimate the choice was made with near what the parts took."""
+    out = tmp_path / "run"
+    result = invoke(["run", trace_slice(tmp_path / "t.csv", 200), *SIM, "--ray", cluster.address,
+                     "--replicas", "2", "--split-at", "2048", "--split-placement",
+                     "side-by-side", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    ids = [row["id"] for row in outputs(out)]
+    assert len(ids) == len(set(ids)) == 200
+    report = report_of(out)
+    split = report["split"]
+    assert split["placement"]["mode"] == "side-by-side"
+    assert (split["placement"]["short_replicas"], split["placement"]["long_replicas"]) == (1, 1)
+    short, long = split["parts"]
+    assert [r["replica"] for r in short["replicas"]] == [0]
+    assert [r["replica"] for r in long["replicas"]] == [1]
+    assert short["requests"] + long["requests"] == 200
+    # the two pools were at once on the two nodes (one CPU each: one replica per node)
+    first, second = report["attempts"]
+    assert first["side_by_side"] == second["side_by_side"] == 1
+    assert {first["replicas"][0]["node"], second["replicas"][0]["node"]} == node_ids
+    assert report["throughput"]["elapsed_s"] == pytest.approx(
+        max(short["elapsed_s"], long["elapsed_s"]), rel=1e-9)
+    # both layouts on one instance: compiled one after the other there
+    assert split["estimated_compile_s"] == pytest.approx(
+        short["estimated_compile_s"] + long["estimated_compile_s"], rel=1e-3)
+    estimated = split["placement"]["estimated_parts_s"]
+    for part, guess in zip((short, long), estimated):
+        assert 0.5 * part["elapsed_s"] <= guess <= 1.2 * part["elapsed_s"], (part, guess)
+    assert_totals_match_replicas(report)
+    assert (out / "records-1-r0.jsonl").exists() and (out / "records-2-r1.jsonl").exists()
+    assert "side by side, short on 1 replica(s), long on 1" in result.output
+
+
+def test_a_killed_side_by_side_split_resumes_each_request_once(cluster, tmp_path):
+    out = tmp_path / "run"
+    trace = trace_slice(tmp_path / "t.csv", 600)
+    args = ["run", trace, *SIM, "--ray", cluster.address, "--replicas", "2", "--split-at",
+            "2048", "--split-placement", "side-by-side", "-q", "-o", str(out)]
+    proc = start_driver(args)
+    wait_until(lambda: count_lines(out / "outputs.jsonl") >= 60, proc, "some outputs")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert 60 <= len(outputs(out)) < 600
+    report = resume_and_check_each_once(args, out, 600)
+    assert report["split"]["placement"]["mode"] == "side-by-side"
+
+
 def test_a_lost_node_stops_the_run_and_resume_finishes_it(cluster, tmp_path):
     """Last in the module: it takes the cluster's second node away."""
     out = tmp_path / "run"

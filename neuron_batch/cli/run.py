@@ -17,7 +17,7 @@ from neuron_batch.cli.options import (
     load_config_option,
     settings_from_options,
 )
-from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError
+from neuron_batch.config import DEFAULT_MAX_TOKENS, SPLIT_PLACEMENTS, SettingsError
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -62,8 +62,15 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError
                    "every static slot that fits, on sim or on a Neuron host that knows its "
                    "instance, and buckets fitted to its own requests), the rest in the "
                    "--max-model-len / --max-num-seqs layout. Two engine starts (and "
-                   "compiles); one folder, one report. With --replicas each part runs across "
-                   "every replica, one part after the other. `neuron-batch plan` weighs cuts.")
+                   "compiles); one folder, one report. `neuron-batch plan` weighs cuts.")
+@click.option("--split-placement", type=click.Choice(SPLIT_PLACEMENTS), default="auto",
+              show_default=True,
+              help="With --split-at and --replicas: in-turn runs each part across every "
+                   "replica, one after the other (every instance compiles both layouts); "
+                   "side-by-side gives the short part K replicas and the long one the rest, "
+                   "at once (an instance compiles only its replicas' layout; K balances the "
+                   "parts' estimated times); auto picks the shorter estimate (compile + run; "
+                   "in turn where the device has no step-time model).")
 @click.option("--replicas", type=int, default=1, show_default=True,
               help="Engines sharing the prompts (data parallel), each with the Neuron "
                    "scheduler and these settings (--tensor-parallel-size NeuronCores each on "

@@ -136,9 +136,17 @@ def _split_section(split: dict[str, Any]) -> list[str]:
     compile_s = split.get("estimated_compile_s")
     replicas = max((len(part.get("replicas") or []) for part in split.get("parts", [])),
                    default=0)
-    title = (f"Split at {_int(split.get('split_at'))} tokens: two layouts, one after the other"
-             + (f", each across {replicas} replicas" if replicas > 1 else "")
-             + (f" (compiling both: about {compile_s / 60:,.0f} min, not in the elapsed time)"
+    placement = split.get("placement") or {}
+    if placement.get("mode") == "side-by-side":
+        where = (f"side by side, short on {placement.get('short_replicas')} replica(s), long "
+                 f"on {placement.get('long_replicas')}")
+        compiling = "compiling each instance's layouts"
+    else:
+        where = "one after the other" + (f", each across {replicas} replicas"
+                                         if replicas > 1 else "")
+        compiling = "compiling both"
+    title = (f"Split at {_int(split.get('split_at'))} tokens: two layouts, {where}"
+             + (f" ({compiling}: about {compile_s / 60:,.0f} min, not in the elapsed time)"
                 if compile_s else ""))
     lists = [f"  {part.get('part', '')}: " + "; ".join(
                  f"{key} {','.join(map(str, values))}" for key, values in part["buckets"].items())

@@ -77,7 +77,8 @@ def split_section(attempts: list[dict], folder, settings, simulated: bool) -> di
     replicas counts as the whole report does (replica_report.attempt_figures): its elapsed time
     the slowest replica's on the simulated device (else from the first replica ready to the
     last output), its output tokens summed, and per replica its requests and time; so the
-    parts' elapsed times add up to the run's, as without replicas."""
+    parts' elapsed times add up to the run's, as without replicas, or side by side
+    (`placement`) the longer one is the run's."""
     from neuron_batch.report.metrics import summarize
     from neuron_batch.run.replica_report import attempt_figures, has_replicas
     from neuron_batch.scheduler.records import read_records
@@ -111,9 +112,18 @@ def split_section(attempts: list[dict], folder, settings, simulated: bool) -> di
     # a layout compiled in an earlier attempt (resumed run) is counted once
     layouts = {(p["part"], p["max_model_len"], p["max_num_seqs"]): p.get("estimated_compile_s")
                for p in parts}
-    return {"split_at": settings.split_at, "parts": parts,
-            "estimated_compile_s": (sum(v for v in layouts.values() if v is not None)
-                                    if compile_s else None)}
+    total = sum(v for v in layouts.values() if v is not None) if compile_s else None
+    placement = next((a["placement"] for a in reversed(attempts) if a.get("placement")), None)
+    side = [a for a in attempts if a.get("side_by_side") is not None]
+    if side and compile_s:
+        # side by side the layouts compile at once where their replicas sit on separate
+        # instances (split_placement.compile_wall_s); the wall time is what the run waits
+        wall = (placement or {}).get("compile_wall_s")
+        total = wall if wall is not None else max(compile_s)
+    out = {"split_at": settings.split_at, "parts": parts, "estimated_compile_s": total}
+    if placement is not None:
+        out["placement"] = placement
+    return out
 
 
 def num_instances(settings) -> int:

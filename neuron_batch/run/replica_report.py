@@ -9,7 +9,8 @@ How the figures combine over N engines:
 - throughput over the run's elapsed time: on the simulated device the longest replica's
   simulated time (every replica has its own virtual clock and they run side by side); elsewhere
   the wall time from the first replica ready to the last output (`generation_s`, measured by the
-  driver). Attempts (a resumed run) add up.
+  driver). Attempts (a resumed run) add up, but for a split run's parts side by side, which
+  count as the longer of the two.
 - `replicas`: per replica `replica`, `node` (Ray node id), `device`, `requests`,
   `output_tokens`, `elapsed_s`, `output_tokens_per_s`, `busy_fraction`, `restarts`.
 
@@ -69,7 +70,7 @@ def summarize_replicas(layout: dict[int, Path | dict[int, list[Path]]], *,
     """The report dict (as `metrics.summarize` makes it) over every attempt's records."""
     per_attempt = _attempt_units(layout, attempts, done_ids, simulated)
     units = [unit for _, attempt_units, _ in per_attempt for unit in attempt_units]
-    elapsed = sum(attempt_elapsed for _, _, attempt_elapsed in per_attempt)
+    elapsed = run_elapsed([(attempt, seconds) for attempt, _, seconds in per_attempt], attempts)
 
     merged = Records(next((u.records.config for u in units if u.records.config), None),
                      [s for u in units for s in u.records.steps],
@@ -82,6 +83,22 @@ def summarize_replicas(layout: dict[int, Path | dict[int, list[Path]]], *,
                     else extra_config.get("max_num_seqs", 0))
     report["replicas"] = replica_rows(units, max_num_seqs)
     return report
+
+
+def run_elapsed(elapsed: list[tuple[int, float]], attempts: list[dict[str, Any]]) -> float:
+    """The run's elapsed time from its attempts': attempts run one after the other add up;
+    those that ran at the same time (a --split-at run's parts side by side: attempts.json
+    lines with the same `side_by_side`) count as the longest of them."""
+    group = {a.get("attempt"): a.get("side_by_side") for a in attempts}
+    together: dict[int, float] = {}
+    total = 0.0
+    for attempt, seconds in elapsed:
+        key = group.get(attempt)
+        if key is None:
+            total += seconds
+        else:
+            together[key] = max(together.get(key, 0.0), seconds)
+    return total + sum(together.values())
 
 
 def attempt_figures(layout: dict[int, Path | dict[int, list[Path]]], *,

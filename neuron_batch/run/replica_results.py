@@ -106,8 +106,11 @@ class ResultWriter:
     """Writes what the replicas send back: outputs once each, records per replica process."""
 
     def __init__(self, job: Job, attempt: int, by_id: dict[str, PreparedRequest],
-                 sim_devices: list[str] | None):
+                 sim_devices: list[str] | None, first_replica: int = 0):
         self.folder: RunFolder = job.folder
+        # Replica numbers start here: pools side by side (a split run's parts) number their
+        # replicas one after the other, so every engine of the run has its own.
+        self.first_replica = first_replica
         self.attempt = attempt
         self.by_id = by_id
         self.model_name = job.workload.model.name
@@ -171,12 +174,13 @@ class ResultWriter:
         if handle is not None:
             return handle
         actor = columns["actor"][i]
-        replica = self._replica_of_actor.setdefault(actor, len(self._replica_of_actor))
-        if replica == len(self._info):
+        index = self._replica_of_actor.setdefault(actor, len(self._replica_of_actor))
+        replica = self.first_replica + index
+        if index == len(self._info):
             self._info.append({"replica": replica, "node": columns["node"][i],
-                               "device": self._device(replica, columns["device"][i]),
+                               "device": self._device(index, columns["device"][i]),
                                "pids": [], "restarts": -1})
-        info = self._info[replica]
+        info = self._info[index]
         info["restarts"] += 1
         info["pids"].append(columns["pid"][i])
         info["node"] = columns["node"][i]
@@ -194,9 +198,9 @@ class ResultWriter:
         self._files[incarnation] = handle
         return handle
 
-    def _device(self, replica: int, reported: str) -> str:
-        if self.sim_devices is not None and replica < len(self.sim_devices):
-            return self.sim_devices[replica]
+    def _device(self, index: int, reported: str) -> str:
+        if self.sim_devices is not None and index < len(self.sim_devices):
+            return self.sim_devices[index]
         return reported
 
     def generation_s(self) -> float | None:

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from neuron_batch.inputs.prepare import PreparedRequest
@@ -85,23 +86,38 @@ def generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int) ->
     """Run `pending` through the replicas; returns the attempt's record for attempts.json.
     What Ray itself writes to the driver's terminal (its C++ core's log lines) goes to the run
     folder's engine.log meanwhile, as vLLM's does on one engine."""
-    with engine_output_to(job.folder.path / ENGINE_LOG):
-        return _generate_replicas(job, pending, attempt)
+    return generate_side_by_side([(job, pending, attempt)])[0]
 
 
-def _generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int
-                       ) -> dict[str, Any]:
+def generate_side_by_side(flows: list[tuple[Job, list[PreparedRequest], int]]
+                          ) -> list[dict[str, Any]]:
+    """Several pools of replicas at once on one cluster (a --split-at run's parts side by
+    side): each (job, pending, attempt) its own Ray Data pipeline of `job.settings.replicas`
+    actors with the job's own settings (its layout), records under its own attempt number;
+    one driver loop writes what any of them sends back, so outputs.jsonl keeps one writer.
+    Returns an attempts.json record per flow, in order."""
+    with engine_output_to(flows[0][0].folder.path / ENGINE_LOG):
+        return _generate(flows)
+
+
+@dataclass
+class _Flow:
+    """One pipeline: a pool of replicas serving one list of requests."""
+
+    job: Job
+    attempt: int
+    pending: list[PreparedRequest]
+    stream: ResultStream
+    writer: ResultWriter
+    done: bool = False
+
+
+def _start(job: Job, pending: list[PreparedRequest], attempt: int,
+           sim_devices: list[str] | None, first_replica: int) -> _Flow:
     import ray.data
     from ray.data import ActorPoolStrategy
 
-    settings, folder, log, cluster = job.settings, job.folder, job.log, job.cluster
-    placement = cluster.placement
-    sim_devices = None
-    if job.simulated:
-        from neuron_batch.device.replica_layout import replica_devices
-
-        sim_devices = replica_devices(job.target.instance, job.target.tp, settings.replicas,
-                                      settings.sim.num_instances)
+    settings, placement = job.settings, job.cluster.placement
     size, in_flight = batching(len(pending), settings.replicas, settings.max_num_seqs,
                                simulated=job.simulated)
     requests = [_request_item(request, settings) for request in pending]
@@ -119,31 +135,58 @@ def _generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int
                                   max_concurrent_calls_per_actor=in_flight),
         num_cpus=placement.num_cpus, resources=placement.resources or None,
         runtime_env={"env_vars": _worker_env()})
-    log(f"{settings.replicas} replica(s) on Ray ({placement.describe()} each), batches of "
-        f"{size}, {in_flight} in flight per replica")
-
+    job.log(f"{settings.replicas} replica(s) on Ray ({placement.describe()} each), batches of "
+            f"{size}, {in_flight} in flight per replica")
     by_id = {request.record.id: request for request in pending}
-    writer = ResultWriter(job, attempt, by_id, sim_devices)
+    writer = ResultWriter(job, attempt, by_id, sim_devices, first_replica)
+    return _Flow(job, attempt, pending, ResultStream(results).start(), writer)
+
+
+def _sim_devices(flows: list[tuple[Job, list[PreparedRequest], int]]) -> list[list[str] | None]:
+    """Each flow's simulated device labels: the replicas of all flows fill the instances in
+    flow order (a side-by-side split's short replicas first)."""
+    job = flows[0][0]
+    if not job.simulated:
+        return [None] * len(flows)
+    from neuron_batch.device.replica_layout import replica_devices
+
+    labels = replica_devices(job.target.instance, job.target.tp,
+                             sum(j.settings.replicas for j, _, _ in flows),
+                             job.settings.sim.num_instances)
+    out, first = [], 0
+    for flow_job, _, _ in flows:
+        out.append(labels[first:first + flow_job.settings.replicas])
+        first += flow_job.settings.replicas
+    return out
+
+
+def _generate(flow_specs: list[tuple[Job, list[PreparedRequest], int]]) -> list[dict[str, Any]]:
+    job = flow_specs[0][0]
+    settings, folder, log, cluster = job.settings, job.folder, job.log, job.cluster
+    firsts = [sum(j.settings.replicas for j, _, _ in flow_specs[:i])
+              for i in range(len(flow_specs))]
+    flows = [_start(flow_job, pending, attempt, devices, first)
+             for (flow_job, pending, attempt), devices, first
+             in zip(flow_specs, _sim_devices(flow_specs), firsts)]
     started = time.time()
     deadline = (time.monotonic() + settings.max_runtime) if settings.max_runtime else None
-    stream = ResultStream(results).start()
-    bar = progress_bar(settings, len(pending))
+    bar = progress_bar(settings, sum(len(flow.pending) for flow in flows))
     ended = "completed"
     next_node_check = time.monotonic() + NODE_CHECK_S
     lost: str | None = None                  # why the cluster cannot go on
     failed: BaseException | None = None      # what a replica raised
 
-    def write(table) -> None:
-        added, _ = writer.write(table, log)
+    def write(flow: _Flow, table) -> None:
+        added, _ = flow.writer.write(table, flow.job.log)
         if bar is not None and added:
             bar.update(added)
             elapsed = max(time.time() - started, 1e-9)
-            bar.set_postfix_str(f"{writer.output_tokens / elapsed:,.0f} out tok/s",
-                                refresh=False)
+            tokens = sum(f.writer.output_tokens for f in flows)
+            bar.set_postfix_str(f"{tokens / elapsed:,.0f} out tok/s", refresh=False)
 
     try:
         with StopFlag() as stop:
-            while True:
+            while failed is None and not all(flow.done for flow in flows):
                 if deadline is not None and time.monotonic() >= deadline:
                     stop.reason = stop.reason or "deadline"
                 if stop.reason is not None:
@@ -154,49 +197,65 @@ def _generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int
                     lost = cluster.lost_node_message()
                     if lost is not None:
                         break
-                got = stream.get(timeout=0.25)
-                if got is None:
-                    continue
-                kind, value = got
-                if kind == "done":
-                    break
-                if kind == "error":
-                    failed = value
-                    break
-                write(value)
+                active = [flow for flow in flows if not flow.done]
+                for flow in active:
+                    got = flow.stream.get(timeout=0.25 / len(active))
+                    if got is None:
+                        continue
+                    kind, value = got
+                    if kind == "done":
+                        flow.done = True
+                    elif kind == "error":
+                        failed = value
+                        break
+                    else:
+                        write(flow, value)
         # Stopping early: what already came back is kept. Ray Data's threads end before Ray
         # shuts down (replica_results.py says why).
-        stopped_cleanly = stream.stop()
-        for table in stream.received():
-            write(table)
+        stopped_cleanly = all([flow.stream.stop() for flow in flows])
+        for flow in flows:
+            for table in flow.stream.received():
+                write(flow, table)
     finally:
         if bar is not None:
             bar.close()
-        writer.close()
+        for flow in flows:
+            flow.writer.close()
         folder.close_outputs()
-        stream.stop()
+        for flow in flows:
+            flow.stream.stop()
         cluster.shutdown()   # stops the replicas (they belong to this driver's job)
+    finished = sum(flow.writer.finished for flow in flows)
     if not stopped_cleanly:
         log("warning: Ray Data's result thread did not end after its execution was shut down")
     if lost is not None:
-        raise RunError(f"{lost}; {writer.finished} request(s) finished and are kept in "
+        raise RunError(f"{lost}; {finished} request(s) finished and are kept in "
                        f"{folder.path}; rerun with --resume when the cluster can hold the "
                        f"replicas (or with fewer --replicas)", EXIT_FAILED)
     if failed is not None:
-        raise _replica_failure(failed, writer.finished, folder.path)
+        raise _replica_failure(failed, finished, folder.path)
+    return [_outcome(flow, ended, started) for flow in flows]
+
+
+def _outcome(flow: _Flow, ended: str, started: float) -> dict[str, Any]:
+    """The flow's attempts.json record: a flow whose results had all come back completed,
+    even if the run was stopped while another one still ran."""
+    writer, job = flow.writer, flow.job
+    if flow.done:
+        ended = "completed"
     if ended != "completed":
-        left = len(by_id) - writer.finished
-        log(f"{'--max-runtime reached' if ended == 'deadline' else 'stopping'}: "
-            f"abandoning {left} unfinished request(s); rerun with --resume")
+        left = len(writer.by_id) - writer.finished
+        job.log(f"{'--max-runtime reached' if ended == 'deadline' else 'stopping'}: "
+                f"abandoning {left} unfinished request(s); rerun with --resume")
     if writer.duplicates:
-        log(f"{writer.duplicates} request(s) came back twice (a replica restarted) and were "
-            f"written once")
-    return {"attempt": attempt, "ended": ended, "requests_finished": writer.finished,
+        job.log(f"{writer.duplicates} request(s) came back twice (a replica restarted) and "
+                f"were written once")
+    return {"attempt": flow.attempt, "ended": ended, "requests_finished": writer.finished,
             "wall_time_s": round(time.time() - started, 3),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-            "device": placement.device, "pid": os.getpid(),
+            "device": job.cluster.placement.device, "pid": os.getpid(),
             "requests_failed": len(writer.errors), "errors": writer.errors[:MAX_ERRORS_KEPT],
-            "ray": cluster.address, "generation_s": writer.generation_s(),
+            "ray": job.cluster.address, "generation_s": writer.generation_s(),
             "replicas": writer.replica_info()}
 
 

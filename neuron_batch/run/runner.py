@@ -131,6 +131,23 @@ def static_slots_at(job: Job):
     return lambda s: None
 
 
+def split_estimate(job: Job, resolve):
+    """The time model side by side is weighed with (run/split_placement.py): on the simulated
+    device its own step-time model and compile estimate; elsewhere None (auto stays in turn)."""
+    if job.target is None:
+        return None
+    from neuron_batch.device.cost_model import StepCostModel
+    from neuron_batch.device.replica_layout import engines_per_instance
+    from neuron_batch.run.split import part_compile_s
+    from neuron_batch.run.split_placement import BoundEstimate
+
+    target = job.target
+    model = StepCostModel(target.profile, target.instance, target.arch, target.tp,
+                          weight_dtype=target.weight_dtype, runtime=target.runtime)
+    return BoundEstimate(model, engines_per_instance(target.instance, target.tp),
+                         lambda part: part_compile_s(part, resolve(part.settings)))
+
+
 def check_neuron_host(settings: RunSettings, workload) -> None:
     """A Neuron run's settings, checked before anything loads (neuron_host.py): the plugin's
     limits, the sampling it can do, and whether the static KV cache fits beside the weights."""
@@ -194,8 +211,14 @@ def _run_locked(job: Job) -> RunResult:
                 from neuron_batch.run.split import plan_parts, run_parts
 
                 resolve = lambda s: resolve_sim_target(s, job.workload.model)  # noqa: E731
-                outcomes = run_parts(job, plan_parts(settings, pending, static_slots_at(job)),
-                                     attempt, generate, resolve)
+                parts, placement = plan_parts(settings, pending, static_slots_at(job),
+                                              split_estimate(job, resolve))
+                if len(parts) == 2 and settings.uses_ray:
+                    log(f"parts {placement.mode}" + (
+                        f" (estimated {placement.estimated_s / 3600:.2f} h with compile; in "
+                        f"turn {placement.in_turn_s / 3600:.2f} h)"
+                        if placement.estimated_s is not None else ""))
+                outcomes = run_parts(job, parts, attempt, generate, resolve, placement)
             elif settings.uses_ray:
                 from neuron_batch.run.replicas import generate_replicas
 

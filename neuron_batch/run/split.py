@@ -33,6 +33,14 @@ from neuron_batch.bench.optimiser import optimal_buckets
 from neuron_batch.config import RunSettings
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.run.errors import RunError
+from neuron_batch.run.split_placement import (
+    AUTO,
+    IN_TURN,
+    SIDE_BY_SIDE,
+    PartTime,
+    Placement,
+    choose,
+)
 from neuron_batch.runtime import Runtime, nxdi_default_buckets
 
 SHORT, LONG = "short", "long"
@@ -151,50 +159,106 @@ def short_layout_slots(settings: RunSettings, slots_at, num_requests: int) -> in
     return max(1, min(int(slots), MAX_SHORT_SLOTS, per_engine))
 
 
-def plan_parts(settings: RunSettings, pending: list[PreparedRequest],
-               slots_at) -> list[Part]:
-    """The parts of the pending requests, short first, empty parts left out.
-    `slots_at(settings)`: the static slots of settings.max_model_len that load, None when
-    unknown (runner.py)."""
+def short_part(settings: RunSettings, requests: list[PreparedRequest], slots_at,
+               engines: int) -> Part:
+    """The short layout for `requests` served by `engines` engines (its slots are capped at
+    an engine's share)."""
+    runtime = settings.resolve_runtime()
+    short = replace(settings, max_model_len=settings.split_at, split_at=None,
+                    split_placement=AUTO)       # (a part is not split again)
+    short = replace(short, replicas=engines, max_num_seqs=short_layout_slots(
+        replace(settings, replicas=engines), slots_at, len(requests)))
+    short = short.with_buckets(runtime, *fitted_to(runtime, requests, settings.split_at))
+    return Part(SHORT, short.validate(), requests)
+
+
+def long_part(settings: RunSettings, requests: list[PreparedRequest], engines: int) -> Part:
+    """The long layout (--max-model-len, --max-num-seqs) for `requests` on `engines` engines."""
+    runtime = settings.resolve_runtime()
+    long = replace(settings, split_at=None, split_placement=AUTO, replicas=engines)
+    if not any(settings.bucket_lists().values()):     # the user's lists win
+        long = long.with_buckets(runtime, *fitted_to(runtime, requests, settings.max_model_len))
+    return Part(LONG, long.validate(), requests)
+
+
+def plan_parts(settings: RunSettings, pending: list[PreparedRequest], slots_at,
+               estimate=None) -> tuple[list[Part], Placement]:
+    """The parts of the pending requests, short first, empty parts left out, and where they
+    run (split_placement.py: in turn, or side by side on --replicas as --split-placement and
+    `estimate` say). `slots_at(settings)`: the static slots of settings.max_model_len that
+    load, None when unknown (runner.py). `estimate`: a split_placement.BoundEstimate, or None
+    when the device has no step-time model."""
     short = [r for r in pending if r.length <= settings.split_at]
     long = [r for r in pending if r.length > settings.split_at]
-    runtime = settings.resolve_runtime()
-    parts = []
-    if short:
-        short_settings = replace(settings, max_model_len=settings.split_at, split_at=None,
-                                 max_num_seqs=short_layout_slots(settings, slots_at,
-                                                                 len(short)))
-        short_settings = short_settings.with_buckets(
-            runtime, *fitted_to(runtime, short, settings.split_at))
-        parts.append(Part(SHORT, short_settings.validate(), short))
-    if long:
-        long_settings = replace(settings, split_at=None)
-        if not any(settings.bucket_lists().values()):     # the user's lists win
-            long_settings = long_settings.with_buckets(
-                runtime, *fitted_to(runtime, long, settings.max_model_len))
-        parts.append(Part(LONG, long_settings.validate(), long))
-    return parts
+    replicas = settings.replicas
+    parts = ([short_part(settings, short, slots_at, replicas)] if short else []) + \
+        ([long_part(settings, long, replicas)] if long else [])
+    if len(parts) < 2 or not settings.uses_ray:
+        return parts, Placement(IN_TURN, replicas)
+
+    def timed(make) -> PartTime | None:
+        if estimate is None:
+            return PartTime(0.0, None)
+        compile_s = estimate.compile_of(make(replicas))
+        return PartTime(compile_s or 0.0, lambda n: estimate.seconds(make(n)))
+
+    placement = choose(settings.split_placement, replicas,
+                       estimate.per_instance if estimate is not None else replicas,
+                       timed(lambda n: short_part(settings, short, slots_at, n)),
+                       timed(lambda n: long_part(settings, long, n)))
+    if placement.mode == SIDE_BY_SIDE:
+        k = placement.short_replicas
+        parts = [short_part(settings, short, slots_at, k), long_part(settings, long, replicas - k)]
+    return parts, placement
 
 
-def run_parts(job, parts: list[Part], attempt: int, generate, resolve_target
-              ) -> Iterator[dict[str, Any]]:
+def part_compile_s(part: Part, target) -> float:
+    """The estimated compile time of a part's layout on the simulated device `target`."""
+    shapes = part.settings.shapes(target.runtime)
+    return target.describe(num_prefill_buckets=len(shapes.prefill_buckets),
+                           num_decode_buckets=len(shapes.decode_buckets),
+                           num_graphs=shapes.num_graphs)["compile"]["estimated_compile_s"]
+
+
+def run_parts(job, parts: list[Part], attempt: int, generate, resolve_target,
+              placement: Placement | None = None) -> Iterator[dict[str, Any]]:
     """Each part in its own engine, in turn, as attempts `attempt`, `attempt` + 1; yields
     their attempts.json lines (with `part`) as each ends, so a part that fails later cannot
     lose the record of one that finished. Stops after a part that did not finish.
 
-    With --replicas (Ray) each part runs across every replica (`generate_replicas`), one part
-    after the other. A part's end stops its replicas with the driver's Ray job (replicas.py),
-    so the next part joins the cluster again (`RayCluster.reconnect`) before its replicas
-    start; `job.cluster` is the runner's connection, the one it shuts down at the end."""
-    for number, part in enumerate(parts, start=attempt):
+    With --replicas (Ray) each part runs across its replicas (`generate_replicas`): in turn,
+    every replica, one part after the other; side by side (`placement`), both parts at once,
+    each on its own pool (`generate_side_by_side`), their lines marked `side_by_side` with the
+    first part's attempt. A part's end stops its replicas with the driver's Ray job
+    (replicas.py), so the next part joins the cluster again (`RayCluster.reconnect`) before
+    its replicas start; `job.cluster` is the runner's connection, the one it shuts down at the
+    end."""
+    side_by_side = placement is not None and placement.mode == SIDE_BY_SIDE
+    jobs = []
+    for part in parts:
         target = resolve_target(part.settings) if part.settings.device == "sim" else None
-        part_job = replace(job, settings=part.settings, target=target)
+        jobs.append(replace(job, settings=part.settings, target=target))
         where = "a separate engine start"
-        if part.settings.uses_ray:
-            where = f"across {part.settings.replicas} replica(s), separate engine starts"
+        if part.settings.uses_ray or side_by_side:
+            where = (f"on {part.settings.replicas} replica(s), side by side with the other "
+                     f"part" if side_by_side else
+                     f"across {part.settings.replicas} replica(s), separate engine starts")
         job.log(f"part {part.name}: {len(part.requests):,} requests at max_model_len "
                 f"{part.settings.max_model_len:,}, max_num_seqs {part.settings.max_num_seqs} "
                 f"({where})")
+    if side_by_side:
+        from neuron_batch.run.replicas import generate_side_by_side
+
+        job.folder.open_outputs()
+        if not job.cluster.connected:
+            job.cluster.reconnect(job.settings, job.log)
+        outcomes = generate_side_by_side([(part_job, part.requests, attempt + i)
+                                          for i, (part_job, part) in enumerate(zip(jobs, parts))])
+        for outcome, part, part_job in zip(outcomes, parts, jobs):
+            yield _describe(outcome, part, part_job.target, placement, job.settings.replicas,
+                            side_by_side=attempt)
+        return
+    for number, (part, part_job) in enumerate(zip(parts, jobs), start=attempt):
         job.folder.open_outputs()       # (each engine's generate closes it when it ends)
         if part.settings.uses_ray:
             from neuron_batch.run.replicas import generate_replicas
@@ -204,14 +268,21 @@ def run_parts(job, parts: list[Part], attempt: int, generate, resolve_target
             outcome = generate_replicas(part_job, part.requests, number)
         else:
             outcome = generate(part_job, part.requests, number)
-        outcome["part"] = part.describe()
-        if target is not None:
-            shapes = part.settings.shapes(target.runtime)
-            outcome["part"]["estimated_compile_s"] = target.describe(
-                num_prefill_buckets=len(shapes.prefill_buckets),
-                num_decode_buckets=len(shapes.decode_buckets),
-                num_graphs=shapes.num_graphs)["compile"]["estimated_compile_s"]
-            outcome["part"]["compiled_graphs"] = shapes.num_graphs
-        yield outcome
+        yield _describe(outcome, part, part_job.target, placement, job.settings.replicas)
         if outcome.get("ended") != "completed":      # interrupted, or past --max-runtime
             break
+
+
+def _describe(outcome: dict[str, Any], part: Part, target, placement: Placement | None,
+              replicas: int, side_by_side: int | None = None) -> dict[str, Any]:
+    """A part's attempts.json line: its layout, compile estimate (simulated device) and, on
+    replicas, where the parts ran."""
+    outcome["part"] = part.describe()
+    if target is not None:
+        outcome["part"]["estimated_compile_s"] = part_compile_s(part, target)
+        outcome["part"]["compiled_graphs"] = part.settings.shapes(target.runtime).num_graphs
+    if placement is not None and replicas > 1:
+        outcome["placement"] = placement.describe(replicas)
+    if side_by_side is not None:
+        outcome["side_by_side"] = side_by_side
+    return outcome

@@ -1,0 +1,159 @@
+"""Where a split run's parts go on --replicas (run/split_placement.py): in turn or side by side.
+Pure logic, no vLLM: milliseconds."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from neuron_batch.config import RunSettings, SettingsError, SimOptions
+from neuron_batch.inputs.prepare import PreparedRequest
+from neuron_batch.inputs.records import PromptRecord
+from neuron_batch.run.split import SHORT, plan_parts
+from neuron_batch.run.split_placement import (
+    AUTO,
+    IN_TURN,
+    SIDE_BY_SIDE,
+    PartTime,
+    choose,
+    compile_wall_s,
+    in_turn_s,
+    side_by_side_s,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT / "datasets" / "azure-llm-inference-conv-2023.csv"
+
+
+def linear(work: float, fixed: float = 0.0) -> PartTime:
+    """A part of `work` engine-seconds that shares perfectly, compiled in `fixed` s."""
+    return PartTime(fixed, lambda n: work / n)
+
+
+def test_compile_wall_counts_each_instance_s_own_layouts():
+    # 4 replicas, 2 per instance: K=2 puts each layout on its own instance
+    assert compile_wall_s(2, 4, 2, 100.0, 300.0) == 300.0
+    # K=1 or 3: one instance holds both layouts and compiles them one after the other
+    assert compile_wall_s(1, 4, 2, 100.0, 300.0) == 400.0
+    assert compile_wall_s(3, 4, 2, 100.0, 300.0) == 400.0
+    # one instance for every replica: both layouts, always
+    assert compile_wall_s(1, 2, 2, 100.0, 300.0) == 400.0
+
+
+def test_in_turn_on_one_instance_side_by_side_on_two():
+    short, long = linear(1000.0, 3600.0), linear(1000.0, 3600.0)
+    # one instance: side by side saves no compile, so auto stays in turn (equal run time)
+    one = choose(AUTO, 2, 2, short, long)
+    assert one.mode == IN_TURN and one.short_replicas == 2
+    # two instances of one engine each: the two compiles overlap, an hour saved
+    two = choose(AUTO, 2, 1, short, long)
+    assert (two.mode, two.short_replicas) == (SIDE_BY_SIDE, 1)
+    assert two.in_turn_s - two.estimated_s == pytest.approx(3600.0)
+    assert two.describe(2)["long_replicas"] == 1
+
+
+def test_side_by_side_balances_the_parts():
+    # the long part is three times the work: it gets three of four replicas
+    placed = choose(SIDE_BY_SIDE, 4, 1, linear(100.0), linear(300.0))
+    assert placed.short_replicas == 1
+    assert placed.parts_s == (pytest.approx(100.0), pytest.approx(100.0))
+
+
+def test_auto_stays_in_turn_when_side_by_side_would_leave_replicas_idle():
+    # two replicas, parts 1:9 in work, compile cheap: side by side waits on the long part
+    placed = choose(AUTO, 2, 1, linear(100.0, 10.0), linear(900.0, 10.0))
+    assert placed.mode == IN_TURN
+    assert placed.estimated_s == pytest.approx(20.0 + 1000.0 / 2)
+    # asked for, it still runs side by side, at its best K
+    forced = choose(SIDE_BY_SIDE, 2, 1, linear(100.0, 10.0), linear(900.0, 10.0))
+    assert forced.mode == SIDE_BY_SIDE and forced.estimated_s > placed.estimated_s
+
+
+def test_without_an_estimate_auto_stays_in_turn_and_side_by_side_halves():
+    unknown = PartTime(0.0, None)
+    assert choose(AUTO, 4, 1, unknown, unknown).mode == IN_TURN
+    forced = choose(SIDE_BY_SIDE, 4, 1, unknown, unknown)
+    assert (forced.mode, forced.short_replicas, forced.estimated_s) == (SIDE_BY_SIDE, 2, None)
+    # one part only, or one replica: nothing to place
+    assert choose(SIDE_BY_SIDE, 4, 1, linear(1.0), None).mode == IN_TURN
+    assert choose(SIDE_BY_SIDE, 1, 1, linear(1.0), linear(1.0)).mode == IN_TURN
+    with pytest.raises(ValueError, match="placement must be one of"):
+        choose("sideways", 2, 1, linear(1.0), linear(1.0))
+
+
+@settings(max_examples=200, deadline=None)
+@given(replicas=st.integers(2, 24), per_instance=st.integers(1, 12),
+       work=st.tuples(st.floats(1.0, 1e5), st.floats(1.0, 1e5)),
+       fixed=st.tuples(st.floats(0.0, 1e4), st.floats(0.0, 1e4)),
+       overhead=st.tuples(st.floats(0.0, 1e3), st.floats(0.0, 1e3)))
+def test_the_choice_is_the_least_estimate_over_every_k(replicas, per_instance, work, fixed,
+                                                       overhead):
+    """Property: side by side takes the K of least makespan (compile wall + the slower part);
+    auto takes the lesser of that and in turn; every estimate is at least the work shared by
+    all replicas (parts that do not parallelise add `overhead`)."""
+    short = PartTime(fixed[0], lambda n: work[0] / n + overhead[0])
+    long = PartTime(fixed[1], lambda n: work[1] / n + overhead[1])
+    side = choose(SIDE_BY_SIDE, replicas, per_instance, short, long)
+    every = [side_by_side_s(k, replicas, per_instance, short, long) for k in range(1, replicas)]
+    assert 1 <= side.short_replicas < replicas
+    assert side.estimated_s == pytest.approx(min(every))
+    auto = choose(AUTO, replicas, per_instance, short, long)
+    turn = in_turn_s(replicas, short, long)
+    assert auto.estimated_s == pytest.approx(min(turn, min(every)))
+    assert auto.mode == (IN_TURN if turn <= min(every) else SIDE_BY_SIDE)
+    assert auto.estimated_s >= (work[0] + work[1]) / replicas * (1 - 1e-9)
+    assert side.compile_s <= fixed[0] + fixed[1] + 1e-9
+    assert side.compile_s >= max(fixed) - 1e-9
+
+
+def test_side_by_side_needs_a_split_and_replicas():
+    with pytest.raises(SettingsError, match="needs --split-at and --replicas 2"):
+        RunSettings(("x",), split_at=1024, replicas=1, split_placement=SIDE_BY_SIDE).validate()
+    with pytest.raises(SettingsError, match="needs --split-at"):
+        RunSettings(("x",), replicas=2, split_placement=SIDE_BY_SIDE).validate()
+    with pytest.raises(SettingsError, match="--split-placement must be one of"):
+        RunSettings(("x",), split_placement="both").validate()
+
+
+def trace_requests(n: int) -> list[PreparedRequest]:
+    with TRACE.open() as handle:
+        rows = list(csv.DictReader(handle))[:n]
+    return [PreparedRequest(PromptRecord(i, str(i), f"t:{i}"), [1] * int(row["num_prefill_tokens"]),
+                            int(row["num_decode_tokens"])) for i, row in enumerate(rows)]
+
+
+def sim_plan(instance: str, tp: int, replicas: int, num_instances: int, placement: str):
+    """plan_parts as runner.py calls it on the simulated device (its own estimate)."""
+    from neuron_batch.run.runner import resolve_sim_target, split_estimate
+    from neuron_batch.run.job import Job
+
+    settings = RunSettings(("x",), device="sim", max_model_len=8192, max_num_seqs=8,
+                           replicas=replicas, split_at=2048, split_placement=placement,
+                           sim=SimOptions(instance=instance, tensor_parallel_size=tp,
+                                          architecture="llama-3.1-8b",
+                                          num_instances=num_instances)).validate()
+    resolve = lambda s: resolve_sim_target(s, None)  # noqa: E731
+    job = Job(settings, None, None, print, resolve(settings))
+    slots = lambda s: resolve(s).kv.get("max_static_seqs")  # noqa: E731
+    return plan_parts(settings, trace_requests(400), slots, split_estimate(job, resolve))
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="the shipped trace is missing")
+def test_auto_on_the_simulated_device_weighs_instances():
+    # two inf2.8xlarge, one engine each: the compiles overlap, side by side wins
+    parts, placed = sim_plan("inf2.8xlarge", 2, 2, 2, AUTO)
+    assert placed.mode == SIDE_BY_SIDE and placed.estimated_s < placed.in_turn_s
+    assert [p.settings.replicas for p in parts] == [1, 1]
+    assert parts[0].name == SHORT and parts[0].settings.max_num_seqs > 8
+    # the short layout's slots are capped at its own engine's share of its requests
+    assert parts[0].settings.max_num_seqs <= len(parts[0].requests)
+    # one inf2.48xlarge, 12 engines of TP 2 on one instance: it compiles both anyway
+    parts, placed = sim_plan("inf2.48xlarge", 2, 12, 1, AUTO)
+    assert placed.mode == IN_TURN and [p.settings.replicas for p in parts] == [12, 12]
+    # asked for, side by side gives each part its share of the replicas
+    parts, placed = sim_plan("inf2.48xlarge", 2, 12, 1, SIDE_BY_SIDE)
+    assert sum(p.settings.replicas for p in parts) == 12 and placed.mode == SIDE_BY_SIDE
