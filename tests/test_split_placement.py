@@ -128,8 +128,8 @@ def trace_requests(n: int) -> list[PreparedRequest]:
 
 def sim_plan(instance: str, tp: int, replicas: int, num_instances: int, placement: str):
     """plan_parts as runner.py calls it on the simulated device (its own estimate)."""
-    from neuron_batch.run.runner import resolve_sim_target, split_estimate
     from neuron_batch.run.job import Job
+    from neuron_batch.run.runner import resolve_sim_target, split_estimate
 
     settings = RunSettings(("x",), device="sim", max_model_len=8192, max_num_seqs=8,
                            replicas=replicas, split_at=2048, split_placement=placement,
@@ -157,3 +157,23 @@ def test_auto_on_the_simulated_device_weighs_instances():
     # asked for, side by side gives each part its share of the replicas
     parts, placed = sim_plan("inf2.48xlarge", 2, 12, 1, SIDE_BY_SIDE)
     assert sum(p.settings.replicas for p in parts) == 12 and placed.mode == SIDE_BY_SIDE
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="the shipped trace is missing")
+def test_the_what_if_script_weighs_more_cuts_than_one():
+    import importlib.util
+
+    from click.testing import CliRunner
+
+    spec = importlib.util.spec_from_file_location("split_what_if",
+                                                  ROOT / "scripts" / "split_what_if.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = CliRunner().invoke(module.main, ["--limit", "600", "--cuts", "", "--cuts", "2176",
+                                              "--cuts", "2176,4352"])
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line.split() for line in result.output.splitlines()[2:]}
+    assert set(rows) == {"single", "2176", "2176,4352"}
+    assert rows["single"][3] == "1.00x"
+    # a split's short layout has more slots than the single one: faster in the model
+    assert float(rows["2176"][3].rstrip("x")) > 1.0
