@@ -181,6 +181,7 @@ class RunSettings:
             runtime = self.resolve_runtime()
         except RuntimeNameError as error:
             raise SettingsError(str(error)) from None
+        self._check_runtime_runs_here(runtime)
         if runtime.static_kv and parse_kv_reserve(self.kv_reserve) == MAX_MODEL_LEN:
             raise SettingsError(
                 f"--kv-reserve does not apply under the {runtime.name} runtime: its static KV "
@@ -198,6 +199,23 @@ class RunSettings:
         """More than one engine, or --ray given: the run goes through Ray (run/replicas.py);
         otherwise it is the single-engine path, which never imports Ray."""
         return self.replicas > 1 or self.ray is not None
+
+    def _check_runtime_runs_here(self, runtime: Runtime) -> None:
+        """On the simulated device, a runtime AWS does not ship for the instance is refused:
+        none of its layouts loads there, so no figure of it would be true."""
+        if self.device != "sim":
+            return
+        from neuron_batch.device.hardware import HardwareError, get_instance
+        try:
+            family = get_instance(self.sim.instance).family
+        except HardwareError:
+            return          # (the simulated device names the unknown instance itself)
+        if family not in runtime.runs_on:
+            usual = get_runtime(None, family=family)
+            raise SettingsError(
+                f"--runtime {runtime.name} does not run on {self.sim.instance}: AWS ships it "
+                f"for {'/'.join(runtime.runs_on)} only, so none of its layouts loads there; use "
+                f"--runtime {usual.name} ({family}'s) or a {'/'.join(runtime.runs_on)} instance")
 
     def resolve_runtime(self) -> Runtime:
         """The Neuron runtime whose shapes this run follows, decided once: `--runtime`; else

@@ -130,6 +130,10 @@ class Runtime:
     summary: str
     #: Instance families that run this runtime by default.
     families: tuple[str, ...]
+    #: Instance families AWS ships it for: a layout elsewhere cannot load, so the simulated
+    #: device refuses to print figures for it (../shared/notes/neuron-runtimes.md: the Beta
+    #: plugin is for trn2/trn3 only; NxDI runs on inf2, trn1 and trn2).
+    runs_on: tuple[str, ...]
     #: Static KV (`max_num_seqs` x `max_model_len`, decode over every slot) or paged KV under
     #: the plugin's budget cap with padded decode batches.
     static_kv: bool
@@ -284,6 +288,7 @@ RUNTIMES: dict[str, Runtime] = {
         name=NXDI,
         summary="vLLM on NxD Inference, inf2/trn1 (plugin 0.1/0.2/0.4/0.5)",
         families=("inf2", "trn1"),
+        runs_on=("inf2", "trn1", "trn2"),
         static_kv=True,
         chunked_prefill=False,
         config_section="override_neuron_config",
@@ -307,6 +312,7 @@ RUNTIMES: dict[str, Runtime] = {
         name=VLLM_NEURON,
         summary="AWS's vLLM Neuron (Beta) plugin, trn2/trn3",
         families=("trn2", "trn3"),
+        runs_on=("trn2", "trn3"),
         static_kv=False,
         chunked_prefill=True,
         config_section="neuron_config",

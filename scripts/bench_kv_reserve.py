@@ -4,12 +4,11 @@ rule (`--kv-reserve max-model-len`), measured in the same run on the simulated d
 
 The rules are the Beta plugin's (`--runtime vllm-neuron`, paged KV, trn2/trn3): under nxdi,
 what inf2 and trn1 hosts run, the KV cache is static and never limits admission, so there is
-nothing to compare. The default instance is therefore the Beta plugin's paged cache on inf2
-hardware (`--runtime vllm-neuron`, a layout to compare the rules, not one an inf2 host runs);
-`--instance trn2.3xlarge` measures the rules where they apply.
+nothing to compare. So the default instance is trn2.3xlarge, where they apply (the simulated
+device refuses the Beta plugin on inf2/trn1: none of its layouts loads there).
 
 Each configuration is a whole `neuron-batch run` (the library's `run()`, in a fresh engine, as
-`bench` runs it) on a simulated inf2.8xlarge with Llama-3.1-8B, max_model_len 16384,
+`bench` runs it) on a simulated trn2.3xlarge with Llama-3.1-8B, max_model_len 16384,
 max_num_batched_tokens 8192, all requests at time zero. Workloads:
 
 - `conv-2000`: the first 2,000 requests of the Azure conversation trace (datasets/);
@@ -132,7 +131,7 @@ def main(argv=None) -> int:
                         help="comma-separated: conv-2000, conv (the whole trace), prefill-heavy")
     parser.add_argument("--full", action="store_true", help="add the whole trace (conv)")
     parser.add_argument("--max-num-seqs", type=int, nargs="+", default=[32, 64])
-    parser.add_argument("--instance", default="inf2.8xlarge")
+    parser.add_argument("--instance", default="trn2.3xlarge")
     parser.add_argument("--arch", default="llama-3.1-8b")
     parser.add_argument("--runtime", default="vllm-neuron",
                         help="the rules apply to the Beta plugin's paged KV cache only")

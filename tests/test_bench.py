@@ -138,12 +138,13 @@ def test_calibrate_recovers_the_profile_that_made_the_records(tmp_path):
 
 def test_kv_reserve_is_a_sweep_dimension(tmp_path):
     """--kv-reserve request,max-model-len runs every configuration under both rules (K=req /
-    K=mml in the names) and the verdict says which wins. max_model_len 8192 on inf2.8xlarge:
-    the KV cache holds 9 requests at that length, fewer than max_num_seqs 16."""
+    K=mml in the names) and the verdict says which wins. The rules are the Beta plugin's
+    (paged KV), so trn2.3xlarge: at max_model_len 16384 its KV cache (30% of 96 GiB) holds 14
+    requests at that length, fewer than max_num_seqs 16."""
     out = tmp_path / "kv"
     result = CliRunner().invoke(main, [
-        "bench", str(TRACE), "--device", "sim", "--instance", "inf2.8xlarge", "--architecture",
-        "llama-3.1-8b", "--limit", "40", "--max-model-len", "8192", "--max-num-batched-tokens",
+        "bench", str(TRACE), "--device", "sim", "--instance", "trn2.3xlarge", "--architecture",
+        "llama-3.1-8b", "--limit", "40", "--max-model-len", "16384", "--max-num-batched-tokens",
         "2048", "--max-num-seqs", "16", "--max-prefill-buckets", "1", "--max-decode-buckets",
         "0", "--kv-reserve", "request,max-model-len", "--sweep-buckets", "--jobs", "1",
         "--runtime", "vllm-neuron", "-o", str(out)], catch_exceptions=False)
@@ -187,7 +188,9 @@ def test_each_runtime_sweeps_its_own_dimensions(serial, tmp_path):
     assert by_name["default"]["params"]["decode_buckets"] == "8"      # every slot, always
     assert "token generation" in " ".join(data["recommendation"]["reasons"])
 
-    beta = sweep(tmp_path / "beta", "--runtime", "vllm-neuron", "--jobs", "2")
+    # (the Beta plugin's runtime on trn2, the hardware AWS ships it for)
+    beta = sweep(tmp_path / "beta", "--runtime", "vllm-neuron", "--instance", "trn2.3xlarge",
+                 "--jobs", "2")
     names = {c["name"]: c for c in beta["configurations"]}
     context = [c for n, c in names.items() if ",C=" in n]
     assert {"P=o1,D=def", "P=def,D=o1"} <= set(names) and context

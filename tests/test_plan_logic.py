@@ -230,17 +230,19 @@ def test_decode_steps_bound_counts_kv_and_max_num_seqs():
 
 @pytest.mark.parametrize("buckets", [
     {"runtime": "vllm-neuron", "prefill_buckets": (512, 4096), "decode_buckets": (16,),
-     "decode_context_buckets": (1024,)},
+     "decode_context_buckets": (1024,), "instance": "trn2.48xlarge"},
     {"runtime": "nxdi", "context_encoding_buckets": (512, 8192),
-     "token_generation_buckets": (2048, 8192)},
+     "token_generation_buckets": (2048, 8192), "instance": "inf2.24xlarge"},
 ])
 def test_the_command_line_gives_the_same_settings_back(monkeypatch, tmp_path, buckets):
     import neuron_batch.run.runner as runner
 
+    buckets = dict(buckets)
+    instance = buckets.pop("instance")      # (each runtime on hardware AWS ships it for)
     settings = RunSettings(inputs=("my trace.csv",), device="sim", max_num_seqs=16,
                            max_num_batched_tokens=4096, max_model_len=8192, **buckets,
                            max_tokens=99, shuffle=True, seed=7, limit=123,
-                           sim=SimOptions(instance="inf2.24xlarge", architecture="llama-3-8b",
+                           sim=SimOptions(instance=instance, architecture="llama-3-8b",
                                           tensor_parallel_size=4, weight_dtype="int8"),
                            cost=CostOptions(pricing="reserved"))
     line = run_command(settings)
@@ -373,6 +375,15 @@ def test_plan_weighs_the_tightest_max_model_len_and_trn2_needs_a_price():
     found, _ = placements(priced)
     beta = [p for p in found if p.instance == "trn2.48xlarge"]
     assert beta and all(p.runtime.name == "vllm-neuron" for p in beta)
+    # forced onto every instance, the Beta plugin's runtime leaves out those AWS does not ship
+    # it for (no figure for a layout that cannot load), and NxDI runs on trn2 too
+    forced = PlanSpec(**{**priced.__dict__, "runtime": "vllm-neuron"})
+    found, excluded = placements(forced)
+    assert {p.instance for p in found} == {"trn2.48xlarge"}
+    assert any(r.startswith("inf2.xlarge: --runtime vllm-neuron does not run there")
+               for r in excluded)
+    found, _ = placements(PlanSpec(**{**priced.__dict__, "runtime": "nxdi"}))
+    assert {p.instance for p in found} == {"trn2.48xlarge", "inf2.xlarge"}
 
 
 def test_split_options_weigh_every_candidate_cut_under_a_static_cache_only():

@@ -117,8 +117,18 @@ def test_settings_resolve_the_runtime_once_and_refuse_what_does_not_apply():
         RunSettings(inputs=("x",), device="sim", decode_buckets=(1, 8)).validate()
     with pytest.raises(SettingsError, match="--kv-reserve does not apply under the nxdi"):
         RunSettings(inputs=("x",), device="sim", kv_reserve="max_model_len").validate()
-    ok = RunSettings(inputs=("x",), device="sim", runtime="vllm-neuron", decode_buckets=(1, 8))
+    ok = RunSettings(inputs=("x",), device="sim", runtime="vllm-neuron", decode_buckets=(1, 8),
+                     sim=SimOptions(instance="trn2.48xlarge"))
     assert ok.validate().buckets()[1] == [1, 8]
+    # the Beta plugin ships for trn2/trn3 only: no figure for a layout inf2 cannot load
+    with pytest.raises(SettingsError, match="--runtime vllm-neuron does not run on "
+                                            "inf2.8xlarge: AWS ships it for trn2/trn3 only"):
+        RunSettings(inputs=("x",), device="sim", runtime="vllm-neuron").validate()
+    # NxDI runs on trn2 as well as inf2 and trn1
+    RunSettings(inputs=("x",), device="sim", runtime="nxdi",
+                sim=SimOptions(instance="trn2.48xlarge")).validate()
+    # off the simulated device the runtime only shapes the schedule (the CPU's seed design)
+    RunSettings(inputs=("x",), device="cpu", runtime="vllm-neuron").validate()
 
 
 def test_with_buckets_sets_the_runtimes_own_fields():

@@ -21,10 +21,12 @@ def keys(value, prefix=""):
     return set()
 
 
-@pytest.mark.parametrize("runtime", ["nxdi", "vllm-neuron"])
-def test_cpu_and_sim_reports_agree(tiny_model, tmp_path, runtime):
+@pytest.mark.parametrize("runtime, instance", [("nxdi", "inf2.xlarge"),
+                                               ("vllm-neuron", "trn2.3xlarge")])
+def test_cpu_and_sim_reports_agree(tiny_model, tmp_path, runtime, instance):
     """Under either runtime's shapes (on the CPU the runtime only shapes the schedule: nxdi's
-    whole prompts, one a step, and decode over every slot)."""
+    whole prompts, one a step, and decode over every slot), each simulated on hardware AWS
+    ships it for."""
     model = tiny_model
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"r{i}", "prompt_len": 20 + 45 * i,
@@ -35,7 +37,8 @@ def test_cpu_and_sim_reports_agree(tiny_model, tmp_path, runtime):
     reports = {}
     for device in ("cpu", "sim"):
         out = tmp_path / device
-        extra = ["--instance", "inf2.xlarge"] if device == "sim" else []
+        # (the built-in price table has no trn2: give one, so both runs are priced alike)
+        extra = ["--instance", instance, "--price-per-hour", "2.0"] if device == "sim" else []
         result = CliRunner().invoke(main, [*common, "--device", device, *extra, "-o", str(out)],
                                     catch_exceptions=False)
         assert result.exit_code == 0, result.output
@@ -44,7 +47,7 @@ def test_cpu_and_sim_reports_agree(tiny_model, tmp_path, runtime):
     assert cpu["config"]["runtime"] == sim["config"]["runtime"] == runtime
     # same shape: the simulated report adds its device description, and its cost (the instance,
     # hence the price, is known only for sim and Neuron hosts; a CPU run is never priced)
-    assert "cost" not in cpu and sim["cost"]["instance"] == "inf2.xlarge"
+    assert "cost" not in cpu and sim["cost"]["instance"] == instance
     sim_only = ("config.sim", "cost")
     assert keys(cpu) == {k for k in keys(sim) if not k.startswith(sim_only)}
     # same counts: requests, tokens, padding, steps per state, admission blocks

@@ -51,7 +51,7 @@ from neuron_batch.report.cost import (
     price_for,
     usd,
 )
-from neuron_batch.runtime import Runtime, nxdi_default_buckets
+from neuron_batch.runtime import Runtime, get_runtime, nxdi_default_buckets
 from neuron_batch.scheduler.kv_reserve import blocks_for_tokens, reachable_tokens
 
 if TYPE_CHECKING:   # (splits.py builds on this module)
@@ -254,7 +254,13 @@ def placements(spec: PlanSpec) -> tuple[list[Placement], list[str]]:
             price = price_for(name, spec.pricing, override)
         except PricingError as error:
             raise PlanError(str(error)) from None
-        cores = get_instance(name).num_cores
+        inst = get_instance(name)
+        runtime = get_runtime(spec.runtime, family=inst.family)
+        if inst.family not in runtime.runs_on:      # no layout of it loads there
+            excluded.append(f"{name}: --runtime {runtime.name} does not run there (AWS ships "
+                            f"it for {'/'.join(runtime.runs_on)} only)")
+            continue
+        cores = inst.num_cores
         for tp in valid_tp_degrees(name):
             settings = SimSettings(instance=name, arch=spec.architecture, tp_degree=tp,
                                    weight_dtype=spec.weight_dtype, profile=spec.cost_profile,
