@@ -265,6 +265,40 @@ def test_report_sums_replicas_and_keeps_each_request_once(tmp_path):
     assert wall["throughput"]["elapsed_s"] == 9.0       # elsewhere: the driver's wall time
 
 
+def test_split_parts_side_by_side_count_as_the_longer(tmp_path):
+    """Parts side by side (two pools at once: attempts 1 and 2, replicas 0 and 1) count as
+    the longer of them; a resumed pair (3 and 4) adds its own longer one. The pair a killed
+    driver left without attempts.json lines is told by its records' replica lines."""
+    base = {"max_num_batched_tokens": 256, "max_model_len": 1024, "block_size": 32,
+            "num_kv_blocks": 100, "max_kv_concurrent": 3, "prefill_buckets": [128, 256],
+            "decode_buckets": [1, 2, 4], "scheduler_cls": "x", "max_num_seqs": 2}
+    for attempt, replica, end, group in ((1, 0, 6.0, 1), (2, 1, 2.0, 1), (3, 0, 1.0, 3),
+                                         (4, 1, 4.0, 3)):
+        _write_replica(tmp_path / f"records-{attempt}-r{replica}.jsonl",
+                       {"replica": replica, "restart": 0, "node": f"n{replica}",
+                        "side_by_side": group},
+                       [_step(0, 0.0, end, 0, 2)],
+                       [RequestRecord(f"{attempt}", 10, 0.0, 0.0, 0.5, end, 3, 0, "length")],
+                       base)
+    layout = RunFolder(tmp_path).records_layout()
+    done = {"1", "2", "3", "4"}
+    # the driver was killed during the first pair: only the resumed pair has lines
+    attempts = [{"attempt": 3, "side_by_side": 3}, {"attempt": 4, "side_by_side": 3}]
+    report = summarize_replicas(layout, attempts=attempts, done_ids=done, simulated=True,
+                                extra_config={}, total=4, skipped=0)
+    assert report["throughput"]["elapsed_s"] == 6.0 + 4.0
+    # in turn (no group anywhere) the same records would add up
+    for path in tmp_path.glob("records-*.jsonl"):
+        lines = path.read_text().splitlines()
+        meta = json.loads(lines[0])
+        meta.pop("side_by_side")
+        path.write_text("\n".join([json.dumps(meta), *lines[1:]]) + "\n")
+    layout = RunFolder(tmp_path).records_layout()
+    report = summarize_replicas(layout, attempts=[], done_ids=done, simulated=True,
+                                extra_config={}, total=4, skipped=0)
+    assert report["throughput"]["elapsed_s"] == 6.0 + 2.0 + 1.0 + 4.0
+
+
 def test_split_parts_on_replicas_add_up_to_the_run(tmp_path):
     """Two attempts (a --split-at run's parts) of two replicas each, layouts of 8 and 2 slots:
     each part's elapsed is its slowest replica's, and they add up to the run's; a replica's

@@ -70,7 +70,8 @@ def summarize_replicas(layout: dict[int, Path | dict[int, list[Path]]], *,
     """The report dict (as `metrics.summarize` makes it) over every attempt's records."""
     per_attempt = _attempt_units(layout, attempts, done_ids, simulated)
     units = [unit for _, attempt_units, _ in per_attempt for unit in attempt_units]
-    elapsed = run_elapsed([(attempt, seconds) for attempt, _, seconds in per_attempt], attempts)
+    elapsed = run_elapsed([(attempt, seconds) for attempt, _, seconds in per_attempt],
+                          _groups(per_attempt, attempts))
 
     merged = Records(next((u.records.config for u in units if u.records.config), None),
                      [s for u in units for s in u.records.steps],
@@ -85,11 +86,21 @@ def summarize_replicas(layout: dict[int, Path | dict[int, list[Path]]], *,
     return report
 
 
-def run_elapsed(elapsed: list[tuple[int, float]], attempts: list[dict[str, Any]]) -> float:
-    """The run's elapsed time from its attempts': attempts run one after the other add up;
-    those that ran at the same time (a --split-at run's parts side by side: attempts.json
-    lines with the same `side_by_side`) count as the longest of them."""
+def _groups(per_attempt, attempts: list[dict[str, Any]]) -> dict[int, int | None]:
+    """Per attempt, the `side_by_side` group it ran in (None: on its own): from attempts.json,
+    else from its records' replica lines (an attempt a killed driver never wrote a line for)."""
     group = {a.get("attempt"): a.get("side_by_side") for a in attempts}
+    for attempt, units, _ in per_attempt:
+        if group.get(attempt) is None:
+            group[attempt] = next((m["side_by_side"] for u in units for m in u.meta
+                                   if m.get("side_by_side") is not None), None)
+    return group
+
+
+def run_elapsed(elapsed: list[tuple[int, float]], group: dict[int, int | None]) -> float:
+    """The run's elapsed time from its attempts': attempts run one after the other add up;
+    those that ran at the same time (a --split-at run's parts side by side: the same
+    `side_by_side` group) count as the longest of them."""
     together: dict[int, float] = {}
     total = 0.0
     for attempt, seconds in elapsed:

@@ -106,11 +106,15 @@ class ResultWriter:
     """Writes what the replicas send back: outputs once each, records per replica process."""
 
     def __init__(self, job: Job, attempt: int, by_id: dict[str, PreparedRequest],
-                 sim_devices: list[str] | None, first_replica: int = 0):
+                 sim_devices: list[str] | None, first_replica: int = 0,
+                 side_by_side: int | None = None):
         self.folder: RunFolder = job.folder
         # Replica numbers start here: pools side by side (a split run's parts) number their
         # replicas one after the other, so every engine of the run has its own.
         self.first_replica = first_replica
+        # Pools run side by side: each records file says so (with the first pool's attempt),
+        # so the report counts them at once even when a killed driver left no attempts line.
+        self.side_by_side = side_by_side
         self.attempt = attempt
         self.by_id = by_id
         self.model_name = job.workload.model.name
@@ -194,6 +198,8 @@ class ResultWriter:
         meta = {"type": "replica", "replica": replica, "restart": info["restarts"],
                 "node": columns["node"][i], "device": info["device"], "actor": actor,
                 "incarnation": incarnation, "pid": columns["pid"][i]}
+        if self.side_by_side is not None:
+            meta["side_by_side"] = self.side_by_side
         handle.write(json.dumps(meta) + "\n")
         self._files[incarnation] = handle
         return handle

@@ -113,7 +113,8 @@ class _Flow:
 
 
 def _start(job: Job, pending: list[PreparedRequest], attempt: int,
-           sim_devices: list[str] | None, first_replica: int) -> _Flow:
+           sim_devices: list[str] | None, first_replica: int, side_by_side: int | None
+           ) -> _Flow:
     import ray.data
     from ray.data import ActorPoolStrategy
 
@@ -138,7 +139,7 @@ def _start(job: Job, pending: list[PreparedRequest], attempt: int,
     job.log(f"{settings.replicas} replica(s) on Ray ({placement.describe()} each), batches of "
             f"{size}, {in_flight} in flight per replica")
     by_id = {request.record.id: request for request in pending}
-    writer = ResultWriter(job, attempt, by_id, sim_devices, first_replica)
+    writer = ResultWriter(job, attempt, by_id, sim_devices, first_replica, side_by_side)
     return _Flow(job, attempt, pending, ResultStream(results).start(), writer)
 
 
@@ -165,7 +166,8 @@ def _generate(flow_specs: list[tuple[Job, list[PreparedRequest], int]]) -> list[
     settings, folder, log, cluster = job.settings, job.folder, job.log, job.cluster
     firsts = [sum(j.settings.replicas for j, _, _ in flow_specs[:i])
               for i in range(len(flow_specs))]
-    flows = [_start(flow_job, pending, attempt, devices, first)
+    group = flow_specs[0][2] if len(flow_specs) > 1 else None
+    flows = [_start(flow_job, pending, attempt, devices, first, group)
              for (flow_job, pending, attempt), devices, first
              in zip(flow_specs, _sim_devices(flow_specs), firsts)]
     started = time.time()
