@@ -353,7 +353,13 @@ def test_a_killed_side_by_side_split_resumes_each_request_once(cluster, tmp_path
     proc.wait()
     assert 60 <= len(outputs(out)) < 600
     report = resume_and_check_each_once(args, out, 600)
-    assert report["split"]["placement"]["mode"] == "side-by-side"
+    # the resumed attempts: both parts side by side again, or the one left across both
+    resumed = [a for a in report["attempts"] if "part" in a]
+    if len(resumed) == 2:
+        assert [a["side_by_side"] for a in resumed] == [resumed[0]["attempt"]] * 2
+    else:
+        assert resumed[0]["placement"]["mode"] == "in-turn"
+        assert len(resumed[0]["replicas"]) == 2
 
 
 def test_a_lost_node_stops_the_run_and_resume_finishes_it(cluster, tmp_path):

@@ -286,10 +286,11 @@ def test_kv_reserve_from_a_job_file_reaches_the_scheduler_and_the_report(tmp_pat
     path = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt_len": 200 + 10 * i,
                                               "max_tokens": 40} for i in range(30)])
     job = tmp_path / "job.toml"
-    # (the rules are the Beta plugin's, whose paged cache they govern: runtime vllm-neuron)
-    job.write_text('kv-reserve = "max-model-len"\ndevice = "sim"\nmax-num-seqs = 16\n'
-                   'runtime = "vllm-neuron"\n'
-                   'max-model-len = 8192\n[sim]\narchitecture = "llama-3-8b"\n')
+    # (the rules are the Beta plugin's, whose paged cache they govern: runtime vllm-neuron,
+    # on trn2, the hardware AWS ships it for)
+    job.write_text('kv-reserve = "max-model-len"\ndevice = "sim"\nmax-num-seqs = 32\n'
+                   'runtime = "vllm-neuron"\nmax-model-len = 8192\n'
+                   '[sim]\narchitecture = "llama-3-8b"\ninstance = "trn2.3xlarge"\n')
     sim = ["--max-num-batched-tokens", "2048"]
     reports = {}
     for rule, extra in (("max_model_len", []), ("request", ["--kv-reserve", "request"])):
@@ -304,7 +305,8 @@ def test_kv_reserve_from_a_job_file_reaches_the_scheduler_and_the_report(tmp_pat
         flat = " ".join(result.output.split())
         assert ("--kv-reserve request reserves each request's own prompt" in flat) == (
             rule == "max_model_len")
-    # the KV cache holds 9 requests at max_model_len 8192: request runs all 16 at once
+    # the KV cache (30% of a trn2 chip's 96 GiB) holds 28 requests at max_model_len 8192:
+    # request runs all 30 at once
     assert reports["max_model_len"]["admission_blocked"]["kv_saturated"] > 0
     assert reports["request"]["admission_blocked"]["kv_saturated"] == 0
     assert reports["request"]["throughput"]["output_tokens_per_s"] > \
