@@ -291,20 +291,6 @@ def test_a_split_run_runs_each_part_across_both_replicas(cluster, node_ids, tmp_
     assert "each across 2 replicas" in result.output
 
 
-def test_a_killed_split_run_on_replicas_resumes_each_request_once(cluster, tmp_path):
-    out = tmp_path / "run"
-    trace = trace_slice(tmp_path / "t.csv", 600)
-    args = ["run", trace, *SIM, "--ray", cluster.address, "--replicas", "2", "--split-at",
-            "2048", "-q", "-o", str(out)]
-    proc = start_driver(args)
-    wait_until(lambda: count_lines(out / "outputs.jsonl") >= 60, proc, "some outputs")
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert 60 <= len(outputs(out)) < 600
-    report = resume_and_check_each_once(args, out, 600)
-    assert {p["part"] for p in report["split"]["parts"]} <= {"short", "long"}
-
-
 def test_split_parts_side_by_side_run_at_once_each_on_its_own_replica(cluster, node_ids,
                                                                      tmp_path):
     """--split-placement side-by-side: the short part on one replica while the long one runs on
@@ -342,24 +328,25 @@ def test_split_parts_side_by_side_run_at_once_each_on_its_own_replica(cluster, n
     assert "side by side, short on 1 replica(s), long on 1" in result.output
 
 
-def test_a_killed_side_by_side_split_resumes_each_request_once(cluster, tmp_path):
+@pytest.mark.parametrize("placement", ["in-turn", "side-by-side"])
+def test_a_killed_split_run_on_replicas_resumes_each_request_once(cluster, tmp_path, placement):
     out = tmp_path / "run"
     trace = trace_slice(tmp_path / "t.csv", 600)
     args = ["run", trace, *SIM, "--ray", cluster.address, "--replicas", "2", "--split-at",
-            "2048", "--split-placement", "side-by-side", "-q", "-o", str(out)]
+            "2048", "--split-placement", placement, "-q", "-o", str(out)]
     proc = start_driver(args)
     wait_until(lambda: count_lines(out / "outputs.jsonl") >= 60, proc, "some outputs")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert 60 <= len(outputs(out)) < 600
     report = resume_and_check_each_once(args, out, 600)
-    # the resumed attempts: both parts side by side again, or the one left across both
+    assert {p["part"] for p in report["split"]["parts"]} <= {"short", "long"}
     resumed = [a for a in report["attempts"] if "part" in a]
-    if len(resumed) == 2:
+    if placement == "side-by-side" and len(resumed) == 2:    # both parts side by side again
         assert [a["side_by_side"] for a in resumed] == [resumed[0]["attempt"]] * 2
-    else:
-        assert resumed[0]["placement"]["mode"] == "in-turn"
-        assert len(resumed[0]["replicas"]) == 2
+    else:       # in turn, or the one part left, across both replicas
+        assert all(a["placement"]["mode"] == "in-turn" for a in resumed)
+        assert all(a["placement"]["short_replicas"] == 2 for a in resumed)
 
 
 def test_a_lost_node_stops_the_run_and_resume_finishes_it(cluster, tmp_path):
