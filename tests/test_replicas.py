@@ -224,11 +224,15 @@ def test_one_replica_through_ray_counts_as_the_plain_path(cluster, tmp_path):
     assert b["replicas"][0]["requests"] == a["requests"]["completed"]
 
 
-def test_sigterm_stops_the_replicas_and_resume_finishes(cluster, tmp_path):
-    """SIGTERM as for one engine: exit 4 with the reason, outputs kept, --resume finishes."""
+@pytest.mark.parametrize("split", [[], ["--split-at", "2048", "--split-placement",
+                                          "side-by-side"]], ids=["one-pool", "side-by-side"])
+def test_sigterm_stops_the_replicas_and_resume_finishes(cluster, tmp_path, split):
+    """SIGTERM as for one engine: exit 4 with the reason, outputs kept, --resume finishes; side
+    by side too, even when one part's pool had finished before the other was stopped."""
     out = tmp_path / "run"
     trace = trace_slice(tmp_path / "t.csv", 600)
-    args = ["run", trace, *SIM, "--ray", cluster.address, "--replicas", "2", "-o", str(out)]
+    args = ["run", trace, *SIM, "--ray", cluster.address, "--replicas", "2", *split,
+            "-o", str(out)]
     proc = start_driver(args)
     wait_until(lambda: count_lines(out / "outputs.jsonl") >= 60, proc, "some outputs")
     proc.send_signal(signal.SIGTERM)

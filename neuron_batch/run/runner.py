@@ -225,10 +225,14 @@ def _run_locked(job: Job) -> RunResult:
                 outcomes = iter([generate_replicas(job, pending, attempt)])
             else:
                 outcomes = iter([generate(job, pending, attempt)])
+            stopped = None
             for outcome in outcomes:        # (a split run's parts, one at a time)
                 attempts.append(outcome)
                 folder.write_attempts(attempts)
                 attempt = outcome["attempt"] + 1
+                if outcome.get("ended") in ("interrupted", "deadline"):
+                    stopped = outcome       # (side by side, the other part may end after it)
+            outcome = stopped or outcome
         except RunError as error:  # keep a trace of the failed attempt next to its outputs
             attempts.append({"attempt": attempt, "ended": "failed", "error": str(error)})
             folder.write_attempts(attempts)
