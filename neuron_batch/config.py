@@ -39,6 +39,8 @@ DEVICES = ("auto", "cpu", "cuda", "neuron", "sim")
 ORDERS = ("input", "length")
 #: Where `run --split-at N --replicas R` runs its two parts (run/split_placement.py).
 SPLIT_PLACEMENTS = ("auto", "in-turn", "side-by-side")
+#: `run --split-at auto`: the cut chosen by the step-time estimate (run/split.py choose_cut).
+SPLIT_AUTO = "auto"
 ON_ERROR = ("fail", "skip")
 
 # Defaults chosen to work on a fresh 2-core CPU machine with the built-in 135M model, and to be
@@ -120,8 +122,9 @@ class RunSettings:
     max_runtime: float | None = None     # seconds
     metrics_textfile: str | None = None
     order: str = "input"                 # submission order: "input" or "length" (longest first)
-    split_at: int | None = None          # run requests of prompt + max_tokens <= N in their
-                                         # own layout first (run/split.py)
+    split_at: int | str | None = None    # run requests of prompt + max_tokens <= N in their
+                                         # own layout first (run/split.py); "auto": the
+                                         # runner picks N (split.choose_cut)
     split_placement: str = "auto"        # its parts on --replicas: auto, in-turn, side-by-side
     replicas: int = 1                    # engines (data parallel); more than 1 runs on Ray
     ray: str | None = None               # Ray cluster address ("local": a fresh local one)
@@ -143,7 +146,10 @@ class RunSettings:
         _positive("replicas", self.replicas)
         if self.order not in ORDERS:
             raise SettingsError(f"--order must be one of {', '.join(ORDERS)}, got {self.order!r}")
-        if self.split_at is not None:
+        if isinstance(self.split_at, str) and self.split_at != SPLIT_AUTO:
+            raise SettingsError(f"--split-at takes a number of tokens or auto, got "
+                                f"{self.split_at!r}")
+        if self.split_at is not None and self.split_at != SPLIT_AUTO:
             _positive("split-at", self.split_at)
             if self.split_at >= self.max_model_len:
                 raise SettingsError(

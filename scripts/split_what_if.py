@@ -27,7 +27,6 @@ from neuron_batch.device.target import NEURON_BLOCK_SIZE
 from neuron_batch.inputs.prepare import PreparedRequest, in_order
 from neuron_batch.inputs.records import PromptRecord
 from neuron_batch.plan.bounds import ShareStats, prefill_seconds
-from neuron_batch.run.job import Job
 from neuron_batch.run.runner import resolve_sim_target, split_estimate
 from neuron_batch.run.split import MAX_SHORT_SLOTS, Part, fitted_to
 
@@ -62,7 +61,7 @@ def main(trace, limit, instance, tp, architecture, max_model_len, max_num_seqs, 
                        sim=SimOptions(instance=instance, tensor_parallel_size=tp,
                                       architecture=architecture)).validate()
     resolve = lambda s: resolve_sim_target(s, None)  # noqa: E731
-    estimate = split_estimate(Job(base, None, None, print, resolve(base)), resolve)
+    estimate = split_estimate(resolve(base), resolve)
     runtime = base.resolve_runtime()
 
     def layout(low: int, high: int) -> tuple[float, int, int]:

@@ -85,6 +85,29 @@ def test_the_user_s_bucket_lists_stay_the_long_layout_s(tmp_path):
     assert short["buckets"]["context_encoding_buckets"][-1] == 1024
 
 
+def test_split_at_auto_picks_a_cut_says_so_and_runs_it(tmp_path):
+    """--split-at auto: the cut the step-time estimate finishes soonest with compile, logged,
+    recorded in run.json (so --resume keeps it) and run as if given."""
+    out = tmp_path / "auto"
+    args = [trace(tmp_path), *[a for a in BASE if a != "-q"], "--split-at", "auto",
+            "-o", str(out)]
+    result = run(args)
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.output.splitlines() if "--split-at auto" in line]
+    assert len(said) == 1, result.output
+    cut = json.loads((out / "run.json").read_text())["settings"]["split_at"]
+    report = json.loads((out / "report.json").read_text())
+    if cut is None:
+        assert "no split" in said[0] and "split" not in report
+    else:
+        assert said[0].startswith(f"--split-at auto: {cut:,} (")
+        assert report["split"]["split_at"] == cut
+        assert sum(p["requests"] for p in report["split"]["parts"]) == len(WORKLOAD)
+    assert report["requests"]["completed"] == len(WORKLOAD)
+    bad = run([trace(tmp_path), *BASE, "--split-at", "most", "-o", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "neither a number of tokens nor auto" in bad.output
+
+
 def test_bad_cuts_are_refused_with_the_numbers_before_anything_runs(tmp_path):
     data = trace(tmp_path)
     above = run([data, *BASE, "--split-at", "4096", "-o", str(tmp_path / "a")])

@@ -128,7 +128,6 @@ def trace_requests(n: int) -> list[PreparedRequest]:
 
 def sim_plan(instance: str, tp: int, replicas: int, num_instances: int, placement: str):
     """plan_parts as runner.py calls it on the simulated device (its own estimate)."""
-    from neuron_batch.run.job import Job
     from neuron_batch.run.runner import resolve_sim_target, split_estimate
 
     settings = RunSettings(("x",), device="sim", max_model_len=8192, max_num_seqs=8,
@@ -137,9 +136,9 @@ def sim_plan(instance: str, tp: int, replicas: int, num_instances: int, placemen
                                           architecture="llama-3.1-8b",
                                           num_instances=num_instances)).validate()
     resolve = lambda s: resolve_sim_target(s, None)  # noqa: E731
-    job = Job(settings, None, None, print, resolve(settings))
     slots = lambda s: resolve(s).kv.get("max_static_seqs")  # noqa: E731
-    return plan_parts(settings, trace_requests(400), slots, split_estimate(job, resolve))
+    estimate = split_estimate(resolve(settings), resolve)
+    return plan_parts(settings, trace_requests(400), slots, estimate)
 
 
 @pytest.mark.skipif(not TRACE.exists(), reason="the shipped trace is missing")
@@ -177,3 +176,64 @@ def test_the_what_if_script_weighs_more_cuts_than_one():
     assert rows["single"][3] == "1.00x"
     # a split's short layout has more slots than the single one: faster in the model
     assert float(rows["2176"][3].rstrip("x")) > 1.0
+
+
+def sim_settings(**changes) -> RunSettings:
+    base = dict(device="sim", max_model_len=14208, max_num_seqs=7, order="length",
+                sim=SimOptions(instance="inf2.8xlarge", tensor_parallel_size=2,
+                               architecture="llama-3.1-8b"))
+    return RunSettings(("x",), **{**base, **changes}).validate()
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="the shipped trace is missing")
+def test_split_at_auto_takes_the_candidate_of_least_estimate():
+    from dataclasses import replace
+
+    from neuron_batch.inputs.prepare import in_order
+    from neuron_batch.run.runner import resolve_sim_target, split_estimate
+    from neuron_batch.run.split import CUT_STEP, Part, choose_cut, cut_candidates
+
+    settings = sim_settings()
+    resolve = lambda s: resolve_sim_target(s, None)  # noqa: E731
+    slots = lambda s: resolve(s).kv.get("max_static_seqs")  # noqa: E731
+    estimate = split_estimate(resolve(settings), resolve)
+    requests = in_order(trace_requests(1500), "length")
+    cut, words = choose_cut(settings, requests, slots, estimate)
+
+    def total(at):
+        if at is None:
+            single = Part("single", settings, requests)
+            return estimate.seconds(single) + estimate.compile_of(single)
+        parts, _ = plan_parts(replace(settings, split_at=at), requests, slots, estimate)
+        return sum(estimate.seconds(p) + estimate.compile_of(p) for p in parts)
+
+    lengths = sorted(r.length for r in requests)
+    every = [c for c, _ in cut_candidates(lengths, lambda c: slots(replace(
+        settings, max_model_len=c)), settings.max_model_len, CUT_STEP)]
+    assert cut in every and len(every) > 5
+    assert total(cut) == pytest.approx(min(total(c) for c in every))
+    assert total(cut) < total(None)
+    assert words.startswith(f"--split-at auto: {cut:,} (")
+    # a paged runtime (trn2, vllm-neuron) never splits: its slots do not follow max_model_len
+    trn2 = sim_settings(sim=SimOptions(instance="trn2.3xlarge", architecture="llama-3.1-8b"),
+                        max_num_seqs=32, max_num_batched_tokens=4096)
+    resolve2 = lambda s: resolve_sim_target(s, None)  # noqa: E731
+    assert choose_cut(trn2, requests, lambda s: None,
+                      split_estimate(resolve2(trn2), resolve2))[0] is None
+
+
+def test_split_at_auto_keeps_a_resumed_run_s_cut_and_needs_the_simulated_device(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from neuron_batch.run.errors import RunError
+    from neuron_batch.run.runner import auto_split
+
+    (tmp_path / "run.json").write_text(json.dumps({"settings": {"split_at": 2176}}))
+    settings = sim_settings(split_at="auto", resume=True, output=str(tmp_path))
+    assert auto_split(settings, None, None, print).split_at == 2176
+    with pytest.raises(RunError, match="--split-at auto weighs cuts with the simulated"):
+        auto_split(RunSettings(("x",), device="cpu", split_at="auto").validate(),
+                   SimpleNamespace(model=None), None, print)
+    with pytest.raises(SettingsError, match="--split-at takes a number of tokens or auto"):
+        RunSettings(("x",), split_at="half").validate()

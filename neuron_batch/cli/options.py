@@ -13,6 +13,7 @@ from neuron_batch.config import (
     DEFAULT_MAX_NUM_SEQS,
     DEVICES,
     ORDERS,
+    SPLIT_AUTO,
     CostOptions,
     RunSettings,
     SettingsError,
@@ -213,3 +214,19 @@ def int_list(text: str, option: str) -> list[int]:
         raise SettingsError(f"{option} must be positive whole numbers, got {text!r}")
     return values
 
+
+class SplitAt(click.ParamType):
+    """--split-at: a number of tokens, or auto."""
+
+    name = "split-at"
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        if text == SPLIT_AUTO:
+            return SPLIT_AUTO
+        try:
+            return int(text)
+        except ValueError:
+            self.fail(f"{value!r} is neither a number of tokens nor auto", param, ctx)

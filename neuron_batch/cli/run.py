@@ -10,6 +10,7 @@ import click
 from neuron_batch.cli.group import main
 from neuron_batch.cli.options import (
     EXIT_CODES_HELP,
+    SplitAt,
     cost_options,
     engine_options,
     int_list,
@@ -56,13 +57,15 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SPLIT_PLACEMENTS, SettingsEr
               envvar="NEURON_BATCH_METRICS_TEXTFILE",
               help="Also write the headline figures in Prometheus text format here "
                    "(node_exporter's textfile collector).")
-@click.option("--split-at", type=int, default=None, metavar="N",
+@click.option("--split-at", type=SplitAt(), default=None, metavar="N|auto",
               help="Split the job by length: requests whose prompt + max_tokens fit in N "
                    "tokens run first in a layout compiled for max-model-len N (under nxdi: "
                    "every static slot that fits, on sim or on a Neuron host that knows its "
                    "instance, and buckets fitted to its own requests), the rest in the "
                    "--max-model-len / --max-num-seqs layout. Two engine starts (and "
-                   "compiles); one folder, one report. `neuron-batch plan` weighs cuts.")
+                   "compiles); one folder, one report. auto: the cut (or none) the "
+                   "simulated device's step-time model estimates fastest with compile; "
+                   "`neuron-batch plan` weighs cuts with instances and deadlines.")
 @click.option("--split-placement", type=click.Choice(SPLIT_PLACEMENTS), default="auto",
               show_default=True,
               help="With --split-at and --replicas: in-turn runs each part across every "

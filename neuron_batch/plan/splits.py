@@ -28,11 +28,8 @@ from neuron_batch.device.static_kv import static_slots
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
 from neuron_batch.plan.bounds import ShareStats, replica_bound
 from neuron_batch.plan.grid import Option, Placement, PlanSpec
-from neuron_batch.run.split import MAX_SHORT_SLOTS, cut_candidates, fitted_count
+from neuron_batch.run.split import CUT_STEP, MAX_SHORT_SLOTS, cut_candidates, fitted_count
 from neuron_batch.runtime import nxdi_default_buckets
-
-#: Cuts are multiples of this (the KV block granularity `plan` rounds max_model_len to).
-CUT_STEP = 128
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.config import RunSettings
+from neuron_batch.config import SPLIT_AUTO, RunSettings
 from neuron_batch.inputs.prepare import in_order
 from neuron_batch.inputs.records import InputProblem
 from neuron_batch.run.errors import (
@@ -60,6 +60,8 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
     workload = workload or load_workload(settings, log)
     if settings.device == "sim" and target is None:
         target = resolve_sim_target(settings, workload.model)
+    if settings.split_at == SPLIT_AUTO:
+        settings = auto_split(settings, workload, target, log)
     if settings.split_at is not None:
         from neuron_batch.run.split import check_split
 
@@ -117,35 +119,59 @@ def runs_on_neuron(settings: RunSettings) -> bool:
     return settings.device == "neuron" or (settings.device == "auto" and on_neuron_host())
 
 
-def static_slots_at(job: Job):
+def static_slots_at(settings: RunSettings, model):
     """settings -> the slots of settings.max_model_len a static KV cache holds beside the
     weights (None when unknown): on the simulated device from its target, on a Neuron host
     from its instance (--instance or EC2's) and the model's shape, elsewhere None."""
-    model = job.workload.model
-    if job.settings.device == "sim":
+    if settings.device == "sim":
         return lambda s: resolve_sim_target(s, model).kv.get("max_static_seqs")
-    if runs_on_neuron(job.settings):
+    if runs_on_neuron(settings):
         from neuron_batch.run.neuron_host import host_static_slots
 
         return lambda s: host_static_slots(s, s.resolve_runtime(), model.path)
     return lambda s: None
 
 
-def split_estimate(job: Job, resolve):
-    """The time model side by side is weighed with (run/split_placement.py): on the simulated
-    device its own step-time model and compile estimate; elsewhere None (auto stays in turn)."""
-    if job.target is None:
+def split_estimate(target, resolve):
+    """The time model a split's cut (`--split-at auto`) and placement are weighed with
+    (run/split_placement.py): on the simulated device (`target`) its own step-time model and
+    compile estimate; elsewhere (target None) None."""
+    if target is None:
         return None
     from neuron_batch.device.cost_model import StepCostModel
     from neuron_batch.device.replica_layout import engines_per_instance
     from neuron_batch.run.split import part_compile_s
     from neuron_batch.run.split_placement import BoundEstimate
 
-    target = job.target
     model = StepCostModel(target.profile, target.instance, target.arch, target.tp,
                           weight_dtype=target.weight_dtype, runtime=target.runtime)
     return BoundEstimate(model, engines_per_instance(target.instance, target.tp),
                          lambda part: part_compile_s(part, resolve(part.settings)))
+
+
+def auto_split(settings: RunSettings, workload: Workload, target, log) -> RunSettings:
+    """`--split-at auto` resolved: the cut a --resume'd run chose before (run.json), else the
+    one the step-time estimate gives the least time with compile (split.choose_cut), or no
+    split when one layout is faster. Needs the simulated device's model."""
+    from dataclasses import replace
+
+    from neuron_batch.run.split import choose_cut
+
+    out_dir = Path(settings.output) if settings.output else None
+    if settings.resume and out_dir is not None:
+        previous = ((RunFolder(out_dir).read_manifest() or {}).get("settings") or {})
+        if "split_at" in previous and previous["split_at"] != SPLIT_AUTO:
+            return replace(settings, split_at=previous["split_at"])
+    resolve = lambda s: resolve_sim_target(s, workload.model)  # noqa: E731
+    estimate = split_estimate(target, resolve)
+    if estimate is None:
+        raise RunError("--split-at auto weighs cuts with the simulated device's step-time "
+                       "model; on this device give the cut (`neuron-batch plan` or "
+                       "scripts/split_what_if.py weigh them)")
+    cut, words = choose_cut(settings, in_order(workload.prepared.requests, settings.order),
+                            static_slots_at(settings, workload.model), estimate)
+    log(words)
+    return replace(settings, split_at=cut)
 
 
 def check_neuron_host(settings: RunSettings, workload) -> None:
@@ -211,8 +237,9 @@ def _run_locked(job: Job) -> RunResult:
                 from neuron_batch.run.split import plan_parts, run_parts
 
                 resolve = lambda s: resolve_sim_target(s, job.workload.model)  # noqa: E731
-                parts, placement = plan_parts(settings, pending, static_slots_at(job),
-                                              split_estimate(job, resolve))
+                parts, placement = plan_parts(settings, pending,
+                                              static_slots_at(settings, job.workload.model),
+                                              split_estimate(job.target, resolve))
                 if len(parts) == 2 and settings.uses_ray:
                     log(f"parts {placement.mode}" + (
                         f" (estimated {placement.estimated_s / 3600:.2f} h with compile; in "

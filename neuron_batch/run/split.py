@@ -44,6 +44,8 @@ from neuron_batch.run.split_placement import (
 from neuron_batch.runtime import Runtime, nxdi_default_buckets
 
 SHORT, LONG = "short", "long"
+#: Cuts are multiples of this (the KV block granularity `plan` rounds max_model_len to).
+CUT_STEP = 128
 #: The most slots the short layout is given (vLLM's own default max_num_seqs): past that a
 #: static cache would only add idle slots to every decode step.
 MAX_SHORT_SLOTS = 256
@@ -121,6 +123,42 @@ def cut_candidates(lengths: Sequence[int], slots_at, max_model_len: int, step: i
         else:
             out.append((cut, slots))
     return out
+
+
+def choose_cut(settings: RunSettings, requests: list[PreparedRequest], slots_at, estimate
+               ) -> tuple[int | None, str]:
+    """`--split-at auto`: the cut whose split the estimate (split_placement.BoundEstimate)
+    finishes soonest, compile of both layouts (and their placement on --replicas) included,
+    over every candidate (`cut_candidates`); None when the single layout of the settings as
+    given is as fast. Returns it with a line that says so."""
+    from bisect import bisect_right
+
+    runtime = settings.resolve_runtime()
+    single = Part(LONG, replace(settings, split_at=None, split_placement=AUTO).validate(),
+                  list(requests))
+    single_s = estimate.seconds(single) + (estimate.compile_of(single) or 0.0)
+    if not runtime.static_kv or not requests:
+        return None, (f"--split-at auto: no split (the {runtime.name} runtime's paged KV cache "
+                      f"does not size its slots by max_model_len)")
+    ordered = sorted(r.length for r in requests)
+
+    def slots(cut: int) -> int:
+        return short_layout_slots(replace(settings, split_at=cut), slots_at,
+                                  bisect_right(ordered, cut))
+
+    best, best_s = None, single_s
+    for cut, _ in cut_candidates(ordered, slots, settings.max_model_len, CUT_STEP):
+        parts, placement = plan_parts(replace(settings, split_at=cut), requests, slots_at,
+                                      estimate)
+        total = placement.estimated_s if placement.estimated_s is not None else sum(
+            estimate.seconds(p) + (estimate.compile_of(p) or 0.0) for p in parts)
+        if total < best_s:
+            best, best_s = cut, total
+    if best is None:
+        return None, (f"--split-at auto: no split: one layout is estimated fastest "
+                      f"({single_s / 3600:.2f} h with compile)")
+    return best, (f"--split-at auto: {best:,} ({best_s / 3600:.2f} h with both compiles, "
+                  f"against {single_s / 3600:.2f} h for one layout, as estimated)")
 
 
 def check_split(settings: RunSettings, requests: list[PreparedRequest]) -> None:
