@@ -231,9 +231,41 @@ def test_split_at_auto_keeps_a_resumed_run_s_cut_and_needs_the_simulated_device(
 
     (tmp_path / "run.json").write_text(json.dumps({"settings": {"split_at": 2176}}))
     settings = sim_settings(split_at="auto", resume=True, output=str(tmp_path))
-    assert auto_split(settings, None, None, print).split_at == 2176
-    with pytest.raises(RunError, match="--split-at auto weighs cuts with the simulated"):
+    assert auto_split(settings, None, print).split_at == 2176
+    with pytest.raises(RunError, match="--split-at auto weighs cuts with the step-time model"):
         auto_split(RunSettings(("x",), device="cpu", split_at="auto").validate(),
-                   SimpleNamespace(model=None), None, print)
+                   SimpleNamespace(model=None), print)
     with pytest.raises(SettingsError, match="--split-at takes a number of tokens or auto"):
         RunSettings(("x",), split_at="half").validate()
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="the shipped trace is missing")
+def test_split_at_auto_on_a_neuron_host_uses_its_instance_s_model(monkeypatch):
+    """On a Neuron host (no device here: --device neuron, as the runner sees it) whose instance
+    is named, the estimate is the simulated device's model of that instance with the loaded
+    model's shape, so auto chooses as it would on the simulated twin; unnamed, it cannot."""
+    from types import SimpleNamespace
+
+    from neuron_batch.config import CostOptions
+    from neuron_batch.run.errors import RunError
+    from neuron_batch.run.runner import auto_split, estimate_target
+
+    workload = SimpleNamespace(model=SimpleNamespace(path="llama-3.1-8b", name="llama"),
+                               prepared=SimpleNamespace(requests=trace_requests(1500)))
+    host = RunSettings(("x",), device="neuron", runtime="nxdi", max_model_len=14208,
+                       max_num_seqs=7, order="length", split_at="auto",
+                       sim=SimOptions(tensor_parallel_size=2),
+                       cost=CostOptions(instance="inf2.8xlarge")).validate()
+    target, _ = estimate_target(host, workload.model)
+    assert (target.instance, target.tp, target.runtime.name) == ("inf2.8xlarge", 2, "nxdi")
+    twin = sim_settings(split_at="auto")
+    twin_workload = SimpleNamespace(model=SimpleNamespace(path="llama-3.1-8b", name="llama"),
+                                    prepared=workload.prepared)
+    assert auto_split(host, workload, print).split_at == \
+        auto_split(twin, twin_workload, print).split_at
+    # a host that is not an instance the hardware table knows (no --instance, no EC2 name)
+    monkeypatch.setattr("neuron_batch.run.neuron_host.host_instance", lambda settings: None)
+    unnamed = RunSettings(("x",), device="neuron", runtime="nxdi", split_at="auto").validate()
+    assert estimate_target(unnamed, workload.model) == (None, None)
+    with pytest.raises(RunError, match="whose instance is known"):
+        auto_split(unnamed, workload, print)

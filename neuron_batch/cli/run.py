@@ -64,8 +64,9 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SPLIT_PLACEMENTS, SettingsEr
                    "instance, and buckets fitted to its own requests), the rest in the "
                    "--max-model-len / --max-num-seqs layout. Two engine starts (and "
                    "compiles); one folder, one report. auto: the cut (or none) the "
-                   "simulated device's step-time model estimates fastest with compile; "
-                   "`neuron-batch plan` weighs cuts with instances and deadlines.")
+                   "step-time model (sim, or a Neuron host that knows its instance) "
+                   "estimates fastest with compile; `neuron-batch plan` weighs cuts with "
+                   "instances and deadlines.")
 @click.option("--split-placement", type=click.Choice(SPLIT_PLACEMENTS), default="auto",
               show_default=True,
               help="With --split-at and --replicas: in-turn runs each part across every "
@@ -73,7 +74,7 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SPLIT_PLACEMENTS, SettingsEr
                    "side-by-side gives the short part K replicas and the long one the rest, "
                    "at once (an instance compiles only its replicas' layout; K balances the "
                    "parts' estimated times); auto picks the shorter estimate (compile + run; "
-                   "in turn where the device has no step-time model).")
+                   "in turn where there is no step-time model).")
 @click.option("--replicas", type=int, default=1, show_default=True,
               help="Engines sharing the prompts (data parallel), each with the Neuron "
                    "scheduler and these settings (--tensor-parallel-size NeuronCores each on "

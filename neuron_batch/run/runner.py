@@ -61,7 +61,7 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
     if settings.device == "sim" and target is None:
         target = resolve_sim_target(settings, workload.model)
     if settings.split_at == SPLIT_AUTO:
-        settings = auto_split(settings, workload, target, log)
+        settings = auto_split(settings, workload, log)
     if settings.split_at is not None:
         from neuron_batch.run.split import check_split
 
@@ -132,10 +132,38 @@ def static_slots_at(settings: RunSettings, model):
     return lambda s: None
 
 
+def estimate_target(settings: RunSettings, model):
+    """(target, resolve) a split's time estimate uses: the simulated device's; on a Neuron
+    host whose instance is known (--instance or EC2's), the same step-time model for that
+    instance, the loaded model's shape and the host's runtime; else (None, None)."""
+    from dataclasses import replace
+
+    if settings.device == "sim":
+        resolve = lambda s: resolve_sim_target(s, model)  # noqa: E731
+        return resolve(settings), resolve
+    if not runs_on_neuron(settings):
+        return None, None
+    from neuron_batch.run.neuron_host import host_instance
+
+    instance, runtime = host_instance(settings), settings.resolve_runtime().name
+    if instance is None:
+        return None, None
+
+    def resolve(s: RunSettings):
+        sim = replace(s.sim, instance=instance,
+                      tensor_parallel_size=s.sim.tensor_parallel_size or 1)
+        return resolve_sim_target(replace(s, device="sim", runtime=runtime, sim=sim), model)
+
+    try:
+        return resolve(settings), resolve
+    except RunError:            # (the host's own checks say why the layout cannot load)
+        return None, None
+
+
 def split_estimate(target, resolve):
     """The time model a split's cut (`--split-at auto`) and placement are weighed with
-    (run/split_placement.py): on the simulated device (`target`) its own step-time model and
-    compile estimate; elsewhere (target None) None."""
+    (run/split_placement.py), from `estimate_target`: the step-time model and compile
+    estimate of the simulated device or of a known Neuron host; None without one."""
     if target is None:
         return None
     from neuron_batch.device.cost_model import StepCostModel
@@ -149,10 +177,10 @@ def split_estimate(target, resolve):
                          lambda part: part_compile_s(part, resolve(part.settings)))
 
 
-def auto_split(settings: RunSettings, workload: Workload, target, log) -> RunSettings:
+def auto_split(settings: RunSettings, workload: Workload, log) -> RunSettings:
     """`--split-at auto` resolved: the cut a --resume'd run chose before (run.json), else the
     one the step-time estimate gives the least time with compile (split.choose_cut), or no
-    split when one layout is faster. Needs the simulated device's model."""
+    split when one layout is faster. Needs a step-time model (`estimate_target`)."""
     from dataclasses import replace
 
     from neuron_batch.run.split import choose_cut
@@ -162,11 +190,11 @@ def auto_split(settings: RunSettings, workload: Workload, target, log) -> RunSet
         previous = ((RunFolder(out_dir).read_manifest() or {}).get("settings") or {})
         if "split_at" in previous and previous["split_at"] != SPLIT_AUTO:
             return replace(settings, split_at=previous["split_at"])
-    resolve = lambda s: resolve_sim_target(s, workload.model)  # noqa: E731
-    estimate = split_estimate(target, resolve)
+    estimate = split_estimate(*estimate_target(settings, workload.model))
     if estimate is None:
-        raise RunError("--split-at auto weighs cuts with the simulated device's step-time "
-                       "model; on this device give the cut (`neuron-batch plan` or "
+        raise RunError("--split-at auto weighs cuts with the step-time model of the simulated "
+                       "device or of a Neuron host whose instance is known (--instance, or "
+                       "EC2's); here give the cut (`neuron-batch plan` or "
                        "scripts/split_what_if.py weigh them)")
     cut, words = choose_cut(settings, in_order(workload.prepared.requests, settings.order),
                             static_slots_at(settings, workload.model), estimate)
@@ -237,9 +265,9 @@ def _run_locked(job: Job) -> RunResult:
                 from neuron_batch.run.split import plan_parts, run_parts
 
                 resolve = lambda s: resolve_sim_target(s, job.workload.model)  # noqa: E731
-                parts, placement = plan_parts(settings, pending,
-                                              static_slots_at(settings, job.workload.model),
-                                              split_estimate(job.target, resolve))
+                model = job.workload.model
+                parts, placement = plan_parts(settings, pending, static_slots_at(settings, model),
+                                              split_estimate(*estimate_target(settings, model)))
                 if len(parts) == 2 and settings.uses_ray:
                     log(f"parts {placement.mode}" + (
                         f" (estimated {placement.estimated_s / 3600:.2f} h with compile; in "

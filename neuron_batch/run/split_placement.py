@@ -11,7 +11,8 @@ one part's pool may finish long before the other's.
 the step-time model: runner.py builds it from `plan`'s per-replica bounds) and the compile
 time of each layout, over every K, and picks the shorter makespan (compile wall time + run
 time; the run is billed for every instance throughout, so shorter is cheaper). Without an
-estimate (no step-time model for the device) `auto` stays in turn. Pure Python.
+estimate (no step-time model: neither the simulated device nor a Neuron host that knows its
+instance) `auto` stays in turn. Pure Python.
 """
 
 from __future__ import annotations
