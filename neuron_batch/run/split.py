@@ -276,11 +276,10 @@ def run_parts(job, parts: list[Part], attempt: int, generate, resolve_target,
     for part in parts:
         target = resolve_target(part.settings) if part.settings.device == "sim" else None
         jobs.append(replace(job, settings=part.settings, target=target))
-        where = "a separate engine start"
-        if part.settings.uses_ray or side_by_side:
-            where = (f"on {part.settings.replicas} replica(s), side by side with the other "
-                     f"part" if side_by_side else
-                     f"across {part.settings.replicas} replica(s), separate engine starts")
+        replicas = part.settings.replicas
+        where = (f"on {replicas} replica(s), side by side with the other part" if side_by_side
+                 else f"across {replicas} replica(s), separate engine starts"
+                 if part.settings.uses_ray else "a separate engine start")
         job.log(f"part {part.name}: {len(part.requests):,} requests at max_model_len "
                 f"{part.settings.max_model_len:,}, max_num_seqs {part.settings.max_num_seqs} "
                 f"({where})")
