@@ -234,19 +234,27 @@ def plan_parts(settings: RunSettings, pending: list[PreparedRequest], slots_at,
     if len(parts) < 2 or not settings.uses_ray:
         return parts, Placement(IN_TURN, replicas)
 
-    def timed(make) -> PartTime | None:
+    def on(part: Part, engines: int) -> Part:
+        """`part` on `engines` engines: its buckets stay (fitted to its requests, whoever
+        serves them); the short layout's slots follow an engine's share."""
+        changed = replace(part.settings, replicas=engines)
+        if part.name == SHORT:
+            changed = replace(changed, max_num_seqs=short_layout_slots(
+                replace(settings, replicas=engines), slots_at, len(part.requests)))
+        return Part(part.name, changed.validate(), part.requests)
+
+    def timed(part: Part) -> PartTime:
         if estimate is None:
             return PartTime(0.0, None)
-        compile_s = estimate.compile_of(make(replicas))
-        return PartTime(compile_s or 0.0, lambda n: estimate.seconds(make(n)))
+        return PartTime(estimate.compile_of(part) or 0.0,
+                        lambda n: estimate.seconds(on(part, n)))
 
     placement = choose(settings.split_placement, replicas,
                        estimate.per_instance if estimate is not None else replicas,
-                       timed(lambda n: short_part(settings, short, slots_at, n)),
-                       timed(lambda n: long_part(settings, long, n)))
+                       *(timed(part) for part in parts))
     if placement.mode == SIDE_BY_SIDE:
         k = placement.short_replicas
-        parts = [short_part(settings, short, slots_at, k), long_part(settings, long, replicas - k)]
+        parts = [on(parts[0], k), on(parts[1], replicas - k)]
     return parts, placement
 
 
