@@ -216,12 +216,9 @@ class RunSettings:
             family = get_instance(self.sim.instance).family
         except HardwareError:
             return          # (the simulated device names the unknown instance itself)
-        if family not in runtime.runs_on:
-            usual = get_runtime(None, family=family)
-            raise SettingsError(
-                f"--runtime {runtime.name} does not run on {self.sim.instance}: AWS ships it "
-                f"for {'/'.join(runtime.runs_on)} only, so none of its layouts loads there; use "
-                f"--runtime {usual.name} ({family}'s) or a {'/'.join(runtime.runs_on)} instance")
+        refused = runtime.not_shipped_for(self.sim.instance, family)
+        if refused:
+            raise SettingsError(refused)
 
     def resolve_runtime(self) -> Runtime:
         """The Neuron runtime whose shapes this run follows, decided once: `--runtime`; else

@@ -230,6 +230,17 @@ class Runtime:
             return padded_seqs * attended
         return held
 
+    def not_shipped_for(self, instance: str, family: str) -> str | None:
+        """Why none of this runtime's layouts loads on `instance` (of `family`): AWS does not
+        ship it there (`runs_on`); None when it does. The simulated device and `plan` refuse
+        such figures with this."""
+        if family in self.runs_on:
+            return None
+        usual = get_runtime(None, family=family)
+        return (f"--runtime {self.name} does not run on {instance}: AWS ships it for "
+                f"{'/'.join(self.runs_on)} only, so none of its layouts loads there; use "
+                f"--runtime {usual.name} ({family}'s) or a {'/'.join(self.runs_on)} instance")
+
     def num_graphs(self, num_prefill: int, num_decode: int, num_attention: int) -> int:
         """Graphs compiled for bucket lists of these lengths: NxDI one per context-encoding
         and one per token-generation bucket; the Beta plugin each decode batch bucket once per

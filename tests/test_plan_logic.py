@@ -380,7 +380,7 @@ def test_plan_weighs_the_tightest_max_model_len_and_trn2_needs_a_price():
     forced = PlanSpec(**{**priced.__dict__, "runtime": "vllm-neuron"})
     found, excluded = placements(forced)
     assert {p.instance for p in found} == {"trn2.48xlarge"}
-    assert any(r.startswith("inf2.xlarge: --runtime vllm-neuron does not run there")
+    assert any(r.startswith("inf2.xlarge: --runtime vllm-neuron does not run on inf2.xlarge")
                for r in excluded)
     found, _ = placements(PlanSpec(**{**priced.__dict__, "runtime": "nxdi"}))
     assert {p.instance for p in found} == {"trn2.48xlarge", "inf2.xlarge"}

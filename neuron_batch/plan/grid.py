@@ -255,10 +255,10 @@ def placements(spec: PlanSpec) -> tuple[list[Placement], list[str]]:
         except PricingError as error:
             raise PlanError(str(error)) from None
         inst = get_instance(name)
-        runtime = get_runtime(spec.runtime, family=inst.family)
-        if inst.family not in runtime.runs_on:      # no layout of it loads there
-            excluded.append(f"{name}: --runtime {runtime.name} does not run there (AWS ships "
-                            f"it for {'/'.join(runtime.runs_on)} only)")
+        refused = get_runtime(spec.runtime, family=inst.family).not_shipped_for(name,
+                                                                                inst.family)
+        if refused:                                 # no layout of it loads there
+            excluded.append(f"{name}: {refused}")
             continue
         cores = inst.num_cores
         for tp in valid_tp_degrees(name):
