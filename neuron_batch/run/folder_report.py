@@ -114,8 +114,7 @@ def split_section(attempts: list[dict], folder, settings, simulated: bool) -> di
                for p in parts}
     total = sum(v for v in layouts.values() if v is not None) if compile_s else None
     placement = next((a["placement"] for a in reversed(attempts) if a.get("placement")), None)
-    side = [a for a in attempts if a.get("side_by_side") is not None]
-    if side and compile_s:
+    if compile_s and any(a.get("side_by_side") is not None for a in attempts):
         # side by side the layouts compile at once where their replicas sit on separate
         # instances (split_placement.compile_wall_s); the wall time is what the run waits
         wall = (placement or {}).get("compile_wall_s")

@@ -143,33 +143,28 @@ def _start(job: Job, pending: list[PreparedRequest], attempt: int,
     return _Flow(job, attempt, pending, ResultStream(results).start(), writer)
 
 
-def _sim_devices(flows: list[tuple[Job, list[PreparedRequest], int]]) -> list[list[str] | None]:
-    """Each flow's simulated device labels: the replicas of all flows fill the instances in
-    flow order (a side-by-side split's short replicas first)."""
-    job = flows[0][0]
+def _sim_devices(job: Job, firsts: list[int], total: int) -> list[list[str] | None]:
+    """Each flow's simulated device labels (flows starting at replica `firsts[i]`, `total`
+    in all): the replicas of all flows fill the instances in flow order (a side-by-side
+    split's short replicas first)."""
     if not job.simulated:
-        return [None] * len(flows)
+        return [None] * len(firsts)
     from neuron_batch.device.replica_layout import replica_devices
 
-    labels = replica_devices(job.target.instance, job.target.tp,
-                             sum(j.settings.replicas for j, _, _ in flows),
+    labels = replica_devices(job.target.instance, job.target.tp, total,
                              job.settings.sim.num_instances)
-    out, first = [], 0
-    for flow_job, _, _ in flows:
-        out.append(labels[first:first + flow_job.settings.replicas])
-        first += flow_job.settings.replicas
-    return out
+    return [labels[first:end] for first, end in zip(firsts, [*firsts[1:], total])]
 
 
 def _generate(flow_specs: list[tuple[Job, list[PreparedRequest], int]]) -> list[dict[str, Any]]:
     job = flow_specs[0][0]
     settings, folder, log, cluster = job.settings, job.folder, job.log, job.cluster
-    firsts = [sum(j.settings.replicas for j, _, _ in flow_specs[:i])
-              for i in range(len(flow_specs))]
+    sizes = [flow_job.settings.replicas for flow_job, _, _ in flow_specs]
+    firsts = [sum(sizes[:i]) for i in range(len(sizes))]
     group = flow_specs[0][2] if len(flow_specs) > 1 else None
     flows = [_start(flow_job, pending, attempt, devices, first, group)
              for (flow_job, pending, attempt), devices, first
-             in zip(flow_specs, _sim_devices(flow_specs), firsts)]
+             in zip(flow_specs, _sim_devices(job, firsts, sum(sizes)), firsts)]
     started = time.time()
     deadline = (time.monotonic() + settings.max_runtime) if settings.max_runtime else None
     bar = progress_bar(settings, sum(len(flow.pending) for flow in flows))
