@@ -37,9 +37,9 @@ DEVICES = ("auto", "cpu", "cuda", "neuron", "sim")
 #: How `run --order` arranges the requests it submits (the scheduler admits them FIFO):
 #: inputs/prepare.py `in_order`.
 ORDERS = ("input", "length")
-#: Where `run --split-at N --replicas R` runs its two parts (run/split_placement.py).
+#: Where `run --split-at N --replicas R` runs its two parts (layout/placement.py).
 SPLIT_PLACEMENTS = ("auto", "in-turn", "side-by-side")
-#: `run --split-at auto`: the cut chosen by the step-time estimate (run/split.py choose_cut).
+#: `run --split-at auto`: the cut chosen by the step-time estimate (layout/split.py choose_cut).
 SPLIT_AUTO = "auto"
 ON_ERROR = ("fail", "skip")
 
@@ -123,7 +123,7 @@ class RunSettings:
     metrics_textfile: str | None = None
     order: str = "input"                 # submission order: "input" or "length" (longest first)
     split_at: int | str | None = None    # run requests of prompt + max_tokens <= N in their
-                                         # own layout first (run/split.py); "auto": the
+                                         # own layout first (layout/split.py); "auto": the
                                          # runner picks N (split.choose_cut)
     split_placement: str = "auto"        # its parts on --replicas: auto, in-turn, side-by-side
     replicas: int = 1                    # engines (data parallel); more than 1 runs on Ray
@@ -202,7 +202,7 @@ class RunSettings:
 
     @property
     def uses_ray(self) -> bool:
-        """More than one engine, or --ray given: the run goes through Ray (run/replicas.py);
+        """More than one engine, or --ray given: the run goes through Ray (replicas/pool.py);
         otherwise it is the single-engine path, which never imports Ray."""
         return self.replicas > 1 or self.ray is not None
 

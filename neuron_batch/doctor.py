@@ -22,7 +22,7 @@ from typing import Any
 
 from neuron_batch import __version__
 from neuron_batch.config import RunSettings
-from neuron_batch.run.neuron_host import is_neuron_platform
+from neuron_batch.engine.neuron_host import is_neuron_platform
 from neuron_batch.runtime import get_runtime
 from neuron_batch.versions import (
     describe_release,
@@ -120,7 +120,7 @@ def neuron_runtime_facts(plugin_version: str | None, layout: RunSettings | None
     """The Neuron runtime this host would run (from the installed plugin), NxDI's presence,
     the compiled-artifacts folder, and, for a `layout` naming a model, whether its static KV
     cache fits beside the weights (neuron_host.static_kv_fit), all before anything loads."""
-    from neuron_batch.run.neuron_host import (
+    from neuron_batch.engine.neuron_host import (
         NXDI_DISTRIBUTION,
         NeuronHostError,
         host_instance,
@@ -133,8 +133,8 @@ def neuron_runtime_facts(plugin_version: str | None, layout: RunSettings | None
     settings = layout or RunSettings(inputs=("-",))
     root = settings.compiled_artifacts
     if root is None:
-        from neuron_batch.run.models import default_cache_dir
-        from neuron_batch.run.neuron_host import ARTIFACTS_DIRNAME
+        from neuron_batch.engine.models import default_cache_dir
+        from neuron_batch.engine.neuron_host import ARTIFACTS_DIRNAME
 
         root = str(default_cache_dir() / ARTIFACTS_DIRNAME)
     facts: dict[str, Any] = {
@@ -166,7 +166,7 @@ def gather(*, results_dir: str | Path = "results", check_platform: bool = True,
            layout: RunSettings | None = None) -> dict[str, Any]:
     """Everything doctor reports, as plain data (`layout`: the model and limits to check the
     static KV cache of, from doctor's options)."""
-    from neuron_batch.run.models import builtin_model_state
+    from neuron_batch.engine.models import builtin_model_state
 
     environ = dict(os.environ if environ is None else environ)
     version, distribution = installed_vllm()

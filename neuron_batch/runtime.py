@@ -144,7 +144,7 @@ class Runtime:
     prefill: BucketOption
     decode: BucketOption | None
     attention: BucketOption
-    # -- on a Neuron host (run/neuron_host.py composes these) ---------------------------------
+    # -- on a Neuron host (engine/neuron_host.py composes these) ---------------------------------
     #: Environment its plugin needs to keep a given `scheduler_cls` (NxDI line: the platform
     #: swaps in its own scheduler unless DISABLE_NEURON_CUSTOM_SCHEDULER=1).
     scheduler_env: tuple[tuple[str, str], ...] = ()

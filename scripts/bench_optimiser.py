@@ -20,7 +20,7 @@ import random
 import statistics
 import time
 
-from neuron_batch.bench.optimiser import plans_for_each_k
+from neuron_batch.layout.optimiser import plans_for_each_k
 
 
 def main() -> None:

@@ -30,10 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from neuron_batch.config import RunSettings  # noqa: E402
+from neuron_batch.engine.engine import engine_kwargs  # noqa: E402
+from neuron_batch.engine.models import load_tokenizer, resolve_model  # noqa: E402
 from neuron_batch.inputs.load import load_prompts  # noqa: E402
 from neuron_batch.inputs.prepare import prepare_requests  # noqa: E402
-from neuron_batch.run.engine import engine_kwargs  # noqa: E402
-from neuron_batch.run.models import load_tokenizer, resolve_model  # noqa: E402
 from neuron_batch.run.runner import run  # noqa: E402
 
 BUILTIN_PROMPTS = ROOT / "neuron_batch" / "data" / "example_prompts.jsonl"

@@ -26,9 +26,9 @@ from neuron_batch.config import RunSettings, SimOptions
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
 from neuron_batch.inputs.prepare import PreparedRequest, in_order
 from neuron_batch.inputs.records import PromptRecord
-from neuron_batch.plan.bounds import ShareStats, prefill_seconds
+from neuron_batch.layout.bounds import ShareStats, prefill_seconds
+from neuron_batch.layout.split import MAX_SHORT_SLOTS, Part, fitted_to
 from neuron_batch.run.runner import resolve_sim_target, split_estimate
-from neuron_batch.run.split import MAX_SHORT_SLOTS, Part, fitted_to
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "datasets" / "azure-llm-inference-conv-2023.csv"

@@ -24,7 +24,7 @@ nxdi_fakes.install()
 nxdi_fakes.fake_neuron_devices()
 
 from neuron_batch.config import RunSettings, SimOptions  # noqa: E402
-from neuron_batch.run import engine  # noqa: E402
+from neuron_batch.engine import engine  # noqa: E402
 
 
 def settings_of(args: dict) -> RunSettings:
@@ -63,7 +63,7 @@ def case_config(args: dict) -> dict:
     scheduler = config.scheduler_config
     chunked_built = bool(scheduler.chunked_prefill_enabled)
     if not args.get("without_worker"):
-        from neuron_batch.run.neuron_worker import whole_prompts
+        from neuron_batch.engine.neuron_worker import whole_prompts
 
         whole_prompts(scheduler)   # what our worker does before the model loads
     return {
@@ -88,7 +88,7 @@ def case_config(args: dict) -> dict:
 def case_loader(args: dict) -> dict:
     from vllm_neuron.worker.neuronx_distributed_model_loader import get_neuron_model
 
-    from neuron_batch.run.neuron_worker import whole_prompts
+    from neuron_batch.engine.neuron_worker import whole_prompts
 
     settings = settings_of(args)
     config = built_config(kwargs_of(args, settings))

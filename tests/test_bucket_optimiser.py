@@ -1,4 +1,4 @@
-"""Tests for neuron_batch.bench.optimiser: exact optimum against brute force, DP variants
+"""Tests for neuron_batch.layout.optimiser: exact optimum against brute force, DP variants
 against each other, chunking, evaluation of the defaults and the report shapes."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from neuron_batch.bench.optimiser import (
+from neuron_batch.bench.suggest import suggest_decode, suggest_prefill
+from neuron_batch.buckets import bucket_for, default_decode_buckets, default_prefill_buckets
+from neuron_batch.layout.optimiser import (
     BucketPlan,
     evaluate,
     optimal_buckets,
     plans_for_each_k,
     prefill_chunk_lengths,
 )
-from neuron_batch.bench.suggest import suggest_decode, suggest_prefill
-from neuron_batch.buckets import bucket_for, default_decode_buckets, default_prefill_buckets
 
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from neuron_batch.config import RunSettings, SettingsError
-from neuron_batch.run import engine
+from neuron_batch.engine import engine
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from neuron_batch.run import models
-from neuron_batch.run.models import (
+from neuron_batch.engine import models
+from neuron_batch.engine.models import (
     BUILTIN_DIRNAME,
     BUILTIN_GGUF,
     BUILTIN_MODEL,
@@ -99,7 +99,7 @@ def model_dir(tmp_path: Path, name: str = "my-model", *, config=True, tokenizer=
 
 
 def test_import_does_not_load_torch_or_transformers():
-    code = ("import sys, neuron_batch.run.models; "
+    code = ("import sys, neuron_batch.engine.models; "
             "heavy = [m for m in ('torch', 'transformers', 'vllm', 'gguf') if m in sys.modules]; "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=300)
@@ -394,7 +394,7 @@ def test_threads_preparing_at_once_convert_once(tmp_path, converter):
 WORKER = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
-    from neuron_batch.run import models
+    from neuron_batch.engine import models
 
     gguf, cache = Path(sys.argv[1]), Path(sys.argv[2])
     count, go, mode = sys.argv[3], sys.argv[4], sys.argv[5]

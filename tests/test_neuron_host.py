@@ -1,4 +1,4 @@
-"""`--device neuron` engine settings (run/neuron_host.py): what AWS's NxDI plugin is given so
+"""`--device neuron` engine settings (engine/neuron_host.py): what AWS's NxDI plugin is given so
 that our scheduler runs with the shapes its records say, and what is refused before anything
 loads. Pure: no plugin, no device (tests/test_nxdi_plugin.py runs the plugin's own code)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from neuron_batch.config import CostOptions, RunSettings, SettingsError, SimOptions
-from neuron_batch.run import engine, neuron_host
-from neuron_batch.run.neuron_host import NeuronHostError, host_setup, plugin_line
+from neuron_batch.engine import engine, neuron_host
+from neuron_batch.engine.neuron_host import NeuronHostError, host_setup, plugin_line
 from neuron_batch.runtime import RUNTIMES
 
 NXDI = RUNTIMES["nxdi"]
@@ -168,8 +168,8 @@ def test_the_host_instance_comes_from_the_option_or_the_dmi_name(tmp_path):
 def test_a_run_is_refused_before_anything_loads(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
+    from neuron_batch.errors import RunError
     from neuron_batch.run import runner
-    from neuron_batch.run.errors import RunError
 
     monkeypatch.setattr("neuron_batch.versions.neuron_plugin",
                         lambda: {"version": "0.1.0", "entry_point": "vllm_neuron:register"})

@@ -133,7 +133,7 @@ def test_config_contract_our_scheduler_budget_block_size_and_chunking_survive(ca
     assert got["detected_device"] == "neuron"
     assert got["tensor_parallel_size"] == 2
     assert got["scheduler_cls"] == "neuron_batch.scheduler.NeuronScheduler"
-    assert got["worker_cls"] == "neuron_batch.run.neuron_worker.WholePromptNeuronWorker"
+    assert got["worker_cls"] == "neuron_batch.engine.neuron_worker.WholePromptNeuronWorker"
     # Whole prompts: our budget (>= max_model_len), not the plugin's 131072; chunking off
     # once our worker has run (vLLM 0.11 builds it on whatever we pass).
     assert got["max_num_batched_tokens"] == 512

@@ -15,14 +15,9 @@ from neuron_batch.bench.command_line import run_command
 from neuron_batch.bench.deadline import DeadlineError, format_hours, parse_deadline
 from neuron_batch.cli import main
 from neuron_batch.config import CostOptions, RunSettings, SimOptions
-from neuron_batch.plan.bounds import ShareStats, decode_steps_bound
-from neuron_batch.plan.grid import (
-    PlanError,
-    PlanSpec,
-    build_options,
-    check_instances,
-    placements,
-)
+from neuron_batch.layout.bounds import ShareStats, decode_steps_bound
+from neuron_batch.plan.grid import build_options, check_instances, placements
+from neuron_batch.plan.options import PlanError, PlanSpec
 from neuron_batch.plan.search import Search, bound_key, objective_key
 
 NOW = datetime(2026, 11, 30, 22, 15)
@@ -389,8 +384,8 @@ def test_plan_weighs_the_tightest_max_model_len_and_trn2_needs_a_price():
 def test_split_options_weigh_every_candidate_cut_under_a_static_cache_only():
     from neuron_batch.device.architectures import resolve_architecture
     from neuron_batch.device.static_kv import static_slots
+    from neuron_batch.layout.split import MAX_SHORT_SLOTS, cut_candidates, fitted_buckets
     from neuron_batch.plan.splits import split_options
-    from neuron_batch.run.split import MAX_SHORT_SLOTS, cut_candidates, fitted_buckets
 
     spec = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.xlarge", "trn2.48xlarge"),
                     max_num_instances=1, seqs_values=(4,), max_model_len=8192,
@@ -414,7 +409,7 @@ def test_split_options_weigh_every_candidate_cut_under_a_static_cache_only():
         for option in mine:
             assert option.split.requests == sum(n <= option.split.cut for n in share)
             assert option.compile_s == pytest.approx(single.compile_s + option.split.compile_s)
-            # the graphs run/split.py's fitted lists will compile, counted without solving
+            # the graphs layout/split.py's fitted lists will compile, counted without solving
             short = [(p, p + o) for p, o in zip(prompts[:single.share_size], outputs)
                      if p + o <= option.split.cut]
             prefill, _, attention = fitted_buckets(single.runtime, [p for p, _ in short],

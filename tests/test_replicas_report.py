@@ -18,23 +18,22 @@ from neuron_batch.cli import main
 from neuron_batch.config import RunSettings, SettingsError, SimOptions
 from neuron_batch.device.replica_layout import replica_devices
 from neuron_batch.device.target import SimError
-from neuron_batch.run.errors import RunError
-from neuron_batch.run.folder import RunFolder
-from neuron_batch.run.ray_cluster import (
-    Placement,
-    check_address,
-    placement_for,
-    replicas_that_fit,
-)
-from neuron_batch.run.replica_actor import (
+from neuron_batch.errors import RunError
+from neuron_batch.job.folder import RunFolder
+from neuron_batch.replicas.actor import (
     _RecordTail,
     decode_tokens,
     encode_tokens,
     pack,
     unpack,
 )
-from neuron_batch.run.replica_report import attempt_figures, busy_fraction, summarize_replicas
-from neuron_batch.run.replicas import (
+from neuron_batch.replicas.cluster import (
+    ReplicaResources,
+    check_address,
+    replica_resources,
+    replicas_that_fit,
+)
+from neuron_batch.replicas.pool import (
     BATCHES_PER_REPLICA,
     MAX_BATCH,
     MIN_BATCH,
@@ -42,6 +41,7 @@ from neuron_batch.run.replicas import (
     _root_cause,
     batching,
 )
+from neuron_batch.report.replicas import attempt_figures, busy_fraction, summarize_replicas
 from neuron_batch.scheduler.records import RequestRecord, StepRecord
 
 
@@ -107,16 +107,16 @@ def test_bad_ray_addresses_fail_at_once():
 def test_placement_per_device_and_what_fits():
     settings = RunSettings(inputs=("x",), device="neuron", replicas=6,
                            sim=SimOptions(tensor_parallel_size=4))
-    neuron = placement_for(settings, {"neuron_cores": 24.0, "CPU": 192.0})
+    neuron = replica_resources(settings, {"neuron_cores": 24.0, "CPU": 192.0})
     assert neuron.needs() == {"CPU": 1.0, "neuron_cores": 4.0}
     nodes = [{"Resources": {"CPU": 192.0, "neuron_cores": 24.0}},
              {"Resources": {"CPU": 32.0, "neuron_cores": 2.0}}]
     assert replicas_that_fit(nodes, neuron) == 6          # 4-core groups: none on the small node
-    auto = placement_for(RunSettings(inputs=("x",)), {"CPU": 4.0})
-    assert auto == Placement("cpu")
-    assert replicas_that_fit([{"Resources": {"CPU": 1.0}}] * 2, Placement("sim")) == 2
+    auto = replica_resources(RunSettings(inputs=("x",)), {"CPU": 4.0})
+    assert auto == ReplicaResources("cpu")
+    assert replicas_that_fit([{"Resources": {"CPU": 1.0}}] * 2, ReplicaResources("sim")) == 2
     with pytest.raises(RunError, match="not supported"):
-        placement_for(RunSettings(inputs=("x",), device="cuda"), {})
+        replica_resources(RunSettings(inputs=("x",), device="cuda"), {})
 
 
 def test_help_and_one_replica_do_not_import_ray(tmp_path):
@@ -344,7 +344,7 @@ def test_split_parts_on_replicas_add_up_to_the_run(tmp_path):
 
 
 def test_split_at_combines_with_replicas_and_caps_the_short_slots():
-    from neuron_batch.run.split import short_layout_slots
+    from neuron_batch.layout.split import short_layout_slots
 
     settings = RunSettings(inputs=("x",), device="sim", replicas=2, split_at=1024,
                            max_model_len=4096).validate()

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 pytest.importorskip("vllm")
 
 from neuron_batch.cli import main  # noqa: E402
-from neuron_batch.run.folder import RunFolder  # noqa: E402
+from neuron_batch.job.folder import RunFolder  # noqa: E402
 
 ENGINE = ["--max-num-seqs", "4", "--max-num-batched-tokens", "256", "--max-model-len", "1024",
           "--device", "cpu"]
@@ -157,7 +157,7 @@ class StepClock:
 
 
 def test_max_runtime_stops_cleanly_and_resume_finishes(tiny_model, tmp_path, monkeypatch):
-    from neuron_batch.run import generate
+    from neuron_batch.job import generate
 
     path = write_jsonl(tmp_path / "p.jsonl", token_prompts(40, max_tokens=40))
     out = tmp_path / "run"

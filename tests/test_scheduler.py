@@ -218,7 +218,7 @@ def test_records_stream_to_jsonl_and_read_back(tmp_path):
 
 def test_records_reach_the_file_when_flushed_after_the_update(tmp_path):
     """A replica's actor flushes the scheduler's records (same thread) before it reads a
-    finished request's record from the file (run/replica_actor.py): the update that finished a
+    finished request's record from the file (replicas/actor.py): the update that finished a
     request has buffered its record, and the flush writes it out."""
     path = tmp_path / "records.jsonl"
     sched = make_scheduler(NeuronScheduler, max_num_seqs=2,

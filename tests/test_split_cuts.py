@@ -1,11 +1,11 @@
-"""The cut points a split is weighed at (run/split.py `cut_candidates`): pure, milliseconds."""
+"""The cut points a split is weighed at (layout/split.py `cut_candidates`): pure, milliseconds."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neuron_batch.run.split import cut_candidates
+from neuron_batch.layout.split import cut_candidates
 
 STEP = 128
 
@@ -42,8 +42,8 @@ def test_no_cut_when_every_request_has_one_length():
 def test_the_fitted_bucket_count_is_the_optimiser_s(sizes, count, maximum):
     from collections import Counter
 
-    from neuron_batch.bench.optimiser import optimal_buckets
-    from neuron_batch.run.split import fitted_count
+    from neuron_batch.layout.optimiser import optimal_buckets
+    from neuron_batch.layout.split import fitted_count
 
     sizes = [min(s, maximum) for s in sizes]
     assert fitted_count(sizes, count, maximum) == len(

@@ -1,4 +1,4 @@
-"""Where a split run's parts go on --replicas (run/split_placement.py): in turn or side by side.
+"""Where a split run's parts go on --replicas (layout/placement.py): in turn or side by side.
 Pure logic, no vLLM: milliseconds."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 from neuron_batch.config import RunSettings, SettingsError, SimOptions
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.inputs.records import PromptRecord
-from neuron_batch.run.split import SHORT, plan_parts
-from neuron_batch.run.split_placement import (
+from neuron_batch.layout.placement import (
     AUTO,
     IN_TURN,
     SIDE_BY_SIDE,
@@ -24,6 +23,7 @@ from neuron_batch.run.split_placement import (
     in_turn_s,
     side_by_side_s,
 )
+from neuron_batch.layout.split import SHORT, plan_parts
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "datasets" / "azure-llm-inference-conv-2023.csv"
@@ -190,8 +190,8 @@ def test_split_at_auto_takes_the_candidate_of_least_estimate():
     from dataclasses import replace
 
     from neuron_batch.inputs.prepare import in_order
+    from neuron_batch.layout.split import CUT_STEP, Part, choose_cut, cut_candidates
     from neuron_batch.run.runner import resolve_sim_target, split_estimate
-    from neuron_batch.run.split import CUT_STEP, Part, choose_cut, cut_candidates
 
     settings = sim_settings()
     resolve = lambda s: resolve_sim_target(s, None)  # noqa: E731
@@ -226,7 +226,7 @@ def test_split_at_auto_keeps_a_resumed_run_s_cut_and_needs_the_simulated_device(
     import json
     from types import SimpleNamespace
 
-    from neuron_batch.run.errors import RunError
+    from neuron_batch.errors import RunError
     from neuron_batch.run.runner import auto_split
 
     (tmp_path / "run.json").write_text(json.dumps({"settings": {"split_at": 2176}}))
@@ -247,7 +247,7 @@ def test_split_at_auto_on_a_neuron_host_uses_its_instance_s_model(monkeypatch):
     from types import SimpleNamespace
 
     from neuron_batch.config import CostOptions
-    from neuron_batch.run.errors import RunError
+    from neuron_batch.errors import RunError
     from neuron_batch.run.runner import auto_split, estimate_target
 
     workload = SimpleNamespace(model=SimpleNamespace(path="llama-3.1-8b", name="llama"),
@@ -264,7 +264,7 @@ def test_split_at_auto_on_a_neuron_host_uses_its_instance_s_model(monkeypatch):
     assert auto_split(host, workload, print).split_at == \
         auto_split(twin, twin_workload, print).split_at
     # a host that is not an instance the hardware table knows (no --instance, no EC2 name)
-    monkeypatch.setattr("neuron_batch.run.neuron_host.host_instance", lambda settings: None)
+    monkeypatch.setattr("neuron_batch.engine.neuron_host.host_instance", lambda settings: None)
     unnamed = RunSettings(("x",), device="neuron", runtime="nxdi", split_at="auto").validate()
     assert estimate_target(unnamed, workload.model) == (None, None)
     with pytest.raises(RunError, match="whose instance is known"):

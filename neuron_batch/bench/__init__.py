@@ -1,2 +1,2 @@
-"""Stage 4: many runs of one workload. Bucket sweeps and repeats, the exact bucket optimiser,
-ranking and the verdict, plots."""
+"""Many runs of one workload: bucket sweeps and repeats, the split comparison, ranking and the
+verdict, tables, exports and plots."""

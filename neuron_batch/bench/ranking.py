@@ -167,7 +167,7 @@ def configured_buckets(configured: Any, param: Any) -> list[int]:
 
 def compile_and_usd(report: Mapping[str, Any]) -> tuple[float | None, float | None]:
     """(estimated compile seconds, run + compile USD) of a run's report; a run split by
-    length (run/split.py) compiles both its layouts."""
+    length (layout/split.py) compiles both its layouts."""
     compile_s = (report.get("split") or {}).get("estimated_compile_s")
     if compile_s is None:
         compile_s = _estimated_compile_s(report.get("config") or {})

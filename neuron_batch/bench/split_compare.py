@@ -4,7 +4,7 @@ single layout, on the same workload, each a fresh run.
 Configurations, all under the workload's `--order`:
 - "single": the layout as given (--max-model-len, --max-num-seqs, its bucket lists);
 - "single fitted" (whole-prompt runtimes only): the same layout with its lists fitted to the
-  whole workload (run/split.py `fitted_buckets`, as a split fits each of its layouts), so a
+  whole workload (layout/split.py `fitted_buckets`, as a split fits each of its layouts), so a
   split is never credited with what better buckets alone would give;
 - "split N" for each cut: requests of prompt + max_tokens <= N in their own layout, the rest
   in the given one.
@@ -26,10 +26,10 @@ from typing import Any
 from neuron_batch.bench.ranking import compile_and_usd
 from neuron_batch.bench.sweep_grid import Candidate
 from neuron_batch.config import RunSettings
+from neuron_batch.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
+from neuron_batch.job.folder import write_json_atomic
+from neuron_batch.layout.split import fitted_buckets
 from neuron_batch.report.cost import per_million
-from neuron_batch.run.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
-from neuron_batch.run.folder import write_json_atomic
-from neuron_batch.run.split import fitted_buckets
 
 SPLIT_JSON = "split.json"
 SINGLE, FITTED = "single", "single fitted"
@@ -134,8 +134,8 @@ def format_comparison(rows: list[dict[str, Any]], verdict: dict[str, Any]) -> st
 
 def run_split_compare(base: RunSettings, out_dir: Path, cuts: Sequence[int], *, jobs: int,
                       resume: bool, log: Callable[[str], None]) -> int:
-    from neuron_batch.run.split import check_split
-    from neuron_batch.run.workload import load_workload
+    from neuron_batch.job.workload import load_workload
+    from neuron_batch.layout.split import check_split
 
     if (out_dir / SPLIT_JSON).exists() and not resume:
         raise RunError(f"{out_dir} already holds a split comparison; pass --resume to continue "

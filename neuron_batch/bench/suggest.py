@@ -5,18 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from neuron_batch.bench.optimiser import (
+from neuron_batch.buckets import (
+    default_decode_buckets,
+    default_prefill_buckets,
+    effective_max_prefill_tokens,
+)
+from neuron_batch.layout.optimiser import (
     BucketPlan,
     Cost,
     evaluate,
     optimal_buckets,
     prefill_chunk_lengths,
     size_histogram,
-)
-from neuron_batch.buckets import (
-    default_decode_buckets,
-    default_prefill_buckets,
-    effective_max_prefill_tokens,
 )
 
 

@@ -40,10 +40,10 @@ from neuron_batch.bench.sweep_grid import (  # noqa: F401  (re-exported)
     grid_candidates,
 )
 from neuron_batch.config import RunSettings
-from neuron_batch.run.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
-from neuron_batch.run.folder import REPORT, write_json_atomic
+from neuron_batch.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
+from neuron_batch.job.folder import REPORT, write_json_atomic
+from neuron_batch.job.workload import load_workload
 from neuron_batch.run.runner import run
-from neuron_batch.run.workload import load_workload
 
 SWEEP_JSON, SWEEP_CSV = "sweep.json", "sweep.csv"
 

@@ -89,8 +89,8 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
     configurations run in parallel.
     """
     from neuron_batch.bench.sweep import default_jobs, run_repeats, run_sweep
-    from neuron_batch.run.errors import RunError
-    from neuron_batch.run.folder import default_output_dir
+    from neuron_batch.errors import RunError
+    from neuron_batch.job.folder import default_output_dir
 
     try:
         seqs_values = int_list(options.pop("max_num_seqs"), "--max-num-seqs")

@@ -177,7 +177,7 @@ def settings_from_options(inputs, max_num_seqs: int, options: dict) -> RunSettin
     settings = RunSettings(inputs=tuple(inputs) or (str(BUILTIN_PROMPTS),),
                            max_num_seqs=max_num_seqs, sim=sim, cost=cost, **options).validate()
     # Before any input, model or vLLM loads: say now if the device cannot work here.
-    from neuron_batch.run.engine import check_device_available
+    from neuron_batch.engine.engine import check_device_available
 
     check_device_available(settings.device)
     return settings

@@ -135,16 +135,12 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
         ArchitectureError,
         resolve_architecture,
     )
-    from neuron_batch.plan.grid import (
-        PlanError,
-        PlanSpec,
-        check_instances,
-        placements,
-    )
+    from neuron_batch.errors import RunError
+    from neuron_batch.job.folder import default_output_dir
+    from neuron_batch.plan.grid import check_instances, placements
+    from neuron_batch.plan.options import PlanError, PlanSpec
     from neuron_batch.plan.run import PlanJob, plan_base, run_plan
     from neuron_batch.report.cost import PricingError
-    from neuron_batch.run.errors import RunError
-    from neuron_batch.run.folder import default_output_dir
 
     try:
         seqs = tuple(int_list(max_num_seqs, "--max-num-seqs"))

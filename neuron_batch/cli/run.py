@@ -97,7 +97,7 @@ def run(inputs, **options):
     records-N.jsonl (every scheduler step) into the run folder, and prints a summary:
     throughput, padding waste per bucket, time per scheduler state and admission blocks.
     """
-    from neuron_batch.run.errors import RunError
+    from neuron_batch.errors import RunError
     from neuron_batch.run.runner import run as run_job
 
     try:
@@ -121,7 +121,7 @@ def run(inputs, **options):
 def report(path):
     """Print the summary of a finished run (or the table of a finished sweep, re-drawing its
     plots, or of a plan) again, from its files."""
-    from neuron_batch.run.errors import RunError
+    from neuron_batch.errors import RunError
     from neuron_batch.run.folder_report import rerender
 
     try:

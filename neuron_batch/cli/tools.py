@@ -230,7 +230,7 @@ def _prompt_lengths(records) -> list[int]:
         else:
             texts.append(record)
     if texts:
-        from neuron_batch.run.models import load_tokenizer, resolve_model
+        from neuron_batch.engine.models import load_tokenizer, resolve_model
 
         tokenizer = load_tokenizer(resolve_model(None))
         for record in texts:

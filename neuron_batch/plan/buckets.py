@@ -8,11 +8,11 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from neuron_batch.bench.optimiser import plans_for_each_k, prefill_chunk_lengths
 from neuron_batch.device.cost_model import compile_footprint
+from neuron_batch.layout.optimiser import plans_for_each_k, prefill_chunk_lengths
 
 if TYPE_CHECKING:   # (grid.py builds the chooser; only the types come from there)
-    from neuron_batch.plan.grid import Placement, PlanSpec
+    from neuron_batch.plan.options import InstanceFit, PlanSpec
 
 
 class BucketChooser:
@@ -26,13 +26,13 @@ class BucketChooser:
         self._chunks: dict[tuple, Counter] = {}
         self._plans: dict[tuple, list] = {}
 
-    def limits(self, placement: Placement) -> tuple[int, int]:
+    def limits(self, placement: InstanceFit) -> tuple[int, int]:
         """(max_num_batched_tokens as the runtime uses it, the largest prefill bucket)."""
         mml = placement.max_model_len
         budget = self.spec.max_num_batched_tokens if placement.runtime.chunked_prefill else mml
         return budget, min(budget, mml)
 
-    def plans(self, placement: Placement) -> list:
+    def plans(self, placement: InstanceFit) -> list:
         key = placement.hardware_key()
         if key not in self._plans:
             budget, maximum = self.limits(placement)
@@ -44,7 +44,7 @@ class BucketChooser:
                                                 maximum, cost=placement.model.prefill_time)
         return self._plans[key]
 
-    def choose(self, placement: Placement, total_replicas: int
+    def choose(self, placement: InstanceFit, total_replicas: int
                ) -> tuple[tuple[int, ...], float]:
         """(prefill buckets, compile seconds) minimising compile + one replica's prefill."""
         best = None
@@ -55,7 +55,7 @@ class BucketChooser:
                 best = (score, tuple(plan.buckets), compile_s)
         return best[1], (0.0 if self.spec.compiled else best[2])
 
-    def compile_s(self, placement: Placement, num_prefill: int) -> float:
+    def compile_s(self, placement: InstanceFit, num_prefill: int) -> float:
         """Compile time of the runtime's graphs: the prefill buckets, one decode bucket and
         its attention buckets (nxdi: token generation; vllm-neuron: max_model_len only)."""
         graphs = placement.runtime.num_graphs(num_prefill, 1,

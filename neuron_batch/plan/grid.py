@@ -30,181 +30,33 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 from neuron_batch.device.architectures import resolve_architecture
 from neuron_batch.device.cost_model import StepCostModel
 from neuron_batch.device.hardware import HardwareError, get_instance, valid_tp_degrees
 from neuron_batch.device.target import NEURON_BLOCK_SIZE, SimSettings, SimTarget
-from neuron_batch.plan.bounds import (
+from neuron_batch.layout.bounds import (
     KV_RESERVE_MAX_MODEL_LEN,
     ShareStats,
     replica_bound,
 )
 from neuron_batch.plan.buckets import BucketChooser
+from neuron_batch.plan.options import (
+    DEFAULT_INSTANCES,
+    MODEL_LEN_STEP,
+    InstanceFit,
+    Option,
+    PlanError,
+    PlanSpec,
+)
 from neuron_batch.report.cost import (
-    Price,
     PricingError,
     has_builtin_price,
     no_price_message,
     price_for,
-    usd,
 )
-from neuron_batch.runtime import Runtime, get_runtime, nxdi_default_buckets
+from neuron_batch.runtime import get_runtime
 from neuron_batch.scheduler.kv_reserve import blocks_for_tokens, reachable_tokens
-
-if TYPE_CHECKING:   # (splits.py builds on this module)
-    from neuron_batch.plan.splits import SplitLayout
-
-DEFAULT_INSTANCES = ("inf2.xlarge", "inf2.8xlarge", "inf2.24xlarge", "inf2.48xlarge",
-                     "trn1.32xlarge", "trn2.3xlarge", "trn2.48xlarge")
-#: Candidate max_model_len values are rounded up to a multiple of this.
-MODEL_LEN_STEP = 128
-DEFAULT_SEQS = (8, 16, 32, 64)
-DEFAULT_MAX_NUM_INSTANCES = 4
-DEFAULT_MAX_PREFILL_BUCKETS = 4
-
-
-class PlanError(ValueError):
-    """A plan that cannot start (bad instance names, a model that fits nowhere); the message
-    says what would work."""
-
-
-@dataclass(frozen=True)
-class PlanSpec:
-    """What the user asked to plan over."""
-
-    architecture: str
-    instances: tuple[str, ...] = DEFAULT_INSTANCES
-    max_num_instances: int = DEFAULT_MAX_NUM_INSTANCES
-    seqs_values: tuple[int, ...] = DEFAULT_SEQS
-    max_prefill_buckets: int = DEFAULT_MAX_PREFILL_BUCKETS
-    compiled: bool = False
-    weight_dtype: str = "bf16"
-    cost_profile: str | None = None
-    max_model_len: int = 2048
-    max_num_batched_tokens: int = 2048
-    kv_reserve: str = KV_RESERVE_MAX_MODEL_LEN
-    pricing: str = "on-demand"
-    prices: dict[str, float] = field(default_factory=dict)   # instance -> USD/h overrides
-    runtime: str | None = None      # None: each instance's own (nxdi inf2/trn1, vllm-neuron trn2)
-    splits: bool = True             # also weigh jobs split by length (static-KV runtimes)
-
-
-@dataclass(frozen=True)
-class Placement:
-    """One instance type at one TP degree that holds the model."""
-
-    instance: str
-    tp: int
-    replicas: int               # per instance: cores // tp
-    target: SimTarget
-    model: StepCostModel
-    price: Price
-
-    @property
-    def runtime(self) -> Runtime:
-        return self.target.runtime
-
-    @property
-    def max_model_len(self) -> int:
-        return self.target.max_model_len
-
-    @property
-    def num_blocks(self) -> int:
-        return int(self.target.kv["num_blocks"])
-
-    @property
-    def max_slots(self) -> int | None:
-        """Under a static KV cache, the most max_num_seqs slots that load (None: paged)."""
-        return int(self.target.kv["max_static_seqs"]) if self.runtime.static_kv else None
-
-    def pool_blocks(self, max_num_seqs: int) -> int:
-        """vLLM's KV pool at this max_num_seqs: a static cache holds exactly its slots (and
-        vLLM's null block), a paged one what the HBM budget gives."""
-        if self.runtime.static_kv:
-            return max_num_seqs * -(-self.max_model_len // NEURON_BLOCK_SIZE) + 1
-        return self.num_blocks
-
-    def attention_buckets(self) -> tuple[int, ...]:
-        """The token-generation buckets NxDI compiles by default (nxdi); none (vllm-neuron:
-        the max_model_len graph only, the seed's default)."""
-        return tuple(nxdi_default_buckets(self.max_model_len)) if self.runtime.static_kv \
-            else ()
-
-    def hardware_key(self) -> tuple:
-        """What the simulated device's timing and KV size depend on besides the settings: two
-        placements with equal keys simulate identically (inf2.xlarge and inf2.8xlarge have the
-        same chip; inf2.24xlarge and inf2.48xlarge the same chips and links)."""
-        inst = get_instance(self.instance)
-        profile = {k: v for k, v in self.target.profile.to_dict().items()
-                   if k not in ("instance", "source")}
-        return (inst.family, inst.hbm_bytes_per_core, inst.hbm_bytes_s_per_core,
-                inst.flops_per_core, inst.collective_bytes_s(self.tp), inst.link_gib_s,
-                self.tp, self.num_blocks, tuple(sorted(profile.items())), self.runtime.name,
-                self.max_model_len)
-
-
-@dataclass
-class Option:
-    """One candidate layout and configuration, with its bounds; results are filled in later."""
-
-    name: str
-    placement: Placement
-    num_instances: int
-    max_num_seqs: int
-    prefill_buckets: tuple[int, ...]
-    decode_buckets: tuple[int, ...]
-    attention_buckets: tuple[int, ...]
-    compile_s: float
-    share_size: int
-    bound_s: float              # lower bound on one replica's run time (seconds)
-    bound_steps: int
-    share_output_tokens: int
-    sim_key: tuple
-    split: SplitLayout | None = None    # a job split by length (splits.py): its short layout
-    skip_reason: str | None = None      # set when another option provably does as well
-    pruned_by: str | None = None        # the best option when this one was pruned
-    result: dict[str, Any] | None = field(default=None, repr=False)
-
-    @property
-    def instance(self) -> str:
-        return self.placement.instance
-
-    @property
-    def runtime(self) -> Runtime:
-        return self.placement.runtime
-
-    @property
-    def max_model_len(self) -> int:
-        return self.placement.max_model_len
-
-    @property
-    def replicas(self) -> int:
-        return self.placement.replicas
-
-    @property
-    def tp(self) -> int:
-        return self.placement.tp
-
-    @property
-    def total_replicas(self) -> int:
-        return self.placement.replicas * self.num_instances
-
-    def hours_for(self, replica_s: float) -> float:
-        return (self.compile_s + replica_s) / 3600.0
-
-    def usd_for(self, replica_s: float) -> float:
-        return usd(self.hours_for(replica_s), self.placement.price, self.num_instances)
-
-    @property
-    def hours_bound(self) -> float:
-        return self.hours_for(self.bound_s)
-
-    @property
-    def usd_bound(self) -> float:
-        return self.usd_for(self.bound_s)
 
 
 def check_instances(names: Sequence[str]) -> tuple[str, ...]:
@@ -233,10 +85,10 @@ def model_len_candidates(spec: PlanSpec, prompt_lens: Sequence[int],
         else (spec.max_model_len,)
 
 
-def placements(spec: PlanSpec) -> tuple[list[Placement], list[str]]:
+def placements(spec: PlanSpec) -> tuple[list[InstanceFit], list[str]]:
     """Every (instance, TP) that holds the model with a usable KV cache under its runtime, and
     why the others do not (an instance without a price among them); PlanError when none does."""
-    found: list[Placement] = []
+    found: list[InstanceFit] = []
     excluded: list[str] = []
     try:
         arch = resolve_architecture(spec.architecture)
@@ -276,7 +128,7 @@ def placements(spec: PlanSpec) -> tuple[list[Placement], list[str]]:
                 continue
             model = StepCostModel(target.profile, name, target.arch, tp,
                                   weight_dtype=spec.weight_dtype, runtime=target.runtime)
-            found.append(Placement(name, tp, cores // tp, target, model, price))
+            found.append(InstanceFit(name, tp, cores // tp, target, model, price))
     if not found:
         reasons = "; ".join(excluded[-3:])
         raise PlanError(f"{spec.architecture} ({spec.weight_dtype}) at max_model_len "
@@ -291,7 +143,7 @@ def share_size(num_requests: int, total_replicas: int) -> int:
     return math.ceil(num_requests / total_replicas)
 
 
-def build_options(spec: PlanSpec, placements_: Sequence[Placement], prompt_lens: Sequence[int],
+def build_options(spec: PlanSpec, placements_: Sequence[InstanceFit], prompt_lens: Sequence[int],
                   output_lens: Sequence[int], *, seed: int,
                   progress: Callable[[str], None] = lambda m: None,
                   excluded: list[str] | None = None) -> list[Option]:

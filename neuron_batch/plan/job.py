@@ -11,8 +11,8 @@ from pathlib import Path
 
 from neuron_batch.bench.deadline import Deadline
 from neuron_batch.config import RunSettings
-from neuron_batch.plan.bounds import KV_RESERVE_REQUEST
-from neuron_batch.plan.grid import Option, PlanSpec
+from neuron_batch.layout.bounds import KV_RESERVE_REQUEST
+from neuron_batch.plan.options import Option, PlanSpec
 
 PLAN_JSON = "plan.json"
 

@@ -15,11 +15,11 @@ from typing import Any
 from neuron_batch.bench.command_line import run_command
 from neuron_batch.bench.deadline import format_hours
 from neuron_batch.bench.export import _jsonable
-from neuron_batch.plan.grid import Option
+from neuron_batch.job.folder import write_json_atomic
 from neuron_batch.plan.job import PLAN_JSON, PlanJob, layout_settings, option_settings
+from neuron_batch.plan.options import Option
 from neuron_batch.plan.search import objective_key
 from neuron_batch.report.cost import per_million
-from neuron_batch.run.folder import write_json_atomic
 from neuron_batch.runtime import get_runtime
 
 PLAN_CSV, PLAN_PNG = "plan.csv", "plan_cost_vs_time.png"

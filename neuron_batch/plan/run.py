@@ -22,9 +22,8 @@ from typing import Any
 
 from neuron_batch.bench.deadline import format_hours
 from neuron_batch.config import RunSettings
+from neuron_batch.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
 from neuron_batch.plan.grid import (
-    Option,
-    PlanError,
     build_options,
     model_len_candidates,
     placements,
@@ -37,10 +36,10 @@ from neuron_batch.plan.job import (  # noqa: F401  (re-exported)
     plan_base,
     run_folder,
 )
+from neuron_batch.plan.options import Option, PlanError
 from neuron_batch.plan.report import PlanWriter
 from neuron_batch.plan.search import Search, dry_run
 from neuron_batch.plan.splits import split_options
-from neuron_batch.run.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
 
 #: CPU seconds a simulation costs per engine step and per output token, measured on the 2-core
 #: development machine (the whole conversation trace at max_num_seqs 32: 147 k steps, 4.1 M
@@ -86,8 +85,8 @@ def simulate_share(settings: RunSettings, workload_limit: int | None) -> dict[st
 
 def _run_share(settings: RunSettings, workload_limit: int | None) -> dict:
     from neuron_batch.inputs.prepare import Prepared
+    from neuron_batch.job.workload import Workload, load_workload
     from neuron_batch.run.runner import run
-    from neuron_batch.run.workload import Workload, load_workload
 
     key = (settings.inputs, settings.prompt_column, settings.split, settings.seed,
            workload_limit, settings.model, settings.max_model_len, settings.max_tokens,
@@ -122,7 +121,7 @@ class _InlinePool:
 # -- the plan ---------------------------------------------------------------------------------
 
 def run_plan(job: PlanJob) -> int:
-    from neuron_batch.run.workload import load_workload
+    from neuron_batch.job.workload import load_workload
 
     if (job.out_dir / PLAN_JSON).exists() and not job.resume:
         raise RunError(f"{job.out_dir} already holds a plan; pass --resume to continue it, or "

@@ -1,4 +1,4 @@
-"""Options that split the job by length (`run --split-at N`, run/split.py), for `plan`.
+"""Options that split the job by length (`run --split-at N`, layout/split.py), for `plan`.
 
 Under a static KV cache (nxdi: inf2, trn1) every slot is sized for the longest request, so a
 batch job whose lengths it knows can run the requests that fit in N tokens first in a layout
@@ -21,28 +21,15 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from neuron_batch.device.cost_model import compile_footprint
 from neuron_batch.device.static_kv import static_slots
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
-from neuron_batch.plan.bounds import ShareStats, replica_bound
-from neuron_batch.plan.grid import Option, Placement, PlanSpec
-from neuron_batch.run.split import CUT_STEP, MAX_SHORT_SLOTS, cut_candidates, fitted_count
+from neuron_batch.layout.bounds import ShareStats, replica_bound
+from neuron_batch.layout.split import CUT_STEP, MAX_SHORT_SLOTS, cut_candidates, fitted_count
+from neuron_batch.plan.options import InstanceFit, Option, PlanSpec, SplitLayout
 from neuron_batch.runtime import nxdi_default_buckets
-
-
-@dataclass(frozen=True)
-class SplitLayout:
-    """The short layout of a split option, and what its share puts in it. Its bucket lists
-    are the run's to fit (run/split.py): `plan` needs only how many there are (their compile
-    time) and bounds the prefills below by their unpadded sizes."""
-
-    cut: int                            # its max_model_len: requests of length <= cut
-    max_num_seqs: int
-    requests: int                       # of the simulated share
-    num_graphs: int
-    compile_s: float                    # its own graphs (the option's compile_s has both)
 
 
 def split_options(spec: PlanSpec, singles: Sequence[Option], prompt_lens: Sequence[int],
@@ -55,7 +42,7 @@ def split_options(spec: PlanSpec, singles: Sequence[Option], prompt_lens: Sequen
     cache: dict[tuple, list] = {}
     for single in singles:
         placement = single.placement
-        # (whole prompts: the short layout's lists are fitted, run/split.py)
+        # (whole prompts: the short layout's lists are fitted, layout/split.py)
         if (not placement.runtime.static_kv or placement.runtime.chunked_prefill
                 or single.skip_reason):
             continue
@@ -68,7 +55,7 @@ def split_options(spec: PlanSpec, singles: Sequence[Option], prompt_lens: Sequen
     return out
 
 
-def _short_layouts(spec: PlanSpec, placement: Placement, prompts: Sequence[int],
+def _short_layouts(spec: PlanSpec, placement: InstanceFit, prompts: Sequence[int],
                    outputs: Sequence[int]) -> list[tuple[SplitLayout, ShareStats, ShareStats]]:
     """Each candidate cut's short layout for this share, with both parts' statistics. The
     requests are grouped by the cuts they fall between, each group's statistics computed

@@ -1,2 +1,2 @@
-"""Stage 3: scheduler records -> metrics -> report dict -> terminal summary / Prometheus text
-(pure: no vLLM import)."""
+"""Scheduler records -> metrics -> report dict -> terminal summary / Prometheus text, what a run
+costs, and the report over many replicas' records (pure: no vLLM import)."""

@@ -1,2 +1,2 @@
-"""Stage 2: a run. The engine builder (vLLM + NeuronScheduler + a device), the run folder
-(lock, resume, outputs) and the runner that ties inputs, engine and report together."""
+"""A run: the runner ties inputs, the device, the run folder, the engine loop (one engine,
+replicas, or a split's parts) and the report together."""

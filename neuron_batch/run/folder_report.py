@@ -6,15 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from neuron_batch.run.errors import EXIT_FAILED, RunError
-from neuron_batch.run.folder import REPORT, RunFolder
-from neuron_batch.run.job import Job
+from neuron_batch.errors import EXIT_FAILED, RunError
+from neuron_batch.job.folder import REPORT, RunFolder
+from neuron_batch.job.job import Job
 
 
 def build_report(job: Job) -> dict:
     """The report over the whole input, from every attempt's records and the outputs file."""
     from neuron_batch.report.metrics import summarize
-    from neuron_batch.run.replica_report import has_replicas, summarize_replicas
+    from neuron_batch.report.replicas import has_replicas, summarize_replicas
     from neuron_batch.scheduler.records import concat_attempts, read_records
 
     folder, settings = job.folder, job.settings
@@ -80,7 +80,7 @@ def split_section(attempts: list[dict], folder, settings, simulated: bool) -> di
     parts' elapsed times add up to the run's, as without replicas, or side by side
     (`placement`) the longer one is the run's."""
     from neuron_batch.report.metrics import summarize
-    from neuron_batch.run.replica_report import attempt_figures, has_replicas
+    from neuron_batch.report.replicas import attempt_figures, has_replicas
     from neuron_batch.scheduler.records import read_records
 
     layout = folder.records_layout()

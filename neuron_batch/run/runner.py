@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.config import SPLIT_AUTO, RunSettings
-from neuron_batch.inputs.prepare import in_order
-from neuron_batch.inputs.records import InputProblem
-from neuron_batch.run.errors import (
+from neuron_batch.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_PARTIAL,
     RunError,
 )
-from neuron_batch.run.folder import (
+from neuron_batch.inputs.prepare import in_order
+from neuron_batch.inputs.records import InputProblem
+from neuron_batch.job.folder import (
     REPORT,
     OutputError,
     RunFolder,
@@ -32,8 +32,8 @@ from neuron_batch.run.folder import (
     input_fingerprint,
     write_json_atomic,
 )
-from neuron_batch.run.job import Job
-from neuron_batch.run.workload import Workload, load_workload
+from neuron_batch.job.job import Job
+from neuron_batch.job.workload import Workload, load_workload
 
 
 @dataclass
@@ -63,7 +63,7 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
     if settings.split_at == SPLIT_AUTO:
         settings = auto_split(settings, workload, log)
     if settings.split_at is not None:
-        from neuron_batch.run.split import check_split
+        from neuron_batch.layout.split import check_split
 
         check_split(settings, workload.prepared.requests)
     if target is not None and settings.uses_ray:
@@ -126,7 +126,7 @@ def static_slots_at(settings: RunSettings, model):
     if settings.device == "sim":
         return lambda s: resolve_sim_target(s, model).kv.get("max_static_seqs")
     if runs_on_neuron(settings):
-        from neuron_batch.run.neuron_host import host_static_slots
+        from neuron_batch.engine.neuron_host import host_static_slots
 
         return lambda s: host_static_slots(s, s.resolve_runtime(), model.path)
     return lambda s: None
@@ -143,7 +143,7 @@ def estimate_target(settings: RunSettings, model):
         return resolve(settings), resolve
     if not runs_on_neuron(settings):
         return None, None
-    from neuron_batch.run.neuron_host import host_instance
+    from neuron_batch.engine.neuron_host import host_instance
 
     instance, runtime = host_instance(settings), settings.resolve_runtime().name
     if instance is None:
@@ -162,14 +162,14 @@ def estimate_target(settings: RunSettings, model):
 
 def split_estimate(target, resolve):
     """The time model a split's cut (`--split-at auto`) and placement are weighed with
-    (run/split_placement.py), from `estimate_target`: the step-time model and compile
+    (layout/placement.py), from `estimate_target`: the step-time model and compile
     estimate of the simulated device or of a known Neuron host; None without one."""
     if target is None:
         return None
     from neuron_batch.device.cost_model import StepCostModel
     from neuron_batch.device.replica_layout import engines_per_instance
-    from neuron_batch.run.split import part_compile_s
-    from neuron_batch.run.split_placement import BoundEstimate
+    from neuron_batch.layout.placement import BoundEstimate
+    from neuron_batch.layout.split import part_compile_s
 
     model = StepCostModel(target.profile, target.instance, target.arch, target.tp,
                           weight_dtype=target.weight_dtype, runtime=target.runtime)
@@ -183,7 +183,7 @@ def auto_split(settings: RunSettings, workload: Workload, log) -> RunSettings:
     split when one layout is faster. Needs a step-time model (`estimate_target`)."""
     from dataclasses import replace
 
-    from neuron_batch.run.split import choose_cut
+    from neuron_batch.layout.split import choose_cut
 
     out_dir = Path(settings.output) if settings.output else None
     if settings.resume and out_dir is not None:
@@ -205,7 +205,7 @@ def auto_split(settings: RunSettings, workload: Workload, log) -> RunSettings:
 def check_neuron_host(settings: RunSettings, workload) -> None:
     """A Neuron run's settings, checked before anything loads (neuron_host.py): the plugin's
     limits, the sampling it can do, and whether the static KV cache fits beside the weights."""
-    from neuron_batch.run.neuron_host import NeuronHostError, check_host
+    from neuron_batch.engine.neuron_host import NeuronHostError, check_host
     from neuron_batch.versions import neuron_plugin
 
     try:
@@ -226,8 +226,8 @@ def check_sim_layout(settings: RunSettings, target) -> None:
 
 
 def _run_locked(job: Job) -> RunResult:
+    from neuron_batch.job.generate import generate
     from neuron_batch.run.folder_report import build_report
-    from neuron_batch.run.generate import generate
 
     settings, folder, log = job.settings, job.folder, job.log
     prepared, problems = job.workload.prepared, job.workload.problems
@@ -243,7 +243,7 @@ def _run_locked(job: Job) -> RunResult:
                            f"--limit, --shuffle or --seed); choose another --output")
     if settings.uses_ray:
         # Before the folder is written to: a bad address or a cluster too small fails here.
-        from neuron_batch.run.ray_cluster import connect
+        from neuron_batch.replicas.cluster import connect
 
         job.cluster = connect(settings, log)
     folder.write_manifest({"settings": settings.to_dict(), "model": job.workload.model.name,
@@ -262,7 +262,8 @@ def _run_locked(job: Job) -> RunResult:
             f"(output: {folder.path})")
         try:
             if settings.split_at is not None:
-                from neuron_batch.run.split import plan_parts, run_parts
+                from neuron_batch.layout.split import plan_parts
+                from neuron_batch.run.split import run_parts
 
                 resolve = lambda s: resolve_sim_target(s, job.workload.model)  # noqa: E731
                 model = job.workload.model
@@ -275,7 +276,7 @@ def _run_locked(job: Job) -> RunResult:
                         if placement.estimated_s is not None else ""))
                 outcomes = run_parts(job, parts, attempt, generate, resolve, placement)
             elif settings.uses_ray:
-                from neuron_batch.run.replicas import generate_replicas
+                from neuron_batch.replicas.pool import generate_replicas
 
                 outcomes = iter([generate_replicas(job, pending, attempt)])
             else:

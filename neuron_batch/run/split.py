@@ -1,273 +1,18 @@
-"""`run --split-at N`: a batch job split by length into two compiled layouts, one after the other.
-
-Under NxDI (inf2, trn1) the KV cache is static: `max_num_seqs` slots of `max_model_len` each, so
-one long request sizes every slot for itself. A batch job knows every request's length before
-it starts: the requests whose prompt + max_tokens fit in N run first in a layout compiled for
-max_model_len N, with as many slots as fit there (on the simulated device under a static-KV
-runtime; elsewhere the --max-num-seqs given), then the rest in the layout of --max-model-len
-with --max-num-seqs. Each part is its own engine start (on a Neuron host, its own compile) and
-its own attempt in the run folder (records-N.jsonl, a line in attempts.json with its `part`), so
-`--resume` and the report work as for any run; the report adds `split`: each part's layout and
-figures, and the compile time of both. With --replicas each part runs across every replica, one
-part after the other (records-N-rK.jsonl per replica; a part's elapsed time is its slowest
-replica's on the simulated device), and the short layout's slots are capped at a replica's share
-of its requests.
-
-Buckets: under a runtime of whole prompts (nxdi) each layout's context-encoding and
-token-generation lists are fitted to its own requests (the exact optimiser over their prompt
-lengths and their lengths, as many buckets as NxDI's default for that max_model_len, so no more
-graphs to compile): a default list is powers of two, and a cut just above one (2176) would pad
-every prompt past 1024 to the cut. Lists the user gave are the long layout's (a list must end at
-its own max_model_len). A chunked runtime (vllm-neuron) keeps its defaults: its buckets are over
-chunks and batch sizes, not over what a split sorts by. No vLLM import here.
-"""
+"""`run --split-at N`: a split job's parts (layout/split.py) run one after the other, or side by
+side on --replicas, each its own attempt in the run folder."""
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
-from neuron_batch.bench.optimiser import optimal_buckets
-from neuron_batch.config import RunSettings
-from neuron_batch.inputs.prepare import PreparedRequest
-from neuron_batch.run.errors import RunError
-from neuron_batch.run.split_placement import (
-    AUTO,
-    IN_TURN,
-    SIDE_BY_SIDE,
-    PartTime,
-    Placement,
-    choose,
-)
-from neuron_batch.runtime import Runtime, nxdi_default_buckets
-
-SHORT, LONG = "short", "long"
-#: Cuts are multiples of this (the KV block granularity `plan` rounds max_model_len to).
-CUT_STEP = 128
-#: The most slots the short layout is given (vLLM's own default max_num_seqs): past that a
-#: static cache would only add idle slots to every decode step.
-MAX_SHORT_SLOTS = 256
-
-
-@dataclass(frozen=True)
-class Part:
-    """One layout of a split run and the requests it serves."""
-
-    name: str                       # SHORT or LONG
-    settings: RunSettings
-    requests: list[PreparedRequest]
-
-    def describe(self) -> dict[str, Any]:
-        shapes = self.settings.shapes()
-        compiled = {option.key: list(value) for option, value in (
-            (shapes.runtime.prefill, shapes.prefill_buckets),
-            (shapes.runtime.decode, shapes.decode_buckets),
-            (shapes.runtime.attention, shapes.attention_buckets)) if option and value}
-        return {"part": self.name, "max_model_len": self.settings.max_model_len,
-                "max_num_seqs": self.settings.max_num_seqs, "requests": len(self.requests),
-                "buckets": compiled}
-
-
-def fitted_buckets(runtime: Runtime, prompt_lens: Sequence[int], lengths: Sequence[int],
-                   max_model_len: int
-                   ) -> tuple[tuple[int, ...] | None, None, tuple[int, ...] | None]:
-    """(prefill, decode, attention) lists for a layout of `max_model_len` serving requests of
-    these prompt lengths and lengths (prompt + max_tokens): under whole-prompt prefill the
-    optimiser's least-padding lists over each (a decode step attends the bucket of its longest
-    request, which reaches its length at its last token), as many as NxDI's default for
-    `max_model_len`; None (the runtime's default) for a chunked runtime or no requests."""
-    if runtime.chunked_prefill or not prompt_lens:
-        return None, None, None
-    count = len(nxdi_default_buckets(max_model_len))
-    prompts = Counter(min(p, max_model_len) for p in prompt_lens)
-    reach = Counter(min(n, max_model_len) for n in lengths)
-    return (tuple(optimal_buckets(prompts, count, max_model_len).buckets), None,
-            tuple(optimal_buckets(reach, count, max_model_len).buckets))
-
-
-def fitted_count(sizes: Sequence[int], count: int, maximum: int) -> int:
-    """How many buckets `fitted_buckets` gives for these sizes, without solving: the
-    optimiser's least-padding list of at most `count` buckets (ties: fewer) has one per
-    distinct size below `maximum` plus `maximum`, or `count` when that is fewer (each further
-    bucket takes padding off some size). tests/test_split_cuts.py checks it against the
-    optimiser."""
-    return min(count, len({s for s in sizes if s < maximum}) + 1)
-
-
-def fitted_to(runtime: Runtime, requests: Sequence[PreparedRequest], max_model_len: int):
-    """`fitted_buckets` for these requests."""
-    return fitted_buckets(runtime, [len(r.prompt_token_ids) for r in requests],
-                          [r.length for r in requests], max_model_len)
-
-
-def cut_candidates(lengths: Sequence[int], slots_at, max_model_len: int, step: int = 128
-                   ) -> list[tuple[int, int]]:
-    """The cuts worth weighing, as (cut, short-layout slots): for each number of slots
-    `slots_at(N)` gives over the multiples of `step` below `max_model_len`, the largest N with
-    that many (the same layout holds more of the requests), while some request fits under N
-    and some does not. Under a static KV cache the slots fall as N grows, so these are where
-    the trade between slots and requests served changes."""
-    ordered = sorted(lengths)
-    if not ordered:
-        return []
-    first = -(-ordered[0] // step) * step
-    out: list[tuple[int, int]] = []
-    for cut in range(first, max_model_len, step):
-        if cut >= ordered[-1]:          # nothing left for the long layout
-            break
-        slots = slots_at(cut)
-        if out and out[-1][1] == slots:
-            out[-1] = (cut, slots)
-        else:
-            out.append((cut, slots))
-    return out
-
-
-def choose_cut(settings: RunSettings, requests: list[PreparedRequest], slots_at, estimate
-               ) -> tuple[int | None, str]:
-    """`--split-at auto`: the cut whose split the estimate (split_placement.BoundEstimate)
-    finishes soonest, compile of both layouts (and their placement on --replicas) included,
-    over every candidate (`cut_candidates`); None when the single layout of the settings as
-    given is as fast. Returns it with a line that says so."""
-    from bisect import bisect_right
-
-    runtime = settings.resolve_runtime()
-    single = Part(LONG, replace(settings, split_at=None, split_placement=AUTO).validate(),
-                  list(requests))
-    single_s = estimate.seconds(single) + (estimate.compile_of(single) or 0.0)
-    if not runtime.static_kv or not requests:
-        return None, (f"--split-at auto: no split (the {runtime.name} runtime's paged KV cache "
-                      f"does not size its slots by max_model_len)")
-    ordered = sorted(r.length for r in requests)
-
-    def slots(cut: int) -> int:
-        return short_layout_slots(replace(settings, split_at=cut), slots_at,
-                                  bisect_right(ordered, cut))
-
-    best, best_s = None, single_s
-    for cut, _ in cut_candidates(ordered, slots, settings.max_model_len, CUT_STEP):
-        parts, placement = plan_parts(replace(settings, split_at=cut), requests, slots_at,
-                                      estimate)
-        total = placement.estimated_s if placement.estimated_s is not None else sum(
-            estimate.seconds(p) + (estimate.compile_of(p) or 0.0) for p in parts)
-        if total < best_s:
-            best, best_s = cut, total
-    if best is None:
-        return None, (f"--split-at auto: no split: one layout is estimated fastest "
-                      f"({single_s / 3600:.2f} h with compile)")
-    return best, (f"--split-at auto: {best:,} ({best_s / 3600:.2f} h with both compiles, "
-                  f"against {single_s / 3600:.2f} h for one layout, as estimated)")
-
-
-def check_split(settings: RunSettings, requests: list[PreparedRequest]) -> None:
-    """RunError (exit 2, nothing run) for a cut no request fits under, or a request longer than
-    every layout (named: a batch job never cuts one short)."""
-    if not requests:
-        return
-    split_at = settings.split_at
-    shortest = min(r.length for r in requests)
-    if split_at < shortest:
-        raise RunError(f"--split-at {split_at:,} is below the shortest request (prompt + "
-                       f"max_tokens = {shortest:,} tokens): no request would run in the short "
-                       f"layout; choose a cut of at least {shortest:,}")
-    # (a request whose max_tokens the input stage clamped to fit max_model_len is one too)
-    too_long = [r for r in requests if r.max_tokens_clamped
-                or r.length > settings.max_model_len]
-    if too_long:
-        named = ", ".join(f"{r.record.id} ({r.length:,})" for r in too_long[:5])
-        more = f" and {len(too_long) - 5} more" if len(too_long) > 5 else ""
-        raise RunError(f"{len(too_long)} request(s) reach more than --max-model-len "
-                       f"{settings.max_model_len:,} tokens (prompt + max_tokens): {named}{more}; "
-                       f"raise --max-model-len (the long layout) or lower their max_tokens")
-
-
-def short_layout_slots(settings: RunSettings, slots_at, num_requests: int) -> int:
-    """max_num_seqs of the short layout: under a static-KV runtime, every slot of split_at
-    tokens that fits beside the weights (`slots_at(settings)`: on the simulated device, or on
-    a Neuron host whose instance and model shape are known), but no more than one engine has
-    requests (NxDI decodes every slot each step: an idle slot still reads its KV): the part's,
-    or with --replicas R about a replica's share of them, ceil(requests / R); when that cannot
-    be told, the --max-num-seqs given."""
-    slots = slots_at(replace(settings, max_model_len=settings.split_at))
-    if not slots:
-        return settings.max_num_seqs
-    per_engine = -(-num_requests // settings.replicas) if settings.uses_ray else num_requests
-    return max(1, min(int(slots), MAX_SHORT_SLOTS, per_engine))
-
-
-def short_part(settings: RunSettings, requests: list[PreparedRequest], slots_at,
-               engines: int) -> Part:
-    """The short layout for `requests` served by `engines` engines (its slots are capped at
-    an engine's share)."""
-    runtime = settings.resolve_runtime()
-    short = replace(settings, max_model_len=settings.split_at, split_at=None,
-                    split_placement=AUTO)       # (a part is not split again)
-    short = replace(short, replicas=engines, max_num_seqs=short_layout_slots(
-        replace(settings, replicas=engines), slots_at, len(requests)))
-    short = short.with_buckets(runtime, *fitted_to(runtime, requests, settings.split_at))
-    return Part(SHORT, short.validate(), requests)
-
-
-def long_part(settings: RunSettings, requests: list[PreparedRequest], engines: int) -> Part:
-    """The long layout (--max-model-len, --max-num-seqs) for `requests` on `engines` engines."""
-    runtime = settings.resolve_runtime()
-    long = replace(settings, split_at=None, split_placement=AUTO, replicas=engines)
-    if not any(settings.bucket_lists().values()):     # the user's lists win
-        long = long.with_buckets(runtime, *fitted_to(runtime, requests, settings.max_model_len))
-    return Part(LONG, long.validate(), requests)
-
-
-def plan_parts(settings: RunSettings, pending: list[PreparedRequest], slots_at,
-               estimate=None) -> tuple[list[Part], Placement]:
-    """The parts of the pending requests, short first, empty parts left out, and where they
-    run (split_placement.py: in turn, or side by side on --replicas as --split-placement and
-    `estimate` say). `slots_at(settings)`: the static slots of settings.max_model_len that
-    load, None when unknown (runner.py). `estimate`: a split_placement.BoundEstimate, or None
-    when the device has no step-time model."""
-    short = [r for r in pending if r.length <= settings.split_at]
-    long = [r for r in pending if r.length > settings.split_at]
-    replicas = settings.replicas
-    parts = ([short_part(settings, short, slots_at, replicas)] if short else []) + \
-        ([long_part(settings, long, replicas)] if long else [])
-    if len(parts) < 2 or not settings.uses_ray:
-        return parts, Placement(IN_TURN, replicas)
-
-    def on(part: Part, engines: int) -> Part:
-        """`part` on `engines` engines: its buckets stay (fitted to its requests, whoever
-        serves them); the short layout's slots follow an engine's share."""
-        changed = replace(part.settings, replicas=engines)
-        if part.name == SHORT:
-            changed = replace(changed, max_num_seqs=short_layout_slots(
-                replace(settings, replicas=engines), slots_at, len(part.requests)))
-        return Part(part.name, changed.validate(), part.requests)
-
-    def timed(part: Part) -> PartTime:
-        if estimate is None:
-            return PartTime(0.0, None)
-        return PartTime(estimate.compile_of(part) or 0.0,
-                        lambda n: estimate.seconds(on(part, n)))
-
-    placement = choose(settings.split_placement, replicas,
-                       estimate.per_instance if estimate is not None else replicas,
-                       *(timed(part) for part in parts))
-    if placement.mode == SIDE_BY_SIDE:
-        k = placement.short_replicas
-        parts = [on(parts[0], k), on(parts[1], replicas - k)]
-    return parts, placement
-
-
-def part_compile_s(part: Part, target) -> float:
-    """The estimated compile time of a part's layout on the simulated device `target`."""
-    shapes = part.settings.shapes(target.runtime)
-    return target.describe(num_prefill_buckets=len(shapes.prefill_buckets),
-                           num_decode_buckets=len(shapes.decode_buckets),
-                           num_graphs=shapes.num_graphs)["compile"]["estimated_compile_s"]
+from neuron_batch.layout.placement import SIDE_BY_SIDE, SplitPlacement
+from neuron_batch.layout.split import Part, part_compile_s
 
 
 def run_parts(job, parts: list[Part], attempt: int, generate, resolve_target,
-              placement: Placement | None = None) -> Iterator[dict[str, Any]]:
+              placement: SplitPlacement | None = None) -> Iterator[dict[str, Any]]:
     """Each part in its own engine, in turn, as attempts `attempt`, `attempt` + 1; yields
     their attempts.json lines (with `part`) as each ends, so a part that fails later cannot
     lose the record of one that finished. Stops after a part that did not finish.
@@ -292,7 +37,7 @@ def run_parts(job, parts: list[Part], attempt: int, generate, resolve_target,
                 f"{part.settings.max_model_len:,}, max_num_seqs {part.settings.max_num_seqs} "
                 f"({where})")
     if side_by_side:
-        from neuron_batch.run.replicas import generate_side_by_side
+        from neuron_batch.replicas.pool import generate_side_by_side
 
         job.folder.open_outputs()
         if not job.cluster.connected:
@@ -306,7 +51,7 @@ def run_parts(job, parts: list[Part], attempt: int, generate, resolve_target,
     for number, (part, part_job) in enumerate(zip(parts, jobs), start=attempt):
         job.folder.open_outputs()       # (each engine's generate closes it when it ends)
         if part.settings.uses_ray:
-            from neuron_batch.run.replicas import generate_replicas
+            from neuron_batch.replicas.pool import generate_replicas
 
             if not job.cluster.connected:           # a part before this one shut it down
                 job.cluster.reconnect(part.settings, job.log)
@@ -318,7 +63,7 @@ def run_parts(job, parts: list[Part], attempt: int, generate, resolve_target,
             break
 
 
-def _describe(outcome: dict[str, Any], part: Part, target, placement: Placement | None,
+def _describe(outcome: dict[str, Any], part: Part, target, placement: SplitPlacement | None,
               replicas: int, side_by_side: int | None = None) -> dict[str, Any]:
     """A part's attempts.json line: its layout, compile estimate (simulated device) and, on
     replicas, where the parts ran."""

@@ -5,7 +5,7 @@ every replica.
 
 Ray is imported only here and in `replicas.py` / `replica_actor.py`, and only on the Ray path.
 
-Placement (what each replica actor asks Ray for):
+ReplicaResources (what each replica actor asks Ray for):
 - on Neuron, `{"neuron_cores": T}` and 1 CPU: Ray knows NeuronCores as `neuron_cores` and
   gives each actor its own through NEURON_RT_VISIBLE_CORES;
 - on the CPU and on the simulated device, 1 CPU (the simulated device's engines run no model).
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 
 from neuron_batch.config import RunSettings
-from neuron_batch.run.errors import EXIT_FAILED, RunError
+from neuron_batch.errors import EXIT_FAILED, RunError
 
 #: Ray releases this package is tested with: [low, high) as (major, minor).
 TESTED_RAY = ((2, 60), (2, 61))
@@ -39,7 +39,7 @@ CONNECT_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
-class Placement:
+class ReplicaResources:
     """What one replica actor asks Ray for, and the device its engine runs."""
 
     device: str                        # "sim", "cpu" or "neuron"
@@ -59,7 +59,7 @@ class RayCluster:
 
     address: str                       # as given, or "local"
     started_local: bool
-    placement: Placement
+    placement: ReplicaResources
     replicas: int
     node_ids: dict[str, str]           # alive at start: node id -> its address
     _connected: bool = True
@@ -162,22 +162,23 @@ def check_address(address: str) -> None:
                        EXIT_FAILED) from None
 
 
-def placement_for(settings: RunSettings, cluster_resources: dict[str, float]) -> Placement:
+def replica_resources(settings: RunSettings,
+                      cluster_resources: dict[str, float]) -> ReplicaResources:
     device = settings.device
     if device == "auto":
         device = "neuron" if cluster_resources.get("neuron_cores") else "cpu"
     if device == "sim":
-        return Placement("sim")
+        return ReplicaResources("sim")
     if device == "cpu":
-        return Placement("cpu")
+        return ReplicaResources("cpu")
     if device == "neuron":
         tp = settings.sim.tensor_parallel_size or 1
-        return Placement("neuron", 1.0, {"neuron_cores": float(tp)})
+        return ReplicaResources("neuron", 1.0, {"neuron_cores": float(tp)})
     raise RunError(f"--replicas on device {device!r} is not supported (sim, cpu and neuron "
                    f"are); for several GPUs use vLLM's own data parallelism")
 
 
-def replicas_that_fit(nodes: list[dict], placement: Placement) -> int:
+def replicas_that_fit(nodes: list[dict], placement: ReplicaResources) -> int:
     """How many replicas the nodes hold, each on one node."""
     total = 0
     for node in nodes:
@@ -220,7 +221,7 @@ def connect(settings: RunSettings, log: Callable[[str], None]) -> RayCluster:
     try:
         _configure_ray_data()
         nodes = [n for n in ray.nodes() if n.get("Alive")]
-        placement = placement_for(settings, ray.cluster_resources())
+        placement = replica_resources(settings, ray.cluster_resources())
         room = replicas_that_fit(nodes, placement)
         if room < settings.replicas:
             have = ", ".join(f"{k}={v:g}" for k, v in sorted(ray.cluster_resources().items())

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.config import RunSettings
+from neuron_batch.errors import RunError
 from neuron_batch.inputs.load import describe_input, load_prompts
 from neuron_batch.inputs.prepare import prepare_requests
 from neuron_batch.inputs.records import InputError, InputProblem
-from neuron_batch.run.errors import RunError
 
 MAX_PROBLEMS_SHOWN = 20
 
@@ -60,7 +60,7 @@ def load_workload(settings: RunSettings, log: Callable[[str], None]) -> Workload
 
 
 def _model_and_tokenizer(settings: RunSettings, log):
-    from neuron_batch.run.models import ModelError, load_tokenizer, resolve_model
+    from neuron_batch.engine.models import ModelError, load_tokenizer, resolve_model
 
     try:
         model = resolve_model(settings.model, progress=log)

@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_batch.run.errors import ModelError
-from neuron_batch.run.gguf_convert import convert_gguf as _convert_gguf
+from neuron_batch.engine.gguf_convert import convert_gguf as _convert_gguf
+from neuron_batch.errors import ModelError
 
 try:  # POSIX only; vLLM runs on Linux, but keep the module importable elsewhere.
     import fcntl

@@ -26,20 +26,20 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from neuron_batch.engine.engine_log import ENGINE_LOG, engine_output_to
+from neuron_batch.engine.neuron_host import mixed_sampling
+from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.inputs.prepare import PreparedRequest
-from neuron_batch.run.engine_log import ENGINE_LOG, engine_output_to
-from neuron_batch.run.errors import EXIT_FAILED, RunError
-from neuron_batch.run.generate import MAX_ERRORS_KEPT, StopFlag, progress_bar
-from neuron_batch.run.job import Job
-from neuron_batch.run.neuron_host import mixed_sampling
-from neuron_batch.run.replica_actor import (
+from neuron_batch.job.generate import MAX_ERRORS_KEPT, StopFlag, progress_bar
+from neuron_batch.job.job import Job
+from neuron_batch.replicas.actor import (
     REQUESTS_COLUMN,
     ReplicaSpec,
     ReplicaWorker,
     encode_tokens,
     pack,
 )
-from neuron_batch.run.replica_results import ResultStream, ResultWriter
+from neuron_batch.replicas.results import ResultStream, ResultWriter
 
 #: Seconds between checks that no node was lost for good.
 NODE_CHECK_S = 2.0

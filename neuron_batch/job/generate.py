@@ -10,11 +10,11 @@ import time
 from typing import Any
 
 from neuron_batch.config import RunSettings
+from neuron_batch.engine.engine_log import ENGINE_LOG, engine_output_to
+from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.inputs.prepare import PreparedRequest
-from neuron_batch.run.engine_log import ENGINE_LOG, engine_output_to
-from neuron_batch.run.errors import EXIT_FAILED, RunError
-from neuron_batch.run.folder import OutputError
-from neuron_batch.run.job import Job
+from neuron_batch.job.folder import OutputError
+from neuron_batch.job.job import Job
 
 
 class StopFlag:
@@ -70,8 +70,8 @@ def _import_vllm() -> None:
 
 
 def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[str, Any]:
-    from neuron_batch.run.engine import Engine, detect_device, engine_kwargs
-    from neuron_batch.run.neuron_host import mixed_sampling
+    from neuron_batch.engine.engine import Engine, detect_device, engine_kwargs
+    from neuron_batch.engine.neuron_host import mixed_sampling
 
     settings, folder, log, model = job.settings, job.folder, job.log, job.workload.model
     device = settings.device if settings.device != "auto" else detect_device()

@@ -33,7 +33,7 @@ class PartTime:
 
 
 @dataclass(frozen=True)
-class Placement:
+class SplitPlacement:
     mode: str                           # IN_TURN or SIDE_BY_SIDE
     short_replicas: int                 # side by side: K; in turn: R (every replica)
     estimated_s: float | None = None    # compile wall + run, as estimated (None: unknown)
@@ -80,7 +80,7 @@ def side_by_side_s(k: int, replicas: int, per_instance: int, short: PartTime,
 
 
 def choose(mode: str, replicas: int, per_instance: int, short: PartTime | None,
-           long: PartTime | None) -> Placement:
+           long: PartTime | None) -> SplitPlacement:
     """The placement for `mode` (PLACEMENTS). short/long None: that part has no requests
     (nothing to place side by side). A part's PartTime with `seconds_on` None: no estimate:
     side by side then splits the replicas by nothing better than half and half, and auto
@@ -88,19 +88,19 @@ def choose(mode: str, replicas: int, per_instance: int, short: PartTime | None,
     if mode not in PLACEMENTS:
         raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {mode!r}")
     if mode == IN_TURN or replicas < 2 or short is None or long is None:
-        return Placement(IN_TURN, replicas)
+        return SplitPlacement(IN_TURN, replicas)
     if short.seconds_on is None or long.seconds_on is None:
         if mode == AUTO:
-            return Placement(IN_TURN, replicas)
-        return Placement(SIDE_BY_SIDE, replicas // 2)
+            return SplitPlacement(IN_TURN, replicas)
+        return SplitPlacement(SIDE_BY_SIDE, replicas // 2)
     best = min(range(1, replicas),
                key=lambda k: (side_by_side_s(k, replicas, per_instance, short, long), k))
     side = side_by_side_s(best, replicas, per_instance, short, long)
     turn = in_turn_s(replicas, short, long)
     if mode == AUTO and turn <= side:
-        return Placement(IN_TURN, replicas, turn, turn, short.compile_s + long.compile_s,
+        return SplitPlacement(IN_TURN, replicas, turn, turn, short.compile_s + long.compile_s,
                          (short.seconds_on(replicas), long.seconds_on(replicas)))
-    return Placement(SIDE_BY_SIDE, best, side, turn,
+    return SplitPlacement(SIDE_BY_SIDE, best, side, turn,
                      compile_wall_s(best, replicas, per_instance, short.compile_s,
                                     long.compile_s),
                      (short.seconds_on(best), long.seconds_on(replicas - best)))
@@ -108,7 +108,7 @@ def choose(mode: str, replicas: int, per_instance: int, short: PartTime | None,
 
 class BoundEstimate:
     """A part's time from the step-time model, built from `plan`'s per-replica pieces
-    (plan/bounds.py) for one engine's share (every n-th request when n engines serve the
+    (layout/bounds.py) for one engine's share (every n-th request when n engines serve the
     part): its prefills exactly at the part's buckets; its decode steps at least as many as
     its slots allow and as its longest output needs, each costed at the shape the runtime
     compiles (under a static KV cache every slot attends the token-generation bucket of the
@@ -124,7 +124,7 @@ class BoundEstimate:
     def seconds(self, part) -> float:
         from neuron_batch.buckets import bucket_for
         from neuron_batch.device.target import NEURON_BLOCK_SIZE
-        from neuron_batch.plan.bounds import (
+        from neuron_batch.layout.bounds import (
             ShareStats,
             decode_seconds_bound,
             decode_steps_bound,

@@ -263,7 +263,7 @@ class ReplicaWorker:
         batch.loop.call_soon_threadsafe(_resolve, batch.future, columns)
 
     def _build_engine(self):
-        from neuron_batch.run.engine import Engine, engine_kwargs
+        from neuron_batch.engine.engine import Engine, engine_kwargs
 
         # vLLM's engine core (scheduler and device) runs in this process: the module text says
         # why.
@@ -276,7 +276,7 @@ class ReplicaWorker:
         if spec.device == "sim":
             model_path, has_tokenizer = str(workdir), False
         else:
-            from neuron_batch.run.models import resolve_model
+            from neuron_batch.engine.models import resolve_model
 
             model = resolve_model(settings.model)   # on this host: no shared filesystem
             model_path, has_tokenizer = model.path, model.has_tokenizer

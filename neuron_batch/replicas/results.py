@@ -18,13 +18,13 @@ import threading
 import time
 from typing import IO, Any
 
+from neuron_batch.engine.engine import Finished
+from neuron_batch.errors import EXIT_FAILED
 from neuron_batch.inputs.prepare import PreparedRequest
-from neuron_batch.run.engine import Finished
-from neuron_batch.run.errors import EXIT_FAILED
-from neuron_batch.run.folder import OutputError, RunFolder
-from neuron_batch.run.generate import output_row
-from neuron_batch.run.job import Job
-from neuron_batch.run.replica_actor import RESULT_COLUMN, decode_tokens, unpack
+from neuron_batch.job.folder import OutputError, RunFolder
+from neuron_batch.job.generate import output_row
+from neuron_batch.job.job import Job
+from neuron_batch.replicas.actor import RESULT_COLUMN, decode_tokens, unpack
 
 #: Seconds to wait for Ray Data's threads after its execution is shut down (they poll every
 #: 10 ms; the executor's own shutdown waits up to 2 s for its scheduling loop).

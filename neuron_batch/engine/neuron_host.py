@@ -39,7 +39,7 @@ from neuron_batch.runtime import NXDI, RUNTIMES, Runtime
 from neuron_batch.versions import release
 
 #: Our worker: the plugin's, with chunked prefill turned off before the model loads.
-WORKER_CLS = "neuron_batch.run.neuron_worker.WholePromptNeuronWorker"
+WORKER_CLS = "neuron_batch.engine.neuron_worker.WholePromptNeuronWorker"
 ARTIFACTS_ENV = "NEURON_COMPILED_ARTIFACTS"
 #: Under the cache folder when --compiled-artifacts is not given.
 ARTIFACTS_DIRNAME = "neuron-compiled"
@@ -191,7 +191,7 @@ def artifacts_dir(settings: RunSettings, runtime: Runtime, model_path: str,
 
 
 def _default_root() -> Path:
-    from neuron_batch.run.models import default_cache_dir
+    from neuron_batch.engine.models import default_cache_dir
 
     return default_cache_dir() / ARTIFACTS_DIRNAME
 
@@ -262,7 +262,7 @@ def static_kv_fit(settings: RunSettings, runtime: Runtime, model_path: str,
 
 def host_static_slots(settings: RunSettings, runtime: Runtime, model_path: str) -> int | None:
     """How many slots of settings.max_model_len this host's static KV cache holds beside the
-    weights (a split's short layout takes them, run/split.py); None when it cannot be told or
+    weights (a split's short layout takes them, layout/split.py); None when it cannot be told or
     none fit (the run's own checks then say why)."""
     try:
         fit = static_kv_fit(replace(settings, max_num_seqs=None), runtime, model_path,

@@ -84,7 +84,7 @@ def detect_device() -> str:
     device_type "cpu", so Neuron is recognised by the platform's class and module."""
     from vllm.platforms import current_platform
 
-    from neuron_batch.run.neuron_host import is_neuron_platform
+    from neuron_batch.engine.neuron_host import is_neuron_platform
 
     device = getattr(current_platform, "device_type", "") or "cpu"
     cls = type(current_platform)
@@ -150,7 +150,7 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
         # (neuron_host.py says why each setting): all bucket lists, the KV layout, TP,
         # sampling, the plugin's switches and the compiled-artifacts folder.
         check_device_available(device)
-        from neuron_batch.run.neuron_host import (
+        from neuron_batch.engine.neuron_host import (
             NXDI_DISTRIBUTION,
             host_setup,
             installed_version,

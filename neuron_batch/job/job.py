@@ -6,15 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from neuron_batch.config import RunSettings
-from neuron_batch.run.folder import RunFolder
-from neuron_batch.run.workload import Workload
+from neuron_batch.job.folder import RunFolder
+from neuron_batch.job.workload import Workload
 
 if TYPE_CHECKING:
     from neuron_batch.device.target import SimTarget
-    from neuron_batch.run.ray_cluster import RayCluster
 
 
 @dataclass
@@ -24,7 +23,9 @@ class Job:
     folder: RunFolder
     log: Callable[[str], None]
     target: SimTarget | None = None     # the simulated device, resolved once; None elsewhere
-    cluster: RayCluster | None = None   # the Ray connection of a --replicas run; None elsewhere
+    # The Ray connection of a --replicas run (replicas/cluster.py RayCluster; typed loosely so
+    # this lower stage never imports the Ray one); None elsewhere.
+    cluster: Any = None
 
     @property
     def simulated(self) -> bool:

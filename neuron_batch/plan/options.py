@@ -1,0 +1,177 @@
+"""The types `neuron-batch plan` weighs: what the user asked for (PlanSpec), an instance type at
+one TP degree that holds the model (InstanceFit), a candidate layout with its bounds (Option) and
+a split option's short layout (SplitLayout). Data only; grid.py builds them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from neuron_batch.device.cost_model import StepCostModel
+from neuron_batch.device.hardware import get_instance
+from neuron_batch.device.target import NEURON_BLOCK_SIZE, SimTarget
+from neuron_batch.layout.bounds import KV_RESERVE_MAX_MODEL_LEN
+from neuron_batch.report.cost import Price, usd
+from neuron_batch.runtime import Runtime, nxdi_default_buckets
+
+DEFAULT_INSTANCES = ("inf2.xlarge", "inf2.8xlarge", "inf2.24xlarge", "inf2.48xlarge",
+                     "trn1.32xlarge", "trn2.3xlarge", "trn2.48xlarge")
+#: Candidate max_model_len values are rounded up to a multiple of this.
+MODEL_LEN_STEP = 128
+DEFAULT_SEQS = (8, 16, 32, 64)
+DEFAULT_MAX_NUM_INSTANCES = 4
+DEFAULT_MAX_PREFILL_BUCKETS = 4
+
+
+class PlanError(ValueError):
+    """A plan that cannot start (bad instance names, a model that fits nowhere); the message
+    says what would work."""
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """What the user asked to plan over."""
+
+    architecture: str
+    instances: tuple[str, ...] = DEFAULT_INSTANCES
+    max_num_instances: int = DEFAULT_MAX_NUM_INSTANCES
+    seqs_values: tuple[int, ...] = DEFAULT_SEQS
+    max_prefill_buckets: int = DEFAULT_MAX_PREFILL_BUCKETS
+    compiled: bool = False
+    weight_dtype: str = "bf16"
+    cost_profile: str | None = None
+    max_model_len: int = 2048
+    max_num_batched_tokens: int = 2048
+    kv_reserve: str = KV_RESERVE_MAX_MODEL_LEN
+    pricing: str = "on-demand"
+    prices: dict[str, float] = field(default_factory=dict)   # instance -> USD/h overrides
+    runtime: str | None = None      # None: each instance's own (nxdi inf2/trn1, vllm-neuron trn2)
+    splits: bool = True             # also weigh jobs split by length (static-KV runtimes)
+
+
+@dataclass(frozen=True)
+class InstanceFit:
+    """One instance type at one TP degree that holds the model."""
+
+    instance: str
+    tp: int
+    replicas: int               # per instance: cores // tp
+    target: SimTarget
+    model: StepCostModel
+    price: Price
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.target.runtime
+
+    @property
+    def max_model_len(self) -> int:
+        return self.target.max_model_len
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.target.kv["num_blocks"])
+
+    @property
+    def max_slots(self) -> int | None:
+        """Under a static KV cache, the most max_num_seqs slots that load (None: paged)."""
+        return int(self.target.kv["max_static_seqs"]) if self.runtime.static_kv else None
+
+    def pool_blocks(self, max_num_seqs: int) -> int:
+        """vLLM's KV pool at this max_num_seqs: a static cache holds exactly its slots (and
+        vLLM's null block), a paged one what the HBM budget gives."""
+        if self.runtime.static_kv:
+            return max_num_seqs * -(-self.max_model_len // NEURON_BLOCK_SIZE) + 1
+        return self.num_blocks
+
+    def attention_buckets(self) -> tuple[int, ...]:
+        """The token-generation buckets NxDI compiles by default (nxdi); none (vllm-neuron:
+        the max_model_len graph only, the seed's default)."""
+        return tuple(nxdi_default_buckets(self.max_model_len)) if self.runtime.static_kv \
+            else ()
+
+    def hardware_key(self) -> tuple:
+        """What the simulated device's timing and KV size depend on besides the settings: two
+        placements with equal keys simulate identically (inf2.xlarge and inf2.8xlarge have the
+        same chip; inf2.24xlarge and inf2.48xlarge the same chips and links)."""
+        inst = get_instance(self.instance)
+        profile = {k: v for k, v in self.target.profile.to_dict().items()
+                   if k not in ("instance", "source")}
+        return (inst.family, inst.hbm_bytes_per_core, inst.hbm_bytes_s_per_core,
+                inst.flops_per_core, inst.collective_bytes_s(self.tp), inst.link_gib_s,
+                self.tp, self.num_blocks, tuple(sorted(profile.items())), self.runtime.name,
+                self.max_model_len)
+
+
+@dataclass
+class Option:
+    """One candidate layout and configuration, with its bounds; results are filled in later."""
+
+    name: str
+    placement: InstanceFit
+    num_instances: int
+    max_num_seqs: int
+    prefill_buckets: tuple[int, ...]
+    decode_buckets: tuple[int, ...]
+    attention_buckets: tuple[int, ...]
+    compile_s: float
+    share_size: int
+    bound_s: float              # lower bound on one replica's run time (seconds)
+    bound_steps: int
+    share_output_tokens: int
+    sim_key: tuple
+    split: SplitLayout | None = None    # a job split by length (splits.py): its short layout
+    skip_reason: str | None = None      # set when another option provably does as well
+    pruned_by: str | None = None        # the best option when this one was pruned
+    result: dict[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def instance(self) -> str:
+        return self.placement.instance
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.placement.runtime
+
+    @property
+    def max_model_len(self) -> int:
+        return self.placement.max_model_len
+
+    @property
+    def replicas(self) -> int:
+        return self.placement.replicas
+
+    @property
+    def tp(self) -> int:
+        return self.placement.tp
+
+    @property
+    def total_replicas(self) -> int:
+        return self.placement.replicas * self.num_instances
+
+    def hours_for(self, replica_s: float) -> float:
+        return (self.compile_s + replica_s) / 3600.0
+
+    def usd_for(self, replica_s: float) -> float:
+        return usd(self.hours_for(replica_s), self.placement.price, self.num_instances)
+
+    @property
+    def hours_bound(self) -> float:
+        return self.hours_for(self.bound_s)
+
+    @property
+    def usd_bound(self) -> float:
+        return self.usd_for(self.bound_s)
+
+
+@dataclass(frozen=True)
+class SplitLayout:
+    """The short layout of a split option, and what its share puts in it. Its bucket lists
+    are the run's to fit (layout/split.py): `plan` needs only how many there are (their compile
+    time) and bounds the prefills below by their unpadded sizes."""
+
+    cut: int                            # its max_model_len: requests of length <= cut
+    max_num_seqs: int
+    requests: int                       # of the simulated share
+    num_graphs: int
+    compile_s: float                    # its own graphs (the option's compile_s has both)
