@@ -7,7 +7,7 @@
 #   bash scripts/vllm_matrix.sh                   # every tested release
 #   bash scripts/vllm_matrix.sh 0.24.0            # some of them
 #   bash scripts/vllm_matrix.sh --list            # which releases it would test
-#   bash scripts/vllm_matrix.sh --update-readme   # then rewrite README.md's table from the result
+#   bash scripts/vllm_matrix.sh --update-readme   # then rewrite docs/vllm-versions.md's table from the result
 #   bash scripts/vllm_matrix.sh --skip-main-venv  # leave out the release the main .venv holds
 #                                                 # (CI: its main suite just ran these tests there)
 #
@@ -258,9 +258,9 @@ echo
 echo "vllm_matrix: $(( SECONDS - started_all )) s in all; logs in $LOGS/vllm-<version>.log"
 if [ $update_readme -eq 1 ]; then
   if [ $failed -eq 0 ]; then
-    "$PYTHON" "${TOOLS[@]}" readme "$RESULT" README.md
+    "$PYTHON" "${TOOLS[@]}" readme "$RESULT" docs/vllm-versions.md
   else
-    echo "vllm_matrix: README.md left as it was (a release failed)"
+    echo "vllm_matrix: docs/vllm-versions.md left as it was (a release failed)"
   fi
 fi
 # The closing line counts releases (CI logs read it like a test runner's).

@@ -111,9 +111,9 @@ def test_plugin_missing_message_only_without_the_plugin(monkeypatch):
 
 
 def test_readme_table_lists_exactly_the_tested_releases():
-    """The README's table is written by `scripts/vllm_matrix.sh --update-readme` from a passing
-    matrix; a release added to TESTED_VLLM without running the matrix fails here."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    """docs/vllm-versions.md's table is written by `scripts/vllm_matrix.sh --update-readme` from
+    a passing matrix; a release added to TESTED_VLLM without running the matrix fails here."""
+    text = (ROOT / "docs" / "vllm-versions.md").read_text(encoding="utf-8")
     begin, end = text.index("<!-- vllm-matrix:begin"), text.index("<!-- vllm-matrix:end -->")
     rows = re.findall(r"^\| (\d+\.\d+\.\d+) \|", text[begin:end], flags=re.M)
     assert rows == [r.version for r in TESTED_VLLM]
