@@ -11,6 +11,7 @@ import shlex
 from dataclasses import fields
 from typing import Any
 
+from neuron_batch.choices import Choice
 from neuron_batch.config import BUCKET_FIELDS, CostOptions, RunSettings, SimOptions
 
 #: RunSettings fields that say where and how a run reports, not what it runs.
@@ -27,8 +28,8 @@ def _flag(name: str) -> str:
 def _value(value: Any) -> str:
     if isinstance(value, (tuple, list)):
         return ",".join(str(v) for v in value)
-    if isinstance(value, str):
-        return value.replace("_", "-") if value in ("max_model_len",) else value
+    if isinstance(value, Choice):
+        return value.cli
     return str(value)
 
 

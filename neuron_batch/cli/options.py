@@ -7,12 +7,11 @@ from pathlib import Path
 
 import click
 
+from neuron_batch.choices import Device, Order, Pricing, WeightDtype
 from neuron_batch.config import (
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
-    DEVICES,
-    ORDERS,
     SPLIT_AUTO,
     CostOptions,
     RunSettings,
@@ -21,7 +20,6 @@ from neuron_batch.config import (
     load_config_file,
     parse_buckets_option,
 )
-from neuron_batch.report.cost import DEFAULT_PRICING, PRICINGS
 from neuron_batch.runtime import RUNTIME_NAMES
 from neuron_batch.scheduler.kv_reserve import parse_kv_reserve
 
@@ -56,7 +54,7 @@ def engine_options(func):
         click.option("--model", envvar="NEURON_BATCH_MODEL", default=None,
                      help="Local model directory or Hugging Face id. Default: the built-in "
                           "SmolLM2-135M-Instruct (prepared once into the cache)."),
-        click.option("--device", type=click.Choice(DEVICES), default="auto",
+        click.option("--device", type=click.Choice(Device.values()), default=Device.AUTO.value,
                      envvar="NEURON_BATCH_DEVICE", show_default=True,
                      help="auto picks what vLLM finds (cpu, cuda, neuron); sim is the simulated "
                           "Neuron device."),
@@ -111,7 +109,7 @@ def engine_options(func):
                           "seed design, far fewer at once). `bench` takes "
                           "request,max-model-len to compare them. [vllm-neuron only: nxdi's "
                           "static cache holds every slot]"),
-        click.option("--order", type=click.Choice(ORDERS), default="input",
+        click.option("--order", type=click.Choice(Order.values()), default=Order.INPUT.value,
                      show_default=True,
                      help="The order requests are submitted in (the scheduler admits them "
                           "first come, first served). length: longest (prompt + max_tokens) "
@@ -128,8 +126,7 @@ def engine_options(func):
         click.option("--tensor-parallel-size", type=int, default=None,
                      help="NeuronCores to shard over. [sim] Default: all of the instance's. "
                           "[neuron] Default: vLLM's (1); with --replicas, per replica."),
-        click.option("--weight-dtype", type=click.Choice(["bf16", "fp8", "int8"]),
-                     default="bf16", show_default=True, help="[sim] Weight storage type."),
+        weight_dtype_option("[sim] Weight storage type."),
         click.option("--cost-profile", default=None, envvar="NEURON_BATCH_COST_PROFILE",
                      help="[sim] Step-time profile JSON (from `neuron-batch calibrate`). "
                           "Default: the instance's built-in profile."),
@@ -141,8 +138,8 @@ def engine_options(func):
 def cost_options(func):
     """--pricing and --price-per-hour: what the instances cost (run, bench, plan)."""
     options = [
-        click.option("--pricing", type=click.Choice(PRICINGS), default=DEFAULT_PRICING,
-                     show_default=True,
+        click.option("--pricing", type=click.Choice(Pricing.values()),
+                     default=Pricing.ON_DEMAND.value, show_default=True,
                      help="Built-in hourly prices to use: AWS on-demand (us-east-1) or the "
                           "reserved-instance effective rate (see the README for sources)."),
         click.option("--price-per-hour", type=float, default=None, metavar="USD",
@@ -152,6 +149,13 @@ def cost_options(func):
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def weight_dtype_option(help: str | None = None):
+    """--weight-dtype: how the simulated model's weights are stored (run, bench, plan, doctor,
+    calibrate, buckets suggest)."""
+    return click.option("--weight-dtype", type=click.Choice(WeightDtype.values()),
+                        default=WeightDtype.BF16.value, show_default=True, help=help)
 
 
 SIM_OPTIONS = ("instance", "architecture", "tensor_parallel_size", "weight_dtype",

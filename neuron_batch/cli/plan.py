@@ -7,8 +7,9 @@ from pathlib import Path
 
 import click
 
+from neuron_batch.choices import Order, Pricing
 from neuron_batch.cli.group import main
-from neuron_batch.cli.options import int_list, load_config_option
+from neuron_batch.cli.options import int_list, load_config_option, weight_dtype_option
 from neuron_batch.config import (
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -18,7 +19,6 @@ from neuron_batch.config import (
     SettingsError,
     SimOptions,
 )
-from neuron_batch.report.cost import DEFAULT_PRICING, PRICINGS
 
 
 def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, float]:
@@ -73,7 +73,7 @@ _DEFAULT_INSTANCES = "inf2.xlarge,inf2.8xlarge,inf2.24xlarge,inf2.48xlarge,trn1.
                    "that fits, the rest in the single layout (`run --split-at N`), at every "
                    "cut where the short layout's slot count changes. Recommended only when "
                    "cheaper, or on time where no single layout is.")
-@click.option("--order", type=click.Choice(["input", "length"]), default="input",
+@click.option("--order", type=click.Choice(Order.values()), default=Order.INPUT.value,
               show_default=True,
               help="The order each replica submits its requests in (`run --order`); "
                    "length: longest first, which under nxdi wastes less attention.")
@@ -83,13 +83,12 @@ _DEFAULT_INSTANCES = "inf2.xlarge,inf2.8xlarge,inf2.24xlarge,inf2.48xlarge,trn1.
               help="Longest prompt + output, in tokens.")
 @click.option("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
               show_default=True, help="Largest prefill chunk.")
-@click.option("--weight-dtype", type=click.Choice(["bf16", "fp8", "int8"]), default="bf16",
-              show_default=True)
+@weight_dtype_option()
 @click.option("--cost-profile", default=None, envvar="NEURON_BATCH_COST_PROFILE",
               help="Step-time profile JSON (from `neuron-batch calibrate`) for every instance.")
 @click.option("--model", envvar="NEURON_BATCH_MODEL", default=None,
               help="Whose tokenizer counts text prompts. Default: the built-in model's.")
-@click.option("--pricing", type=click.Choice(PRICINGS), default=DEFAULT_PRICING,
+@click.option("--pricing", type=click.Choice(Pricing.values()), default=Pricing.ON_DEMAND.value,
               show_default=True, help="Built-in hourly prices: AWS on-demand (us-east-1) or the "
                                       "reserved-instance effective rate (see the README).")
 @click.option("--price-per-hour", default=None, metavar="USD|I=USD,...",

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from neuron_batch.choices import OnError, PlacementMode
 from neuron_batch.cli.group import main
 from neuron_batch.cli.options import (
     EXIT_CODES_HELP,
@@ -18,7 +19,7 @@ from neuron_batch.cli.options import (
     load_config_option,
     settings_from_options,
 )
-from neuron_batch.config import DEFAULT_MAX_TOKENS, SPLIT_PLACEMENTS, SettingsError
+from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -42,7 +43,8 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SPLIT_PLACEMENTS, SettingsEr
 @click.option("--limit", type=int, default=None, help="Run only the first N prompts.")
 @click.option("--shuffle/--no-shuffle", default=False, help="Shuffle prompts (before --limit).")
 @click.option("--seed", type=int, default=0, show_default=True, help="For --shuffle and sampling.")
-@click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+@click.option("--on-error", type=click.Choice(OnError.values()), default=OnError.FAIL.value,
+              show_default=True,
               help="Bad input lines: fail before loading the model, or skip them and report.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               envvar="NEURON_BATCH_OUTPUT",
@@ -67,7 +69,8 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SPLIT_PLACEMENTS, SettingsEr
                    "step-time model (sim, or a Neuron host that knows its instance) "
                    "estimates fastest with compile; `neuron-batch plan` weighs cuts with "
                    "instances and deadlines.")
-@click.option("--split-placement", type=click.Choice(SPLIT_PLACEMENTS), default="auto",
+@click.option("--split-placement", type=click.Choice(PlacementMode.values()),
+              default=PlacementMode.AUTO.value,
               show_default=True,
               help="With --split-at and --replicas: in-turn runs each part across every "
                    "replica, one after the other (every instance compiles both layouts); "

@@ -201,7 +201,7 @@ class SimTarget:
             **runtime_kwargs,
             "seed": 0,
             "additional_config": {"neuron_batch": {
-                "clock": VIRTUAL_CLOCK, SIM_KEY: executor, "kv_reserve": self.kv_reserve,
+                "clock": VIRTUAL_CLOCK, SIM_KEY: executor, "kv_reserve": self.kv_reserve.value,
                 "runtime": self.runtime.name}},
         }
 

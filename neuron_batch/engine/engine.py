@@ -103,7 +103,8 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
     ["process_env"]` is environment `Engine` sets before vLLM starts."""
     kv_reserve = parse_kv_reserve(settings.kv_reserve)
     runtime = target.runtime if target is not None else settings.resolve_runtime()
-    neuron_batch: dict[str, Any] = {"records_path": str(records_path), "kv_reserve": kv_reserve,
+    neuron_batch: dict[str, Any] = {"records_path": str(records_path),
+                                    "kv_reserve": kv_reserve.value,   # vLLM's config: plain data
                                     "runtime": runtime.name}
     kwargs: dict[str, Any] = dict(
         model=model_path,

@@ -20,8 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-IN_TURN, SIDE_BY_SIDE, AUTO = "in-turn", "side-by-side", "auto"
-PLACEMENTS = (AUTO, IN_TURN, SIDE_BY_SIDE)
+from neuron_batch.choices import PlacementMode
+
+IN_TURN, SIDE_BY_SIDE, AUTO = (PlacementMode.IN_TURN, PlacementMode.SIDE_BY_SIDE,
+                               PlacementMode.AUTO)
+PLACEMENTS = PlacementMode.values()
 
 
 @dataclass(frozen=True)

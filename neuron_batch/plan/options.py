@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from neuron_batch.choices import KvReserve, Pricing, WeightDtype, normalise
 from neuron_batch.device.cost_model import StepCostModel
 from neuron_batch.device.hardware import get_instance
 from neuron_batch.device.target import NEURON_BLOCK_SIZE, SimTarget
-from neuron_batch.layout.bounds import KV_RESERVE_MAX_MODEL_LEN
 from neuron_batch.report.cost import Price, usd
 from neuron_batch.runtime import Runtime, nxdi_default_buckets
 
@@ -38,15 +38,19 @@ class PlanSpec:
     seqs_values: tuple[int, ...] = DEFAULT_SEQS
     max_prefill_buckets: int = DEFAULT_MAX_PREFILL_BUCKETS
     compiled: bool = False
-    weight_dtype: str = "bf16"
+    weight_dtype: WeightDtype = WeightDtype.BF16
     cost_profile: str | None = None
     max_model_len: int = 2048
     max_num_batched_tokens: int = 2048
-    kv_reserve: str = KV_RESERVE_MAX_MODEL_LEN
-    pricing: str = "on-demand"
+    kv_reserve: KvReserve = KvReserve.MAX_MODEL_LEN
+    pricing: Pricing = Pricing.ON_DEMAND
     prices: dict[str, float] = field(default_factory=dict)   # instance -> USD/h overrides
     runtime: str | None = None      # None: each instance's own (nxdi inf2/trn1, vllm-neuron trn2)
     splits: bool = True             # also weigh jobs split by length (static-KV runtimes)
+
+    def __post_init__(self) -> None:
+        normalise(self, {"weight_dtype": WeightDtype, "kv_reserve": KvReserve,
+                         "pricing": Pricing})
 
 
 @dataclass(frozen=True)
