@@ -20,6 +20,7 @@ from neuron_batch.config import (
     load_config_file,
     parse_buckets_option,
 )
+from neuron_batch.device.hardware import INSTANCES
 from neuron_batch.runtime import RUNTIME_NAMES
 from neuron_batch.scheduler.kv_reserve import parse_kv_reserve
 
@@ -118,8 +119,7 @@ def engine_options(func):
                           "outputs are keyed by id either way."),
         click.option("--instance", default="inf2.8xlarge", show_default=True,
                      envvar="NEURON_BATCH_INSTANCE",
-                     help="[sim] inf2.xlarge, inf2.8xlarge, inf2.24xlarge, inf2.48xlarge or "
-                          "trn1.32xlarge."),
+                     help=f"[sim] {', '.join(INSTANCES)}."),
         click.option("--architecture", default=None,
                      help="[sim] Model architecture: a catalogue name (llama-3-8b, "
                           "mistral-7b, ...) or a config.json. Default: the --model's."),

@@ -19,6 +19,7 @@ from neuron_batch.config import (
     SettingsError,
     SimOptions,
 )
+from neuron_batch.device.hardware import DEFAULT_PLAN_INSTANCES
 
 
 def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, float]:
@@ -45,9 +46,6 @@ def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, floa
     return out
 
 
-_DEFAULT_INSTANCES = "inf2.xlarge,inf2.8xlarge,inf2.24xlarge,inf2.48xlarge,trn1.32xlarge"
-
-
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--config", type=click.Path(dir_okay=False), callback=load_config_option,
@@ -58,7 +56,8 @@ _DEFAULT_INSTANCES = "inf2.xlarge,inf2.8xlarge,inf2.24xlarge,inf2.48xlarge,trn1.
 @click.option("--deadline", required=True,
               help="When the job must be done: a duration (6h, 90m, 1h30m) or a moment "
                    "(06:00 = the next 6 a.m., 2026-12-01T06:00).")
-@click.option("--instances", default=_DEFAULT_INSTANCES, show_default=True, metavar="I,I,...",
+@click.option("--instances", default=",".join(DEFAULT_PLAN_INSTANCES), show_default=True,
+              metavar="I,I,...",
               help="Instance types to consider.")
 @click.option("--max-num-instances", type=int, default=4, show_default=True,
               help="Consider 1..N instances of each type.")
@@ -158,15 +157,11 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
                            weight_dtype=weight_dtype, cost_profile=cost_profile),
             cost=CostOptions(pricing=pricing, price_per_hour=prices.get(names[0])),
             quiet=True, **options).validate()
-        base, kv_reserve = plan_base(settings)
-        spec = PlanSpec(architecture=architecture, instances=names,
-                        max_num_instances=max_num_instances, seqs_values=seqs,
-                        max_prefill_buckets=max_prefill_buckets, compiled=compiled,
-                        weight_dtype=weight_dtype, cost_profile=cost_profile,
-                        max_model_len=settings.max_model_len,
-                        max_num_batched_tokens=settings.max_num_batched_tokens,
-                        kv_reserve=kv_reserve, pricing=pricing, prices=prices,
-                        splits=splits)
+        base, _ = plan_base(settings)
+        spec = PlanSpec.from_settings(base, instances=names,
+                                      max_num_instances=max_num_instances, seqs_values=seqs,
+                                      max_prefill_buckets=max_prefill_buckets,
+                                      compiled=compiled, prices=prices, splits=splits)
         placements(spec)    # a model that fits nowhere fails here, before any input is read
     except (SettingsError, PlanError, DeadlineError, ArchitectureError, PricingError) as error:
         raise click.UsageError(str(error)) from None

@@ -34,12 +34,16 @@ from collections.abc import Callable, Sequence
 from neuron_batch.choices import KvReserve
 from neuron_batch.device.architectures import resolve_architecture
 from neuron_batch.device.cost_model import StepCostModel
-from neuron_batch.device.hardware import HardwareError, get_instance, valid_tp_degrees
+from neuron_batch.device.hardware import (
+    INSTANCES,
+    HardwareError,
+    get_instance,
+    valid_tp_degrees,
+)
 from neuron_batch.device.target import NEURON_BLOCK_SIZE, SimSettings, SimTarget
 from neuron_batch.layout.bounds import ShareStats, replica_bound
 from neuron_batch.plan.buckets import BucketChooser
 from neuron_batch.plan.options import (
-    DEFAULT_INSTANCES,
     MODEL_LEN_STEP,
     InstanceFit,
     Option,
@@ -64,11 +68,11 @@ def check_instances(names: Sequence[str]) -> tuple[str, ...]:
             key = get_instance(name).name
         except HardwareError:
             raise PlanError(f"--instances: unknown or unsimulated instance {name!r}; choose "
-                            f"from {', '.join(DEFAULT_INSTANCES)}") from None
+                            f"from {', '.join(INSTANCES)}") from None
         if key not in out:
             out.append(key)
     if not out:
-        raise PlanError(f"--instances is empty; choose from {', '.join(DEFAULT_INSTANCES)}")
+        raise PlanError(f"--instances is empty; choose from {', '.join(INSTANCES)}")
     return tuple(out)
 
 
