@@ -104,6 +104,10 @@ CHOICE_FIELDS: dict[str, type[Choice]] = {
     "device": Device, "kv_reserve": KvReserve, "order": Order, "on_error": OnError,
     "split_placement": PlacementMode}
 
+#: RunSettings fields named apart from their option (command line, job files, run.json): the
+#: data set's split is not the length split of `split_at`.
+OPTION_NAMES = {"dataset_split": "split"}
+
 #: Devices on which a given --instance is the machine the run is billed for.
 PRICED_HOST_DEVICES = ("neuron", "auto")
 
@@ -129,7 +133,7 @@ class RunSettings:
     temperature: float = 0.0
     ignore_eos: bool = False             # generate exactly max_tokens (benchmarks; always on sim)
     prompt_column: str = "prompt"
-    split: str = "train"
+    dataset_split: str = "train"         # the data set's split to read (--split)
     limit: int | None = None
     shuffle: bool = False
     seed: int = 0
@@ -317,9 +321,11 @@ class RunSettings:
         return self.bucket_lists()
 
     def to_dict(self) -> dict[str, Any]:
-        """Every setting as plain data (choices as their strings), as run.json keeps them."""
+        """Every setting as plain data, by option name (choices as their strings), as run.json
+        keeps them."""
         return asdict(self, dict_factory=lambda items: {
-            key: value.value if isinstance(value, Choice) else value for key, value in items})
+            OPTION_NAMES.get(key, key): value.value if isinstance(value, Choice) else value
+            for key, value in items})
 
 
 def _positive(name: str, value: int) -> None:
@@ -338,7 +344,8 @@ def parse_buckets_option(text: str | None, option: str) -> tuple[int, ...] | Non
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a job file (TOML). Keys are option names with dashes or underscores; a [sim] table
-    holds the simulated device's options. Returns option name (underscored) -> value."""
+    holds the simulated device's options. Returns setting name (the option's click parameter:
+    underscored, `dataset_split` for `split`) -> value."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -346,8 +353,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise SettingsError(f"{path}: no such config file") from None
     except tomllib.TOMLDecodeError as error:
         raise SettingsError(f"{path}: not valid TOML: {error}") from None
-    known = ({f.name for f in fields(RunSettings)} | {f.name for f in fields(SimOptions)}
-             | {f.name for f in fields(CostOptions)})
+    known = {OPTION_NAMES.get(f.name, f.name)
+             for f in (*fields(RunSettings), *fields(SimOptions), *fields(CostOptions))}
     flat: dict[str, Any] = {}
     for key, value in data.items():
         if key == "sim" and isinstance(value, dict):
@@ -359,5 +366,6 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     if unknown:
         raise SettingsError(f"{path}: unknown setting(s) {', '.join(unknown)}; "
                             f"known: {', '.join(sorted(known))}")
-    return flat
+    by_option = {option: name for name, option in OPTION_NAMES.items()}
+    return {by_option.get(key, key): value for key, value in flat.items()}
 

@@ -25,6 +25,7 @@ from neuron_batch.config import (
     RunSettings,
     SettingsError,
     SimOptions,
+    load_config_file,
 )
 
 
@@ -80,11 +81,13 @@ def test_a_value_that_is_no_choice_keeps_its_message(changes, message):
 
 def test_run_json_and_reprs_read_as_plain_strings():
     settings = RunSettings(inputs=("x",), device="sim", kv_reserve="max-model-len",
-                           sim=SimOptions(weight_dtype="fp8"))
+                           dataset_split="validation", sim=SimOptions(weight_dtype="fp8"))
     saved = settings.to_dict()
     assert type(saved["device"]) is str and saved["device"] == "sim"
     assert type(saved["kv_reserve"]) is str and saved["kv_reserve"] == "max_model_len"
     assert type(saved["sim"]["weight_dtype"]) is str and type(saved["cost"]["pricing"]) is str
+    # the data set's split keeps the key run.json always had
+    assert saved["split"] == "validation" and "dataset_split" not in saved
     def plain(value):
         if isinstance(value, dict):
             return all(plain(v) for v in value.values())
@@ -96,6 +99,15 @@ def test_run_json_and_reprs_read_as_plain_strings():
     text = repr(settings)
     assert "device='sim'" in text and "kv_reserve='max_model_len'" in text
     assert "weight_dtype='fp8'" in text
+
+
+def test_a_job_file_s_split_is_the_data_set_s(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('split = "test"\nkv-reserve = "max-model-len"\n')
+    assert load_config_file(job) == {"dataset_split": "test", "kv_reserve": "max-model-len"}
+    job.write_text('dataset-split = "test"\n')
+    with pytest.raises(SettingsError, match="unknown setting.s. dataset_split; known: .*split"):
+        load_config_file(job)
 
 
 #: Each choice option of the commands, and the enumeration its choices must be.

@@ -12,7 +12,13 @@ from dataclasses import fields
 from typing import Any
 
 from neuron_batch.choices import Choice
-from neuron_batch.config import BUCKET_FIELDS, CostOptions, RunSettings, SimOptions
+from neuron_batch.config import (
+    BUCKET_FIELDS,
+    OPTION_NAMES,
+    CostOptions,
+    RunSettings,
+    SimOptions,
+)
 
 #: RunSettings fields that say where and how a run reports, not what it runs.
 _NOT_WRITTEN = {"output", "resume", "quiet", "max_runtime", "metrics_textfile", "inputs",
@@ -22,7 +28,7 @@ _ALWAYS_SIM = ("instance", "architecture", "tensor_parallel_size")
 
 
 def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    return "--" + OPTION_NAMES.get(name, name).replace("_", "-")
 
 
 def _value(value: Any) -> str:

@@ -58,7 +58,8 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError, parse_buckets
 @click.option("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, show_default=True)
 @click.option("--ignore-eos", is_flag=True, help="Generate exactly max-tokens (as on sim).")
 @click.option("--prompt-column", default="prompt", show_default=True)
-@click.option("--split", default="train", show_default=True)
+@click.option("--split", "dataset_split", default="train", show_default=True,
+              help="Data-set split to read.")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,

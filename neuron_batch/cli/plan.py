@@ -96,7 +96,8 @@ def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, floa
 @click.option("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, show_default=True,
               help="Output tokens per request where the input gives none.")
 @click.option("--prompt-column", default="prompt", show_default=True)
-@click.option("--split", default="train", show_default=True)
+@click.option("--split", "dataset_split", default="train", show_default=True,
+              help="Data-set split to read.")
 @click.option("--limit", type=int, default=None,
               help="Plan for N requests drawn at random (seeded) from the input.")
 @click.option("--seed", type=int, default=0, show_default=True,

@@ -39,7 +39,8 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError
                    "--device sim, which does not sample).")
 @click.option("--prompt-column", default="prompt", show_default=True,
               help="CSV/Parquet/data-set column holding the prompt.")
-@click.option("--split", default="train", show_default=True, help="Data-set split to read.")
+@click.option("--split", "dataset_split", default="train", show_default=True,
+              help="Data-set split to read.")
 @click.option("--limit", type=int, default=None, help="Run only the first N prompts.")
 @click.option("--shuffle/--no-shuffle", default=False, help="Shuffle prompts (before --limit).")
 @click.option("--seed", type=int, default=0, show_default=True, help="For --shuffle and sampling.")
