@@ -70,12 +70,9 @@ def engine_options(func):
                      show_default=True, help="Longest prompt + output, in tokens."),
         click.option("--runtime", type=click.Choice(RUNTIME_NAMES), default=None,
                      envvar="NEURON_BATCH_RUNTIME",
-                     help="What the Neuron device compiles: nxdi (vLLM on NxD Inference, what "
-                          "inf2/trn1 run: whole prompts padded to context-encoding buckets, "
-                          "decode over all max-num-seqs slots, static KV) or vllm-neuron (AWS's "
-                          "Beta plugin, trn2/trn3: token and batch buckets, paged KV). Default: "
-                          "the instance's on sim, the installed plugin's on Neuron, "
-                          "vllm-neuron elsewhere."),
+                     help="The shapes Neuron compiles: nxdi (inf2/trn1, static KV) or "
+                          "vllm-neuron (trn2/trn3, paged KV). Default: the instance's on sim, "
+                          "the plugin's on Neuron, else vllm-neuron."),
         click.option("--context-encoding-buckets", default=None, metavar="N,N,...",
                      help="[nxdi] Prefill buckets over whole prompt lengths, ascending, ending "
                           "at max-model-len. Default: NxDI's, 128, 256, ... then max-model-len."),
@@ -99,24 +96,17 @@ def engine_options(func):
                           "NxDI's contiguous layout; vllm-neuron: 32)."),
         click.option("--compiled-artifacts", default=None, metavar="DIR",
                      envvar="NEURON_BATCH_COMPILED_ARTIFACTS",
-                     help="[neuron] Where compiled graphs are kept, one folder per hash of "
-                          "every compiled shape: an unchanged configuration loads instead of "
-                          "recompiling, a changed one compiles anew. Default: "
+                     help="[neuron] Compiled graphs, a folder per hash of the compiled shapes "
+                          "(the same shapes load, others compile). Default: "
                           "<cache>/neuron-compiled."),
         click.option("--kv-reserve", default="request", show_default=True, metavar="RULE",
-                     help="KV admission (Neuron cannot preempt): 'request' reserves each "
-                          "request's prompt + max_tokens and admits while the reservations "
-                          "fit; 'max-model-len' reserves max_model_len for every request (the "
-                          "seed design, far fewer at once). `bench` takes "
-                          "request,max-model-len to compare them. [vllm-neuron only: nxdi's "
-                          "static cache holds every slot]"),
+                     help="[vllm-neuron] KV admission: request reserves each request's prompt "
+                          "+ max_tokens, max-model-len a max_model_len each; `bench` takes "
+                          "both, comma-separated."),
         click.option("--order", type=click.Choice(Order.values()), default=Order.INPUT.value,
                      show_default=True,
-                     help="The order requests are submitted in (the scheduler admits them "
-                          "first come, first served). length: longest (prompt + max_tokens) "
-                          "first: under nxdi every decode step attends the longest running "
-                          "request's bucket, so like lengths running together waste less; "
-                          "outputs are keyed by id either way."),
+                     help="Submission order: as read, or longest prompt + max_tokens first "
+                          "(under nxdi like lengths decoding together waste less)."),
         click.option("--instance", default="inf2.8xlarge", show_default=True,
                      envvar="NEURON_BATCH_INSTANCE",
                      help=f"[sim] {', '.join(INSTANCES)}."),

@@ -67,11 +67,9 @@ def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, floa
               help="The exact optimiser picks at most this many prefill buckets, as many as "
                    "are worth their compile time.")
 @click.option("--splits/--no-splits", default=True, show_default=True,
-              help="Also weigh splitting the job by length (nxdi: inf2/trn1): the requests "
-                   "that fit in N tokens first in a layout of max_model_len N with every slot "
-                   "that fits, the rest in the single layout (`run --split-at N`), at every "
-                   "cut where the short layout's slot count changes. Recommended only when "
-                   "cheaper, or on time where no single layout is.")
+              help="Also weigh the job split by length (`run --split-at N`, nxdi) at every "
+                   "cut where the short layout's slots change; chosen only when cheaper, or "
+                   "alone on time.")
 @click.option("--order", type=click.Choice(Order.values()), default=Order.INPUT.value,
               show_default=True,
               help="The order each replica submits its requests in (`run --order`); "

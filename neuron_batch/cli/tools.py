@@ -14,10 +14,9 @@ from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_T
 @main.command()
 @click.argument("run_dirs", nargs=-1, type=click.Path(exists=True, file_okay=False))
 @click.option("--published", "published", type=click.Path(exists=True, dir_okay=False),
-              help="Fit to a table of benchmark figures instead of run folders: a CSV with AWS's "
-                   "published-figures columns (model, instance, tp_degree, batch_size, "
-                   "max_seq_len, input_len, output_len, output_tok_per_s, ttft_p50_ms, "
-                   "tpot_p50_ms, weight_dtype), static batching.")
+              help="Fit to a CSV of static-batching benchmark figures in the columns of "
+                   "AWS's published tables (model, instance, tp_degree, batch_size, ...; a "
+                   "missing one is named) instead of run folders.")
 @click.option("--instance", default=None,
               help="The instance the runs were made on (required with RUN_DIRS). With "
                    "--published: the instance to name the profile after, and the only one whose "
