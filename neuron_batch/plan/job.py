@@ -1,5 +1,5 @@
 """What one plan is (`PlanJob`) and the `neuron-batch run` settings of each option: one replica
-on its share, and the whole layout. Shared by the search (plan.py) and its report
+on its share, and the whole layout. Shared by the search (run.py) and its report
 (report.py), so neither imports the other."""
 
 from __future__ import annotations
