@@ -38,8 +38,10 @@ def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size,
     From run folders, each step's measured duration (t_end - t_start in records-N.jsonl) is
     matched by the cost model's formula for its padded shape; runs with both prefill and decode
     steps of varied sizes fit best. From a table, each row is reproduced as a static batch
-    (prefilled together, decoded together) and its TPOT, output tokens/s and TTFT are matched.
-    Either way the parameters are fitted by least squares on the relative error.
+    (prefilled together, decoded together) and its TPOT, output tokens/s and TTFT are matched;
+    its columns: model, instance, tp_degree, batch_size, max_seq_len, input_len, output_len,
+    output_tok_per_s, ttft_p50_ms, tpot_p50_ms, weight_dtype. Either way the parameters are
+    fitted by least squares on the relative error.
     """
     if published and run_dirs:
         raise click.UsageError("give run folders or --published FILE, not both")
