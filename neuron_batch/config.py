@@ -13,6 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.buckets import BucketError, parse_bucket_list
+from neuron_batch.choices import (
+    Choice,
+    Device,
+    KvReserve,
+    OnError,
+    Order,
+    PlacementMode,
+    Pricing,
+    WeightDtype,
+    normalise,
+)
 from neuron_batch.report.cost import (
     DEFAULT_PRICING,
     Price,
@@ -27,21 +38,17 @@ from neuron_batch.runtime import (
     get_runtime,
     runtime_of_plugin,
 )
-from neuron_batch.scheduler.kv_reserve import (
-    DEFAULT_KV_RESERVE,
-    MAX_MODEL_LEN,
-    parse_kv_reserve,
-)
+from neuron_batch.scheduler.kv_reserve import DEFAULT_KV_RESERVE, parse_kv_reserve
 
-DEVICES = ("auto", "cpu", "cuda", "neuron", "sim")
+DEVICES = Device.values()
 #: How `run --order` arranges the requests it submits (the scheduler admits them FIFO):
 #: inputs/prepare.py `in_order`.
-ORDERS = ("input", "length")
+ORDERS = Order.values()
 #: Where `run --split-at N --replicas R` runs its two parts (layout/placement.py).
-SPLIT_PLACEMENTS = ("auto", "in-turn", "side-by-side")
+SPLIT_PLACEMENTS = PlacementMode.values()
 #: `run --split-at auto`: the cut chosen by the step-time estimate (layout/split.py choose_cut).
 SPLIT_AUTO = "auto"
-ON_ERROR = ("fail", "skip")
+ON_ERROR = OnError.values()
 
 # Defaults chosen to work on a fresh 2-core CPU machine with the built-in 135M model, and to be
 # a sensible first try on an inf2 host (AWS's advice: start small, then profile).
@@ -70,9 +77,12 @@ class SimOptions:
     instance: str = "inf2.8xlarge"
     architecture: str | None = None      # catalogue name or config.json; default: the model's
     tensor_parallel_size: int | None = None  # default: every NeuronCore of the instance
-    weight_dtype: str = "bf16"
+    weight_dtype: WeightDtype = WeightDtype.BF16
     cost_profile: str | None = None      # a profile JSON from `neuron-batch calibrate`
     num_instances: int = 1               # instances the --replicas engines are spread over
+
+    def __post_init__(self) -> None:
+        normalise(self, {"weight_dtype": WeightDtype})
 
 
 @dataclass(frozen=True)
@@ -81,10 +91,22 @@ class CostOptions:
     the simulated one on `--device sim`; on a real host, `instance` (set only when `--instance`
     was given: the default must not price a machine nobody named)."""
 
-    pricing: str = DEFAULT_PRICING       # "on-demand" | "reserved"
+    pricing: Pricing = DEFAULT_PRICING
     price_per_hour: float | None = None  # USD per instance-hour; overrides the table
     instance: str | None = None          # the host's instance type on a real Neuron device
 
+    def __post_init__(self) -> None:
+        normalise(self, {"pricing": Pricing})
+
+
+#: RunSettings fields that take one of a closed set, and its enumeration (choices.py).
+CHOICE_FIELDS: dict[str, type[Choice]] = {
+    "device": Device, "kv_reserve": KvReserve, "order": Order, "on_error": OnError,
+    "split_placement": PlacementMode}
+
+#: RunSettings fields named apart from their option (command line, job files, run.json): the
+#: data set's split is not the length split of `split_at`.
+OPTION_NAMES = {"dataset_split": "split"}
 
 #: Devices on which a given --instance is the machine the run is billed for.
 PRICED_HOST_DEVICES = ("neuron", "auto")
@@ -94,7 +116,7 @@ PRICED_HOST_DEVICES = ("neuron", "auto")
 class RunSettings:
     inputs: tuple[str, ...]
     model: str | None = None             # None: the built-in SmolLM2-135M-Instruct
-    device: str = "auto"
+    device: Device = Device.AUTO
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
@@ -106,30 +128,33 @@ class RunSettings:
     decode_context_buckets: tuple[int, ...] | None = None     # vllm-neuron (opt-in)
     block_size: int | None = None        # None: the device's default (32 on Neuron)
     compiled_artifacts: str | None = None  # Neuron: root of the compiled-graph folders
-    kv_reserve: str = DEFAULT_KV_RESERVE  # KV admission: "request" or "max_model_len"
+    kv_reserve: KvReserve = DEFAULT_KV_RESERVE  # KV admission (scheduler/kv_reserve.py)
     max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.0
     ignore_eos: bool = False             # generate exactly max_tokens (benchmarks; always on sim)
     prompt_column: str = "prompt"
-    split: str = "train"
+    dataset_split: str = "train"         # the data set's split to read (--split)
     limit: int | None = None
     shuffle: bool = False
     seed: int = 0
-    on_error: str = "fail"
+    on_error: OnError = OnError.FAIL
     output: str | None = None            # None: results/<timestamp>-<input name>
     resume: bool = False
     quiet: bool = False
     max_runtime: float | None = None     # seconds
     metrics_textfile: str | None = None
-    order: str = "input"                 # submission order: "input" or "length" (longest first)
+    order: Order = Order.INPUT           # submission order (longest first: length)
     split_at: int | str | None = None    # run requests of prompt + max_tokens <= N in their
                                          # own layout first (layout/split.py); "auto": the
                                          # runner picks N (split.choose_cut)
-    split_placement: str = "auto"        # its parts on --replicas: auto, in-turn, side-by-side
+    split_placement: PlacementMode = PlacementMode.AUTO   # its parts on --replicas
     replicas: int = 1                    # engines (data parallel); more than 1 runs on Ray
     ray: str | None = None               # Ray cluster address ("local": a fresh local one)
     sim: SimOptions = field(default_factory=SimOptions)
     cost: CostOptions = field(default_factory=CostOptions)
+
+    def __post_init__(self) -> None:
+        normalise(self, CHOICE_FIELDS)
 
     def validate(self) -> RunSettings:
         _positive("max-num-seqs", self.max_num_seqs)
@@ -188,7 +213,7 @@ class RunSettings:
         except RuntimeNameError as error:
             raise SettingsError(str(error)) from None
         self._check_runtime_runs_here(runtime)
-        if runtime.static_kv and parse_kv_reserve(self.kv_reserve) == MAX_MODEL_LEN:
+        if runtime.static_kv and self.kv_reserve == KvReserve.MAX_MODEL_LEN:
             raise SettingsError(
                 f"--kv-reserve does not apply under the {runtime.name} runtime: its static KV "
                 f"cache holds max_num_seqs x max_model_len by construction, so KV never limits "
@@ -296,7 +321,11 @@ class RunSettings:
         return self.bucket_lists()
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every setting as plain data, by option name (choices as their strings), as run.json
+        keeps them."""
+        return asdict(self, dict_factory=lambda items: {
+            OPTION_NAMES.get(key, key): value.value if isinstance(value, Choice) else value
+            for key, value in items})
 
 
 def _positive(name: str, value: int) -> None:
@@ -315,7 +344,8 @@ def parse_buckets_option(text: str | None, option: str) -> tuple[int, ...] | Non
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a job file (TOML). Keys are option names with dashes or underscores; a [sim] table
-    holds the simulated device's options. Returns option name (underscored) -> value."""
+    holds the simulated device's options. Returns setting name (the option's click parameter:
+    underscored, `dataset_split` for `split`) -> value."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -323,8 +353,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise SettingsError(f"{path}: no such config file") from None
     except tomllib.TOMLDecodeError as error:
         raise SettingsError(f"{path}: not valid TOML: {error}") from None
-    known = ({f.name for f in fields(RunSettings)} | {f.name for f in fields(SimOptions)}
-             | {f.name for f in fields(CostOptions)})
+    known = {OPTION_NAMES.get(f.name, f.name)
+             for f in (*fields(RunSettings), *fields(SimOptions), *fields(CostOptions))}
     flat: dict[str, Any] = {}
     for key, value in data.items():
         if key == "sim" and isinstance(value, dict):
@@ -336,5 +366,6 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     if unknown:
         raise SettingsError(f"{path}: unknown setting(s) {', '.join(unknown)}; "
                             f"known: {', '.join(sorted(known))}")
-    return flat
+    by_option = {option: name for name, option in OPTION_NAMES.items()}
+    return {by_option.get(key, key): value for key, value in flat.items()}
 

@@ -221,6 +221,61 @@ def test_decode_steps_bound_counts_kv_and_max_num_seqs():
                               **common) == -(-stats.context_sum // (32 * 40))
 
 
+def test_either_spelling_of_the_max_model_len_rule_gives_the_same_plan_bound():
+    """Issue 32: RunSettings kept a library caller's 'max-model-len' as given while the bounds
+    compared with 'max_model_len', so a plan built from those settings silently took the
+    weaker bound of no admission rule."""
+    def bounds(spelling):
+        settings = RunSettings(inputs=("x",), device="sim", kv_reserve=spelling,
+                               max_model_len=4096,
+                               sim=SimOptions(instance="trn2.3xlarge",
+                                              architecture="llama-3.1-8b")).validate()
+        spec = PlanSpec.from_settings(settings, instances=("trn2.3xlarge",),
+                                      max_num_instances=1, seqs_values=(64,),
+                                      prices={"trn2.3xlarge": 3.0})
+        found, _ = placements(spec)
+        options = build_options(spec, found, [3000] * 200, [500] * 200, seed=0)
+        return [(o.name, o.bound_steps, o.bound_s) for o in options]
+
+    assert bounds("max-model-len") == bounds("max_model_len") != bounds("request")
+
+
+def test_a_plan_takes_the_settings_fields_from_the_settings():
+    settings = RunSettings(inputs=("x",), device="sim", max_model_len=8192,
+                           max_num_batched_tokens=4096, kv_reserve="max-model-len",
+                           runtime="vllm-neuron",
+                           sim=SimOptions(instance="trn2.3xlarge", architecture="llama-3.1-8b",
+                                          weight_dtype="fp8", cost_profile="p.json"),
+                           cost=CostOptions(pricing="reserved"))
+    spec = PlanSpec.from_settings(settings, instances=("trn2.3xlarge",), splits=False)
+    assert (spec.architecture, spec.weight_dtype, spec.cost_profile, spec.max_model_len,
+            spec.max_num_batched_tokens, spec.kv_reserve, spec.pricing, spec.runtime,
+            spec.instances, spec.splits) == (
+        "llama-3.1-8b", "fp8", "p.json", 8192, 4096, "max_model_len", "reserved",
+        "vllm-neuron", ("trn2.3xlarge",), False)
+    with pytest.raises(TypeError):      # a settings field is never given twice
+        PlanSpec.from_settings(settings, max_model_len=2048)
+    with pytest.raises(PlanError, match="--architecture"):
+        PlanSpec.from_settings(RunSettings(inputs=("x",), device="sim"))
+
+
+def test_the_default_plan_instances_are_the_calibrated_ones_their_runtime_ships_for():
+    from neuron_batch.device.hardware import INSTANCES
+    from neuron_batch.plan.options import DEFAULT_INSTANCES
+    from neuron_batch.runtime import get_runtime
+
+    assert DEFAULT_INSTANCES == ("inf2.xlarge", "inf2.8xlarge", "inf2.24xlarge",
+                                 "inf2.48xlarge", "trn1.32xlarge")
+    assert PlanSpec(architecture="llama-3.1-8b").instances == DEFAULT_INSTANCES
+    for name in DEFAULT_INSTANCES:
+        inst = INSTANCES[name]
+        assert inst.calibrated
+        assert get_runtime(None, family=inst.family).not_shipped_for(name, inst.family) is None
+    plan = next(c for c in main.commands.values() if c.name == "plan")
+    default = next(p for p in plan.params if p.name == "instances").default
+    assert tuple(default.split(",")) == DEFAULT_INSTANCES
+
+
 # -- command lines -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("buckets", [

@@ -11,7 +11,14 @@ import shlex
 from dataclasses import fields
 from typing import Any
 
-from neuron_batch.config import BUCKET_FIELDS, CostOptions, RunSettings, SimOptions
+from neuron_batch.choices import Choice
+from neuron_batch.config import (
+    BUCKET_FIELDS,
+    OPTION_NAMES,
+    CostOptions,
+    RunSettings,
+    SimOptions,
+)
 
 #: RunSettings fields that say where and how a run reports, not what it runs.
 _NOT_WRITTEN = {"output", "resume", "quiet", "max_runtime", "metrics_textfile", "inputs",
@@ -21,14 +28,14 @@ _ALWAYS_SIM = ("instance", "architecture", "tensor_parallel_size")
 
 
 def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    return "--" + OPTION_NAMES.get(name, name).replace("_", "-")
 
 
 def _value(value: Any) -> str:
     if isinstance(value, (tuple, list)):
         return ",".join(str(v) for v in value)
-    if isinstance(value, str):
-        return value.replace("_", "-") if value in ("max_model_len",) else value
+    if isinstance(value, Choice):
+        return value.cli
     return str(value)
 
 

@@ -62,7 +62,7 @@ def run_candidate(settings: RunSettings) -> dict[str, Any]:
         return {"status": "done", "error": None, "report": finished, "wall_s": 0.0,
                 "reused": True}
     try:
-        key = (settings.inputs, settings.prompt_column, settings.split, settings.limit,
+        key = (settings.inputs, settings.prompt_column, settings.dataset_split, settings.limit,
                settings.shuffle, settings.seed, settings.model, settings.max_model_len,
                settings.max_tokens, settings.device, settings.sim.architecture)
         workload = _WORKER_WORKLOADS.get(key)

@@ -39,10 +39,8 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError, parse_buckets
 @click.option("--max-decode-buckets", type=int, default=3, show_default=True,
               help="Also sweep the optimal decode sets of 1..K buckets (0: none).")
 @click.option("--split-at", "split_cuts", default=None, metavar="N,N,...",
-              help="Compare a job split by length at each cut (`run --split-at N`) with the "
-                   "single layout as given and with buckets fitted to the workload: output "
-                   "tok/s, run and compile time, $/M output tokens, ratio to the best single "
-                   "layout (split.json).")
+              help="Compare a split by length at each cut (`run --split-at N`) with the "
+                   "single layout as given and with fitted buckets (split.json).")
 @click.option("--repeat", type=int, default=None,
               help="Without --sweep-buckets: run the configuration N times after a warm-up "
                    "and report the spread.")
@@ -58,7 +56,8 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError, parse_buckets
 @click.option("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, show_default=True)
 @click.option("--ignore-eos", is_flag=True, help="Generate exactly max-tokens (as on sim).")
 @click.option("--prompt-column", default="prompt", show_default=True)
-@click.option("--split", default="train", show_default=True)
+@click.option("--split", "dataset_split", default="train", show_default=True,
+              help="Data-set split to read.")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,

@@ -8,6 +8,7 @@ import sys
 import click
 
 from neuron_batch.cli.group import main
+from neuron_batch.cli.options import weight_dtype_option
 from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_SEQS
 
 
@@ -25,8 +26,7 @@ from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_SEQS
 @click.option("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN, show_default=True)
 @click.option("--tensor-parallel-size", type=int, default=None,
               help="NeuronCores the model is sharded over. Default: vLLM's (1).")
-@click.option("--weight-dtype", type=click.Choice(["bf16", "fp8", "int8"]), default="bf16",
-              show_default=True)
+@weight_dtype_option()
 @click.option("--instance", default=None, envvar="NEURON_BATCH_INSTANCE",
               help="The instance type. Default: what the host says (EC2's DMI product name).")
 @click.option("--compiled-artifacts", default=None, metavar="DIR",

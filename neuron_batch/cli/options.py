@@ -7,12 +7,11 @@ from pathlib import Path
 
 import click
 
+from neuron_batch.choices import Device, Order, Pricing, WeightDtype
 from neuron_batch.config import (
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
-    DEVICES,
-    ORDERS,
     SPLIT_AUTO,
     CostOptions,
     RunSettings,
@@ -21,7 +20,7 @@ from neuron_batch.config import (
     load_config_file,
     parse_buckets_option,
 )
-from neuron_batch.report.cost import DEFAULT_PRICING, PRICINGS
+from neuron_batch.device.hardware import INSTANCES
 from neuron_batch.runtime import RUNTIME_NAMES
 from neuron_batch.scheduler.kv_reserve import parse_kv_reserve
 
@@ -56,7 +55,7 @@ def engine_options(func):
         click.option("--model", envvar="NEURON_BATCH_MODEL", default=None,
                      help="Local model directory or Hugging Face id. Default: the built-in "
                           "SmolLM2-135M-Instruct (prepared once into the cache)."),
-        click.option("--device", type=click.Choice(DEVICES), default="auto",
+        click.option("--device", type=click.Choice(Device.values()), default=Device.AUTO.value,
                      envvar="NEURON_BATCH_DEVICE", show_default=True,
                      help="auto picks what vLLM finds (cpu, cuda, neuron); sim is the simulated "
                           "Neuron device."),
@@ -71,12 +70,9 @@ def engine_options(func):
                      show_default=True, help="Longest prompt + output, in tokens."),
         click.option("--runtime", type=click.Choice(RUNTIME_NAMES), default=None,
                      envvar="NEURON_BATCH_RUNTIME",
-                     help="What the Neuron device compiles: nxdi (vLLM on NxD Inference, what "
-                          "inf2/trn1 run: whole prompts padded to context-encoding buckets, "
-                          "decode over all max-num-seqs slots, static KV) or vllm-neuron (AWS's "
-                          "Beta plugin, trn2/trn3: token and batch buckets, paged KV). Default: "
-                          "the instance's on sim, the installed plugin's on Neuron, "
-                          "vllm-neuron elsewhere."),
+                     help="The shapes Neuron compiles: nxdi (inf2/trn1, static KV) or "
+                          "vllm-neuron (trn2/trn3, paged KV). Default: the instance's on sim, "
+                          "the plugin's on Neuron, else vllm-neuron."),
         click.option("--context-encoding-buckets", default=None, metavar="N,N,...",
                      help="[nxdi] Prefill buckets over whole prompt lengths, ascending, ending "
                           "at max-model-len. Default: NxDI's, 128, 256, ... then max-model-len."),
@@ -100,36 +96,27 @@ def engine_options(func):
                           "NxDI's contiguous layout; vllm-neuron: 32)."),
         click.option("--compiled-artifacts", default=None, metavar="DIR",
                      envvar="NEURON_BATCH_COMPILED_ARTIFACTS",
-                     help="[neuron] Where compiled graphs are kept, one folder per hash of "
-                          "every compiled shape: an unchanged configuration loads instead of "
-                          "recompiling, a changed one compiles anew. Default: "
+                     help="[neuron] Compiled graphs, a folder per hash of the compiled shapes "
+                          "(the same shapes load, others compile). Default: "
                           "<cache>/neuron-compiled."),
         click.option("--kv-reserve", default="request", show_default=True, metavar="RULE",
-                     help="KV admission (Neuron cannot preempt): 'request' reserves each "
-                          "request's prompt + max_tokens and admits while the reservations "
-                          "fit; 'max-model-len' reserves max_model_len for every request (the "
-                          "seed design, far fewer at once). `bench` takes "
-                          "request,max-model-len to compare them. [vllm-neuron only: nxdi's "
-                          "static cache holds every slot]"),
-        click.option("--order", type=click.Choice(ORDERS), default="input",
+                     help="[vllm-neuron] KV admission: request reserves each request's prompt "
+                          "+ max_tokens, max-model-len a max_model_len each; `bench` takes "
+                          "both, comma-separated."),
+        click.option("--order", type=click.Choice(Order.values()), default=Order.INPUT.value,
                      show_default=True,
-                     help="The order requests are submitted in (the scheduler admits them "
-                          "first come, first served). length: longest (prompt + max_tokens) "
-                          "first: under nxdi every decode step attends the longest running "
-                          "request's bucket, so like lengths running together waste less; "
-                          "outputs are keyed by id either way."),
+                     help="Submission order: as read, or longest prompt + max_tokens first "
+                          "(under nxdi like lengths decoding together waste less)."),
         click.option("--instance", default="inf2.8xlarge", show_default=True,
                      envvar="NEURON_BATCH_INSTANCE",
-                     help="[sim] inf2.xlarge, inf2.8xlarge, inf2.24xlarge, inf2.48xlarge or "
-                          "trn1.32xlarge."),
+                     help=f"[sim] {', '.join(INSTANCES)}."),
         click.option("--architecture", default=None,
                      help="[sim] Model architecture: a catalogue name (llama-3-8b, "
                           "mistral-7b, ...) or a config.json. Default: the --model's."),
         click.option("--tensor-parallel-size", type=int, default=None,
                      help="NeuronCores to shard over. [sim] Default: all of the instance's. "
                           "[neuron] Default: vLLM's (1); with --replicas, per replica."),
-        click.option("--weight-dtype", type=click.Choice(["bf16", "fp8", "int8"]),
-                     default="bf16", show_default=True, help="[sim] Weight storage type."),
+        weight_dtype_option("[sim] Weight storage type."),
         click.option("--cost-profile", default=None, envvar="NEURON_BATCH_COST_PROFILE",
                      help="[sim] Step-time profile JSON (from `neuron-batch calibrate`). "
                           "Default: the instance's built-in profile."),
@@ -141,8 +128,8 @@ def engine_options(func):
 def cost_options(func):
     """--pricing and --price-per-hour: what the instances cost (run, bench, plan)."""
     options = [
-        click.option("--pricing", type=click.Choice(PRICINGS), default=DEFAULT_PRICING,
-                     show_default=True,
+        click.option("--pricing", type=click.Choice(Pricing.values()),
+                     default=Pricing.ON_DEMAND.value, show_default=True,
                      help="Built-in hourly prices to use: AWS on-demand (us-east-1) or the "
                           "reserved-instance effective rate (see the README for sources)."),
         click.option("--price-per-hour", type=float, default=None, metavar="USD",
@@ -152,6 +139,13 @@ def cost_options(func):
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def weight_dtype_option(help: str | None = None):
+    """--weight-dtype: how the simulated model's weights are stored (run, bench, plan, doctor,
+    calibrate, buckets suggest)."""
+    return click.option("--weight-dtype", type=click.Choice(WeightDtype.values()),
+                        default=WeightDtype.BF16.value, show_default=True, help=help)
 
 
 SIM_OPTIONS = ("instance", "architecture", "tensor_parallel_size", "weight_dtype",

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import click
 
+from neuron_batch.choices import Order, Pricing
 from neuron_batch.cli.group import main
-from neuron_batch.cli.options import int_list, load_config_option
+from neuron_batch.cli.options import int_list, load_config_option, weight_dtype_option
 from neuron_batch.config import (
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -18,7 +19,7 @@ from neuron_batch.config import (
     SettingsError,
     SimOptions,
 )
-from neuron_batch.report.cost import DEFAULT_PRICING, PRICINGS
+from neuron_batch.device.hardware import DEFAULT_PLAN_INSTANCES
 
 
 def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, float]:
@@ -45,9 +46,6 @@ def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, floa
     return out
 
 
-_DEFAULT_INSTANCES = "inf2.xlarge,inf2.8xlarge,inf2.24xlarge,inf2.48xlarge,trn1.32xlarge"
-
-
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--config", type=click.Path(dir_okay=False), callback=load_config_option,
@@ -58,7 +56,8 @@ _DEFAULT_INSTANCES = "inf2.xlarge,inf2.8xlarge,inf2.24xlarge,inf2.48xlarge,trn1.
 @click.option("--deadline", required=True,
               help="When the job must be done: a duration (6h, 90m, 1h30m) or a moment "
                    "(06:00 = the next 6 a.m., 2026-12-01T06:00).")
-@click.option("--instances", default=_DEFAULT_INSTANCES, show_default=True, metavar="I,I,...",
+@click.option("--instances", default=",".join(DEFAULT_PLAN_INSTANCES), show_default=True,
+              metavar="I,I,...",
               help="Instance types to consider.")
 @click.option("--max-num-instances", type=int, default=4, show_default=True,
               help="Consider 1..N instances of each type.")
@@ -68,12 +67,10 @@ _DEFAULT_INSTANCES = "inf2.xlarge,inf2.8xlarge,inf2.24xlarge,inf2.48xlarge,trn1.
               help="The exact optimiser picks at most this many prefill buckets, as many as "
                    "are worth their compile time.")
 @click.option("--splits/--no-splits", default=True, show_default=True,
-              help="Also weigh splitting the job by length (nxdi: inf2/trn1): the requests "
-                   "that fit in N tokens first in a layout of max_model_len N with every slot "
-                   "that fits, the rest in the single layout (`run --split-at N`), at every "
-                   "cut where the short layout's slot count changes. Recommended only when "
-                   "cheaper, or on time where no single layout is.")
-@click.option("--order", type=click.Choice(["input", "length"]), default="input",
+              help="Also weigh the job split by length (`run --split-at N`, nxdi) at every "
+                   "cut where the short layout's slots change; chosen only when cheaper, or "
+                   "alone on time.")
+@click.option("--order", type=click.Choice(Order.values()), default=Order.INPUT.value,
               show_default=True,
               help="The order each replica submits its requests in (`run --order`); "
                    "length: longest first, which under nxdi wastes less attention.")
@@ -83,13 +80,12 @@ _DEFAULT_INSTANCES = "inf2.xlarge,inf2.8xlarge,inf2.24xlarge,inf2.48xlarge,trn1.
               help="Longest prompt + output, in tokens.")
 @click.option("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
               show_default=True, help="Largest prefill chunk.")
-@click.option("--weight-dtype", type=click.Choice(["bf16", "fp8", "int8"]), default="bf16",
-              show_default=True)
+@weight_dtype_option()
 @click.option("--cost-profile", default=None, envvar="NEURON_BATCH_COST_PROFILE",
               help="Step-time profile JSON (from `neuron-batch calibrate`) for every instance.")
 @click.option("--model", envvar="NEURON_BATCH_MODEL", default=None,
               help="Whose tokenizer counts text prompts. Default: the built-in model's.")
-@click.option("--pricing", type=click.Choice(PRICINGS), default=DEFAULT_PRICING,
+@click.option("--pricing", type=click.Choice(Pricing.values()), default=Pricing.ON_DEMAND.value,
               show_default=True, help="Built-in hourly prices: AWS on-demand (us-east-1) or the "
                                       "reserved-instance effective rate (see the README).")
 @click.option("--price-per-hour", default=None, metavar="USD|I=USD,...",
@@ -98,7 +94,8 @@ _DEFAULT_INSTANCES = "inf2.xlarge,inf2.8xlarge,inf2.24xlarge,inf2.48xlarge,trn1.
 @click.option("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, show_default=True,
               help="Output tokens per request where the input gives none.")
 @click.option("--prompt-column", default="prompt", show_default=True)
-@click.option("--split", default="train", show_default=True)
+@click.option("--split", "dataset_split", default="train", show_default=True,
+              help="Data-set split to read.")
 @click.option("--limit", type=int, default=None,
               help="Plan for N requests drawn at random (seeded) from the input.")
 @click.option("--seed", type=int, default=0, show_default=True,
@@ -159,15 +156,11 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
                            weight_dtype=weight_dtype, cost_profile=cost_profile),
             cost=CostOptions(pricing=pricing, price_per_hour=prices.get(names[0])),
             quiet=True, **options).validate()
-        base, kv_reserve = plan_base(settings)
-        spec = PlanSpec(architecture=architecture, instances=names,
-                        max_num_instances=max_num_instances, seqs_values=seqs,
-                        max_prefill_buckets=max_prefill_buckets, compiled=compiled,
-                        weight_dtype=weight_dtype, cost_profile=cost_profile,
-                        max_model_len=settings.max_model_len,
-                        max_num_batched_tokens=settings.max_num_batched_tokens,
-                        kv_reserve=kv_reserve, pricing=pricing, prices=prices,
-                        splits=splits)
+        base, _ = plan_base(settings)
+        spec = PlanSpec.from_settings(base, instances=names,
+                                      max_num_instances=max_num_instances, seqs_values=seqs,
+                                      max_prefill_buckets=max_prefill_buckets,
+                                      compiled=compiled, prices=prices, splits=splits)
         placements(spec)    # a model that fits nowhere fails here, before any input is read
     except (SettingsError, PlanError, DeadlineError, ArchitectureError, PricingError) as error:
         raise click.UsageError(str(error)) from None

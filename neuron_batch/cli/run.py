@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from neuron_batch.choices import OnError, PlacementMode
 from neuron_batch.cli.group import main
 from neuron_batch.cli.options import (
     EXIT_CODES_HELP,
@@ -18,7 +19,7 @@ from neuron_batch.cli.options import (
     load_config_option,
     settings_from_options,
 )
-from neuron_batch.config import DEFAULT_MAX_TOKENS, SPLIT_PLACEMENTS, SettingsError
+from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -38,11 +39,13 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SPLIT_PLACEMENTS, SettingsEr
                    "--device sim, which does not sample).")
 @click.option("--prompt-column", default="prompt", show_default=True,
               help="CSV/Parquet/data-set column holding the prompt.")
-@click.option("--split", default="train", show_default=True, help="Data-set split to read.")
+@click.option("--split", "dataset_split", default="train", show_default=True,
+              help="Data-set split to read.")
 @click.option("--limit", type=int, default=None, help="Run only the first N prompts.")
 @click.option("--shuffle/--no-shuffle", default=False, help="Shuffle prompts (before --limit).")
 @click.option("--seed", type=int, default=0, show_default=True, help="For --shuffle and sampling.")
-@click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+@click.option("--on-error", type=click.Choice(OnError.values()), default=OnError.FAIL.value,
+              show_default=True,
               help="Bad input lines: fail before loading the model, or skip them and report.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               envvar="NEURON_BATCH_OUTPUT",
@@ -58,28 +61,17 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SPLIT_PLACEMENTS, SettingsEr
               help="Also write the headline figures in Prometheus text format here "
                    "(node_exporter's textfile collector).")
 @click.option("--split-at", type=SplitAt(), default=None, metavar="N|auto",
-              help="Split the job by length: requests whose prompt + max_tokens fit in N "
-                   "tokens run first in a layout compiled for max-model-len N (under nxdi: "
-                   "every static slot that fits, on sim or on a Neuron host that knows its "
-                   "instance, and buckets fitted to its own requests), the rest in the "
-                   "--max-model-len / --max-num-seqs layout. Two engine starts (and "
-                   "compiles); one folder, one report. auto: the cut (or none) the "
-                   "step-time model (sim, or a Neuron host that knows its instance) "
-                   "estimates fastest with compile; `neuron-batch plan` weighs cuts with "
-                   "instances and deadlines.")
-@click.option("--split-placement", type=click.Choice(SPLIT_PLACEMENTS), default="auto",
+              help="Run requests of prompt + max_tokens <= N first, in a layout of "
+                   "max-model-len N, then the rest: one report. auto: the cut the step-time "
+                   "model finds fastest (sim, or a known Neuron instance).")
+@click.option("--split-placement", type=click.Choice(PlacementMode.values()),
+              default=PlacementMode.AUTO.value,
               show_default=True,
-              help="With --split-at and --replicas: in-turn runs each part across every "
-                   "replica, one after the other (every instance compiles both layouts); "
-                   "side-by-side gives the short part K replicas and the long one the rest, "
-                   "at once (an instance compiles only its replicas' layout; K balances the "
-                   "parts' estimated times); auto picks the shorter estimate (compile + run; "
-                   "in turn where there is no step-time model).")
+              help="With --split-at and --replicas: each part on every replica in turn, or "
+                   "the parts on separate replicas side by side; auto: the shorter estimate.")
 @click.option("--replicas", type=int, default=1, show_default=True,
-              help="Engines sharing the prompts (data parallel), each with the Neuron "
-                   "scheduler and these settings (--tensor-parallel-size NeuronCores each on "
-                   "Neuron). More than 1 runs on Ray: a local Ray instance for the run, or "
-                   "the cluster of --ray / RAY_ADDRESS. Needs neuron-batch[ray].")
+              help="Engines sharing the prompts (data parallel), each with these settings; "
+                   "more than 1 runs on Ray, local or --ray's (needs neuron-batch[ray]).")
 @click.option("--ray", "ray", default=None, metavar="ADDRESS",
               help="Run the replicas on this Ray cluster: the host:port of `ray start "
                    "--head`, or auto. `local` starts a local Ray instance even for one "

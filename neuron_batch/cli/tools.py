@@ -7,16 +7,16 @@ from pathlib import Path
 import click
 
 from neuron_batch.cli.group import main
+from neuron_batch.cli.options import weight_dtype_option
 from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 
 @main.command()
 @click.argument("run_dirs", nargs=-1, type=click.Path(exists=True, file_okay=False))
 @click.option("--published", "published", type=click.Path(exists=True, dir_okay=False),
-              help="Fit to a table of benchmark figures instead of run folders: a CSV with AWS's "
-                   "published-figures columns (model, instance, tp_degree, batch_size, "
-                   "max_seq_len, input_len, output_len, output_tok_per_s, ttft_p50_ms, "
-                   "tpot_p50_ms, weight_dtype), static batching.")
+              help="Fit to a CSV of static-batching benchmark figures in the columns of "
+                   "AWS's published tables (model, instance, tp_degree, batch_size, ...; a "
+                   "missing one is named) instead of run folders.")
 @click.option("--instance", default=None,
               help="The instance the runs were made on (required with RUN_DIRS). With "
                    "--published: the instance to name the profile after, and the only one whose "
@@ -26,8 +26,7 @@ from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_T
                    "RUN_DIRS; --published rows name their model).")
 @click.option("--tensor-parallel-size", type=int, default=None,
               help="NeuronCores the runs used. Default: all of the instance's.")
-@click.option("--weight-dtype", type=click.Choice(["bf16", "fp8", "int8"]), default="bf16",
-              show_default=True)
+@weight_dtype_option()
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
               help="Where to write the fitted profile (JSON), for --cost-profile.")
 def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size, weight_dtype,
@@ -39,8 +38,10 @@ def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size,
     From run folders, each step's measured duration (t_end - t_start in records-N.jsonl) is
     matched by the cost model's formula for its padded shape; runs with both prefill and decode
     steps of varied sizes fit best. From a table, each row is reproduced as a static batch
-    (prefilled together, decoded together) and its TPOT, output tokens/s and TTFT are matched.
-    Either way the parameters are fitted by least squares on the relative error.
+    (prefilled together, decoded together) and its TPOT, output tokens/s and TTFT are matched;
+    its columns: model, instance, tp_degree, batch_size, max_seq_len, input_len, output_len,
+    output_tok_per_s, ttft_p50_ms, tpot_p50_ms, weight_dtype. Either way the parameters are
+    fitted by least squares on the relative error.
     """
     if published and run_dirs:
         raise click.UsageError("give run folders or --published FILE, not both")
@@ -151,8 +152,7 @@ def buckets():
               help="[--objective time] Catalogue name or config.json.")
 @click.option("--tensor-parallel-size", type=int, default=None,
               help="[--objective time] Default: all NeuronCores of the instance.")
-@click.option("--weight-dtype", type=click.Choice(["bf16", "fp8", "int8"]), default="bf16",
-              show_default=True)
+@weight_dtype_option()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, prompt_column,
                     objective, instance, architecture, tensor_parallel_size, weight_dtype,

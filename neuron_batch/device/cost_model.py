@@ -45,6 +45,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from neuron_batch.choices import WeightDtype
+
 from .architectures import Architecture, dtype_bytes, resolve_architecture
 from .hardware import (
     GIB,
@@ -56,9 +58,9 @@ from .hardware import (
 )
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
-WEIGHT_DTYPES = ("bf16", "fp8", "int8")
+WEIGHT_DTYPES = WeightDtype.values()
 #: Weight dtypes stored at one byte and dequantized on device (cost: quantized_weight_bytes).
-QUANTIZED_DTYPES = ("fp8", "int8")
+QUANTIZED_DTYPES = (WeightDtype.FP8.value, WeightDtype.INT8.value)
 #: Activation bytes per element exchanged by the all-reduces (bf16).
 ACTIVATION_BYTES = 2
 #: Share of the TP group's HBM kept for compiled graphs (NEFFs), activations and runtime

@@ -109,6 +109,11 @@ INSTANCES: dict[str, Instance] = {
     )
 }
 
+#: What `plan` weighs unless told otherwise (`--instances`): every instance whose built-in
+#: profile is calibrated (inf2, trn1; each runs its family's runtime, which AWS ships there).
+#: trn2's profile is a hardware-ratio estimate with no built-in price: plan weighs it when named.
+DEFAULT_PLAN_INSTANCES = tuple(name for name, inst in INSTANCES.items() if inst.calibrated)
+
 
 class HardwareError(ValueError):
     """An unknown instance or a TP degree the instance cannot run; the message lists choices."""

@@ -37,6 +37,7 @@ from neuron_batch.device.cost_model import (
 from neuron_batch.device.hardware import INSTANCES, default_tp, get_instance, validate_tp
 from neuron_batch.device.static_kv import static_kv_capacity
 from neuron_batch.runtime import Runtime, get_runtime
+from neuron_batch.scheduler import SCHEDULER_CLS
 from neuron_batch.scheduler.kv_reserve import (
     DEFAULT_KV_RESERVE,
     MAX_MODEL_LEN,
@@ -53,8 +54,6 @@ NEURON_BLOCK_SIZE = 32
 VIRTUAL_CLOCK = "neuron_batch.device.virtual_clock:virtual_now"
 #: The simulated device's vLLM executor, by dotted path.
 SIM_EXECUTOR = "neuron_batch.device.executor.NeuronSimExecutor"
-#: The scheduler the simulated device is built for (it sets the padded shapes).
-SCHEDULER_CLS = "neuron_batch.scheduler.NeuronScheduler"
 #: Key of the executor's settings inside `additional_config["neuron_batch"]`.
 SIM_KEY = "sim"
 #: vLLM appends 8 random characters to every request id unless this is set; the records carry
@@ -201,7 +200,7 @@ class SimTarget:
             **runtime_kwargs,
             "seed": 0,
             "additional_config": {"neuron_batch": {
-                "clock": VIRTUAL_CLOCK, SIM_KEY: executor, "kv_reserve": self.kv_reserve,
+                "clock": VIRTUAL_CLOCK, SIM_KEY: executor, "kv_reserve": self.kv_reserve.value,
                 "runtime": self.runtime.name}},
         }
 

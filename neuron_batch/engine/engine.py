@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_batch.config import RunSettings, SettingsError
+from neuron_batch.scheduler import SCHEDULER_CLS
 from neuron_batch.scheduler.kv_reserve import parse_kv_reserve
 from neuron_batch.versions import (
     installed_vllm_version,
@@ -27,7 +28,6 @@ from neuron_batch.versions import (
 if TYPE_CHECKING:
     from neuron_batch.device.target import SimTarget
 
-SCHEDULER_CLS = "neuron_batch.scheduler.NeuronScheduler"
 CPU_KV_CACHE_BYTES = 2 << 30
 
 _warned_versions: set[str] = set()
@@ -103,7 +103,8 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
     ["process_env"]` is environment `Engine` sets before vLLM starts."""
     kv_reserve = parse_kv_reserve(settings.kv_reserve)
     runtime = target.runtime if target is not None else settings.resolve_runtime()
-    neuron_batch: dict[str, Any] = {"records_path": str(records_path), "kv_reserve": kv_reserve,
+    neuron_batch: dict[str, Any] = {"records_path": str(records_path),
+                                    "kv_reserve": kv_reserve.value,   # vLLM's config: plain data
                                     "runtime": runtime.name}
     kwargs: dict[str, Any] = dict(
         model=model_path,

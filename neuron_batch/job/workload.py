@@ -38,7 +38,7 @@ def load_workload(settings: RunSettings, log: Callable[[str], None]) -> Workload
     second, before any model loads."""
     try:
         loaded = load_prompts(settings.inputs, prompt_column=settings.prompt_column,
-                              split=settings.split, limit=settings.limit,
+                              split=settings.dataset_split, limit=settings.limit,
                               shuffle=settings.shuffle, seed=settings.seed,
                               default_max_tokens=settings.max_tokens)
     except InputError as error:

@@ -35,8 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from neuron_batch.buckets import bucket_for
-
-KV_RESERVE_REQUEST, KV_RESERVE_MAX_MODEL_LEN = "request", "max_model_len"
+from neuron_batch.choices import KvReserve
 
 
 @dataclass(frozen=True)
@@ -94,17 +93,20 @@ def prefill_seconds(model, stats: ShareStats, buckets: Sequence[int] | None) -> 
 
 
 def decode_steps_bound(stats: ShareStats, *, max_num_seqs: int, num_blocks: int,
-                       block_size: int, max_model_len: int, kv_reserve: str) -> int:
-    """The fewest decode steps the share can take (see the module docstring)."""
+                       block_size: int, max_model_len: int, kv_reserve: KvReserve | str) -> int:
+    """The fewest decode steps the share can take (see the module docstring). `kv_reserve`:
+    the admission rule, in any spelling; a value that names none (e.g. "none") leaves only the
+    bounds every rule obeys."""
     if stats.decode_tokens == 0:
         return 0
+    rule = KvReserve.lookup(kv_reserve)
     usable = max(num_blocks - 1, 1)     # vLLM keeps one block back (its null block)
     bounds = [stats.decode_tokens / max_num_seqs,
               stats.context_sum / (block_size * usable)]
-    if kv_reserve == KV_RESERVE_MAX_MODEL_LEN:
+    if rule is KvReserve.MAX_MODEL_LEN:
         fit = usable // -(-max_model_len // block_size)
         bounds.append(stats.decode_tokens / max(fit, 1))
-    elif kv_reserve == KV_RESERVE_REQUEST:
+    elif rule is KvReserve.REQUEST:
         bounds.append(stats.reserve_request_area / usable)
     return math.ceil(max(bounds) - 1e-9)
 
@@ -134,7 +136,7 @@ class ReplicaBound:
 
 def replica_bound(model, stats: ShareStats, *, prefill_buckets: Sequence[int] | None,
                   max_num_seqs: int, num_blocks: int, block_size: int, max_model_len: int,
-                  kv_reserve: str) -> ReplicaBound:
+                  kv_reserve: KvReserve | str) -> ReplicaBound:
     """Lower bound on the simulated run time of one replica serving `stats`' requests with
     one decode bucket (max_num_seqs)."""
     steps = decode_steps_bound(stats, max_num_seqs=max_num_seqs, num_blocks=num_blocks,

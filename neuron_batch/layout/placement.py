@@ -8,7 +8,7 @@ instances the two compiles overlap. What side by side can lose is balance: with 
 one part's pool may finish long before the other's.
 
 `choose` weighs both with an estimate of each part's time on n engines (`seconds_on`, from
-the step-time model: runner.py builds it from `plan`'s per-replica bounds) and the compile
+the step-time model: run/runner.py builds it from `plan`'s per-replica bounds) and the compile
 time of each layout, over every K, and picks the shorter makespan (compile wall time + run
 time; the run is billed for every instance throughout, so shorter is cheaper). Without an
 estimate (no step-time model: neither the simulated device nor a Neuron host that knows its
@@ -20,8 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-IN_TURN, SIDE_BY_SIDE, AUTO = "in-turn", "side-by-side", "auto"
-PLACEMENTS = (AUTO, IN_TURN, SIDE_BY_SIDE)
+from neuron_batch.choices import PlacementMode
+
+IN_TURN, SIDE_BY_SIDE, AUTO = (PlacementMode.IN_TURN, PlacementMode.SIDE_BY_SIDE,
+                               PlacementMode.AUTO)
+PLACEMENTS = PlacementMode.values()
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ def cut_candidates(lengths: Sequence[int], slots_at, max_model_len: int, step: i
 
 def choose_cut(settings: RunSettings, requests: list[PreparedRequest], slots_at, estimate
                ) -> tuple[int | None, str]:
-    """`--split-at auto`: the cut whose split the estimate (split_placement.BoundEstimate)
+    """`--split-at auto`: the cut whose split the estimate (placement.BoundEstimate)
     finishes soonest, compile of both layouts (and their placement on --replicas) included,
     over every candidate (`cut_candidates`); None when the single layout of the settings as
     given is as fast. Returns it with a line that says so."""
@@ -223,9 +223,9 @@ def long_part(settings: RunSettings, requests: list[PreparedRequest], engines: i
 def plan_parts(settings: RunSettings, pending: list[PreparedRequest], slots_at,
                estimate=None) -> tuple[list[Part], SplitPlacement]:
     """The parts of the pending requests, short first, empty parts left out, and where they
-    run (split_placement.py: in turn, or side by side on --replicas as --split-placement and
+    run (placement.py: in turn, or side by side on --replicas as --split-placement and
     `estimate` say). `slots_at(settings)`: the static slots of settings.max_model_len that
-    load, None when unknown (runner.py). `estimate`: a split_placement.BoundEstimate, or None
+    load, None when unknown (run/runner.py). `estimate`: a placement.BoundEstimate, or None
     when the device has no step-time model."""
     short = [r for r in pending if r.length <= settings.split_at]
     long = [r for r in pending if r.length > settings.split_at]

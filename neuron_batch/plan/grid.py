@@ -31,18 +31,19 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from neuron_batch.choices import KvReserve
 from neuron_batch.device.architectures import resolve_architecture
 from neuron_batch.device.cost_model import StepCostModel
-from neuron_batch.device.hardware import HardwareError, get_instance, valid_tp_degrees
-from neuron_batch.device.target import NEURON_BLOCK_SIZE, SimSettings, SimTarget
-from neuron_batch.layout.bounds import (
-    KV_RESERVE_MAX_MODEL_LEN,
-    ShareStats,
-    replica_bound,
+from neuron_batch.device.hardware import (
+    INSTANCES,
+    HardwareError,
+    get_instance,
+    valid_tp_degrees,
 )
+from neuron_batch.device.target import NEURON_BLOCK_SIZE, SimSettings, SimTarget
+from neuron_batch.layout.bounds import ShareStats, replica_bound
 from neuron_batch.plan.buckets import BucketChooser
 from neuron_batch.plan.options import (
-    DEFAULT_INSTANCES,
     MODEL_LEN_STEP,
     InstanceFit,
     Option,
@@ -67,11 +68,11 @@ def check_instances(names: Sequence[str]) -> tuple[str, ...]:
             key = get_instance(name).name
         except HardwareError:
             raise PlanError(f"--instances: unknown or unsimulated instance {name!r}; choose "
-                            f"from {', '.join(DEFAULT_INSTANCES)}") from None
+                            f"from {', '.join(INSTANCES)}") from None
         if key not in out:
             out.append(key)
     if not out:
-        raise PlanError(f"--instances is empty; choose from {', '.join(DEFAULT_INSTANCES)}")
+        raise PlanError(f"--instances is empty; choose from {', '.join(INSTANCES)}")
     return tuple(out)
 
 
@@ -161,7 +162,7 @@ def build_options(spec: PlanSpec, placements_: Sequence[InstanceFit], prompt_len
         most_blocks = max((blocks_for_tokens(reachable_tokens(p, o, mml), whole_cache)
                            for p, o in zip(prompt_lens, output_lens)), default=0)
         too_small = None
-        if (not placement.runtime.static_kv and spec.kv_reserve != KV_RESERVE_MAX_MODEL_LEN
+        if (not placement.runtime.static_kv and spec.kv_reserve != KvReserve.MAX_MODEL_LEN
                 and most_blocks > placement.num_blocks - 1):
             too_small = (f"the KV cache ({placement.num_blocks - 1} usable blocks) cannot hold "
                          f"the longest request ({most_blocks} blocks)")
@@ -220,7 +221,7 @@ def mark_same_schedule(options: list[Option], spec: PlanSpec) -> None:
     """With max_model_len reservations a replica runs at most `fit` requests at once, so every
     max_num_seqs >= fit gives the same schedule and only the smallest of them pads decode
     steps least (the same graphs, so the same compile time): skip the others."""
-    if spec.kv_reserve != KV_RESERVE_MAX_MODEL_LEN:
+    if spec.kv_reserve != KvReserve.MAX_MODEL_LEN:
         return
     blocks_per_seq = -(-spec.max_model_len // NEURON_BLOCK_SIZE)
     groups: dict[tuple, list[Option]] = {}

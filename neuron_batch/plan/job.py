@@ -1,5 +1,5 @@
 """What one plan is (`PlanJob`) and the `neuron-batch run` settings of each option: one replica
-on its share, and the whole layout. Shared by the search (plan.py) and its report
+on its share, and the whole layout. Shared by the search (run.py) and its report
 (report.py), so neither imports the other."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from neuron_batch.bench.deadline import Deadline
+from neuron_batch.choices import KvReserve
 from neuron_batch.config import RunSettings
-from neuron_batch.layout.bounds import KV_RESERVE_REQUEST
 from neuron_batch.plan.options import Option, PlanSpec
 
 PLAN_JSON = "plan.json"
@@ -39,9 +39,9 @@ def plan_base(settings: RunSettings) -> tuple[RunSettings, str]:
     by each request's real need; and that admission rule."""
     base = replace(settings, device="sim", shuffle=True, quiet=True, resume=True,
                    metrics_textfile=None, max_runtime=None, replicas=1, ray=None,
-                   kv_reserve=KV_RESERVE_REQUEST,
+                   kv_reserve=KvReserve.REQUEST,
                    sim=replace(settings.sim, num_instances=1))
-    return base, KV_RESERVE_REQUEST
+    return base, KvReserve.REQUEST
 
 
 def option_settings(base: RunSettings, option: Option, out_dir: Path | None) -> RunSettings:

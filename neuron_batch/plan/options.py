@@ -7,15 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from neuron_batch.choices import KvReserve, Pricing, WeightDtype, normalise
+from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_TOKENS, RunSettings
 from neuron_batch.device.cost_model import StepCostModel
-from neuron_batch.device.hardware import get_instance
+from neuron_batch.device.hardware import DEFAULT_PLAN_INSTANCES, get_instance
 from neuron_batch.device.target import NEURON_BLOCK_SIZE, SimTarget
-from neuron_batch.layout.bounds import KV_RESERVE_MAX_MODEL_LEN
 from neuron_batch.report.cost import Price, usd
 from neuron_batch.runtime import Runtime, nxdi_default_buckets
 
-DEFAULT_INSTANCES = ("inf2.xlarge", "inf2.8xlarge", "inf2.24xlarge", "inf2.48xlarge",
-                     "trn1.32xlarge", "trn2.3xlarge", "trn2.48xlarge")
+DEFAULT_INSTANCES = DEFAULT_PLAN_INSTANCES
 #: Candidate max_model_len values are rounded up to a multiple of this.
 MODEL_LEN_STEP = 128
 DEFAULT_SEQS = (8, 16, 32, 64)
@@ -30,7 +30,8 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class PlanSpec:
-    """What the user asked to plan over."""
+    """What the user asked to plan over: the grid's own fields, and those of the run settings
+    every option starts from (`from_settings`)."""
 
     architecture: str
     instances: tuple[str, ...] = DEFAULT_INSTANCES
@@ -38,15 +39,34 @@ class PlanSpec:
     seqs_values: tuple[int, ...] = DEFAULT_SEQS
     max_prefill_buckets: int = DEFAULT_MAX_PREFILL_BUCKETS
     compiled: bool = False
-    weight_dtype: str = "bf16"
+    weight_dtype: WeightDtype = WeightDtype.BF16
     cost_profile: str | None = None
-    max_model_len: int = 2048
-    max_num_batched_tokens: int = 2048
-    kv_reserve: str = KV_RESERVE_MAX_MODEL_LEN
-    pricing: str = "on-demand"
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    kv_reserve: KvReserve = KvReserve.MAX_MODEL_LEN
+    pricing: Pricing = Pricing.ON_DEMAND
     prices: dict[str, float] = field(default_factory=dict)   # instance -> USD/h overrides
     runtime: str | None = None      # None: each instance's own (nxdi inf2/trn1, vllm-neuron trn2)
     splits: bool = True             # also weigh jobs split by length (static-KV runtimes)
+
+    def __post_init__(self) -> None:
+        normalise(self, {"weight_dtype": WeightDtype, "kv_reserve": KvReserve,
+                         "pricing": Pricing})
+
+    @classmethod
+    def from_settings(cls, settings: RunSettings, **grid: Any) -> PlanSpec:
+        """The plan over `settings` (validated; the simulated device's): the model, weight
+        type, cost profile, limits, KV rule, pricing and runtime come from them, `grid` gives
+        the plan's own fields (instances, max_num_instances, seqs_values, max_prefill_buckets,
+        compiled, prices, splits). PlanError without an architecture."""
+        if settings.sim.architecture is None:
+            raise PlanError("plan needs the model's architecture (--architecture)")
+        return cls(architecture=settings.sim.architecture,
+                   weight_dtype=settings.sim.weight_dtype,
+                   cost_profile=settings.sim.cost_profile, max_model_len=settings.max_model_len,
+                   max_num_batched_tokens=settings.max_num_batched_tokens,
+                   kv_reserve=settings.kv_reserve, pricing=settings.cost.pricing,
+                   runtime=settings.runtime, **grid)
 
 
 @dataclass(frozen=True)

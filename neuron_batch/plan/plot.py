@@ -1,6 +1,6 @@
 """The plan's figure: cost against completion time, one point per simulated option (coloured by
 instance type), the lower bounds of pruned options as grey crosses, the deadline as a vertical
-line and the recommendation ringed. Built on the Agg canvas (figure.py), never via pyplot.
+line and the recommendation ringed. Built on the Agg canvas (bench/figure.py), never via pyplot.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def _run_share(settings: RunSettings, workload_limit: int | None) -> dict:
     from neuron_batch.job.workload import Workload, load_workload
     from neuron_batch.run.runner import run
 
-    key = (settings.inputs, settings.prompt_column, settings.split, settings.seed,
+    key = (settings.inputs, settings.prompt_column, settings.dataset_split, settings.seed,
            workload_limit, settings.model, settings.max_model_len, settings.max_tokens,
            settings.sim.architecture)
     if key not in _WORKLOADS:

@@ -2,7 +2,7 @@
 
 The recommendation is the option with the smallest `objective_key`: the cheapest that meets
 the deadline (then the faster), or, when none does, the fastest (then the cheaper). An option
-is pruned when even its lower bounds (bounds.py) cannot give a smaller key than the best
+is pruned when even its lower bounds (layout/bounds.py) cannot give a smaller key than the best
 option simulated so far. The key of the bounds is never above the key of the real figures
 (see `bound_key`), so pruning never drops the option an unpruned plan would recommend, and it
 covers the issue's rule too: an option that cannot beat the best on either time or cost

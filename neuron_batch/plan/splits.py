@@ -7,7 +7,7 @@ every single-layout option (placement, instances, max_num_seqs) this adds one op
 candidate cut (`cut_candidates`: for each slot count the short layout can have, the largest N
 that has it, so every trade between slots and requests served is weighed, cuts need not be
 powers of two). Each is bounded like a single option, part by part, with the same bounds
-(bounds.py), and counts the compile time of both layouts; the search (search.py) then treats
+(layout/bounds.py), and counts the compile time of both layouts; the search (search.py) then treats
 it like any other option, so a split is recommended only when it is cheaper, or meets a
 deadline no single layout meets, and pruning never drops the one an unpruned plan would pick.
 

@@ -21,7 +21,7 @@ What comes back, per finished request, is the engine's result and the scheduler'
 the scheduler's other records (its config and every step) ride along with whichever batch
 completes next. The scheduler writes them to a file in the replica's own temporary folder,
 which the actor flushes and reads as each batch completes. The run folder stays on the driver
-(`replicas.py` writes outputs.jsonl and the records), so no shared filesystem is needed. If
+(`pool.py` writes outputs.jsonl and the records), so no shared filesystem is needed. If
 this actor's process dies, Ray restarts it (a new engine, a new `incarnation`) and retries its
 unfinished batches there.
 
@@ -281,7 +281,7 @@ class ReplicaWorker:
             model = resolve_model(settings.model)   # on this host: no shared filesystem
             model_path, has_tokenizer = model.path, model.has_tokenizer
         # (On Neuron, the kwargs carry the plugin's switches, which Engine sets in this
-        # process's environment before vLLM starts: see neuron_host.py.)
+        # process's environment before vLLM starts: see engine/neuron_host.py.)
         kwargs = engine_kwargs(settings, spec.device, model_path, self._records.path,
                                workdir, has_tokenizer=has_tokenizer, target=spec.target,
                                mixed_sampling=spec.mixed_sampling)

@@ -3,7 +3,7 @@ before any model loads: Ray installed and in the tested range, the address reach
 cluster big enough for N replicas. Then, while the run goes, whether a lost node left room for
 every replica.
 
-Ray is imported only here and in `replicas.py` / `replica_actor.py`, and only on the Ray path.
+Ray is imported only here and in `pool.py`, `actor.py` and `results.py`, and only on the Ray path.
 
 ReplicaResources (what each replica actor asks Ray for):
 - on Neuron, `{"neuron_cores": T}` and 1 CPU: Ray knows NeuronCores as `neuron_cores` and

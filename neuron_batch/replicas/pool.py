@@ -1,7 +1,7 @@
 """Generation over N engines on Ray: the driver side of a `--replicas` run.
 
 The pending requests become a Ray Data dataset (`from_items`, one row and one block per batch
-of requests, the batch pickled in one cell: replica_actor.py says why) and flow through
+of requests, the batch pickled in one cell: actor.py says why) and flow through
 `map_batches(ReplicaWorker, ...)` with a fixed pool of N actors, one engine each. Each actor
 takes several batches at once, so its engine is never drained between batches. Ray Data
 restarts an actor whose process dies and retries its unfinished batches there (its defaults:
@@ -208,7 +208,7 @@ def _generate(flow_specs: list[tuple[Job, list[PreparedRequest], int]]) -> list[
                     else:
                         write(flow, value)
         # Stopping early: what already came back is kept. Ray Data's threads end before Ray
-        # shuts down (replica_results.py says why).
+        # shuts down (results.py says why).
         stopped_cleanly = all([flow.stream.stop() for flow in flows])
         for flow in flows:
             for table in flow.stream.received():

@@ -94,7 +94,7 @@ def _shutdown_executions() -> None:
     """Shut down the Ray Data executions of this process. Ray Data has no public call to cancel
     an iteration from another thread; its StreamingExecutor is a thread, and its shutdown ends
     the scheduling loop, which marks the output finished, so the reading thread's wait ends
-    (Ray 2.60; Ray is pinned to the tested range in ray_cluster.TESTED_RAY)."""
+    (Ray 2.60; Ray is pinned to the tested range in cluster.TESTED_RAY)."""
     from ray.data._internal.execution.streaming_executor import StreamingExecutor
 
     for thread in threading.enumerate():

@@ -20,8 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-ON_DEMAND, RESERVED = "on-demand", "reserved"
-PRICINGS = (ON_DEMAND, RESERVED)
+from neuron_batch.choices import Pricing
+
+ON_DEMAND, RESERVED = Pricing.ON_DEMAND, Pricing.RESERVED
+PRICINGS = Pricing.values()
 DEFAULT_PRICING = ON_DEMAND
 
 #: USD per instance-hour: instance -> {pricing -> price}.

@@ -1,8 +1,8 @@
 """Turn scheduler records into the run report: throughput, padding waste, time per state.
 
 Pure Python (no vLLM, no numpy) so that a 200k-step run is summarized in well under a second
-and the tests run in milliseconds. `summarize()` returns a JSON-ready dict; `report.py` formats
-it for the terminal and for Prometheus.
+and the tests run in milliseconds. `summarize()` returns a JSON-ready dict; `summary.py` formats
+it for the terminal, `prometheus.py` for Prometheus.
 
 The time accounting (`states`) tiles the interval [start, start + elapsed] with step spans, so
 the seconds per state always add up to the elapsed time, whatever gaps or overlaps the clock
@@ -39,7 +39,7 @@ _IDLE = SchedulerState.IDLE.value
 def summarize(records: Records, *, elapsed_s: float | None = None, start: float | None = None,
               extra_config: dict | None = None, total: int | None = None,
               failed: int | None = None, skipped: int | None = None) -> dict[str, Any]:
-    """The report dictionary of a run: JSON-ready, read by `report.py`, users and dashboards.
+    """The report dictionary of a run: JSON-ready, read by `summary.py`, users and dashboards.
 
     `elapsed_s`: the run's wall time if the caller measured it; otherwise it is the time from
     `start` (default: the earliest request arrival) to the latest step end or finish time.

@@ -74,7 +74,7 @@ def build_report(job: Job) -> dict:
 def split_section(attempts: list[dict], folder, settings, simulated: bool) -> dict:
     """A --split-at run's parts: each attempt that ran a part, its layout and its own figures
     (from its records), and the compile time of the layouts (both are compiled). A part run on
-    replicas counts as the whole report does (replica_report.attempt_figures): its elapsed time
+    replicas counts as the whole report does (report/replicas.py attempt_figures): its elapsed time
     the slowest replica's on the simulated device (else from the first replica ready to the
     last output), its output tokens summed, and per replica its requests and time; so the
     parts' elapsed times add up to the run's, as without replicas, or side by side
@@ -116,7 +116,7 @@ def split_section(attempts: list[dict], folder, settings, simulated: bool) -> di
     placement = next((a["placement"] for a in reversed(attempts) if a.get("placement")), None)
     if compile_s and any(a.get("side_by_side") is not None for a in attempts):
         # side by side the layouts compile at once where their replicas sit on separate
-        # instances (split_placement.compile_wall_s); the wall time is what the run waits
+        # instances (layout/placement.py compile_wall_s); the wall time is what the run waits
         wall = (placement or {}).get("compile_wall_s")
         total = wall if wall is not None else max(compile_s)
     out = {"split_at": settings.split_at, "parts": parts, "estimated_compile_s": total}

@@ -2,9 +2,9 @@
 every output as it finishes, and report. No click here: the CLI turns `RunError`s into exits
 (codes in `errors.py`).
 
-Read top-down: `run()` loads the workload (`workload.py`), resolves the simulated device once
-(`device/target.py`), locks the run folder (`folder.py`) and hands one `Job` to
-`_run_locked()`, which generates (`generate.py`) and reports (`folder_report.py`).
+Read top-down: `run()` loads the workload (`job/workload.py`), resolves the simulated device
+once (`device/target.py`), locks the run folder (`job/folder.py`) and hands one `Job` to
+`_run_locked()`, which generates (`job/generate.py`) and reports (`folder_report.py`).
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def auto_split(settings: RunSettings, workload: Workload, log) -> RunSettings:
 
 
 def check_neuron_host(settings: RunSettings, workload) -> None:
-    """A Neuron run's settings, checked before anything loads (neuron_host.py): the plugin's
+    """A Neuron run's settings, checked before anything loads (engine/neuron_host.py): the plugin's
     limits, the sampling it can do, and whether the static KV cache fits beside the weights."""
     from neuron_batch.engine.neuron_host import NeuronHostError, check_host
     from neuron_batch.versions import neuron_plugin

@@ -21,7 +21,7 @@ def run_parts(job, parts: list[Part], attempt: int, generate, resolve_target,
     every replica, one part after the other; side by side (`placement`), both parts at once,
     each on its own pool (`generate_side_by_side`), their lines marked `side_by_side` with the
     first part's attempt. A part's end stops its replicas with the driver's Ray job
-    (replicas.py), so the next part joins the cluster again (`RayCluster.reconnect`) before
+    (replicas/pool.py), so the next part joins the cluster again (`RayCluster.reconnect`) before
     its replicas start; `job.cluster` is the runner's connection, the one it shuts down at the
     end."""
     side_by_side = placement is not None and placement.mode == SIDE_BY_SIDE

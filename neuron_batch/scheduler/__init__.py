@@ -8,6 +8,10 @@ no vLLM) stays cheap to import for reports and metrics.
 
 __all__ = ["NeuronScheduler", "NeuronAsyncScheduler"]
 
+#: The dotted path every engine this package builds gives vLLM as `scheduler_cls` (vLLM imports
+#: it in the engine core; naming it keeps the caller free of vLLM).
+SCHEDULER_CLS = "neuron_batch.scheduler.NeuronScheduler"
+
 
 def __getattr__(name: str):
     if name in __all__:

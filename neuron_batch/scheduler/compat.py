@@ -1,7 +1,7 @@
 """Every difference between the vLLM releases neuron-batch supports, in one place.
 
 The scheduler (`neuron.py`), the test harness (`harness.py`) and the simulated executor
-(`device/sim.py`) use vLLM through the names below; nothing else in the package looks at
+(`device/executor.py`) use vLLM through the names below; nothing else in the package looks at
 vLLM's version. Each difference is detected by what the installed vLLM has (a module, a
 parameter, a dataclass field), not by comparing version numbers, so a release between two
 tested ones takes whichever side it resembles. `neuron_batch.versions` lists the releases the

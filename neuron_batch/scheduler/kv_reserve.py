@@ -27,27 +27,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-REQUEST = "request"
-MAX_MODEL_LEN = "max_model_len"
+from neuron_batch.choices import KvReserve
+
+REQUEST = KvReserve.REQUEST
+MAX_MODEL_LEN = KvReserve.MAX_MODEL_LEN
 #: The rules, the default first.
-KV_RESERVE_RULES = (REQUEST, MAX_MODEL_LEN)
+KV_RESERVE_RULES = tuple(KvReserve)
 DEFAULT_KV_RESERVE = REQUEST
 #: The rules as the command line and job files spell them.
-CLI_NAMES = {REQUEST: "request", MAX_MODEL_LEN: "max-model-len"}
+CLI_NAMES = {rule: rule.cli for rule in KvReserve}
 #: Short names for sweep configuration names (K=req, K=mml).
-SHORT_NAMES = {REQUEST: "req", MAX_MODEL_LEN: "mml"}
+SHORT_NAMES = {rule: rule.short for rule in KvReserve}
 
 
-def parse_kv_reserve(value: str) -> str:
-    """A rule name as written on the command line or in a job file ('request',
-    'max-model-len', 'max_model_len', or the short 'req' / 'mml') -> the canonical name."""
-    text = str(value).strip().lower().replace("-", "_")
-    aliases = {REQUEST: REQUEST, "req": REQUEST, MAX_MODEL_LEN: MAX_MODEL_LEN,
-               "mml": MAX_MODEL_LEN}
-    if text not in aliases:
-        raise ValueError(f"kv-reserve must be one of {', '.join(CLI_NAMES.values())}, "
-                         f"got {value!r}")
-    return aliases[text]
+def parse_kv_reserve(value: str) -> KvReserve:
+    """A rule as written on the command line, in a job file or in the scheduler config
+    ('request', 'max-model-len', 'max_model_len', or the short 'req' / 'mml') -> its member;
+    ValueError naming the rules otherwise."""
+    return KvReserve.parse(value, "kv-reserve")
 
 
 def reachable_tokens(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
