@@ -10,7 +10,7 @@ takes N+ steps; vLLM's admits them at once). It then times K steps of `schedule(
 hits both alike. The fake model output is built outside the timed calls, identically for both,
 so only the schedulers are measured; the garbage collector is off while timing. A repeat's
 per-step time is the median over its chunks; the table gives the median over repeats of each
-scheduler, the ratio of those medians (target: at most 1.10), the ratio of the minimums, and
+scheduler, the ratio of those medians (target: at most 1.05), the ratio of the minimums, and
 "pair": the median of each chunk's ratio to the base chunk timed next to it (least disturbed
 by load that changes between repeats). "sched/upd ratio" splits the ratio of medians into
 schedule() and update_from_output().
@@ -46,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-TARGET_RATIO = 1.10
+TARGET_RATIO = 1.05   # issue 32: at 64 running decodes (the headline size), and at the others
 DEFAULT_STEPS = {8: 2000, 64: 500, 256: 200}
 PROMPT_LEN = 32
 BLOCK_SIZE = 32
@@ -297,8 +297,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"target_ratio": TARGET_RATIO, "results": rows}, indent=2))
     else:
+        print()
+        for r in rows:
+            ours = r["neuron"]
+            print(f"{r['mode']} ratio at {r['running']} running decodes (median of alternating "
+                  f"runs): {ours['ratio_median']:.3f}x  (ours {ours['median_us']:.1f} us / "
+                  f"vLLM {r['base']['median_us']:.1f} us per step; target <= "
+                  f"{TARGET_RATIO:.2f}x: {'met' if r['target_met'] else 'NOT met'})")
         met = all(r["target_met"] for r in rows)
-        print(f"\ntarget <= {TARGET_RATIO:.2f}x base (ratio of medians) at every size: "
+        print(f"target <= {TARGET_RATIO:.2f}x base (ratio of medians) at every size: "
               f"{'met' if met else 'NOT met'}")
     return 0
 

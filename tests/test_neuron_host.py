@@ -236,3 +236,25 @@ def test_engine_sets_the_plugins_switches_before_vllm_starts(monkeypatch):
     finally:
         for key in env:
             os.environ.pop(key, None)
+
+
+def test_min_tokens_hold_is_installed_only_once_a_request_needs_it():
+    """vLLM calls the per-request update for every running request every step: the hold goes in
+    front of it only when some request has min_tokens > 1 (a first token may always stop)."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from neuron_batch.scheduler import NeuronScheduler, compat
+    from neuron_batch.scheduler.harness import EOS_TOKEN_ID, make_scheduler
+
+    assert "_update_request_with_output" not in vars(NeuronScheduler)
+    scheduler = make_scheduler(NeuronScheduler, max_num_seqs=4, max_model_len=256,
+                               max_num_batched_tokens=256, num_blocks=64)
+    for name, min_tokens in (("zero", 0), ("one", 1), ("held", 3)):
+        assert not scheduler.holds_min_tokens
+        params = SamplingParams(max_tokens=20, min_tokens=min_tokens)
+        params.update_from_generation_config({}, EOS_TOKEN_ID)
+        scheduler.add_request(compat.make_request(name, [7] * 10, params, EOS_TOKEN_ID, 32))
+    assert scheduler.holds_min_tokens
+    update = scheduler._update_request_with_output
+    assert update.__func__ is not Scheduler._update_request_with_output

@@ -263,3 +263,33 @@ def test_step_record_is_built_in_its_field_order():
 
     names = tuple(f.name for f in fields(StepRecord))
     assert names[:len(STEP_FIELDS_FILLED)] == STEP_FIELDS_FILLED
+
+
+@pytest.mark.parametrize("cls", BOTH)
+def test_decode_only_steps_skip_classifying_and_agree_with_it(cls, monkeypatch):
+    """schedule() tells _pad_and_record when only running decodes went into the base; the
+    per-request classification it then skips finds exactly that: no prefill, every one a decode."""
+    from neuron_batch.scheduler.neuron import _split_prefills
+
+    sched = make_scheduler(cls, max_num_seqs=4, max_num_batched_tokens=1024,
+                           max_model_len=1024)
+    original = cls._pad_and_record
+    fast: list[bool] = []
+
+    def checked(self, output, t_start, blocked, num_waiting, only_decodes=False):
+        fast.append(only_decodes)
+        if only_decodes:
+            cached = output.scheduled_cached_reqs
+            assert _split_prefills(output, self.requests) == (
+                [], 0, len(cached.req_ids), sum(cached.num_computed_tokens))
+        return original(self, output, t_start, blocked, num_waiting, only_decodes)
+    monkeypatch.setattr(cls, "_pad_and_record", checked)
+    arrivals = {5: [make_request(300, 4)], 9: [make_request(40, 30) for _ in range(3)]}
+    result = drive(sched, [make_request(700, 20), make_request(50, 6)], arrivals=arrivals,
+                   overlap=cls is NeuronAsyncScheduler)
+    assert len(result.finished) == 6
+    assert fast.count(True) > 10 and fast.count(False) > 5
+    steps = sched.recorder.steps
+    assert len(steps) == len(fast)
+    assert {s.kind for s, f in zip(steps, fast) if f} <= {"decode", "empty"}
+    assert {s.kind for s, f in zip(steps, fast) if not f} == {"prefill"}

@@ -18,10 +18,7 @@ restored after the base scheduler returns.
 
 from __future__ import annotations
 
-import importlib
 import logging
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +44,7 @@ from neuron_batch.scheduler.records import (
     RunConfig,
     SchedulerState,
     StepRecord,
+    resolve_clock,
 )
 
 logger = logging.getLogger(__name__)
@@ -101,7 +99,7 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
         self.total_padding_tokens = 0
 
         records_path = own.get(RECORDS_PATH_KEY)
-        self.recorder = Recorder(clock=_resolve_clock(own.get(CLOCK_KEY)),
+        self.recorder = Recorder(clock=resolve_clock(own.get(CLOCK_KEY)),
                                  path=Path(records_path) if records_path else None)
         self.recorder.start(RunConfig(
             max_num_seqs=self.max_num_seqs,
@@ -204,6 +202,7 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
 
         # Step 3: prefill/decode separation (three branches).
         hidden: list[Request] = []
+        num_decoding = -1   # decode only: how many running requests the base sees (all decodes)
         if prefill_running:
             # An ongoing segmented prefill: run only it; decodes wait.
             if len(prefill_running) != len(self.running):
@@ -212,7 +211,8 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
         elif self.waiting:
             # A new prefill starts: hide every decode.
             hidden, self.running = self.running, []
-        # else: decode only.
+        else:
+            num_decoding = len(self.running)
 
         # Step 4: the base scheduler on the filtered view. Its caps are lowered by the number of
         # hidden requests, or it would admit past max_num_seqs and trip its own assertion.
@@ -221,6 +221,9 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
             self._lower_running_caps(num_hidden)
         try:
             output = self._call_base_schedule(*args, **kwargs)
+            # Every request it scheduled was one of those decodes unless it resumed one (that
+            # joins running; vLLM never resumes in a step it preempts in) or started one.
+            only_decodes = 0 <= len(self.running) <= num_decoding
         finally:
             if num_hidden:
                 self._lower_running_caps(-num_hidden)
@@ -238,7 +241,7 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
             self._reserve_if_scheduled(admitted, output)
 
         # Steps 6-8: padding, the mixed-batch check, state, records.
-        self._pad_and_record(output, t_start, blocked, num_waiting)
+        self._pad_and_record(output, t_start, blocked, num_waiting, only_decodes)
         return output
 
     def _lower_running_caps(self, amount: int) -> None:
@@ -249,30 +252,16 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
         return Scheduler.schedule(self, *args, **kwargs)
 
     def _pad_and_record(self, output: SchedulerOutput, t_start: float, blocked: str | None,
-                        num_waiting: int) -> None:
+                        num_waiting: int, only_decodes: bool = False) -> None:
         num_scheduled = output.num_scheduled_tokens
-        requests = self.requests
-        prefill_ids: list[str] = []
-        prefill_tokens = 0
-        context_tokens = 0
-        num_decode = 0
-        for new in output.scheduled_new_reqs:
-            context_tokens += new.num_computed_tokens
-            if new.num_computed_tokens < requests[new.req_id].num_prompt_tokens:
-                prefill_ids.append(new.req_id)
-                prefill_tokens += num_scheduled[new.req_id]
-            else:
-                num_decode += 1
-        # Running requests: one comprehension over them (every decode step), sums in C.
-        cached = output.scheduled_cached_reqs
-        cached_ids, cached_computed = cached.req_ids, cached.num_computed_tokens
-        context_tokens += sum(cached_computed)
-        cached_prefill = [req_id for req_id, computed in zip(cached_ids, cached_computed)
-                          if computed < requests[req_id].num_prompt_tokens]
-        num_decode += len(cached_ids) - len(cached_prefill)
-        for req_id in cached_prefill:
-            prefill_ids.append(req_id)
-            prefill_tokens += num_scheduled[req_id]
+        cached_computed = output.scheduled_cached_reqs.num_computed_tokens
+        if only_decodes and not output.scheduled_new_reqs:
+            # schedule() saw only decodes go in: nothing to classify, one sum in C.
+            prefill_ids, prefill_tokens = (), 0
+            num_decode, context_tokens = len(cached_computed), sum(cached_computed)
+        else:
+            prefill_ids, prefill_tokens, num_decode, context_tokens = _split_prefills(
+                output, self.requests)
         num_prefill = len(prefill_ids)
         if num_prefill and num_decode:
             raise RuntimeError(
@@ -387,14 +376,15 @@ class NeuronAsyncScheduler(NeuronScheduler, AsyncScheduler):
         return AsyncScheduler.schedule(self, *args, **kwargs)
 
 
-def _resolve_clock(spec: str | Callable[[], float] | None) -> Callable[[], float]:
-    """The recorder's clock: wall time by default, else a 'module:attribute' callable (the
-    simulated device's virtual clock lives in the engine-core process, so it is named, not
-    passed)."""
-    if spec is None:
-        return time.monotonic
-    if callable(spec):
-        return spec
-    module_name, _, attribute = spec.partition(":")
-    target = getattr(importlib.import_module(module_name), attribute)
-    return target
+def _split_prefills(output: SchedulerOutput, requests: dict[str, Request]
+                    ) -> tuple[list[str], int, int, int]:
+    """(prefill request ids, their scheduled tokens, number of decodes, KV tokens held before
+    the step) of a step's scheduled requests, by each one's progress through its prompt."""
+    new, cached = output.scheduled_new_reqs, output.scheduled_cached_reqs
+    req_ids = [r.req_id for r in new] + list(cached.req_ids)
+    computed = [r.num_computed_tokens for r in new] + list(cached.num_computed_tokens)
+    prefill_ids = [req_id for req_id, done in zip(req_ids, computed)
+                   if done < requests[req_id].num_prompt_tokens]
+    num_scheduled = output.num_scheduled_tokens
+    return (prefill_ids, sum(num_scheduled[req_id] for req_id in prefill_ids),
+            len(req_ids) - len(prefill_ids), sum(computed))

@@ -15,6 +15,7 @@ device); only differences between them mean anything.
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -121,6 +122,18 @@ class RequestRecord:
     num_cached_tokens: int = 0          # prompt tokens served from the prefix cache
     finish_reason: str | None = None
 
+
+
+def resolve_clock(spec: str | Callable[[], float] | None) -> Callable[[], float]:
+    """The recorder's clock: wall time by default, else a 'module:attribute' callable (the
+    simulated device's virtual clock lives in the engine-core process, so it is named, not
+    passed)."""
+    if spec is None:
+        return time.monotonic
+    if callable(spec):
+        return spec
+    module_name, _, attribute = spec.partition(":")
+    return getattr(importlib.import_module(module_name), attribute)
 
 @dataclass
 class Recorder:
