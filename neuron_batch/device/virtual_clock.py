@@ -3,8 +3,8 @@
 The simulated executor advances a `VirtualClock` by each step's modelled duration; the Neuron
 scheduler's recorder reads the same clock, so every time in the records is simulated time.
 Both live in vLLM's engine-core process (a separate process when vLLM multiprocessing is on),
-so the recorder finds the clock by name ("module:attribute", see scheduler/records.py's `resolve_clock`)
-rather than being handed the object:
+so the recorder finds the clock by name ("module:attribute", see scheduler/records.py's
+`resolve_clock`) rather than being handed the object:
 
 - `neuron_batch.device.virtual_clock:virtual_now` reads the clock of the simulated engine
   started last in this process;
