@@ -118,6 +118,7 @@ class RunSettings:
     on_error: str = "fail"
     output: str | None = None            # None: results/<timestamp>-<input name>
     resume: bool = False
+    restart: bool = False                # move a run in --output aside and start anew
     quiet: bool = False
     max_runtime: float | None = None     # seconds
     metrics_textfile: str | None = None
