@@ -140,6 +140,7 @@ class RunSettings:
     on_error: OnError = OnError.FAIL
     output: str | None = None            # None: results/<timestamp>-<input name>
     resume: bool = False
+    restart: bool = False                # move a run in --output aside and start anew
     quiet: bool = False
     max_runtime: float | None = None     # seconds
     metrics_textfile: str | None = None

@@ -3,7 +3,7 @@
 Exit codes (also in `neuron-batch run --help` and the README):
     0  every request completed
     1  the run failed (engine or system error); finished outputs are kept
-    2  bad usage or bad input; nothing was run
+    2  bad usage or bad input, or the run folder holds a run of other input; nothing was run
     3  partial: the run finished but some inputs were skipped (--on-error skip) or failed
     4  interrupted (SIGTERM, SIGINT or --max-runtime); finished outputs are kept, --resume goes on
     5  the output folder is in use by another run

@@ -28,7 +28,7 @@ EXIT_CODES_HELP = """\b
 Exit codes:
   0  every request completed
   1  the run failed (engine or system error); finished outputs are kept
-  2  bad usage or bad input; nothing was run
+  2  bad usage or bad input, or --output holds a run of other input; nothing was run
   3  partial: finished, but some inputs were skipped (--on-error skip) or failed
   4  interrupted (SIGTERM, SIGINT, --max-runtime); --resume continues
   5  the output folder is in use by another run"""

@@ -52,7 +52,12 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError
               help="Run folder. Default: results/<timestamp>-<input name>/.")
 @click.option("--resume", is_flag=True,
               help="Finish a run in --output that was stopped: only the requests not yet in "
-                   "outputs.jsonl run again.")
+                   "outputs.jsonl run again. A run of other input or settings is refused "
+                   "(exit 2), naming what changed.")
+@click.option("--restart", is_flag=True,
+              help="Move the run already in --output aside (into previous-<time>/ there; "
+                   "nothing is deleted) and start anew. With --resume, only a run of other "
+                   "input or settings is moved; an unchanged one resumes.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary (for cron).")
 @click.option("--max-runtime", type=float, default=None, metavar="SECONDS",
               help="Stop cleanly after this long (exit 4; --resume continues).")

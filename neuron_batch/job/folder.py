@@ -3,6 +3,9 @@
 Layout of a run folder:
     outputs.jsonl        one line per finished request, appended and flushed as it finishes
     run.json             the settings and an input fingerprint (resume checks it)
+    requests.json        per request, in input order, its id and a digest of what it asks
+                         for (resume_check.py: --resume refuses a changed one)
+    previous-<time>/     a run --restart moved aside (nothing is deleted)
     records-N.jsonl      the scheduler's step/request records of attempt N (1, 2, ... on resume)
     records-N-rK.jsonl   the same of replica K of attempt N, in a --replicas run (written by the
                          driver from what the replica sends back); -rK-restartJ.jsonl after
@@ -31,6 +34,8 @@ from typing import IO, Any
 
 OUTPUTS = "outputs.jsonl"
 MANIFEST = "run.json"
+REQUESTS = "requests.json"
+PREVIOUS = "previous-"
 ATTEMPTS = "attempts.json"
 REPORT = "report.json"
 LOCK = ".lock"
@@ -99,6 +104,36 @@ class RunFolder:
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         write_json_atomic(self.path / MANIFEST, manifest)
+
+    def read_requests(self) -> list[list[Any]] | None:
+        """requests.json's rows, or None where there is none (a folder written before it was)."""
+        try:
+            return json.loads((self.path / REQUESTS).read_text(encoding="utf-8"))["requests"]
+        except FileNotFoundError:
+            return None
+
+    def write_requests(self, fields: Iterable[str], rows: list[list[Any]]) -> None:
+        """One row a line: 20,000 requests stay a small file that a diff can read."""
+        body = ",\n".join(json.dumps(row, ensure_ascii=False) for row in rows)
+        tmp = self.path / f".{REQUESTS}.tmp"
+        head = json.dumps(["id", *fields])
+        tmp.write_text(f'{{"fields": {head},\n"requests": [\n{body}\n]}}\n', encoding="utf-8")
+        os.replace(tmp, self.path / REQUESTS)
+
+    def move_aside(self) -> Path:
+        """Move this folder's run (every entry but the hidden ones: the lock, which this
+        process holds, and vLLM's scratch) into previous-<time>/ in it: --restart keeps it."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target, n = self.path / f"{PREVIOUS}{stamp}", 1
+        while target.exists():
+            n += 1
+            target = self.path / f"{PREVIOUS}{stamp}-{n}"
+        target.mkdir()
+        for entry in sorted(self.path.iterdir()):
+            if entry != target and not entry.name.startswith((".", PREVIOUS)):
+                os.replace(entry, target / entry.name)
+        self.done_ids.clear()
+        return target
 
     def attempts(self) -> list[dict[str, Any]]:
         try:

@@ -33,6 +33,7 @@ from neuron_batch.job.folder import (
     write_json_atomic,
 )
 from neuron_batch.job.job import Job
+from neuron_batch.job.resume_check import REQUEST_FIELDS, take_folder
 from neuron_batch.job.workload import Workload, load_workload
 
 
@@ -232,23 +233,23 @@ def _run_locked(job: Job) -> RunResult:
     settings, folder, log = job.settings, job.folder, job.log
     prepared, problems = job.workload.prepared, job.workload.problems
     ids = [r.record.id for r in prepared.requests]
-    fingerprint = input_fingerprint(ids)
-    manifest = folder.read_manifest()
-    if folder.has_previous_run():
-        if not settings.resume:
-            raise RunError(f"{folder.path} already holds a run; pass --resume to finish it, or "
-                           f"choose another --output")
-        if manifest is not None and manifest.get("input_fingerprint") != fingerprint:
-            raise RunError(f"{folder.path} holds a run of different input (other prompts, "
-                           f"--limit, --shuffle or --seed); choose another --output")
+    # Before the folder is written to: a run of other input or settings is refused here.
+    start = take_folder(job, settings.resolve_runtime().name)
     if settings.uses_ray:
         # Before the folder is written to: a bad address or a cluster too small fails here.
         from neuron_batch.replicas.cluster import connect
 
         job.cluster = connect(settings, log)
+    if start.moved is not None:
+        aside = folder.move_aside()
+        log(f"--restart: the previous run is now in {aside}"
+            + (f" ({start.moved.describe()})" if start.moved else ""))
+    if start.fresh:
+        folder.write_requests(REQUEST_FIELDS, start.rows)
     folder.write_manifest({"settings": settings.to_dict(), "model": job.workload.model.name,
-                           "input_fingerprint": fingerprint, "num_requests": len(ids),
-                           "num_skipped": len(problems), "input_kind": job.workload.input_kind})
+                           "input_fingerprint": input_fingerprint(ids), "num_requests": len(ids),
+                           "num_skipped": len(problems), "input_kind": job.workload.input_kind,
+                           "checked_settings": start.checked})
     folder.load_done()
     folder.open_outputs()
     pending = in_order([r for r in prepared.requests if r.record.id not in folder.done_ids],

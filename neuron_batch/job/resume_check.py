@@ -1,0 +1,247 @@
+"""What a run folder was made from, and what changed since: `--resume` finishes a run only when
+every request and every setting that shapes its outputs or figures is what the folder holds.
+
+A folder keeps, per request in input order, a short digest of what it asks for (REQUEST_FIELDS,
+in requests.json) and, in run.json, the CHECKED_SETTINGS. A resume compares both with this job
+before anything runs or is written: any difference is refused (exit 2), naming the requests and
+settings that changed, unless `--restart` moves the old run aside (folder.py `move_aside`).
+
+Settings left out of CHECKED_SETTINGS, on purpose:
+- per-request ones (--max-tokens, --temperature, --seed; --limit, --shuffle, --prompt-column,
+  --split, the input files): what they do to a request is in its digest, so they are checked
+  there, where the message can name the requests;
+- how the work is spread (--replicas, --ray, --num-instances, --split-placement): outputs are the
+  same, each attempt's line in attempts.json says how it ran, and resuming with fewer replicas
+  after a lost node is how such a run is finished;
+- prices (--pricing, --price-per-hour): applied to the whole run each time the report is built,
+  so a new price re-prices it all and cannot mix;
+- how it is watched or stopped (--output, --resume, --restart, --quiet, --max-runtime,
+  --metrics-textfile, --on-error, --compiled-artifacts: a cache of the same graphs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from neuron_batch.errors import RunError
+from neuron_batch.job.folder import RunFolder, input_fingerprint
+
+#: A requests.json row: the id, then these. prompt and stop are digests (the prompt as given:
+#: text, messages, token ids or prompt_len, with an OpenAI batch line's url and model); the
+#: numbers are the values the engine gets (max_tokens after the default and the clamp to
+#: max_model_len; the seed only where the request samples).
+REQUEST_FIELDS = ("prompt", "max_tokens", "temperature", "seed", "stop")
+
+#: Settings that change outputs or figures, by RunSettings field (sim.* only on --device sim).
+CHECKED_SETTINGS = ("model", "device", "runtime", "max_model_len", "max_num_seqs",
+                    "max_num_batched_tokens", "prefill_buckets", "decode_buckets",
+                    "context_encoding_buckets", "token_generation_buckets",
+                    "decode_context_buckets", "block_size", "kv_reserve", "ignore_eos",
+                    "order", "split_at")
+SIM_SETTINGS = ("instance", "architecture", "tensor_parallel_size", "weight_dtype",
+                "cost_profile")
+#: Named beside changed ids: the settings that choose which requests a job holds, and in what
+#: order (their effect is what is checked, so they are reasons, not checks).
+SELECTING_SETTINGS = ("limit", "shuffle", "seed", "prompt_column", "split")
+SHOWN = 5           # requests named in a message; the rest are counted
+
+
+def request_rows(requests, settings) -> list[list[Any]]:
+    """Each prepared request's row (id + REQUEST_FIELDS), in input order."""
+    rows = []
+    for request in requests:
+        record = request.record
+        temperature = float(settings.temperature if record.temperature is None
+                            else record.temperature)
+        rows.append([record.id, _prompt_digest(record), request.max_tokens, temperature,
+                     settings.seed + record.index if temperature > 0 else None,
+                     _digest(json.dumps(record.stop).encode()) if record.stop else None])
+    return rows
+
+
+def _prompt_digest(record) -> str:
+    if record.prompt_token_ids is not None:
+        ids = record.prompt_token_ids     # (packed: the fastest way to bytes of a long list)
+        given = b"ids" + struct.pack(f"<{len(ids)}q", *ids)
+    elif record.messages is not None:
+        given = b"messages" + json.dumps(record.messages, sort_keys=True).encode()
+    elif record.prompt_len is not None:
+        given = b"len%d" % record.prompt_len
+    else:
+        given = b"text" + record.prompt.encode("utf-8", "surrogatepass")
+    if record.openai:
+        given += json.dumps(record.openai, sort_keys=True).encode()
+    return _digest(given)
+
+
+def _digest(data: bytes) -> str:
+    # 48 bits: rows are compared id by id, so a collision would have to hit one request's own
+    # old value (odds 2^-48), not any of the job's.
+    return hashlib.blake2b(data, digest_size=6).hexdigest()
+
+
+def checked_settings(settings: dict[str, Any], runtime: str | None) -> dict[str, Any]:
+    """CHECKED_SETTINGS of a RunSettings.to_dict() (JSON values), the runtime as given."""
+    values = {name: settings[name] for name in CHECKED_SETTINGS if name in settings}
+    values["runtime"] = runtime
+    if settings.get("device") == "sim":
+        sim = settings.get("sim") or {}
+        values.update({f"sim.{name}": sim[name] for name in SIM_SETTINGS if name in sim})
+    return json.loads(json.dumps(values))
+
+
+@dataclass
+class Changes:
+    """How this job differs from the run in a folder; empty when it may resume."""
+
+    total: int = 0                                   # requests in the folder's run
+    changed: list[tuple[str, list[str]]] = field(default_factory=list)   # (id, what changed)
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    reordered: bool = False
+    ids_differ: bool = False                         # an old folder: only its id fingerprint
+    settings: list[str] = field(default_factory=list)     # "--max-model-len 2048 -> 4096"
+    reasons: list[str] = field(default_factory=list)      # selecting settings that changed
+
+    def __bool__(self) -> bool:
+        return bool(self.changed or self.added or self.removed or self.reordered
+                    or self.ids_differ or self.settings)
+
+    def describe(self) -> str:
+        parts = []
+        if self.changed:
+            shown = "; ".join(f"{rid}: {', '.join(what)}" for rid, what in self.changed[:SHOWN])
+            more = len(self.changed) - SHOWN
+            parts.append(f"{len(self.changed):,} of {self.total:,} requests changed ({shown}"
+                         + (f"; and {more:,} more)" if more > 0 else ")"))
+        if self.added:
+            parts.append(f"{_requests(self.added)} added ({_ids(self.added)})")
+        if self.removed:
+            parts.append(f"{_requests(self.removed)} left out ({_ids(self.removed)})")
+        if self.reordered:
+            parts.append("the same requests in another order")
+        if self.ids_differ:
+            parts.append("other request ids or order")
+        if self.reasons:
+            parts[-1] += f", as {', '.join(self.reasons)} chose"
+        if self.settings:
+            parts.append(f"settings changed: {', '.join(self.settings)}")
+        return "; ".join(parts)
+
+
+def _requests(ids: list[str]) -> str:
+    return f"{len(ids):,} request" + ("" if len(ids) == 1 else "s")
+
+
+def _ids(ids: list[str]) -> str:
+    more = len(ids) - SHOWN
+    return ", ".join(ids[:SHOWN]) + (f", and {more:,} more" if more > 0 else "")
+
+
+def compare(folder: RunFolder, manifest: dict[str, Any] | None, rows: list[list[Any]],
+            settings, runtime: str) -> tuple[Changes, bool]:
+    """(what differs between the folder's run and this job, whether its content could be
+    checked: False for a folder written before requests.json, whose ids alone are compared)."""
+    manifest = manifest or {}
+    changes = Changes()
+    stored = folder.read_requests()
+    if stored is not None:
+        _compare_requests(changes, stored, rows)
+    elif manifest.get("input_fingerprint") not in (None, input_fingerprint(r[0] for r in rows)):
+        changes.ids_differ = True
+    old_settings = manifest.get("settings") or {}
+    now = settings.to_dict()
+    if "checked_settings" in manifest:
+        before, after = manifest["checked_settings"], checked_settings(now, runtime)
+    else:       # an older run.json: its settings as given (runtime unresolved) against ours
+        before = checked_settings(old_settings, old_settings.get("runtime"))
+        after = checked_settings(now, now.get("runtime"))
+    changes.settings = [f"{_option(name)} {_shown(before[name])} -> {_shown(after.get(name))}"
+                        for name in after if name in before and before[name] != after[name]]
+    if changes.added or changes.removed or changes.reordered or changes.ids_differ:
+        now_json = json.loads(json.dumps(now))
+        changes.reasons = [f"{_option(name)} {_shown(old_settings[name])} -> "
+                           f"{_shown(now_json[name])}" for name in SELECTING_SETTINGS
+                           if name in old_settings and old_settings[name] != now_json[name]]
+    return changes, stored is not None
+
+
+def _compare_requests(changes: Changes, stored: list[list[Any]], rows: list[list[Any]]) -> None:
+    before = {row[0]: row[1:] for row in stored}
+    after = {row[0]: row[1:] for row in rows}
+    changes.total = len(stored)
+    changes.added = [row[0] for row in rows if row[0] not in before]
+    changes.removed = [row[0] for row in stored if row[0] not in after]
+    for rid, values in after.items():
+        old = before.get(rid)
+        if old is None or old == values:
+            continue
+        what = []
+        for name, was, now in zip(REQUEST_FIELDS, old, values):
+            if was == now or (name == "seed" and None in (was, now)):
+                continue        # (a seed appearing or going: the temperature says why)
+            what.append(name if name in ("prompt", "stop") else f"{name} {was} -> {now}")
+        changes.changed.append((rid, what))
+    if not (changes.added or changes.removed):
+        changes.reordered = [row[0] for row in stored] != [row[0] for row in rows]
+
+
+def _option(name: str) -> str:
+    return "--" + name.removeprefix("sim.").replace("_", "-")
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "default"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def refusal(folder: RunFolder, changes: Changes) -> RunError:
+    """The error a resume onto a run of other input stops with (exit 2, nothing written)."""
+    return RunError(f"{folder.path} holds a run of other input: {changes.describe()}. Keep them "
+                    f"apart: --output another folder, or --restart to move the old run aside "
+                    f"(into {folder.path}/previous-<time>/) and start anew")
+
+
+@dataclass
+class Start:
+    """How this job takes the folder: its rows and checked settings (to record), whether it
+    starts a run anew (and then writes requests.json), and, with --restart, what the run moved
+    aside differed in (None: nothing is moved)."""
+
+    rows: list[list[Any]]
+    checked: dict[str, Any]
+    fresh: bool
+    moved: Changes | None = None
+
+
+def take_folder(job, runtime: str) -> Start:
+    """Resume, start anew, or refuse (RunError, exit 2) before anything runs or is written."""
+    settings, folder = job.settings, job.folder
+    rows = request_rows(job.workload.prepared.requests, settings)
+    checked = checked_settings(settings.to_dict(), runtime)
+    if not folder.has_previous_run():
+        return Start(rows, checked, fresh=True)
+    changes, content_checked = compare(folder, folder.read_manifest(), rows, settings, runtime)
+    # --restart with --resume moves a run aside only when it could not be resumed as is: one
+    # cron line then continues an interrupted night and never mixes two.
+    if settings.restart and (changes or not content_checked or not settings.resume):
+        return Start(rows, checked, fresh=True, moved=changes)
+    if changes:
+        raise refusal(folder, changes)
+    if not settings.resume:
+        raise RunError(f"{folder.path} already holds a run; pass --resume to finish it, "
+                       f"--restart to move it aside and start anew, or choose another --output")
+    if not content_checked:
+        job.log(f"warning: {folder.path} was written by an older neuron-batch, which kept no "
+                f"digest of each request: only the request ids and settings are checked, not "
+                f"the prompts; --restart moves that run aside to start anew")
+    return Start(rows, checked, fresh=False)
