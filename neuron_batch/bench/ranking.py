@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from neuron_batch.bench.words import COST_COMPILE_S, as_number
+from neuron_batch.report.cost import compile_and_usd
 from neuron_batch.scheduler.records import BLOCK_REASONS
 
 #: Scheduler states, in report order.
@@ -163,34 +164,6 @@ def configured_buckets(configured: Any, param: Any) -> list[int]:
     if isinstance(value, str):
         return [int(part) for part in value.replace(" ", ",").split(",") if part.strip()]
     return [int(part) for part in value]
-
-
-def compile_and_usd(report: Mapping[str, Any]) -> tuple[float | None, float | None]:
-    """(estimated compile seconds, run + compile USD) of a run's report; a run split by
-    length (layout/split.py) compiles both its layouts."""
-    compile_s = (report.get("split") or {}).get("estimated_compile_s")
-    if compile_s is None:
-        compile_s = _estimated_compile_s(report.get("config") or {})
-    cost = report.get("cost") or {}
-    run_usd = cost.get("usd")
-    if run_usd is None or compile_s is None or not cost.get("price_per_hour_usd"):
-        return compile_s, None
-    return compile_s, run_usd + (compile_s / 3600.0 * cost["price_per_hour_usd"]
-                                 * (cost.get("num_instances") or 1))
-
-
-def _estimated_compile_s(config: Mapping[str, Any]) -> float | None:
-    sim = config.get("sim")
-    if isinstance(sim, Mapping):
-        for key in ("compile", "compile_footprint"):
-            footprint = sim.get(key)
-            if isinstance(footprint, Mapping) and footprint.get(COST_COMPILE_S) is not None:
-                return float(footprint[COST_COMPILE_S])
-        if sim.get(COST_COMPILE_S) is not None:
-            return float(sim[COST_COMPILE_S])
-    value = config.get(COST_COMPILE_S)
-    return None if value is None else float(value)
-
 
 
 # -- Pareto front -----------------------------------------------------------------------------

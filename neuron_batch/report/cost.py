@@ -138,3 +138,36 @@ def report_cost(report: Mapping[str, Any], price: Price, num_instances: int = 1
     return run_cost(price, elapsed_s=(report.get("throughput") or {}).get("elapsed_s") or 0.0,
                     output_tokens=tokens.get("output") or 0,
                     total_tokens=tokens.get("total") or 0, num_instances=num_instances)
+
+
+# -- compile ------------------------------------------------------------------------------
+#: The report key of an estimated compile time (the simulated device's, a split run's).
+COMPILE_S = "estimated_compile_s"
+
+
+def compile_and_usd(report: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """(estimated compile seconds, run + compile USD) of a run's report; a run split by
+    length (layout/split.py) compiles both its layouts. The compile is billed on every
+    instance: each compiles before it runs."""
+    compile_s = (report.get("split") or {}).get(COMPILE_S)
+    if compile_s is None:
+        compile_s = _estimated_compile_s(report.get("config") or {})
+    cost = report.get("cost") or {}
+    run_usd = cost.get("usd")
+    if run_usd is None or compile_s is None or not cost.get("price_per_hour_usd"):
+        return compile_s, None
+    return compile_s, run_usd + (compile_s / 3600.0 * cost["price_per_hour_usd"]
+                                 * (cost.get("num_instances") or 1))
+
+
+def _estimated_compile_s(config: Mapping[str, Any]) -> float | None:
+    sim = config.get("sim")
+    if isinstance(sim, Mapping):
+        for key in ("compile", "compile_footprint"):
+            footprint = sim.get(key)
+            if isinstance(footprint, Mapping) and footprint.get(COMPILE_S) is not None:
+                return float(footprint[COMPILE_S])
+        if sim.get(COMPILE_S) is not None:
+            return float(sim[COMPILE_S])
+    value = config.get(COMPILE_S)
+    return None if value is None else float(value)
