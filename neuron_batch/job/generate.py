@@ -23,6 +23,7 @@ class StopFlag:
 
     def __init__(self):
         self.reason: str | None = None
+        self.signal: str | None = None      # which one, for the words a stopped run ends with
         self._previous: dict[int, Any] = {}
 
     def __enter__(self):
@@ -37,6 +38,7 @@ class StopFlag:
         if self.reason is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: the user insists
         self.reason = "interrupted"
+        self.signal = self.signal or signal.Signals(signum).name
 
     def __exit__(self, *exc):
         for signum, handler in self._previous.items():
@@ -149,7 +151,18 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
             "wall_time_s": round(time.time() - started, 3),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
             "device": device, "pid": os.getpid(),
-            "requests_failed": len(errors), "errors": errors[:MAX_ERRORS_KEPT]}
+            "requests_failed": len(errors), "errors": errors[:MAX_ERRORS_KEPT],
+            **stopped_by(stop, ended, settings)}
+
+
+def stopped_by(stop: StopFlag, ended: str, settings: RunSettings) -> dict[str, Any]:
+    """What stopped an attempt early, for the summary's words (nothing when it ran to the end):
+    the signal's name, or the --max-runtime it reached."""
+    if ended == "interrupted" and stop.signal:
+        return {"signal": stop.signal}
+    if ended == "deadline":
+        return {"max_runtime_s": settings.max_runtime}
+    return {}
 
 
 def progress_bar(settings: RunSettings, total: int):

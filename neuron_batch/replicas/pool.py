@@ -30,7 +30,7 @@ from neuron_batch.engine.engine_log import ENGINE_LOG, engine_output_to
 from neuron_batch.engine.neuron_host import mixed_sampling
 from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.inputs.prepare import PreparedRequest
-from neuron_batch.job.generate import MAX_ERRORS_KEPT, StopFlag, progress_bar
+from neuron_batch.job.generate import MAX_ERRORS_KEPT, StopFlag, progress_bar, stopped_by
 from neuron_batch.job.job import Job
 from neuron_batch.replicas.actor import (
     REQUESTS_COLUMN,
@@ -231,10 +231,10 @@ def _generate(flow_specs: list[tuple[Job, list[PreparedRequest], int]]) -> list[
                        f"replicas (or with fewer --replicas)", EXIT_FAILED)
     if failed is not None:
         raise _replica_failure(failed, finished, folder.path)
-    return [_outcome(flow, ended, started) for flow in flows]
+    return [_outcome(flow, ended, started, stop) for flow in flows]
 
 
-def _outcome(flow: _Flow, ended: str, started: float) -> dict[str, Any]:
+def _outcome(flow: _Flow, ended: str, started: float, stop: StopFlag) -> dict[str, Any]:
     """The flow's attempts.json record: a flow whose results had all come back completed,
     even if the run was stopped while another one still ran."""
     writer, job = flow.writer, flow.job
@@ -253,7 +253,7 @@ def _outcome(flow: _Flow, ended: str, started: float) -> dict[str, Any]:
             "device": job.cluster.placement.device, "pid": os.getpid(),
             "requests_failed": len(writer.errors), "errors": writer.errors[:MAX_ERRORS_KEPT],
             "ray": job.cluster.address, "generation_s": writer.generation_s(),
-            "replicas": writer.replica_info()}
+            "replicas": writer.replica_info(), **stopped_by(stop, ended, job.settings)}
 
 
 def _replica_failure(error: BaseException, finished: int, path) -> RunError:

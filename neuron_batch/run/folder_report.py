@@ -62,7 +62,11 @@ def build_report(job: Job) -> dict:
     report["requests"]["completed"] = completed
     report["requests"]["failed"] = failed
     report["requests"]["pending"] = len(prepared.requests) - completed - failed
-    report["requests"]["max_tokens_clamped"] = sum(r.max_tokens_clamped for r in prepared.requests)
+    clamped = [r.max_tokens for r in prepared.requests if r.max_tokens_clamped]
+    report["requests"]["max_tokens_clamped"] = len(clamped)
+    # what they were cut to (max_model_len - prompt), so the summary can say it
+    report["requests"]["max_tokens_clamped_to"] = (
+        {"min": min(clamped), "max": max(clamped)} if clamped else None)
     _add_cost(report, settings)
     report["attempts"] = folder.attempts()
     if any("part" in a for a in report["attempts"]):
@@ -147,8 +151,10 @@ def _add_cost(report: dict, settings) -> None:
 def _tokens_from_outputs(report: dict, folder: RunFolder) -> None:
     """Token totals and rates from outputs.jsonl, the record of what finished: scheduler records
     of an attempt killed with -9 may lack its last fraction of a second."""
-    input_tokens = output_tokens = 0
+    input_tokens = output_tokens = empty = 0
     for row in folder.read_outputs():
+        text = _output_text(row)
+        empty += text is not None and not text.strip()
         usage = (row.get("response") or {}).get("body", {}).get("usage")
         if usage is not None:
             input_tokens += usage["prompt_tokens"]
@@ -158,6 +164,8 @@ def _tokens_from_outputs(report: dict, folder: RunFolder) -> None:
             output_tokens += row["num_output_tokens"]
     total = input_tokens + output_tokens
     report["tokens"] = {"input": input_tokens, "output": output_tokens, "total": total}
+    # blank outputs (text only: the simulated device writes none), for the summary's hint
+    report["requests"]["empty_outputs"] = empty
     elapsed = report["throughput"]["elapsed_s"]
 
     def rate(amount: float) -> float:
@@ -170,6 +178,16 @@ def _tokens_from_outputs(report: dict, folder: RunFolder) -> None:
     report["tokens_per_second"] = rate(total)
 
 
+def _output_text(row: dict) -> str | None:
+    """An outputs.jsonl line's generated text: `output`, or the OpenAI batch format's choice."""
+    if "response" not in row:
+        return row.get("output")
+    choices = ((row.get("response") or {}).get("body") or {}).get("choices") or [{}]
+    choice = choices[0]
+    return (choice.get("message") or {}).get("content") if "message" in choice \
+        else choice.get("text")
+
+
 def rerender(path: Path) -> str:
     """`neuron-batch report DIR`: the summary of a finished run again, from its files."""
     from neuron_batch.report.summary import format_summary
@@ -180,4 +198,5 @@ def rerender(path: Path) -> str:
     except FileNotFoundError:
         raise RunError(f"{report_path}: no report here; is {path} a neuron-batch run "
                        f"folder?") from None
+    report["output_dir"] = str(report_path.parent)     # where it is now, if it was moved
     return format_summary(report)
