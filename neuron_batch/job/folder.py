@@ -2,6 +2,7 @@
 
 Layout of a run folder:
     outputs.jsonl        one line per finished request, appended and flushed as it finishes
+    skipped.jsonl        the input lines --on-error skip left out (inputs/skipped.py)
     run.json             the settings and an input fingerprint (resume checks it)
     requests.json        per request, in input order, its id and a digest of what it asks
                          for (resume_check.py: --resume refuses a changed one)

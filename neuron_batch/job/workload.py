@@ -87,8 +87,15 @@ def _vocab_size(model_path: str, tokenizer) -> int:
 
 
 def _show_problems(problems: list[InputProblem], settings: RunSettings, log) -> None:
+    if settings.quiet and settings.on_error == "skip":
+        return  # kept in the run folder's skipped.jsonl; the run's one closing line names it
     verb = "skipped" if settings.on_error == "skip" else "found"
-    log(f"{len(problems)} input problem(s) {verb}:")
+    # Under --quiet (the error that follows) the list keeps its heading: `log` says nothing.
+    heading = f"{len(problems)} input problem(s) {verb}:"
+    if settings.quiet:
+        print(heading, file=sys.stderr)
+    else:
+        log(heading)
     for problem in problems[:MAX_PROBLEMS_SHOWN]:
         print(f"  {problem}", file=sys.stderr)
     if len(problems) > MAX_PROBLEMS_SHOWN:

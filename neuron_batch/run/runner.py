@@ -24,6 +24,7 @@ from neuron_batch.errors import (
 )
 from neuron_batch.inputs.prepare import in_order
 from neuron_batch.inputs.records import InputProblem
+from neuron_batch.inputs.skipped import write_skipped
 from neuron_batch.job.folder import (
     REPORT,
     OutputError,
@@ -250,6 +251,7 @@ def _run_locked(job: Job) -> RunResult:
                            "input_fingerprint": input_fingerprint(ids), "num_requests": len(ids),
                            "num_skipped": len(problems), "input_kind": job.workload.input_kind,
                            "checked_settings": start.checked})
+    write_skipped(folder.path, problems)
     folder.load_done()
     folder.open_outputs()
     pending = in_order([r for r in prepared.requests if r.record.id not in folder.done_ids],
