@@ -13,6 +13,9 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
+from neuron_batch.inputs.skipped import SKIPPED
+from neuron_batch.report.cost import compile_and_usd
+from neuron_batch.report.notes import notes
 from neuron_batch.runtime import get_runtime
 
 MAX_WIDTH = 100
@@ -24,6 +27,9 @@ PERCENTILES = (("p50", "0.5"), ("p90", "0.9"), ("p99", "0.99"))
 _CONFIG_KEYS = ("model", "device", "runtime", "scheduler_cls", "max_num_seqs",
                 "max_num_batched_tokens", "max_model_len", "block_size", "num_kv_blocks",
                 "max_kv_concurrent", "kv_reserve")
+#: Devices that compile nothing: the CPU (and a GPU) follow the shapes a Neuron runtime would
+#: compile, and the simulated device estimates what compiling them would take.
+NOTHING_COMPILED = ("cpu", "cuda", "sim")
 #: kv_saturated refusing the queue head in at least this share of steps, and more often than
 #: any other reason, counts as the KV rule limiting the run.
 KV_BOUND_SHARE = 0.10
@@ -44,11 +50,17 @@ def format_summary(report: dict[str, Any]) -> str:
     shown = dict(config)
     if "kv_reserve" in shown and get_runtime(config.get("runtime")).static_kv:
         shown["kv_reserve"] = "n/a (static KV cache)"    # the rule never binds under nxdi
+    if config.get("device") in ("cpu", "cuda") and "runtime" in shown:
+        # no Neuron runtime ran here: the scheduler padded to the shapes it compiles
+        shown["runtime"] = f"shapes of {shown['runtime']}"
     lines += _wrap_pairs([(key, shown[key]) for key in _CONFIG_KEYS if key in shown])
     lines.append("")
+    skipped = requests.get("skipped")
     lines.append(_row("Requests", [
         f"{_int(requests.get('completed'))} completed of {_int(requests.get('total'))}",
-        f"{_int(requests.get('failed'))} failed", f"{_int(requests.get('skipped'))} skipped"]))
+        f"{_int(requests.get('failed'))} failed",
+        f"{_int(skipped)} skipped" + (f" ({SKIPPED})" if skipped else ""),
+        *([f"{_int(requests['pending'])} pending"] if requests.get("pending") else [])]))
     lines.append(_row("Throughput", [
         f"{_float(throughput.get('elapsed_s'), 2)} s elapsed",
         f"{_float(throughput.get('requests_per_s'), 2)} req/s",
@@ -59,7 +71,7 @@ def format_summary(report: dict[str, Any]) -> str:
                                  f"{_int(tokens.get('output'))} output",
                                  f"{_int(tokens.get('total'))} total"]))
     if report.get("cost"):
-        lines.append(_cost_row(report["cost"]))
+        lines += _cost_rows(report)
     elif report.get("cost_missing"):
         lines.append(_row("Cost", [report["cost_missing"]]))
     profile = (config.get("sim") or {}).get("profile") or {}
@@ -83,7 +95,10 @@ def format_summary(report: dict[str, Any]) -> str:
     else:
         graphs = (f"{len(prefill_buckets)} prefill buckets + {len(decode_buckets)} decode "
                   f"buckets x {len(attention_buckets) + 1} context lengths")
-    lines.append(_row("Graphs", [f"{_int(config.get('compiled_graphs'))} compiled ({graphs})"]))
+    lines += _rows("Graphs", _graphs_words(config, graphs, compile_and_usd(report)[0]))
+    said = notes(report)
+    if said:
+        lines += ["", *(line for sentence in said for line in textwrap.wrap(sentence, MAX_WIDTH))]
 
     lines += ["", *_latency_section(report.get("latency", {}))]
     lines += ["", *_padding_section(padding.get("prefill", {}), phase="Prefill",
@@ -112,19 +127,37 @@ def format_summary(report: dict[str, Any]) -> str:
     lines += _kv_hint(report)
     if report.get("replicas"):
         lines += ["", *_replicas_section(report["replicas"])]
+    if report.get("output_dir"):
+        lines += ["", _row("Run folder", [str(report["output_dir"])])]
     # Long model paths are the only thing that could overflow: cut rather than wrap tables.
     return "\n".join(_clip(line) for line in lines) + "\n"
 
 
-def _cost_row(cost: dict[str, Any]) -> str:
-    """One line: what the run cost, on which instances, at which price."""
+def _cost_rows(report: dict[str, Any]) -> list[str]:
+    """What the run cost, on which instances, at which price; beside it the estimated compile
+    (simulated runs), which the run's cost leaves out."""
+    cost = report["cost"]
     count = cost.get("num_instances") or 1
     where = f"{count} x {cost.get('instance')}" if count != 1 else str(cost.get("instance"))
     per_m = cost.get("usd_per_million_output_tokens")
-    return _row("Cost", [
-        f"${_float(cost.get('usd'), 2)}",
+    amount = f"${_float(cost.get('usd'), 2)}"
+    compile_s, with_compile = compile_and_usd(report)
+    if with_compile is not None:
+        amount += (f" run (+ ${_float(with_compile - cost['usd'], 2)} compile estimated, "
+                   f"{_float(compile_s / 60, 1)} min)")
+    return _rows("Cost", [
+        amount,
         f"{where} at ${_float(cost.get('price_per_hour_usd'), 4)}/h ({cost.get('pricing')})",
         f"${_float(per_m, 3)} per M output tok" if per_m is not None else "no output tokens"])
+
+
+def _graphs_words(config: dict[str, Any], graphs: str, compile_s: float | None) -> list[str]:
+    """Compiled on Neuron; elsewhere what Neuron would compile for this layout (nothing was)."""
+    count = _int(config.get("compiled_graphs"))
+    if config.get("device") not in NOTHING_COMPILED:
+        return [f"{count} compiled ({graphs})"]
+    estimate = [f"about {_float(compile_s / 60, 1)} min (estimated)"] if compile_s else []
+    return [f"{count} to compile on Neuron ({graphs})", *estimate]
 
 
 def _split_section(split: dict[str, Any]) -> list[str]:
@@ -272,6 +305,18 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], *,
 
 def _row(title: str, items: Sequence[str]) -> str:
     return f"{title:<12}" + "   ".join(items)
+
+
+def _rows(title: str, items: Sequence[str]) -> list[str]:
+    """`_row`, continued on lines of its own (under the first item) where it would pass
+    MAX_WIDTH."""
+    lines = [_row(title, items[:1])]
+    for item in items[1:]:
+        if len(lines[-1]) + 3 + len(item) > MAX_WIDTH:
+            lines.append(" " * 12 + item)
+        else:
+            lines[-1] += "   " + item
+    return lines
 
 
 def _wrap_pairs(pairs: Sequence[tuple[str, Any]]) -> list[str]:

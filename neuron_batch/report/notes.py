@@ -1,0 +1,104 @@
+"""What a run did that its figures alone would not tell, in sentences: requests a stop left
+pending, input lines skipped, requests the engine failed, max_tokens cut to fit, outputs that
+came back empty. The terminal summary prints them under its headline rows; `outcome_line` is
+the one line `--quiet` prints when a run did not finish (exit 3 or 4), since cron mails what a
+run prints and a silent exit 4 looks like a success. Pure Python; reads the report only, so
+`neuron-batch report DIR` says the same again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from neuron_batch.inputs.skipped import SKIPPED
+
+#: How an attempt that did not run to the end says so in attempts.json.
+STOPPED = ("interrupted", "deadline")
+#: Empty outputs above this share of the completed ones get a hint: a few are normal (a
+#: question answered by EOS), most mean the prompts and the model do not fit together.
+EMPTY_SHARE = 0.5
+
+
+def notes(report: dict[str, Any]) -> list[str]:
+    """Every sentence that applies, the most urgent first."""
+    return [s for s in (stop_sentence(report), skipped_sentence(report),
+                        failed_sentence(report), clamped_sentence(report),
+                        empty_sentence(report)) if s]
+
+
+def outcome_line(report: dict[str, Any]) -> str:
+    """One line for a run that did not finish (exit 3 or 4): why, and how to finish it."""
+    words = [s for s in (stop_sentence(report), skipped_sentence(report),
+                         failed_sentence(report)) if s] or ["the run did not finish."]
+    folder = report.get("output_dir")
+    return "neuron-batch: " + " ".join(words) + (f" Run folder: {folder}" if folder else "")
+
+
+def stop_sentence(report: dict[str, Any]) -> str | None:
+    """Requests left pending by SIGTERM/SIGINT or --max-runtime."""
+    requests = report.get("requests") or {}
+    pending = requests.get("pending") or 0
+    if pending <= 0:
+        return None
+    attempt = next((a for a in reversed(report.get("attempts") or [])
+                    if a.get("ended") in STOPPED), {})
+    if attempt.get("ended") == "deadline":
+        limit = attempt.get("max_runtime_s")
+        why = "Stopped at --max-runtime" + (f" ({limit:g} s)" if limit is not None else "")
+    elif attempt.get("signal"):
+        why = f"Stopped by {attempt['signal']}"
+    else:
+        why = "Stopped before the end"
+    return (f"{why}: {_n(requests.get('completed'))} of {_n(requests.get('total'))} requests "
+            f"done, {_n(pending)} pending; rerun with --resume to finish them.")
+
+
+def skipped_sentence(report: dict[str, Any]) -> str | None:
+    skipped = (report.get("requests") or {}).get("skipped") or 0
+    if not skipped:
+        return None
+    return (f"{_n(skipped)} input line(s) skipped (--on-error skip), each with its file, line, "
+            f"field and reason in {SKIPPED}; fix them and run those lines on their own "
+            f"(another --output).")
+
+
+def failed_sentence(report: dict[str, Any]) -> str | None:
+    failed = (report.get("requests") or {}).get("failed") or 0
+    if not failed:
+        return None
+    return (f"{_n(failed)} request(s) failed in the engine (the errors are in attempts.json); "
+            f"--resume runs them again.")
+
+
+def clamped_sentence(report: dict[str, Any]) -> str | None:
+    """max_tokens past the end of the context is cut (prepare.py): how many, and to what."""
+    requests = report.get("requests") or {}
+    clamped = requests.get("max_tokens_clamped") or 0
+    if not clamped:
+        return None
+    max_model_len = (report.get("config") or {}).get("max_model_len")
+    to = requests.get("max_tokens_clamped_to") or {}
+    low, high = to.get("min"), to.get("max")
+    amount = ("" if low is None else f" to {_n(low)}" if low == high
+              else f" to {_n(low)}-{_n(high)}")
+    return (f"{_n(clamped)} request(s) asked for more max_tokens than fit beside their prompt in "
+            f"max_model_len {_n(max_model_len)}: cut{amount} tokens (vLLM would stop them there "
+            f"anyway); raise --max-model-len for more.")
+
+
+def empty_sentence(report: dict[str, Any]) -> str | None:
+    """Most outputs empty: say so, and the usual cause. The built-in SmolLM2-135M-Instruct given
+    the built-in prompts as plain text ends 12 of 24 with its end token as the first one; given
+    the same as chat `messages`, 1 of 24."""
+    requests = report.get("requests") or {}
+    empty, completed = requests.get("empty_outputs") or 0, requests.get("completed") or 0
+    if not completed or empty <= EMPTY_SHARE * completed:
+        return None
+    return (f"{_n(empty)} of {_n(completed)} outputs are empty: the model ended them at once. An "
+            f"instruct (chat) model given plain `prompt` text often answers with its end token: "
+            f"give such prompts as `messages` records (rendered with the model's chat template) "
+            f"or OpenAI /v1/chat/completions lines.")
+
+
+def _n(value: Any) -> str:
+    return "-" if value is None else f"{int(value):,}"
