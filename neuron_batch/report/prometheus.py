@@ -67,6 +67,10 @@ def _families(report: dict[str, Any], timestamp: float) -> list[tuple[str, str, 
     latency = report.get("latency", {})
     kv = report.get("kv") or {}
     replicas = report.get("replicas") or []
+    # Every time of a simulated run is the virtual clock's, not the time the run took.
+    simulated = (report.get("config") or {}).get("device") == "sim"
+    seconds = "simulated seconds" if simulated else "wall seconds"
+    per_second = "per simulated second" if simulated else "per second"
 
     def samples(label: str, values: dict[str, Any]) -> list:
         return [({label: key}, value) for key, value in values.items() if value is not None]
@@ -91,15 +95,16 @@ def _families(report: dict[str, Any], timestamp: float) -> list[tuple[str, str, 
     return [
         ("requests_total", "counter", "Requests of the last run by outcome.",
          samples("status", {k: requests.get(k) for k in ("completed", "failed", "skipped")})),
-        ("elapsed_seconds", "gauge", "Wall time of the last run.",
+        ("elapsed_seconds", "gauge", f"Elapsed time of the last run, in {seconds}.",
          single(throughput.get("elapsed_s"))),
-        ("throughput_requests_per_second", "gauge", "Completed requests per second.",
+        ("throughput_requests_per_second", "gauge", f"Completed requests {per_second}.",
          single(throughput.get("requests_per_s"))),
-        ("throughput_input_tokens_per_second", "gauge", "Prompt tokens per second.",
+        ("throughput_input_tokens_per_second", "gauge", f"Prompt tokens {per_second}.",
          single(throughput.get("input_tokens_per_s"))),
-        ("throughput_output_tokens_per_second", "gauge", "Generated tokens per second.",
+        ("throughput_output_tokens_per_second", "gauge", f"Generated tokens {per_second}.",
          single(throughput.get("output_tokens_per_s"))),
-        ("throughput_total_tokens_per_second", "gauge", "Prompt plus generated tokens per second.",
+        ("throughput_total_tokens_per_second", "gauge",
+         f"Prompt plus generated tokens {per_second}.",
          single(throughput.get("total_tokens_per_s"))),
         ("tokens_total", "counter", "Tokens of completed requests by kind.",
          samples("kind", {k: report.get("tokens", {}).get(k) for k in ("input", "output")})),
@@ -112,16 +117,18 @@ def _families(report: dict[str, Any], timestamp: float) -> list[tuple[str, str, 
         ("bucket_steps_total", "counter",
          "Steps per compiled bucket (prefill chunks, decode batches); 0 means an unused graph.",
          bucket_steps),
-        ("state_seconds", "gauge", "Seconds the scheduler spent in each state.",
+        ("state_seconds", "gauge", f"Time the scheduler spent in each state, in {seconds}.",
          samples("state", {name: figures.get("seconds")
                            for name, figures in report.get("states", {}).items()})),
         ("admission_blocked_total", "counter", "Admission refusals of the queue head, by reason.",
          samples("reason", report.get("admission_blocked", {}))),
-        ("latency_seconds", "gauge", "Request latency quantiles (ttft, tpot, e2e).",
+        ("latency_seconds", "gauge",
+         f"Request latency quantiles (ttft, tpot, e2e), in {seconds}.",
          latency_quantiles),
-        ("latency_mean_seconds", "gauge", "Mean request latency (ttft, tpot, e2e).",
+        ("latency_mean_seconds", "gauge", f"Mean request latency (ttft, tpot, e2e), in {seconds}.",
          latency_means),
-        ("compiled_graphs", "gauge", "Graphs compiled for the run (prefill + decode buckets).",
+        ("compiled_graphs", "gauge",
+         "Graphs the run's layout compiles on Neuron (prefill + decode buckets).",
          single(report.get("config", {}).get("compiled_graphs"))),
         ("preemptions_total", "counter",
          "Requests vLLM preempted (Neuron cannot preempt: should stay 0).",
@@ -135,7 +142,7 @@ def _families(report: dict[str, Any], timestamp: float) -> list[tuple[str, str, 
         ("last_run_timestamp_seconds", "gauge", "When the last run's report was written.",
          single(timestamp)),
         ("replica_output_tokens_per_second", "gauge",
-         "Generated tokens per second of each replica (--replicas runs).",
+         f"Generated tokens {per_second} of each replica (--replicas runs).",
          [({"replica": str(r.get("replica"))}, r["output_tokens_per_s"])
           for r in replicas if r.get("output_tokens_per_s") is not None]),
         ("replica_busy_ratio", "gauge",
