@@ -316,6 +316,11 @@ def _run_locked(job: Job) -> RunResult:
         code = EXIT_INTERRUPTED
     elif report["requests"]["skipped"] or report["requests"]["failed"]:
         code = EXIT_PARTIAL
+    if settings.quiet and code != EXIT_OK:
+        # Not a success: cron must not mail silence. One line, why and how to finish.
+        from neuron_batch.report.notes import outcome_line
+
+        print(outcome_line(report), file=sys.stderr, flush=True)
     return RunResult(code, folder.path, report, problems)
 
 
