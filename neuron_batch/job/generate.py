@@ -71,6 +71,18 @@ def _import_vllm() -> None:
     import vllm.triton_utils  # noqa: F401
 
 
+def resolved_device(job: Job) -> str:
+    """The device the engine runs on, in the one word the report and every message use: the
+    --device given, or for auto what vLLM's platform finds (cpu, cuda, neuron). vLLM is
+    imported with its chatter going to engine.log, as `generate` does."""
+    if job.settings.device != "auto":
+        return job.settings.device
+    from neuron_batch.engine.engine import detect_device
+
+    with engine_output_to(job.folder.path / ENGINE_LOG, preload=_import_vllm):
+        return detect_device()
+
+
 def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[str, Any]:
     from neuron_batch.engine.engine import Engine, detect_device, engine_kwargs
     from neuron_batch.engine.neuron_host import mixed_sampling

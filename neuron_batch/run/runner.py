@@ -228,7 +228,7 @@ def check_sim_layout(settings: RunSettings, target) -> None:
 
 
 def _run_locked(job: Job) -> RunResult:
-    from neuron_batch.job.generate import generate
+    from neuron_batch.job.generate import generate, resolved_device
     from neuron_batch.run.folder_report import build_report
 
     settings, folder, log = job.settings, job.folder, job.log
@@ -261,8 +261,10 @@ def _run_locked(job: Job) -> RunResult:
     # it rather than overwrite its records.
     attempt = max([len(attempts), *folder.records_layout()]) + 1
     if pending:
-        log(f"running {len(pending):,} of {len(ids):,} requests on {device_label(settings)} "
-            f"(output: {folder.path})")
+        # (on Ray each replica finds its own device: the driver does not import vLLM)
+        device = settings.device if settings.uses_ray else resolved_device(job)
+        log(f"running {len(pending):,} of {len(ids):,} requests on "
+            f"{device_label(settings, device)} (output: {folder.path})")
         try:
             if settings.split_at is not None:
                 from neuron_batch.layout.split import plan_parts
@@ -324,13 +326,16 @@ def _run_locked(job: Job) -> RunResult:
     return RunResult(code, folder.path, report, problems)
 
 
-def device_label(settings: RunSettings) -> str:
+def device_label(settings: RunSettings, device: str) -> str:
+    """`device` (resolved: the word the summary's device= shows) in words."""
     if settings.device == "sim":
         label = f"a simulated {settings.sim.instance}"
         if settings.sim.num_instances > 1:
             label = f"{settings.sim.num_instances} simulated {settings.sim.instance}"
+    elif device == "auto":
+        label = "the device each replica finds (--device auto)"
     else:
-        label = f"device '{settings.device}'"
+        label = device + (" (--device auto)" if settings.device == "auto" else "")
     if settings.uses_ray:
         label += f", {settings.replicas} replica(s) on Ray"
     return label
