@@ -92,8 +92,11 @@ def engine_options(func):
                           "below max-model-len): a decode step reads the smallest above its "
                           "longest sequence instead of a whole max-model-len. Default: none."),
         click.option("--block-size", type=int, default=None,
-                     help="KV cache block size. Default: the device's (nxdi: max-model-len, "
-                          "NxDI's contiguous layout; vllm-neuron: 32)."),
+                     help="KV cache block size. Default: the device's. On a Neuron host "
+                          "under nxdi max-model-len (NxDI's contiguous layout, one block per "
+                          "slot; no other size is accepted), under vllm-neuron 32; on --device "
+                          "sim 32 under both runtimes (the static cache counted in blocks of "
+                          "32); on the CPU vLLM's own (the summary's block_size)."),
         click.option("--compiled-artifacts", default=None, metavar="DIR",
                      envvar="NEURON_BATCH_COMPILED_ARTIFACTS",
                      help="[neuron] Compiled graphs, a folder per hash of the compiled shapes "
