@@ -62,7 +62,8 @@ def test_run_writes_outputs_and_a_consistent_report(tiny_model, tmp_path):
     report = json.loads((out / "report.json").read_text())
     # the report agrees with the outputs and the records
     assert report["requests"] == {"total": 10, "completed": 10, "failed": 0, "skipped": 0,
-                                  "pending": 0, "max_tokens_clamped": 0}
+                                  "pending": 0, "max_tokens_clamped": 0,
+                                  "max_tokens_clamped_to": None, "empty_outputs": 0}
     assert report["tokens"]["output"] == sum(r["num_output_tokens"] for r in rows)
     assert report["tokens"]["input"] == sum(r["num_prompt_tokens"] for r in rows)
     prefill, decode = report["padding"]["prefill"], report["padding"]["decode"]
