@@ -14,9 +14,10 @@ from neuron_batch.inputs.skipped import SKIPPED
 
 #: How an attempt that did not run to the end says so in attempts.json.
 STOPPED = ("interrupted", "deadline")
-#: Empty outputs above this share of the completed ones get a hint: a few are normal (a
-#: question answered by EOS), most mean the prompts and the model do not fit together.
-EMPTY_SHARE = 0.5
+#: Empty outputs at or above this share of the completed ones get a hint. The built-in instruct
+#: model leaves 12 of the 24 built-in prompts empty given as plain text and 1 of 24 (a question
+#: answered by its end token) given as chat messages: a quarter lies well between.
+EMPTY_SHARE = 0.25
 
 
 def notes(report: dict[str, Any]) -> list[str]:
@@ -87,12 +88,10 @@ def clamped_sentence(report: dict[str, Any]) -> str | None:
 
 
 def empty_sentence(report: dict[str, Any]) -> str | None:
-    """Most outputs empty: say so, and the usual cause. The built-in SmolLM2-135M-Instruct given
-    the built-in prompts as plain text ends 12 of 24 with its end token as the first one; given
-    the same as chat `messages`, 1 of 24."""
+    """Many outputs empty: say so, and the usual cause (an instruct model given plain text)."""
     requests = report.get("requests") or {}
     empty, completed = requests.get("empty_outputs") or 0, requests.get("completed") or 0
-    if not completed or empty <= EMPTY_SHARE * completed:
+    if empty < 2 or empty < EMPTY_SHARE * completed:
         return None
     return (f"{_n(empty)} of {_n(completed)} outputs are empty: the model ended them at once. An "
             f"instruct (chat) model given plain `prompt` text often answers with its end token: "
