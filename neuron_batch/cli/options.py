@@ -92,11 +92,9 @@ def engine_options(func):
                           "below max-model-len): a decode step reads the smallest above its "
                           "longest sequence instead of a whole max-model-len. Default: none."),
         click.option("--block-size", type=int, default=None,
-                     help="KV cache block size. Default: the device's. On a Neuron host "
-                          "under nxdi max-model-len (NxDI's contiguous layout, one block per "
-                          "slot; no other size is accepted), under vllm-neuron 32; on --device "
-                          "sim 32 under both runtimes (the static cache counted in blocks of "
-                          "32); on the CPU vLLM's own (the summary's block_size)."),
+                     help="KV block size. Default: on Neuron max-model-len under nxdi "
+                          "(contiguous; no other accepted), 32 under vllm-neuron; on sim 32 "
+                          "(both runtimes); on the CPU vLLM's own."),
         click.option("--compiled-artifacts", default=None, metavar="DIR",
                      envvar="NEURON_BATCH_COMPILED_ARTIFACTS",
                      help="[neuron] Compiled graphs, a folder per hash of the compiled shapes "
