@@ -76,3 +76,18 @@ def run_command(settings: RunSettings, *, program: str = "neuron-batch run") -> 
         add("seed", settings.seed)
     add("limit", settings.limit)
     return " ".join(parts)
+
+
+def shell_lines(command: str, width: int, indent: str = "  ") -> list[str]:
+    """`command` as lines of at most `width` that a shell reads as the one command: broken
+    between words with a trailing backslash, continuation lines indented further."""
+    words = [shlex.quote(word) for word in shlex.split(command)]
+    lines, current = [], indent
+    for word in words:
+        candidate = current + word if current.strip() == "" else f"{current} {word}"
+        if current.strip() and len(candidate) + 2 > width:
+            lines.append(current + " \\")
+            current = indent + "    " + word
+        else:
+            current = candidate
+    return lines + [current]

@@ -82,11 +82,14 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
         of 1..--max-decode-buckets buckets for the batch sizes the defaults produced,
       - and, with --kv-reserve request,max-model-len, under both KV admission rules (names
         end K=req / K=mml; the verdict says which rule wins and why).
+    A --max-num-seqs value whose layout cannot load (as `run` checks it) is left out, saying
+    what fits; when none loads, the sweep is refused (exit 2) before anything runs.
     It prints the grid's size and an estimate first, writes sweep.json and sweep.csv after every
     configuration (--resume continues after a crash or Ctrl-C), then a ranked table, the
     recommendation (fastest, best per compiled graph, Pareto front of throughput against
-    compile cost, and why) and PNG plots. `--device sim` is the planning tool: simulated
-    configurations run in parallel.
+    compile cost, and why), PNG plots and the `neuron-batch run` lines of the fastest and the
+    cheapest. It exits 1 when no configuration finished. `--device sim` is the planning tool:
+    simulated configurations run in parallel.
     """
     from neuron_batch.bench.sweep import default_jobs, run_repeats, run_sweep
     from neuron_batch.errors import RunError
