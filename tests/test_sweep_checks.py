@@ -105,3 +105,16 @@ def test_the_summary_ends_with_the_fastest_and_the_cheapest():
     assert unpriced[-1].startswith("(no price for this instance, so no cheapest")
     assert command_block([{"name": "old"}], {"fastest": "old"}) == []   # older sweep.json
 
+
+def test_nxdi_decode_sets_are_token_generation_lists_ending_at_max_model_len(tmp_path):
+    from click.testing import CliRunner
+
+    from neuron_batch.cli import main
+
+    args = ["bench", "trace.csv", "--device", "sim", "--instance", "inf2.8xlarge",
+            "--architecture", "llama-3.1-8b", "--max-model-len", "8192", "--max-num-seqs", "8",
+            "--sweep-buckets", "-o", str(tmp_path / "x"), "--decode-buckets-set"]
+    refused = CliRunner().invoke(main, [*args, "2048,8"])
+    assert refused.exit_code == 2
+    assert "--decode-buckets-set 2048,8: the last bucket must be --max-model-len 8192" in \
+        " ".join(refused.output.split())

@@ -106,11 +106,16 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
                        decode_buckets_set]
         for buckets in user_prefill:
             replace(base, prefill_buckets=buckets).validate()
+        # The swept decode list: nxdi's token-generation sets end at max_model_len, the
+        # Beta plugin's batch sets at a max_num_seqs.
+        static = base.resolve_runtime().static_kv
+        ends, what = (([base.max_model_len], "--max-model-len") if static
+                      else (seqs_values, "one of --max-num-seqs"))
         for buckets in user_decode:
-            if buckets[-1] not in seqs_values:
+            if buckets[-1] not in ends:
                 raise SettingsError(f"--decode-buckets-set {','.join(map(str, buckets))}: the "
-                                    f"last bucket must be one of --max-num-seqs "
-                                    f"{','.join(map(str, seqs_values))}")
+                                    f"last bucket must be {what} "
+                                    f"{','.join(map(str, ends))}")
         cuts = int_list(split_cuts, "--split-at") if split_cuts else []
         if cuts and (sweep_buckets or repeat or len(seqs_values) > 1 or len(kv_values) > 1):
             raise SettingsError("--split-at compares one layout with its splits; it does not "
