@@ -101,8 +101,10 @@ def test_the_summary_ends_with_the_fastest_and_the_cheapest():
     assert text.index("--seed 1") < text.index("To run the cheapest") < text.index("--seed 2")
     same = "\n".join(command_block(entries, {"fastest": "fast", "cheapest": "fast"}))
     assert "To run the fastest, also the cheapest, fast:" in same and "cheap:" not in same
+    assert "(as measured, on the sweep's --limit; drop it to run the whole input)" in lines
     unpriced = command_block(entries, {"fastest": "fast", "cheapest": None})
-    assert unpriced[-1].startswith("(no price for this instance, so no cheapest")
+    assert unpriced[2].startswith("(no price for this instance, so no cheapest")
+    assert unpriced[-1].startswith("    ")           # it ends with the command
     assert command_block([{"name": "old"}], {"fastest": "old"}) == []   # older sweep.json
 
 

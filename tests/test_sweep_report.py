@@ -579,6 +579,11 @@ def test_every_line_fits_100_columns_under_either_runtime():
     lines = format_table(short, None).splitlines()
     assert "ctx len buckets" in lines[1] and "384,1664,4224" in lines[3]   # in full
     assert lines[2].count("waste") == 1 and "30%" in lines[3]
+    wide = rank([dict(e, name=e["name"] + ",S=64" * 3) for e in nxdi_sweep()])
+    lines = format_table(wide, None).splitlines()
+    assert all(len(line) <= MAX_WIDTH for line in lines)
+    assert lines[2].count("waste") == 1 and "48%" in lines[3]      # tkg's, left out last
+    assert "ctx waste" in " ".join(lines) and "1640..16384 (3)" in lines[3]
     narrow = rank([entry("a", 900.0, [2048], [8]), entry("b", 950.0, [1024, 2048], [8])])
     text = format_table(narrow, None)
     assert "time%" in text.splitlines()[1] and "/graph" in text.splitlines()[2]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -197,7 +198,7 @@ def render(sweep_dir: Path, *, plots: bool = True) -> str:
 def command_block(entries: Sequence[dict[str, Any]], recommendation: dict[str, Any]
                   ) -> list[str]:
     """The `neuron-batch run` lines of the fastest and of the cheapest configuration, to copy
-    (each reproduces that configuration's run; drop --limit for the whole input)."""
+    (each reproduces that configuration's run)."""
     commands = {e["name"]: e.get("command") for e in entries}
     fastest, cheapest = recommendation.get("fastest"), recommendation.get("cheapest")
     picks = [(f"the fastest{', also the cheapest' if cheapest == fastest else ''}", fastest)]
@@ -208,9 +209,12 @@ def command_block(entries: Sequence[dict[str, Any]], recommendation: dict[str, A
         if commands.get(name):
             lines += ["", f"To run {what}, {name}:",
                       *shell_lines(commands[name], MAX_WIDTH, indent="  ")]
+    notes = []      # (before the commands: the summary ends with a line to copy)
+    if lines and "--limit" in shlex.split(commands.get(fastest) or ""):
+        notes.append("(as measured, on the sweep's --limit; drop it to run the whole input)")
     if lines and cheapest is None:
-        lines.append("(no price for this instance, so no cheapest: --price-per-hour USD)")
-    return lines
+        notes.append("(no price for this instance, so no cheapest: --price-per-hour USD)")
+    return (["", *notes] if notes else []) + lines
 
 
 def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],

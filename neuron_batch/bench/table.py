@@ -83,8 +83,10 @@ def _columns(rows: Sequence[dict[str, Any]], set_width: int) -> list[Column]:
             continue            # (vllm-neuron's opt-in context lengths, never swept)
         group = option.label if set_width else option.short     # (the tightest: "ctx")
         columns.append(Column(group, "set", "<", _set_cell(dimension, set_width)))
-        columns.append(Column(group, "waste", ">", _waste_cell(option.padding),
-                              drop=3 - index, note=f"{option.short} waste"))
+        # The attention waste (what nxdi's token-generation sets change) is left out last.
+        drop = 1 if option.padding == "attention" else 3 - index
+        columns.append(Column(group, "waste", ">", _waste_cell(option.padding), drop=drop,
+                              note=f"{option.short} waste"))
     priced = any(row.get(COST_USD_WITH_COMPILE) is not None for row in rows)
     columns += [
         Column("compile", "graphs", ">", lambda row: str(row["compiled_graphs"])),
