@@ -88,6 +88,9 @@ def test_shell_lines_fit_and_read_back_as_the_command():
     lines = shell_lines(COMMAND, 100, indent="  ")
     assert len(lines) > 1 and all(len(line) <= 100 for line in lines)
     assert all(line.endswith(" \\") for line in lines[:-1])
+    for width in range(60, 101):               # an option stays with its value
+        assert not any(line.removesuffix(" \\").split(" ")[-1].startswith("--")
+                       for line in shell_lines(COMMAND, width)[:-1])
     assert shlex.split(" ".join(line.removesuffix("\\") for line in lines)) == \
         shlex.split(COMMAND)
 
