@@ -74,6 +74,13 @@ class BucketOption:
     key: str                # "context_encoding_buckets"
     what: str               # "prefill token buckets over whole prompts"
     maximum: str            # "max_model_len"
+    short: str = ""         # "ctx": its name in tables and plots ("ctx buckets")
+    padding: str = ""       # "prefill": the report's padding section the list pads
+    waste: str = ""         # what that section's waste is, in words
+
+    @property
+    def label(self) -> str:
+        return f"{self.short} buckets"
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,8 @@ class Runtime:
     static_kv: bool
     #: Whether prefills are chunked (vllm-neuron) or whole prompts, one a step (nxdi).
     chunked_prefill: bool
+    #: How a prompt is prefilled, in words (legends).
+    prefill_words: str
     #: Where the bucket lists go in vLLM's `additional_config`.
     config_section: str
     prefill: BucketOption
@@ -163,6 +172,13 @@ class Runtime:
     @property
     def bucket_options(self) -> tuple[BucketOption, ...]:
         return tuple(o for o in (self.prefill, self.decode, self.attention) if o is not None)
+
+    @property
+    def dimensions(self) -> tuple[tuple[str, BucketOption], ...]:
+        """(`Shapes` list name: prefill / decode / attention, its option) of each list it
+        compiles; nxdi has no decode list (every step runs all max_num_seqs slots)."""
+        return tuple((n, o) for n, o in (("prefill", self.prefill), ("decode", self.decode),
+                                         ("attention", self.attention)) if o is not None)
 
     def shapes(self, bucket_lists: Mapping[str, Sequence[int] | None] | None, *,
                max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> Shapes:
@@ -302,13 +318,16 @@ RUNTIMES: dict[str, Runtime] = {
         runs_on=("inf2", "trn1", "trn2"),
         static_kv=True,
         chunked_prefill=False,
+        prefill_words="each prompt is prefilled whole, one a step, never in chunks",
         config_section="override_neuron_config",
         prefill=BucketOption("--context-encoding-buckets", "context_encoding_buckets",
-                             "prefill buckets over whole prompt lengths", "max_model_len"),
+                             "prefill buckets over whole prompt lengths", "max_model_len",
+                             "ctx", "prefill", "prompt tokens padded to the bucket"),
         decode=None,
         attention=BucketOption("--token-generation-buckets", "token_generation_buckets",
                                "decode attention lengths over sequence length",
-                               "max_model_len"),
+                               "max_model_len", "tkg", "attention",
+                               "KV attended but not held: all max_num_seqs slots attend it"),
         scheduler_env=(("DISABLE_NEURON_CUSTOM_SCHEDULER", "1"),),
         host_block_size=None,
         # Contiguous KV without prefix caching: prefix caching switches NxDI to the block layout
@@ -326,14 +345,19 @@ RUNTIMES: dict[str, Runtime] = {
         runs_on=("trn2", "trn3"),
         static_kv=False,
         chunked_prefill=True,
+        prefill_words="longer prompts are prefilled in chunks",
         config_section="neuron_config",
         prefill=BucketOption("--prefill-buckets", "num_batched_tokens_buckets",
                              "prefill chunk token buckets",
-                             "min(max_num_batched_tokens, max_model_len)"),
+                             "min(max_num_batched_tokens, max_model_len)", "prefill",
+                             "prefill", "chunk tokens padded to the bucket"),
         decode=BucketOption("--decode-buckets", "num_seqs_buckets", "decode batch-size buckets",
-                            "max_num_seqs"),
+                            "max_num_seqs", "decode", "decode",
+                            "sequence slots padded to the bucket"),
         attention=BucketOption("--decode-context-buckets", "decode_context_length_buckets",
-                               "decode KV context lengths (opt-in)", "below max_model_len"),
+                               "decode KV context lengths (opt-in)", "below max_model_len",
+                               "ctx len", "attention", "KV read but not held: max_model_len, "
+                               "or the bucket, per padded request"),
         host_block_size=32,
     ),
 }

@@ -193,6 +193,9 @@ def test_each_runtime_sweeps_its_own_dimensions(serial, tmp_path):
                  "--jobs", "2")
     names = {c["name"]: c for c in beta["configurations"]}
     context = [c for n, c in names.items() if ",C=" in n]
+    shown = CliRunner().invoke(main, ["report", str(tmp_path / "beta")]).output
+    assert all(len(line) <= 100 for line in shown.splitlines())
+    assert "decode buckets" in shown and "ctx len buckets" in shown
     assert {"P=o1,D=def", "P=def,D=o1"} <= set(names) and context
     for config in context:
         buckets = [int(b) for b in config["params"]["attention_buckets"].split(",")]
@@ -200,3 +203,83 @@ def test_each_runtime_sweeps_its_own_dimensions(serial, tmp_path):
         # a context bucket reads less KV than max_model_len for the same shapes: faster
         assert config["report"]["throughput"]["output_tokens_per_s"] > \
             names["default"]["report"]["throughput"]["output_tokens_per_s"]
+
+
+def commands_in(text: str) -> dict[str, list[str]]:
+    """The `neuron-batch run` lines a sweep's summary ends with, by what they run ("the
+    fastest", ...), as argument lists (what a shell reads from the wrapped lines)."""
+    import shlex
+
+    out, lines = {}, text.splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith("To run "):
+            body = []
+            for part in lines[index + 1:]:
+                if not part.strip():
+                    break
+                body.append(part.removesuffix("\\"))
+            out[line[len("To run "):].split(",")[0]] = shlex.split(" ".join(body))
+    return out
+
+
+def test_the_summary_fits_and_its_run_line_reproduces_the_fastest(serial, tmp_path):
+    out, data = serial
+    shown = CliRunner().invoke(main, ["report", str(out)])
+    assert shown.exit_code == 0
+    assert all(len(line) <= 100 for line in shown.output.splitlines())
+    assert shown.output.rstrip().splitlines()[-1].startswith("    ")   # it ends with a command
+    header = shown.output.splitlines()[1]
+    assert "ctx buckets" in header and "tkg buckets" in header
+    commands = commands_in(shown.output)
+    rec = data["recommendation"]
+    assert rec["cheapest"] is not None          # inf2.8xlarge has a price
+    assert set(commands) == ({"the fastest"} if rec["cheapest"] == rec["fastest"]
+                             else {"the fastest", "the cheapest"})
+    argv = commands["the fastest"]
+    assert argv[:2] == ["neuron-batch", "run"] and "--token-generation-buckets" in argv
+    run_dir = tmp_path / "again"
+    result = CliRunner().invoke(main, [*argv[1:], "-q", "-o", str(run_dir)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    again = json.loads((run_dir / "report.json").read_text())
+    fastest = next(c for c in data["configurations"]
+                   if c["name"] == data["recommendation"]["fastest"])
+    assert again["throughput"]["output_tokens_per_s"] == \
+        fastest["report"]["throughput"]["output_tokens_per_s"]
+
+
+def test_a_layout_that_cannot_load_is_refused_before_the_sweep(tmp_path):
+    """8 static slots of 16,384 do not fit beside Llama-3.1-8B on inf2.8xlarge: refused as
+    `run` refuses it, before any configuration starts; with 4,8 the 8 is left out, saying so."""
+    args = ["bench", str(TRACE), *SWEEP, "--max-model-len", "16384"]
+    refused = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "none")])
+    assert refused.exit_code == 2
+    assert "cannot load under nxdi" in refused.output
+    assert "What fits: --max-num-seqs 6 at this max_model_len" in refused.output
+    assert not (tmp_path / "none").exists()
+    out = tmp_path / "some"
+    kept = CliRunner().invoke(main, [*args, "--max-num-seqs", "4,8", "--max-prefill-buckets",
+                                     "0", "--max-decode-buckets", "0", "--jobs", "1", "-o",
+                                     str(out)], catch_exceptions=False)
+    assert kept.exit_code == 0, kept.output
+    data = json.loads((out / "sweep.json").read_text())
+    assert [c["params"]["max_num_seqs"] for c in data["configurations"]] == [4]
+    assert data["meta"]["max_num_seqs_values"] == [4]
+    flat = " ".join(kept.output.split())
+    assert "left out --max-num-seqs 8: it cannot load (--device sim:" in flat
+
+
+def test_a_sweep_where_nothing_finished_exits_1(tmp_path, monkeypatch):
+    from neuron_batch.bench import sweep as sweep_module
+    from neuron_batch.errors import RunError
+
+    def engine_fails(settings, **_):
+        raise RunError("the engine died", 1)
+
+    monkeypatch.setattr(sweep_module, "run", engine_fails)
+    result = CliRunner().invoke(main, ["bench", str(TRACE), *SWEEP, "--jobs", "1", "-o",
+                                       str(tmp_path / "x")])
+    assert result.exit_code == 1
+    assert "0 configurations finished" in result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("error: none of the ") and "the engine died" in last

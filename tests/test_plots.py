@@ -152,3 +152,38 @@ def test_imports_stay_light_and_pyplot_is_never_used(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr
+
+
+def nxdi_rows() -> list[dict]:
+    """fake_entries as nxdi reports them: context-encoding and token-generation lists, every
+    slot decoded each step, the KV attended but not held."""
+    entries = fake_entries(count=4)
+    for index, e in enumerate(e for e in entries if e["report"]):
+        config = e["report"]["config"]
+        config.update(runtime="nxdi", decode_buckets=[8],
+                      attention_buckets=[2048 * (index + 1), 16384])
+        e["report"]["padding"]["attention"] = {"waste_fraction": 0.4 + index / 10}
+    return rank(entries)
+
+
+def test_padding_waste_plots_what_each_runtimes_sets_change(tmp_path):
+    """Under nxdi: context-encoding padding and the KV every slot attends but does not hold
+    (the waste token-generation sets change; slot waste is the same in every row); under
+    vllm-neuron: chunk padding and padded decode slots, each bar naming its set."""
+    keys = [(key, buckets) for key, _, buckets in plots.waste_series(nxdi_rows())]
+    assert keys == [("prefill_waste", "prefill_buckets"),
+                    ("attention_waste", "attention_buckets")]
+    words = [words for _, words, _ in plots.waste_series(nxdi_rows())]
+    assert words[0].startswith("ctx buckets: ") and words[1].startswith("tkg buckets: KV attended")
+    beta = [key for key, _, _ in plots.waste_series(rank(fake_entries()))]
+    assert beta == ["prefill_waste", "decode_waste"]
+    assert_png(plots.plot_padding_waste(nxdi_rows(), tmp_path / "w.png"))
+
+
+def test_prompt_legend_says_what_the_runtime_does():
+    title, budget = plots.prompt_words("nxdi", 2048)
+    assert budget is None                   # whole prompts: the token budget chunks nothing
+    assert "ctx bucket edges" in title and "prefilled whole" in title
+    title, budget = plots.prompt_words("vllm-neuron", 2048)
+    assert "prefill bucket edges" in title
+    assert budget == "max_num_batched_tokens = 2,048 (longer prompts are prefilled in chunks)"

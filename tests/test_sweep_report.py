@@ -313,10 +313,9 @@ def test_table_is_aligned_ranked_and_fits():
     rec = recommend(rows)
     text = format_table(rows, rec, failed=[e for e in entries if e["status"] == "failed"])
     lines = text.splitlines()
-    # names are shown whole (a clipped name is ambiguous); only they may widen the table
-    longest = max(len(e["name"]) for e in entries)
-    assert all(len(line) <= MAX_WIDTH + max(0, longest - 8) for line in lines)
-    table = [line for line in lines if line[:4].strip().isdigit()]
+    # names are shown whole (a clipped name is ambiguous); columns make room for them
+    assert MAX_WIDTH == 100 and all(len(line) <= MAX_WIDTH for line in lines)
+    table = [line for line in lines[:3 + len(rows)] if line[:4].strip().isdigit()]
     assert len(table) == len(rows)
     for line, row in zip(table, rows):      # rank order, whole names
         number, name = line.split()[:2]
@@ -511,3 +510,89 @@ def test_csv_has_the_kv_columns(tmp_path: Path):
     assert row["param_kv_reserve"] == row["kv_reserve"] == "request"
     assert row["preemptions"] == "0" and float(row["kv_mean_used_fraction"]) == 0.84
     assert records["P=o1,D=def,K=mml"]["kv_reserve"] == "max_model_len"
+
+
+# -- each runtime's own columns, within 100 -----------------------------------------------------
+
+def nxdi_entry(name: str, tps: float, ctx: list[int], tkg: list[int], *, attention_waste: float,
+               seqs: int = 6, **kwargs) -> dict:
+    """A sweep entry as nxdi reports it: context-encoding and token-generation lists, the
+    decode batch always every slot, and the KV attended but not held."""
+    e = entry(name, tps, ctx, [seqs], max_num_seqs=seqs, **kwargs)
+    config = e["report"]["config"]
+    config.update(runtime="nxdi", attention_buckets=list(tkg),
+                  compiled_graphs=len(ctx) + len(tkg))
+    e["report"]["padding"]["attention"] = {"waste_fraction": attention_waste}
+    e["report"]["cost"] = {"usd": tps / 1000, "price_per_hour_usd": 1.9679}
+    e["params"].update(runtime="nxdi", attention_buckets=",".join(map(str, tkg)))
+    return e
+
+
+def nxdi_sweep() -> list[dict]:
+    mml = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+    return [nxdi_entry("default", 103.0, mml, mml, attention_waste=0.53, compile_s=7680.0),
+            nxdi_entry("P=o3,T=o2,S=6", 83.0, [1321, 4145, 16384], [2074, 16384],
+                       attention_waste=0.61, compile_s=2400.0),
+            nxdi_entry("P=o4,T=o3,S=6", 132.0, [437, 1378, 4107, 16384], [1640, 4175, 16384],
+                       attention_waste=0.48, compile_s=3360.0),
+            nxdi_entry("P=def,T=def,S=4", 86.0, mml, mml, attention_waste=0.5, seqs=4,
+                       compile_s=7680.0)]
+
+
+def test_nxdi_table_shows_its_two_sets_and_the_waste_they_change():
+    rows = rank(nxdi_sweep())
+    text = format_table(rows, recommend(rows))
+    lines = text.splitlines()
+    assert all(len(line) <= MAX_WIDTH for line in lines)
+    assert "ctx buckets" in lines[1] and "tkg buckets" in lines[1]
+    assert "decode" not in lines[1] + lines[2]          # the batch is always every slot
+    first = lines[3]
+    assert first.split()[:2] == ["1", "P=o4,T=o3,S=6"]
+    assert "437..16384 (4)" in first and "1640,4175,16384" in first
+    assert "48%" in first                                # the KV attended but not held
+    assert "24%" not in first.split("1640")[1]          # (prefill waste is 20% here)
+    flat = " ".join(text.split())
+    assert "waste = KV attended but not held: all max_num_seqs slots attend it" in flat
+    assert "every decode step runs all max_num_seqs slots (4, 6)" in flat
+    assert "left out to fit 100 columns (in sweep.csv): TPOT, TTFT" in flat
+
+
+def test_every_line_fits_100_columns_under_either_runtime():
+    """The widest sweeps: long names (S and K in them), three vllm-neuron lists (C sets),
+    prices and compile estimates; and the narrowest keep the columns that fit."""
+    beta = [entry(f"P=o{k},D=def,C=o{k},S=32,K=mml", 900.0 + k, [128, 256, 512, 1024, 2048],
+                  [1, 2, 4, 8, 16, 32], compile_s=900.0 + k) for k in range(1, 4)]
+    for k, e in enumerate(beta, 1):
+        e["report"]["config"].update(runtime="vllm-neuron",
+                                     attention_buckets=[128 * k, 1664, 4224])
+        e["report"]["padding"]["attention"] = {"waste_fraction": 0.3}
+        e["report"]["cost"] = {"usd": 1.0, "price_per_hour_usd": 2.0}
+    for entries in (nxdi_sweep(), beta):
+        rows = rank(entries)
+        lines = format_table(rows, recommend(rows), failed=[failed("x" * 150)]).splitlines()
+        assert all(len(line) <= MAX_WIDTH for line in lines), max(lines, key=len)
+    lines = format_table(rank(beta), None).splitlines()
+    assert "ctx len" in lines[1] and "..4224 (3)" in lines[3]   # the C sets, abbreviated
+    assert lines[2].count("waste") == 1 and "30%" in lines[3]    # the KV read but not held
+    assert "left out to fit 100 columns (in sweep.csv): " in " ".join(lines)
+    short = rank([dict(e, name=f"P=o{k},D=def,C=o{k}") for k, e in enumerate(beta, 1)])
+    lines = format_table(short, None).splitlines()
+    assert "ctx len buckets" in lines[1] and "384,1664,4224" in lines[3]   # in full
+    assert lines[2].count("waste") == 1 and "30%" in lines[3]
+    wide = rank([dict(e, name=e["name"] + ",S=64" * 3) for e in nxdi_sweep()])
+    lines = format_table(wide, None).splitlines()
+    assert all(len(line) <= MAX_WIDTH for line in lines)
+    assert lines[2].count("waste") == 1 and "48%" in lines[3]      # tkg's, left out last
+    assert "ctx waste" in " ".join(lines) and "1640..16384 (3)" in lines[3]
+    narrow = rank([entry("a", 900.0, [2048], [8]), entry("b", 950.0, [1024, 2048], [8])])
+    text = format_table(narrow, None)
+    assert "time%" in text.splitlines()[1] and "/graph" in text.splitlines()[2]
+    assert "(in sweep.csv): TPOT, TTFT, admission blocks\n" in text
+
+
+def test_recommendation_names_the_cheapest():
+    rows = rank(nxdi_sweep())
+    rec = recommend(rows)
+    key = "usd_with_compile"
+    assert rec["cheapest"] == min(rows, key=lambda row: row[key])["name"]
+    assert recommend(rank(sweep()))["cheapest"] is None       # no price, no cheapest

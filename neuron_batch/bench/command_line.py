@@ -83,3 +83,24 @@ def run_command(settings: RunSettings, *, program: str = "neuron-batch run") -> 
         add("seed", settings.seed)
     add("limit", settings.limit)
     return " ".join(parts)
+
+
+def shell_lines(command: str, width: int, indent: str = "  ") -> list[str]:
+    """`command` as lines of at most `width` that a shell reads as the one command: broken
+    between options with a trailing backslash, continuation lines indented further."""
+    words = []          # an option and its value stay on one line
+    for word in (shlex.quote(word) for word in shlex.split(command)):
+        if words and words[-1].startswith("--") and " " not in words[-1] \
+                and not word.startswith("--"):
+            words[-1] += " " + word
+        else:
+            words.append(word)
+    lines, current = [], indent
+    for word in words:
+        candidate = current + word if current.strip() == "" else f"{current} {word}"
+        if current.strip() and len(candidate) + 2 > width:
+            lines.append(current + " \\")
+            current = indent + "    " + word
+        else:
+            current = candidate
+    return lines + [current]

@@ -50,14 +50,14 @@ def csv_rows(entries: Sequence[Mapping[str, Any]], by: str = "throughput"
         reasons += [r for r in row["admission_blocked"] if r not in reasons]
     columns = (["name", "rank"] + [f"param_{name}" for name in params]
                + ["output_tokens_per_s", "total_tokens_per_s", "throughput_per_graph",
-                  "elapsed_s", "prefill_waste", "decode_waste"]
+                  "elapsed_s", "prefill_waste", "decode_waste", "attention_waste"]
                + [f"seconds_{state}" for state in STATES]
                + [f"share_{state}" for state in STATES]
                + [f"blocked_{reason}" for reason in reasons]
                + ["ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"]
                + list(KV_COLUMNS)
-               + ["prefill_buckets", "decode_buckets", "compiled_graphs", COST_COMPILE_S,
-                  *COST_COLUMNS, "status", "error"])
+               + ["prefill_buckets", "decode_buckets", "attention_buckets", "compiled_graphs",
+                  COST_COMPILE_S, *COST_COLUMNS, "command", "status", "error"])
     out = []
     for entry in entries:
         entry_params = entry.get("params") or {}
@@ -65,15 +65,17 @@ def csv_rows(entries: Sequence[Mapping[str, Any]], by: str = "throughput"
         record["name"] = entry.get("name")
         record["status"] = entry.get("status")
         record["error"] = entry.get("error") or ""
+        record["command"] = entry.get("command") or ""
         for name in params:
             record[f"param_{name}"] = _csv_value(entry_params.get(name))
         row = ranked.get(str(entry.get("name"))) if entry.get("status") == "done" else None
         if row is not None:
             record.update({key: _csv_value(row.get(key)) for key in (
                 "rank", "output_tokens_per_s", "total_tokens_per_s", "throughput_per_graph",
-                "elapsed_s", "prefill_waste", "decode_waste", "ttft_p50_s", "ttft_p99_s",
-                "tpot_p50_s", "tpot_p99_s", *KV_COLUMNS, "prefill_buckets", "decode_buckets",
-                "compiled_graphs", COST_COMPILE_S, *COST_COLUMNS)})
+                "elapsed_s", "prefill_waste", "decode_waste", "attention_waste", "ttft_p50_s",
+                "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", *KV_COLUMNS, "prefill_buckets",
+                "decode_buckets", "attention_buckets", "compiled_graphs", COST_COMPILE_S,
+                *COST_COLUMNS)})
             for state in STATES:
                 record[f"seconds_{state}"] = _csv_value(row["state_seconds"].get(state))
                 record[f"share_{state}"] = _csv_value(row["state_shares"].get(state))

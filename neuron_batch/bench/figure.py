@@ -11,6 +11,7 @@ from typing import Any
 DPI = 120
 
 PREFILL_COLOUR, DECODE_COLOUR, IDLE_COLOUR = "#3b75af", "#ef8636", "#b8b8b8"
+ATTENTION_COLOUR = "#7b3fa0"
 POINT_COLOUR, FRONT_COLOUR, FASTEST_COLOUR = "#8c9fb5", "#2a9d5c", "#c0392b"
 
 

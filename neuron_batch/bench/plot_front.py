@@ -23,6 +23,7 @@ from neuron_batch.bench.ranking import (
     cost_key_for,
     pareto_front,
 )
+from neuron_batch.runtime import get_runtime
 
 # -- throughput against compile cost ----------------------------------------------------------
 
@@ -57,7 +58,8 @@ def plot_throughput_vs_graphs(rows: Sequence[Mapping[str, Any]],
     else:
         def x_of(row):
             return float(row["compiled_graphs"])
-        xlabel = "compiled graphs (prefill + decode buckets)"
+        lists = get_runtime(fastest.get("runtime")).bucket_options
+        xlabel = f"compiled graphs (of the {' and '.join(o.label for o in lists)})"
 
     figure = new_figure(10, 6.2)
     ax = figure.add_subplot()

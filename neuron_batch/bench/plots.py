@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.bench.figure import (
+    ATTENTION_COLOUR,
     DECODE_COLOUR,
     IDLE_COLOUR,
     PREFILL_COLOUR,
@@ -39,6 +40,7 @@ from neuron_batch.bench.plot_front import plot_throughput_vs_graphs
 from neuron_batch.bench.ranking import DEFAULT_NAME, pareto_front
 from neuron_batch.bench.verdict import recommend
 from neuron_batch.bench.words import abbreviate_buckets
+from neuron_batch.runtime import Runtime, get_runtime
 
 #: Most configurations `plot_prompt_histogram` draws bucket edges for (more is unreadable).
 MAX_BUCKET_SETS = 5
@@ -54,41 +56,55 @@ _STATE_PARTS = (("ACTIVE_PREFILL", "prefill", PREFILL_COLOUR),
 
 # -- padding waste ----------------------------------------------------------------------------
 
+def waste_series(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
+    """(row key of the waste, legend words, row key of the bucket list) per bar of
+    padding_waste.png: the waste each of the runtime's swept bucket lists changes (nxdi:
+    context-encoding padding and the KV every slot attends at its token-generation bucket but
+    does not hold; vllm-neuron: chunk padding, padded decode slots, and with decode
+    context-length sets the KV read but not held)."""
+    runtime = get_runtime(rows[0].get("runtime")) if rows else get_runtime(None)
+    return [(f"{option.padding}_waste", f"{option.label}: {option.waste}", f"{name}_buckets")
+            for name, option in runtime.dimensions
+            if any(row.get(f"{name}_buckets") for row in rows)]
+
+
 def plot_padding_waste(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
-    """Grouped horizontal bars: prefill and decode padding waste (%) per configuration,
-    fastest at the top."""
-    title = "Padding waste per configuration"
+    """Grouped horizontal bars: the padding waste (%) each bucket list of the runtime causes,
+    per configuration, fastest at the top; each bar names its bucket set."""
+    title = "Padding waste per configuration, by bucket list"
     if not rows:
         return placeholder_figure(path, title, "no configuration finished: nothing to plot")
     rows = ordered_rows(rows)
-    figure = new_figure(10, bar_height(len(rows)))
+    series = waste_series(rows)
+    figure = new_figure(11, bar_height(len(rows)) * max(1.0, len(series) / 2))
     ax = figure.add_subplot()
     count = len(rows)
     positions = list(range(count))[::-1]    # fastest on top
-    height = 0.38
-    prefill = [100.0 * float(row.get("prefill_waste") or 0.0) for row in rows]
-    decode = [100.0 * float(row.get("decode_waste") or 0.0) for row in rows]
-    bars_p = ax.barh([p + height / 2 for p in positions], prefill, height=height,
-                     color=PREFILL_COLOUR, label="prefill (padded tokens)")
-    bars_d = ax.barh([p - height / 2 for p in positions], decode, height=height,
-                     color=DECODE_COLOUR, label="decode (padded sequence slots)")
-    for bars, values, raw in ((bars_p, prefill, "prefill_waste"), (bars_d, decode,
-                                                                   "decode_waste")):
-        labels = [("n/a" if row.get(raw) is None else f"{value:.0f}%")
+    height = 0.76 / max(1, len(series))
+    colours = (PREFILL_COLOUR, DECODE_COLOUR, ATTENTION_COLOUR)
+    top = 1.0
+    for index, (key, words, buckets_key) in enumerate(series):
+        offset = (len(series) - 1) / 2 - index
+        values = [100.0 * float(row.get(key) or 0.0) for row in rows]
+        top = max([top, *values])
+        bars = ax.barh([p + offset * height for p in positions], values, height=height,
+                       color=colours[index % len(colours)], label=words)
+        labels = [("n/a" if row.get(key) is None else f"{value:.0f}%")
+                  + f"  {abbreviate_buckets(row.get(buckets_key), 24)}"
                   for row, value in zip(rows, values)]
-        ax.bar_label(bars, labels=labels, padding=3, fontsize=8)
+        ax.bar_label(bars, labels=labels, padding=3, fontsize=7)
     ax.set_yticks(positions, bar_labels(rows))
     embolden_labels(ax, rows, {rows[0]["name"], DEFAULT_NAME})
-    top = max(prefill + decode + [1.0])
-    ax.set_xlim(0, min(100.0, top * 1.15 + 3))
+    ax.set_xlim(0, top * 1.5 + 12)         # room for the labels beside the bars
+    ax.set_xticks([tick for tick in range(0, 101, 10) if tick <= top * 1.1 + 10])
     ax.set_ylim(-0.7, count - 0.3)
     ax.set_xlabel("padding waste (% of the padded work that was padding)")
     ax.set_ylabel(bar_ylabel(len(rows)))
-    ax.set_title(title + " (lower is better)", pad=22)
+    ax.set_title(title + " (lower is better)", pad=14 + 12 * len(series))
     ax.grid(True, axis="x", alpha=0.3)
     ax.set_axisbelow(True)
     # Above the bars, never over them (a bar can reach any corner).
-    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, fontsize=9, frameon=False)
+    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=1, fontsize=9, frameon=False)
     return save_figure(figure, path)
 
 
@@ -136,16 +152,32 @@ def plot_time_per_state(rows: Sequence[Mapping[str, Any]], path: str | Path) -> 
 
 # -- prompt lengths and bucket edges ----------------------------------------------------------
 
+def prompt_words(runtime: Runtime | str | None,
+                 max_num_batched_tokens: int | None) -> tuple[str, str | None]:
+    """(title, legend of the max_num_batched_tokens line or None) of prompt_lengths.png, in the
+    runtime's words: under nxdi a prompt is never chunked, so the token budget is no line."""
+    runtime = get_runtime(runtime)
+    title = (f"Workload prompt lengths and {runtime.prefill.short} bucket edges ({runtime.name}: "
+             f"{runtime.prefill_words})")
+    if not (max_num_batched_tokens and runtime.chunked_prefill):
+        return title, None
+    return title, (f"max_num_batched_tokens = {max_num_batched_tokens:,} "
+                   f"({runtime.prefill_words})")
+
+
 def plot_prompt_histogram(prompt_lengths: Sequence[int],
                           bucket_sets: Mapping[str, Sequence[int] | str] | None,
-                          path: str | Path, max_num_batched_tokens: int | None = None) -> Path:
+                          path: str | Path, max_num_batched_tokens: int | None = None,
+                          runtime: Runtime | str | None = None) -> Path:
     """Histogram of the workload's prompt lengths (log x when they span a wide range) with the
-    prefill bucket edges of a few named configurations as vertical lines (the first
-    `MAX_BUCKET_SETS`), each in its own colour and style, topped by a marker at its own height
-    so shared edges stay distinguishable."""
+    prefill bucket edges (nxdi: context-encoding) of a few named configurations as vertical
+    lines (the first `MAX_BUCKET_SETS`), each in its own colour and style, topped by a marker
+    at its own height so shared edges stay distinguishable."""
     import numpy as np
 
-    title = "Workload prompt lengths and prefill bucket edges"
+    title, budget_label = prompt_words(runtime, max_num_batched_tokens)
+    if budget_label is None:
+        max_num_batched_tokens = None
     lengths = np.asarray([int(n) for n in prompt_lengths if n is not None and int(n) > 0])
     if lengths.size == 0:
         return placeholder_figure(path, title, "no prompt lengths to plot")
@@ -187,8 +219,7 @@ def plot_prompt_histogram(prompt_lengths: Sequence[int],
 
     if max_num_batched_tokens:
         ax.axvline(max_num_batched_tokens, color="black", linewidth=5, alpha=0.18, zorder=2.5,
-                   label=f"max_num_batched_tokens = {max_num_batched_tokens:,} "
-                         f"(longer prompts are prefilled in chunks)")
+                   label=budget_label)
     for index, (name, buckets) in enumerate(sets):
         colour, style = _BUCKET_STYLES[index % len(_BUCKET_STYLES)]
         height = y_top * (0.96 - 0.05 * index)
@@ -251,14 +282,14 @@ def default_bucket_sets(rows: Sequence[Mapping[str, Any]],
 def write_all(rows: Sequence[Mapping[str, Any]], front: Sequence[Mapping[str, Any]] | None,
               prompt_lengths: Sequence[int] | None,
               bucket_sets: Mapping[str, Sequence[int] | str] | None,
-              out_dir: str | Path) -> list[Path]:
+              out_dir: str | Path, runtime: Runtime | str | None = None) -> list[Path]:
     """Every figure into `out_dir` (created if missing); returns the paths written.
 
     With no finished configuration the three per-configuration figures are left out; without
     prompt lengths the histogram is. `front` None: computed here; `bucket_sets` None: the
     fastest, default, best-per-graph and cheapest Pareto configurations. The histogram marks
-    max_num_batched_tokens when every configuration has the same one.
-    """
+    max_num_batched_tokens when every configuration has the same one and the runtime chunks
+    prompts (`runtime` None: the rows')."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -273,7 +304,9 @@ def write_all(rows: Sequence[Mapping[str, Any]], front: Sequence[Mapping[str, An
             bucket_sets = default_bucket_sets(rows)
         budgets = {row.get("max_num_batched_tokens") for row in rows}
         budget = budgets.pop() if len(budgets) == 1 else None
+        if runtime is None and rows:
+            runtime = rows[0].get("runtime")
         written.append(plot_prompt_histogram(
             prompt_lengths, bucket_sets, out / FILE_NAMES["prompts"],
-            max_num_batched_tokens=int(budget) if budget else None))
+            max_num_batched_tokens=int(budget) if budget else None, runtime=runtime))
     return written

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -31,6 +32,8 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from neuron_batch.bench.command_line import run_command, shell_lines
+from neuron_batch.bench.preflight import Loadable, layout_check, loadable
 from neuron_batch.bench.sweep_grid import (  # noqa: F401  (re-exported)
     Candidate,
     candidate,
@@ -39,8 +42,9 @@ from neuron_batch.bench.sweep_grid import (  # noqa: F401  (re-exported)
     default_candidates,
     grid_candidates,
 )
+from neuron_batch.bench.table import MAX_WIDTH, wrap
 from neuron_batch.config import RunSettings
-from neuron_batch.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
+from neuron_batch.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunError
 from neuron_batch.job.folder import REPORT, write_json_atomic
 from neuron_batch.job.workload import load_workload
 from neuron_batch.run.runner import run
@@ -129,7 +133,8 @@ class Sweep:
                 record=self._record)
 
     def _record(self, c: Candidate, outcome: dict[str, Any]) -> None:
-        entry = {"name": c.name, "params": c.params, **outcome}
+        entry = {"name": c.name, "params": c.params, **outcome,
+                 "command": run_command(c.settings)}
         self.entries[c.name] = entry
         count = len(self.entries)
         if entry["report"] is not None:
@@ -178,14 +183,38 @@ def render(sweep_dir: Path, *, plots: bool = True) -> str:
     rows = rank(entries, (data.get("meta") or {}).get("rank_by", "throughput"))
     recommendation = recommend(rows) if rows else {}
     failed = [e for e in entries if e.get("status") != "done"]
-    text = format_table(rows, recommendation, failed=failed)
+    notes = Loadable([], [], (data.get("meta") or {}).get("left_out") or []).words()
+    text = format_table(rows, recommendation, failed=failed, notes=notes)
     if plots and rows:
         from neuron_batch.bench.plots import write_all
 
         paths = write_all(rows, pareto_front(rows), data.get("prompt_lengths") or [], None,
-                          sweep_dir)
-        text += "\n\nplots: " + ", ".join(str(p) for p in paths)
-    return text
+                          sweep_dir, runtime=(data.get("meta") or {}).get("runtime"))
+        text += "\n" + "\n".join(wrap("plots: " + ", ".join(str(p) for p in paths), MAX_WIDTH,
+                                      indent="  "))
+    return text + "".join(f"\n{line}" for line in command_block(entries, recommendation))
+
+
+def command_block(entries: Sequence[dict[str, Any]], recommendation: dict[str, Any]
+                  ) -> list[str]:
+    """The `neuron-batch run` lines of the fastest and of the cheapest configuration, to copy
+    (each reproduces that configuration's run)."""
+    commands = {e["name"]: e.get("command") for e in entries}
+    fastest, cheapest = recommendation.get("fastest"), recommendation.get("cheapest")
+    picks = [(f"the fastest{', also the cheapest' if cheapest == fastest else ''}", fastest)]
+    if cheapest not in (None, fastest):
+        picks.append(("the cheapest", cheapest))
+    lines = []
+    for what, name in picks:
+        if commands.get(name):
+            lines += ["", f"To run {what}, {name}:",
+                      *shell_lines(commands[name], MAX_WIDTH, indent="  ")]
+    notes = []      # (before the commands: the summary ends with a line to copy)
+    if lines and "--limit" in shlex.split(commands.get(fastest) or ""):
+        notes.append("(as measured, on the sweep's --limit; drop it to run the whole input)")
+    if lines and cheapest is None:
+        notes.append("(no price for this instance, so no cheapest: --price-per-hour USD)")
+    return (["", *notes] if notes else []) + lines
 
 
 def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
@@ -196,8 +225,18 @@ def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
     if (sweep_dir / SWEEP_JSON).exists() and not resume:
         raise RunError(f"{sweep_dir} already holds a sweep; pass --resume to continue it, or "
                        f"choose another --output")
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    # A layout that cannot load is refused before anything runs, as `run` refuses it: before
+    # the inputs are read where the check needs no model.
+    kv_values = list(kv_values or [base.kv_reserve])
+    check = layout_check(base)
+    fits = loadable(base, seqs_values, kv_values, check) if check else None
     workload = load_workload(base, log)
+    if fits is None:
+        fits = loadable(base, seqs_values, kv_values, layout_check(base, workload))
+    for sentence in fits.words():
+        log(sentence)
+    seqs_values, kv_values = fits.seqs_values, fits.kv_values
+    sweep_dir.mkdir(parents=True, exist_ok=True)
     lengths = workload.prompt_lengths()
     simulated = base.device == "sim"
     jobs = jobs if simulated else 1  # a real device runs one engine at a time
@@ -206,7 +245,7 @@ def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
             "max_num_batched_tokens": base.max_num_batched_tokens,
             "max_model_len": base.max_model_len, "max_num_seqs_values": list(seqs_values),
             "runtime": base.resolve_runtime().name,
-            "kv_reserve_values": list(kv_values or [base.kv_reserve]),
+            "kv_reserve_values": kv_values, "left_out": fits.left_out,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs": jobs, "rank_by": rank_by}
     sweep = Sweep(sweep_dir, jobs=jobs, log=log, prompt_lengths=lengths, meta=meta)
     if resume:
@@ -242,7 +281,18 @@ def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
         return EXIT_INTERRUPTED
     sweep.write()
     print(render(sweep_dir), flush=True)
+    check_finished(sweep.ordered_entries())
     return EXIT_OK
+
+
+def check_finished(entries: Sequence[dict[str, Any]]) -> None:
+    """RunError (exit 1) when no configuration of the sweep finished, with the first failure."""
+    if any(e.get("status") == "done" and e.get("report") for e in entries):
+        return
+    failure = next((e for e in entries if e.get("error")), entries[0] if entries else None)
+    why = "" if failure is None else (f"; {failure['name']}: " + " ".join(
+        str(failure.get("error") or failure.get("status")).split()))
+    raise RunError(f"none of the {len(entries)} configurations finished{why}", EXIT_FAILED)
 
 
 def run_repeats(base: RunSettings, bench_dir: Path, *, repeats: int, warmup: int,

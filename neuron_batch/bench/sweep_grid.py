@@ -66,10 +66,11 @@ def default_candidates(base: RunSettings, sweep_dir: Path, seqs_values: Sequence
     """The defaults at each max_num_seqs (and KV admission rule); the first is "default", the
     baseline of the verdict."""
     kv_values = list(kv_values or [base.kv_reserve])
+    second = _second_letter(base.resolve_runtime())
     out = []
     for kv_reserve in kv_values:
         for seqs in seqs_values:
-            name = "default" if not out else "P=def,D=def" + _suffix(
+            name = "default" if not out else f"P=def,{second}=def" + _suffix(
                 seqs, kv_reserve, multi_seqs=True, multi_kv=len(kv_values) > 1)
             out.append(candidate(base, sweep_dir, name, max_num_seqs=seqs, prefill=None,
                                  decode=None, kv_reserve=kv_reserve))
@@ -103,7 +104,7 @@ def grid_candidates(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence
             prefill_sets[f"o{k}"] = plan.buckets
     out: list[Candidate] = []
     multi_seqs, multi_kv = len(seqs_values) > 1, len(kv_values) > 1
-    second = "T" if runtime.static_kv else "D"
+    second = _second_letter(runtime)
     for kv_reserve, seqs in ((k, s) for k in kv_values for s in seqs_values):
         suffix = _suffix(seqs, kv_reserve, multi_seqs=multi_seqs, multi_kv=multi_kv)
         lengths = _hist_for(length_hists or {}, seqs, kv_reserve)
@@ -160,6 +161,12 @@ def grid_candidates(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence
                                      max_num_seqs=seqs, prefill=None, decode=None,
                                      attention=context, kv_reserve=kv_reserve))
     return out
+
+
+def _second_letter(runtime) -> str:
+    """The swept decode dimension's letter: T (nxdi's token-generation sets, every step runs
+    all slots) or D (vllm-neuron's decode batch sets)."""
+    return "T" if runtime.static_kv else "D"
 
 
 def _hist_for(hists: dict, seqs: int, kv_reserve: str):

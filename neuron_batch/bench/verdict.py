@@ -36,7 +36,8 @@ _STATE_WORDS = {"IDLE": "idle", "ACTIVE_PREFILL": "prefill", "ACTIVE_DECODE": "d
 def recommend(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Which configuration to use, and why, in numbers and plain English.
 
-    Returns {"fastest", "best_per_graph", "pareto" (names, cheapest first), "pareto_cost"
+    Returns {"fastest", "best_per_graph", "cheapest" (None without prices), "pareto" (names,
+    cheapest compile first), "pareto_cost"
     (the cost key of the front), "baseline" ("default" when the sweep has it, else None),
     "limits" (what holds the fastest back: dominant state and admission block), "reasons"
     (sentences)}, and "kv_reserve" (which KV admission rule wins, see `kv_reserve_verdict`)
@@ -44,7 +45,7 @@ def recommend(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """
     ordered = sorted(rows, key=rank_key)
     front = pareto_front(ordered)
-    result: dict[str, Any] = {"fastest": None, "best_per_graph": None,
+    result: dict[str, Any] = {"fastest": None, "best_per_graph": None, "cheapest": None,
                               "pareto": [row["name"] for row in front],
                               "pareto_cost": front.cost_key, "baseline": None,
                               "limits": None, "reasons": []}
@@ -69,9 +70,10 @@ def recommend(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         result["kv_reserve"] = kv_rule
         reasons.append(kv_rule["text"])
     reasons.append(_per_graph_sentence(per_graph, fastest))
-    cheapest = _cheapest_sentence(ordered, fastest)
-    if cheapest:
-        reasons.append(cheapest)
+    cheapest, text = _cheapest(ordered, fastest)
+    if cheapest is not None:
+        result["cheapest"] = cheapest["name"]
+        reasons.append(text)
 
     cost_words = front.cost_label
     if len(front) == 1:
@@ -97,18 +99,19 @@ def recommend(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def _cheapest_sentence(ordered: list[dict], fastest: dict) -> str | None:
-    """Which configuration costs least (run + compile where estimated), when rows are priced."""
+def _cheapest(ordered: list[dict], fastest: dict) -> tuple[dict | None, str]:
+    """Which configuration costs least (run + compile where estimated), and the sentence;
+    (None, "") when no row is priced."""
     key = cost_key_of(ordered)
     priced = [row for row in ordered if row.get(key) is not None]
     if not priced:
-        return None
+        return None, ""
     cheapest = min(priced, key=lambda row: (float(row[key]), rank_key(row)))
     what = "run + estimated compile" if key == COST_USD_WITH_COMPILE else "run"
     text = (f"cheapest ({what}): {cheapest['name']} at ${float(cheapest[key]):,.2f}")
     if cheapest is not fastest and fastest.get(key) is not None:
         text += f" against ${float(fastest[key]):,.2f} for the fastest"
-    return text
+    return cheapest, text
 
 
 def _fastest_sentence(fastest: dict, baseline: dict | None, ordered: list[dict]) -> str:

@@ -81,11 +81,14 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
         of 1..--max-decode-buckets buckets for the batch sizes the defaults produced,
       - and, with --kv-reserve request,max-model-len, under both KV admission rules (names
         end K=req / K=mml; the verdict says which rule wins and why).
+    A --max-num-seqs value whose layout cannot load (as `run` checks it) is left out, saying
+    what fits; when none loads, the sweep is refused (exit 2) before anything runs.
     It prints the grid's size and an estimate first, writes sweep.json and sweep.csv after every
     configuration (--resume continues after a crash or Ctrl-C), then a ranked table, the
     recommendation (fastest, best per compiled graph, Pareto front of throughput against
-    compile cost, and why) and PNG plots. `--device sim` is the planning tool: simulated
-    configurations run in parallel.
+    compile cost, and why), PNG plots and the `neuron-batch run` lines of the fastest and the
+    cheapest. It exits 1 when no configuration finished. `--device sim` is the planning tool:
+    simulated configurations run in parallel.
     """
     from neuron_batch.bench.sweep import default_jobs, run_repeats, run_sweep
     from neuron_batch.errors import RunError
@@ -102,11 +105,16 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
                        decode_buckets_set]
         for buckets in user_prefill:
             replace(base, prefill_buckets=buckets).validate()
+        # The swept decode list: nxdi's token-generation sets end at max_model_len, the
+        # Beta plugin's batch sets at a max_num_seqs.
+        static = base.resolve_runtime().static_kv
+        ends, what = (([base.max_model_len], "--max-model-len") if static
+                      else (seqs_values, "one of --max-num-seqs"))
         for buckets in user_decode:
-            if buckets[-1] not in seqs_values:
+            if buckets[-1] not in ends:
                 raise SettingsError(f"--decode-buckets-set {','.join(map(str, buckets))}: the "
-                                    f"last bucket must be one of --max-num-seqs "
-                                    f"{','.join(map(str, seqs_values))}")
+                                    f"last bucket must be {what} "
+                                    f"{','.join(map(str, ends))}")
         cuts = int_list(split_cuts, "--split-at") if split_cuts else []
         if cuts and (sweep_buckets or repeat or len(seqs_values) > 1 or len(kv_values) > 1):
             raise SettingsError("--split-at compares one layout with its splits; it does not "
