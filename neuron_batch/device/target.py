@@ -131,6 +131,8 @@ class Target:
             raise SimError(f"kv_cap_fraction must be in (0, 1], got {kv_cap_fraction}")
         model = StepCostModel(cost_profile, inst, architecture, tp, weight_dtype,
                               runtime=runtime)
+        # The device without a layout yet: with_layout is the one place a layout is checked
+        # and its KV cache sized, for this first one as for a split's parts.
         unsized = cls(inst, architecture, runtime, tp, weight_dtype, cost_profile, source,
                       float(kv_cap_fraction), 0, None, parse_kv_reserve(kv_reserve),
                       block_size, {}, model, arch_spec, model_config, simulated)

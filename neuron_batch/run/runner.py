@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_batch.config import SPLIT_AUTO, RunSettings
-from neuron_batch.engine.neuron_host import runs_on_neuron
 from neuron_batch.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -72,6 +71,8 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
         check_split(settings, workload.prepared.requests)
     if target is not None and target.simulated and settings.uses_ray:
         check_sim_layout(settings, target)
+    from neuron_batch.engine.neuron_host import runs_on_neuron
+
     if runs_on_neuron(settings):
         check_neuron_host(settings, workload)
 
