@@ -235,16 +235,23 @@ class RunSettings:
     def _check_runtime_runs_here(self, runtime: Runtime) -> None:
         """On the simulated device, a runtime AWS does not ship for the instance is refused:
         none of its layouts loads there, so no figure of it would be true."""
-        if self.device != "sim":
-            return
-        from neuron_batch.device.hardware import HardwareError, get_instance
-        try:
-            family = get_instance(self.sim.instance).family
-        except HardwareError:
-            return          # (the simulated device names the unknown instance itself)
+        family = self._sim_family()
+        if family is None:
+            return          # (not simulated, or the simulated device names the instance)
         refused = runtime.not_shipped_for(self.sim.instance, family)
         if refused:
             raise SettingsError(refused)
+
+    def _sim_family(self) -> str | None:
+        """The simulated instance's family; None when not simulated or the instance is
+        unknown. (The run looks the instance up once more, into its Target.)"""
+        if self.device != "sim":
+            return None
+        from neuron_batch.device.hardware import HardwareError, get_instance
+        try:
+            return get_instance(self.sim.instance).family
+        except HardwareError:
+            return None
 
     def resolve_runtime(self) -> Runtime:
         """The Neuron runtime whose shapes this run follows, decided once: `--runtime`; else
@@ -253,12 +260,7 @@ class RunSettings:
         if self.runtime is not None:
             return get_runtime(self.runtime)
         if self.device == "sim":
-            from neuron_batch.device.hardware import HardwareError, get_instance
-            try:
-                family = get_instance(self.sim.instance).family
-            except HardwareError:
-                family = None
-            return get_runtime(None, family=family)
+            return get_runtime(None, family=self._sim_family())
         if self.device in ("neuron", "auto"):
             from neuron_batch.versions import neuron_plugin
             detected = runtime_of_plugin(neuron_plugin()["version"])

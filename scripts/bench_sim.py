@@ -79,7 +79,7 @@ def build_llm(settings, args, max_num_seqs, workdir):
 
     from neuron_batch.device.target import sim_engine_kwargs
 
-    kwargs = sim_engine_kwargs(settings, max_model_len=args.max_model_len,
+    kwargs = sim_engine_kwargs(**settings, max_model_len=args.max_model_len,
                                max_num_seqs=max_num_seqs,
                                max_num_batched_tokens=args.max_num_batched_tokens,
                                workdir=workdir)
@@ -145,11 +145,11 @@ def run_bare(args, max_num_seqs, num_blocks, workload, *, block_hasher=True):
 # -- the measurements ------------------------------------------------------------------------------
 def measure_ratio(settings, args, max_num_seqs, workload, workdir):
     from neuron_batch.device.executor import shutdown_llm
-    from neuron_batch.device.target import SimTarget
+    from neuron_batch.device.target import Target
 
     # the KV pool the engine gets: a static cache's slots (and the null block), or the paged one
-    num_blocks = SimTarget.resolve(settings, args.max_model_len,
-                                   max_num_seqs=max_num_seqs).pool_blocks
+    num_blocks = Target.resolve(**settings, max_model_len=args.max_model_len,
+                                max_num_seqs=max_num_seqs).pool_blocks
     rows = []
     for repeat in range(args.repeats):
         llm = build_llm(settings, args, max_num_seqs, workdir)
@@ -280,11 +280,12 @@ def main(argv=None):
         args.ratio_requests = min(args.ratio_requests, 200)
         args.trace_limit = args.trace_limit or 2000
 
-    from neuron_batch.device.target import SimSettings, describe_sim
+    from neuron_batch.device.target import describe_sim
 
-    settings = SimSettings(instance=args.instance, arch=args.arch, tp_degree=args.tp,
-                           weight_dtype=args.weight_dtype, runtime=args.runtime)
-    desc = describe_sim(settings, max_model_len=args.max_model_len, num_prefill_buckets=1,
+    # the simulated device, as Target.resolve's keywords
+    settings = dict(instance=args.instance, arch=args.arch, tp=args.tp,
+                    weight_dtype=args.weight_dtype, runtime=args.runtime)
+    desc = describe_sim(**settings, max_model_len=args.max_model_len, num_prefill_buckets=1,
                         num_decode_buckets=1)
     kv = desc["kv_cache"]
     args.resolved_runtime = desc["runtime"]

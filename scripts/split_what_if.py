@@ -4,7 +4,7 @@
 of cuts in a layout of their own, every static slot that fits there, buckets fitted to them, the
 longest in --max-model-len with --max-num-seqs slots, longest first) could go, under nxdi on the
 simulated device. Each layout is estimated as `run --split-placement` weighs parts
-(run/split_placement.BoundEstimate: prefills at the fitted buckets, decode steps at NxDI's
+(layout/placement.BoundEstimate: prefills at the fitted buckets, decode steps at NxDI's
 compiled shape with full slots and no tail), one engine, compile apart. On the whole
 conversation trace the estimate is within 1% of the simulated runs of
 scripts/bench_length_split.py (single fitted layout 9.48 h against 9.53 h simulated; split at
@@ -26,9 +26,10 @@ from neuron_batch.config import RunSettings, SimOptions
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
 from neuron_batch.inputs.prepare import PreparedRequest, in_order
 from neuron_batch.inputs.records import PromptRecord
+from neuron_batch.job.job import resolve_target
 from neuron_batch.layout.bounds import ShareStats, prefill_seconds
+from neuron_batch.layout.placement import BoundEstimate
 from neuron_batch.layout.split import MAX_SHORT_SLOTS, Part, fitted_to
-from neuron_batch.run.runner import resolve_sim_target, split_estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "datasets" / "azure-llm-inference-conv-2023.csv"
@@ -60,9 +61,9 @@ def main(trace, limit, instance, tp, architecture, max_model_len, max_num_seqs, 
                        max_num_seqs=max_num_seqs, order="length",
                        sim=SimOptions(instance=instance, tensor_parallel_size=tp,
                                       architecture=architecture)).validate()
-    resolve = lambda s: resolve_sim_target(s, None)  # noqa: E731
-    estimate = split_estimate(resolve(base), resolve)
-    runtime = base.resolve_runtime()
+    target = resolve_target(base, None)
+    estimate = BoundEstimate(target)
+    runtime = target.runtime
 
     def layout(low: int, high: int) -> tuple[float, int, int]:
         members = [r for r in requests if low < r.length <= high]
@@ -70,7 +71,7 @@ def main(trace, limit, instance, tp, architecture, max_model_len, max_num_seqs, 
             return 0.0, 0, 0
         settings = replace(base, max_model_len=high)
         slots = max_num_seqs if high == max_model_len else min(
-            int(resolve(settings).kv["max_static_seqs"]), MAX_SHORT_SLOTS, len(members))
+            int(target.static_slots(high)), MAX_SHORT_SLOTS, len(members))
         settings = replace(settings, max_num_seqs=slots).with_buckets(
             runtime, *fitted_to(runtime, members, high)).validate()
         return estimate.seconds(Part("what-if", settings, members)), len(members), slots

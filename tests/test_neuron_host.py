@@ -145,13 +145,25 @@ def test_static_kv_that_does_not_fit_is_refused_with_what_would(tmp_path):
 def test_a_split_s_short_layout_takes_the_slots_this_host_holds():
     # inf2.8xlarge TP 2, Llama-3.1-8B bf16: 52 slots of 2,176 fit beside the weights (the
     # simulated device's figure for the same layout)
-    run = settings(max_num_seqs=7, max_model_len=2176, sim=SimOptions(tensor_parallel_size=2),
+    from neuron_batch.job.job import resolve_target
+
+    def slots(run):        # what the runner gives a split's short layout on this host
+        target = resolve_target(run, "llama-3.1-8b")
+        return None if target is None else target.static_slots(run.max_model_len)
+
+    run = settings(device="neuron", max_num_seqs=7, max_model_len=2176,
+                   sim=SimOptions(tensor_parallel_size=2),
                    cost=CostOptions(instance="inf2.8xlarge"))
-    assert neuron_host.host_static_slots(run, NXDI, "llama-3.1-8b") == 52
-    too_big = settings(max_model_len=2176, sim=SimOptions(tensor_parallel_size=1),
+    assert slots(run) == 52
+    assert not resolve_target(run, "llama-3.1-8b").simulated
+    too_big = settings(device="neuron", max_model_len=2176,
+                       sim=SimOptions(tensor_parallel_size=1),
                        cost=CostOptions(instance="inf2.xlarge"))
-    assert neuron_host.host_static_slots(too_big, NXDI, "llama-3.1-8b") is None
-    assert neuron_host.host_static_slots(run, RUNTIMES["vllm-neuron"], "llama-3.1-8b") is None
+    assert slots(too_big) is None
+    assert slots(settings(device="neuron", runtime="vllm-neuron", max_num_seqs=7,
+                          max_model_len=2176, max_num_batched_tokens=2048,
+                          sim=SimOptions(tensor_parallel_size=2),
+                          cost=CostOptions(instance="inf2.8xlarge"))) is None
 
 
 def test_the_host_instance_comes_from_the_option_or_the_dmi_name(tmp_path):

@@ -32,7 +32,6 @@ from neuron_batch.device.executor import (  # noqa: E402
 )
 from neuron_batch.device.target import (  # noqa: E402
     SimError,
-    SimSettings,
     describe_sim,
     sim_engine_kwargs,
 )
@@ -56,7 +55,7 @@ MAIN_WORKLOAD = [
 
 @dataclass
 class Run:
-    settings: SimSettings
+    device: dict              # Target.resolve's keywords
     max_num_seqs: int
     workload: list
     outputs: list
@@ -71,12 +70,12 @@ def prompt_ids(index: int, length: int) -> list[int]:
     return [1000 + (index * 7919 + j) % 20000 for j in range(length)]
 
 
-def run_workload(tmp: Path, workload, *, settings: SimSettings | None = None,
+def run_workload(tmp: Path, workload, *, device: dict | None = None,
                  max_num_seqs: int = 8, max_model_len: int = MAX_MODEL_LEN,
                  max_num_batched_tokens: int = MAX_BATCHED, records: str | None = None,
                  neuron_config: dict | None = None, kv_reserve: str = "request") -> Run:
-    settings = settings or SimSettings(runtime=PAGED)
-    kwargs = sim_engine_kwargs(settings, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+    device = device or dict(runtime=PAGED)
+    kwargs = sim_engine_kwargs(**device, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                                max_num_batched_tokens=max_num_batched_tokens, workdir=tmp,
                                kv_reserve=kv_reserve)
     records_path = tmp / records if records else None
@@ -98,7 +97,7 @@ def run_workload(tmp: Path, workload, *, settings: SimSettings | None = None,
         recorder = core.scheduler.recorder
     finally:
         shutdown_llm(llm)
-    return Run(settings, max_num_seqs, list(workload), outputs, recorder, executor,
+    return Run(device, max_num_seqs, list(workload), outputs, recorder, executor,
                num_gpu_blocks, scheduler_blocks, records_path)
 
 
@@ -185,7 +184,7 @@ def test_kv_handshake_answers_the_instance_kv_capacity(main_run):
     assert main_run.scheduler_blocks == expected
     assert main_run.recorder.config.num_kv_blocks == expected
     assert main_run.recorder.config.block_size == 32
-    described = describe_sim(SimSettings(runtime=PAGED), max_model_len=MAX_MODEL_LEN,
+    described = describe_sim(runtime=PAGED, max_model_len=MAX_MODEL_LEN,
                              num_prefill_buckets=5,
                              num_decode_buckets=4)
     assert described["kv_cache"]["num_blocks"] == expected
@@ -194,7 +193,7 @@ def test_kv_handshake_answers_the_instance_kv_capacity(main_run):
 
 
 def test_describe_sim_reports_the_device():
-    d = describe_sim(SimSettings(instance="inf2.48xlarge", arch="llama-3-8b", runtime=PAGED),
+    d = describe_sim(instance="inf2.48xlarge", arch="llama-3-8b", runtime=PAGED,
                      max_model_len=8192, num_prefill_buckets=3, num_decode_buckets=2)
     assert d["instance"] == "inf2.48xlarge" and d["tp_degree"] == 24
     assert d["arch"] == "Llama-3-8B" and 7.9e9 < d["params"] < 8.1e9
@@ -208,34 +207,34 @@ def test_describe_sim_reports_the_device():
 
 def test_weights_that_do_not_fit_raise_naming_instance_and_tp(workdir):
     with pytest.raises(CapacityError, match=r"TP 2 on inf2\.8xlarge"):
-        sim_engine_kwargs(SimSettings(arch="llama-3-70b", runtime=PAGED), max_model_len=4096,
+        sim_engine_kwargs(arch="llama-3-70b", runtime=PAGED, max_model_len=4096,
                           max_num_seqs=8,
                           max_num_batched_tokens=2048, workdir=workdir)
     with pytest.raises(CapacityError, match=r"inf2\.8xlarge"):
-        describe_sim(SimSettings(arch="llama-3-70b", runtime=PAGED), max_model_len=4096,
+        describe_sim(arch="llama-3-70b", runtime=PAGED, max_model_len=4096,
                      num_prefill_buckets=1, num_decode_buckets=1)
 
 
 def test_the_executor_itself_refuses_weights_that_do_not_fit(workdir):
     # Bypass the up-front check: the engine's own start-up must fail the same way.
-    kwargs = sim_engine_kwargs(SimSettings(runtime=PAGED), max_model_len=4096, max_num_seqs=8,
+    kwargs = sim_engine_kwargs(runtime=PAGED, max_model_len=4096, max_num_seqs=8,
                                max_num_batched_tokens=2048, workdir=workdir)
-    kwargs["additional_config"]["neuron_batch"]["sim"]["arch"] = "Llama-3-70B"
+    kwargs["additional_config"]["neuron_batch"]["target"]["arch"] = "Llama-3-70B"
     with pytest.raises(Exception, match=r"TP 2 on inf2\.8xlarge"):
         LLM(**kwargs)
 
 
 def test_unusable_settings_raise_clear_errors(workdir):
     with pytest.raises(SimError, match="Llama-3.1-8B"):   # Llama-3-8B has 8,192 positions
-        sim_engine_kwargs(SimSettings(runtime=PAGED), max_model_len=16384, max_num_seqs=8,
+        sim_engine_kwargs(runtime=PAGED, max_model_len=16384, max_num_seqs=8,
                           max_num_batched_tokens=8192, workdir=workdir)
     with pytest.raises(ValueError, match="TP degree 3"):
-        describe_sim(SimSettings(tp_degree=3, runtime=PAGED), max_model_len=4096,
+        describe_sim(tp=3, runtime=PAGED, max_model_len=4096,
                      num_prefill_buckets=1,
                      num_decode_buckets=1)
     with pytest.raises(CapacityError, match="max_model_len"):
         # KV cache too small for one request of max_model_len (an error under that rule)
-        sim_engine_kwargs(SimSettings(arch="llama-2-7b", tp_degree=1, runtime=PAGED),
+        sim_engine_kwargs(arch="llama-2-7b", tp=1, runtime=PAGED,
                           max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=2048,
                           workdir=workdir, kv_reserve="max_model_len")
 
@@ -247,7 +246,7 @@ def test_a_kv_cache_below_one_max_model_len_request_is_a_warning_under_request(w
     requests that fit, see test_kv_reserve.py), but vLLM 0.32's engine start-up still refuses
     a cache that cannot hold one max_model_len request, with its own message."""
     with caplog.at_level("WARNING"):
-        kwargs = sim_engine_kwargs(SimSettings(arch="llama-2-7b", tp_degree=1, runtime=PAGED),
+        kwargs = sim_engine_kwargs(arch="llama-2-7b", tp=1, runtime=PAGED,
                                    max_model_len=4096, max_num_seqs=8,
                                    max_num_batched_tokens=2048, workdir=workdir)
     assert "less than one request of max_model_len = 4,096 tokens" in caplog.text
@@ -283,7 +282,7 @@ def sweep(workdir) -> dict[int, Run]:
     # max_model_len 8192 on inf2.8xlarge TP2: the KV cache holds 9 requests at that length
     # (the seed design's rule, which this sweep is about).
     return {n: run_workload(workdir, SWEEP_WORKLOAD, max_num_seqs=n, max_model_len=8192,
-                            settings=SimSettings(arch="llama-3-8b", runtime=PAGED),
+                            device=dict(arch="llama-3-8b", runtime=PAGED),
                             kv_reserve="max_model_len")
             for n in (1, 2, 4, 8, 16, 32)}
 
@@ -306,15 +305,14 @@ def test_throughput_grows_with_max_num_seqs_until_kv_binds(sweep):
 def chips(workdir) -> dict[str, Run]:
     workload = [(200 + 150 * i, 24 + i) for i in range(10)]
     return {inst: run_workload(workdir, workload, max_num_seqs=4,
-                               settings=SimSettings(instance=inst, arch="llama-3-8b",
-                                                    runtime=PAGED))
+                               device=dict(instance=inst, arch="llama-3-8b", runtime=PAGED))
             for inst in ("inf2.8xlarge", "inf2.24xlarge", "inf2.48xlarge")}
 
 
 def test_more_chips_lower_every_step_time(chips):
     small, medium, large = (chips[i].recorder.steps
                             for i in ("inf2.8xlarge", "inf2.24xlarge", "inf2.48xlarge"))
-    assert [c.executor.tp for c in chips.values()] == [2, 12, 24]
+    assert [c.executor.target.tp for c in chips.values()] == [2, 12, 24]
     shape = [(s.kind, s.num_tokens_padded, s.num_seqs_padded, s.context_tokens) for s in small]
     # the scheduler's decisions do not depend on time: the same steps on all three
     for other in (medium, large):
@@ -386,7 +384,7 @@ from pathlib import Path
 from vllm import LLM, SamplingParams
 from neuron_batch.device.cost_model import StepCostModel, load_profile
 from neuron_batch.device.executor import shutdown_llm
-from neuron_batch.device.target import SimSettings, sim_engine_kwargs
+from neuron_batch.device.target import sim_engine_kwargs
 from neuron_batch.runtime import get_runtime
 from neuron_batch.scheduler.records import read_records
 
@@ -394,7 +392,7 @@ PAGED = "vllm-neuron"
 
 if __name__ == "__main__":
     workdir = Path(sys.argv[1])
-    kwargs = sim_engine_kwargs(SimSettings(runtime=PAGED), max_model_len=4096, max_num_seqs=4,
+    kwargs = sim_engine_kwargs(runtime=PAGED, max_model_len=4096, max_num_seqs=4,
                                max_num_batched_tokens=2048, workdir=workdir)
     kwargs["additional_config"]["neuron_batch"]["records_path"] = str(workdir / "mp.jsonl")
     llm = LLM(**kwargs)

@@ -128,17 +128,15 @@ def trace_requests(n: int) -> list[PreparedRequest]:
 
 def sim_plan(instance: str, tp: int, replicas: int, num_instances: int, placement: str):
     """plan_parts as runner.py calls it on the simulated device (its own estimate)."""
-    from neuron_batch.run.runner import resolve_sim_target, split_estimate
+    from neuron_batch.job.job import resolve_target
+    from neuron_batch.run.runner import split_inputs
 
     settings = RunSettings(("x",), device="sim", max_model_len=8192, max_num_seqs=8,
                            replicas=replicas, split_at=2048, split_placement=placement,
                            sim=SimOptions(instance=instance, tensor_parallel_size=tp,
                                           architecture="llama-3.1-8b",
                                           num_instances=num_instances)).validate()
-    resolve = lambda s: resolve_sim_target(s, None)  # noqa: E731
-    slots = lambda s: resolve(s).kv.get("max_static_seqs")  # noqa: E731
-    estimate = split_estimate(resolve(settings), resolve)
-    return plan_parts(settings, trace_requests(400), slots, estimate)
+    return plan_parts(settings, trace_requests(400), *split_inputs(resolve_target(settings, None)))
 
 
 @pytest.mark.skipif(not TRACE.exists(), reason="the shipped trace is missing")
@@ -190,13 +188,12 @@ def test_split_at_auto_takes_the_candidate_of_least_estimate():
     from dataclasses import replace
 
     from neuron_batch.inputs.prepare import in_order
+    from neuron_batch.job.job import resolve_target
     from neuron_batch.layout.split import CUT_STEP, Part, choose_cut, cut_candidates
-    from neuron_batch.run.runner import resolve_sim_target, split_estimate
+    from neuron_batch.run.runner import split_inputs
 
     settings = sim_settings()
-    resolve = lambda s: resolve_sim_target(s, None)  # noqa: E731
-    slots = lambda s: resolve(s).kv.get("max_static_seqs")  # noqa: E731
-    estimate = split_estimate(resolve(settings), resolve)
+    slots, estimate = split_inputs(resolve_target(settings, None))
     requests = in_order(trace_requests(1500), "length")
     cut, words = choose_cut(settings, requests, slots, estimate)
 
@@ -208,8 +205,7 @@ def test_split_at_auto_takes_the_candidate_of_least_estimate():
         return sum(estimate.seconds(p) + estimate.compile_of(p) for p in parts)
 
     lengths = sorted(r.length for r in requests)
-    every = [c for c, _ in cut_candidates(lengths, lambda c: slots(replace(
-        settings, max_model_len=c)), settings.max_model_len, CUT_STEP)]
+    every = [c for c, _ in cut_candidates(lengths, slots, settings.max_model_len, CUT_STEP)]
     assert cut in every and len(every) > 5
     assert total(cut) == pytest.approx(min(total(c) for c in every))
     assert total(cut) < total(None)
@@ -217,9 +213,8 @@ def test_split_at_auto_takes_the_candidate_of_least_estimate():
     # a paged runtime (trn2, vllm-neuron) never splits: its slots do not follow max_model_len
     trn2 = sim_settings(sim=SimOptions(instance="trn2.3xlarge", architecture="llama-3.1-8b"),
                         max_num_seqs=32, max_num_batched_tokens=4096)
-    resolve2 = lambda s: resolve_sim_target(s, None)  # noqa: E731
-    assert choose_cut(trn2, requests, lambda s: None,
-                      split_estimate(resolve2(trn2), resolve2))[0] is None
+    assert choose_cut(trn2, requests, None,
+                      split_inputs(resolve_target(trn2, None))[1])[0] is None
 
 
 def test_split_at_auto_keeps_a_resumed_run_s_cut_and_needs_the_simulated_device(tmp_path):
@@ -231,10 +226,10 @@ def test_split_at_auto_keeps_a_resumed_run_s_cut_and_needs_the_simulated_device(
 
     (tmp_path / "run.json").write_text(json.dumps({"settings": {"split_at": 2176}}))
     settings = sim_settings(split_at="auto", resume=True, output=str(tmp_path))
-    assert auto_split(settings, None, print).split_at == 2176
+    assert auto_split(settings, None, None, print).split_at == 2176
     with pytest.raises(RunError, match="--split-at auto weighs cuts with the step-time model"):
         auto_split(RunSettings(("x",), device="cpu", split_at="auto").validate(),
-                   SimpleNamespace(model=None), print)
+                   SimpleNamespace(model=None), None, print)
     with pytest.raises(SettingsError, match="--split-at takes a number of tokens or auto"):
         RunSettings(("x",), split_at="half").validate()
 
@@ -248,7 +243,8 @@ def test_split_at_auto_on_a_neuron_host_uses_its_instance_s_model(monkeypatch):
 
     from neuron_batch.config import CostOptions
     from neuron_batch.errors import RunError
-    from neuron_batch.run.runner import auto_split, estimate_target
+    from neuron_batch.job.job import resolve_target
+    from neuron_batch.run.runner import auto_split
 
     workload = SimpleNamespace(model=SimpleNamespace(path="llama-3.1-8b", name="llama"),
                                prepared=SimpleNamespace(requests=trace_requests(1500)))
@@ -256,16 +252,16 @@ def test_split_at_auto_on_a_neuron_host_uses_its_instance_s_model(monkeypatch):
                        max_num_seqs=7, order="length", split_at="auto",
                        sim=SimOptions(tensor_parallel_size=2),
                        cost=CostOptions(instance="inf2.8xlarge")).validate()
-    target, _ = estimate_target(host, workload.model)
-    assert (target.instance, target.tp, target.runtime.name) == ("inf2.8xlarge", 2, "nxdi")
+    target = resolve_target(host, workload.model.path)
+    assert (target.instance.name, target.tp, target.runtime.name) == ("inf2.8xlarge", 2, "nxdi")
     twin = sim_settings(split_at="auto")
     twin_workload = SimpleNamespace(model=SimpleNamespace(path="llama-3.1-8b", name="llama"),
                                     prepared=workload.prepared)
-    assert auto_split(host, workload, print).split_at == \
-        auto_split(twin, twin_workload, print).split_at
+    assert auto_split(host, workload, target, print).split_at == \
+        auto_split(twin, twin_workload, resolve_target(twin, None), print).split_at
     # a host that is not an instance the hardware table knows (no --instance, no EC2 name)
     monkeypatch.setattr("neuron_batch.engine.neuron_host.host_instance", lambda settings: None)
     unnamed = RunSettings(("x",), device="neuron", runtime="nxdi", split_at="auto").validate()
-    assert estimate_target(unnamed, workload.model) == (None, None)
+    assert resolve_target(unnamed, workload.model.path) is None
     with pytest.raises(RunError, match="whose instance is known"):
-        auto_split(unnamed, workload, print)
+        auto_split(unnamed, workload, resolve_target(unnamed, workload.model.path), print)

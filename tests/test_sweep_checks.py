@@ -14,7 +14,7 @@ from neuron_batch.bench.preflight import layout_check, loadable
 from neuron_batch.bench.sweep import check_finished, command_block
 from neuron_batch.config import RunSettings, SimOptions
 from neuron_batch.errors import EXIT_FAILED, EXIT_USAGE, RunError
-from neuron_batch.run.runner import resolve_sim_target
+from neuron_batch.job.job import resolve_target
 
 # Llama-3.1-8B on inf2.8xlarge (TP 2) under nxdi: 6 static slots of 16,384 fit beside the weights.
 INF2 = RunSettings(inputs=("trace.csv",), device="sim", max_model_len=16384,
@@ -32,7 +32,7 @@ def test_values_that_cannot_load_are_left_out_saying_what_fits():
 
 def test_a_sweep_where_nothing_loads_is_refused_with_runs_message():
     with pytest.raises(RunError) as run_refusal:
-        resolve_sim_target(replace(INF2, max_num_seqs=8), None)
+        resolve_target(replace(INF2, max_num_seqs=8), None)
     with pytest.raises(RunError) as refused:
         loadable(INF2, [8], ["request"], layout_check(INF2))
     assert refused.value.exit_code == EXIT_USAGE

@@ -1,5 +1,6 @@
 """Before a sweep starts: which of its layouts can load at all, by the check `run` makes
-(run/runner.py: the simulated device's `SimTarget.resolve`, or a Neuron host's own checks).
+(job/job.py `resolve_target`: the simulated device's `Target.resolve`, or a Neuron host's own
+checks, run/runner.py `check_neuron_host`).
 
 Buckets never decide whether a layout loads; `max_num_seqs` (nxdi's static KV cache: slots x
 max_model_len beside the weights) and the KV admission rule (vllm-neuron's paged cache under
@@ -35,13 +36,15 @@ def layout_check(base: RunSettings, workload=None) -> Callable[[RunSettings], No
     """The check `run` makes before anything loads, for settings like `base`: RunError when
     the layout cannot load. None where `run` has none before the engine starts (the CPU), or
     it needs the workload's model and none was given."""
-    from neuron_batch.run.runner import check_neuron_host, resolve_sim_target, runs_on_neuron
+    from neuron_batch.engine.neuron_host import runs_on_neuron
+    from neuron_batch.job.job import resolve_target
+    from neuron_batch.run.runner import check_neuron_host
 
     if base.device == "sim":
         if not base.sim.architecture and workload is None:
             return None
-        model = workload.model if workload is not None else None
-        return lambda settings: resolve_sim_target(settings, model) and None
+        model_path = workload.model.path if workload is not None else None
+        return lambda settings: resolve_target(settings, model_path) and None
     if workload is not None and runs_on_neuron(base):
         return lambda settings: check_neuron_host(settings, workload)
     return None

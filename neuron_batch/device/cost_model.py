@@ -142,6 +142,13 @@ def load_profile(source: str | Path) -> CostProfile:
     return CostProfile.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
+def named(instance: str | Instance, arch: str | Architecture) -> tuple[Instance, Architecture]:
+    """The objects for an instance and an architecture given by name (scripts, tests, the
+    CLI's tools and published tables call this module and static_kv.py with names); objects
+    pass through unchanged, as on the run path, whose Target looked them up once."""
+    return get_instance(instance), resolve_architecture(arch)
+
+
 class StepCostModel:
     """Seconds per scheduler step for one (profile, instance, model, TP, dtype) setting.
 
@@ -155,8 +162,7 @@ class StepCostModel:
         if weight_dtype not in WEIGHT_DTYPES:
             raise ValueError(f"weight_dtype must be one of {WEIGHT_DTYPES}, got {weight_dtype!r}")
         self.profile = profile
-        self.instance = inst = get_instance(instance)
-        self.arch = arch = resolve_architecture(arch)
+        self.instance, self.arch = inst, arch = named(instance, arch)
         self.tp = tp = validate_tp(inst, tp_degree)
         self.weight_dtype, self.kv_dtype = weight_dtype, kv_dtype
         # The runtime (runtime.Runtime) says how much KV a decode step's compiled shape reads;
@@ -284,7 +290,7 @@ def kv_capacity(instance: str | Instance, arch: str | Architecture, tp_degree: i
     reserve for graphs and activations, capped at `cap_fraction` of that HBM (the plugin's
     VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION), and at what `max_num_seqs` sequences of
     `max_model_len` can use. Raises CapacityError when the weights do not fit."""
-    inst, arch = get_instance(instance), resolve_architecture(arch)
+    inst, arch = named(instance, arch)
     tp = validate_tp(inst, tp_degree)
     budget, reserve, free = _fit_bytes(inst, tp, arch, weight_dtype)
     weights = arch.weight_bytes(weight_dtype)

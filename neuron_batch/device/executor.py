@@ -5,7 +5,7 @@ runs (LLM -> engine core -> NeuronScheduler -> executor -> output processing); o
 is replaced:
 
 - the KV-cache handshake answers with the KV cache the chosen instance, TP degree and model
-  would really have (`SimTarget.kv`, from `cost_model.kv_capacity`: HBM of the TP group minus
+  would really have (`Target.kv`, from `cost_model.kv_capacity`: HBM of the TP group minus
   weights and reserve, capped at `kv_cap_fraction` of the HBM, blocks of 32 tokens), with one
   KV spec per decoder layer shaped as the model's (KV heads replicated over TP as on Neuron);
 - every step returns its tokens at once: one token for each request that finished its prompt in
@@ -21,7 +21,7 @@ The executor points the scheduler's recorder at the engine's own virtual clock (
 `additional_config["neuron_batch"]["clock"]` before vLLM builds the scheduler, in the same
 engine-core process), so every time in the records is simulated device time, starting at 0.0
 when the engine starts. Nothing on the simulated path reads wall time: the same workload and
-settings give byte-identical records (request ids included, see `SimTarget.engine_kwargs`).
+settings give byte-identical records (request ids included, see `Target.engine_kwargs`).
 
 Without NeuronScheduler (no padded shapes in the SchedulerOutput) the executor still runs:
 a step's prefill chunks are costed together as one unpadded prefill and its decodes as one
@@ -48,16 +48,8 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
 from neuron_batch.device import virtual_clock
-from neuron_batch.device.architectures import resolve_architecture
-from neuron_batch.device.cost_model import CostProfile, StepCostModel, load_profile
-from neuron_batch.device.static_kv import static_kv_capacity
-from neuron_batch.device.target import (
-    SIM_KEY,
-    SimSettings,
-    SimTarget,
-    checked_kv_capacity,
-)
-from neuron_batch.runtime import VLLM_NEURON, get_runtime
+from neuron_batch.device.target import TARGET_KEY, Target
+from neuron_batch.runtime import VLLM_NEURON
 from neuron_batch.scheduler.compat import full_attention_spec, model_runner_output
 from neuron_batch.scheduler.kv_reserve import DEFAULT_KV_RESERVE
 
@@ -78,47 +70,37 @@ class NeuronSimExecutor(Executor):
             additional = {}
             vllm_config.additional_config = additional
         own = additional.setdefault("neuron_batch", {})
-        sim = own.get(SIM_KEY)
-        if sim is None:
-            # Built without SimTarget.engine_kwargs: default settings, the model directory's
-            # shapes, and the seed design's runtime unless the engine names one (an engine
-            # built by hand has vLLM's chunked prefill on, which nxdi refuses).
+        scheduler = vllm_config.scheduler_config
+        layout = (self.model_config.max_model_len, scheduler.max_num_seqs,
+                  self.cache_config.block_size)
+        data = own.get(TARGET_KEY)
+        if data is None:
+            # Built without Target.engine_kwargs: the default device at this engine's layout,
+            # the model directory's shapes, and the seed design's runtime unless the engine
+            # names one (an engine built by hand has vLLM's chunked prefill on, which nxdi
+            # refuses).
             own.setdefault("runtime", VLLM_NEURON)
-            sim = SimTarget.resolve(
-                SimSettings(arch=self.model_config.model, runtime=own["runtime"]),
-                self.model_config.max_model_len,
-                max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
-            ).executor_settings(self.model_config.model)
-        self.instance = sim["instance"]
-        self.tp = sim["tp"]
-        self.weight_dtype = sim["weight_dtype"]
-        self.arch = resolve_architecture(sim["arch"])
-        self.profile = CostProfile.from_dict(sim["profile_params"]) if sim.get(
-            "profile_params") else load_profile(sim.get("profile") or self.instance)
-        self.runtime = get_runtime(sim.get("runtime") or own.get("runtime"))
-        self.cost_model = StepCostModel(self.profile, self.instance, self.arch, self.tp,
-                                        self.weight_dtype, runtime=self.runtime)
-        self.block_size = self.cache_config.block_size
-        max_model_len = self.model_config.max_model_len
-        # Checked again here (weights, and a static cache's slots): an engine built from
-        # edited settings must fail as the up-front check would. SimTarget sized the pool.
-        if self.runtime.static_kv:
-            kv = static_kv_capacity(self.instance, self.arch, self.tp, self.weight_dtype,
-                                    max_model_len, vllm_config.scheduler_config.max_num_seqs,
-                                    self.block_size)
-            self.num_blocks = int(kv["num_blocks"]) + 1     # and vLLM's null block
+            target = Target.resolve(arch=self.model_config.model, runtime=own["runtime"],
+                                    max_model_len=layout[0], max_num_seqs=layout[1],
+                                    block_size=layout[2],
+                                    kv_reserve=own.get("kv_reserve", DEFAULT_KV_RESERVE))
         else:
-            self.num_blocks = checked_kv_capacity(
-                self.instance, self.arch, self.tp, self.weight_dtype, max_model_len,
-                self.block_size, float(sim["kv_cap_fraction"]),
-                own.get("kv_reserve", DEFAULT_KV_RESERVE),
-                warn=False)["num_blocks"]  # the scheduler says it again
-        if sim.get("num_blocks") is not None and int(sim["num_blocks"]) != self.num_blocks:
-            raise RuntimeError(f"simulated Neuron device: settings name {sim['num_blocks']} KV "
-                               f"blocks, the device holds {self.num_blocks}")
+            # The runner's target, rebuilt from its one serialised form through the same
+            # checks (an engine built from edited settings fails as the up-front check would).
+            target = Target.from_dict(data)
+            resolved = (target.max_model_len, target.max_num_seqs, target.block_size)
+            if layout != resolved:
+                raise RuntimeError(
+                    f"simulated Neuron device: vLLM's engine has max_model_len, max_num_seqs, "
+                    f"block size {layout}, the device was resolved for {resolved}; build it "
+                    f"from Target.engine_kwargs (or Target.with_layout) of this layout")
+        self.target = target
+        self.arch = target.arch
+        self.cost_model = target.cost_model
+        self.num_blocks = target.pool_blocks      # sized once, by the target
         # KV spec per decoder layer: the TP group's KV heads (replicated when TP > heads).
-        group_kv_heads = self.tp * self.arch.kv_heads_per_core(self.tp)
-        spec = full_attention_spec(block_size=self.block_size, num_kv_heads=group_kv_heads,
+        group_kv_heads = target.tp * self.arch.kv_heads_per_core(target.tp)
+        spec = full_attention_spec(block_size=target.block_size, num_kv_heads=group_kv_heads,
                                    head_size=self.arch.head_dim, dtype=torch.bfloat16)
         self._kv_specs = {f"model.layers.{i}.self_attn.attn": spec
                           for i in range(self.arch.num_layers)}
@@ -152,7 +134,7 @@ class NeuronSimExecutor(Executor):
         self.kv_cache_config = config
 
     def compile_or_warm_up_model(self) -> None:
-        return None   # nothing to compile; SimTarget.describe estimates the compile time
+        return None   # nothing to compile; Target.describe estimates the compile time
 
     def get_supported_kv_cache_layouts(self) -> list[list[str]]:
         return [["LBNHC"]]

@@ -4,19 +4,17 @@ one instance's NeuronLink). Pure, no vLLM or Ray import."""
 
 from __future__ import annotations
 
-from neuron_batch.device.hardware import get_instance, valid_tp_degrees
+from neuron_batch.device.hardware import Instance, get_instance, valid_tp_degrees
 from neuron_batch.device.target import SimError
 
 
-def engines_per_instance(instance: str, tp: int) -> int:
-    return get_instance(instance).num_cores // tp
-
-
-def replica_devices(instance: str, tp: int, replicas: int, num_instances: int) -> list[str]:
+def replica_devices(instance: str | Instance, tp: int, replicas: int,
+                    num_instances: int) -> list[str]:
     """A label per replica ("inf2.48xlarge#0 cores 4-7"), filling one instance before the next;
-    SimError when N engines of `tp` cores do not fit on `num_instances` instances."""
+    SimError when N engines of `tp` cores do not fit on `num_instances` instances. (A run
+    passes its Target's Instance; a name is looked up, for tests.)"""
     inst = get_instance(instance)
-    per_instance = engines_per_instance(inst.name, tp)
+    per_instance = inst.num_cores // tp
     if replicas > per_instance * num_instances:
         cores = inst.num_cores * num_instances
         needed = -(-replicas // per_instance) if per_instance else None

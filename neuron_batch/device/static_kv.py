@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_batch.device.architectures import Architecture, dtype_bytes, resolve_architecture
-from neuron_batch.device.cost_model import RESERVE_FRACTION, CapacityError, _fit_bytes
-from neuron_batch.device.hardware import GIB, INSTANCES, get_instance, valid_tp_degrees
+from neuron_batch.device.architectures import Architecture, dtype_bytes
+from neuron_batch.device.cost_model import RESERVE_FRACTION, CapacityError, _fit_bytes, named
+from neuron_batch.device.hardware import GIB, INSTANCES, Instance, valid_tp_degrees
 
 #: The largest max_model_len suggested when saying what would fit (a whole number of these).
 _LEN_STEP = 128
@@ -28,28 +28,30 @@ def kv_bytes_per_token(arch: Architecture, tp: int, kv_dtype: str = "bf16") -> i
             * dtype_bytes(kv_dtype))
 
 
-def static_slots(instance: str, arch: Architecture, tp: int, weight_dtype: str,
+def static_slots(instance: str | Instance, arch: str | Architecture, tp: int, weight_dtype: str,
                  max_model_len: int, kv_dtype: str = "bf16") -> int:
     """How many slots of max_model_len fit beside the weights and reserve (0 if none, or if
     the weights alone do not fit)."""
-    free = _fit_bytes(get_instance(instance), tp, arch, weight_dtype)[2]
+    inst, arch = named(instance, arch)
+    free = _fit_bytes(inst, tp, arch, weight_dtype)[2]
     per_slot = max_model_len * kv_bytes_per_token(arch, tp, kv_dtype)
     return max(free, 0) // per_slot
 
 
-def static_kv_capacity(instance: str, arch: str | Architecture, tp: int, weight_dtype: str,
+def static_kv_capacity(instance: str | Instance, arch: str | Architecture, tp: int,
+                       weight_dtype: str,
                        max_model_len: int, max_num_seqs: int | None, block_size: int,
                        kv_dtype: str = "bf16") -> dict[str, Any]:
     """The static cache of `max_num_seqs` slots (None: as many as fit), in the keys
     `kv_capacity` uses, plus `max_static_seqs` (slots that fit). CapacityError, naming the
     numbers and what would fit, when the weights or the slots do not fit."""
-    inst, arch = get_instance(instance), resolve_architecture(arch)
+    inst, arch = named(instance, arch)
     budget, reserve, free = _fit_bytes(inst, tp, arch, weight_dtype)
     weights = arch.weight_bytes(weight_dtype)
     per_token = kv_bytes_per_token(arch, tp, kv_dtype)
     fit = max(free, 0) // (max_model_len * per_token)
     if free <= 0 or fit < 1 or (max_num_seqs is not None and max_num_seqs > fit):
-        raise CapacityError(_does_not_fit(inst.name, arch, tp, weight_dtype, max_model_len,
+        raise CapacityError(_does_not_fit(inst, arch, tp, weight_dtype, max_model_len,
                                           max_num_seqs or 1, kv_dtype))
     slots = fit if max_num_seqs is None else max_num_seqs
     blocks_per_seq = -(-max_model_len // block_size)
@@ -69,9 +71,8 @@ def static_kv_capacity(instance: str, arch: str | Architecture, tp: int, weight_
     }
 
 
-def _does_not_fit(instance: str, arch: Architecture, tp: int, weight_dtype: str,
+def _does_not_fit(inst: Instance, arch: Architecture, tp: int, weight_dtype: str,
                   max_model_len: int, max_num_seqs: int, kv_dtype: str) -> str:
-    inst = get_instance(instance)
     budget, reserve, free = _fit_bytes(inst, tp, arch, weight_dtype)
     weights = arch.weight_bytes(weight_dtype)
     per_token = kv_bytes_per_token(arch, tp, kv_dtype)
@@ -102,9 +103,9 @@ def where_it_fits(arch: Architecture, weight_dtype: str, max_model_len: int, max
     """'TP d on <instance>' for the smallest TP group that holds the layout, on `prefer`
     first, then on the other instances in table order; None if none does."""
     names = ([prefer] if prefer else []) + [n for n in INSTANCES if n != prefer]
-    for name in names:
-        for tp in valid_tp_degrees(name):
-            if static_slots(name, arch, tp, weight_dtype, max_model_len, kv_dtype) \
+    for inst in (INSTANCES[name] for name in names):
+        for tp in valid_tp_degrees(inst):
+            if static_slots(inst, arch, tp, weight_dtype, max_model_len, kv_dtype) \
                     >= max_num_seqs:
-                return f"--tensor-parallel-size {tp} on {name}"
+                return f"--tensor-parallel-size {tp} on {inst.name}"
     return None

@@ -1,42 +1,44 @@
-"""What the simulated Neuron device pretends to be, resolved once.
+"""The device a run targets, resolved once: `Target`.
 
-`SimTarget.resolve(settings, max_model_len)` turns the user's choice (instance, architecture,
-TP degree, weight type, cost profile) into one frozen object: the instance, the architecture's
-shapes, the TP degree, the cost profile, the KV capacity and the checks that can fail (weights
-that do not fit, a context longer than the model's, a KV cache too small). The runner builds it
-once per run and hands it to the engine builder (`engine_kwargs`) and the report (`describe`);
-nothing else re-reads the instance table, the architecture or the profile.
+`Target.resolve(...)` turns the user's choice (instance, architecture, TP degree, weight type,
+cost profile, runtime) into one frozen object holding the `Instance`, `Architecture` and
+`Runtime` objects, the TP degree, the cost profile and the step-time model built from them,
+the layout (max_model_len, max_num_seqs) and its KV cache, after the checks that can fail
+(weights that do not fit, a context longer than the model's, a KV cache too small). It is the
+one place those names are looked up. The runner resolves it once per run, for the simulated
+device and for a Neuron host whose instance is known alike (`simulated` tells them apart), and
+everything below takes the object: the engine builder (`engine_kwargs`), the report
+(`describe`), a split's parts (`with_layout`, `static_slots`), the replicas, and the executor in
+the engine-core process, which rebuilds it from its one serialised form (`to_dict` /
+`from_dict`, in `additional_config["neuron_batch"]["target"]`).
 
-No vLLM import here (the executor class is imported only when engine arguments are built), so
-a bad setting fails in milliseconds, before any engine starts.
+No vLLM import here (the executor class is named, not imported), so a bad setting fails in
+milliseconds, before any engine starts.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from neuron_batch.buckets import kv_too_small_message
-from neuron_batch.device.architectures import (
-    ARCHITECTURES,
-    Architecture,
-    resolve_architecture,
-)
+from neuron_batch.device.architectures import ARCHITECTURES, Architecture
 from neuron_batch.device.cost_model import (
     WEIGHT_DTYPES,
     CapacityError,
     CostProfile,
+    StepCostModel,
     compile_footprint,
     kv_capacity,
     load_profile,
 )
-from neuron_batch.device.hardware import INSTANCES, default_tp, get_instance, validate_tp
-from neuron_batch.device.static_kv import static_kv_capacity
-from neuron_batch.runtime import Runtime, get_runtime
+from neuron_batch.device.hardware import INSTANCES, Instance, get_instance, validate_tp
+from neuron_batch.device.model_dir import architecture_of, write_model_dir
+from neuron_batch.device.static_kv import static_kv_capacity, static_slots
+from neuron_batch.runtime import Runtime, Shapes, get_runtime
 from neuron_batch.scheduler import SCHEDULER_CLS
 from neuron_batch.scheduler.kv_reserve import (
     DEFAULT_KV_RESERVE,
@@ -49,98 +51,117 @@ logger = logging.getLogger(__name__)
 
 #: KV block size of the Neuron plugin (neuron-facts.md).
 NEURON_BLOCK_SIZE = 32
+#: What the simulated device is when nothing is said (`--device sim` alone).
+DEFAULT_INSTANCE = "inf2.8xlarge"
+DEFAULT_ARCH = "llama-3-8b"
+#: VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION: the Beta plugin's cap on the paged KV cache.
+DEFAULT_KV_CAP_FRACTION = 0.30
 #: The clock to name in `additional_config["neuron_batch"]["clock"]`. The executor replaces it
 #: with its own engine's clock when it starts; this name reads the last engine started.
 VIRTUAL_CLOCK = "neuron_batch.device.virtual_clock:virtual_now"
 #: The simulated device's vLLM executor, by dotted path.
 SIM_EXECUTOR = "neuron_batch.device.executor.NeuronSimExecutor"
-#: Key of the executor's settings inside `additional_config["neuron_batch"]`.
-SIM_KEY = "sim"
+#: Key of the serialised target (`Target.to_dict`) inside `additional_config["neuron_batch"]`.
+TARGET_KEY = "target"
 #: vLLM appends 8 random characters to every request id unless this is set; the records carry
 #: the ids, so the simulated path sets it (LLM's own ids "0", "1", ... are unique per engine).
 _REQUEST_ID_ENV = "VLLM_DISABLE_REQUEST_ID_RANDOMIZATION"
 
 
 class SimError(ValueError):
-    """A simulated-device setting that cannot work; the message says what would."""
+    """A device setting that cannot work; the message says what would."""
 
 
 @dataclass(frozen=True)
-class SimSettings:
-    """What the simulated device pretends to be, as the user said it."""
+class Target:
+    """A Neuron device (simulated, or a host whose instance is known) resolved and checked
+    for one layout. Build it with `resolve` (names) or `with_layout` (another layout of this
+    one); nothing below looks a name up again."""
 
-    instance: str = "inf2.8xlarge"
-    arch: str | Path | dict = "llama-3-8b"     # catalogue name, config.json path/dir, or dict
-    tp_degree: int | None = None                # None: every NeuronCore of the instance
-    weight_dtype: str = "bf16"
-    profile: str | Path | None = None           # None: the instance's built-in cost profile
-    kv_cap_fraction: float = 0.30               # VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION
-    runtime: str | None = None                  # None: nxdi on inf2/trn1, vllm-neuron on trn2
-
-
-@dataclass(frozen=True)
-class SimTarget:
-    """The simulated device resolved and checked for one context length."""
-
-    settings: SimSettings
-    instance: str
+    instance: Instance
     arch: Architecture
-    arch_spec: str                  # catalogue name, or "" for a user's config (written to disk)
+    runtime: Runtime                # what the device compiles (runtime.py)
     tp: int
     weight_dtype: str
     profile: CostProfile
     profile_source: str             # "built-in <instance>" or the JSON path
     kv_cap_fraction: float
     max_model_len: int
-    kv: dict[str, Any]              # the KV cache for max_model_len (static or paged)
-    kv_reserve: str = DEFAULT_KV_RESERVE   # the scheduler's KV admission rule
-    runtime: Runtime = get_runtime(None)   # what the device compiles (runtime.py)
-    max_num_seqs: int | None = None        # the static cache's slots (nxdi)
+    max_num_seqs: int | None        # the static cache's slots (None: as many as fit, to plan)
+    kv_reserve: str                 # the scheduler's KV admission rule
+    block_size: int                 # KV block: 32 simulated; a Neuron host's own layout
+    kv: dict[str, Any]              # the KV cache of this layout (static or paged)
+    cost_model: StepCostModel = field(repr=False, compare=False)
+    arch_spec: str = ""             # catalogue name, or "" for a model's own config
+    # The config.json a simulated model directory holds (the catalogue's, or the model's own):
+    # what engine_kwargs writes and what a non-catalogue architecture travels as.
+    model_config: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    simulated: bool = True          # False: a Neuron host's twin, for estimates only
 
     @classmethod
-    def resolve(cls, settings: SimSettings, max_model_len: int,
-                kv_reserve: str = DEFAULT_KV_RESERVE, *,
-                max_num_seqs: int | None = None) -> SimTarget:
-        """Resolve and check `settings`: SimError / CapacityError / FileNotFoundError (all
-        ValueErrors but the last) with a message that says what would work.
+    def resolve(cls, *, max_model_len: int, instance: str | Instance = DEFAULT_INSTANCE,
+                arch: str | Path | dict | Architecture = DEFAULT_ARCH, tp: int | None = None,
+                weight_dtype: str = "bf16", profile: str | Path | CostProfile | None = None,
+                profile_source: str | None = None,
+                kv_cap_fraction: float = DEFAULT_KV_CAP_FRACTION,
+                runtime: str | Runtime | None = None, max_num_seqs: int | None = None,
+                kv_reserve: str = DEFAULT_KV_RESERVE, block_size: int = NEURON_BLOCK_SIZE,
+                simulated: bool = True, warn: bool = True) -> Target:
+        """Look the names up and check the layout: SimError / CapacityError /
+        FileNotFoundError (all ValueErrors but the last) with a message that says what would
+        work. `arch`: a catalogue name, a config.json (path or directory), a config dict or an
+        Architecture; `tp` None: every NeuronCore; `profile` None: the instance's built-in
+        cost profile; `runtime` None: the instance family's.
 
         Under a static-KV runtime (nxdi) the cache is `max_num_seqs` slots of max_model_len
         (None: as many as fit, for planning) and a layout that does not fit is a
         CapacityError. Under the paged one (vllm-neuron) a KV cache too small for one
-        max_model_len request is an error under kv_reserve=max_model_len and a warning under
-        kv_reserve=request (shorter requests run)."""
-        inst = get_instance(settings.instance)
-        runtime = get_runtime(settings.runtime, family=inst.family)
-        tp = validate_tp(inst, settings.tp_degree if settings.tp_degree is not None
-                         else default_tp(inst))
-        arch = resolve_architecture(settings.arch)
-        # A catalogue name travels as the name; a user's config travels as the config.json
-        # that engine_kwargs writes into the model directory.
-        arch_spec = arch.name if _is_catalogue_name(settings.arch) else ""
-        if settings.profile is None:
-            profile, source = load_profile(inst.name), f"built-in {inst.name}"
-        else:
-            profile, source = load_profile(settings.profile), str(settings.profile)
-            if Path(str(settings.profile)).is_file() and profile.instance != inst.name:
-                logger.warning("cost profile %s was made for %s, used here for %s",
-                               settings.profile, profile.instance, inst.name)
-        if settings.weight_dtype not in WEIGHT_DTYPES:
+        max_model_len request is an error under kv_reserve=max_model_len and a warning (when
+        `warn` and simulated) under kv_reserve=request (shorter requests run)."""
+        inst = get_instance(instance)
+        runtime = get_runtime(runtime, family=inst.family)
+        tp = validate_tp(inst, tp if tp is not None else inst.num_cores)
+        architecture, arch_spec, model_config = architecture_of(arch)
+        cost_profile, source = _profile(profile, profile_source, inst)
+        if weight_dtype not in WEIGHT_DTYPES:
             raise SimError(f"weight_dtype must be one of {list(WEIGHT_DTYPES)}, "
-                           f"got {settings.weight_dtype!r}")
-        if not 0.0 < settings.kv_cap_fraction <= 1.0:
-            raise SimError(f"kv_cap_fraction must be in (0, 1], got {settings.kv_cap_fraction}")
-        _check_context(arch, max_model_len)
-        kv_reserve = parse_kv_reserve(kv_reserve)
-        if runtime.static_kv:
-            kv = static_kv_capacity(inst.name, arch, tp, settings.weight_dtype, max_model_len,
-                                    max_num_seqs, NEURON_BLOCK_SIZE)
+                           f"got {weight_dtype!r}")
+        if not 0.0 < kv_cap_fraction <= 1.0:
+            raise SimError(f"kv_cap_fraction must be in (0, 1], got {kv_cap_fraction}")
+        model = StepCostModel(cost_profile, inst, architecture, tp, weight_dtype,
+                              runtime=runtime)
+        # The device without a layout yet: with_layout is the one place a layout is checked
+        # and its KV cache sized, for this first one as for a split's parts.
+        unsized = cls(inst, architecture, runtime, tp, weight_dtype, cost_profile, source,
+                      float(kv_cap_fraction), 0, None, parse_kv_reserve(kv_reserve),
+                      block_size, {}, model, arch_spec, model_config, simulated)
+        return unsized.with_layout(max_model_len, max_num_seqs, warn=warn)
+
+    def with_layout(self, max_model_len: int, max_num_seqs: int | None, *,
+                    warn: bool = True) -> Target:
+        """This device at another layout (a split's part, the engine's own): checked and its
+        KV cache sized for it; the device's objects and step-time model are kept."""
+        _check_context(self.arch, max_model_len)
+        where = (self.instance, self.arch, self.tp, self.weight_dtype, max_model_len)
+        if self.runtime.static_kv:
+            kv = static_kv_capacity(*where, max_num_seqs, self.block_size)
         else:
-            kv = checked_kv_capacity(inst.name, arch, tp, settings.weight_dtype, max_model_len,
-                                     NEURON_BLOCK_SIZE, float(settings.kv_cap_fraction),
-                                     kv_reserve)
-        return cls(settings, inst.name, arch, arch_spec, tp, settings.weight_dtype, profile,
-                   source, float(settings.kv_cap_fraction), max_model_len, kv, kv_reserve,
-                   runtime, max_num_seqs)
+            kv = checked_kv_capacity(*where, self.block_size, self.kv_cap_fraction,
+                                     self.kv_reserve, warn=warn and self.simulated)
+        return replace(self, max_model_len=max_model_len, max_num_seqs=max_num_seqs, kv=kv)
+
+    def static_slots(self, max_model_len: int) -> int | None:
+        """Slots of `max_model_len` a static KV cache holds beside the weights (what a split's
+        short layout takes); None under a paged cache, or when none fit."""
+        if not self.runtime.static_kv:
+            return None
+        return static_slots(self.instance, self.arch, self.tp, self.weight_dtype,
+                            max_model_len) or None
+
+    @property
+    def engines_per_instance(self) -> int:
+        """Engines of this TP degree one instance holds."""
+        return self.instance.num_cores // self.tp
 
     @property
     def pool_blocks(self) -> int:
@@ -150,34 +171,60 @@ class SimTarget:
         blocks = int(self.kv["num_blocks"])
         return blocks + 1 if self.runtime.static_kv else blocks
 
-    def executor_settings(self, arch_spec: str | None = None) -> dict[str, Any]:
-        """What the executor reads from `additional_config["neuron_batch"]["sim"]`."""
-        return {"instance": self.instance, "tp": self.tp, "weight_dtype": self.weight_dtype,
-                "arch": arch_spec if arch_spec is not None else self.arch_spec,
-                "profile": self.profile_source, "profile_params": self.profile.to_dict(),
-                "kv_cap_fraction": self.kv_cap_fraction, "runtime": self.runtime.name,
+    def compile_estimate(self, num_prefill_buckets: int, num_decode_buckets: int,
+                         num_graphs: int | None = None) -> dict[str, Any]:
+        """`compile_footprint` of these bucket counts on this device."""
+        return compile_footprint(num_prefill_buckets, num_decode_buckets, self.arch,
+                                 self.weight_dtype, tp=self.tp, profile=self.profile,
+                                 num_graphs=num_graphs)
+
+    def compile_s(self, shapes: Shapes) -> float:
+        """Estimated seconds to compile the graphs of `shapes` (a layout of this runtime)."""
+        return self.compile_estimate(len(shapes.prefill_buckets), len(shapes.decode_buckets),
+                                     shapes.num_graphs)["estimated_compile_s"]
+
+    # -- the one serialised form -----------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The target as JSON-able values: what `from_dict` rebuilds it from (the engine-core
+        process does, from `additional_config`). `num_blocks` is what this side sized."""
+        return {"instance": self.instance.name, "arch": self.arch_spec or self.model_config,
+                "tp": self.tp, "weight_dtype": self.weight_dtype, "profile": self.profile_source,
+                "profile_params": self.profile.to_dict(), "kv_cap_fraction": self.kv_cap_fraction,
+                "runtime": self.runtime.name, "max_model_len": self.max_model_len,
+                "max_num_seqs": self.max_num_seqs, "kv_reserve": self.kv_reserve,
+                "block_size": self.block_size, "simulated": self.simulated,
                 "num_blocks": self.pool_blocks}
 
-    def engine_kwargs(self, *, max_num_seqs: int, max_num_batched_tokens: int,
-                      workdir: Path) -> dict[str, Any]:
-        """Keyword arguments for `vllm.LLM(...)` that run this simulated device.
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Target:
+        """`to_dict`'s target again, through `resolve` and its checks (a hand-edited dict
+        fails as the up-front check would); RuntimeError when it sizes another KV pool than
+        the one named."""
+        names = {k: data[k] for k in ("instance", "arch", "tp", "weight_dtype",
+                                      "kv_cap_fraction", "runtime", "max_model_len",
+                                      "max_num_seqs", "kv_reserve", "block_size", "simulated")}
+        target = cls.resolve(**names, profile=CostProfile.from_dict(data["profile_params"]),
+                             profile_source=data["profile"], warn=False)  # (said already)
+        if data.get("num_blocks") is not None and int(data["num_blocks"]) != target.pool_blocks:
+            raise RuntimeError(f"simulated Neuron device: settings name {data['num_blocks']} "
+                               f"KV blocks, the device holds {target.pool_blocks}")
+        return target
+
+    # -- what uses it --------------------------------------------------------------------------
+    def engine_kwargs(self, *, max_num_batched_tokens: int, workdir: Path) -> dict[str, Any]:
+        """Keyword arguments for `vllm.LLM(...)` that run this simulated device at its layout.
 
         `additional_config` is a fresh dict: merge your own entries into it, and into its
-        "neuron_batch" dict (do not replace that one: it holds the clock and the executor's
-        "sim" settings). `enable_prefix_caching=False` (the harness' and scheduler tests'
-        setting) and `scheduler_cls` = NeuronScheduler may be overridden.
+        "neuron_batch" dict (do not replace that one: it holds the clock and the serialised
+        target). `enable_prefix_caching=False` (the harness' and scheduler tests' setting) and
+        `scheduler_cls` = NeuronScheduler may be overridden.
         """
-        model_dir = _write_model_dir(self.settings.arch, self.arch, Path(workdir))
-        arch_spec = self.arch_spec or str(model_dir / "config.json")
-        executor = self.executor_settings(arch_spec)
-        if self.runtime.static_kv:
-            # One static slot of max_model_len per sequence (refused here if they do not fit),
-            # whole prompts one a step: vLLM must neither chunk nor hold back a long prompt.
-            kv = static_kv_capacity(self.instance, self.arch, self.tp, self.weight_dtype,
-                                    self.max_model_len, max_num_seqs, NEURON_BLOCK_SIZE)
-            executor["num_blocks"] = int(kv["num_blocks"]) + 1
+        if self.max_num_seqs is None:
+            raise ValueError("an engine needs the target resolved with its max_num_seqs")
+        model_dir = write_model_dir(self.model_config, self.arch, Path(workdir))
+        # Under nxdi: whole prompts one a step, so vLLM neither chunks nor holds back one.
         runtime_kwargs = self.runtime.engine_limits(
-            max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
+            max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens)
         # Deterministic request ids (see _REQUEST_ID_ENV); vLLM caches its environment once an
         # engine has started, so drop that cache for the next engine to read the setting.
@@ -192,16 +239,16 @@ class SimTarget:
             # executor, which imports it).
             "distributed_executor_backend": SIM_EXECUTOR,
             "scheduler_cls": SCHEDULER_CLS,
-            "block_size": NEURON_BLOCK_SIZE,
+            "block_size": self.block_size,
             "enforce_eager": True,
             "enable_prefix_caching": False,
             "max_model_len": self.max_model_len,
-            "max_num_seqs": max_num_seqs,
+            "max_num_seqs": self.max_num_seqs,
             **runtime_kwargs,
             "seed": 0,
             "additional_config": {"neuron_batch": {
-                "clock": VIRTUAL_CLOCK, SIM_KEY: executor, "kv_reserve": self.kv_reserve.value,
-                "runtime": self.runtime.name}},
+                "clock": VIRTUAL_CLOCK, TARGET_KEY: self.to_dict(),
+                "kv_reserve": self.kv_reserve.value, "runtime": self.runtime.name}},
         }
 
     def describe(self, *, num_prefill_buckets: int, num_decode_buckets: int,
@@ -209,14 +256,14 @@ class SimTarget:
         """The simulated device in numbers, for the report (`num_graphs`: the runtime's own
         count, `Shapes.num_graphs`; default prefill + decode buckets)."""
         kv = self.kv
-        blocks_per_seq = -(-self.max_model_len // NEURON_BLOCK_SIZE)
-        compile_ = compile_footprint(num_prefill_buckets, num_decode_buckets, self.arch,
-                                     self.weight_dtype, tp=self.tp, profile=self.profile,
-                                     num_graphs=num_graphs)
+        blocks_per_seq = -(-self.max_model_len // self.block_size)
+        compile_ = self.compile_estimate(num_prefill_buckets, num_decode_buckets, num_graphs)
+        calibrated = INSTANCES[self.profile.instance].calibrated \
+            if self.profile.instance in INSTANCES else True     # (a profile of the user's)
         return {
-            "instance": self.instance,
+            "instance": self.instance.name,
             "tp_degree": self.tp,
-            "neuron_cores": get_instance(self.instance).num_cores,
+            "neuron_cores": self.instance.num_cores,
             "weight_dtype": self.weight_dtype,
             "arch": self.arch.name,
             "params": self.arch.num_params,
@@ -225,7 +272,7 @@ class SimTarget:
             "kv_cache": {
                 "layout": "static" if self.runtime.static_kv else "paged",
                 "num_blocks": kv["num_blocks"],
-                "block_size": NEURON_BLOCK_SIZE,
+                "block_size": self.block_size,
                 "tokens": kv["tokens"],
                 "bytes": kv["bytes"],
                 "max_concurrent_at_max_model_len": kv["max_concurrent_at_max_len"],
@@ -243,34 +290,43 @@ class SimTarget:
                 "estimated_compile_s": compile_["estimated_compile_s"],
             },
             "profile": {"name": self.profile.instance, "source": self.profile_source,
-                        "calibrated": get_instance(self.profile.instance).calibrated
-                        if self.profile.instance in INSTANCES else True,
-                        "params": self.profile.to_dict()},
+                        "calibrated": calibrated, "params": self.profile.to_dict()},
         }
 
 
-def sim_engine_kwargs(settings: SimSettings, *, max_model_len: int, max_num_seqs: int,
-                      max_num_batched_tokens: int, workdir: Path,
-                      kv_reserve: str = DEFAULT_KV_RESERVE) -> dict[str, Any]:
-    """`SimTarget.resolve(settings, max_model_len, kv_reserve).engine_kwargs(...)`, for scripts
-    and tests that build their own `vllm.LLM`."""
-    return SimTarget.resolve(settings, max_model_len, kv_reserve).engine_kwargs(
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        workdir=workdir)
+def sim_engine_kwargs(*, max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int,
+                      workdir: Path, **device: Any) -> dict[str, Any]:
+    """`Target.resolve(**device, ...).engine_kwargs(...)`, for scripts and tests that build
+    their own `vllm.LLM` (`device`: resolve's keywords, e.g. instance, arch, tp, runtime,
+    kv_reserve)."""
+    return Target.resolve(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                          **device).engine_kwargs(
+        max_num_batched_tokens=max_num_batched_tokens, workdir=workdir)
 
 
-def describe_sim(settings: SimSettings, *, max_model_len: int, num_prefill_buckets: int,
-                 num_decode_buckets: int, kv_reserve: str = DEFAULT_KV_RESERVE) -> dict[str, Any]:
-    """`SimTarget.resolve(settings, max_model_len, kv_reserve).describe(...)`."""
-    return SimTarget.resolve(settings, max_model_len, kv_reserve).describe(
+def describe_sim(*, max_model_len: int, num_prefill_buckets: int, num_decode_buckets: int,
+                 **device: Any) -> dict[str, Any]:
+    """`Target.resolve(**device, max_model_len=...).describe(...)`."""
+    return Target.resolve(max_model_len=max_model_len, **device).describe(
         num_prefill_buckets=num_prefill_buckets, num_decode_buckets=num_decode_buckets)
 
 
-def _is_catalogue_name(spec: Any) -> bool:
-    if not isinstance(spec, str):
-        return False
-    path = Path(spec)
-    return not (path.suffix == ".json" or (path.is_dir() and (path / "config.json").exists()))
+
+
+
+
+def _profile(profile: str | Path | CostProfile | None, source: str | None,
+             inst: Instance) -> tuple[CostProfile, str]:
+    """The cost profile and where it comes from: given, the instance's built-in, or a file."""
+    if isinstance(profile, CostProfile):
+        return profile, source or f"given {profile.instance}"
+    if profile is None:
+        return load_profile(inst.name), f"built-in {inst.name}"
+    loaded = load_profile(profile)
+    if Path(str(profile)).is_file() and loaded.instance != inst.name:
+        logger.warning("cost profile %s was made for %s, used here for %s",
+                       profile, loaded.instance, inst.name)
+    return loaded, str(profile)
 
 
 def _check_context(arch: Architecture, max_model_len: int) -> None:
@@ -285,7 +341,7 @@ def _check_context(arch: Architecture, max_model_len: int) -> None:
         f"longer context{hint}")
 
 
-def checked_kv_capacity(instance: str, arch: Architecture, tp: int, weight_dtype: str,
+def checked_kv_capacity(instance: Instance, arch: Architecture, tp: int, weight_dtype: str,
                         max_model_len: int, block_size: int, cap_fraction: float,
                         kv_reserve: str = DEFAULT_KV_RESERVE,
                         warn: bool = True) -> dict[str, Any]:
@@ -297,7 +353,7 @@ def checked_kv_capacity(instance: str, arch: Architecture, tp: int, weight_dtype
     blocks_per_seq = -(-max_model_len // block_size)
     usable = max(kv["num_blocks"] - 1, 0)       # vLLM's block pool keeps one null block
     if usable < blocks_per_seq:
-        where = f"{arch.name} {weight_dtype} on TP {tp} on {instance}: "
+        where = f"{arch.name} {weight_dtype} on TP {tp} on {instance.name}: "
         if parse_kv_reserve(kv_reserve) == MAX_MODEL_LEN:
             raise CapacityError(where + kv_too_small_message(usable, block_size, max_model_len))
         if warn:
@@ -321,47 +377,4 @@ def _same_shape(a: Architecture, b: Architecture) -> bool:
         b.num_kv_heads, b.head_dim, b.vocab_size)
 
 
-def arch_config_json(arch: Architecture) -> dict[str, Any]:
-    """A Hugging Face config.json for a catalogue architecture (enough for vLLM's ModelConfig;
-    no weights are ever loaded)."""
-    qwen = arch.attention_bias
-    return {
-        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
-        "model_type": "qwen2" if qwen else "llama",
-        "_name_or_path": arch.name,
-        "hidden_size": arch.hidden_size,
-        "intermediate_size": arch.intermediate_size,
-        "num_attention_heads": arch.num_attention_heads,
-        "num_key_value_heads": arch.num_kv_heads,
-        "head_dim": arch.head_dim,
-        "num_hidden_layers": arch.num_layers,
-        "vocab_size": arch.vocab_size,
-        "max_position_embeddings": arch.max_position_embeddings,
-        "tie_word_embeddings": arch.tie_word_embeddings,
-        "rms_norm_eps": 1e-5,
-        "torch_dtype": "bfloat16",
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    }
 
-
-def _write_model_dir(spec: str | Path | dict, arch: Architecture, workdir: Path) -> Path:
-    """workdir/sim-model-<name>/config.json: the catalogue's config, or the user's own."""
-    if isinstance(spec, dict):
-        config = dict(spec)
-    elif isinstance(spec, (str, Path)) and (Path(spec).suffix == ".json" or Path(spec).is_dir()):
-        path = Path(spec)
-        config = json.loads((path / "config.json" if path.is_dir() else path)
-                            .read_text(encoding="utf-8"))
-    else:
-        config = arch_config_json(arch)
-    config.setdefault("architectures", ["LlamaForCausalLM"])
-    config.setdefault("model_type", "llama")
-    slug = "".join(c if c.isalnum() or c in ".-" else "-" for c in arch.name.lower())
-    model_dir = workdir / f"sim-model-{slug}"
-    model_dir.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-    target = model_dir / "config.json"
-    if not target.exists() or target.read_text(encoding="utf-8") != text:
-        target.write_text(text, encoding="utf-8")
-    return model_dir

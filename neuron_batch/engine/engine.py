@@ -26,7 +26,7 @@ from neuron_batch.versions import (
 )
 
 if TYPE_CHECKING:
-    from neuron_batch.device.target import SimTarget
+    from neuron_batch.device.target import Target
 
 CPU_KV_CACHE_BYTES = 2 << 30
 
@@ -95,14 +95,16 @@ def detect_device() -> str:
 
 def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_path: Path,
                   workdir: Path, has_tokenizer: bool,
-                  target: SimTarget | None = None, mixed_sampling: bool = False
+                  target: Target | None = None, mixed_sampling: bool = False
                   ) -> dict[str, Any]:
-    """Keyword arguments for vllm.LLM for this run and device (`target`: the simulated device,
-    resolved once by the runner; required when device is "sim"; `mixed_sampling`: the requests
-    sample with different temperatures). On Neuron, `additional_config["neuron_batch"]
-    ["process_env"]` is environment `Engine` sets before vLLM starts."""
+    """Keyword arguments for vllm.LLM for this run and device (`target`: the run's device,
+    resolved once by the runner (job.resolve_target); required when device is "sim", where
+    it is the simulated one; `mixed_sampling`: the requests sample with different
+    temperatures). On Neuron, `additional_config["neuron_batch"]["process_env"]` is
+    environment `Engine` sets before vLLM starts."""
     kv_reserve = parse_kv_reserve(settings.kv_reserve)
     runtime = target.runtime if target is not None else settings.resolve_runtime()
+    simulated = target is not None and target.simulated
     neuron_batch: dict[str, Any] = {"records_path": str(records_path),
                                     "kv_reserve": kv_reserve.value,   # vLLM's config: plain data
                                     "runtime": runtime.name}
@@ -117,11 +119,11 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
         seed=settings.seed,
         skip_tokenizer_init=not has_tokenizer,
     )
-    if device == "sim":
-        if target is None:
-            raise ValueError("device 'sim' needs the resolved SimTarget")
-        sim_kwargs = target.engine_kwargs(max_num_seqs=settings.max_num_seqs,
-                                          max_num_batched_tokens=settings.max_num_batched_tokens,
+    if device == "sim" and not simulated:
+        raise ValueError("device 'sim' needs the resolved simulated Target")
+    if simulated:
+        # (its layout is the run's: the target was resolved with these settings' limits)
+        sim_kwargs = target.engine_kwargs(max_num_batched_tokens=settings.max_num_batched_tokens,
                                           workdir=workdir)
         sim_additional = sim_kwargs.pop("additional_config", {})
         neuron_batch.update(sim_additional.get("neuron_batch", {}))

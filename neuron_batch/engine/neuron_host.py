@@ -27,16 +27,20 @@ Pure Python apart from what the callers pass in (no vLLM import).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_batch.config import RunSettings, SettingsError
 from neuron_batch.runtime import NXDI, RUNTIMES, Runtime
 from neuron_batch.versions import release
+
+if TYPE_CHECKING:
+    from neuron_batch.device.target import Target
 
 #: Our worker: the plugin's, with chunked prefill turned off before the model loads.
 WORKER_CLS = "neuron_batch.engine.neuron_worker.WholePromptNeuronWorker"
@@ -214,9 +218,26 @@ def is_neuron_platform(class_name: str | None, module: str | None,
     return "neuron" in names or (device_type or "") in ("neuron", "xla")
 
 
-# -- does the static KV cache fit? --------------------------------------------------------------
+# -- this host: is it one, which instance, the Target of it --------------------------------------
 #: The EC2 instance type, as the hypervisor reports it (Nitro instances: e.g. "inf2.xlarge").
 DMI_PRODUCT_NAME = Path("/sys/devices/virtual/dmi/id/product_name")
+
+
+@functools.cache
+def on_neuron_host() -> bool:
+    """AWS's plugin installed and Neuron devices present: `--device auto` runs on Neuron. Asked
+    once a process (it reads package metadata and globs /dev): the host does not change."""
+    import glob
+
+    from neuron_batch.versions import neuron_plugin
+
+    plugin = neuron_plugin()
+    return bool((plugin["version"] or plugin["entry_point"]) and glob.glob("/dev/neuron*"))
+
+
+def runs_on_neuron(settings: RunSettings) -> bool:
+    """--device neuron, or auto on a Neuron host."""
+    return settings.device == "neuron" or (settings.device == "auto" and on_neuron_host())
 
 
 def host_instance(settings: RunSettings, product_name: Path = DMI_PRODUCT_NAME) -> str | None:
@@ -233,43 +254,45 @@ def host_instance(settings: RunSettings, product_name: Path = DMI_PRODUCT_NAME) 
     return name if name in INSTANCES else None
 
 
+def host_target(settings: RunSettings, runtime: Runtime, model_path: str,
+                instance: str | None) -> Target | None:
+    """This host as a device Target (not simulated): `instance`, the loaded model's shape,
+    `runtime`, the run's TP (vLLM's default, 1, when none is given) and its layout, with the
+    host's own KV block (one of max_model_len per slot under NxDI's contiguous layout). The
+    step-time model and the static slots of a split come from it. None when it cannot be told
+    (unknown instance or model shape); NeuronHostError with what would fit when its layout
+    cannot load (a static KV cache beside the weights, a TP degree the instance lacks)."""
+    from neuron_batch.device.architectures import ArchitectureError
+    from neuron_batch.device.cost_model import CapacityError
+    from neuron_batch.device.hardware import HardwareError
+    from neuron_batch.device.target import Target
+
+    if instance is None:
+        return None
+    sim = settings.sim
+    try:
+        return Target.resolve(
+            instance=instance, arch=model_path, tp=sim.tensor_parallel_size or 1,
+            weight_dtype=sim.weight_dtype, profile=sim.cost_profile, runtime=runtime,
+            max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
+            kv_reserve=settings.kv_reserve,
+            block_size=runtime.host_block_size or settings.max_model_len, simulated=False)
+    except (CapacityError, HardwareError) as error:
+        raise NeuronHostError(f"--device neuron: {error}") from None
+    except (ArchitectureError, OSError, ValueError):    # (a shape or profile not known here)
+        return None
+
+
 def static_kv_fit(settings: RunSettings, runtime: Runtime, model_path: str,
                   instance: str | None) -> dict[str, Any] | None:
     """Whether max_num_seqs slots of max_model_len of static KV fit beside the weights at the
-    run's TP (vLLM's default, 1, when none is given): `static_kv_capacity`'s figures, None
-    when it cannot be told (paged runtime, unknown instance or model shape); NeuronHostError
-    with what would fit when it does not."""
-    from neuron_batch.device.architectures import ArchitectureError, resolve_architecture
-    from neuron_batch.device.cost_model import CapacityError
-    from neuron_batch.device.hardware import HardwareError, validate_tp
-    from neuron_batch.device.static_kv import static_kv_capacity
-
-    if not runtime.static_kv or instance is None:
+    run's TP: the host target's KV figures (`static_kv_capacity`'s), None when it cannot be
+    told (paged runtime, unknown instance or model shape); NeuronHostError with what would fit
+    when it does not."""
+    if not runtime.static_kv:
         return None
-    try:
-        arch = resolve_architecture(model_path)
-    except (ArchitectureError, OSError, ValueError):
-        return None
-    tp = settings.sim.tensor_parallel_size or 1
-    try:
-        validate_tp(instance, tp)
-        return static_kv_capacity(instance, arch, tp, settings.sim.weight_dtype,
-                                  settings.max_model_len, settings.max_num_seqs,
-                                  block_size=settings.max_model_len)
-    except (CapacityError, HardwareError) as error:
-        raise NeuronHostError(f"--device neuron: {error}") from None
-
-
-def host_static_slots(settings: RunSettings, runtime: Runtime, model_path: str) -> int | None:
-    """How many slots of settings.max_model_len this host's static KV cache holds beside the
-    weights (a split's short layout takes them, layout/split.py); None when it cannot be told or
-    none fit (the run's own checks then say why)."""
-    try:
-        fit = static_kv_fit(replace(settings, max_num_seqs=None), runtime, model_path,
-                            host_instance(settings))
-    except NeuronHostError:
-        return None
-    return int(fit["max_static_seqs"]) if fit else None
+    target = host_target(settings, runtime, model_path, instance)
+    return None if target is None else target.kv
 
 
 def check_host(settings: RunSettings, runtime: Runtime, model_path: str, requests,

@@ -1,6 +1,10 @@
 """One run's resolved context, built once by the runner and handed down whole: the settings,
-the workload, the locked run folder, the simulated device (when there is one) and the logger.
-It replaces the nine positional parameters the runner's stages used to thread through."""
+the workload, the locked run folder, the device target (when there is one) and the logger.
+It replaces the nine positional parameters the runner's stages used to thread through.
+
+`resolve_target` is where a run's device is worked out from its settings and its model, once:
+everything below takes the `Target` it returns (device/target.py) or the objects it holds.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from neuron_batch.config import RunSettings
+from neuron_batch.errors import RunError
 from neuron_batch.job.folder import RunFolder
 from neuron_batch.job.workload import Workload
 
 if TYPE_CHECKING:
-    from neuron_batch.device.target import SimTarget
+    from neuron_batch.device.target import Target
 
 
 @dataclass
@@ -22,11 +27,47 @@ class Job:
     workload: Workload
     folder: RunFolder
     log: Callable[[str], None]
-    target: SimTarget | None = None     # the simulated device, resolved once; None elsewhere
+    # The device, resolved once (`resolve_target`): the simulated one, or a Neuron host whose
+    # instance is known (not simulated: its step-time model and static slots); None elsewhere.
+    target: Target | None = None
     # The Ray connection of a --replicas run (replicas/cluster.py RayCluster; typed loosely so
     # this lower stage never imports the Ray one); None elsewhere.
     cluster: Any = None
 
     @property
     def simulated(self) -> bool:
-        return self.target is not None
+        return self.target is not None and self.target.simulated
+
+
+def resolve_target(settings: RunSettings, model_path: str | None) -> Target | None:
+    """The device of a run, from its settings and the model (`model_path`; None before the
+    model is read: then only a device that names its architecture resolves).
+
+    On --device sim, the simulated instance, checked (RunError naming what does not fit). On a
+    Neuron host whose instance is known (--instance, or EC2's name), the same object for that
+    instance, the loaded model's shape and the host's runtime: how --split-at auto estimates
+    there (None when it cannot be told; the host's own checks, neuron_host.check_host, say why
+    a layout cannot load). Elsewhere None."""
+    from neuron_batch.device.target import Target
+    from neuron_batch.engine import neuron_host
+
+    sim = settings.sim
+    if settings.device == "sim":
+        arch = sim.architecture or model_path
+        if arch is None:
+            return None
+        try:
+            return Target.resolve(
+                instance=sim.instance, arch=arch, tp=sim.tensor_parallel_size,
+                weight_dtype=sim.weight_dtype, profile=sim.cost_profile,
+                runtime=settings.resolve_runtime(), max_model_len=settings.max_model_len,
+                max_num_seqs=settings.max_num_seqs, kv_reserve=settings.kv_reserve)
+        except (ValueError, FileNotFoundError) as error:
+            raise RunError(f"--device sim: {error}") from None
+    if model_path is None or not neuron_host.runs_on_neuron(settings):
+        return None
+    try:
+        return neuron_host.host_target(settings, settings.resolve_runtime(), model_path,
+                                       neuron_host.host_instance(settings))
+    except neuron_host.NeuronHostError:
+        return None

@@ -8,9 +8,10 @@ instances the two compiles overlap. What side by side can lose is balance: with 
 one part's pool may finish long before the other's.
 
 `choose` weighs both with an estimate of each part's time on n engines (`seconds_on`, from
-the step-time model: run/runner.py builds it from `plan`'s per-replica bounds) and the compile
-time of each layout, over every K, and picks the shorter makespan (compile wall time + run
-time; the run is billed for every instance throughout, so shorter is cheaper). Without an
+the step-time model of the run's Target: BoundEstimate, built from `plan`'s per-replica
+bounds) and the compile time of each layout, over every K, and picks the shorter makespan
+(compile wall time + run time; the run is billed for every instance throughout, so shorter
+is cheaper). Without an
 estimate (no step-time model: neither the simulated device nor a Neuron host that knows its
 instance) `auto` stays in turn. Pure Python.
 """
@@ -119,10 +120,15 @@ class BoundEstimate:
     a bound: it assumes full slots and no tail, so it runs short of the simulated time, alike
     for both parts; the placement needs its ratios."""
 
-    def __init__(self, model, per_instance: int, compile_of: Callable):
-        self.model = model                  # device.cost_model.StepCostModel
-        self.per_instance = per_instance    # engines per instance
-        self.compile_of = compile_of        # Part -> its layout's compile seconds (or None)
+    def __init__(self, target):
+        self.target = target                        # device.target.Target: its objects
+        self.model = target.cost_model              # device.cost_model.StepCostModel
+        self.per_instance = target.engines_per_instance
+
+    def compile_of(self, part) -> float:
+        """The estimated compile time of a part's layout on the target (it depends on the
+        graphs and the weights, not on the layout's length or slots)."""
+        return self.target.compile_s(part.settings.shapes(self.target.runtime))
 
     def seconds(self, part) -> float:
         from neuron_batch.buckets import bucket_for

@@ -186,12 +186,13 @@ def check_split(settings: RunSettings, requests: list[PreparedRequest]) -> None:
 
 def short_layout_slots(settings: RunSettings, slots_at, num_requests: int) -> int:
     """max_num_seqs of the short layout: under a static-KV runtime, every slot of split_at
-    tokens that fits beside the weights (`slots_at(settings)`: on the simulated device, or on
-    a Neuron host whose instance and model shape are known), but no more than one engine has
-    requests (NxDI decodes every slot each step: an idle slot still reads its KV): the part's,
-    or with --replicas R about a replica's share of them, ceil(requests / R); when that cannot
-    be told, the --max-num-seqs given."""
-    slots = slots_at(replace(settings, max_model_len=settings.split_at))
+    tokens that fits beside the weights (`slots_at(split_at)`: the run's Target.static_slots,
+    on the simulated device or on a Neuron host whose instance and model shape are known), but
+    no more than one engine has requests (NxDI decodes every slot each step: an idle slot
+    still reads its KV): the part's, or with --replicas R about a replica's share of them,
+    ceil(requests / R); when that cannot be told (`slots_at` None, or it says None), the
+    --max-num-seqs given."""
+    slots = slots_at(settings.split_at) if slots_at is not None else None
     if not slots:
         return settings.max_num_seqs
     per_engine = -(-num_requests // settings.replicas) if settings.uses_ray else num_requests
@@ -224,9 +225,9 @@ def plan_parts(settings: RunSettings, pending: list[PreparedRequest], slots_at,
                estimate=None) -> tuple[list[Part], SplitPlacement]:
     """The parts of the pending requests, short first, empty parts left out, and where they
     run (placement.py: in turn, or side by side on --replicas as --split-placement and
-    `estimate` say). `slots_at(settings)`: the static slots of settings.max_model_len that
-    load, None when unknown (run/runner.py). `estimate`: a placement.BoundEstimate, or None
-    when the device has no step-time model."""
+    `estimate` say). `slots_at(max_model_len)`: the static slots of that length that load
+    (the run's Target.static_slots), None when unknown. `estimate`: a
+    placement.BoundEstimate, or None when the device has no step-time model."""
     short = [r for r in pending if r.length <= settings.split_at]
     long = [r for r in pending if r.length > settings.split_at]
     replicas = settings.replicas
@@ -258,10 +259,3 @@ def plan_parts(settings: RunSettings, pending: list[PreparedRequest], slots_at,
         parts = [on(parts[0], k), on(parts[1], replicas - k)]
     return parts, placement
 
-
-def part_compile_s(part: Part, target) -> float:
-    """The estimated compile time of a part's layout on the simulated device `target`."""
-    shapes = part.settings.shapes(target.runtime)
-    return target.describe(num_prefill_buckets=len(shapes.prefill_buckets),
-                           num_decode_buckets=len(shapes.decode_buckets),
-                           num_graphs=shapes.num_graphs)["compile"]["estimated_compile_s"]

@@ -33,14 +33,14 @@ from collections.abc import Callable, Sequence
 
 from neuron_batch.choices import KvReserve
 from neuron_batch.device.architectures import resolve_architecture
-from neuron_batch.device.cost_model import StepCostModel
 from neuron_batch.device.hardware import (
     INSTANCES,
     HardwareError,
+    Instance,
     get_instance,
     valid_tp_degrees,
 )
-from neuron_batch.device.target import NEURON_BLOCK_SIZE, SimSettings, SimTarget
+from neuron_batch.device.target import NEURON_BLOCK_SIZE, Target
 from neuron_batch.layout.bounds import ShareStats, replica_bound
 from neuron_batch.plan.buckets import BucketChooser
 from neuron_batch.plan.options import (
@@ -62,18 +62,23 @@ from neuron_batch.scheduler.kv_reserve import blocks_for_tokens, reachable_token
 
 def check_instances(names: Sequence[str]) -> tuple[str, ...]:
     """Known, simulated instance names (lower case, no repeats), or PlanError naming them."""
-    out: list[str] = []
+    return tuple(inst.name for inst in _instances(names))
+
+
+def _instances(names: Sequence[str]) -> list[Instance]:
+    """The Instances of the names (no repeats), looked up once for the whole plan."""
+    out: list[Instance] = []
     for name in names:
         try:
-            key = get_instance(name).name
+            inst = get_instance(name)
         except HardwareError:
             raise PlanError(f"--instances: unknown or unsimulated instance {name!r}; choose "
                             f"from {', '.join(INSTANCES)}") from None
-        if key not in out:
-            out.append(key)
+        if inst not in out:
+            out.append(inst)
     if not out:
         raise PlanError(f"--instances is empty; choose from {', '.join(INSTANCES)}")
-    return tuple(out)
+    return out
 
 
 def model_len_candidates(spec: PlanSpec, prompt_lens: Sequence[int],
@@ -98,7 +103,8 @@ def placements(spec: PlanSpec) -> tuple[list[InstanceFit], list[str]]:
     if spec.max_model_len > arch.max_position_embeddings:
         raise PlanError(f"--max-model-len {spec.max_model_len} exceeds {arch.name}'s context "
                         f"of {arch.max_position_embeddings} tokens")
-    for name in check_instances(spec.instances):
+    for inst in _instances(spec.instances):
+        name = inst.name
         override = spec.prices.get(name)
         if override is None and not has_builtin_price(name):
             excluded.append(f"{name}: {no_price_message(name)}")
@@ -107,29 +113,26 @@ def placements(spec: PlanSpec) -> tuple[list[InstanceFit], list[str]]:
             price = price_for(name, spec.pricing, override)
         except PricingError as error:
             raise PlanError(str(error)) from None
-        inst = get_instance(name)
         refused = get_runtime(spec.runtime, family=inst.family).not_shipped_for(name,
                                                                                 inst.family)
         if refused:                                 # no layout of it loads there
             excluded.append(f"{name}: {refused}")
             continue
-        cores = inst.num_cores
-        for tp in valid_tp_degrees(name):
-            settings = SimSettings(instance=name, arch=spec.architecture, tp_degree=tp,
-                                   weight_dtype=spec.weight_dtype, profile=spec.cost_profile,
-                                   runtime=spec.runtime)
+        for tp in valid_tp_degrees(inst):
             try:
                 # Static KV (nxdi): sized for as many slots as fit; options above that are
                 # left out in build_options.
-                target = SimTarget.resolve(settings, spec.max_model_len, spec.kv_reserve)
+                target = Target.resolve(instance=inst, arch=arch, tp=tp,
+                                        weight_dtype=spec.weight_dtype,
+                                        profile=spec.cost_profile, runtime=spec.runtime,
+                                        max_model_len=spec.max_model_len,
+                                        kv_reserve=spec.kv_reserve)
             except FileNotFoundError as error:     # --cost-profile
                 raise PlanError(str(error)) from None
             except ValueError as error:             # weights or KV cache do not fit
                 excluded.append(f"{name} TP {tp}: {error}")
                 continue
-            model = StepCostModel(target.profile, name, target.arch, tp,
-                                  weight_dtype=spec.weight_dtype, runtime=target.runtime)
-            found.append(InstanceFit(name, tp, cores // tp, target, model, price))
+            found.append(InstanceFit(name, tp, target.engines_per_instance, target, price))
     if not found:
         reasons = "; ".join(excluded[-3:])
         raise PlanError(f"{spec.architecture} ({spec.weight_dtype}) at max_model_len "

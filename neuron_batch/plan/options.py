@@ -10,8 +10,8 @@ from typing import Any
 from neuron_batch.choices import KvReserve, Pricing, WeightDtype, normalise
 from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_TOKENS, RunSettings
 from neuron_batch.device.cost_model import StepCostModel
-from neuron_batch.device.hardware import DEFAULT_PLAN_INSTANCES, get_instance
-from neuron_batch.device.target import NEURON_BLOCK_SIZE, SimTarget
+from neuron_batch.device.hardware import DEFAULT_PLAN_INSTANCES
+from neuron_batch.device.target import NEURON_BLOCK_SIZE, Target
 from neuron_batch.report.cost import Price, usd
 from neuron_batch.runtime import Runtime, nxdi_default_buckets
 
@@ -76,9 +76,12 @@ class InstanceFit:
     instance: str
     tp: int
     replicas: int               # per instance: cores // tp
-    target: SimTarget
-    model: StepCostModel
+    target: Target
     price: Price
+
+    @property
+    def model(self) -> StepCostModel:
+        return self.target.cost_model
 
     @property
     def runtime(self) -> Runtime:
@@ -114,7 +117,7 @@ class InstanceFit:
         """What the simulated device's timing and KV size depend on besides the settings: two
         placements with equal keys simulate identically (inf2.xlarge and inf2.8xlarge have the
         same chip; inf2.24xlarge and inf2.48xlarge the same chips and links)."""
-        inst = get_instance(self.instance)
+        inst = self.target.instance
         profile = {k: v for k, v in self.target.profile.to_dict().items()
                    if k not in ("instance", "source")}
         return (inst.family, inst.hbm_bytes_per_core, inst.hbm_bytes_s_per_core,

@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from neuron_batch.device.cost_model import compile_footprint
-from neuron_batch.device.static_kv import static_slots
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
 from neuron_batch.layout.bounds import ShareStats, replica_bound
 from neuron_batch.layout.split import CUT_STEP, MAX_SHORT_SLOTS, cut_candidates, fitted_count
@@ -67,8 +66,8 @@ def _short_layouts(spec: PlanSpec, placement: InstanceFit, prompts: Sequence[int
     fits = sorted(lengths)
 
     def slots_at(cut: int) -> int:
-        return min(static_slots(placement.instance, arch, placement.tp, spec.weight_dtype,
-                                cut), MAX_SHORT_SLOTS, max(bisect_right(fits, cut), 1))
+        return min(placement.target.static_slots(cut) or 0, MAX_SHORT_SLOTS,
+                   max(bisect_right(fits, cut), 1))
 
     cuts = [(cut, slots) for cut, slots in cut_candidates(lengths, slots_at, mml, CUT_STEP)
             if slots >= 1]

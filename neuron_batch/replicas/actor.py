@@ -64,8 +64,12 @@ class ReplicaSpec:
 
     settings: RunSettings
     device: str                  # "sim", "cpu" or "neuron"
-    target: Any = None           # the resolved SimTarget on the simulated device
+    target: Any = None           # the run's device.target.Target (job.target), None elsewhere
     mixed_sampling: bool = False  # requests sample with different temperatures
+
+    @property
+    def simulated(self) -> bool:
+        return self.target is not None and self.target.simulated
 
 
 def pack(value) -> bytes:
@@ -221,7 +225,7 @@ class ReplicaWorker:
 
     def _admit(self, batch: _Batch, waiting: dict[str, list[_Batch]]) -> None:
         settings = self.spec.settings
-        ignore_eos = self.spec.device == "sim" or settings.ignore_eos
+        ignore_eos = self.spec.simulated or settings.ignore_eos
         for request in batch.requests:
             request_id = request["id"]
             batch.remaining.add(request_id)
@@ -273,7 +277,7 @@ class ReplicaWorker:
         os.environ["VLLM_DISABLE_REQUEST_ID_RANDOMIZATION"] = "1"
         spec, settings = self.spec, self.spec.settings
         workdir = Path(self._workdir)
-        if spec.device == "sim":
+        if spec.simulated:
             model_path, has_tokenizer = str(workdir), False
         else:
             from neuron_batch.engine.models import resolve_model
@@ -285,7 +289,7 @@ class ReplicaWorker:
         kwargs = engine_kwargs(settings, spec.device, model_path, self._records.path,
                                workdir, has_tokenizer=has_tokenizer, target=spec.target,
                                mixed_sampling=spec.mixed_sampling)
-        return Engine(kwargs), has_tokenizer and spec.device != "sim"
+        return Engine(kwargs), has_tokenizer and not spec.simulated
 
 
 def _scheduler_recorder(engine):

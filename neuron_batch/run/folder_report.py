@@ -29,7 +29,7 @@ def build_report(job: Job) -> dict:
     extra = {"model": model.name, "device": devices[-1] if devices else settings.device,
              "tokenizer": prepared.tokenizer_name, "max_tokens": settings.max_tokens,
              "temperature": settings.temperature, "inputs": list(settings.inputs)}
-    if job.target is not None:
+    if job.simulated:
         shapes = settings.shapes(job.target.runtime)
         extra["sim"] = job.target.describe(num_prefill_buckets=len(shapes.prefill_buckets),
                                            num_decode_buckets=len(shapes.attention_buckets)

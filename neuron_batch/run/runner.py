@@ -2,9 +2,10 @@
 every output as it finishes, and report. No click here: the CLI turns `RunError`s into exits
 (codes in `errors.py`).
 
-Read top-down: `run()` loads the workload (`job/workload.py`), resolves the simulated device
-once (`device/target.py`), locks the run folder (`job/folder.py`) and hands one `Job` to
-`_run_locked()`, which generates (`job/generate.py`) and reports (`folder_report.py`).
+Read top-down: `run()` resolves the device once (`job.resolve_target`: the `Target` of
+device/target.py), loads the workload (`job/workload.py`), locks the run folder
+(`job/folder.py`) and hands one `Job` to `_run_locked()`, which generates (`job/generate.py`)
+and reports (`folder_report.py`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_batch.config import SPLIT_AUTO, RunSettings
 from neuron_batch.errors import (
@@ -33,9 +34,12 @@ from neuron_batch.job.folder import (
     input_fingerprint,
     write_json_atomic,
 )
-from neuron_batch.job.job import Job
+from neuron_batch.job.job import Job, resolve_target
 from neuron_batch.job.resume_check import REQUEST_FIELDS, take_folder
 from neuron_batch.job.workload import Workload, load_workload
+
+if TYPE_CHECKING:
+    from neuron_batch.device.target import Target
 
 
 @dataclass
@@ -55,21 +59,22 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
         workload: Workload | None = None) -> RunResult:
     settings = settings.validate()
     log = log or (lambda message: say(settings, message))
-    target = None
-    if settings.device == "sim" and settings.sim.architecture:
-        # A layout that cannot load is refused before the inputs and the model are read.
-        target = resolve_sim_target(settings, None)
+    # A device that names its architecture resolves (and a layout that cannot load is
+    # refused) before the inputs and the model are read; any other once the model is known.
+    target = resolve_target(settings, None)
     workload = workload or load_workload(settings, log)
-    if settings.device == "sim" and target is None:
-        target = resolve_sim_target(settings, workload.model)
+    if target is None:
+        target = resolve_target(settings, workload.model.path)
     if settings.split_at == SPLIT_AUTO:
-        settings = auto_split(settings, workload, log)
+        settings = auto_split(settings, workload, target, log)
     if settings.split_at is not None:
         from neuron_batch.layout.split import check_split
 
         check_split(settings, workload.prepared.requests)
-    if target is not None and settings.uses_ray:
+    if target is not None and target.simulated and settings.uses_ray:
         check_sim_layout(settings, target)
+    from neuron_batch.engine.neuron_host import runs_on_neuron
+
     if runs_on_neuron(settings):
         check_neuron_host(settings, workload)
 
@@ -90,99 +95,23 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
         folder.unlock()
 
 
-def resolve_sim_target(settings: RunSettings, model):
-    """The simulated device for these settings, checked before any set-up (instance,
-    architecture, TP, context length, KV capacity)."""
-    from neuron_batch.device.target import SimSettings, SimTarget
-
-    sim = settings.sim
-    try:
-        return SimTarget.resolve(
-            SimSettings(instance=sim.instance, arch=sim.architecture or model.path,
-                        tp_degree=sim.tensor_parallel_size, weight_dtype=sim.weight_dtype,
-                        profile=sim.cost_profile, runtime=settings.resolve_runtime().name),
-            settings.max_model_len, settings.kv_reserve, max_num_seqs=settings.max_num_seqs)
-    except (ValueError, FileNotFoundError) as error:
-        raise RunError(f"--device sim: {error}") from None
-
-
-def on_neuron_host() -> bool:
-    """AWS's plugin installed and Neuron devices present: `--device auto` runs on Neuron."""
-    import glob
-
-    from neuron_batch.versions import neuron_plugin
-
-    plugin = neuron_plugin()
-    return bool((plugin["version"] or plugin["entry_point"]) and glob.glob("/dev/neuron*"))
-
-
-def runs_on_neuron(settings: RunSettings) -> bool:
-    """--device neuron, or auto on a Neuron host."""
-    return settings.device == "neuron" or (settings.device == "auto" and on_neuron_host())
-
-
-def static_slots_at(settings: RunSettings, model):
-    """settings -> the slots of settings.max_model_len a static KV cache holds beside the
-    weights (None when unknown): on the simulated device from its target, on a Neuron host
-    from its instance (--instance or EC2's) and the model's shape, elsewhere None."""
-    if settings.device == "sim":
-        return lambda s: resolve_sim_target(s, model).kv.get("max_static_seqs")
-    if runs_on_neuron(settings):
-        from neuron_batch.engine.neuron_host import host_static_slots
-
-        return lambda s: host_static_slots(s, s.resolve_runtime(), model.path)
-    return lambda s: None
-
-
-def estimate_target(settings: RunSettings, model):
-    """(target, resolve) a split's time estimate uses: the simulated device's; on a Neuron
-    host whose instance is known (--instance or EC2's), the same step-time model for that
-    instance, the loaded model's shape and the host's runtime; else (None, None)."""
-    from dataclasses import replace
-
-    if settings.device == "sim":
-        resolve = lambda s: resolve_sim_target(s, model)  # noqa: E731
-        return resolve(settings), resolve
-    if not runs_on_neuron(settings):
-        return None, None
-    from neuron_batch.engine.neuron_host import host_instance
-
-    instance, runtime = host_instance(settings), settings.resolve_runtime().name
-    if instance is None:
-        return None, None
-
-    def resolve(s: RunSettings):
-        sim = replace(s.sim, instance=instance,
-                      tensor_parallel_size=s.sim.tensor_parallel_size or 1)
-        return resolve_sim_target(replace(s, device="sim", runtime=runtime, sim=sim), model)
-
-    try:
-        return resolve(settings), resolve
-    except RunError:            # (the host's own checks say why the layout cannot load)
-        return None, None
-
-
-def split_estimate(target, resolve):
-    """The time model a split's cut (`--split-at auto`) and placement are weighed with
-    (layout/placement.py), from `estimate_target`: the step-time model and compile
-    estimate of the simulated device or of a known Neuron host; None without one."""
+def split_inputs(target: Target | None):
+    """(slots_at, estimate) a split's cut (`--split-at auto`) and placement are weighed with
+    (layout/split.py, layout/placement.py), from the run's target: its static slots at a
+    max_model_len, and the step-time model and compile estimate of the simulated device or of
+    a known Neuron host; (None, None) without one."""
     if target is None:
-        return None
-    from neuron_batch.device.cost_model import StepCostModel
-    from neuron_batch.device.replica_layout import engines_per_instance
+        return None, None
     from neuron_batch.layout.placement import BoundEstimate
-    from neuron_batch.layout.split import part_compile_s
 
-    model = StepCostModel(target.profile, target.instance, target.arch, target.tp,
-                          weight_dtype=target.weight_dtype, runtime=target.runtime)
-    return BoundEstimate(model, engines_per_instance(target.instance, target.tp),
-                         lambda part: part_compile_s(part, resolve(part.settings)))
+    return target.static_slots, BoundEstimate(target)
 
 
-def auto_split(settings: RunSettings, workload: Workload, log) -> RunSettings:
+def auto_split(settings: RunSettings, workload: Workload, target: Target | None,
+               log) -> RunSettings:
     """`--split-at auto` resolved: the cut a --resume'd run chose before (run.json), else the
     one the step-time estimate gives the least time with compile (split.choose_cut), or no
-    split when one layout is faster. Needs a step-time model (`estimate_target`)."""
+    split when one layout is faster. Needs a step-time model (the run's `target`)."""
     from dataclasses import replace
 
     from neuron_batch.layout.split import choose_cut
@@ -192,14 +121,14 @@ def auto_split(settings: RunSettings, workload: Workload, log) -> RunSettings:
         previous = ((RunFolder(out_dir).read_manifest() or {}).get("settings") or {})
         if "split_at" in previous and previous["split_at"] != SPLIT_AUTO:
             return replace(settings, split_at=previous["split_at"])
-    estimate = split_estimate(*estimate_target(settings, workload.model))
+    slots_at, estimate = split_inputs(target)
     if estimate is None:
         raise RunError("--split-at auto weighs cuts with the step-time model of the simulated "
                        "device or of a Neuron host whose instance is known (--instance, or "
                        "EC2's); here give the cut (`neuron-batch plan` or "
                        "scripts/split_what_if.py weigh them)")
     cut, words = choose_cut(settings, in_order(workload.prepared.requests, settings.order),
-                            static_slots_at(settings, workload.model), estimate)
+                            slots_at, estimate)
     log(words)
     return replace(settings, split_at=cut)
 
@@ -217,7 +146,7 @@ def check_neuron_host(settings: RunSettings, workload) -> None:
         raise RunError(str(error)) from None
 
 
-def check_sim_layout(settings: RunSettings, target) -> None:
+def check_sim_layout(settings: RunSettings, target: Target) -> None:
     """N simulated engines of T NeuronCores must fit on --num-instances instances."""
     from neuron_batch.device.replica_layout import replica_devices
 
@@ -264,22 +193,19 @@ def _run_locked(job: Job) -> RunResult:
         # (on Ray each replica finds its own device: the driver does not import vLLM)
         device = settings.device if settings.uses_ray else resolved_device(job)
         log(f"running {len(pending):,} of {len(ids):,} requests on "
-            f"{device_label(settings, device)} (output: {folder.path})")
+            f"{device_label(settings, device, job)} (output: {folder.path})")
         try:
             if settings.split_at is not None:
                 from neuron_batch.layout.split import plan_parts
                 from neuron_batch.run.split import run_parts
 
-                resolve = lambda s: resolve_sim_target(s, job.workload.model)  # noqa: E731
-                model = job.workload.model
-                parts, placement = plan_parts(settings, pending, static_slots_at(settings, model),
-                                              split_estimate(*estimate_target(settings, model)))
+                parts, placement = plan_parts(settings, pending, *split_inputs(job.target))
                 if len(parts) == 2 and settings.uses_ray:
                     log(f"parts {placement.mode}" + (
                         f" (estimated {placement.estimated_s / 3600:.2f} h with compile; in "
                         f"turn {placement.in_turn_s / 3600:.2f} h)"
                         if placement.estimated_s is not None else ""))
-                outcomes = run_parts(job, parts, attempt, generate, resolve, placement)
+                outcomes = run_parts(job, parts, attempt, generate, placement)
             elif settings.uses_ray:
                 from neuron_batch.replicas.pool import generate_replicas
 
@@ -326,12 +252,13 @@ def _run_locked(job: Job) -> RunResult:
     return RunResult(code, folder.path, report, problems)
 
 
-def device_label(settings: RunSettings, device: str) -> str:
+def device_label(settings: RunSettings, device: str, job: Job | None = None) -> str:
     """`device` (resolved: the word the summary's device= shows) in words."""
-    if settings.device == "sim":
-        label = f"a simulated {settings.sim.instance}"
+    target = job.target if job is not None else None
+    if target is not None and target.simulated:
+        label = f"a simulated {target.instance.name}"
         if settings.sim.num_instances > 1:
-            label = f"{settings.sim.num_instances} simulated {settings.sim.instance}"
+            label = f"{settings.sim.num_instances} simulated {target.instance.name}"
     elif device == "auto":
         label = "the device each replica finds (--device auto)"
     else:

@@ -7,11 +7,12 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+from neuron_batch.errors import RunError
 from neuron_batch.layout.placement import SIDE_BY_SIDE, SplitPlacement
-from neuron_batch.layout.split import Part, part_compile_s
+from neuron_batch.layout.split import Part
 
 
-def run_parts(job, parts: list[Part], attempt: int, generate, resolve_target,
+def run_parts(job, parts: list[Part], attempt: int, generate,
               placement: SplitPlacement | None = None) -> Iterator[dict[str, Any]]:
     """Each part in its own engine, in turn, as attempts `attempt`, `attempt` + 1; yields
     their attempts.json lines (with `part`) as each ends, so a part that fails later cannot
@@ -27,8 +28,8 @@ def run_parts(job, parts: list[Part], attempt: int, generate, resolve_target,
     side_by_side = placement is not None and placement.mode == SIDE_BY_SIDE
     jobs = []
     for part in parts:
-        target = resolve_target(part.settings) if part.settings.device == "sim" else None
-        jobs.append(replace(job, settings=part.settings, target=target))
+        jobs.append(replace(job, settings=part.settings,
+                            target=part_target(job.target, part.settings)))
         replicas = part.settings.replicas
         where = (f"on {replicas} replica(s), side by side with the other part" if side_by_side
                  else f"across {replicas} replica(s), separate engine starts"
@@ -63,14 +64,29 @@ def run_parts(job, parts: list[Part], attempt: int, generate, resolve_target,
             break
 
 
+def part_target(target, settings):
+    """The run's target at a part's layout (its max_model_len and slots), None without one. A
+    part's layout loads by the split's rules; should it not, a simulated run says why, and a
+    Neuron host's twin is dropped (the engine's own start-up then says it)."""
+    if target is None:
+        return None
+    try:
+        return target.with_layout(settings.max_model_len, settings.max_num_seqs)
+    except ValueError as error:
+        if not target.simulated:
+            return None
+        raise RunError(f"--device sim: {error}") from None
+
+
 def _describe(outcome: dict[str, Any], part: Part, target, placement: SplitPlacement | None,
               replicas: int, side_by_side: int | None = None) -> dict[str, Any]:
     """A part's attempts.json line: its layout, compile estimate (simulated device) and, on
     replicas, where the parts ran."""
     outcome["part"] = part.describe()
-    if target is not None:
-        outcome["part"]["estimated_compile_s"] = part_compile_s(part, target)
-        outcome["part"]["compiled_graphs"] = part.settings.shapes(target.runtime).num_graphs
+    if target is not None and target.simulated:
+        shapes = part.settings.shapes(target.runtime)
+        outcome["part"]["estimated_compile_s"] = target.compile_s(shapes)
+        outcome["part"]["compiled_graphs"] = shapes.num_graphs
     if placement is not None and replicas > 1:
         outcome["placement"] = placement.describe(replicas)
     if side_by_side is not None:
