@@ -12,6 +12,10 @@ from collections.abc import Sequence
 
 #: Smallest default prefill bucket, as in the AWS plugin and NxD Inference.
 MIN_DEFAULT_PREFILL_BUCKET = 128
+#: max_model_len values this project works out itself (plan's tightest that holds every
+#: request, the one a too-long-prompt error suggests) are rounded up to a multiple of this, so
+#: that the suggestion and plan's candidate agree.
+MODEL_LEN_STEP = 128
 
 
 class BucketError(ValueError):
@@ -113,6 +117,11 @@ def parse_bucket_list(text: str, *, name: str) -> list[int]:
             raise BucketError(f"{name}: {part!r} is not a whole number (in {text!r}); "
                               f"write buckets like 128,256,512") from None
     return values
+
+
+def round_model_len(tokens: int) -> int:
+    """`tokens` rounded up to a whole number of MODEL_LEN_STEP."""
+    return -(-tokens // MODEL_LEN_STEP) * MODEL_LEN_STEP
 
 
 def max_kv_concurrent_requests(num_blocks: int, block_size: int, max_model_len: int) -> int:

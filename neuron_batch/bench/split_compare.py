@@ -142,7 +142,7 @@ def run_split_compare(base: RunSettings, out_dir: Path, cuts: Sequence[int], *, 
                        f"it, or choose another --output")
     for cut in cuts:
         replace(base, split_at=cut).validate()
-    workload = load_workload(base, log)
+    workload = load_workload(base, log, command="bench")
     requests = workload.prepared.requests
     for cut in cuts:
         check_split(replace(base, split_at=cut), requests)

@@ -71,7 +71,8 @@ def run_candidate(settings: RunSettings) -> dict[str, Any]:
                settings.max_tokens, settings.device, settings.sim.architecture)
         workload = _WORKER_WORKLOADS.get(key)
         if workload is None:
-            workload = _WORKER_WORKLOADS[key] = load_workload(settings, lambda m: None)
+            workload = _WORKER_WORKLOADS[key] = load_workload(settings, lambda m: None,
+                                                              command="bench")
         result = run(settings, log=lambda m: None, workload=workload)
         status = "done" if result.exit_code == EXIT_OK else f"exit {result.exit_code}"
         return {"status": status, "error": None, "report": result.report,
@@ -230,7 +231,7 @@ def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
     kv_values = list(kv_values or [base.kv_reserve])
     check = layout_check(base)
     fits = loadable(base, seqs_values, kv_values, check) if check else None
-    workload = load_workload(base, log)
+    workload = load_workload(base, log, command="bench")
     if fits is None:
         fits = loadable(base, seqs_values, kv_values, layout_check(base, workload))
     for sentence in fits.words():
@@ -301,7 +302,7 @@ def run_repeats(base: RunSettings, bench_dir: Path, *, repeats: int, warmup: int
     import statistics
 
     bench_dir.mkdir(parents=True, exist_ok=True)
-    workload = load_workload(base, log)
+    workload = load_workload(base, log, command="bench")
     results = []
     for i in range(warmup + repeats):
         label = f"warmup-{i + 1}" if i < warmup else f"repeat-{i - warmup + 1}"

@@ -17,7 +17,8 @@ def main() -> None:
     Start here:
       neuron-batch run                      # built-in prompts and model, on this machine
       neuron-batch run prompts.jsonl        # your prompts
-      neuron-batch run trace.csv --device sim --instance inf2.8xlarge --architecture llama-3-8b
+      neuron-batch run trace.csv --device sim --instance inf2.8xlarge --architecture llama-3-8b \\
+          --max-model-len 4224 --limit 300  # a simulated inf2: the trace's first 300 requests
       neuron-batch report results/<run>     # the summary of a finished run again
       neuron-batch buckets suggest trace.csv --max-buckets 4
     """

@@ -150,8 +150,10 @@ def record_from_batch_request(obj: dict, source: str) -> tuple[PromptRecord, str
             record.prompt_token_ids = check_token_ids(prompt, "body.prompt")
         else:
             record.prompt = check_prompt_text(prompt, "body.prompt")
+        record.prompt_field = "body.prompt"
     else:
         record.messages = check_messages(body.get("messages"), "body.messages")
+        record.prompt_field = "body.messages"
     for name in ("max_completion_tokens", "max_tokens"):  # chat's newer name wins over the old
         if body.get(name) is not None:
             record.max_tokens = check_int(body[name], f"body.{name}", minimum=1)

@@ -75,6 +75,7 @@ def load_prompts(inputs: Sequence[str | Path], *, prompt_column: str = "prompt",
     problems: list[InputProblem] = []
     kinds: list[str] = []
     first_source_by_id: dict[str, str] = {}  # id -> source of the record that holds it
+    read_order = -1
     for spec in inputs:
         parsed = read_input(str(spec), prompt_column=prompt_column, split=split)
         if not parsed.items:
@@ -82,10 +83,13 @@ def load_prompts(inputs: Sequence[str | Path], *, prompt_column: str = "prompt",
                              "blank lines")
         kinds.append(parsed.kind)
         for item in parsed.items:
+            read_order += 1
             if isinstance(item, InputProblem):
+                item.read_order = read_order
                 problems.append(item)
                 continue
             record, id_field = item
+            record.read_order = read_order
             position = len(records)
             given_id = bool(record.id)
             if not given_id:
@@ -117,7 +121,7 @@ def _duplicate_id_problem(record: PromptRecord, id_field: str, given_id: bool,
         # A record without an id gets its position; an explicit id elsewhere already took it.
         message = (f"this record has no id and its default id {record.id!r} (its position) is "
                    f"already used at {first_source}; give it an explicit id")
-    return InputProblem(record.source, id_field, message)
+    return InputProblem(record.source, id_field, message, record.read_order)
 
 
 # ---------------------------------------------------------------------------------------------

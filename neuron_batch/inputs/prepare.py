@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from neuron_batch.buckets import round_model_len
 from neuron_batch.inputs.records import InputProblem, PromptRecord
 
 # Synthetic prompts draw from a fixed pseudo-random pool; each request starts at its own offset,
@@ -50,6 +51,10 @@ class Prepared:
     requests: list[PreparedRequest]
     problems: list[InputProblem]
     tokenizer_name: str | None
+    #: The longest request (prompt + max_tokens) and the longest prompt of every record whose
+    #: prompt became tokens, too-long ones included: what `max_model_len_fix` works from.
+    longest_request: int = 0
+    longest_prompt: int = 0
 
 
 class SyntheticTokens:
@@ -87,38 +92,67 @@ def prepare_requests(records: Sequence[PromptRecord], *, tokenizer: Any, tokeniz
     synthetic: SyntheticTokens | None = None
     requests: list[PreparedRequest] = []
     problems: list[InputProblem] = []
+    longest_request = longest_prompt = 0
     for record in records:
+        field = _prompt_field(record)
         try:
             ids = _token_ids(record, tokenizer, tokenizer_name)
         except _NeedsTokenizer as error:
-            problems.append(InputProblem(record.source, error.field, str(error)))
+            problems.append(InputProblem(record.source, record.prompt_field or error.field,
+                                         str(error), record.read_order))
             continue
         if ids is None:  # prompt_len
             synthetic = synthetic or SyntheticTokens(vocab_size)
             ids = synthetic.make(record.index, record.prompt_len)
-        field = _prompt_field(record)
         if not ids:
             problems.append(InputProblem(record.source, field, "the prompt is empty after "
-                                         "tokenization"))
+                                         "tokenization", record.read_order))
             continue
+        max_tokens = record.max_tokens or default_max_tokens
+        longest_prompt = max(longest_prompt, len(ids))
+        longest_request = max(longest_request, len(ids) + max_tokens)
         if len(ids) >= max_model_len:
+            # The fix (one --max-model-len for them all) is said once, after the list.
             problems.append(InputProblem(
                 record.source, field, f"the prompt has {len(ids):,} tokens, more than fit in "
-                f"max_model_len = {max_model_len:,} with room for output; raise --max-model-len "
-                f"or shorten the prompt"))
+                f"max_model_len = {max_model_len:,} with room for output", record.read_order,
+                too_long=True))
             continue
         if record.prompt_token_ids is not None:
             bad = next((t for t in ids if t >= vocab_size), None)
             if bad is not None:
-                problems.append(InputProblem(record.source, "prompt_token_ids",
+                problems.append(InputProblem(record.source, field,
                                              f"token id {bad} is outside the model's vocabulary "
-                                             f"of {vocab_size:,}"))
+                                             f"of {vocab_size:,}", record.read_order))
                 continue
-        max_tokens = record.max_tokens or default_max_tokens
         room = max_model_len - len(ids)
         clamped = clamp_max_tokens and max_tokens > room
         requests.append(PreparedRequest(record, ids, room if clamped else max_tokens, clamped))
-    return Prepared(requests, problems, tokenizer_name)
+    return Prepared(requests, problems, tokenizer_name, longest_request, longest_prompt)
+
+
+def max_model_len_fix(problems: Sequence[InputProblem], prepared: Prepared, *,
+                      context: int | None, context_name: str = "the model") -> str | None:
+    """The one --max-model-len that fixes every too-long prompt among `problems`, in words
+    (None when none is too long): the tightest that holds every request's prompt + max_tokens,
+    rounded as `plan` rounds its own candidate, capped at the model's `context` (max_tokens
+    past it are clamped); or why no value can, when a prompt alone is longer than the context."""
+    too_long = [p for p in problems if p.too_long]
+    if not too_long:
+        return None
+    fitting = round_model_len(prepared.longest_request)
+    if context is not None and fitting > context:
+        if prepared.longest_prompt >= context:
+            return (f"no --max-model-len fits every prompt: the longest has "
+                    f"{prepared.longest_prompt:,} tokens and {context_name}'s context is "
+                    f"{context:,}")
+        fitting = context
+    what = ("fits every request (prompt + max_tokens)" if fitting >= prepared.longest_request
+            else f"fits every prompt ({context_name}'s context; longer max_tokens are cut "
+                 f"short)")
+    if len(too_long) < len(problems):
+        what += f"; it fixes the {len(too_long)} prompt(s) too long, not the other problems"
+    return f"--max-model-len {fitting} {what}"
 
 
 class _NeedsTokenizer(Exception):
@@ -128,6 +162,10 @@ class _NeedsTokenizer(Exception):
 
 
 def _prompt_field(record: PromptRecord) -> str:
+    """The field or column the prompt came from, as the input names it (a trace's
+    `num_prefill_tokens`, not `prompt_len`)."""
+    if record.prompt_field is not None:
+        return record.prompt_field
     for name in ("prompt", "messages", "prompt_token_ids", "prompt_len"):
         if getattr(record, name) is not None:
             return name

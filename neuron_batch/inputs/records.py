@@ -42,6 +42,10 @@ class PromptRecord:
     stop: list[str] | None = None
     arrival_s: float | None = None  # traces: arrival offset in seconds
     openai: dict | None = None      # OpenAI batch: {"custom_id", "url", "model"}, for its output
+    # The field or column the prompt came from, as the input names it ("num_prefill_tokens",
+    # "body.messages"), so that a problem found after reading names what the user wrote.
+    prompt_field: str | None = None
+    read_order: int = -1            # position in reading order across inputs (before --shuffle)
 
 
 class InputError(ValueError):
@@ -55,6 +59,10 @@ class InputProblem:
     source: str                     # "path:LINE" or "path:row N"
     field: str | None               # the offending field or column; None for the line as a whole
     message: str
+    read_order: int = -1            # where its line was read (PromptRecord.read_order): problems
+                                    # found at different stages are listed in line order
+    too_long: bool = False          # a prompt too long for max_model_len, which a longer
+                                    # --max-model-len fixes (the one fix of them all, maybe)
 
     def __str__(self) -> str:
         if self.field is None:
@@ -190,7 +198,9 @@ def check_id(value: Any, field_name: str) -> str:
 
 def set_prompt(record: PromptRecord, prompt_field: str, value: Any, field_name: str,
                *, from_text: bool = False) -> None:
-    """Fill the one prompt field `prompt_field` (one of PROMPT_FIELDS) of `record`."""
+    """Fill the one prompt field `prompt_field` (one of PROMPT_FIELDS) of `record`, read from
+    the field or column `field_name`."""
+    record.prompt_field = field_name
     if prompt_field == "prompt":
         record.prompt = check_prompt_text(value, field_name)
     elif prompt_field == "messages":

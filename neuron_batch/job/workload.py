@@ -13,7 +13,7 @@ from typing import Any
 from neuron_batch.config import RunSettings
 from neuron_batch.errors import RunError
 from neuron_batch.inputs.load import describe_input, load_prompts
-from neuron_batch.inputs.prepare import prepare_requests
+from neuron_batch.inputs.prepare import max_model_len_fix, prepare_requests
 from neuron_batch.inputs.records import InputError, InputProblem
 
 MAX_PROBLEMS_SHOWN = 20
@@ -33,9 +33,11 @@ class Workload:
         return [len(r.prompt_token_ids) for r in self.prepared.requests]
 
 
-def load_workload(settings: RunSettings, log: Callable[[str], None]) -> Workload:
+def load_workload(settings: RunSettings, log: Callable[[str], None], *,
+                  command: str = "run") -> Workload:
     """Read every input and tokenize it before anything slow happens: a bad file fails in a
-    second, before any model loads."""
+    second, before any model loads. `command` is what runs the workload: only `run` has
+    --on-error, so only its error suggests it."""
     try:
         loaded = load_prompts(settings.inputs, prompt_column=settings.prompt_column,
                               split=settings.dataset_split, limit=settings.limit,
@@ -48,12 +50,19 @@ def load_workload(settings: RunSettings, log: Callable[[str], None]) -> Workload
     prepared = prepare_requests(loaded.records, tokenizer=tokenizer, tokenizer_name=tokenizer_name,
                                 vocab_size=vocab_size, max_model_len=settings.max_model_len,
                                 default_max_tokens=settings.max_tokens)
-    problems = loaded.problems + prepared.problems
+    # Problems are found while reading and while tokenizing (after --shuffle): in line order.
+    problems = sorted(loaded.problems + prepared.problems, key=lambda p: p.read_order)
     if problems:
-        _show_problems(problems, settings, log)
+        fix = max_model_len_fix(problems, prepared, **_model_context(settings, model))
+        _show_problems(problems, settings, fix, log)
+        if command != "run":
+            raise RunError(f"{len(problems)} input problem(s); nothing was run. "
+                           + (f"{_sentence(fix)}." if fix else "Fix those lines or leave them "
+                              f"out: `{command}` needs every request to run"))
         if settings.on_error == "fail":
-            raise RunError(f"{len(problems)} input problem(s); nothing was run. Fix them, or "
-                           f"pass --on-error skip to run the rest and report them")
+            raise RunError(f"{len(problems)} input problem(s); nothing was run. "
+                           + (f"{_sentence(fix)}; or pass" if fix else "Fix them, or pass")
+                           + " --on-error skip to run the rest and report them")
     if not prepared.requests:
         raise RunError("no runnable prompts in the input")
     return Workload(model, prepared, problems, loaded.kind, tokenizer)
@@ -86,7 +95,27 @@ def _vocab_size(model_path: str, tokenizer) -> int:
         return len(tokenizer) if tokenizer is not None else 32_000
 
 
-def _show_problems(problems: list[InputProblem], settings: RunSettings, log) -> None:
+def _model_context(settings: RunSettings, model) -> dict[str, Any]:
+    """The longest max_model_len the model takes (max_position_embeddings; on the simulated
+    device the architecture's) and its name, for the fix of too-long prompts; None unknown."""
+    from neuron_batch.device.architectures import resolve_architecture
+
+    try:
+        if settings.device == "sim":
+            arch = resolve_architecture(settings.sim.architecture or model.path)
+            return {"context": arch.max_position_embeddings, "context_name": arch.name}
+        config = json.loads((Path(model.path) / "config.json").read_text())
+        return {"context": int(config["max_position_embeddings"]), "context_name": model.name}
+    except (OSError, KeyError, TypeError, ValueError):
+        return {"context": None}
+
+
+def _sentence(text: str) -> str:
+    return text[0].upper() + text[1:]
+
+
+def _show_problems(problems: list[InputProblem], settings: RunSettings, fix: str | None,
+                   log) -> None:
     if settings.quiet and settings.on_error == "skip":
         return  # kept in the run folder's skipped.jsonl; the run's one closing line names it
     verb = "skipped" if settings.on_error == "skip" else "found"
@@ -100,3 +129,5 @@ def _show_problems(problems: list[InputProblem], settings: RunSettings, log) -> 
         print(f"  {problem}", file=sys.stderr)
     if len(problems) > MAX_PROBLEMS_SHOWN:
         print(f"  ... and {len(problems) - MAX_PROBLEMS_SHOWN} more", file=sys.stderr)
+    if fix and settings.on_error == "skip":
+        print(f"  ({fix})", file=sys.stderr)

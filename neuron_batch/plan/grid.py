@@ -31,6 +31,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from neuron_batch.buckets import round_model_len
 from neuron_batch.choices import KvReserve
 from neuron_batch.device.architectures import resolve_architecture
 from neuron_batch.device.hardware import (
@@ -44,7 +45,6 @@ from neuron_batch.device.target import NEURON_BLOCK_SIZE, Target
 from neuron_batch.layout.bounds import ShareStats, replica_bound
 from neuron_batch.plan.buckets import BucketChooser
 from neuron_batch.plan.options import (
-    MODEL_LEN_STEP,
     InstanceFit,
     Option,
     PlanError,
@@ -86,7 +86,7 @@ def model_len_candidates(spec: PlanSpec, prompt_lens: Sequence[int],
     """The max_model_len values to weigh: the one given and, when smaller, the tightest that
     holds every request (its prompt + max_tokens, rounded up to MODEL_LEN_STEP)."""
     longest = max((p + o for p, o in zip(prompt_lens, output_lens)), default=0)
-    tight = -(-longest // MODEL_LEN_STEP) * MODEL_LEN_STEP
+    tight = round_model_len(longest)
     return tuple(sorted({spec.max_model_len, tight})) if 0 < tight < spec.max_model_len \
         else (spec.max_model_len,)
 

@@ -16,8 +16,6 @@ from neuron_batch.report.cost import Price, usd
 from neuron_batch.runtime import Runtime, nxdi_default_buckets
 
 DEFAULT_INSTANCES = DEFAULT_PLAN_INSTANCES
-#: Candidate max_model_len values are rounded up to a multiple of this.
-MODEL_LEN_STEP = 128
 DEFAULT_SEQS = (8, 16, 32, 64)
 DEFAULT_MAX_NUM_INSTANCES = 4
 DEFAULT_MAX_PREFILL_BUCKETS = 4

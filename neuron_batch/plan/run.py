@@ -92,7 +92,8 @@ def _run_share(settings: RunSettings, workload_limit: int | None) -> dict:
            workload_limit, settings.model, settings.max_model_len, settings.max_tokens,
            settings.sim.architecture)
     if key not in _WORKLOADS:
-        _WORKLOADS[key] = load_workload(replace(settings, limit=workload_limit), lambda m: None)
+        _WORKLOADS[key] = load_workload(replace(settings, limit=workload_limit), lambda m: None,
+                                        command="plan")
     full = _WORKLOADS[key]
     prepared = Prepared(full.prepared.requests[:settings.limit], full.prepared.problems,
                         full.prepared.tokenizer_name)
@@ -133,7 +134,7 @@ def run_plan(job: PlanJob) -> int:
     job.out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     job = replace(job, log=_timed(job.log, started))
-    workload = load_workload(job.base, job.log)
+    workload = load_workload(job.base, job.log, command="plan")
     requests = workload.prepared.requests
     prompt_lens = [len(r.prompt_token_ids) for r in requests]
     output_lens = [r.max_tokens for r in requests]
