@@ -62,7 +62,10 @@ def validate_buckets(buckets: Sequence[int], maximum: int, *, name: str,
     is wrong and give a valid list to use instead.
     """
     buckets = list(buckets)
-    suggestion = _suggest(buckets, maximum)
+    suggestion = fitting_buckets(buckets, maximum)
+    if name.startswith("--"):
+        # An option's error suggests the option as it is typed, so it can be pasted back.
+        suggestion = f"{name} {','.join(map(str, suggestion))}"
     if not buckets:
         raise BucketError(f"{name} is empty; it needs at least one bucket, e.g. {suggestion}")
     for value in buckets:
@@ -83,7 +86,7 @@ def validate_buckets(buckets: Sequence[int], maximum: int, *, name: str,
     return buckets
 
 
-def _suggest(buckets: Sequence[int], maximum: int) -> list[int]:
+def fitting_buckets(buckets: Sequence[int], maximum: int) -> list[int]:
     """A valid list close to what the user wrote: their usable values, then the max."""
     usable = sorted({b for b in buckets if isinstance(b, int) and not isinstance(b, bool)
                      and 0 < b < maximum})
@@ -138,6 +141,8 @@ def kv_too_small_message(num_blocks: int, block_size: int, max_model_len: int) -
         f"the KV cache holds {num_blocks} blocks x {block_size} tokens = {capacity:,} tokens, "
         f"less than one request of max_model_len = {max_model_len:,} tokens, so no request "
         f"could be admitted safely (the AWS plugin silently switches its KV admission cap off "
-        f"here and risks a deadlock). Lower max_model_len to at most {fitting_len:,}, or give "
-        f"the KV cache more memory (raise VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION on Neuron, "
-        f"or gpu_memory_utilization / the KV cache space elsewhere).")
+        f"here and risks a deadlock). Lower max_model_len to at most {fitting_len:,} "
+        f"(--max-model-len {fitting_len}); or reserve each request's own prompt + max_tokens "
+        f"(--kv-reserve request, the default: requests that fit run); or give the KV cache "
+        f"more memory (raise VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION on Neuron, or "
+        f"gpu_memory_utilization / the KV cache space elsewhere).")

@@ -6,13 +6,14 @@ The CLI, a `--config job.toml` file and environment variables all end up here as
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.buckets import BucketError, parse_bucket_list
+from neuron_batch.buckets import BucketError, parse_bucket_list, round_model_len
 from neuron_batch.choices import (
     Choice,
     Device,
@@ -24,6 +25,7 @@ from neuron_batch.choices import (
     WeightDtype,
     normalise,
 )
+from neuron_batch.errors import did_you_mean
 from neuron_batch.report.cost import (
     DEFAULT_PRICING,
     Price,
@@ -181,7 +183,8 @@ class RunSettings:
                 raise SettingsError(
                     f"--split-at {self.split_at:,} must be below --max-model-len "
                     f"{self.max_model_len:,} (the long layout's); requests up to {self.split_at:,} "
-                    f"tokens run in a layout of that length, the rest in the long one")
+                    f"tokens run in a layout of that length, the rest in the long one: give a "
+                    f"smaller cut, or --max-model-len {round_model_len(self.split_at + 1)}")
         if self.split_placement not in SPLIT_PLACEMENTS:
             raise SettingsError(f"--split-placement must be one of "
                                 f"{', '.join(SPLIT_PLACEMENTS)}, got {self.split_placement!r}")
@@ -215,11 +218,14 @@ class RunSettings:
             raise SettingsError(str(error)) from None
         self._check_runtime_runs_here(runtime)
         if runtime.static_kv and self.kv_reserve == KvReserve.MAX_MODEL_LEN:
+            paged = get_runtime("vllm-neuron")
+            family = self._sim_family()     # (name the paged runtime only where it runs)
             raise SettingsError(
                 f"--kv-reserve does not apply under the {runtime.name} runtime: its static KV "
                 f"cache holds max_num_seqs x max_model_len by construction, so KV never limits "
-                f"admission (max_num_seqs does); drop the option, or choose --runtime "
-                f"vllm-neuron")
+                f"admission (max_num_seqs does); drop --kv-reserve"
+                + (f", or choose --runtime {paged.name}"
+                   if family is None or family in paged.runs_on else ""))
         try:
             self.shapes(runtime)
         except BucketError as error:
@@ -292,7 +298,18 @@ class RunSettings:
         runtime = runtime or self.resolve_runtime()
         return runtime.shapes(self.bucket_lists(), max_num_seqs=self.max_num_seqs,
                               max_num_batched_tokens=self.max_num_batched_tokens,
-                              max_model_len=self.max_model_len)
+                              max_model_len=self.max_model_len, family=self._sim_family())
+
+    def _sim_family(self) -> str | None:
+        """The simulated instance's family (inf2, trn2, ...), which decides the runtimes a
+        hint may name; None off the simulated device or for an unknown instance."""
+        if self.device != "sim":
+            return None
+        from neuron_batch.device.hardware import HardwareError, get_instance
+        try:
+            return get_instance(self.sim.instance).family
+        except HardwareError:
+            return None
 
     def buckets(self) -> tuple[list[int], list[int]]:
         """(prefill, decode) buckets this run uses, validated against the limits."""
@@ -359,16 +376,43 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     known = {OPTION_NAMES.get(f.name, f.name)
              for f in (*fields(RunSettings), *fields(SimOptions), *fields(CostOptions))}
     flat: dict[str, Any] = {}
+    written: dict[str, tuple[str | None, str]] = {}  # flat key -> (table, key as written)
     for key, value in data.items():
         if key == "sim" and isinstance(value, dict):
             for sim_key, sim_value in value.items():
                 flat[sim_key.replace("-", "_")] = sim_value
+                written[sim_key.replace("-", "_")] = ("sim", sim_key)
             continue
         flat[key.replace("-", "_")] = value
-    unknown = sorted(k for k in flat if k not in known)
+        written[key.replace("-", "_")] = (None, key)
+    unknown = [k for k in flat if k not in known]
     if unknown:
-        raise SettingsError(f"{path}: unknown setting(s) {', '.join(unknown)}; "
-                            f"known: {', '.join(sorted(known))}")
+        text = path.read_text(encoding="utf-8")
+        raise SettingsError("; ".join(_unknown_key(path, text, *written[k], known)
+                                      for k in unknown))
     by_option = {option: name for name, option in OPTION_NAMES.items()}
     return {by_option.get(key, key): value for key, value in flat.items()}
+
+
+def _unknown_key(path: Path, text: str, table: str | None, key: str, known: set[str]) -> str:
+    """"job.toml:3: unknown setting 'max-num-seq'; did you mean 'max-num-seqs'?", spelt with
+    dashes or underscores as the key is; the known names when none is close."""
+    style = (lambda name: name) if "_" in key and "-" not in key else (
+        lambda name: name.replace("_", "-"))
+    names = sorted(style(name) for name in known)
+    line = _key_line(text, table, key)
+    hint = did_you_mean(key, names) or f"; known: {', '.join(names)}"
+    return f"{path}{f':{line}' if line else ''}: unknown setting {key!r}{hint}"
+
+
+def _key_line(text: str, table: str | None, key: str) -> int | None:
+    """The line where `key` is set under `table` (None: the top level); tomllib keeps no
+    positions, so the file is scanned for `key =` under the right header."""
+    current, setting = None, re.compile(rf"""\s*(["']?){re.escape(key)}\1\s*=""")
+    for number, line in enumerate(text.splitlines(), 1):
+        if header := re.match(r"""\s*\[\s*["']?([^\]"']+)["']?\s*\]""", line):
+            current = header.group(1).strip()
+        elif current == table and setting.match(line):
+            return number
+    return None
 

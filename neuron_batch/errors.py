@@ -11,6 +11,9 @@ Exit codes (also in `neuron-batch run --help` and the README):
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PARTIAL, EXIT_INTERRUPTED, EXIT_BUSY = 0, 1, 2, 3, 4, 5
 
 
@@ -22,3 +25,10 @@ class RunError(Exception):
 
 class ModelError(Exception):
     """A model that cannot be used; the message names it and says what to do."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """"; did you mean 'x'?" for the choice closest to a misspelt `word`, else "": one
+    spelling of the suggestion every unknown-name error shares."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""

@@ -34,6 +34,7 @@ from neuron_batch.buckets import (
     default_decode_buckets,
     default_prefill_buckets,
     effective_max_prefill_tokens,
+    fitting_buckets,
     validate_buckets,
 )
 
@@ -181,15 +182,19 @@ class Runtime:
                                          ("attention", self.attention)) if o is not None)
 
     def shapes(self, bucket_lists: Mapping[str, Sequence[int] | None] | None, *,
-               max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> Shapes:
+               max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
+               family: str | None = None) -> Shapes:
         """The shapes for these limits and the user's lists (by config key; a missing or None
         list takes the runtime's default). BucketError, naming the flag, for a list the
-        plugin would refuse or that leaves a step without a graph."""
+        plugin would refuse or that leaves a step without a graph; for a list of the other
+        runtime it says what to give instead on the instance `family` (None: unknown)."""
         given = dict(bucket_lists or {})
-        unknown = sorted(k for k, v in given.items() if v is not None
-                         and k not in {o.key for o in self.bucket_options})
+        unknown = {k: list(v) for k, v in sorted(given.items()) if v is not None
+                   and k not in {o.key for o in self.bucket_options}}
         if unknown:
-            raise BucketError(self.foreign_message(unknown))
+            raise BucketError(self.foreign_message(
+                unknown, max_model_len=max_model_len,
+                max_num_batched_tokens=max_num_batched_tokens, family=family))
         if self.static_kv:
             prefill = self._list(given, self.prefill, max_model_len,
                                  nxdi_default_buckets(max_model_len))
@@ -224,15 +229,52 @@ class Runtime:
             return default
         return validate_buckets(list(value), maximum, name=option.flag, max_name=option.maximum)
 
-    def foreign_message(self, keys: Sequence[str]) -> str:
-        """Why bucket settings of the other runtime are refused here."""
+    def foreign_message(self, given: Mapping[str, Sequence[int]], *, max_model_len: int,
+                        max_num_batched_tokens: int, family: str | None = None) -> str:
+        """Why bucket lists of the other runtime (by config key) are refused here, and what
+        to give instead: this runtime's list of the same role (prefill; decode attention)
+        made valid from the values given, and `--runtime <other>` only where the other
+        runtime runs on the instance `family` (None: unknown), so the hint never names a
+        runtime that is then refused (the Beta plugin on inf2)."""
         other = next(r for r in RUNTIMES.values() if r is not self)
-        flags = {o.key: o.flag for o in other.bucket_options}
-        named = ", ".join(flags.get(k, k) for k in keys)
-        own = ", ".join(o.flag for o in self.bucket_options)
-        return (f"{named} belong(s) to the {other.name} runtime ({other.summary}); this run "
-                f"uses {self.name} ({self.summary}), whose buckets are {own}. Drop the "
-                f"option, or choose --runtime {other.name}")
+        theirs = {o.key: (role, o) for role in _ROLES
+                  if (o := getattr(other, role)) is not None}
+        named, instead = [], []
+        for key, values in given.items():
+            role, option = theirs.get(key, (None, None))
+            named.append(option.flag if option else key)
+            own = getattr(self, role) if role else None
+            fitted = self._fitted(role, values, max_model_len=max_model_len,
+                                  max_num_batched_tokens=max_num_batched_tokens)
+            if option and own is None:
+                instead.append(f"drop {option.flag} ({self.name} decodes every max_num_seqs "
+                               f"slot: --max-num-seqs is its one decode batch)")
+            elif option and fitted:
+                instead.append(f"use {own.flag} {_csv(fitted)} ({own.what})")
+            elif option:
+                instead.append(f"drop {option.flag} ({own.flag} is opt-in and none of these "
+                               f"values is below max_model_len {max_model_len})")
+        text = (f"{', '.join(named)} belong(s) to the {other.name} runtime "
+                f"({other.summary}); this run uses {self.name} ({self.summary}). Instead: "
+                f"{'; '.join(instead)}")
+        if family is None or family in other.runs_on:
+            return text + f"; or keep them with --runtime {other.name}"
+        return text + (f"; {other.name} itself does not run on {family} (AWS ships it for "
+                       f"{'/'.join(other.runs_on)} only)")
+
+    def _fitted(self, role: str | None, values: Sequence[int], *, max_model_len: int,
+                max_num_batched_tokens: int) -> list[int]:
+        """`values` made a valid list of this runtime's `role` option (empty: none is)."""
+        if role == "prefill" and not self.static_kv:
+            return fitting_buckets(values, effective_max_prefill_tokens(
+                max_num_batched_tokens, max_model_len))
+        if role == "attention" and not self.static_kv:   # opt-in multiples of 128 below it
+            rounded = {-(-v // DECODE_CONTEXT_MULTIPLE) * DECODE_CONTEXT_MULTIPLE
+                       for v in values if v > 0}
+            return sorted(v for v in rounded if v < max_model_len)
+        if role in ("prefill", "attention"):
+            return fitting_buckets(values, max_model_len)
+        return []
 
     # -- decode KV traffic -------------------------------------------------------------------
     def decode_kv_tokens(self, padded_seqs: int, attended: int, held: int, *, head_dim: int,
@@ -291,6 +333,15 @@ class Runtime:
         return {"name": self.name, "summary": self.summary, "static_kv": self.static_kv,
                 "chunked_prefill": self.chunked_prefill,
                 "bucket_flags": [o.flag for o in self.bucket_options]}
+
+
+#: The attributes of a Runtime that hold its bucket options, by role: a list of one runtime
+#: maps to the other's of the same role.
+_ROLES = ("prefill", "decode", "attention")
+
+
+def _csv(values: Sequence[int]) -> str:
+    return ",".join(str(v) for v in values)
 
 
 def validate_context_buckets(buckets: list[int], max_model_len: int, flag: str) -> list[int]:

@@ -151,8 +151,9 @@ def test_static_kv_matches_the_notes_example_and_says_what_fits():
         static_kv_capacity("inf2.xlarge", "llama-3.1-8b", 2, "bf16", 16384, 32, 32)
     message = str(info.value)
     assert "64.0 GiB" in message and "--max-num-seqs 6 at this max_model_len" in message
-    assert "--max-model-len 3,456 at this max_num_seqs" in message
-    assert "--tensor-parallel-size 8 on inf2.24xlarge" in message
+    # flags as typed (no thousands separator), so each can be pasted back (test_hints.py)
+    assert "--max-model-len 3456 at this max_num_seqs" in message
+    assert "--instance inf2.24xlarge --tensor-parallel-size 8" in message
 
 
 @given(seqs=st.integers(1, 64), length=st.sampled_from([1024, 2048, 4096, 8192, 16384]),

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_batch.errors import did_you_mean
+
 #: Bytes per stored element for each supported weight / KV dtype.
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 
@@ -168,7 +170,8 @@ _LOOKUP = {_normalize(n): n for n in ARCHITECTURES} | _ALIASES
 def _lookup(name: str) -> Architecture:
     key = _normalize(name)
     if key not in _LOOKUP:
-        raise ArchitectureError(f"unknown model {name!r}; built-in architectures: "
+        hint = did_you_mean(key, _LOOKUP) or ";"
+        raise ArchitectureError(f"unknown model {name!r}{hint} built-in architectures: "
                                 f"{', '.join(ARCHITECTURES)} (or pass a config.json path)")
     return ARCHITECTURES[_LOOKUP[key]]
 

@@ -275,10 +275,11 @@ def _fit_bytes(inst: Instance, tp: int, arch: Architecture,
 
 
 def _where_it_fits(arch: Architecture, weight_dtype: str) -> str:
+    """The first instance and TP that hold the weights, as the flags a run takes."""
     for inst in INSTANCES.values():
         for tp in valid_tp_degrees(inst):
             if _fit_bytes(inst, tp, arch, weight_dtype)[2] > 0:
-                return f"TP {tp} on {inst.name}"
+                return f"--instance {inst.name} --tensor-parallel-size {tp}"
     return "no single instance"
 
 
@@ -297,9 +298,10 @@ def kv_capacity(instance: str | Instance, arch: str | Architecture, tp_degree: i
     if free <= 0:
         others = [d for d in valid_tp_degrees(inst)
                   if _fit_bytes(inst, d, arch, weight_dtype)[2] > 0]
-        here = f"TP {others[0]} on {inst.name}" if others else _where_it_fits(arch, weight_dtype)
+        here = (f"--tensor-parallel-size {others[0]}" if others
+                else _where_it_fits(arch, weight_dtype))
         smaller = "" if weight_dtype != "bf16" else (
-            f"; with int8 weights: {_where_it_fits(arch, 'int8')}")
+            f"; with int8 weights: {_where_it_fits(arch, 'int8')} --weight-dtype int8")
         raise CapacityError(
             f"{arch.name} {weight_dtype} weights ({weights / GIB:.1f} GiB) do not fit in TP {tp} "
             f"on {inst.name}: {budget / GIB:.0f} GiB of HBM, {(budget - reserve) / GIB:.1f} GiB "

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from neuron_batch.errors import did_you_mean
+
 GIB = 1 << 30
 
 #: HBM per NeuronCore-v2 (32 GiB per chip, 2 cores per chip).
@@ -125,7 +127,8 @@ def get_instance(name: str | Instance) -> Instance:
         return name
     key = name.strip().lower()
     if key not in INSTANCES:
-        raise HardwareError(f"unknown instance {name!r}; valid names: {', '.join(INSTANCES)}")
+        raise HardwareError(f"unknown instance {name!r}{did_you_mean(key, INSTANCES) or ';'} valid "
+                            f"names: {', '.join(INSTANCES)}")
     return INSTANCES[key]
 
 

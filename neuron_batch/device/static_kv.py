@@ -89,7 +89,7 @@ def _does_not_fit(inst: Instance, arch: Architecture, tp: int, weight_dtype: str
         options.append(f"--max-num-seqs {fit} at this max_model_len")
     longest = max(free, 0) // (max_num_seqs * per_token) // _LEN_STEP * _LEN_STEP
     if longest >= _LEN_STEP:
-        options.append(f"--max-model-len {longest:,} at this max_num_seqs")
+        options.append(f"--max-model-len {longest} at this max_num_seqs")
     holder = where_it_fits(arch, weight_dtype, max_model_len, max_num_seqs, kv_dtype,
                            prefer=inst.name)
     if holder:
@@ -100,12 +100,15 @@ def _does_not_fit(inst: Instance, arch: Architecture, tp: int, weight_dtype: str
 
 def where_it_fits(arch: Architecture, weight_dtype: str, max_model_len: int, max_num_seqs: int,
                   kv_dtype: str = "bf16", prefer: str | None = None) -> str | None:
-    """'TP d on <instance>' for the smallest TP group that holds the layout, on `prefer`
-    first, then on the other instances in table order; None if none does."""
+    """'--instance <instance> --tensor-parallel-size d' for the smallest TP group that holds
+    the layout, on `prefer` first (then only the TP), then on the other instances in table
+    order; None if none does."""
     names = ([prefer] if prefer else []) + [n for n in INSTANCES if n != prefer]
     for inst in (INSTANCES[name] for name in names):
         for tp in valid_tp_degrees(inst):
             if static_slots(inst, arch, tp, weight_dtype, max_model_len, kv_dtype) \
                     >= max_num_seqs:
-                return f"--tensor-parallel-size {tp} on {inst.name}"
+                # As typed on the command line, so the hint can be pasted back.
+                flags = f"--tensor-parallel-size {tp}"
+                return flags if inst.name == prefer else f"--instance {inst.name} {flags}"
     return None

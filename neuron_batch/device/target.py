@@ -332,13 +332,20 @@ def _profile(profile: str | Path | CostProfile | None, source: str | None,
 def _check_context(arch: Architecture, max_model_len: int) -> None:
     if max_model_len <= arch.max_position_embeddings:
         return
-    longer = [a.name for a in ARCHITECTURES.values()
+    raise SimError(f"max_model_len {max_model_len} exceeds {arch.name}'s context of "
+                   f"{arch.max_position_embeddings} tokens; "
+                   + context_hint(arch, max_model_len))
+
+
+def context_hint(arch: Architecture, max_model_len: int) -> str:
+    """What to give when `max_model_len` is past `arch`'s context, as flags: a lower
+    --max-model-len, or a catalogue architecture of the same shapes (so the same figures)
+    whose context holds it."""
+    longer = [a.name.lower() for a in ARCHITECTURES.values()   # lower case: the catalogue key
               if a.max_position_embeddings >= max_model_len and _same_shape(a, arch)]
-    hint = f" ({', '.join(longer)} has the same shapes)" if longer else ""
-    raise SimError(
-        f"max_model_len {max_model_len} exceeds {arch.name}'s context of "
-        f"{arch.max_position_embeddings} tokens; lower it or choose a model with a "
-        f"longer context{hint}")
+    same = (f", or --architecture {longer[0]} (the same shapes, a longer context)"
+            if longer else ", or a model with a longer context")
+    return f"give --max-model-len {arch.max_position_embeddings} or less{same}"
 
 
 def checked_kv_capacity(instance: Instance, arch: Architecture, tp: int, weight_dtype: str,

@@ -42,10 +42,12 @@ class PromptRecord:
     stop: list[str] | None = None
     arrival_s: float | None = None  # traces: arrival offset in seconds
     openai: dict | None = None      # OpenAI batch: {"custom_id", "url", "model"}, for its output
-    # The field or column the prompt came from, as the input names it ("num_prefill_tokens",
-    # "body.messages"), so that a problem found after reading names what the user wrote.
-    prompt_field: str | None = None
-    read_order: int = -1            # position in reading order across inputs (before --shuffle)
+    # Where the record came from, not what it asks (so left out of ==): the field or column the
+    # prompt came from, as the input names it ("num_prefill_tokens", "body.messages"), so that
+    # a problem found after reading names what the user wrote; and its position in reading
+    # order across inputs (before --shuffle), so that problems are listed in line order.
+    prompt_field: str | None = field(default=None, compare=False)
+    read_order: int = field(default=-1, compare=False)
 
 
 class InputError(ValueError):
@@ -59,10 +61,11 @@ class InputProblem:
     source: str                     # "path:LINE" or "path:row N"
     field: str | None               # the offending field or column; None for the line as a whole
     message: str
-    read_order: int = -1            # where its line was read (PromptRecord.read_order): problems
-                                    # found at different stages are listed in line order
-    too_long: bool = False          # a prompt too long for max_model_len, which a longer
-                                    # --max-model-len fixes (the one fix of them all, maybe)
+    # Where its line was read (PromptRecord.read_order): problems found at different stages
+    # are listed in line order. And whether a longer --max-model-len fixes it (a prompt too
+    # long), for the one fix of them all. Neither is part of what the problem says.
+    read_order: int = field(default=-1, compare=False)
+    too_long: bool = field(default=False, compare=False)
 
     def __str__(self) -> str:
         if self.field is None:

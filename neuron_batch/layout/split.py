@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from neuron_batch.buckets import round_model_len
 from neuron_batch.config import RunSettings
 from neuron_batch.errors import RunError
 from neuron_batch.inputs.prepare import PreparedRequest
@@ -172,16 +173,21 @@ def check_split(settings: RunSettings, requests: list[PreparedRequest]) -> None:
     if split_at < shortest:
         raise RunError(f"--split-at {split_at:,} is below the shortest request (prompt + "
                        f"max_tokens = {shortest:,} tokens): no request would run in the short "
-                       f"layout; choose a cut of at least {shortest:,}")
+                       f"layout; choose a cut of at least {shortest:,} (--split-at {shortest})")
     # (a request whose max_tokens the input stage clamped to fit max_model_len is one too)
     too_long = [r for r in requests if r.max_tokens_clamped
                 or r.length > settings.max_model_len]
     if too_long:
-        named = ", ".join(f"{r.record.id} ({r.length:,})" for r in too_long[:5])
+        # What they ask for, before the input stage clamped max_tokens to fit.
+        reach = {r.record.id: len(r.prompt_token_ids)
+                 + max(r.max_tokens, r.record.max_tokens or 0) for r in too_long}
+        named = ", ".join(f"{r.record.id} ({reach[r.record.id]:,})" for r in too_long[:5])
         more = f" and {len(too_long) - 5} more" if len(too_long) > 5 else ""
         raise RunError(f"{len(too_long)} request(s) reach more than --max-model-len "
-                       f"{settings.max_model_len:,} tokens (prompt + max_tokens): {named}{more}; "
-                       f"raise --max-model-len (the long layout) or lower their max_tokens")
+                       f"{settings.max_model_len} tokens (prompt + max_tokens): {named}{more}; "
+                       f"raise it for the long layout (--max-model-len "
+                       f"{round_model_len(max(reach.values()))} holds them all) or lower their "
+                       f"max_tokens")
 
 
 def short_layout_slots(settings: RunSettings, slots_at, num_requests: int) -> int:

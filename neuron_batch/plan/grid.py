@@ -42,6 +42,7 @@ from neuron_batch.device.hardware import (
     valid_tp_degrees,
 )
 from neuron_batch.device.target import NEURON_BLOCK_SIZE, Target
+from neuron_batch.errors import did_you_mean
 from neuron_batch.layout.bounds import ShareStats, replica_bound
 from neuron_batch.plan.buckets import BucketChooser
 from neuron_batch.plan.options import (
@@ -72,8 +73,9 @@ def _instances(names: Sequence[str]) -> list[Instance]:
         try:
             inst = get_instance(name)
         except HardwareError:
-            raise PlanError(f"--instances: unknown or unsimulated instance {name!r}; choose "
-                            f"from {', '.join(INSTANCES)}") from None
+            hint = did_you_mean(name.strip().lower(), INSTANCES) or ";"
+            raise PlanError(f"--instances: unknown or unsimulated instance {name!r}{hint} "
+                            f"choose from {', '.join(INSTANCES)}") from None
         if inst not in out:
             out.append(inst)
     if not out:
