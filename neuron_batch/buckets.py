@@ -142,7 +142,7 @@ def kv_too_small_message(num_blocks: int, block_size: int, max_model_len: int) -
         f"less than one request of max_model_len = {max_model_len:,} tokens, so no request "
         f"could be admitted safely (the AWS plugin silently switches its KV admission cap off "
         f"here and risks a deadlock). Lower max_model_len to at most {fitting_len:,} "
-        f"(--max-model-len {fitting_len}); or reserve each request's own prompt + max_tokens "
-        f"(--kv-reserve request, the default: requests that fit run); or give the KV cache "
-        f"more memory (raise VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION on Neuron, or "
-        f"gpu_memory_utilization / the KV cache space elsewhere).")
+        f"(--max-model-len {fitting_len}), or give the KV cache more memory (more "
+        f"NeuronCores; raise VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION on Neuron, or "
+        f"gpu_memory_utilization / the KV cache space elsewhere). (kv_reserve=request would "
+        f"not help: vLLM's own start-up refuses a cache smaller than one max_model_len.)")

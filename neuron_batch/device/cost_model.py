@@ -350,3 +350,21 @@ def compile_footprint(num_prefill_buckets: int, num_decode_buckets: int,
     return {"graphs": graphs, "per_graph_s": per_graph, "estimated_compile_s": graphs * per_graph,
             "tp": tp}
 
+
+def tp_holding_one_request(instance: str, arch: Architecture, tp: int, weight_dtype: str,
+                           max_model_len: int, block_size: int,
+                           cap_fraction: float) -> int | None:
+    """The smallest TP above `tp` on `instance` whose paged KV cache holds one request of
+    max_model_len (vLLM's null block left out), or None: what a too-small cache's error
+    suggests."""
+    for bigger in valid_tp_degrees(instance):
+        if bigger <= tp:
+            continue
+        try:
+            kv = kv_capacity(instance, arch, bigger, weight_dtype, max_model_len=max_model_len,
+                             block_size=block_size, cap_fraction=cap_fraction)
+        except CapacityError:
+            continue
+        if kv["num_blocks"] - 1 >= -(-max_model_len // block_size):
+            return bigger
+    return None

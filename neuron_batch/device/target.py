@@ -34,6 +34,7 @@ from neuron_batch.device.cost_model import (
     compile_footprint,
     kv_capacity,
     load_profile,
+    tp_holding_one_request,
 )
 from neuron_batch.device.hardware import INSTANCES, Instance, get_instance, validate_tp
 from neuron_batch.device.model_dir import architecture_of, write_model_dir
@@ -362,7 +363,11 @@ def checked_kv_capacity(instance: Instance, arch: Architecture, tp: int, weight_
     if usable < blocks_per_seq:
         where = f"{arch.name} {weight_dtype} on TP {tp} on {instance.name}: "
         if parse_kv_reserve(kv_reserve) == MAX_MODEL_LEN:
-            raise CapacityError(where + kv_too_small_message(usable, block_size, max_model_len))
+            bigger = tp_holding_one_request(instance, arch, tp, weight_dtype, max_model_len,
+                                            block_size, cap_fraction)
+            raise CapacityError(where + kv_too_small_message(usable, block_size, max_model_len)
+                                + (f" On {instance}: --tensor-parallel-size {bigger} holds one."
+                                   if bigger else ""))
         if warn:
             logger.warning("%s", where + small_cache_warning(usable, block_size, max_model_len))
     return kv
