@@ -59,7 +59,7 @@ def flags_in(text: str) -> list[tuple[str, str | None]]:
         value = None
         following = words[position + 1] if position + 1 < len(words) else ""
         if flag == word and following and not following.startswith("--") \
-                and re.fullmatch(r"[\w.,:/-]+[.;,)]?", following):
+                and re.fullmatch(r"[\w.,:/=-]+[.;,)]?", following):
             value = following.rstrip(".;,)")
         found.append((flag, value))
     return found
@@ -345,16 +345,36 @@ def test_an_unknown_name_gets_a_did_you_mean(runs, flag, typo):
     assert "unknown" not in again.output and again.exit_code == 0, again.output
 
 
-def test_plan_unknown_instance_gets_a_did_you_mean(tmp_path):
-    args = ["plan", TRACE, "--architecture", "llama-3.1-8b", "--deadline", "1h",
-            "--instances", "inf2.9xlarge", "-o", str(tmp_path / "plan")]
-    failed = cli(*args)
+def stopped_plan(tmp_path: Path, args: list[str]):
+    """`plan` with `args` into a folder that already holds a plan: past its checks of names,
+    lengths and prices a plan reads its output folder first and stops there, so a fixed
+    command is shown to pass them without simulating anything."""
+    out = tmp_path / f"plan{len(list(tmp_path.iterdir()))}"
+    out.mkdir()
+    (out / "plan.json").write_text("{}")
+    result = cli("plan", TRACE, "--deadline", "1h", *args, "-o", str(out))
+    assert "already holds a plan" in result.output, result.output
+    return result
+
+
+def test_plan_hints_on_names_lengths_and_prices(tmp_path):
+    base = ["plan", TRACE, "--deadline", "1h", "-o", str(tmp_path / "never")]
+    failed = cli(*base, "--architecture", "llama-3.1-8b", "--instances", "inf2.9xlarge")
     assert failed.exit_code == 2 and "unknown or unsimulated instance" in failed.output
-    meant = hint(r"did you mean '([^']+)'\?", failed.output)
-    # Past the instance check a plan reads its output folder first: one that already holds a
-    # plan stops it there, so the fixed name is shown to pass without simulating anything.
-    (tmp_path / "plan").mkdir()
-    (tmp_path / "plan" / "plan.json").write_text("{}")
-    again = cli(*[meant if word == "inf2.9xlarge" else word for word in args])
-    assert "unknown or unsimulated" not in again.output
-    assert "already holds a plan" in again.output
+    stopped_plan(tmp_path, ["--architecture", "llama-3.1-8b", "--instances",
+                            hint(r"did you mean '([^']+)'\?", failed.output)])
+
+    args = ["--architecture", "llama-3-8b", "--max-model-len", "16384"]
+    failed = cli(*base, *args)
+    assert failed.exit_code == 2 and "exceeds Llama-3-8B's context" in failed.output
+    stopped_plan(tmp_path, applied(args, hint(r"give (--max-model-len \d+) or less",
+                                              failed.output)))
+    stopped_plan(tmp_path, applied(args[:2], hint(r"or (--architecture \S+) \(",
+                                                  failed.output)) + args[2:])
+
+    args = ["--architecture", "llama-3.1-8b", "--instances", "trn2.3xlarge"]
+    failed = cli(*base, *args)
+    assert failed.exit_code == 2 and "no built-in price" in failed.output
+    assert "Try larger instances" not in failed.output      # nothing was too small
+    priced = hint(r"give (--price-per-hour \S+=USD)", failed.output).replace("USD", "2.5")
+    stopped_plan(tmp_path, applied(args, priced))

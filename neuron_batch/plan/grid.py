@@ -41,7 +41,7 @@ from neuron_batch.device.hardware import (
     get_instance,
     valid_tp_degrees,
 )
-from neuron_batch.device.target import NEURON_BLOCK_SIZE, Target
+from neuron_batch.device.target import NEURON_BLOCK_SIZE, Target, context_hint
 from neuron_batch.errors import did_you_mean
 from neuron_batch.layout.bounds import ShareStats, replica_bound
 from neuron_batch.plan.buckets import BucketChooser
@@ -54,7 +54,6 @@ from neuron_batch.plan.options import (
 from neuron_batch.report.cost import (
     PricingError,
     has_builtin_price,
-    no_price_message,
     price_for,
 )
 from neuron_batch.runtime import get_runtime
@@ -104,12 +103,14 @@ def placements(spec: PlanSpec) -> tuple[list[InstanceFit], list[str]]:
         raise PlanError(str(error)) from None
     if spec.max_model_len > arch.max_position_embeddings:
         raise PlanError(f"--max-model-len {spec.max_model_len} exceeds {arch.name}'s context "
-                        f"of {arch.max_position_embeddings} tokens")
+                        f"of {arch.max_position_embeddings} tokens; "
+                        + context_hint(arch, spec.max_model_len))
     for inst in _instances(spec.instances):
         name = inst.name
         override = spec.prices.get(name)
         if override is None and not has_builtin_price(name):
-            excluded.append(f"{name}: {no_price_message(name)}")
+            # plan's own form: with several --instances a price names its instance
+            excluded.append(f"{name}: no built-in price; give --price-per-hour {name}=USD")
             continue
         try:
             price = price_for(name, spec.pricing, override)
@@ -137,10 +138,13 @@ def placements(spec: PlanSpec) -> tuple[list[InstanceFit], list[str]]:
             found.append(InstanceFit(name, tp, target.engines_per_instance, target, price))
     if not found:
         reasons = "; ".join(excluded[-3:])
+        # (the sizes hint only where a candidate was too small, not unpriced or refused)
+        sizes = any(" TP " in reason.split(":", 1)[0] for reason in excluded)
         raise PlanError(f"{spec.architecture} ({spec.weight_dtype}) at max_model_len "
                         f"{spec.max_model_len} fits none of the candidates "
-                        f"({', '.join(spec.instances)}): {reasons}. Try larger instances in "
-                        f"--instances, a smaller --max-model-len or --weight-dtype int8")
+                        f"({', '.join(spec.instances)}): {reasons}"
+                        + (". Try larger instances in --instances, a smaller --max-model-len "
+                           "or --weight-dtype int8" if sizes else ""))
     return found, excluded
 
 
