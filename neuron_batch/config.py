@@ -249,8 +249,9 @@ class RunSettings:
             raise SettingsError(refused)
 
     def _sim_family(self) -> str | None:
-        """The simulated instance's family; None when not simulated or the instance is
-        unknown. (The run looks the instance up once more, into its Target.)"""
+        """The simulated instance's family (which runtimes run there, so which a hint may
+        name); None when not simulated or the instance is unknown. (The run looks the
+        instance up once more, into its Target.)"""
         if self.device != "sim":
             return None
         from neuron_batch.device.hardware import HardwareError, get_instance
@@ -299,17 +300,6 @@ class RunSettings:
         return runtime.shapes(self.bucket_lists(), max_num_seqs=self.max_num_seqs,
                               max_num_batched_tokens=self.max_num_batched_tokens,
                               max_model_len=self.max_model_len, family=self._sim_family())
-
-    def _sim_family(self) -> str | None:
-        """The simulated instance's family (inf2, trn2, ...), which decides the runtimes a
-        hint may name; None off the simulated device or for an unknown instance."""
-        if self.device != "sim":
-            return None
-        from neuron_batch.device.hardware import HardwareError, get_instance
-        try:
-            return get_instance(self.sim.instance).family
-        except HardwareError:
-            return None
 
     def buckets(self) -> tuple[list[int], list[int]]:
         """(prefill, decode) buckets this run uses, validated against the limits."""
@@ -368,7 +358,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     underscored, `dataset_split` for `split`) -> value."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text)
     except FileNotFoundError:
         raise SettingsError(f"{path}: no such config file") from None
     except tomllib.TOMLDecodeError as error:
@@ -376,18 +367,14 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     known = {OPTION_NAMES.get(f.name, f.name)
              for f in (*fields(RunSettings), *fields(SimOptions), *fields(CostOptions))}
     flat: dict[str, Any] = {}
-    written: dict[str, tuple[str | None, str]] = {}  # flat key -> (table, key as written)
+    written: dict[str, tuple[str | None, str]] = {}  # flat key -> (its table, key as written)
     for key, value in data.items():
-        if key == "sim" and isinstance(value, dict):
-            for sim_key, sim_value in value.items():
-                flat[sim_key.replace("-", "_")] = sim_value
-                written[sim_key.replace("-", "_")] = ("sim", sim_key)
-            continue
-        flat[key.replace("-", "_")] = value
-        written[key.replace("-", "_")] = (None, key)
+        sim = key == "sim" and isinstance(value, dict)      # its keys are flat settings too
+        for name, item in (value.items() if sim else [(key, value)]):
+            flat[name.replace("-", "_")] = item
+            written[name.replace("-", "_")] = ("sim" if sim else None, name)
     unknown = [k for k in flat if k not in known]
     if unknown:
-        text = path.read_text(encoding="utf-8")
         raise SettingsError("; ".join(_unknown_key(path, text, *written[k], known)
                                       for k in unknown))
     by_option = {option: name for name, option in OPTION_NAMES.items()}
@@ -395,24 +382,18 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
 
 
 def _unknown_key(path: Path, text: str, table: str | None, key: str, known: set[str]) -> str:
-    """"job.toml:3: unknown setting 'max-num-seq'; did you mean 'max-num-seqs'?", spelt with
-    dashes or underscores as the key is; the known names when none is close."""
-    style = (lambda name: name) if "_" in key and "-" not in key else (
-        lambda name: name.replace("_", "-"))
-    names = sorted(style(name) for name in known)
-    line = _key_line(text, table, key)
-    hint = did_you_mean(key, names) or f"; known: {', '.join(names)}"
-    return f"{path}{f':{line}' if line else ''}: unknown setting {key!r}{hint}"
-
-
-def _key_line(text: str, table: str | None, key: str) -> int | None:
-    """The line where `key` is set under `table` (None: the top level); tomllib keeps no
-    positions, so the file is scanned for `key =` under the right header."""
-    current, setting = None, re.compile(rf"""\s*(["']?){re.escape(key)}\1\s*=""")
+    """"job.toml:3: unknown setting 'max-num-seq'; did you mean 'max-num-seqs'?", the names
+    spelt with dashes or underscores as the key is; the known names when none is close.
+    tomllib keeps no positions: the line is the first `key =` under the key's table."""
+    dashes = "-" in key or "_" not in key
+    names = sorted(name.replace("_", "-") if dashes else name for name in known)
+    current, where = None, str(path)
+    setting = re.compile(rf"""\s*(["']?){re.escape(key)}\1\s*=""")
     for number, line in enumerate(text.splitlines(), 1):
         if header := re.match(r"""\s*\[\s*["']?([^\]"']+)["']?\s*\]""", line):
             current = header.group(1).strip()
         elif current == table and setting.match(line):
-            return number
-    return None
-
+            where = f"{path}:{number}"
+            break
+    return f"{where}: unknown setting {key!r}" + (did_you_mean(key, names)
+                                                  or f"; known: {', '.join(names)}")
