@@ -351,7 +351,7 @@ def compile_footprint(num_prefill_buckets: int, num_decode_buckets: int,
             "tp": tp}
 
 
-def tp_holding_one_request(instance: str, arch: Architecture, tp: int, weight_dtype: str,
+def tp_holding_one_request(instance: str | Instance, arch: Architecture, tp: int, weight_dtype: str,
                            max_model_len: int, block_size: int,
                            cap_fraction: float) -> int | None:
     """The smallest TP above `tp` on `instance` whose paged KV cache holds one request of

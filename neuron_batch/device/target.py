@@ -366,7 +366,8 @@ def checked_kv_capacity(instance: Instance, arch: Architecture, tp: int, weight_
             bigger = tp_holding_one_request(instance, arch, tp, weight_dtype, max_model_len,
                                             block_size, cap_fraction)
             raise CapacityError(where + kv_too_small_message(usable, block_size, max_model_len)
-                                + (f" On {instance}: --tensor-parallel-size {bigger} holds one."
+                                + (f" On {instance.name}: --tensor-parallel-size {bigger} holds "
+                                   f"one."
                                    if bigger else ""))
         if warn:
             logger.warning("%s", where + small_cache_warning(usable, block_size, max_model_len))
