@@ -342,7 +342,7 @@ def context_hint(arch: Architecture, max_model_len: int) -> str:
     """What to give when `max_model_len` is past `arch`'s context, as flags: a lower
     --max-model-len, or a catalogue architecture of the same shapes (so the same figures)
     whose context holds it."""
-    longer = [a.name.lower() for a in ARCHITECTURES.values()   # lower case: the catalogue key
+    longer = [a.name for a in ARCHITECTURES.values()   # (names are looked up in any case)
               if a.max_position_embeddings >= max_model_len and _same_shape(a, arch)]
     same = (f", or --architecture {longer[0]} (the same shapes, a longer context)"
             if longer else ", or a model with a longer context")
