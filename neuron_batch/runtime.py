@@ -158,6 +158,10 @@ class Runtime:
     cpu_sampling_config: tuple[tuple[str, object], ...] | None = None
     #: The distribution its plugin's model loader imports (NxDI), for doctor; None: in-plugin.
     loader_distribution: str | None = None
+    #: Whether its graphs compile at once in a thread pool (NxDI's ModelBuilder, after one
+    #: priority graph alone) or one after another (the Beta plugin's docs: "compile time
+    #: scales linearly with the bucket count"); device/compile_time.py.
+    parallel_compile: bool = False
 
     # -- bucket lists --------------------------------------------------------------------------
     @property
@@ -249,6 +253,11 @@ class Runtime:
             return num_prefill + num_attention
         return num_prefill + num_decode * (num_attention + 1)
 
+    def graph_kinds(self, num_prefill: int, num_decode: int, num_attention: int
+                    ) -> tuple[int, int]:
+        """(prefill graphs, decode graphs) of `num_graphs`: each compiles as its kind does."""
+        return num_prefill, self.num_graphs(num_prefill, num_decode, num_attention) - num_prefill
+
     def engine_limits(self, *, max_model_len: int, max_num_seqs: int,
                       max_num_batched_tokens: int) -> dict[str, object]:
         """vLLM's chunking and token budget for this runtime. Whole prompts (nxdi): chunked
@@ -318,6 +327,7 @@ RUNTIMES: dict[str, Runtime] = {
         # scheduled batch's (runner get_nxd_sampling_params); the CPU sampler reads the batch's.
         cpu_sampling_config=(("on_device_sampling_config", None),),
         loader_distribution="neuronx-distributed-inference",
+        parallel_compile=True,
     ),
     VLLM_NEURON: Runtime(
         name=VLLM_NEURON,

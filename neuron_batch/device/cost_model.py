@@ -40,12 +40,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from .architectures import Architecture, dtype_bytes, resolve_architecture
+from .compile_time import DEFAULT_COMPILE, CompileParams, CompileProfileError, estimate_startup
 from .hardware import (
     GIB,
     INSTANCES,
@@ -54,6 +56,8 @@ from .hardware import (
     valid_tp_degrees,
     validate_tp,
 )
+
+logger = logging.getLogger(__name__)
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
 WEIGHT_DTYPES = ("bf16", "fp8", "int8")
@@ -66,9 +70,9 @@ ACTIVATION_BYTES = 2
 RESERVE_FRACTION = 0.10
 #: VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION default (neuron-facts.md).
 DEFAULT_KV_CAP_FRACTION = 0.30
-#: "A 15 GB model takes about 15 minutes to compile" (AWS), read as 2 graphs: see
-#: compile_footprint.
-DEFAULT_COMPILE_S_PER_GRAPH_PER_GB = 900.0 / 2 / 15.0
+#: The field of the compile rule before compile_time.py (30 s per graph per GB of weights):
+#: still read from older profiles, and ignored.
+LEGACY_COMPILE_FIELD = "compile_s_per_graph_per_gb"
 
 
 @dataclass(slots=True)
@@ -92,8 +96,6 @@ class CostProfile:
     # Latency of one stage of an all-reduce; one over tp cores takes ceil(log2 tp) stages and
     # each layer does two (after attention, after the MLP).
     collective_latency_s: float
-    # Compile time of one bucket graph per GB of weights (see compile_footprint).
-    compile_s_per_graph_per_gb: float
     # Where the numbers come from (fit, derivation, or hand-set).
     source: str = ""
     # Achieved fraction of peak bf16 FLOP/s on decode attention (one query row per head).
@@ -101,17 +103,28 @@ class CostProfile:
     # HBM-equivalent bytes one int8/fp8 weight costs per step, dequantization included:
     # 1 = the storage size, 2 = as slow as bf16.
     quantized_weight_bytes: float = 1.0
+    # The compile-time model's parameters (compile_time.py); None: the built-in fit.
+    compile: CompileParams | None = None
+
+    @property
+    def compile_params(self) -> CompileParams:
+        return self.compile or DEFAULT_COMPILE
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CostProfile:
+        """From a profile's JSON object; ValueError naming a field that cannot be used (the
+        `compile` section's as `compile.<field>`)."""
+        data = {k: v for k, v in data.items() if k != LEGACY_COMPILE_FIELD}
         names = {f.name for f in fields(cls)}
         unknown = set(data) - names
         if unknown:
             raise ValueError(f"unknown cost-profile fields {sorted(unknown)}; "
                              f"expected {sorted(names)}")
+        if data.get("compile") is not None:
+            data["compile"] = CompileParams.from_dict(data["compile"])
         return cls(**data)
 
     def replace(self, **changes: Any) -> CostProfile:
@@ -137,7 +150,23 @@ def load_profile(source: str | Path) -> CostProfile:
             raise FileNotFoundError(f"no profile file {str(source)!r} and no built-in profile of "
                                     f"that name; built-in: {', '.join(INSTANCES)}")
         path = PROFILES_DIR / f"{name}.json"
-    return CostProfile.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"cost profile {path}: not JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"cost profile {path}: expected a JSON object of parameters")
+    try:
+        profile = CostProfile.from_dict(data)
+    except (CompileProfileError, TypeError, ValueError) as error:
+        raise ValueError(f"cost profile {path}: {error}") from None
+    if profile.compile is None:
+        logger.warning("cost profile %s has no `compile` section%s: compile times use the "
+                       "built-in fit (neuron_batch/device/CALIBRATION.md, \"Compile time\"); "
+                       "add one, or refit with `neuron-batch calibrate`", path,
+                       f" (its {LEGACY_COMPILE_FIELD} is no longer used)"
+                       if LEGACY_COMPILE_FIELD in data else "")
+    return profile
 
 
 class StepCostModel:
@@ -323,20 +352,27 @@ def kv_capacity(instance: str | Instance, arch: str | Architecture, tp_degree: i
 def compile_footprint(num_prefill_buckets: int, num_decode_buckets: int,
                       arch: str | Architecture, weight_dtype: str = "bf16", tp: int | None = None,
                       profile: CostProfile | None = None,
-                      num_graphs: int | None = None) -> dict[str, Any]:
-    """Graphs to compile and the estimated compile time.
+                      num_graphs: int | None = None, *, instance: str | Instance | None = None,
+                      runtime: Any = None, compiled: bool = False) -> dict[str, Any]:
+    """Graphs to compile and the estimated start-up (compile_time.py): tracing every graph,
+    compiling what is not compiled yet (`compiled`: none), sharding and loading the weights.
 
-    estimated_compile_s = graphs * compile_s_per_graph_per_gb * weight GB. AWS says a 15 GB
-    model takes about 15 minutes to compile; we read that as AWS's recommended starting point
-    (one prefill and one decode bucket, 2 graphs), so 900 s / 2 / 15 GB = 30 s per graph per
-    GB. `tp` is accepted for the record: how compile time scales with it is not published.
-    """
+    `estimated_compile_s` is that whole start-up, what a run's elapsed time does not include
+    (None where the host's memory cannot compile the model: `host_warning`); `startup` its
+    parts. `num_graphs`: the runtime's own count (runtime.Shapes.num_graphs: the Beta plugin
+    compiles each decode batch bucket once per decode context-length bucket, plus
+    max_model_len); the graphs past the prefill buckets are decode graphs. `instance`: the
+    host, for its compile workers and memory (None: the pool's 32 workers); `runtime`: whether
+    it compiles in parallel (Runtime.parallel_compile; None: in parallel, as NxDI)."""
     arch = resolve_architecture(arch)
-    per_gb = profile.compile_s_per_graph_per_gb if profile else DEFAULT_COMPILE_S_PER_GRAPH_PER_GB
-    # The runtime's own count when given (runtime.Shapes.num_graphs: the Beta plugin compiles
-    # each decode batch bucket once per decode context-length bucket, plus max_model_len).
     graphs = num_graphs if num_graphs is not None else num_prefill_buckets + num_decode_buckets
-    per_graph = per_gb * arch.weight_bytes(weight_dtype) / 1e9
-    return {"graphs": graphs, "per_graph_s": per_graph, "estimated_compile_s": graphs * per_graph,
-            "tp": tp}
-
+    prefill = min(num_prefill_buckets, graphs)
+    params = profile.compile_params if profile is not None else DEFAULT_COMPILE
+    startup = estimate_startup(arch, tp or 1, weight_dtype, prefill_graphs=prefill,
+                               decode_graphs=graphs - prefill, instance=instance, params=params,
+                               parallel=True if runtime is None else runtime.parallel_compile,
+                               compiled=compiled)
+    per_graph = None if graphs == 0 or startup.compile_s is None else startup.compile_s / graphs
+    return {"graphs": graphs, "per_graph_s": per_graph,
+            "estimated_compile_s": startup.total_s, "tp": tp, "compiled": compiled,
+            "startup": startup.to_dict(), "host_warning": startup.host_warning}

@@ -206,14 +206,16 @@ class SimTarget:
         }
 
     def describe(self, *, num_prefill_buckets: int, num_decode_buckets: int,
-                 num_graphs: int | None = None) -> dict[str, Any]:
+                 num_graphs: int | None = None, compiled: bool = False) -> dict[str, Any]:
         """The simulated device in numbers, for the report (`num_graphs`: the runtime's own
-        count, `Shapes.num_graphs`; default prefill + decode buckets)."""
+        count, `Shapes.num_graphs`; default prefill + decode buckets; `compiled`: the graphs
+        were compiled before, so the start-up is their load only)."""
         kv = self.kv
         blocks_per_seq = -(-self.max_model_len // NEURON_BLOCK_SIZE)
         compile_ = compile_footprint(num_prefill_buckets, num_decode_buckets, self.arch,
                                      self.weight_dtype, tp=self.tp, profile=self.profile,
-                                     num_graphs=num_graphs)
+                                     num_graphs=num_graphs, instance=self.instance,
+                                     runtime=self.runtime, compiled=compiled)
         return {
             "instance": self.instance,
             "tp_degree": self.tp,
@@ -242,6 +244,9 @@ class SimTarget:
                 "prefill_graphs": num_prefill_buckets,
                 "decode_graphs": num_decode_buckets,
                 "estimated_compile_s": compile_["estimated_compile_s"],
+                "compiled": compiled,
+                "startup": compile_["startup"],
+                "host_warning": compile_["host_warning"],
             },
             "profile": {"name": self.profile.instance, "source": self.profile_source,
                         "calibrated": get_instance(self.profile.instance).calibrated
