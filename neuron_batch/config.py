@@ -73,6 +73,7 @@ class SimOptions:
     weight_dtype: str = "bf16"
     cost_profile: str | None = None      # a profile JSON from `neuron-batch calibrate`
     num_instances: int = 1               # instances the --replicas engines are spread over
+    compiled: bool = False               # the graphs are compiled already: count the load only
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,11 @@ class RunSettings:
                                 "--split-at N on separate replicas at once: it needs --split-at "
                                 f"and --replicas 2 or more (got --replicas {self.replicas})")
         _positive("num-instances", self.sim.num_instances)
+        if self.sim.compiled and self.device != "sim":
+            raise SettingsError("--compiled applies to the simulated device (--device sim): it "
+                                "counts the graphs as compiled before. A Neuron host finds out "
+                                "itself (its --compiled-artifacts folder, the compile cache) and "
+                                "reports the start-up it measured")
         if self.ray is not None and not str(self.ray).strip():
             raise SettingsError("--ray needs a cluster address (host:port, auto or local)")
         if self.temperature < 0:

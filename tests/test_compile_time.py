@@ -223,3 +223,79 @@ def test_the_simulated_cache_holds_a_configuration_once_recorded(tmp_path):
                                 num_decode_buckets=len(shapes.attention_buckets),
                                 num_graphs=shapes.num_graphs, compiled=True)["compile"]
     assert described["compiled"] and described["startup"]["compile_s"] == 0.0
+
+
+# -- calibrate: a run's start-up -----------------------------------------------------------------
+
+def test_a_runs_logged_phases_become_its_compile_section():
+    from neuron_batch.device.calibrate_compile import fit_from_startup
+
+    arch = one_arch()
+    logged = {"compiled_before": False, "measured_s": 400.0,
+              "phases": {"trace_s": 64.0, "priority_s": 100.0, "parallel_s": 80.0,
+                         "load_s": 20.0}}
+    fitted, words = fit_from_startup(logged, arch=arch, tp=2, instance="inf2.8xlarge",
+                                     prefill_graphs=7, decode_graphs=1)
+    assert fitted.trace_s_per_layer == pytest.approx(64.0 / (8 * 32))
+    assert graph_times(fitted, arch, 2)[0] == pytest.approx(100.0, rel=1e-3)
+    assert fitted.prefill_ratio == pytest.approx(0.8)          # 7 prefill graphs at once
+    assert fitted.load_gb_s == pytest.approx(arch.weight_bytes() / 1e9 / 20.0, rel=1e-3)
+    assert "priority graph 100 s" in words
+    again = estimate_startup(arch, 2, "bf16", prefill_graphs=7, decode_graphs=1,
+                             instance="inf2.8xlarge", params=fitted)
+    assert again.total_s == pytest.approx(64 + 100 + 80 + 20, rel=1e-3)
+    # no phase logged: the measured start-up scales the graph time
+    whole, words = fit_from_startup({"compiled_before": False, "measured_s": 600.0},
+                                    arch=arch, tp=2, instance="inf2.8xlarge",
+                                    prefill_graphs=8, decode_graphs=8)
+    assert estimate_startup(arch, 2, "bf16", prefill_graphs=8, decode_graphs=8,
+                            instance="inf2.8xlarge", params=whole).total_s \
+        == pytest.approx(600.0, rel=0.02)
+    # a start from the cache shows no compile
+    assert fit_from_startup({"compiled_before": True, "measured_s": 30.0}, arch=arch, tp=2,
+                            instance=None, prefill_graphs=1, decode_graphs=1) is None
+    assert fit_from_startup({"from_cache": True, "phases": {"load_s": 9.0}}, arch=arch, tp=2,
+                            instance=None, prefill_graphs=1, decode_graphs=1) is None
+
+
+def test_calibrate_reads_the_start_up_of_a_run_folder(tmp_path):
+    from neuron_batch.cli.tools import _compile_from_startup
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "report.json").write_text(json.dumps({"config": {
+        "prefill_buckets": [512, 2048], "compiled_graphs": 4}}))
+    (run / "attempts.json").write_text(json.dumps([
+        {"attempt": 1, "startup": {"compiled_before": False, "measured_s": 300.0,
+                                   "phases": {"priority_s": 90.0}}},
+        {"attempt": 2, "startup": {"compiled_before": True, "measured_s": 25.0}}]))
+    fitted, words = _compile_from_startup([str(run)], "inf2.8xlarge", "llama-3.1-8b", 2,
+                                          "bf16", NXDI)
+    assert "attempt 1" in words and graph_times(fitted, one_arch(), 2)[0] == pytest.approx(90.0)
+    assert _compile_from_startup([str(tmp_path)], "inf2.8xlarge", "llama-3.1-8b", 2, "bf16",
+                                 NXDI) is None
+
+
+def test_compiled_applies_to_the_simulated_device_only():
+    from neuron_batch.config import RunSettings, SettingsError, SimOptions
+
+    RunSettings(("x",), device="sim", sim=SimOptions(compiled=True)).validate()
+    with pytest.raises(SettingsError, match="--compiled applies to the simulated device"):
+        RunSettings(("x",), device="cpu", sim=SimOptions(compiled=True)).validate()
+
+
+def test_the_summary_says_what_the_start_up_was():
+    from neuron_batch.report.summary import _startup_words
+
+    fresh = compile_footprint(8, 8, "llama-3.1-8b", tp=2, instance="inf2.8xlarge")
+    report = {"config": {"sim": {"compile": fresh}}}
+    assert "compiled fresh" in _startup_words(report)
+    loaded = compile_footprint(8, 8, "llama-3.1-8b", tp=2, compiled=True)
+    assert "loaded only" in _startup_words({"config": {"sim": {"compile": loaded}}})
+    small = compile_footprint(8, 8, "llama-3.1-8b", tp=2, instance="inf2.xlarge")
+    assert _startup_words({"config": {"sim": {"compile": small}}}).startswith(
+        "no estimate: inf2.xlarge's 16 GiB")
+    host = {"attempts": [{"startup": {"measured_s": 312.4, "cached_graphs": 14,
+                                      "compiled_graphs": 2, "artifacts_reused": False}}]}
+    assert _startup_words(host) == ("312 s measured (14 graph(s) from the compile cache, "
+                                    "2 compiled)")

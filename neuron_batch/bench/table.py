@@ -48,10 +48,10 @@ def format_table(rows: Sequence[dict[str, Any]], recommendation: Mapping[str, An
         lines.append("  pf = prefill, dec = decode; waste% = padding share of the padded work; "
                      "time% = share of the run per scheduler state;")
         lines.append("  admission block = the most frequent reason admission refused the queue "
-                     "head; est. = estimated compile time")
+                     "head; est. = estimated start-up (tracing, compiling, loading)")
         if any(row.get(COST_USD) is not None for row in rows):
             lines.append("  cost USD: the run at the instance's hourly price; +comp: with the "
-                         "estimated compile time too")
+                         "estimated start-up too")
     for entry in failed:
         error = " ".join(str(entry.get("error") or "no error message").split())
         lines.append(_clip(f"  FAILED {entry.get('name')}: {error}"))

@@ -103,7 +103,13 @@ def engine_options(func):
                      help="[neuron] Where compiled graphs are kept, one folder per hash of "
                           "every compiled shape: an unchanged configuration loads instead of "
                           "recompiling, a changed one compiles anew. Default: "
-                          "<cache>/neuron-compiled."),
+                          "<cache>/neuron-compiled. [sim] A folder that records the "
+                          "configurations run before: one found there counts no compile, "
+                          "only the load."),
+        click.option("--compiled", is_flag=True, default=False,
+                     help="[sim] Count the graphs as compiled before (the artifacts folder or "
+                          "the compile cache holds them): the start-up is their load only. "
+                          "Default: compiled fresh (tracing, compiling, loading)."),
         click.option("--kv-reserve", default="request", show_default=True, metavar="RULE",
                      help="KV admission (Neuron cannot preempt): 'request' reserves each "
                           "request's prompt + max_tokens and admits while the reservations "
@@ -155,7 +161,7 @@ def cost_options(func):
 
 
 SIM_OPTIONS = ("instance", "architecture", "tensor_parallel_size", "weight_dtype",
-               "cost_profile")
+               "cost_profile", "compiled")
 
 
 def settings_from_options(inputs, max_num_seqs: int, options: dict) -> RunSettings:

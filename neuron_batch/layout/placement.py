@@ -116,12 +116,35 @@ class BoundEstimate:
     a bound: it assumes full slots and no tail, so it runs short of the simulated time, alike
     for both parts; the placement needs its ratios."""
 
-    def __init__(self, model, per_instance: int, compile_of: Callable):
+    def __init__(self, model, per_instance: int, compile_of: Callable,
+                 compiled: bool | None = None, memo: dict | None = None):
         self.model = model                  # device.cost_model.StepCostModel
         self.per_instance = per_instance    # engines per instance
-        self.compile_of = compile_of        # Part -> its layout's compile seconds (or None)
+        # (Part, compiled: bool | None) -> its layout's start-up seconds (None: unknown);
+        # compiled None: as the layout stands (compiled before or not)
+        self._compile_of = compile_of
+        self.compiled = compiled            # an assumption for every layout, or None
+        self._memo = {} if memo is None else memo     # shared by `assuming` copies
+
+    def compile_of(self, part) -> float | None:
+        return self._compile_of(part, self.compiled)
+
+    def assuming(self, compiled: bool) -> BoundEstimate:
+        """The same estimate with every layout compiled before (True) or fresh (False)."""
+        return BoundEstimate(self.model, self.per_instance, self._compile_of, compiled,
+                             self._memo)
 
     def seconds(self, part) -> float:
+        """A part's run time (memoised: a cut's parts are weighed under several
+        assumptions about compile)."""
+        share = part.requests[::max(part.settings.replicas, 1)]
+        key = (part.settings, len(share), share[0].record.id if share else None,
+               share[-1].record.id if share else None)
+        if key not in self._memo:
+            self._memo[key] = self._seconds(part)
+        return self._memo[key]
+
+    def _seconds(self, part) -> float:
         from neuron_batch.buckets import bucket_for
         from neuron_batch.device.target import NEURON_BLOCK_SIZE
         from neuron_batch.layout.bounds import (

@@ -97,9 +97,10 @@ def _short_layouts(spec: PlanSpec, placement: InstanceFit, prompts: Sequence[int
         num_prefill = fitted_count([prompts[i] for i in members], per_list, cut)
         graphs = placement.runtime.num_graphs(
             num_prefill, 1, fitted_count([lengths[i] for i in members], per_list, cut))
-        compile_s = 0.0 if spec.compiled else float(compile_footprint(
+        compile_s = float(compile_footprint(
             num_prefill, 1, arch, spec.weight_dtype, tp=placement.tp,
-            profile=placement.target.profile, num_graphs=graphs)["estimated_compile_s"])
+            profile=placement.target.profile, num_graphs=graphs, instance=placement.instance,
+            runtime=placement.runtime, compiled=spec.compiled)["estimated_compile_s"])
         layouts.append((SplitLayout(cut, slots, len(members), graphs, compile_s),
                         shorts[index], longs[index]))
     return layouts

@@ -84,6 +84,9 @@ def format_summary(report: dict[str, Any]) -> str:
         graphs = (f"{len(prefill_buckets)} prefill buckets + {len(decode_buckets)} decode "
                   f"buckets x {len(attention_buckets) + 1} context lengths")
     lines.append(_row("Graphs", [f"{_int(config.get('compiled_graphs'))} compiled ({graphs})"]))
+    startup = _startup_words(report)
+    if startup:
+        lines.append(_row("Start-up", [startup]))
 
     lines += ["", *_latency_section(report.get("latency", {}))]
     lines += ["", *_padding_section(padding.get("prefill", {}), phase="Prefill",
@@ -127,6 +130,31 @@ def _cost_row(cost: dict[str, Any]) -> str:
         f"${_float(per_m, 3)} per M output tok" if per_m is not None else "no output tokens"])
 
 
+def _startup_words(report: dict[str, Any]) -> str | None:
+    """The engine's start-up: estimated on the simulated device (compiled fresh, or loaded
+    only), measured on a Neuron host (and whether the graphs came from the cache)."""
+    measured = next((a["startup"] for a in reversed(report.get("attempts") or [])
+                     if (a.get("startup") or {}).get("measured_s") is not None), None)
+    if measured is not None:
+        cache = (f"{measured.get('cached_graphs', 0)} graph(s) from the compile cache, "
+                 f"{measured.get('compiled_graphs', 0)} compiled")
+        reused = "; the artifacts folder held them" if measured.get("artifacts_reused") else ""
+        return f"{measured['measured_s']:,.0f} s measured ({cache}{reused})"
+    compile_ = ((report.get("config") or {}).get("sim") or {}).get("compile") or {}
+    parts = compile_.get("startup")
+    if not parts:
+        return None
+    if parts.get("total_s") is None:
+        return f"no estimate: {compile_.get('host_warning')}"
+    if parts.get("compiled"):
+        return (f"about {parts['total_s']:,.0f} s estimated: the graphs compiled before, "
+                f"loaded only; not in the elapsed time")
+    return (f"about {parts['total_s'] / 60:,.1f} min estimated, compiled fresh: trace "
+            f"{parts['trace_s']:,.0f} s, compile {parts['priority_s'] + parts['parallel_s']:,.0f} "
+            f"s ({parts['workers']} at once), load {parts['load_s']:,.0f} s; not in the elapsed "
+            f"time")
+
+
 def _split_section(split: dict[str, Any]) -> list[str]:
     """The layouts of a --split-at run, one row a part, with the compile time of both."""
     rows = [[part.get("part", ""), _int(part.get("max_model_len")),
@@ -140,11 +168,11 @@ def _split_section(split: dict[str, Any]) -> list[str]:
     if placement.get("mode") == "side-by-side":
         where = (f"side by side, short on {placement.get('short_replicas')} replica(s), long "
                  f"on {placement.get('long_replicas')}")
-        compiling = "compiling each instance's layouts"
+        compiling = "starting each instance's layouts"
     else:
         where = "one after the other" + (f", each across {replicas} replicas"
                                          if replicas > 1 else "")
-        compiling = "compiling both"
+        compiling = "starting both"
     title = (f"Split at {_int(split.get('split_at'))} tokens: two layouts, {where}"
              + (f" ({compiling}: about {compile_s / 60:,.0f} min, not in the elapsed time)"
                 if compile_s else ""))

@@ -168,13 +168,18 @@ def split_estimate(target, resolve):
         return None
     from neuron_batch.device.cost_model import StepCostModel
     from neuron_batch.device.replica_layout import engines_per_instance
+    from neuron_batch.job.startup import layout_compiled
     from neuron_batch.layout.placement import BoundEstimate
     from neuron_batch.layout.split import part_compile_s
 
+    def compile_of(part, compiled=None):
+        layout = resolve(part.settings)
+        return part_compile_s(part, layout, layout_compiled(part.settings, layout)
+                              if compiled is None else compiled)
+
     model = StepCostModel(target.profile, target.instance, target.arch, target.tp,
                           weight_dtype=target.weight_dtype, runtime=target.runtime)
-    return BoundEstimate(model, engines_per_instance(target.instance, target.tp),
-                         lambda part: part_compile_s(part, resolve(part.settings)))
+    return BoundEstimate(model, engines_per_instance(target.instance, target.tp), compile_of)
 
 
 def auto_split(settings: RunSettings, workload: Workload, log) -> RunSettings:

@@ -69,7 +69,9 @@ def _describe(outcome: dict[str, Any], part: Part, target, placement: SplitPlace
     replicas, where the parts ran."""
     outcome["part"] = part.describe()
     if target is not None:
-        outcome["part"]["estimated_compile_s"] = part_compile_s(part, target)
+        compiled = bool((outcome.get("startup") or {}).get("compiled_before"))
+        outcome["part"]["estimated_compile_s"] = part_compile_s(part, target, compiled)
+        outcome["part"]["compiled_before"] = compiled
         outcome["part"]["compiled_graphs"] = part.settings.shapes(target.runtime).num_graphs
     if placement is not None and replicas > 1:
         outcome["placement"] = placement.describe(replicas)
