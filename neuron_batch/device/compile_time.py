@@ -35,6 +35,7 @@ carries a user's own (`neuron-batch calibrate` reads them from a run's engine lo
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from dataclasses import asdict, dataclass, fields
@@ -154,9 +155,13 @@ class Startup:
         return None if compile_s is None else compile_s + self.load_s
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.update(compile_s=self.compile_s, total_s=self.total_s)
-        return out
+        # (by hand: dataclasses.asdict costs ten times as much, and plan asks thousands)
+        return {"graphs": self.graphs, "prefill_graphs": self.prefill_graphs,
+                "decode_graphs": self.decode_graphs, "workers": self.workers,
+                "trace_s": self.trace_s, "priority_s": self.priority_s,
+                "parallel_s": self.parallel_s, "load_s": self.load_s,
+                "compiled": self.compiled, "host_warning": self.host_warning,
+                "compile_s": self.compile_s, "total_s": self.total_s}
 
 
 def compile_workers(instance: str | Instance | None) -> int:
@@ -215,8 +220,16 @@ def estimate_startup(arch: str | Architecture, tp: int, weight_dtype: str, *,
     `instance`'s host (None: a host with the pool's 32 workers and no memory limit).
     `parallel`: the runtime compiles in a pool (NxDI) or one graph after another. `compiled`:
     the graphs are compiled already (the artifacts folder or compile cache holds them)."""
-    arch = resolve_architecture(arch)
-    params = params or DEFAULT_COMPILE
+    return _estimate(resolve_architecture(arch), tp, weight_dtype, prefill_graphs,
+                     decode_graphs, None if instance is None else get_instance(instance).name,
+                     params or DEFAULT_COMPILE, parallel, compiled)
+
+
+@functools.lru_cache(maxsize=8192)
+def _estimate(arch: Architecture, tp: int, weight_dtype: str, prefill_graphs: int,
+              decode_graphs: int, instance: str | None, params: CompileParams, parallel: bool,
+              compiled: bool) -> Startup:
+    """estimate_startup, remembered (a plan asks the same few shapes thousands of times)."""
     load = arch.weight_bytes(weight_dtype) / (params.load_gb_s * 1e9)
     workers = compile_workers(instance) if parallel else 1
     graphs = prefill_graphs + decode_graphs
