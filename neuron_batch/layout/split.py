@@ -180,6 +180,21 @@ def _best_cut(settings: RunSettings, requests: list[PreparedRequest], slots_at, 
     return best, best_s, single_s
 
 
+def placement_note(settings: RunSettings, pending: list[PreparedRequest], slots_at, estimate,
+                   placement: SplitPlacement) -> str:
+    """"" when the parts' placement does not rest on the start-up; else what it would be were
+    every layout compiled fresh, or every one compiled before."""
+    if estimate is None or placement.estimated_s is None:
+        return ""
+    others = []
+    for compiled, when in ((False, "compiled fresh every run"),
+                           (True, "compiled before (loaded only)")):
+        other = plan_parts(settings, pending, slots_at, estimate.assuming(compiled))[1]
+        if other.mode != placement.mode:
+            others.append(f"{other.mode} if every layout is {when}")
+    return "; " + ", ".join(others) if others else ""
+
+
 def _cut_words(cut: int | None) -> str:
     return "no split" if cut is None else f"split at {cut:,}"
 

@@ -272,12 +272,16 @@ def _run_locked(job: Job) -> RunResult:
 
                 resolve = lambda s: resolve_sim_target(s, job.workload.model)  # noqa: E731
                 model = job.workload.model
-                parts, placement = plan_parts(settings, pending, static_slots_at(settings, model),
-                                              split_estimate(*estimate_target(settings, model)))
+                from neuron_batch.layout.split import placement_note
+
+                slots = static_slots_at(settings, model)
+                estimate = split_estimate(*estimate_target(settings, model))
+                parts, placement = plan_parts(settings, pending, slots, estimate)
                 if len(parts) == 2 and settings.uses_ray:
                     log(f"parts {placement.mode}" + (
-                        f" (estimated {placement.estimated_s / 3600:.2f} h with compile; in "
-                        f"turn {placement.in_turn_s / 3600:.2f} h)"
+                        f" (estimated {placement.estimated_s / 3600:.2f} h with the start-up; "
+                        f"in turn {placement.in_turn_s / 3600:.2f} h)"
+                        + placement_note(settings, pending, slots, estimate, placement)
                         if placement.estimated_s is not None else ""))
                 outcomes = run_parts(job, parts, attempt, generate, resolve, placement)
             elif settings.uses_ray:
