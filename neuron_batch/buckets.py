@@ -7,6 +7,7 @@ to the smallest `num_seqs_buckets` entry. Pure Python, no vLLM: tested in millis
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Sequence
 
@@ -146,3 +147,39 @@ def kv_too_small_message(num_blocks: int, block_size: int, max_model_len: int) -
         f"NeuronCores; raise VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION on Neuron, or "
         f"gpu_memory_utilization / the KV cache space elsewhere). (kv_reserve=request would "
         f"not help: vLLM's own start-up refuses a cache smaller than one max_model_len.)")
+
+
+#: Smallest NxDI bucket its `generate_buckets` starts from (context encoding and token
+#: generation alike, without prefix caching).
+NXDI_MIN_BUCKET = 128
+#: The Beta plugin's decode context-length buckets must be multiples of this.
+DECODE_CONTEXT_MULTIPLE = 128
+
+
+def nxdi_default_buckets(max_length: int, min_length: int = NXDI_MIN_BUCKET) -> list[int]:
+    """NxDI's `generate_buckets(min, max)`: powers of two from `min` up to (not including)
+    2**round(log2(max)), then `max` itself; rounding drops a power of two too close to the
+    maximum (4352 -> [..., 2048, 4352], 3000 -> [..., 2048, 3000])."""
+    if max_length < 1:
+        raise BucketError(f"the largest bucket must be positive, got {max_length}")
+    if max_length <= min_length:
+        return [max_length]
+    low, high = int(math.log2(min_length)), round(math.log2(max_length))
+    return [2 ** i for i in range(low, high) if 2 ** i < max_length] + [max_length]
+
+
+def validate_context_buckets(buckets: list[int], max_model_len: int, flag: str) -> list[int]:
+    """The Beta plugin's rules for decode context-length buckets: ascending, each below
+    max_model_len and a multiple of 128 (the max_model_len graph is always compiled too)."""
+    for value in buckets:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise BucketError(f"{flag} must hold positive whole numbers, got {value!r}")
+        if value % DECODE_CONTEXT_MULTIPLE:
+            raise BucketError(f"{flag}: {value} is not a multiple of "
+                              f"{DECODE_CONTEXT_MULTIPLE} (the plugin's rule)")
+        if value >= max_model_len:
+            raise BucketError(f"{flag}: {value} is not below max_model_len = {max_model_len} "
+                              f"(the max_model_len graph is always there)")
+    if buckets != sorted(set(buckets)):
+        raise BucketError(f"{flag} must be strictly ascending, got {buckets}")
+    return buckets

@@ -38,7 +38,6 @@ from neuron_batch.runtime import (
     RuntimeNameError,
     Shapes,
     get_runtime,
-    runtime_of_plugin,
 )
 from neuron_batch.scheduler.kv_reserve import DEFAULT_KV_RESERVE, parse_kv_reserve
 
@@ -269,7 +268,7 @@ class RunSettings:
         if self.device == "sim":
             return get_runtime(None, family=self._sim_family())
         if self.device in ("neuron", "auto"):
-            from neuron_batch.versions import neuron_plugin
+            from neuron_batch.versions import neuron_plugin, runtime_of_plugin
             detected = runtime_of_plugin(neuron_plugin()["version"])
             if detected is not None:
                 return detected

@@ -127,7 +127,7 @@ def neuron_runtime_facts(plugin_version: str | None, layout: RunSettings | None
         installed_version,
         static_kv_fit,
     )
-    from neuron_batch.runtime import runtime_of_plugin
+    from neuron_batch.versions import runtime_of_plugin
 
     runtime = runtime_of_plugin(plugin_version)
     settings = layout or RunSettings(inputs=("-",))

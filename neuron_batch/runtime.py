@@ -23,43 +23,26 @@ Pure Python (no vLLM): the CLI, the scheduler, the simulated device, bench and p
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from neuron_batch.buckets import (
+    DECODE_CONTEXT_MULTIPLE,
     BucketError,
     bucket_for,
     default_decode_buckets,
     default_prefill_buckets,
     effective_max_prefill_tokens,
     fitting_buckets,
+    nxdi_default_buckets,
     validate_buckets,
+    validate_context_buckets,
 )
 
 NXDI = "nxdi"
 VLLM_NEURON = "vllm-neuron"
 RUNTIME_NAMES = (NXDI, VLLM_NEURON)
-
-#: Smallest NxDI bucket its `generate_buckets` starts from (context encoding and token
-#: generation alike, without prefix caching).
-NXDI_MIN_BUCKET = 128
-#: The Beta plugin's decode context-length buckets must be multiples of this.
-DECODE_CONTEXT_MULTIPLE = 128
-
-
-def nxdi_default_buckets(max_length: int, min_length: int = NXDI_MIN_BUCKET) -> list[int]:
-    """NxDI's `generate_buckets(min, max)`: powers of two from `min` up to (not including)
-    2**round(log2(max)), then `max` itself; rounding drops a power of two too close to the
-    maximum (4352 -> [..., 2048, 4352], 3000 -> [..., 2048, 3000])."""
-    if max_length < 1:
-        raise BucketError(f"the largest bucket must be positive, got {max_length}")
-    if max_length <= min_length:
-        return [max_length]
-    low, high = int(math.log2(min_length)), round(math.log2(max_length))
-    return [2 ** i for i in range(low, high) if 2 ** i < max_length] + [max_length]
-
 
 def _smallest_at_least(value: int, buckets: Sequence[int], fallback: int) -> int:
     index = bisect_left(buckets, value)
@@ -335,30 +318,12 @@ class Runtime:
                 "bucket_flags": [o.flag for o in self.bucket_options]}
 
 
-#: The attributes of a Runtime that hold its bucket options, by role: a list of one runtime
-#: maps to the other's of the same role.
+#: A Runtime's bucket-option attributes: a list of one runtime maps to the other's of a role.
 _ROLES = ("prefill", "decode", "attention")
 
 
 def _csv(values: Sequence[int]) -> str:
     return ",".join(str(v) for v in values)
-
-
-def validate_context_buckets(buckets: list[int], max_model_len: int, flag: str) -> list[int]:
-    """The Beta plugin's rules for decode context-length buckets: ascending, each below
-    max_model_len and a multiple of 128 (the max_model_len graph is always compiled too)."""
-    for value in buckets:
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise BucketError(f"{flag} must hold positive whole numbers, got {value!r}")
-        if value % DECODE_CONTEXT_MULTIPLE:
-            raise BucketError(f"{flag}: {value} is not a multiple of "
-                              f"{DECODE_CONTEXT_MULTIPLE} (the plugin's rule)")
-        if value >= max_model_len:
-            raise BucketError(f"{flag}: {value} is not below max_model_len = {max_model_len} "
-                              f"(the max_model_len graph is always there)")
-    if buckets != sorted(set(buckets)):
-        raise BucketError(f"{flag} must be strictly ascending, got {buckets}")
-    return buckets
 
 
 RUNTIMES: dict[str, Runtime] = {
@@ -433,14 +398,3 @@ def get_runtime(name: str | Runtime | None, *, family: str | None = None) -> Run
     if key not in RUNTIMES:
         raise RuntimeNameError(f"--runtime must be one of {', '.join(RUNTIME_NAMES)}, got {name!r}")
     return RUNTIMES[key]
-
-
-def runtime_of_plugin(plugin_version: str | None) -> Runtime | None:
-    """The runtime an installed `vllm-neuron` distribution runs: the NxDI line is versioned
-    0.x (0.1.0, 0.2.0, 0.4.x, 0.5.x), the Beta line by the vLLM it pins then its own release
-    (0.21.0.1.0.0, 0.24.0.1.1.0, 0.29.0.1.2.0). None when no plugin is installed."""
-    if not plugin_version:
-        return None
-    parts = [int(p) for p in plugin_version.split("+")[0].split(".")[:2] if p.isdigit()]
-    minor = parts[1] if len(parts) > 1 else 0
-    return RUNTIMES[VLLM_NEURON] if minor >= 21 else RUNTIMES[NXDI]

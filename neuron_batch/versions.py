@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 # The two ways vLLM runs on a Neuron host: through NxD Inference (the plugin lines of inf2 and
 # trn1) or the Beta plugin's own runtime (trn2, trn3). runtime.py is pure Python too.
-from neuron_batch.runtime import NXDI, VLLM_NEURON
+from neuron_batch.runtime import NXDI, RUNTIMES, VLLM_NEURON, Runtime
 
 #: What the matrix proves on a release.
 SCHEDULER_ONLY = "scheduler"          # scheduler, recorder, harness, simulated executor's step
@@ -245,3 +245,14 @@ def neuron_plugin_missing_message() -> str | None:
             "installed: install it from AWS's package index as the Neuron SDK documents "
             f"({pins}), see README 'On an inf2 / trn1 host'. `neuron-batch doctor` shows what "
             "this host has.")
+
+
+def runtime_of_plugin(plugin_version: str | None) -> Runtime | None:
+    """The runtime an installed `vllm-neuron` distribution runs: the NxDI line is versioned
+    0.x (0.1.0, 0.2.0, 0.4.x, 0.5.x), the Beta line by the vLLM it pins then its own release
+    (0.21.0.1.0.0, 0.24.0.1.1.0, 0.29.0.1.2.0). None when no plugin is installed."""
+    if not plugin_version:
+        return None
+    parts = [int(p) for p in plugin_version.split("+")[0].split(".")[:2] if p.isdigit()]
+    minor = parts[1] if len(parts) > 1 else 0
+    return RUNTIMES[VLLM_NEURON] if minor >= 21 else RUNTIMES[NXDI]

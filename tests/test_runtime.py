@@ -18,8 +18,8 @@ from neuron_batch.runtime import (
     RuntimeNameError,
     get_runtime,
     nxdi_default_buckets,
-    runtime_of_plugin,
 )
+from neuron_batch.versions import runtime_of_plugin
 
 GIB = 1 << 30
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from neuron_batch.buckets import DECODE_CONTEXT_MULTIPLE
 from neuron_batch.config import RunSettings
 from neuron_batch.layout.optimiser import plans_for_each_k, prefill_chunk_lengths
-from neuron_batch.runtime import DECODE_CONTEXT_MULTIPLE
 from neuron_batch.scheduler.kv_reserve import SHORT_NAMES
 from neuron_batch.scheduler.records import DECODE, read_records
 

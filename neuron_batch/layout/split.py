@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from neuron_batch.buckets import round_model_len
+from neuron_batch.buckets import nxdi_default_buckets, round_model_len
 from neuron_batch.config import RunSettings
 from neuron_batch.errors import RunError
 from neuron_batch.inputs.prepare import PreparedRequest
@@ -43,7 +43,7 @@ from neuron_batch.layout.placement import (
     SplitPlacement,
     choose,
 )
-from neuron_batch.runtime import Runtime, nxdi_default_buckets
+from neuron_batch.runtime import Runtime
 
 SHORT, LONG = "short", "long"
 #: Cuts are multiples of this (the KV block granularity `plan` rounds max_model_len to).

@@ -7,13 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from neuron_batch.buckets import nxdi_default_buckets
 from neuron_batch.choices import KvReserve, Pricing, WeightDtype, normalise
 from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_TOKENS, RunSettings
 from neuron_batch.device.cost_model import StepCostModel
 from neuron_batch.device.hardware import DEFAULT_PLAN_INSTANCES
 from neuron_batch.device.target import NEURON_BLOCK_SIZE, Target
 from neuron_batch.report.cost import Price, usd
-from neuron_batch.runtime import Runtime, nxdi_default_buckets
+from neuron_batch.runtime import Runtime
 
 DEFAULT_INSTANCES = DEFAULT_PLAN_INSTANCES
 DEFAULT_SEQS = (8, 16, 32, 64)

@@ -23,12 +23,12 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import replace
 
+from neuron_batch.buckets import nxdi_default_buckets
 from neuron_batch.device.cost_model import compile_footprint
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
 from neuron_batch.layout.bounds import ShareStats, replica_bound
 from neuron_batch.layout.split import CUT_STEP, MAX_SHORT_SLOTS, cut_candidates, fitted_count
 from neuron_batch.plan.options import InstanceFit, Option, PlanSpec, SplitLayout
-from neuron_batch.runtime import nxdi_default_buckets
 
 
 def split_options(spec: PlanSpec, singles: Sequence[Option], prompt_lens: Sequence[int],
