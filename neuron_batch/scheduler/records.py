@@ -106,6 +106,13 @@ class StepRecord:
                                      # token-generation / context-length bucket)
     longest_len: int | None = None   # decode: the longest request's length after the step
                                      # (its position + 1): what the attention buckets pad
+    # Prefills with prefix caching: the prompt tokens vLLM's prefix cache served (`num_tokens`
+    # is then only the new ones), those of them the device computes again anyway (nxdi moves
+    # cached tokens into the prefill bucket's spare room), and under nxdi the prefix bucket of
+    # the (prefill, prefix) grid cell the step ran on (neuron_batch/prefix_grid.py).
+    cached_tokens: int = 0
+    recomputed_tokens: int = 0
+    prefix_bucket: int | None = None
 
 
 @dataclass(slots=True)
