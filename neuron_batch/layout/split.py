@@ -93,7 +93,7 @@ def fitted_count(sizes: Sequence[int], count: int, maximum: int) -> int:
     """How many buckets `fitted_buckets` gives for these sizes, without solving: the
     optimiser's least-padding list of at most `count` buckets (ties: fewer) has one per
     distinct size below `maximum` plus `maximum`, or `count` when that is fewer (each further
-    bucket takes padding off some size). tests/test_split_cuts.py checks it against the
+    bucket takes padding off some size). tests/layout/test_split_cuts.py checks it against the
     optimiser."""
     return min(count, len({s for s in sizes if s < maximum}) + 1)
 

@@ -40,7 +40,7 @@ from neuron_batch.device.hardware import (
 def _load_records_module():
     """neuron_batch/scheduler/records.py without its package __init__, which imports vLLM
     (8 s); the module itself is pure Python."""
-    path = Path(__file__).resolve().parents[1] / "neuron_batch" / "scheduler" / "records.py"
+    path = Path(__file__).resolve().parents[2] / "neuron_batch" / "scheduler" / "records.py"
     spec = importlib.util.spec_from_file_location("_records_for_cost_tests", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module          # dataclasses look their module up by name
