@@ -10,6 +10,7 @@ import re
 import tomllib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -108,9 +109,6 @@ CHOICE_FIELDS: dict[str, type[Choice]] = {
 #: RunSettings fields named apart from their option (command line, job files, run.json): the
 #: data set's split is not the length split of `split_at`.
 OPTION_NAMES = {"dataset_split": "split"}
-
-#: Devices on which a given --instance is the machine the run is billed for.
-PRICED_HOST_DEVICES = ("neuron", "auto")
 
 
 @dataclass(frozen=True)
@@ -232,6 +230,11 @@ class RunSettings:
         return self
 
     @property
+    def simulated(self) -> bool:
+        """--device sim: the simulated Neuron device (the one test of the device's name)."""
+        return self.device == Device.SIM
+
+    @property
     def uses_ray(self) -> bool:
         """More than one engine, or --ray given: the run goes through Ray (replicas/pool.py);
         otherwise it is the single-engine path, which never imports Ray."""
@@ -249,9 +252,8 @@ class RunSettings:
 
     def _sim_family(self) -> str | None:
         """The simulated instance's family (which runtimes run there, so which a hint may
-        name); None when not simulated or the instance is unknown. (The run looks the
-        instance up once more, into its Target.)"""
-        if self.device != "sim":
+        name); None when not simulated or the instance is unknown."""
+        if not self.simulated:
             return None
         from neuron_batch.device.hardware import HardwareError, get_instance
         try:
@@ -260,14 +262,18 @@ class RunSettings:
             return None
 
     def resolve_runtime(self) -> Runtime:
-        """The Neuron runtime whose shapes this run follows, decided once: `--runtime`; else
-        on the simulated device the instance's (nxdi on inf2/trn1, vllm-neuron on trn2); on a
-        Neuron host the installed plugin's line; elsewhere the seed design's (vllm-neuron)."""
+        """The Neuron runtime this run follows, decided once per settings object: `--runtime`;
+        else the simulated instance's (nxdi on inf2/trn1, vllm-neuron on trn2); on a Neuron
+        host the installed plugin's line; elsewhere the seed design's (vllm-neuron)."""
+        return self._runtime
+
+    @cached_property
+    def _runtime(self) -> Runtime:
         if self.runtime is not None:
             return get_runtime(self.runtime)
-        if self.device == "sim":
+        if self.simulated:
             return get_runtime(None, family=self._sim_family())
-        if self.device in ("neuron", "auto"):
+        if self.device in (Device.NEURON, Device.AUTO):
             from neuron_batch.versions import neuron_plugin, runtime_of_plugin
             detected = runtime_of_plugin(neuron_plugin()["version"])
             if detected is not None:
@@ -308,9 +314,9 @@ class RunSettings:
     def priced_instance(self) -> str | None:
         """The instance the run is billed for: the simulated one, or the --instance given on a
         Neuron host; None when unknown (no cost is reported then)."""
-        if self.device == "sim":
+        if self.simulated:
             return self.sim.instance
-        if self.device in PRICED_HOST_DEVICES:
+        if self.device in (Device.NEURON, Device.AUTO):
             return self.cost.instance
         return None
 
@@ -323,11 +329,6 @@ class RunSettings:
                                 and not has_builtin_price(instance)):
             return None
         return price_for(instance, self.cost.pricing, self.cost.price_per_hour)
-
-    def neuron_config(self) -> dict[str, list[int]]:
-        """The given bucket lists by their plugin keys (`bucket_lists`), which go into
-        `additional_config[runtime.config_section]`."""
-        return self.bucket_lists()
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting as plain data, by option name (choices as their strings), as run.json

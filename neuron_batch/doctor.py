@@ -23,7 +23,7 @@ from typing import Any
 from neuron_batch import __version__
 from neuron_batch.config import RunSettings
 from neuron_batch.engine.neuron_host import is_neuron_platform
-from neuron_batch.runtime import get_runtime
+from neuron_batch.runtime import get_runtime, runtime_of
 from neuron_batch.versions import (
     describe_release,
     installed_vllm,
@@ -323,7 +323,7 @@ def _runtime_checks(rt: dict[str, Any], plugin: bool, devices: bool) -> list[Che
                       "inf2/trn1, vllm-neuron on trn2)")]
     checks = [Check("neuron runtime", INFO, rt.get("runtime") or "unknown",
                     rt.get("runtime_summary"))]
-    runtime = get_runtime(rt.get("runtime")) if rt.get("runtime") else None
+    runtime = runtime_of(rt) if rt.get("runtime") else None
     if runtime is not None and runtime.loader_distribution:
         if rt.get("nxdi"):
             checks.append(Check("NxD Inference", OK, f"installed ({rt['nxdi']})"))

@@ -233,7 +233,7 @@ class Runtime:
                 instead.append(f"drop {option.flag} ({self.name} decodes every max_num_seqs "
                                f"slot: --max-num-seqs is its one decode batch)")
             elif option and fitted:
-                instead.append(f"use {own.flag} {_csv(fitted)} ({own.what})")
+                instead.append(f"use {own.flag} {','.join(map(str, fitted))} ({own.what})")
             elif option:
                 instead.append(f"drop {option.flag} ({own.flag} is opt-in and none of these "
                                f"values is below max_model_len {max_model_len})")
@@ -312,18 +312,9 @@ class Runtime:
         text = f"prefill {join(prefill)} / decode {join(decode)}"
         return text + (f" / decode context {join(attention)}" if attention else "")
 
-    def describe(self) -> dict[str, object]:
-        return {"name": self.name, "summary": self.summary, "static_kv": self.static_kv,
-                "chunked_prefill": self.chunked_prefill,
-                "bucket_flags": [o.flag for o in self.bucket_options]}
-
 
 #: A Runtime's bucket-option attributes: a list of one runtime maps to the other's of a role.
 _ROLES = ("prefill", "decode", "attention")
-
-
-def _csv(values: Sequence[int]) -> str:
-    return ",".join(str(v) for v in values)
 
 
 RUNTIMES: dict[str, Runtime] = {
@@ -398,3 +389,9 @@ def get_runtime(name: str | Runtime | None, *, family: str | None = None) -> Run
     if key not in RUNTIMES:
         raise RuntimeNameError(f"--runtime must be one of {', '.join(RUNTIME_NAMES)}, got {name!r}")
     return RUNTIMES[key]
+
+
+def runtime_of(record: Mapping[str, object] | None) -> Runtime:
+    """The runtime a record names in its "runtime" field (a report's config, a sweep or plan
+    row, the scheduler's config section): how readers of what a run wrote get it back."""
+    return get_runtime((record or {}).get("runtime"))

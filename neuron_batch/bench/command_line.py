@@ -54,7 +54,7 @@ def run_command(settings: RunSettings, *, program: str = "neuron-batch run") -> 
 
     for name in _ALWAYS:
         add(name, getattr(settings, name))
-    if settings.device == "sim":
+    if settings.simulated:
         for name in _ALWAYS_SIM:
             add(name, getattr(settings.sim, name))
         sim_defaults = SimOptions()

@@ -23,7 +23,7 @@ from neuron_batch.bench.ranking import (
     cost_key_for,
     pareto_front,
 )
-from neuron_batch.runtime import get_runtime
+from neuron_batch.runtime import runtime_of
 
 # -- throughput against compile cost ----------------------------------------------------------
 
@@ -58,7 +58,7 @@ def plot_throughput_vs_graphs(rows: Sequence[Mapping[str, Any]],
     else:
         def x_of(row):
             return float(row["compiled_graphs"])
-        lists = get_runtime(fastest.get("runtime")).bucket_options
+        lists = runtime_of(fastest).bucket_options
         xlabel = f"compiled graphs (of the {' and '.join(o.label for o in lists)})"
 
     figure = new_figure(10, 6.2)

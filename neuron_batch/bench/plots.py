@@ -40,7 +40,7 @@ from neuron_batch.bench.plot_front import plot_throughput_vs_graphs
 from neuron_batch.bench.ranking import DEFAULT_NAME, pareto_front
 from neuron_batch.bench.verdict import recommend
 from neuron_batch.bench.words import abbreviate_buckets
-from neuron_batch.runtime import Runtime, get_runtime
+from neuron_batch.runtime import Runtime, get_runtime, runtime_of
 
 #: Most configurations `plot_prompt_histogram` draws bucket edges for (more is unreadable).
 MAX_BUCKET_SETS = 5
@@ -62,7 +62,7 @@ def waste_series(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]
     context-encoding padding and the KV every slot attends at its token-generation bucket but
     does not hold; vllm-neuron: chunk padding, padded decode slots, and with decode
     context-length sets the KV read but not held)."""
-    runtime = get_runtime(rows[0].get("runtime")) if rows else get_runtime(None)
+    runtime = runtime_of(rows[0] if rows else None)
     return [(f"{option.padding}_waste", f"{option.label}: {option.waste}", f"{name}_buckets")
             for name, option in runtime.dimensions
             if any(row.get(f"{name}_buckets") for row in rows)]
@@ -305,7 +305,7 @@ def write_all(rows: Sequence[Mapping[str, Any]], front: Sequence[Mapping[str, An
         budgets = {row.get("max_num_batched_tokens") for row in rows}
         budget = budgets.pop() if len(budgets) == 1 else None
         if runtime is None and rows:
-            runtime = rows[0].get("runtime")
+            runtime = runtime_of(rows[0])
         written.append(plot_prompt_histogram(
             prompt_lengths, bucket_sets, out / FILE_NAMES["prompts"],
             max_num_batched_tokens=int(budget) if budget else None, runtime=runtime))

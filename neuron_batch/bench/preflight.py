@@ -40,7 +40,7 @@ def layout_check(base: RunSettings, workload=None) -> Callable[[RunSettings], No
     from neuron_batch.job.job import resolve_target
     from neuron_batch.run.runner import check_neuron_host
 
-    if base.device == "sim":
+    if base.simulated:
         if not base.sim.architecture and workload is None:
             return None
         model_path = workload.model.path if workload is not None else None

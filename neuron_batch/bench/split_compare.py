@@ -152,7 +152,7 @@ def run_split_compare(base: RunSettings, out_dir: Path, cuts: Sequence[int], *, 
     log(f"{len(candidates)} configurations: {', '.join(c.name for c in candidates)}")
     started = time.monotonic()
     try:
-        outcomes = run_candidates(candidates, jobs=jobs if base.device == "sim" else 1, log=log)
+        outcomes = run_candidates(candidates, jobs=jobs if base.simulated else 1, log=log)
     except KeyboardInterrupt:
         log(f"interrupted: finished configurations are kept in {out_dir}; --resume continues")
         return EXIT_INTERRUPTED

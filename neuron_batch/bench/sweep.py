@@ -239,7 +239,7 @@ def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
     seqs_values, kv_values = fits.seqs_values, fits.kv_values
     sweep_dir.mkdir(parents=True, exist_ok=True)
     lengths = workload.prompt_lengths()
-    simulated = base.device == "sim"
+    simulated = base.simulated
     jobs = jobs if simulated else 1  # a real device runs one engine at a time
     meta = {"inputs": list(base.inputs), "device": base.device, "model": workload.model.name,
             "sim": base.sim.__dict__ if simulated else None, "num_requests": len(lengths),

@@ -21,7 +21,7 @@ from neuron_batch.bench.ranking import (
     rank_key,
 )
 from neuron_batch.bench.words import abbreviate_buckets, as_number
-from neuron_batch.runtime import get_runtime
+from neuron_batch.runtime import runtime_of
 
 #: Widest any line of the table (and of what follows it) may get.
 MAX_WIDTH = 100
@@ -73,7 +73,7 @@ def format_table(rows: Sequence[dict[str, Any]], recommendation: Mapping[str, An
 # -- columns ----------------------------------------------------------------------------------
 
 def _columns(rows: Sequence[dict[str, Any]], set_width: int) -> list[Column]:
-    runtime = get_runtime(rows[0].get("runtime"))
+    runtime = runtime_of(rows[0])
     base = next((row for row in rows if row["name"] == DEFAULT_NAME), None)
     reference = base if base is not None else rows[0]
     columns = [Column("", "#", ">", lambda row: str(row.get("rank") or "")),
@@ -160,7 +160,7 @@ def _table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[str]]:
 
 def _legend(rows: Sequence[dict[str, Any]], columns: Sequence[Column],
             left_out: Sequence[Column]) -> list[str]:
-    runtime = get_runtime(rows[0].get("runtime"))
+    runtime = runtime_of(rows[0])
     shown = {(c.group, c.header) for c in columns}
     parts = [f"{option.label}: {option.what} ({option.flag}); waste = {option.waste}"
              for dimension, option in runtime.dimensions

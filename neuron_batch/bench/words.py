@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from neuron_batch.runtime import get_runtime
+from neuron_batch.runtime import runtime_of
 
 #: The row key of a configuration's estimated compile time (a compile-cost key of `ranking`).
 COST_COMPILE_S = "estimated_compile_s"
@@ -76,7 +76,7 @@ def compile_pair(row: dict, other: dict, inline: bool = False) -> str:
 
 def bucket_words(row: dict) -> str:
     """The configuration's buckets in its runtime's own words (runtime.Runtime.bucket_words)."""
-    return get_runtime(row.get("runtime")).bucket_words(
+    return runtime_of(row).bucket_words(
         row.get("prefill_buckets"), row.get("decode_buckets"), row.get("attention_buckets"))
 
 

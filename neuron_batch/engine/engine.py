@@ -119,7 +119,7 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
         seed=settings.seed,
         skip_tokenizer_init=not has_tokenizer,
     )
-    if device == "sim" and not simulated:
+    if settings.simulated and not simulated:
         raise ValueError("device 'sim' needs the resolved simulated Target")
     if simulated:
         # (its layout is the run's: the target was resolved with these settings' limits)

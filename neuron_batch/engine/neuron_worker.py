@@ -3,7 +3,7 @@
 Why a worker: to keep our scheduler, the plugin's platform must be told
 DISABLE_NEURON_CUSTOM_SCHEDULER=1, and then it leaves chunked prefill as vLLM set it. vLLM's
 engine arguments turn it on for generative models whatever we pass (0.11.0:
-`EngineArgs._set_default_args`; seen on 0.10.2 and 0.11.0 in tests/test_nxdi_plugin.py), and
+`EngineArgs._set_default_args`; seen on 0.10.2 and 0.11.0 in tests/engine/test_nxdi_plugin.py), and
 the plugin's loader then asserts a chunked-prefill config (and its runner would read chunk
 sizes our whole-prompt scheduler never makes). The worker is built, in every process that
 loads a model, from the config the engine core also schedules with, before the model loads:

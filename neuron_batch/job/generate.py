@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from neuron_batch.choices import Device
 from neuron_batch.config import RunSettings
 from neuron_batch.engine.engine_log import ENGINE_LOG, engine_output_to
 from neuron_batch.errors import EXIT_FAILED, RunError
@@ -73,22 +74,31 @@ def _import_vllm() -> None:
 
 def resolved_device(job: Job) -> str:
     """The device the engine runs on, in the one word the report and every message use: the
-    --device given, or for auto what vLLM's platform finds (cpu, cuda, neuron). vLLM is
-    imported with its chatter going to engine.log, as `generate` does."""
-    if job.settings.device != "auto":
-        return job.settings.device
-    from neuron_batch.engine.engine import detect_device
+    --device given, or for auto what vLLM's platform finds (cpu, cuda, neuron), asked once a
+    run (`job.device`). vLLM is imported with its chatter going to engine.log, as `generate`
+    does."""
+    if job.device is None and job.settings.device == Device.AUTO:
+        with engine_output_to(job.folder.path / ENGINE_LOG, preload=_import_vllm):
+            return _device(job)
+    return _device(job)
 
-    with engine_output_to(job.folder.path / ENGINE_LOG, preload=_import_vllm):
-        return detect_device()
+
+def _device(job: Job) -> str:
+    """`resolved_device` where vLLM's output already goes to engine.log."""
+    if job.device is None:
+        from neuron_batch.engine.engine import detect_device
+
+        job.device = (detect_device() if job.settings.device == Device.AUTO
+                      else job.settings.device)
+    return job.device
 
 
 def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[str, Any]:
-    from neuron_batch.engine.engine import Engine, detect_device, engine_kwargs
+    from neuron_batch.engine.engine import Engine, engine_kwargs
     from neuron_batch.engine.neuron_host import mixed_sampling
 
     settings, folder, log, model = job.settings, job.folder, job.log, job.workload.model
-    device = settings.device if settings.device != "auto" else detect_device()
+    device = _device(job)
     simulated = job.simulated
     workdir = folder.path / ".work"
     workdir.mkdir(exist_ok=True)

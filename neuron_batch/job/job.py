@@ -19,6 +19,7 @@ from neuron_batch.job.workload import Workload
 
 if TYPE_CHECKING:
     from neuron_batch.device.target import Target
+    from neuron_batch.runtime import Runtime
 
 
 @dataclass
@@ -30,6 +31,9 @@ class Job:
     # The device, resolved once (`resolve_target`): the simulated one, or a Neuron host whose
     # instance is known (not simulated: its step-time model and static slots); None elsewhere.
     target: Target | None = None
+    # The device the engine runs on, --device auto resolved by vLLM's platform once a run
+    # (job/generate.py resolved_device; kept by the parts `replace`d from this job).
+    device: str | None = None
     # The Ray connection of a --replicas run (replicas/cluster.py RayCluster; typed loosely so
     # this lower stage never imports the Ray one); None elsewhere.
     cluster: Any = None
@@ -37,6 +41,11 @@ class Job:
     @property
     def simulated(self) -> bool:
         return self.target is not None and self.target.simulated
+
+    @property
+    def runtime(self) -> Runtime:
+        """The run's runtime: its target's, else the one its settings decided."""
+        return self.target.runtime if self.target is not None else self.settings.resolve_runtime()
 
 
 def resolve_target(settings: RunSettings, model_path: str | None) -> Target | None:
@@ -52,7 +61,7 @@ def resolve_target(settings: RunSettings, model_path: str | None) -> Target | No
     from neuron_batch.engine import neuron_host
 
     sim = settings.sim
-    if settings.device == "sim":
+    if settings.simulated:
         arch = sim.architecture or model_path
         if arch is None:
             return None

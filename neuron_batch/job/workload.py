@@ -77,7 +77,7 @@ def _model_and_tokenizer(settings: RunSettings, log):
         raise RunError(str(error)) from None
     tokenizer = load_tokenizer(model) if model.has_tokenizer else None
     tokenizer_name = model.name if tokenizer is not None else None
-    if tokenizer is None and settings.device == "sim":
+    if tokenizer is None and settings.simulated:
         # The simulated device needs no weights, but text must still become tokens: use the
         # built-in model's tokenizer and say so in the report.
         builtin = resolve_model(None, progress=log)
@@ -101,7 +101,7 @@ def _model_context(settings: RunSettings, model) -> dict[str, Any]:
     from neuron_batch.device.architectures import resolve_architecture
 
     try:
-        if settings.device == "sim":
+        if settings.simulated:
             arch = resolve_architecture(settings.sim.architecture or model.path)
             return {"context": arch.max_position_embeddings, "context_name": arch.name}
         config = json.loads((Path(model.path) / "config.json").read_text())

@@ -93,7 +93,7 @@ def fitted_count(sizes: Sequence[int], count: int, maximum: int) -> int:
     """How many buckets `fitted_buckets` gives for these sizes, without solving: the
     optimiser's least-padding list of at most `count` buckets (ties: fewer) has one per
     distinct size below `maximum` plus `maximum`, or `count` when that is fewer (each further
-    bucket takes padding off some size). tests/test_split_cuts.py checks it against the
+    bucket takes padding off some size). tests/layout/test_split_cuts.py checks it against the
     optimiser."""
     return min(count, len({s for s in sizes if s < maximum}) + 1)
 
@@ -151,7 +151,7 @@ def choose_cut(settings: RunSettings, requests: list[PreparedRequest], slots_at,
     best, best_s = None, single_s
     for cut, _ in cut_candidates(ordered, slots, settings.max_model_len, CUT_STEP):
         parts, placement = plan_parts(replace(settings, split_at=cut), requests, slots_at,
-                                      estimate)
+                                      estimate, runtime=runtime)
         total = placement.estimated_s if placement.estimated_s is not None else sum(
             estimate.seconds(p) + (estimate.compile_of(p) or 0.0) for p in parts)
         if total < best_s:
@@ -206,10 +206,9 @@ def short_layout_slots(settings: RunSettings, slots_at, num_requests: int) -> in
 
 
 def short_part(settings: RunSettings, requests: list[PreparedRequest], slots_at,
-               engines: int) -> Part:
+               engines: int, runtime: Runtime) -> Part:
     """The short layout for `requests` served by `engines` engines (its slots are capped at
-    an engine's share)."""
-    runtime = settings.resolve_runtime()
+    an engine's share), under the run's `runtime`."""
     short = replace(settings, max_model_len=settings.split_at, split_at=None,
                     split_placement=AUTO)       # (a part is not split again)
     short = replace(short, replicas=engines, max_num_seqs=short_layout_slots(
@@ -218,9 +217,10 @@ def short_part(settings: RunSettings, requests: list[PreparedRequest], slots_at,
     return Part(SHORT, short.validate(), requests)
 
 
-def long_part(settings: RunSettings, requests: list[PreparedRequest], engines: int) -> Part:
-    """The long layout (--max-model-len, --max-num-seqs) for `requests` on `engines` engines."""
-    runtime = settings.resolve_runtime()
+def long_part(settings: RunSettings, requests: list[PreparedRequest], engines: int,
+              runtime: Runtime) -> Part:
+    """The long layout (--max-model-len, --max-num-seqs) for `requests` on `engines` engines,
+    under the run's `runtime`."""
     long = replace(settings, split_at=None, split_placement=AUTO, replicas=engines)
     if not any(settings.bucket_lists().values()):     # the user's lists win
         long = long.with_buckets(runtime, *fitted_to(runtime, requests, settings.max_model_len))
@@ -228,17 +228,20 @@ def long_part(settings: RunSettings, requests: list[PreparedRequest], engines: i
 
 
 def plan_parts(settings: RunSettings, pending: list[PreparedRequest], slots_at,
-               estimate=None) -> tuple[list[Part], SplitPlacement]:
+               estimate=None, *, runtime: Runtime | None = None
+               ) -> tuple[list[Part], SplitPlacement]:
     """The parts of the pending requests, short first, empty parts left out, and where they
     run (placement.py: in turn, or side by side on --replicas as --split-placement and
     `estimate` say). `slots_at(max_model_len)`: the static slots of that length that load
     (the run's Target.static_slots), None when unknown. `estimate`: a
-    placement.BoundEstimate, or None when the device has no step-time model."""
+    placement.BoundEstimate, or None when the device has no step-time model. `runtime`: the
+    run's (default: the one `settings` decided)."""
+    runtime = runtime or settings.resolve_runtime()
     short = [r for r in pending if r.length <= settings.split_at]
     long = [r for r in pending if r.length > settings.split_at]
     replicas = settings.replicas
-    parts = ([short_part(settings, short, slots_at, replicas)] if short else []) + \
-        ([long_part(settings, long, replicas)] if long else [])
+    parts = ([short_part(settings, short, slots_at, replicas, runtime)] if short else []) + \
+        ([long_part(settings, long, replicas, runtime)] if long else [])
     if len(parts) < 2 or not settings.uses_ray:
         return parts, SplitPlacement(IN_TURN, replicas)
 

@@ -20,7 +20,7 @@ from neuron_batch.plan.job import PLAN_JSON, PlanJob, layout_settings, option_se
 from neuron_batch.plan.options import Option
 from neuron_batch.plan.search import objective_key
 from neuron_batch.report.cost import per_million
-from neuron_batch.runtime import get_runtime
+from neuron_batch.runtime import runtime_of
 
 PLAN_CSV, PLAN_PNG = "plan.csv", "plan_cost_vs_time.png"
 CSV_COLUMNS = ("rank", "name", "status", "instance", "num_instances", "replicas",
@@ -275,7 +275,7 @@ def recommendation_words(data: dict[str, Any]) -> list[str]:
     if not rows:
         return ["No option could be simulated: nothing to recommend."]
     best = rows[0]
-    runtime = get_runtime(best.get("runtime"))
+    runtime = runtime_of(best)
     buckets = "buckets " + runtime.bucket_words(best["prefill_buckets"], best["decode_buckets"],
                                                 best.get("attention_buckets"))
     what = (f"{best['num_instances']} x {best['instance']}, {best['replicas']} replica"

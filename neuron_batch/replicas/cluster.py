@@ -164,11 +164,11 @@ def check_address(address: str) -> None:
 
 def replica_resources(settings: RunSettings,
                       cluster_resources: dict[str, float]) -> ReplicaResources:
+    if settings.simulated:
+        return ReplicaResources("sim")
     device = settings.device
     if device == "auto":
         device = "neuron" if cluster_resources.get("neuron_cores") else "cpu"
-    if device == "sim":
-        return ReplicaResources("sim")
     if device == "cpu":
         return ReplicaResources("cpu")
     if device == "neuron":

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from neuron_batch.runtime import get_runtime
+from neuron_batch.runtime import runtime_of
 from neuron_batch.scheduler.records import (
     BLOCK_REASONS,
     DECODE,
@@ -60,7 +60,7 @@ def summarize(records: Records, *, elapsed_s: float | None = None, start: float 
     prefill_buckets = list(config.get("prefill_buckets") or [])
     decode_buckets = list(config.get("decode_buckets") or [])
     attention_buckets = list(config.get("attention_buckets") or [])
-    config["compiled_graphs"] = get_runtime(config.get("runtime")).num_graphs(
+    config["compiled_graphs"] = runtime_of(config).num_graphs(
         len(prefill_buckets), len(decode_buckets), len(attention_buckets))
 
     return {

@@ -16,7 +16,7 @@ from typing import Any
 from neuron_batch.inputs.skipped import SKIPPED
 from neuron_batch.report.cost import compile_and_usd
 from neuron_batch.report.notes import notes
-from neuron_batch.runtime import get_runtime
+from neuron_batch.runtime import runtime_of
 
 MAX_WIDTH = 100
 
@@ -48,7 +48,7 @@ def format_summary(report: dict[str, Any]) -> str:
 
     lines = ["neuron-batch run summary"]
     shown = dict(config)
-    if "kv_reserve" in shown and get_runtime(config.get("runtime")).static_kv:
+    if "kv_reserve" in shown and runtime_of(config).static_kv:
         shown["kv_reserve"] = "n/a (static KV cache)"    # the rule never binds under nxdi
     if config.get("device") in ("cpu", "cuda") and "runtime" in shown:
         # no Neuron runtime ran here: the scheduler padded to the shapes it compiles
@@ -87,7 +87,7 @@ def format_summary(report: dict[str, Any]) -> str:
     prefill_buckets = config.get("prefill_buckets", padding.get("prefill", {}).get("by_bucket", {}))
     decode_buckets = config.get("decode_buckets", padding.get("decode", {}).get("by_bucket", {}))
     attention_buckets = config.get("attention_buckets") or []
-    runtime = get_runtime(config.get("runtime"))
+    runtime = runtime_of(config)
     lines.append(_kv_row(report))
     if runtime.static_kv:
         graphs = (f"{len(prefill_buckets)} context-encoding + {len(attention_buckets)} "

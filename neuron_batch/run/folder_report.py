@@ -131,7 +131,7 @@ def split_section(attempts: list[dict], folder, settings, simulated: bool) -> di
 
 def num_instances(settings) -> int:
     """Instances the run is billed for: the simulated layout's (--num-instances), else one."""
-    return int(settings.sim.num_instances) if settings.device == "sim" else 1
+    return int(settings.sim.num_instances) if settings.simulated else 1
 
 
 def _add_cost(report: dict, settings) -> None:

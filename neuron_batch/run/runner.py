@@ -164,7 +164,7 @@ def _run_locked(job: Job) -> RunResult:
     prepared, problems = job.workload.prepared, job.workload.problems
     ids = [r.record.id for r in prepared.requests]
     # Before the folder is written to: a run of other input or settings is refused here.
-    start = take_folder(job, settings.resolve_runtime().name)
+    start = take_folder(job, job.runtime.name)
     if settings.uses_ray:
         # Before the folder is written to: a bad address or a cluster too small fails here.
         from neuron_batch.replicas.cluster import connect
@@ -199,7 +199,8 @@ def _run_locked(job: Job) -> RunResult:
                 from neuron_batch.layout.split import plan_parts
                 from neuron_batch.run.split import run_parts
 
-                parts, placement = plan_parts(settings, pending, *split_inputs(job.target))
+                parts, placement = plan_parts(settings, pending, *split_inputs(job.target),
+                                              runtime=job.runtime)
                 if len(parts) == 2 and settings.uses_ray:
                     log(f"parts {placement.mode}" + (
                         f" (estimated {placement.estimated_s / 3600:.2f} h with compile; in "

@@ -33,10 +33,10 @@ why nothing here compares version numbers:
   (`skipped_waiting` from 0.21, replaced by `kv_holding_waiting` / `deferred_waiting` in 0.33).
   The scheduler reads only `waiting`, `running`, `requests` and the caps.
 
-`tests/test_vllm_compat.py` holds the table of which release has which side
+`tests/scheduler/test_vllm_compat.py` holds the table of which release has which side
 (`RELEASE_FEATURES`) and checks this module detects exactly that on the installed release.
 The `SchedulerOutput` fields the scheduler and the executor read (`SCHEDULER_OUTPUT_FIELDS`)
-are the same in every tested release; `tests/test_vllm_compat.py` checks that on each.
+are the same in every tested release; `tests/scheduler/test_vllm_compat.py` checks that on each.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
-from neuron_batch.runtime import get_runtime
+from neuron_batch.runtime import runtime_of
 from neuron_batch.scheduler.compat import (
     create_request_queue,
     lower_running_caps,
@@ -84,7 +84,7 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
         self.holdback_queue = create_request_queue(self.policy)
         # The runtime says what the device compiles; its bucket lists are read where its
         # plugin reads them, so the records pad to exactly the graphs that exist.
-        self.runtime = get_runtime(own.get(RUNTIME_KEY))
+        self.runtime = runtime_of(own)
         self.shapes = self.runtime.shapes(
             self.runtime.bucket_lists_in(additional.get(self.runtime.config_section)),
             max_num_seqs=self.max_num_seqs,

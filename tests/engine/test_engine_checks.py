@@ -11,7 +11,7 @@ import pytest
 from neuron_batch.config import RunSettings, SettingsError
 from neuron_batch.engine import engine
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- the untested-version warning -------------------------------------------------------------

@@ -16,7 +16,7 @@ pytest.importorskip("vllm")
 from neuron_batch.buckets import nxdi_default_buckets  # noqa: E402
 from neuron_batch.cli import main  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # (prompt, max_tokens): most fit in 1024 tokens, three need the long layout.
 WORKLOAD = [(100 + 37 * i, 20 + i % 7) for i in range(24)] + [(2500, 40), (3000, 16),
                                                                   (1500, 30)]

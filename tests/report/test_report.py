@@ -60,17 +60,33 @@ def test_summary_has_every_section_and_fits_the_terminal():
     assert "5 compiled (3 prefill buckets + 2 decode buckets x 1 context lengths)" in text
 
 
-def test_summary_figures():
-    lines = format_summary(small_report()).splitlines()
+@pytest.fixture(scope="module")
+def summary_lines():
+    return format_summary(small_report()).splitlines()
 
+
+def starting(lines, *words):
+    """The one summary line that starts with `words`, split."""
+    matches = [line for line in lines if line.split()[:len(words)] == list(words)]
+    assert len(matches) == 1, (words, matches)
+    return matches[0].split()
+
+
+def test_summary_requests_and_elapsed(summary_lines):
     def line_starting(*words):
-        matches = [line for line in lines if line.split()[:len(words)] == list(words)]
-        assert len(matches) == 1, (words, matches)
-        return matches[0].split()
+        return starting(summary_lines, *words)
 
     assert line_starting("Requests") == ["Requests", "2", "completed", "of", "2", "0", "failed",
                                          "0", "skipped"]
     assert "4.00" in line_starting("Throughput")  # elapsed seconds
+
+
+def test_summary_padding_per_bucket(summary_lines):
+    lines = summary_lines
+
+    def line_starting(*words):
+        return starting(lines, *words)
+
     # Prefill: 11 of 12 tokens real; per bucket chunks, actual, padded, waste, note.
     assert line_starting("4") == ["4", "1", "3", "4", "25.0%"]
     assert line_starting("8") == ["8", "1", "8", "8", "0.0%"]
@@ -78,6 +94,12 @@ def test_summary_figures():
     assert line_starting("2") == ["2", "2", "2", "4", "50.0%"]
     assert [line.split()[0] for line in lines if line.endswith("unused")] == ["16", "3"]
     assert "Prefill padding: 11 of 12 tokens real, 8.3% waste" in lines
+
+
+def test_summary_latency_states_and_blocked_steps(summary_lines):
+    def line_starting(*words):
+        return starting(summary_lines, *words)
+
     # TTFT 1.0 and 2.0 s -> mean 1500 ms, p90 1900 ms.
     assert line_starting("TTFT") == ["TTFT", "1,500.0", "1,500.0", "1,900.0", "1,990.0"]
     # 0.5 s idle after the last step (everything finished at 3.5), of 4.0 s.
@@ -142,11 +164,21 @@ def parse_prometheus(text):
     return samples, types
 
 
-def test_prometheus_text_parses_and_carries_the_headline_figures():
-    samples, types = parse_prometheus(prometheus_text(small_report(), timestamp=1_700_000_000.5))
+@pytest.fixture(scope="module")
+def prometheus():
+    """(samples, types) of the small report's textfile."""
+    return parse_prometheus(prometheus_text(small_report(), timestamp=1_700_000_000.5))
+
+
+def test_prometheus_text_parses_with_counter_and_gauge_types(prometheus):
+    samples, types = prometheus
     assert samples[("neuron_batch_requests_total", (("status", "completed"),))] == 2
     assert types["neuron_batch_requests_total"] == "counter"
     assert types["neuron_batch_padding_waste_ratio"] == "gauge"
+
+
+def test_prometheus_time_throughput_padding_and_states(prometheus):
+    samples, _ = prometheus
     assert samples[("neuron_batch_elapsed_seconds", ())] == 4.0
     # 5 tokens generated in 4 s.
     assert samples[("neuron_batch_throughput_output_tokens_per_second", ())] == 1.25
@@ -155,6 +187,10 @@ def test_prometheus_text_parses_and_carries_the_headline_figures():
     assert samples[("neuron_batch_padding_waste_ratio", (("phase", "decode"),))] == 0.5
     assert samples[("neuron_batch_state_seconds", (("state", "ACTIVE_DECODE"),))] == 1.5
     assert samples[("neuron_batch_state_seconds", (("state", "IDLE"),))] == 0.5
+
+
+def test_prometheus_blocked_latency_buckets_graphs_and_timestamp(prometheus):
+    samples, _ = prometheus
     for reason in BLOCK_REASONS:
         key = ("neuron_batch_admission_blocked_total", (("reason", reason),))
         assert samples[key] == (4 if reason == "kv_saturated" else 0)

@@ -19,7 +19,7 @@ from neuron_batch.plan.options import PlanSpec  # noqa: E402
 from neuron_batch.plan.run import PlanJob, plan_base, run_plan  # noqa: E402
 from neuron_batch.plan.search import objective_key  # noqa: E402
 
-TRACE = Path(__file__).resolve().parents[1] / "datasets" / "azure-llm-inference-conv-2023.csv"
+TRACE = Path(__file__).resolve().parents[2] / "datasets" / "azure-llm-inference-conv-2023.csv"
 pytestmark = pytest.mark.skipif(not TRACE.exists(), reason="the trace copy is missing")
 
 SPEC = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.xlarge", "inf2.8xlarge",

@@ -1,7 +1,7 @@
-"""Runs one case of tests/test_nxdi_plugin.py in a fresh interpreter: AWS's plugin patches
+"""Runs one case of tests/engine/test_nxdi_plugin.py in a fresh interpreter: AWS's plugin patches
 vLLM's ModelConfig globally when its platform is built, so no two cases share a process.
 
-    python tests/nxdi_driver.py CASE '<json arguments>'   (PYTHONPATH: the repository and
+    python tests/engine/nxdi_driver.py CASE '<json arguments>'   (PYTHONPATH: the repository and
                                                             the plugin's install folder)
 
 Prints one JSON line, prefixed with RESULT, that the test reads. Cases: `config` (our engine

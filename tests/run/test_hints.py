@@ -20,7 +20,7 @@ from click.testing import CliRunner  # noqa: E402
 
 from neuron_batch.cli import main  # noqa: E402
 
-TRACE = str(Path(__file__).resolve().parents[1] / "datasets" / "azure-llm-inference-conv-2023.csv")
+TRACE = str(Path(__file__).resolve().parents[2] / "datasets" / "azure-llm-inference-conv-2023.csv")
 SIM = ["--device", "sim", "--architecture", "llama-3.1-8b"]
 
 

@@ -11,7 +11,7 @@ pytest.importorskip("vllm")
 from neuron_batch.bench.ranking import rank  # noqa: E402
 from neuron_batch.cli import main  # noqa: E402
 
-TRACE = Path(__file__).resolve().parents[1] / "datasets" / "azure-llm-inference-conv-2023.csv"
+TRACE = Path(__file__).resolve().parents[2] / "datasets" / "azure-llm-inference-conv-2023.csv"
 SWEEP = ["--device", "sim", "--instance", "inf2.8xlarge", "--architecture", "llama-3.1-8b",
          "--limit", "40", "--max-model-len", "8192", "--max-num-batched-tokens", "2048",
          "--max-num-seqs", "8", "--max-prefill-buckets", "1", "--max-decode-buckets", "1",

@@ -39,7 +39,7 @@ from neuron_batch.runtime import VLLM_NEURON, get_runtime  # noqa: E402
 from neuron_batch.scheduler.records import DECODE, EMPTY, PREFILL  # noqa: E402
 
 #: These tests are about the seed design's paged device (the Beta plugin's shapes);
-#: tests/test_sim_nxdi.py covers NxDI's static one.
+#: tests/device/test_sim_nxdi.py covers NxDI's static one.
 PAGED = VLLM_NEURON
 MAX_MODEL_LEN = 4096
 MAX_BATCHED = 2048
@@ -429,7 +429,7 @@ def test_multiprocessing_engine_core_uses_the_virtual_clock(tmp_path):
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_LOGGING_LEVEL="ERROR")
     done = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=240,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["tokens"] == result["expected"]

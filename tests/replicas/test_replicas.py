@@ -29,7 +29,7 @@ pytestmark = pytest.mark.ray
 
 from neuron_batch.cli import main  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "datasets" / "azure-llm-inference-conv-2023.csv"
 SIM = ["--device", "sim", "--instance", "inf2.48xlarge", "--tensor-parallel-size", "4",
        "--architecture", "llama-3.1-8b", "--max-model-len", "8192",

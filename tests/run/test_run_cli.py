@@ -49,16 +49,29 @@ def read_outputs(folder):
     return [json.loads(line) for line in (Path(folder) / "outputs.jsonl").read_text().splitlines()]
 
 
-def test_run_writes_outputs_and_a_consistent_report(tiny_model, tmp_path):
+@pytest.fixture(scope="module")
+def cpu_run(tiny_model, tmp_path_factory):
+    """One run of 10 token prompts on the CPU, with a metrics textfile: (folder, textfile)."""
+    tmp_path = tmp_path_factory.mktemp("cpu-run")
     prompts = write_jsonl(tmp_path / "p.jsonl", token_prompts(10))
     out = tmp_path / "run"
     textfile = tmp_path / "metrics.prom"
     result = invoke(["run", prompts, "--model", tiny_model, *ENGINE, "-o", str(out),
                      "--metrics-textfile", str(textfile)])
     assert result.exit_code == 0, result.output
+    return out, textfile
+
+
+def test_run_writes_every_output_once(cpu_run):
+    out, _ = cpu_run
     rows = read_outputs(out)
     assert sorted(r["id"] for r in rows) == sorted(f"q{i}" for i in range(10))
     assert all(r["num_output_tokens"] == 5 for r in rows)
+
+
+def test_the_report_agrees_with_the_outputs(cpu_run):
+    out, _ = cpu_run
+    rows = read_outputs(out)
     report = json.loads((out / "report.json").read_text())
     # the report agrees with the outputs and the records
     assert report["requests"] == {"total": 10, "completed": 10, "failed": 0, "skipped": 0,
@@ -66,6 +79,11 @@ def test_run_writes_outputs_and_a_consistent_report(tiny_model, tmp_path):
                                   "max_tokens_clamped_to": None, "empty_outputs": 0}
     assert report["tokens"]["output"] == sum(r["num_output_tokens"] for r in rows)
     assert report["tokens"]["input"] == sum(r["num_prompt_tokens"] for r in rows)
+
+
+def test_the_report_is_consistent_with_its_records(cpu_run):
+    out, _ = cpu_run
+    report = json.loads((out / "report.json").read_text())
     prefill, decode = report["padding"]["prefill"], report["padding"]["decode"]
     assert prefill["padded_tokens"] >= prefill["actual_tokens"] == report["tokens"]["input"]
     assert decode["padded_seqs"] >= decode["actual_seqs"]
@@ -77,7 +95,15 @@ def test_run_writes_outputs_and_a_consistent_report(tiny_model, tmp_path):
                 "tokens_per_second"):
         assert key in report
     assert report["config"]["device"] == "cpu"
+
+
+def test_the_run_writes_its_metrics_textfile(cpu_run):
+    _, textfile = cpu_run
     assert "neuron_batch_throughput_output_tokens_per_second" in textfile.read_text()
+
+
+def test_report_prints_the_same_summary_again(cpu_run):
+    out, _ = cpu_run
     # `report DIR` prints the same summary again
     again = invoke(["report", str(out)])
     assert again.exit_code == 0 and "Prefill padding" in again.output

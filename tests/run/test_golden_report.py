@@ -1,8 +1,9 @@
 """Golden report: `neuron-batch run` of a small slice of the real trace on the simulated device
-gives the report stored in tests/golden/, field for field, apart from paths and wall-clock
+gives the report stored in tests/run/golden/, field for field, apart from paths and wall-clock
 timestamps. The simulated device is deterministic, so any difference is a change of behaviour:
 a refactor must leave this file alone; a deliberate change regenerates it with
-`NEURON_BATCH_REGENERATE_GOLDEN=1 pytest tests/test_golden_report.py` and says why in its commit.
+`NEURON_BATCH_REGENERATE_GOLDEN=1 pytest tests/run/test_golden_report.py` and says why in its
+commit.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ pytest.importorskip("vllm")
 
 from neuron_batch.cli import main  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "datasets" / "azure-llm-inference-conv-2023.csv"
 GOLDEN = Path(__file__).parent / "golden" / "sim_report.json"
 

@@ -2,9 +2,9 @@
 for NxD Inference (vllm-neuron 0.1.0 on vLLM 0.10.2, 0.2.0 on vLLM 0.11.0), on the CPU.
 
 The plugin's platform, model loader, worker and model runner and vLLM's engine and scheduler
-are the real ones; only NxDI is faked, at its import boundary (tests/nxdi_fakes.py), and the
+are the real ones; only NxDI is faked, at its import boundary (tests/engine/nxdi_fakes.py), and the
 plugin is told Neuron devices exist. Each case runs in a fresh interpreter
-(tests/nxdi_driver.py): the plugin's platform patches vLLM's ModelConfig globally.
+(tests/engine/nxdi_driver.py): the plugin's platform patches vLLM's ModelConfig globally.
 
 Self-selecting: runs only in an environment whose vLLM is one a vendored plugin release pins
 (`bash scripts/vllm_matrix.sh 0.10.2 0.11.0` builds them under .venvs/), with the plugin's
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VENDOR = ROOT.parent / "shared" / "vendor"
 DRIVER = Path(__file__).with_name("nxdi_driver.py")
 #: vLLM release -> the vendored plugin release that pins it.
@@ -244,7 +244,7 @@ def test_data_path_mixed_temperatures_reach_their_own_requests(case):
     temperature almost never do. Parameters sent to the wrong request break either side."""
     if PLUGIN == "0.1.0":
         pytest.skip("vllm-neuron 0.1.0 has no CPU sampler: neuron-batch refuses mixed "
-                    "temperatures there (tests/test_neuron_host.py)")
+                    "temperatures there (tests/engine/test_neuron_host.py)")
     spec = [(40 + 13 * i, 12) for i in range(10)]
     requests = requests_of(spec, temperature=lambda i: 0.0 if i % 2 == 0 else 1000.0)
     got = case("run", LIMITS, requests=requests, mixed=True)

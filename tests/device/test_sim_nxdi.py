@@ -22,7 +22,7 @@ from neuron_batch.device.executor import engine_core, shutdown_llm, sim_executor
 from neuron_batch.device.target import sim_engine_kwargs  # noqa: E402
 from neuron_batch.scheduler.records import DECODE, PREFILL  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAX_MODEL_LEN = 4096
 SEQS = 4
 # (prompt_len, max_tokens): prompts longer than max_num_batched_tokens (512) included.

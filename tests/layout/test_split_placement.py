@@ -25,7 +25,7 @@ from neuron_batch.layout.placement import (
 )
 from neuron_batch.layout.split import SHORT, plan_parts
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "datasets" / "azure-llm-inference-conv-2023.csv"
 
 

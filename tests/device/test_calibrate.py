@@ -46,9 +46,9 @@ from neuron_batch.device.published import (
     row_model,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: The shared folder beside the repository (../shared relative to its root), when present.
-SHARED_CALIBRATION = Path(__file__).resolve().parents[2] / "shared" / "calibration"
+SHARED_CALIBRATION = Path(__file__).resolve().parents[3] / "shared" / "calibration"
 #: In-sample bounds CALIBRATION.md's tables show for the built-in profile.
 #: In-sample bound per row. Fitting the compiled sequence length (what TNx decode attends)
 #: halved the worst held-out error but leaves one trn1 row (Llama-3-8B int8 b8 128/8064) at

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from neuron_batch.inputs.load import describe_input, load_prompts
 from neuron_batch.inputs.records import InputError, InputProblem, LoadedPrompts, PromptRecord
 
-AZURE_TRACE = Path(__file__).resolve().parents[1] / "datasets" / "azure-llm-inference-conv-2023.csv"
+AZURE_TRACE = Path(__file__).resolve().parents[2] / "datasets" / "azure-llm-inference-conv-2023.csv"
 HI = [{"role": "user", "content": "Hi"}]
 
 
@@ -638,7 +638,7 @@ def test_import_is_light():
     code = ("import sys, neuron_batch.inputs.load; "
             "print([m for m in ('vllm', 'torch', 'datasets', 'pyarrow') if m in sys.modules])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True, cwd=Path(__file__).resolve().parents[1])
+                            check=True, cwd=Path(__file__).resolve().parents[2])
     assert result.stdout.strip() == "[]"
 
 

@@ -40,7 +40,7 @@ from neuron_batch.device.hardware import (
 def _load_records_module():
     """neuron_batch/scheduler/records.py without its package __init__, which imports vLLM
     (8 s); the module itself is pure Python."""
-    path = Path(__file__).resolve().parents[1] / "neuron_batch" / "scheduler" / "records.py"
+    path = Path(__file__).resolve().parents[2] / "neuron_batch" / "scheduler" / "records.py"
     spec = importlib.util.spec_from_file_location("_records_for_cost_tests", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module          # dataclasses look their module up by name
@@ -70,20 +70,32 @@ fast = settings(max_examples=60, deadline=None)
 
 # -- hardware ------------------------------------------------------------------------------------
 
-def test_instances_and_tp_degrees():
+def test_instances_are_looked_up_in_any_case_with_their_cores_and_memory():
     assert get_instance("Inf2.48xlarge").num_cores == 24
     assert get_instance("inf2.48xlarge").hbm_bytes_per_core == 16 << 30
-    assert [default_tp(n) for n in INSTANCES] == [2, 2, 12, 24, 32, 4, 64]
     # trn2: logical NeuronCores at LNC=2, 4 a chip, 24 GiB each
     assert get_instance("trn2.48xlarge").hbm_bytes_per_core == 24 << 30
+
+
+def test_the_default_tp_is_every_core():
+    assert [default_tp(n) for n in INSTANCES] == [2, 2, 12, 24, 32, 4, 64]
+
+
+def test_valid_tp_degrees_of_each_instance():
     assert valid_tp_degrees("trn2.3xlarge") == (1, 2, 4)
     assert valid_tp_degrees("trn2.48xlarge") == (1, 2, 4, 8, 16, 32, 64)
     assert valid_tp_degrees("inf2.48xlarge") == (1, 2, 4, 8, 24)
     assert valid_tp_degrees("inf2.24xlarge") == (1, 2, 4, 8, 12)
     assert valid_tp_degrees("inf2.xlarge") == (1, 2)
     assert valid_tp_degrees("trn1.32xlarge") == (1, 2, 4, 8, 16, 32)
+
+
+def test_an_unknown_instance_is_refused_naming_the_known_ones():
     with pytest.raises(HardwareError, match="inf2.8xlarge"):
         get_instance("inf3.big")
+
+
+def test_a_tp_degree_the_instance_cannot_run_is_refused_naming_the_valid_ones():
     with pytest.raises(HardwareError, match=r"\[1, 2, 4, 8, 24\]"):
         validate_tp("inf2.48xlarge", 12)
 

@@ -1,6 +1,6 @@
 """`--device neuron` engine settings (engine/neuron_host.py): what AWS's NxDI plugin is given so
 that our scheduler runs with the shapes its records say, and what is refused before anything
-loads. Pure: no plugin, no device (tests/test_nxdi_plugin.py runs the plugin's own code)."""
+loads. Pure: no plugin, no device (tests/engine/test_nxdi_plugin.py runs the plugin's own code)."""
 
 from __future__ import annotations
 

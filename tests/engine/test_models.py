@@ -34,7 +34,7 @@ from neuron_batch.engine.models import (
     resolve_model,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MISSING_HINT = ("give a local model directory, a Hugging Face id, or omit --model for the "
                 "built-in SmolLM2-135M")
 
