@@ -9,6 +9,7 @@ from pathlib import Path
 from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.job.folder import REPORT, RunFolder
 from neuron_batch.job.job import Job
+from neuron_batch.prefix_grid import grid_size
 
 
 def build_report(job: Job) -> dict:
@@ -31,7 +32,9 @@ def build_report(job: Job) -> dict:
              "temperature": settings.temperature, "inputs": list(settings.inputs)}
     if job.simulated:
         shapes = settings.shapes(job.target.runtime)
-        extra["sim"] = job.target.describe(num_prefill_buckets=len(shapes.prefill_buckets),
+        # (under nxdi's prefix-caching grid, a prefill graph per (prefill, prefix) pair)
+        prefill_graphs = grid_size(shapes.prefill_buckets, shapes.prefix_buckets or (0,))
+        extra["sim"] = job.target.describe(num_prefill_buckets=prefill_graphs,
                                            num_decode_buckets=len(shapes.attention_buckets)
                                            if shapes.runtime.static_kv
                                            else len(shapes.decode_buckets),
