@@ -16,6 +16,7 @@ from typing import Any
 
 from neuron_batch.buckets import round_model_len
 from neuron_batch.inputs.mooncake import MAX_HASH_ID, MOONCAKE_BLOCK
+from neuron_batch.inputs.prefix import DEFAULT_BLOCK, prefix_order
 from neuron_batch.inputs.records import InputProblem, PromptRecord
 
 # Synthetic prompts draw from a fixed pseudo-random pool; each request starts at its own offset,
@@ -41,14 +42,21 @@ class PreparedRequest:
         return len(self.prompt_token_ids) + self.max_tokens
 
 
-def in_order(requests: Sequence[PreparedRequest], order: str) -> list[PreparedRequest]:
-    """`requests` as `run --order` submits them: as read ("input"), or longest first
-    ("length": prompt + max_tokens, ties in input order). Under NxDI every decode step attends
-    the bucket of the longest running request, so running requests of like lengths together
-    cuts the attention padding; longest first also leaves short requests, not a long one, to
-    drain at the end."""
+def in_order(requests: Sequence[PreparedRequest], order: str, *,
+             block_size: int = DEFAULT_BLOCK, by_length: bool = False) -> list[PreparedRequest]:
+    """`requests` as `run --order` submits them: as read ("input"), longest first ("length":
+    prompt + max_tokens, ties in input order), or grouped by the prefixes they share
+    ("prefix": inputs/prefix.py `prefix_order` over KV blocks of `block_size` tokens, its
+    branches longest first when `by_length`). Under NxDI every decode step attends the bucket of
+    the longest running request, so running requests of like lengths together cuts the
+    attention padding; longest first also leaves short requests, not a long one, to drain at
+    the end. Requests sharing a prefix run together while its blocks are still cached."""
     if order == "length":
         return sorted(requests, key=lambda r: -r.length)
+    if order == "prefix":
+        lengths = [r.length for r in requests] if by_length else None
+        return [requests[i] for i in prefix_order([r.prompt_token_ids for r in requests],
+                                                  block_size, lengths)]
     return list(requests)
 
 

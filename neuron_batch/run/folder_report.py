@@ -28,7 +28,8 @@ def build_report(job: Job) -> dict:
     devices = [a.get("device") for a in folder.attempts() if a.get("device")]
     extra = {"model": model.name, "device": devices[-1] if devices else settings.device,
              "tokenizer": prepared.tokenizer_name, "max_tokens": settings.max_tokens,
-             "temperature": settings.temperature, "inputs": list(settings.inputs)}
+             "temperature": settings.temperature, "inputs": list(settings.inputs),
+             "order": settings.order}
     if job.simulated:
         shapes = settings.shapes(job.target.runtime)
         extra["sim"] = job.target.describe(num_prefill_buckets=len(shapes.prefill_buckets),
