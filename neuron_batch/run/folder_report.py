@@ -29,7 +29,8 @@ def build_report(job: Job) -> dict:
     devices = [a.get("device") for a in folder.attempts() if a.get("device")]
     extra = {"model": model.name, "device": devices[-1] if devices else settings.device,
              "tokenizer": prepared.tokenizer_name, "max_tokens": settings.max_tokens,
-             "temperature": settings.temperature, "inputs": list(settings.inputs)}
+             "temperature": settings.temperature, "inputs": list(settings.inputs),
+             "order": settings.order}
     if job.simulated:
         shapes = settings.shapes(job.target.runtime)
         # (under nxdi's prefix-caching grid, a prefill graph per (prefill, prefix) pair)
