@@ -106,11 +106,12 @@ class KvReserve(Choice):
 
 
 class Order(Choice):
-    """The order `run --order` submits requests in (inputs/prepare.py `in_order`): as read, or
-    longest (prompt + max_tokens) first."""
+    """The order `run --order` submits requests in (inputs/prepare.py `in_order`): as read,
+    longest (prompt + max_tokens) first, or requests sharing a prefix together."""
 
     INPUT = "input"
     LENGTH = "length"
+    PREFIX = "prefix"
 
 
 class OnError(Choice):

@@ -65,7 +65,8 @@ BUCKET_FIELDS = {"num_batched_tokens_buckets": "prefill_buckets",
                  "num_seqs_buckets": "decode_buckets",
                  "context_encoding_buckets": "context_encoding_buckets",
                  "token_generation_buckets": "token_generation_buckets",
-                 "decode_context_length_buckets": "decode_context_buckets"}
+                 "decode_context_length_buckets": "decode_context_buckets",
+                 "prefix_buckets": "prefix_buckets"}
 
 
 class SettingsError(ValueError):
@@ -125,6 +126,8 @@ class RunSettings:
     context_encoding_buckets: tuple[int, ...] | None = None   # nxdi (None: NxDI's default)
     token_generation_buckets: tuple[int, ...] | None = None   # nxdi
     decode_context_buckets: tuple[int, ...] | None = None     # vllm-neuron (opt-in)
+    prefix_buckets: tuple[int, ...] | None = None  # nxdi with prefix caching: the grid's
+    prefix_caching: bool = True          # vLLM's prefix cache (default on, as vLLM has it)
     block_size: int | None = None        # None: the device's default (32 on Neuron)
     compiled_artifacts: str | None = None  # Neuron: root of the compiled-graph folders
     kv_reserve: KvReserve = DEFAULT_KV_RESERVE  # KV admission (scheduler/kv_reserve.py)
@@ -304,7 +307,8 @@ class RunSettings:
         runtime = runtime or self.resolve_runtime()
         return runtime.shapes(self.bucket_lists(), max_num_seqs=self.max_num_seqs,
                               max_num_batched_tokens=self.max_num_batched_tokens,
-                              max_model_len=self.max_model_len, family=self._sim_family())
+                              max_model_len=self.max_model_len, family=self._sim_family(),
+                              prefix_caching=self.prefix_caching, block_size=self.block_size or 32)
 
     def buckets(self) -> tuple[list[int], list[int]]:
         """(prefill, decode) buckets this run uses, validated against the limits."""

@@ -38,6 +38,8 @@ MIN_PREFIX_BUCKET = 512
 MIN_TKG_BUCKET = 256
 #: Block sizes the block layout takes (NxDI recommends 32; the vLLM guide says 32 or 16).
 BLOCK_SIZES = (16, 32)
+#: NxDI's config key of the prefix bucket list (beside `context_encoding_buckets`).
+PREFIX_BUCKETS_KEY = "prefix_buckets"
 #: The corner case of NxDI's rule: a prompt whose total length lies in (256, 512] runs as the
 #: (512, 0) cell when the grid has it.
 _CORNER = (256, 512)

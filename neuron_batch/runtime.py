@@ -27,22 +27,26 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from neuron_batch import prefix_grid
 from neuron_batch.buckets import (
-    DECODE_CONTEXT_MULTIPLE,
     BucketError,
     bucket_for,
     default_decode_buckets,
     default_prefill_buckets,
     effective_max_prefill_tokens,
-    fitting_buckets,
     nxdi_default_buckets,
     validate_buckets,
     validate_context_buckets,
 )
+from neuron_batch.runtime_hints import ROLES, bucket_words, foreign_message
 
 NXDI = "nxdi"
 VLLM_NEURON = "vllm-neuron"
 RUNTIME_NAMES = (NXDI, VLLM_NEURON)
+#: The Beta plugin's segmented-prefill kernel reads prior KV in segments of this many tokens:
+#: the smallest `kv_segment_size` it takes (../shared/notes/neuron-runtimes.md, Beta plugin
+#: prefix caching). An assumption: the plugin ties it to the token buckets, not one size.
+KV_SEGMENT_SIZE = 512
 
 def _smallest_at_least(value: int, buckets: Sequence[int], fallback: int) -> int:
     index = bisect_left(buckets, value)
@@ -78,11 +82,25 @@ class Shapes:
     decode_buckets: tuple[int, ...]     # nxdi: (max_num_seqs,); vllm-neuron: batch buckets
     attention_buckets: tuple[int, ...]  # nxdi: token generation; vllm-neuron: decode context
                                         # lengths (may be empty: max_model_len then)
+    #: nxdi with prefix caching: the grid's prefix buckets, 0 first; empty: 1-D prefills.
+    prefix_buckets: tuple[int, ...] = ()
 
     def prefill(self, num_tokens: int) -> int:
         """The padded size of a prefill of `num_tokens` (a whole prompt under nxdi, a chunk
         under vllm-neuron)."""
         return bucket_for(num_tokens, self.prefill_buckets)
+
+    def prefill_step(self, new_tokens: int, held: int) -> tuple[int, int, int | None, int]:
+        """(padded tokens, held tokens computed again, prefix bucket or None, KV tokens its
+        attention reads) of a prefill of `new_tokens` after `held` tokens of KV (prefix-cache
+        hits, or prior chunks). On the grid: NxDI's cell (prefix_grid.grid_cell); else the new
+        tokens padded to a bucket, the held KV read as the runtime's kernel reads it."""
+        if self.prefix_buckets:
+            cell = prefix_grid.grid_cell(new_tokens, held, self.prefill_buckets,
+                                         self.prefix_buckets)
+            return cell.prefill_bucket, cell.recomputed, cell.prefix_bucket, cell.prefix_bucket
+        return (bucket_for(new_tokens, self.prefill_buckets), 0, None,
+                self.runtime.prefill_kv_read(held))
 
     def decode(self, num_seqs: int, longest_position: int) -> tuple[int, int]:
         """(padded batch, attended length per slot) of a decode step of `num_seqs` requests
@@ -99,7 +117,7 @@ class Shapes:
     def num_graphs(self) -> int:
         """Graphs the runtime compiles for this configuration."""
         return self.runtime.num_graphs(len(self.prefill_buckets), len(self.decode_buckets),
-                                       len(self.attention_buckets))
+                                       len(self.attention_buckets), len(self.prefix_buckets))
 
     def bucket_lists(self) -> dict[str, list[int]]:
         """The lists by the runtime's own config keys (what the plugin is given)."""
@@ -109,6 +127,8 @@ class Shapes:
             lists[runtime.decode.key] = list(self.decode_buckets)
         if self.attention_buckets or runtime.static_kv:
             lists[runtime.attention.key] = list(self.attention_buckets)
+        if self.prefix_buckets:
+            lists[prefix_grid.PREFIX_BUCKETS_KEY] = list(self.prefix_buckets)
         return lists
 
 
@@ -130,6 +150,9 @@ class Runtime:
     static_kv: bool
     #: Whether prefills are chunked (vllm-neuron) or whole prompts, one a step (nxdi).
     chunked_prefill: bool
+    #: Whether prefix caching compiles NxDI's block layout and 2-D (prefill, prefix) grid
+    #: (prefix_grid.py); else (the Beta plugin) a hit is a segmented prefill of the new tokens.
+    prefix_grid: bool
     #: How a prompt is prefilled, in words (legends).
     prefill_words: str
     #: Where the bucket lists go in vLLM's `additional_config`.
@@ -161,23 +184,39 @@ class Runtime:
     def dimensions(self) -> tuple[tuple[str, BucketOption], ...]:
         """(`Shapes` list name: prefill / decode / attention, its option) of each list it
         compiles; nxdi has no decode list (every step runs all max_num_seqs slots)."""
-        return tuple((n, o) for n, o in (("prefill", self.prefill), ("decode", self.decode),
-                                         ("attention", self.attention)) if o is not None)
+        return tuple((n, getattr(self, n)) for n in ROLES if getattr(self, n) is not None)
 
     def shapes(self, bucket_lists: Mapping[str, Sequence[int] | None] | None, *,
                max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-               family: str | None = None) -> Shapes:
+               family: str | None = None, prefix_caching: bool = False,
+               block_size: int = prefix_grid.BLOCK_SIZES[-1]) -> Shapes:
         """The shapes for these limits and the user's lists (by config key; a missing or None
         list takes the runtime's default). BucketError, naming the flag, for a list the
         plugin would refuse or that leaves a step without a graph; for a list of the other
-        runtime it says what to give instead on the instance `family` (None: unknown)."""
+        runtime it says what to give instead on the instance `family` (None: unknown).
+        `prefix_caching` under nxdi: the grid's shapes (prefix_grid.py; KV blocks of
+        `block_size`)."""
         given = dict(bucket_lists or {})
+        prefixes = given.pop(prefix_grid.PREFIX_BUCKETS_KEY, None)
         unknown = {k: list(v) for k, v in sorted(given.items()) if v is not None
                    and k not in {o.key for o in self.bucket_options}}
         if unknown:
             raise BucketError(self.foreign_message(
                 unknown, max_model_len=max_model_len,
                 max_num_batched_tokens=max_num_batched_tokens, family=family))
+        if prefixes is not None and not (self.prefix_grid and prefix_caching):
+            raise BucketError(f"--prefix-buckets is NxDI's prefix-caching grid: it needs "
+                              f"--runtime nxdi with prefix caching on, this run has "
+                              f"{self.name} with it {'on' if prefix_caching else 'off'}")
+        if self.prefix_grid and prefix_caching:
+            return Shapes(self, max_num_seqs, max_model_len, tuple(self._list(
+                given, self.prefill, max_model_len,
+                prefix_grid.default_prefill_buckets(max_model_len))), (max_num_seqs,),
+                tuple(self._list(given, self.attention, max_model_len,
+                                 prefix_grid.default_tkg_buckets(max_model_len))),
+                tuple(prefix_grid.default_prefix_buckets(max_model_len) if prefixes is None
+                      else prefix_grid.validate_prefix_buckets(list(prefixes), max_model_len,
+                                                               block_size)))
         if self.static_kv:
             prefill = self._list(given, self.prefill, max_model_len,
                                  nxdi_default_buckets(max_model_len))
@@ -202,6 +241,7 @@ class Runtime:
         sampling) are the plugin's. Lists of either runtime are kept, so that `shapes` still
         refuses the other runtime's."""
         keys = {o.key for runtime in RUNTIMES.values() for o in runtime.bucket_options}
+        keys.add(prefix_grid.PREFIX_BUCKETS_KEY)
         return {k: v for k, v in (section or {}).items() if k in keys}
 
     @staticmethod
@@ -215,49 +255,10 @@ class Runtime:
     def foreign_message(self, given: Mapping[str, Sequence[int]], *, max_model_len: int,
                         max_num_batched_tokens: int, family: str | None = None) -> str:
         """Why bucket lists of the other runtime (by config key) are refused here, and what
-        to give instead: this runtime's list of the same role (prefill; decode attention)
-        made valid from the values given, and `--runtime <other>` only where the other
-        runtime runs on the instance `family` (None: unknown), so the hint never names a
-        runtime that is then refused (the Beta plugin on inf2)."""
+        to give instead (runtime_hints.foreign_message)."""
         other = next(r for r in RUNTIMES.values() if r is not self)
-        theirs = {o.key: (role, o) for role in _ROLES
-                  if (o := getattr(other, role)) is not None}
-        named, instead = [], []
-        for key, values in given.items():
-            role, option = theirs.get(key, (None, None))
-            named.append(option.flag if option else key)
-            own = getattr(self, role) if role else None
-            fitted = self._fitted(role, values, max_model_len=max_model_len,
-                                  max_num_batched_tokens=max_num_batched_tokens)
-            if option and own is None:
-                instead.append(f"drop {option.flag} ({self.name} decodes every max_num_seqs "
-                               f"slot: --max-num-seqs is its one decode batch)")
-            elif option and fitted:
-                instead.append(f"use {own.flag} {','.join(map(str, fitted))} ({own.what})")
-            elif option:
-                instead.append(f"drop {option.flag} ({own.flag} is opt-in and none of these "
-                               f"values is below max_model_len {max_model_len})")
-        text = (f"{', '.join(named)} belong(s) to the {other.name} runtime "
-                f"({other.summary}); this run uses {self.name} ({self.summary}). Instead: "
-                f"{'; '.join(instead)}")
-        if family is None or family in other.runs_on:
-            return text + f"; or keep them with --runtime {other.name}"
-        return text + (f"; {other.name} itself does not run on {family} (AWS ships it for "
-                       f"{'/'.join(other.runs_on)} only)")
-
-    def _fitted(self, role: str | None, values: Sequence[int], *, max_model_len: int,
-                max_num_batched_tokens: int) -> list[int]:
-        """`values` made a valid list of this runtime's `role` option (empty: none is)."""
-        if role == "prefill" and not self.static_kv:
-            return fitting_buckets(values, effective_max_prefill_tokens(
-                max_num_batched_tokens, max_model_len))
-        if role == "attention" and not self.static_kv:   # opt-in multiples of 128 below it
-            rounded = {-(-v // DECODE_CONTEXT_MULTIPLE) * DECODE_CONTEXT_MULTIPLE
-                       for v in values if v > 0}
-            return sorted(v for v in rounded if v < max_model_len)
-        if role in ("prefill", "attention"):
-            return fitting_buckets(values, max_model_len)
-        return []
+        return foreign_message(self, other, given, max_model_len=max_model_len,
+                               max_num_batched_tokens=max_num_batched_tokens, family=family)
 
     # -- decode KV traffic -------------------------------------------------------------------
     def decode_kv_tokens(self, padded_seqs: int, attended: int, held: int, *, head_dim: int,
@@ -271,6 +272,19 @@ class Runtime:
             return padded_seqs * attended
         return held
 
+    def prefill_kv_read(self, held: int) -> int:
+        """KV tokens a 1-D prefill's attention reads after `held` tokens: NxDI's contiguous
+        prefill reads what is held; the Beta plugin's segmented kernel whole segments."""
+        if self.chunked_prefill:
+            return -(-held // KV_SEGMENT_SIZE) * KV_SEGMENT_SIZE
+        return held
+
+    def gathers_block_kv(self, prefix_caching: bool, core_generation: int) -> bool:
+        """Whether a decode step first gathers block KV into a flat layout: NxDI's block
+        layout on NeuronCore-v2 (inf2, trn1), whose decode has no block-attention kernel
+        (trn2's NeuronCore-v3 has one)."""
+        return self.prefix_grid and prefix_caching and core_generation < 3
+
     def not_shipped_for(self, instance: str, family: str) -> str | None:
         """Why none of this runtime's layouts loads on `instance` (of `family`): AWS does not
         ship it there (`runs_on`); None when it does. The simulated device and `plan` refuse
@@ -282,12 +296,14 @@ class Runtime:
                 f"{'/'.join(self.runs_on)} only, so none of its layouts loads there; use "
                 f"--runtime {usual.name} ({family}'s) or a {'/'.join(self.runs_on)} instance")
 
-    def num_graphs(self, num_prefill: int, num_decode: int, num_attention: int) -> int:
+    def num_graphs(self, num_prefill: int, num_decode: int, num_attention: int,
+                   num_prefix: int = 0) -> int:
         """Graphs compiled for bucket lists of these lengths: NxDI one per context-encoding
-        and one per token-generation bucket; the Beta plugin each decode batch bucket once per
-        decode context-length bucket and once at max_model_len."""
+        bucket (per (prefill, prefix) pair with `num_prefix` prefix buckets) and one per
+        token-generation bucket; the Beta plugin each decode batch bucket once per decode
+        context-length bucket and once at max_model_len."""
         if self.static_kv:
-            return num_prefill + num_attention
+            return num_prefill * max(num_prefix, 1) + num_attention
         return num_prefill + num_decode * (num_attention + 1)
 
     def engine_limits(self, *, max_model_len: int, max_num_seqs: int,
@@ -301,20 +317,8 @@ class Runtime:
         return {"enable_chunked_prefill": False,
                 "max_num_batched_tokens": max(max_model_len, max_num_seqs)}
 
-    def bucket_words(self, prefill: Sequence[int] | None, decode: Sequence[int] | None,
-                     attention: Sequence[int] | None) -> str:
-        """The three lists in this runtime's own words, for tables and verdicts."""
-        def join(buckets):
-            return ",".join(str(b) for b in buckets or []) or "default"
-
-        if self.static_kv:
-            return f"context encoding {join(prefill)} / token generation {join(attention)}"
-        text = f"prefill {join(prefill)} / decode {join(decode)}"
-        return text + (f" / decode context {join(attention)}" if attention else "")
-
-
-#: A Runtime's bucket-option attributes: a list of one runtime maps to the other's of a role.
-_ROLES = ("prefill", "decode", "attention")
+    #: bucket_words(prefill, decode, attention): the three lists in its words (tables, verdicts)
+    bucket_words = bucket_words
 
 
 RUNTIMES: dict[str, Runtime] = {
@@ -325,6 +329,7 @@ RUNTIMES: dict[str, Runtime] = {
         runs_on=("inf2", "trn1", "trn2"),
         static_kv=True,
         chunked_prefill=False,
+        prefix_grid=True,
         prefill_words="each prompt is prefilled whole, one a step, never in chunks",
         config_section="override_neuron_config",
         prefill=BucketOption("--context-encoding-buckets", "context_encoding_buckets",
@@ -352,6 +357,7 @@ RUNTIMES: dict[str, Runtime] = {
         runs_on=("trn2", "trn3"),
         static_kv=False,
         chunked_prefill=True,
+        prefix_grid=False,
         prefill_words="longer prompts are prefilled in chunks",
         config_section="neuron_config",
         prefill=BucketOption("--prefill-buckets", "num_batched_tokens_buckets",
@@ -380,11 +386,8 @@ def get_runtime(name: str | Runtime | None, *, family: str | None = None) -> Run
     if isinstance(name, Runtime):
         return name
     if name is None or name == "":
-        if family is not None:
-            for runtime in RUNTIMES.values():
-                if family in runtime.families:
-                    return runtime
-        return RUNTIMES[VLLM_NEURON]
+        usual = [r for r in RUNTIMES.values() if family is not None and family in r.families]
+        return usual[0] if usual else RUNTIMES[VLLM_NEURON]
     key = str(name).strip().lower().replace("_", "-")
     if key not in RUNTIMES:
         raise RuntimeNameError(f"--runtime must be one of {', '.join(RUNTIME_NAMES)}, got {name!r}")

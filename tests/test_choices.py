@@ -64,7 +64,7 @@ def test_a_library_caller_s_dashed_kv_rule_is_the_rule():
 
 @pytest.mark.parametrize("changes, message", [
     ({"device": "tpu"}, "--device must be one of auto, cpu, cuda, neuron, sim, got 'tpu'"),
-    ({"order": "shortest"}, "--order must be one of input, length, got 'shortest'"),
+    ({"order": "shortest"}, "--order must be one of input, length, prefix, got 'shortest'"),
     ({"on_error": "ignore"}, "--on-error must be one of fail, skip, got 'ignore'"),
     ({"split_placement": "apart"},
      "--split-placement must be one of auto, in-turn, side-by-side, got 'apart'"),

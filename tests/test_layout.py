@@ -12,7 +12,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "neuron_batch"
 #: The stages from the bottom up; a module may import its own stage or one below, never above.
 #: Each entry is a subpackage or a top-level module of neuron_batch.
 STAGES = (
-    ("errors", "buckets", "prefix_grid", "choices", "runtime", "versions"),  # shared, pure
+    # shared, pure
+    ("errors", "buckets", "prefix_grid", "choices", "runtime_hints", "runtime", "versions"),
     ("inputs", "scheduler"),                        # 1. prompts in; the Neuron scheduler
     ("device",),                                    # 2. the simulated Neuron device
     ("report",),                                    # 3. records -> report (pure)

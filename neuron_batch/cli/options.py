@@ -75,7 +75,8 @@ def engine_options(func):
                           "the plugin's on Neuron, else vllm-neuron."),
         click.option("--context-encoding-buckets", default=None, metavar="N,N,...",
                      help="[nxdi] Prefill buckets over whole prompt lengths, ascending, ending "
-                          "at max-model-len. Default: NxDI's, 128, 256, ... then max-model-len."),
+                          "at max-model-len. Default: NxDI's, 128, 256, ... (from 512 with "
+                          "prefix caching, and token generation from 256)."),
         click.option("--token-generation-buckets", default=None, metavar="N,N,...",
                      help="[nxdi] Decode attention lengths, ascending, ending at "
                           "max-model-len; each decode step attends the smallest above its "
@@ -91,6 +92,12 @@ def engine_options(func):
                      help="[vllm-neuron] Decode KV context-length buckets (multiples of 128, "
                           "below max-model-len): a decode step reads the smallest above its "
                           "longest sequence instead of a whole max-model-len. Default: none."),
+        click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
+                     help="vLLM's prefix cache: a prompt's cached blocks are not computed "
+                          "again. Under nxdi it compiles the block KV layout and a 2-D grid."),
+        click.option("--prefix-buckets", default=None, metavar="N,N,...",
+                     help="[nxdi, prefix caching] Cached-prefix buckets of the grid, multiples "
+                          "of the block size, ending at max-model-len. Default: 0, 512, 1024, ..."),
         click.option("--block-size", type=int, default=None,
                      help="KV block size. Default: on Neuron max-model-len under nxdi "
                           "(contiguous; no other accepted), 32 under vllm-neuron; on sim 32 "
@@ -164,7 +171,7 @@ def settings_from_options(inputs, max_num_seqs: int, options: dict) -> RunSettin
     options["prefill_buckets"] = parse_buckets_option(options.get("prefill_buckets"),
                                                       "--prefill-buckets")
     for name in ("decode_buckets", "context_encoding_buckets", "token_generation_buckets",
-                 "decode_context_buckets"):
+                 "decode_context_buckets", "prefix_buckets"):
         options[name] = parse_buckets_option(options.get(name),
                                              "--" + name.replace("_", "-"))
     if "kv_reserve" in options:

@@ -227,3 +227,22 @@ def resolve_architecture(spec: str | Path | dict[str, Any] | Architecture) -> Ar
     if path.suffix == ".json" or (path.is_dir() and (path / "config.json").exists()):
         return from_config_json(path)
     return get_architecture(str(spec))
+
+
+def context_hint(arch: Architecture, max_model_len: int) -> str:
+    """What to give when `max_model_len` is past `arch`'s context, as flags: a lower
+    --max-model-len, or a catalogue architecture of the same shapes (so the same figures)
+    whose context holds it."""
+    longer = [a.name for a in ARCHITECTURES.values()   # (names are looked up in any case)
+              if a.max_position_embeddings >= max_model_len and same_shape(a, arch)]
+    same = (f", or --architecture {longer[0]} (the same shapes, a longer context)"
+            if longer else ", or a model with a longer context")
+    return f"give --max-model-len {arch.max_position_embeddings} or less{same}"
+
+
+def same_shape(a: Architecture, b: Architecture) -> bool:
+    """Whether two architectures have the same shapes (so the same figures)."""
+    return (a.num_layers, a.hidden_size, a.intermediate_size, a.num_attention_heads,
+            a.num_kv_heads, a.head_dim, a.vocab_size) == (
+        b.num_layers, b.hidden_size, b.intermediate_size, b.num_attention_heads,
+        b.num_kv_heads, b.head_dim, b.vocab_size)

@@ -4,7 +4,7 @@ One scheduler step runs one compiled graph on a tensor-parallel group of `tp` Ne
 Every core runs the same program on its shard, so a step takes what one core takes:
 
     decode(b, C)  = decode_fixed + collectives(b)
-                    + max(W / bw_w + C * kv_core / bw_kv,                  HBM traffic
+                    + max(W / bw_w + (C + 2 G) * kv_core / bw_kv,          HBM traffic
                           b * 2 * P_core / F + C * attn / F_attn)          engine work
     prefill(T, C) = prefill_fixed + collectives(T)
                     + max(W / bw_w + (C + T) * kv_core / bw_kv,
@@ -28,7 +28,12 @@ Every core runs the same program on its shard, so a step takes what one core tak
               stage and the ring's bytes over NeuronLink (on-chip DMA while tp <= 2)
 
 b is the *padded* decode batch and T the *padded* prefill chunk: a compiled graph does the
-work of its bucket, so padding costs time. C is the KV already held (see StepRecord).
+work of its bucket, so padding costs time. C is the KV the step's attention reads: a decode's
+compiled shape (Runtime.decode_kv_tokens); a prefill's held KV, as its kernel reads it (NxDI's
+prefix bucket under prefix caching, the Beta plugin's whole kv_segment_size segments).
+G is the block KV a decode gathers into a flat layout before attending it (NxDI's block
+layout with prefix caching on NeuronCore-v2: every padded slot's attended length, written and
+read again, hence 2 G; 0 elsewhere). No published figure measures this gather on inf2/trn1.
 HBM traffic and engine work overlap on a NeuronCore (DMA queues run beside the engines),
 hence the max; fixed costs and collectives do not overlap with either.
 The parameters are per NeuronCore-v2, shared by Inferentia2 and Trainium; the instance
@@ -158,7 +163,8 @@ class StepCostModel:
 
     def __init__(self, profile: CostProfile, instance: str | Instance,
                  arch: str | Architecture, tp_degree: int, weight_dtype: str = "bf16",
-                 kv_dtype: str = "bf16", runtime: Any = None) -> None:
+                 kv_dtype: str = "bf16", runtime: Any = None,
+                 prefix_caching: bool = False) -> None:
         if weight_dtype not in WEIGHT_DTYPES:
             raise ValueError(f"weight_dtype must be one of {WEIGHT_DTYPES}, got {weight_dtype!r}")
         self.profile = profile
@@ -168,6 +174,8 @@ class StepCostModel:
         # The runtime (runtime.Runtime) says how much KV a decode step's compiled shape reads;
         # without one, a decode reads what its requests hold.
         self.runtime = runtime
+        self.gathers_block_kv = bool(runtime is not None and runtime.gathers_block_kv(
+            prefix_caching, inst.core_generation))
         p = profile
 
         bw_weights = inst.hbm_bytes_s_per_core * p.weight_bw_efficiency
@@ -185,6 +193,7 @@ class StepCostModel:
         self.kv_bytes_per_token_core = (2 * layers * arch.kv_heads_per_core(tp)
                                         * arch.head_dim * dtype_bytes(kv_dtype))
         self._kv_s_per_token = self.kv_bytes_per_token_core / bw_kv
+        self._gather_s_per_token = 2 * self._kv_s_per_token     # written flat, read again
         # Matmul FLOPs: 2 per parameter per token. Decode runs lm_head for every sequence;
         # prefill only for each sequence's last token.
         self._decode_s_per_seq = 2 * (decoder + head) / flops
@@ -204,10 +213,12 @@ class StepCostModel:
         self._prefill_base = p.prefill_fixed_s + self._collective_fixed_s
         self._decode_base = p.decode_fixed_s + self._collective_fixed_s
 
-    def decode_time(self, padded_seqs: int, context_tokens: int) -> float:
-        """One decode step of `padded_seqs` sequences (the batch bucket) that together hold
-        `context_tokens` KV tokens."""
-        memory = self._weights_s + self._kv_s_per_token * context_tokens
+    def decode_time(self, padded_seqs: int, context_tokens: int, gathered: int = 0) -> float:
+        """One decode step of `padded_seqs` sequences (the batch bucket) that together read
+        `context_tokens` KV tokens, `gathered` of them first gathered from blocks
+        (`gathered_tokens`)."""
+        memory = (self._weights_s + self._kv_s_per_token * context_tokens
+                  + self._gather_s_per_token * gathered)
         compute = (self._decode_s_per_seq * padded_seqs
                    + self._decode_attn_s * context_tokens)
         return (self._decode_base + self._collective_s_per_token * padded_seqs
@@ -225,6 +236,20 @@ class StepCostModel:
         return (self._prefill_base + self._collective_s_per_token * padded_tokens
                 + (memory if memory > compute else compute))
 
+    def gathered_tokens(self, padded_seqs: int, attended: int | None) -> int:
+        """Block KV tokens a decode step gathers into a flat layout first: every padded slot's
+        attended length where the device gathers (`gathers_block_kv`), else 0."""
+        if not self.gathers_block_kv or attended is None:
+            return 0
+        return padded_seqs * attended
+
+    def prefill_kv_read(self, held: int, prefix_bucket: int | None = None) -> int:
+        """KV tokens a prefill's attention reads after `held` tokens: the grid cell's prefix
+        bucket where there is one, else as the runtime's kernel reads them."""
+        if prefix_bucket is not None:
+            return prefix_bucket
+        return held if self.runtime is None else self.runtime.prefill_kv_read(held)
+
     def decode_kv_tokens(self, padded_seqs: int, attended: int | None, held: int) -> int:
         """KV tokens a decode step reads: its compiled shape (padded slots x attended length)
         where the runtime's kernel reads it whole, else `held`, what its requests hold."""
@@ -238,11 +263,13 @@ class StepCostModel:
         context_tokens, attended_len); 0 for an empty step."""
         if record.kind == "prefill":
             return self.prefill_time(record.num_tokens_padded or record.num_tokens,
-                                     record.context_tokens)
+                                     self.prefill_kv_read(record.context_tokens, getattr(
+                                         record, "prefix_bucket", None)))
         if record.kind == "decode":
             padded = record.num_seqs_padded or record.num_seqs
+            attended = getattr(record, "attended_len", None)
             return self.decode_time(padded, self.decode_kv_tokens(
-                padded, getattr(record, "attended_len", None), record.context_tokens))
+                padded, attended, record.context_tokens), self.gathered_tokens(padded, attended))
         return 0.0
 
     def breakdown(self, kind: str, padded: int, context_tokens: int) -> dict[str, float]:

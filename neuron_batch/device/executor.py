@@ -73,6 +73,7 @@ class NeuronSimExecutor(Executor):
         scheduler = vllm_config.scheduler_config
         layout = (self.model_config.max_model_len, scheduler.max_num_seqs,
                   self.cache_config.block_size)
+        caching = bool(self.cache_config.enable_prefix_caching)
         data = own.get(TARGET_KEY)
         if data is None:
             # Built without Target.engine_kwargs: the default device at this engine's layout,
@@ -82,13 +83,19 @@ class NeuronSimExecutor(Executor):
             own.setdefault("runtime", VLLM_NEURON)
             target = Target.resolve(arch=self.model_config.model, runtime=own["runtime"],
                                     max_model_len=layout[0], max_num_seqs=layout[1],
-                                    block_size=layout[2],
+                                    block_size=layout[2], prefix_caching=caching,
                                     kv_reserve=own.get("kv_reserve", DEFAULT_KV_RESERVE))
         else:
             # The runner's target, rebuilt from its one serialised form through the same
             # checks (an engine built from edited settings fails as the up-front check would).
             target = Target.from_dict(data)
             resolved = (target.max_model_len, target.max_num_seqs, target.block_size)
+            if caching != target.prefix_caching:
+                raise RuntimeError(
+                    f"simulated Neuron device: vLLM's engine has enable_prefix_caching="
+                    f"{caching}, the device was resolved with prefix_caching="
+                    f"{target.prefix_caching} (its KV layout and step costs follow it); "
+                    f"resolve the Target with the engine's setting")
             if layout != resolved:
                 raise RuntimeError(
                     f"simulated Neuron device: vLLM's engine has max_model_len, max_num_seqs, "
@@ -118,6 +125,8 @@ class NeuronSimExecutor(Executor):
         self._prefill_time = self.cost_model.prefill_time
         self._decode_time = self.cost_model.decode_time
         self._kv_read = self.cost_model.decode_kv_tokens
+        self._gathered = (self.cost_model.gathered_tokens
+                          if self.cost_model.gathers_block_kv else None)
 
     # -- the KV-cache handshake ----------------------------------------------------------------
     def get_kv_cache_specs(self) -> list[dict[str, Any]]:
@@ -169,8 +178,10 @@ class NeuronSimExecutor(Executor):
             # NeuronScheduler decode step: every request samples one token.
             req_ids = list(num_scheduled)
             context = sum(cached.num_computed_tokens)
-            context = self._kv_read(seqs_padded, getattr(so, "attended_len", None), context)
-            self.clock.now += self._decode_time(seqs_padded, context)
+            attended = getattr(so, "attended_len", None)
+            context = self._kv_read(seqs_padded, attended, context)
+            gathered = self._gathered(seqs_padded, attended) if self._gathered else 0
+            self.clock.now += self._decode_time(seqs_padded, context, gathered)
             return model_runner_output(
                 req_ids=req_ids, req_id_to_index=dict(zip(req_ids, range(len(req_ids)))),
                 sampled_token_ids=[[token] for _ in req_ids])
@@ -206,7 +217,11 @@ class NeuronSimExecutor(Executor):
                 sampled.append([])
         seconds = 0.0
         if prefill_padded:
-            seconds += self._prefill_time(prefill_padded, prefill_context)
+            # NeuronScheduler says what the prefill's attention reads (the grid cell's prefix
+            # bucket, whole segments): Shapes.prefill_step.
+            read = getattr(so, "prefill_kv_read", None)
+            seconds += self._prefill_time(prefill_padded,
+                                          prefill_context if read is None else read)
         if decode_seqs:
             seconds += self._decode_time(seqs_padded or decode_seqs, decode_context)
         self.clock.now += seconds

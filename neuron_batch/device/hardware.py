@@ -65,6 +65,7 @@ class Instance:
     host_memory_gib: int
     cores_per_chip: int = CORES_PER_CHIP        # (logical) NeuronCores per chip
     dma_bytes_s: float = ON_CHIP_DMA_BYTES_S    # per chip
+    core_generation: int = 2                    # NeuronCore-v2 (inf2, trn1), v3 (trn2)
 
     @property
     def calibrated(self) -> bool:
@@ -105,9 +106,9 @@ INSTANCES: dict[str, Instance] = {
         Instance("trn1.32xlarge", "trn1", 16, 512, 3040.0, 13100.0, 384.0, 128, 512),
         # 2.9 TB/s = 2,701 GiB/s of HBM and 1.28 TB/s = 1,192 GiB/s of NeuronLink-v3 per chip.
         Instance("trn2.3xlarge", "trn2", 1, 96, 667.0, 2700.9, None, 12, 128,
-                 TRN2_CORES_PER_CHIP, TRN2_DMA_BYTES_S),
+                 TRN2_CORES_PER_CHIP, TRN2_DMA_BYTES_S, 3),
         Instance("trn2.48xlarge", "trn2", 16, 1536, 10672.0, 43214.0, 1192.1, 192, 2048,
-                 TRN2_CORES_PER_CHIP, TRN2_DMA_BYTES_S),
+                 TRN2_CORES_PER_CHIP, TRN2_DMA_BYTES_S, 3),
     )
 }
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.buckets import kv_too_small_message
-from neuron_batch.device.architectures import ARCHITECTURES, Architecture
+from neuron_batch.device.architectures import Architecture, context_hint
 from neuron_batch.device.cost_model import (
     WEIGHT_DTYPES,
     CapacityError,
@@ -98,6 +98,9 @@ class Target:
     # what engine_kwargs writes and what a non-catalogue architecture travels as.
     model_config: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     simulated: bool = True          # False: a Neuron host's twin, for estimates only
+    # vLLM's prefix cache over this pool; under nxdi the block layout (pa_num_blocks of 32)
+    # in place of the contiguous slots: as many tokens, and the same pool of vLLM blocks.
+    prefix_caching: bool = False
 
     @classmethod
     def resolve(cls, *, max_model_len: int, instance: str | Instance = DEFAULT_INSTANCE,
@@ -107,7 +110,8 @@ class Target:
                 kv_cap_fraction: float = DEFAULT_KV_CAP_FRACTION,
                 runtime: str | Runtime | None = None, max_num_seqs: int | None = None,
                 kv_reserve: str = DEFAULT_KV_RESERVE, block_size: int = NEURON_BLOCK_SIZE,
-                simulated: bool = True, warn: bool = True) -> Target:
+                simulated: bool = True, warn: bool = True,
+                prefix_caching: bool = False) -> Target:
         """Look the names up and check the layout: SimError / CapacityError /
         FileNotFoundError (all ValueErrors but the last) with a message that says what would
         work. `arch`: a catalogue name, a config.json (path or directory), a config dict or an
@@ -130,12 +134,13 @@ class Target:
         if not 0.0 < kv_cap_fraction <= 1.0:
             raise SimError(f"kv_cap_fraction must be in (0, 1], got {kv_cap_fraction}")
         model = StepCostModel(cost_profile, inst, architecture, tp, weight_dtype,
-                              runtime=runtime)
+                              runtime=runtime, prefix_caching=prefix_caching)
         # The device without a layout yet: with_layout is the one place a layout is checked
         # and its KV cache sized, for this first one as for a split's parts.
         unsized = cls(inst, architecture, runtime, tp, weight_dtype, cost_profile, source,
                       float(kv_cap_fraction), 0, None, parse_kv_reserve(kv_reserve),
-                      block_size, {}, model, arch_spec, model_config, simulated)
+                      block_size, {}, model, arch_spec, model_config, simulated,
+                      bool(prefix_caching))
         return unsized.with_layout(max_model_len, max_num_seqs, warn=warn)
 
     def with_layout(self, max_model_len: int, max_num_seqs: int | None, *,
@@ -146,6 +151,13 @@ class Target:
         where = (self.instance, self.arch, self.tp, self.weight_dtype, max_model_len)
         if self.runtime.static_kv:
             kv = static_kv_capacity(*where, max_num_seqs, self.block_size)
+            if self.kv_layout == "block":
+                # pa_num_blocks: vLLM's pool, its null block included (the NxDI plugin adds
+                # one to both), and NxDI reserves one more block on the device.
+                blocks = kv["num_blocks"] + 1
+                kv = {**kv, "layout": "block", "pa_num_blocks": blocks,
+                      "derivation": kv["derivation"] + f"; block layout: pa_num_blocks "
+                      f"{blocks} of {self.block_size} + 1 NxDI reserves"}
         else:
             kv = checked_kv_capacity(*where, self.block_size, self.kv_cap_fraction,
                                      self.kv_reserve, warn=warn and self.simulated)
@@ -158,6 +170,14 @@ class Target:
             return None
         return static_slots(self.instance, self.arch, self.tp, self.weight_dtype,
                             max_model_len) or None
+
+    @property
+    def kv_layout(self) -> str:
+        """"static" (NxDI's contiguous slots), "block" (NxDI's block layout, what its prefix
+        caching needs: pa_num_blocks = the slots' blocks, plus one NxDI reserves) or "paged"."""
+        if not self.runtime.static_kv:
+            return "paged"
+        return "block" if self.prefix_caching and self.runtime.prefix_grid else "static"
 
     @property
     def engines_per_instance(self) -> int:
@@ -194,7 +214,7 @@ class Target:
                 "runtime": self.runtime.name, "max_model_len": self.max_model_len,
                 "max_num_seqs": self.max_num_seqs, "kv_reserve": self.kv_reserve,
                 "block_size": self.block_size, "simulated": self.simulated,
-                "num_blocks": self.pool_blocks}
+                "prefix_caching": self.prefix_caching, "num_blocks": self.pool_blocks}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Target:
@@ -204,6 +224,7 @@ class Target:
         names = {k: data[k] for k in ("instance", "arch", "tp", "weight_dtype",
                                       "kv_cap_fraction", "runtime", "max_model_len",
                                       "max_num_seqs", "kv_reserve", "block_size", "simulated")}
+        names["prefix_caching"] = bool(data.get("prefix_caching", False))
         target = cls.resolve(**names, profile=CostProfile.from_dict(data["profile_params"]),
                              profile_source=data["profile"], warn=False)  # (said already)
         if data.get("num_blocks") is not None and int(data["num_blocks"]) != target.pool_blocks:
@@ -217,8 +238,8 @@ class Target:
 
         `additional_config` is a fresh dict: merge your own entries into it, and into its
         "neuron_batch" dict (do not replace that one: it holds the clock and the serialised
-        target). `enable_prefix_caching=False` (the harness' and scheduler tests' setting) and
-        `scheduler_cls` = NeuronScheduler may be overridden.
+        target). `scheduler_cls` = NeuronScheduler may be overridden; `enable_prefix_caching`
+        is the target's (the executor checks they agree).
         """
         if self.max_num_seqs is None:
             raise ValueError("an engine needs the target resolved with its max_num_seqs")
@@ -242,7 +263,7 @@ class Target:
             "scheduler_cls": SCHEDULER_CLS,
             "block_size": self.block_size,
             "enforce_eager": True,
-            "enable_prefix_caching": False,
+            "enable_prefix_caching": self.prefix_caching,
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
             **runtime_kwargs,
@@ -271,7 +292,8 @@ class Target:
             "weight_bytes": self.arch.weight_bytes(self.weight_dtype),
             "runtime": self.runtime.name,
             "kv_cache": {
-                "layout": "static" if self.runtime.static_kv else "paged",
+                "layout": self.kv_layout,
+                "pa_num_blocks": kv.get("pa_num_blocks"),
                 "num_blocks": kv["num_blocks"],
                 "block_size": self.block_size,
                 "tokens": kv["tokens"],
@@ -312,10 +334,6 @@ def describe_sim(*, max_model_len: int, num_prefill_buckets: int, num_decode_buc
         num_prefill_buckets=num_prefill_buckets, num_decode_buckets=num_decode_buckets)
 
 
-
-
-
-
 def _profile(profile: str | Path | CostProfile | None, source: str | None,
              inst: Instance) -> tuple[CostProfile, str]:
     """The cost profile and where it comes from: given, the instance's built-in, or a file."""
@@ -336,17 +354,6 @@ def _check_context(arch: Architecture, max_model_len: int) -> None:
     raise SimError(f"max_model_len {max_model_len} exceeds {arch.name}'s context of "
                    f"{arch.max_position_embeddings} tokens; "
                    + context_hint(arch, max_model_len))
-
-
-def context_hint(arch: Architecture, max_model_len: int) -> str:
-    """What to give when `max_model_len` is past `arch`'s context, as flags: a lower
-    --max-model-len, or a catalogue architecture of the same shapes (so the same figures)
-    whose context holds it."""
-    longer = [a.name for a in ARCHITECTURES.values()   # (names are looked up in any case)
-              if a.max_position_embeddings >= max_model_len and _same_shape(a, arch)]
-    same = (f", or --architecture {longer[0]} (the same shapes, a longer context)"
-            if longer else ", or a model with a longer context")
-    return f"give --max-model-len {arch.max_position_embeddings} or less{same}"
 
 
 def checked_kv_capacity(instance: Instance, arch: Architecture, tp: int, weight_dtype: str,
@@ -381,13 +388,3 @@ def _drop_vllm_env_cache() -> None:
             envs.disable_envs_cache()
     except (ImportError, AttributeError):   # another vLLM release: nothing cached to drop
         pass
-
-
-def _same_shape(a: Architecture, b: Architecture) -> bool:
-    return (a.num_layers, a.hidden_size, a.intermediate_size, a.num_attention_heads,
-            a.num_kv_heads, a.head_dim, a.vocab_size) == (
-        b.num_layers, b.hidden_size, b.intermediate_size, b.num_attention_heads,
-        b.num_kv_heads, b.head_dim, b.vocab_size)
-
-
-

@@ -31,7 +31,7 @@ import functools
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,7 +100,10 @@ def host_setup(settings: RunSettings, runtime: Runtime, *, model_path: str,
                artifacts_root: str | Path | None = None) -> HostSetup:
     """Everything `--device neuron` sets for this run under `runtime`; NeuronHostError, before
     anything loads, for a setting the plugin cannot run."""
-    shapes = settings.shapes(runtime)
+    # The host runs NxDI's contiguous layout, prefix caching off (issue 31 wires the block
+    # layout), so its lists are the 1-D ones whatever --prefix-caching says.
+    contiguous = runtime.host_block_size is None
+    shapes = (replace(settings, prefix_caching=False) if contiguous else settings).shapes(runtime)
     line = plugin_line(plugin_version)
     kwargs: dict[str, Any] = {}
     section: dict[str, Any] = dict(shapes.bucket_lists())

@@ -1,4 +1,5 @@
-"""Readers for line-based files: JSON lines, JSON arrays, OpenAI batch files and plain text.
+"""Readers for line-based files: JSON lines, JSON arrays, OpenAI batch files, Mooncake traces
+and plain text.
 
 Line numbers are 1-based file lines; items of a JSON array are 0-based positions.
 """
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from neuron_batch.inputs.mooncake import is_mooncake, record_from_mooncake
 from neuron_batch.inputs.records import (
     FieldError,
     InputError,
@@ -80,10 +82,13 @@ def read_json_lines(path: Path, label: str) -> ParsedInput:
             items.append(obj)
             continue
         if kind is None:  # the first object decides, so one stray line cannot flip the format
-            kind = "openai-batch" if "custom_id" in obj and "body" in obj else "jsonl"
+            kind = ("openai-batch" if "custom_id" in obj and "body" in obj
+                    else "mooncake" if is_mooncake(obj) else "jsonl")
         try:
             if kind == "openai-batch":
                 items.append(record_from_batch_request(obj, source))
+            elif kind == "mooncake":
+                items.append(record_from_mooncake(obj, source))
             else:
                 items.append(record_from_object(obj, source))
         except FieldError as error:

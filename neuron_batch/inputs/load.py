@@ -3,7 +3,7 @@ records across all inputs, check ids, shuffle and limit; and a one-line descript
 
 Inputs, chosen by prefix, extension or what a directory holds:
 
-- `.jsonl` / `.json`, OpenAI batch files, plain text (`line_files.py`);
+- `.jsonl` / `.json`, OpenAI batch files, Mooncake traces, plain text (`line_files.py`);
 - `.csv` / `.tsv` / `.parquet`, `hf:NAME[:CONFIG]` and `save_to_disk` folders (`tables.py`).
 """
 
@@ -127,8 +127,9 @@ def _duplicate_id_problem(record: PromptRecord, id_field: str, given_id: bool,
 # ---------------------------------------------------------------------------------------------
 # Summary
 
-_KIND_LABELS = {"jsonl": "JSONL", "openai-batch": "OpenAI batch", "csv": "CSV",
-                "parquet": "Parquet", "text": "text", "hf": "data set", "trace": "trace"}
+_KIND_LABELS = {"jsonl": "JSONL", "openai-batch": "OpenAI batch", "mooncake": "Mooncake trace",
+                "csv": "CSV", "parquet": "Parquet", "text": "text", "hf": "data set",
+                "trace": "trace"}
 
 
 def prompt_token_count(record: PromptRecord) -> int | None:

@@ -9,17 +9,24 @@ line before minutes of model loading, and makes the simulated device count the s
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from neuron_batch.buckets import round_model_len
+from neuron_batch.inputs.mooncake import MAX_HASH_ID, MOONCAKE_BLOCK
+from neuron_batch.inputs.prefix import DEFAULT_BLOCK, prefix_order
 from neuron_batch.inputs.records import InputProblem, PromptRecord
 
 # Synthetic prompts draw from a fixed pseudo-random pool; each request starts at its own offset,
-# so no two requests share a first KV block and prefix caching does not flatter the figures.
+# so no two requests share a first KV block and prefix caching does not flatter the figures:
+# only what a record names as shared (SyntheticTokens.for_record) is.
 _POOL_SIZE = 1 << 16
 _FIRST_ORDINARY_TOKEN = 100
+# Named parts (SyntheticTokens._named): Mooncake block ids and prefix ids, apart from each other.
+_BLOCK_NAMESPACE, _PREFIX_NAMESPACE = 0, 1
+_MAX_NAME = MAX_HASH_ID
 
 
 @dataclass(slots=True)
@@ -35,14 +42,21 @@ class PreparedRequest:
         return len(self.prompt_token_ids) + self.max_tokens
 
 
-def in_order(requests: Sequence[PreparedRequest], order: str) -> list[PreparedRequest]:
-    """`requests` as `run --order` submits them: as read ("input"), or longest first
-    ("length": prompt + max_tokens, ties in input order). Under NxDI every decode step attends
-    the bucket of the longest running request, so running requests of like lengths together
-    cuts the attention padding; longest first also leaves short requests, not a long one, to
-    drain at the end."""
+def in_order(requests: Sequence[PreparedRequest], order: str, *,
+             block_size: int = DEFAULT_BLOCK, by_length: bool = False) -> list[PreparedRequest]:
+    """`requests` as `run --order` submits them: as read ("input"), longest first ("length":
+    prompt + max_tokens, ties in input order), or grouped by the prefixes they share
+    ("prefix": inputs/prefix.py `prefix_order` over KV blocks of `block_size` tokens, its
+    branches longest first when `by_length`). Under NxDI every decode step attends the bucket of
+    the longest running request, so running requests of like lengths together cuts the
+    attention padding; longest first also leaves short requests, not a long one, to drain at
+    the end. Requests sharing a prefix run together while its blocks are still cached."""
     if order == "length":
         return sorted(requests, key=lambda r: -r.length)
+    if order == "prefix":
+        lengths = [r.length for r in requests] if by_length else None
+        return [requests[i] for i in prefix_order([r.prompt_token_ids for r in requests],
+                                                  block_size, lengths)]
     return list(requests)
 
 
@@ -58,7 +72,9 @@ class Prepared:
 
 
 class SyntheticTokens:
-    """Deterministic token ids for `prompt_len` prompts."""
+    """Deterministic token ids for `prompt_len` prompts: distinct per request, except the parts
+    a record shares by name (a Mooncake trace's block ids, a `prefix_id`), which are the same
+    tokens wherever the same name appears."""
 
     def __init__(self, vocab_size: int):
         high = max(_FIRST_ORDINARY_TOKEN + 1, min(vocab_size, 32_000))
@@ -69,10 +85,57 @@ class SyntheticTokens:
             state = (state * 6364136223846793005 + 1442695040888963407) & 0xFFFFFFFFFFFFFFFF
             pool.append(_FIRST_ORDINARY_TOKEN + (state >> 33) % span)
         self._pool = pool + pool  # doubled so any window up to _POOL_SIZE is one slice
+        # A named part starts with its namespace and its id written in base `span`, so two
+        # names never give the same tokens, whatever pool window follows them.
+        self._base = max(span, 2)
+        self._digits = 1
+        while self._base ** self._digits <= _MAX_NAME:
+            self._digits += 1
 
     def make(self, index: int, length: int) -> list[int]:
+        """Request `index`'s own tokens: a pool window at an offset of its own."""
+        return self._window((index * 7919) % _POOL_SIZE, length)
+
+    def blocks(self, hash_ids: Sequence[int], length: int,
+               block: int = MOONCAKE_BLOCK) -> list[int]:
+        """A Mooncake prompt: the `block` tokens of each hash id in turn, cut to `length`
+        (the last id covers the remainder, as a prefix of its block)."""
         out: list[int] = []
-        start = (index * 7919) % _POOL_SIZE
+        for block_id in hash_ids:
+            out.extend(self._named(_BLOCK_NAMESPACE, block_id, min(block, length - len(out))))
+        return out
+
+    def with_prefix(self, prefix_id: str, prefix_len: int, index: int,
+                    length: int) -> list[int]:
+        """The first `prefix_len` tokens of the prefix `prefix_id`, then request `index`'s own
+        tokens up to `length`."""
+        name = int.from_bytes(hashlib.blake2b(prefix_id.encode("utf-8", "surrogatepass"),
+                                              digest_size=8).digest(), "little") >> 1
+        return (self._named(_PREFIX_NAMESPACE, name, prefix_len)
+                + self.make(index, length - prefix_len))
+
+    def for_record(self, record: PromptRecord) -> list[int]:
+        """The tokens of a `prompt_len` record, by what it shares."""
+        if record.hash_ids is not None:
+            return self.blocks(record.hash_ids, record.prompt_len)
+        if record.prefix_id is not None:
+            return self.with_prefix(record.prefix_id, record.prefix_len, record.index,
+                                    record.prompt_len)
+        return self.make(record.index, record.prompt_len)
+
+    def _named(self, namespace: int, name: int, length: int) -> list[int]:
+        offset = ((name * 0x9E3779B97F4A7C15 + namespace) >> 16) % _POOL_SIZE
+        head = [_FIRST_ORDINARY_TOKEN + namespace]
+        rest = name
+        for _ in range(self._digits):
+            rest, digit = divmod(rest, self._base)
+            head.append(_FIRST_ORDINARY_TOKEN + digit)
+        if length <= len(head):
+            return head[:length]
+        return head + self._window(offset, length - len(head))
+
+    def _window(self, start: int, length: int) -> list[int]:
+        out: list[int] = []
         while length > 0:
             take = min(length, _POOL_SIZE)
             out.extend(self._pool[start:start + take])
@@ -103,7 +166,7 @@ def prepare_requests(records: Sequence[PromptRecord], *, tokenizer: Any, tokeniz
             continue
         if ids is None:  # prompt_len
             synthetic = synthetic or SyntheticTokens(vocab_size)
-            ids = synthetic.make(record.index, record.prompt_len)
+            ids = synthetic.for_record(record)
         if not ids:
             problems.append(InputProblem(record.source, field, "the prompt is empty after "
                                          "tokenization", record.read_order))

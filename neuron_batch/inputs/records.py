@@ -4,8 +4,10 @@ field checks every reader shares.
 What each input may hold (readers in `line_files.py` and `tables.py`, chosen in `load.py`):
 
 - `.jsonl` / `.json`: one object a line with one of `prompt`, `messages`, `prompt_token_ids`,
-  `prompt_len`; optional `id`/`custom_id`, `max_tokens`, `temperature`, `stop`. A `.json` file
-  that starts with `[` is read as one JSON array of such objects.
+  `prompt_len`; optional `id`/`custom_id`, `max_tokens`, `temperature`, `stop`, and with
+  `prompt_len` a shared prefix (`prefix_id`, `prefix_len`). A `.json` file that starts with `[`
+  is read as one JSON array of such objects.
+- Mooncake traces (JSON lines with `input_length`, `output_length`, `hash_ids`; mooncake.py).
 - OpenAI batch files (JSON lines with `custom_id` and `body`), completions or chat.
 - `.csv` / `.tsv` / `.parquet`: a prompt column, or request-trace token counts.
 - `hf:NAME[:CONFIG]` and directories written by `save_to_disk`: Hugging Face data sets.
@@ -41,6 +43,12 @@ class PromptRecord:
     temperature: float | None = None
     stop: list[str] | None = None
     arrival_s: float | None = None  # traces: arrival offset in seconds
+    # A synthetic prompt's shared parts (inputs/prepare.py SyntheticTokens makes their tokens):
+    # a Mooncake trace's ids of its 512-token blocks, or the first prefix_len tokens of the
+    # prefix named prefix_id. The same id is the same tokens in any request.
+    hash_ids: list[int] | None = None
+    prefix_id: str | None = None
+    prefix_len: int | None = None
     openai: dict | None = None      # OpenAI batch: {"custom_id", "url", "model"}, for its output
     # Where the record came from, not what it asks (so left out of ==): the field or column the
     # prompt came from, as the input names it ("num_prefill_tokens", "body.messages"), so that
@@ -79,7 +87,7 @@ class LoadedPrompts:
 
     records: list[PromptRecord]
     problems: list[InputProblem]
-    kind: str                       # jsonl|openai-batch|csv|parquet|text|hf|trace, or mixed
+    kind: str                       # jsonl|openai-batch|mooncake|csv|parquet|text|hf|trace|mixed
     inputs: list[str] = field(default_factory=list)  # the inputs as given, for messages
 
 
@@ -242,7 +250,29 @@ def record_from_object(obj: dict, source: str) -> tuple[PromptRecord, str]:
         record.temperature = check_number(value, "temperature", minimum=0.0)
     if (value := get("stop")) is not None:
         record.stop = check_stop(value, "stop")
+    if get("prefix_id") is not None or get("prefix_len") is not None:
+        _set_prefix(record, get("prefix_id"), get("prefix_len"))
     return record, id_field
+
+
+def _set_prefix(record: PromptRecord, prefix_id: Any, prefix_len: Any) -> None:
+    """A `prompt_len` record's shared prefix: its first `prefix_len` tokens are those of the
+    prefix `prefix_id` (the same in every record that names it)."""
+    if record.prompt_len is None:
+        field_name = "prefix_id" if prefix_id is not None else "prefix_len"
+        raise FieldError(field_name, "a shared prefix is for prompt_len records; text, "
+                                     "messages and token ids share by their tokens as they are")
+    if prefix_id is None:
+        raise FieldError("prefix_id", "missing: prefix_len needs the prefix_id it is the "
+                                      "length of")
+    record.prefix_id = check_id(prefix_id, "prefix_id")
+    if prefix_len is None:
+        raise FieldError("prefix_len", "missing: prefix_id needs prefix_len, how many of the "
+                                       "prompt's first tokens are the prefix's")
+    record.prefix_len = check_int(prefix_len, "prefix_len", minimum=1)
+    if record.prefix_len > record.prompt_len:
+        raise FieldError("prefix_len", f"{record.prefix_len} is longer than the prompt "
+                                       f"(prompt_len {record.prompt_len})")
 
 
 Item = tuple[PromptRecord, str] | InputProblem  # (record, the field its id came from) or problem
@@ -253,7 +283,7 @@ class ParsedInput:
     """What a reader returns: in input order, records (index not yet set, id "" when the input
     gave none) paired with the field their id came from, and a problem per bad line."""
 
-    kind: str                       # jsonl|openai-batch|csv|parquet|text|hf|trace
+    kind: str                       # jsonl|openai-batch|mooncake|csv|parquet|text|hf|trace
     items: list[Item]
 
 

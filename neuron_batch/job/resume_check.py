@@ -31,7 +31,8 @@ from neuron_batch.errors import RunError
 from neuron_batch.job.folder import RunFolder, input_fingerprint
 
 #: A requests.json row: the id, then these. prompt and stop are digests (the prompt as given:
-#: text, messages, token ids or prompt_len, with an OpenAI batch line's url and model); the
+#: text, messages, token ids or prompt_len with what it shares (a Mooncake line's block ids, a
+#: prefix), with an OpenAI batch line's url and model); the
 #: numbers are the values the engine gets (max_tokens after the default and the clamp to
 #: max_model_len; the seed only where the request samples).
 REQUEST_FIELDS = ("prompt", "max_tokens", "temperature", "seed", "stop")
@@ -71,6 +72,12 @@ def _prompt_digest(record) -> str:
         given = b"messages" + json.dumps(record.messages, sort_keys=True).encode()
     elif record.prompt_len is not None:
         given = b"len%d" % record.prompt_len
+        # what it shares is part of what it asks (a plain prompt_len's digest stays as it was)
+        if record.hash_ids is not None:
+            given += b"blocks" + struct.pack(f"<{len(record.hash_ids)}q", *record.hash_ids)
+        if record.prefix_id is not None:
+            given += b"prefix%d:" % record.prefix_len + record.prefix_id.encode(
+                "utf-8", "surrogatepass")
     else:
         given = b"text" + record.prompt.encode("utf-8", "surrogatepass")
     if record.openai:

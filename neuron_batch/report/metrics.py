@@ -61,7 +61,8 @@ def summarize(records: Records, *, elapsed_s: float | None = None, start: float 
     decode_buckets = list(config.get("decode_buckets") or [])
     attention_buckets = list(config.get("attention_buckets") or [])
     config["compiled_graphs"] = runtime_of(config).num_graphs(
-        len(prefill_buckets), len(decode_buckets), len(attention_buckets))
+        len(prefill_buckets), len(decode_buckets), len(attention_buckets),
+        len(config.get("prefix_buckets") or []))
 
     return {
         # The fields `vllm bench throughput --output-json` writes, so its dashboards read us.

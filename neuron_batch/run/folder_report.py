@@ -9,6 +9,7 @@ from pathlib import Path
 from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.job.folder import REPORT, RunFolder
 from neuron_batch.job.job import Job
+from neuron_batch.prefix_grid import grid_size
 
 
 def build_report(job: Job) -> dict:
@@ -28,10 +29,13 @@ def build_report(job: Job) -> dict:
     devices = [a.get("device") for a in folder.attempts() if a.get("device")]
     extra = {"model": model.name, "device": devices[-1] if devices else settings.device,
              "tokenizer": prepared.tokenizer_name, "max_tokens": settings.max_tokens,
-             "temperature": settings.temperature, "inputs": list(settings.inputs)}
+             "temperature": settings.temperature, "inputs": list(settings.inputs),
+             "order": settings.order}
     if job.simulated:
         shapes = settings.shapes(job.target.runtime)
-        extra["sim"] = job.target.describe(num_prefill_buckets=len(shapes.prefill_buckets),
+        # (under nxdi's prefix-caching grid, a prefill graph per (prefill, prefix) pair)
+        prefill_graphs = grid_size(shapes.prefill_buckets, shapes.prefix_buckets or (0,))
+        extra["sim"] = job.target.describe(num_prefill_buckets=prefill_graphs,
                                            num_decode_buckets=len(shapes.attention_buckets)
                                            if shapes.runtime.static_kv
                                            else len(shapes.decode_buckets),

@@ -23,6 +23,7 @@ from neuron_batch.errors import (
     EXIT_PARTIAL,
     RunError,
 )
+from neuron_batch.inputs.prefix import DEFAULT_BLOCK
 from neuron_batch.inputs.prepare import in_order
 from neuron_batch.inputs.records import InputProblem
 from neuron_batch.inputs.skipped import write_skipped
@@ -127,10 +128,21 @@ def auto_split(settings: RunSettings, workload: Workload, target: Target | None,
                        "device or of a Neuron host whose instance is known (--instance, or "
                        "EC2's); here give the cut (`neuron-batch plan` or "
                        "scripts/split_what_if.py weigh them)")
-    cut, words = choose_cut(settings, in_order(workload.prepared.requests, settings.order),
-                            slots_at, estimate)
+    cut, words = choose_cut(settings, submission_order(settings, workload.prepared.requests,
+                                                       target), slots_at, estimate)
     log(words)
     return replace(settings, split_at=cut)
+
+
+def submission_order(settings: RunSettings, requests, target: Target | None) -> list:
+    """`requests` in the order `--order` submits them (inputs/prepare.py `in_order`): prefix
+    order over the run's KV blocks (--block-size, else the device's; else the simulated
+    device's 32, finer than vLLM's CPU default, which only splits groups more finely), its
+    groups longest first under a runtime whose decode pads every slot to the longest (nxdi)."""
+    runtime = target.runtime if target is not None else settings.resolve_runtime()
+    block = settings.block_size or (target.block_size if target is not None else None)
+    return in_order(requests, settings.order, block_size=block or DEFAULT_BLOCK,
+                    by_length=runtime.static_kv)
 
 
 def check_neuron_host(settings: RunSettings, workload) -> None:
@@ -183,8 +195,8 @@ def _run_locked(job: Job) -> RunResult:
     write_skipped(folder.path, problems)
     folder.load_done()
     folder.open_outputs()
-    pending = in_order([r for r in prepared.requests if r.record.id not in folder.done_ids],
-                       settings.order)
+    pending = submission_order(settings, [r for r in prepared.requests
+                                          if r.record.id not in folder.done_ids], job.target)
     attempts = folder.attempts()
     # After a kill -9 the killed attempt left records but no line in attempts.json: number past
     # it rather than overwrite its records.

@@ -36,6 +36,7 @@ from neuron_batch.scheduler.compat import (
 from neuron_batch.scheduler.kv_admission import KVAdmission
 from neuron_batch.scheduler.kv_reserve import MAX_MODEL_LEN
 from neuron_batch.scheduler.min_tokens import MinTokensStop
+from neuron_batch.scheduler.prefills import pad_prefills, split_prefills
 from neuron_batch.scheduler.records import (
     DECODE,
     EMPTY,
@@ -89,7 +90,8 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
             self.runtime.bucket_lists_in(additional.get(self.runtime.config_section)),
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
-            max_model_len=self.max_model_len)
+            max_model_len=self.max_model_len, block_size=block_size,
+            prefix_caching=bool(self.cache_config.enable_prefix_caching))
         self.num_batched_tokens_buckets = list(self.shapes.prefill_buckets)
         self.num_seqs_buckets = list(self.shapes.decode_buckets)
         if not self.runtime.chunked_prefill:
@@ -111,7 +113,8 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
             scheduler_cls=f"{type(self).__module__}.{type(self).__name__}",
             enable_prefix_caching=bool(self.cache_config.enable_prefix_caching),
             kv_reserve=self.kv_reserve, runtime=self.runtime.name,
-            attention_buckets=list(self.shapes.attention_buckets)))
+            attention_buckets=list(self.shapes.attention_buckets),
+            prefix_buckets=list(self.shapes.prefix_buckets)))
         # Time of the update_from_output call in progress, for requests finishing in it.
         self._update_time: float | None = None
         if self._max_kv_concurrent < self.max_num_seqs:
@@ -260,7 +263,7 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
             prefill_ids, prefill_tokens = (), 0
             num_decode, context_tokens = len(cached_computed), sum(cached_computed)
         else:
-            prefill_ids, prefill_tokens, num_decode, context_tokens = _split_prefills(
+            prefill_ids, prefill_tokens, num_decode, context_tokens = split_prefills(
                 output, self.requests)
         num_prefill = len(prefill_ids)
         if num_prefill and num_decode:
@@ -274,22 +277,13 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
         attended = longest = None
         if num_prefill:
             kind = PREFILL
-            bucket = 0
-            prefill_shape = self.shapes.prefill
-            for req_id in prefill_ids:
-                chunk_bucket = prefill_shape(num_scheduled[req_id])
-                padded[req_id] = chunk_bucket
-                bucket += chunk_bucket
+            bucket, cached, recomputed, prefix_bucket = pad_prefills(
+                self.shapes, output, prefill_ids, padded, self.recorder.requests, t_start)
             self.total_padding_tokens += bucket - prefill_tokens
             num_tokens, num_tokens_padded = prefill_tokens, bucket
             num_seqs = num_seqs_padded = num_prefill
             output.num_seqs_padded = None
             self._state = SchedulerState.ACTIVE_PREFILL
-            for new in output.scheduled_new_reqs:
-                record = self.recorder.requests.get(new.req_id)
-                if record is not None and record.admitted is None:
-                    record.admitted = t_start
-                    record.num_cached_tokens = new.num_computed_tokens  # prefix-cache hits
         elif num_decode:
             kind = DECODE
             num_tokens = num_tokens_padded = output.total_num_scheduled_tokens
@@ -320,6 +314,10 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
             None, self.kv_reserved_blocks,
             len(getattr(output, "preempted_req_ids", None) or ()), attended,
             None if longest is None else longest + 1))
+        if kind == PREFILL:     # (decode steps keep the defaults: nothing more per step)
+            step = recorder.steps[-1]
+            step.cached_tokens, step.recomputed_tokens = cached, recomputed
+            step.prefix_bucket = prefix_bucket
 
     # -- outputs and request life ------------------------------------------------------------
     def update_from_output(self, scheduler_output, model_runner_output):
@@ -374,17 +372,3 @@ class NeuronAsyncScheduler(NeuronScheduler, AsyncScheduler):
 
     def _call_base_schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         return AsyncScheduler.schedule(self, *args, **kwargs)
-
-
-def _split_prefills(output: SchedulerOutput, requests: dict[str, Request]
-                    ) -> tuple[list[str], int, int, int]:
-    """(prefill request ids, their scheduled tokens, number of decodes, KV tokens held before
-    the step) of a step's scheduled requests, by each one's progress through its prompt."""
-    new, cached = output.scheduled_new_reqs, output.scheduled_cached_reqs
-    req_ids = [r.req_id for r in new] + list(cached.req_ids)
-    computed = [r.num_computed_tokens for r in new] + list(cached.num_computed_tokens)
-    prefill_ids = [req_id for req_id, done in zip(req_ids, computed)
-                   if done < requests[req_id].num_prompt_tokens]
-    num_scheduled = output.num_scheduled_tokens
-    return (prefill_ids, sum(num_scheduled[req_id] for req_id in prefill_ids),
-            len(req_ids) - len(prefill_ids), sum(computed))

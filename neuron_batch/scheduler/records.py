@@ -63,6 +63,8 @@ class RunConfig:
     # nxdi: token-generation buckets; vllm-neuron: decode context-length buckets ([]: every
     # decode attends max_model_len).
     attention_buckets: list[int] = field(default_factory=list)
+    # nxdi with prefix caching: the prefix buckets of its (prefill, prefix) grid ([]: 1-D).
+    prefix_buckets: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

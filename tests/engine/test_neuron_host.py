@@ -36,7 +36,8 @@ def test_nxdi_keeps_our_scheduler_whole_prompts_and_nxdi_bucket_keys(tmp_path):
     assert done.kwargs["block_size"] == 4352
     assert done.kwargs["enable_prefix_caching"] is False
     assert done.kwargs["num_gpu_blocks_override"] == 8
-    shapes = settings().shapes()
+    # (the host runs the contiguous layout: the 1-D lists, prefix caching on or not)
+    shapes = settings(prefix_caching=False).shapes()
     assert done.section == {
         "context_encoding_buckets": list(shapes.prefill_buckets),
         "token_generation_buckets": list(shapes.attention_buckets),
@@ -115,7 +116,8 @@ def test_engine_kwargs_on_neuron_under_nxdi(monkeypatch, tmp_path):
     assert kwargs["tensor_parallel_size"] == 2                    # not only with --replicas
     assert kwargs["block_size"] == run.max_model_len
     section = kwargs["additional_config"]["override_neuron_config"]
-    assert section["context_encoding_buckets"] == list(run.shapes().prefill_buckets)
+    assert section["context_encoding_buckets"] == list(
+        settings(prefix_caching=False).shapes().prefill_buckets)
     own = kwargs["additional_config"]["neuron_batch"]
     assert own["runtime"] == "nxdi"
     assert own["process_env"]["DISABLE_NEURON_CUSTOM_SCHEDULER"] == "1"

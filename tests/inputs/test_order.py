@@ -1,8 +1,11 @@
 """`run --order length`: requests submitted longest (prompt + max_tokens) first, every one
-once; the scheduler still admits them first come, first served."""
+once; the scheduler still admits them first come, first served. `--order prefix`: requests that
+share a prefix of whole KV blocks together (inputs/prefix.py), and the bound on what a prefix
+cache can serve."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -11,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from neuron_batch.config import RunSettings, SettingsError
+from neuron_batch.inputs.prefix import prefix_order, shared_prefix_tokens
 from neuron_batch.inputs.prepare import PreparedRequest, in_order
 from neuron_batch.inputs.records import PromptRecord
 
@@ -33,7 +37,7 @@ def test_length_order_is_a_stable_longest_first_permutation(sizes):
 
 
 def test_an_unknown_order_is_refused():
-    with pytest.raises(SettingsError, match="--order must be one of input, length"):
+    with pytest.raises(SettingsError, match="--order must be one of input, length, prefix,"):
         RunSettings(inputs=("x.jsonl",), order="shortest").validate()
 
 
@@ -56,3 +60,98 @@ def test_a_run_in_length_order_admits_the_longest_first(tmp_path: Path):
     finished = [json.loads(line)["index"] for line in (out / "outputs.jsonl").read_text()
                 .splitlines()]
     assert finished == [3, 1, 4, 0, 2]
+
+
+# ---------------------------------------------------------------------------------------------
+# --order prefix (inputs/prefix.py)
+
+def blocks_in_common(a: list[int], b: list[int], block: int) -> int:
+    """Leading blocks two prompts share, a last partial block counting only when the same."""
+    n = 0
+    while n * block < min(len(a), len(b)):
+        if a[n * block:(n + 1) * block] != b[n * block:(n + 1) * block]:
+            break
+        n += 1
+    return n
+
+
+prompt_lists = st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=9), max_size=14)
+
+
+@given(prompt_lists, st.integers(1, 3), st.booleans(), st.data())
+def test_prefix_order_keeps_every_shared_prefix_together(prompts, block, by_length, data):
+    lengths = ([data.draw(st.integers(1, 30)) for _ in prompts] if by_length else None)
+    order = prefix_order(prompts, block, lengths)
+    assert sorted(order) == list(range(len(prompts)))            # nothing lost or repeated
+    assert order == prefix_order([list(p) for p in prompts], block, lengths)  # deterministic
+    # The prompts holding any block-prefix are adjacent: for i < j < k in the order, i and k
+    # share no more than j shares with either (a depth-first walk of the block trie).
+    seq = [prompts[i] for i in order]
+    for i in range(len(seq)):
+        for k in range(i + 2, len(seq)):
+            outer = blocks_in_common(seq[i], seq[k], block)
+            assert all(outer <= min(blocks_in_common(seq[i], seq[j], block),
+                                    blocks_in_common(seq[j], seq[k], block))
+                       for j in range(i + 1, k))
+    # identical prompts are next to each other
+    positions: dict[tuple, list[int]] = {}
+    for position, prompt in enumerate(seq):
+        positions.setdefault(tuple(prompt), []).append(position)
+    assert all(p[-1] - p[0] == len(p) - 1 for p in positions.values())
+
+
+@given(st.lists(st.integers(1, 50), max_size=20), st.booleans())
+def test_prefix_order_without_sharing_is_the_input_or_the_length_order(sizes, by_length):
+    requests = [PreparedRequest(PromptRecord(i, str(i), f"t:{i}"), [1000 + i] * 40, m)
+                for i, m in enumerate(sizes)]
+    got = in_order(requests, "prefix", block_size=32, by_length=by_length)
+    assert got == in_order(requests, "length" if by_length else "input")
+
+
+def test_prefix_order_groups_a_shared_instruction_and_ranks_groups_by_their_longest():
+    a, b = [7] * 64, [8] * 64        # two instructions of two 32-token blocks
+    prompts = [a + [1], b + [2], a + [3], [9] * 40, b + [4], a + [5]]
+    assert prefix_order(prompts, 32) == [0, 2, 5, 1, 4, 3]
+    lengths = [10, 50, 10, 20, 10, 10]   # b's group holds the longest request: it goes first
+    assert prefix_order(prompts, 32, lengths) == [1, 4, 3, 0, 2, 5]
+
+
+def test_the_prefix_order_is_a_choice_of_run():
+    assert "prefix" in RunSettings(inputs=("x.jsonl",), order="prefix").validate().order
+
+
+def best_order_hits(prompts: list[list[int]], block: int) -> int:
+    """The most prompt tokens an unbounded cache serves, over every order: each prompt is
+    served its leading whole blocks an earlier prompt held, never its last token."""
+    best = 0
+    for order in itertools.permutations(range(len(prompts))):
+        cached: set[tuple] = set()
+        hits = 0
+        for i in order:
+            ids = prompts[i]
+            served = 0
+            while (served + 1) * block <= len(ids) - 1 and tuple(ids[:(served + 1) * block]) \
+                    in cached:
+                served += 1
+            hits += served * block
+            cached.update(tuple(ids[:n * block]) for n in range(1, len(ids) // block + 1))
+        best = max(best, hits)
+    return best
+
+
+@given(st.lists(st.lists(st.integers(0, 1), min_size=1, max_size=8), max_size=5),
+       st.integers(1, 3))
+def test_the_bound_is_what_an_unbounded_cache_serves_in_the_best_order(prompts, block):
+    assert shared_prefix_tokens(prompts, block) == best_order_hits(prompts, block)
+
+
+def test_the_bound_on_hand_made_prompts():
+    a = list(range(64))                                   # two blocks of 32
+    assert shared_prefix_tokens([a + [1], a + [2], a + [3]], 32) == 2 * 64
+    # a prompt of exactly two blocks is served one (its last token is always computed) ...
+    assert shared_prefix_tokens([a, a], 32) == 32
+    # ... unless it runs first, and a longer one reuses both blocks
+    assert shared_prefix_tokens([a + [1], a], 32) == 64
+    assert shared_prefix_tokens([[1] * 40, [2] * 40], 32) == 0     # nothing shared
+    assert shared_prefix_tokens([a[:40], a[:50]], 32) == 32        # one whole block
+    assert shared_prefix_tokens([], 32) == 0

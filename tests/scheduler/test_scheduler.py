@@ -269,7 +269,7 @@ def test_step_record_is_built_in_its_field_order():
 def test_decode_only_steps_skip_classifying_and_agree_with_it(cls, monkeypatch):
     """schedule() tells _pad_and_record when only running decodes went into the base; the
     per-request classification it then skips finds exactly that: no prefill, every one a decode."""
-    from neuron_batch.scheduler.neuron import _split_prefills
+    from neuron_batch.scheduler.prefills import split_prefills
 
     sched = make_scheduler(cls, max_num_seqs=4, max_num_batched_tokens=1024,
                            max_model_len=1024)
@@ -280,8 +280,8 @@ def test_decode_only_steps_skip_classifying_and_agree_with_it(cls, monkeypatch):
         fast.append(only_decodes)
         if only_decodes:
             cached = output.scheduled_cached_reqs
-            assert _split_prefills(output, self.requests) == (
-                [], 0, len(cached.req_ids), sum(cached.num_computed_tokens))
+            assert split_prefills(output, self.requests) == (
+                {}, 0, len(cached.req_ids), sum(cached.num_computed_tokens))
         return original(self, output, t_start, blocked, num_waiting, only_decodes)
     monkeypatch.setattr(cls, "_pad_and_record", checked)
     arrivals = {5: [make_request(300, 4)], 9: [make_request(40, 30) for _ in range(3)]}
