@@ -26,6 +26,7 @@ from neuron_batch.choices import (
     normalise,
 )
 from neuron_batch.errors import did_you_mean
+from neuron_batch.prefix_grid import BLOCK_SIZES, validate_prefix_buckets
 from neuron_batch.report.cost import (
     DEFAULT_PRICING,
     Price,
@@ -128,6 +129,8 @@ class RunSettings:
     token_generation_buckets: tuple[int, ...] | None = None   # nxdi
     decode_context_buckets: tuple[int, ...] | None = None     # vllm-neuron (opt-in)
     block_size: int | None = None        # None: the device's default (32 on Neuron)
+    prefix_caching: bool = True          # vLLM's prefix caching (its default: on)
+    prefix_buckets: tuple[int, ...] | None = None  # nxdi prefix caching (None: NxDI's)
     compiled_artifacts: str | None = None  # Neuron: root of the compiled-graph folders
     kv_reserve: KvReserve = DEFAULT_KV_RESERVE  # KV admission (scheduler/kv_reserve.py)
     max_tokens: int = DEFAULT_MAX_TOKENS
@@ -227,6 +230,9 @@ class RunSettings:
                    if family is None or family in paged.runs_on else ""))
         try:
             self.shapes(runtime)
+            if self.prefix_buckets is not None:     # (prefix_grid.py: NxDI's rules)
+                validate_prefix_buckets(self.prefix_buckets, self.max_model_len,
+                                        self.block_size or BLOCK_SIZES[-1])
         except BucketError as error:
             raise SettingsError(str(error)) from None
         return self
@@ -323,11 +329,6 @@ class RunSettings:
                                 and not has_builtin_price(instance)):
             return None
         return price_for(instance, self.cost.pricing, self.cost.price_per_hour)
-
-    def neuron_config(self) -> dict[str, list[int]]:
-        """The given bucket lists by their plugin keys (`bucket_lists`), which go into
-        `additional_config[runtime.config_section]`."""
-        return self.bucket_lists()
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting as plain data, by option name (choices as their strings), as run.json

@@ -92,9 +92,14 @@ def engine_options(func):
                           "below max-model-len): a decode step reads the smallest above its "
                           "longest sequence instead of a whole max-model-len. Default: none."),
         click.option("--block-size", type=int, default=None,
-                     help="KV block size. Default: on Neuron max-model-len under nxdi "
-                          "(contiguous; no other accepted), 32 under vllm-neuron; on sim 32 "
-                          "(both runtimes); on the CPU vLLM's own."),
+                     help="KV block size. Default 32 on Neuron and sim (nxdi takes 16 or 32; "
+                          "max-model-len with --no-prefix-caching); on the CPU vLLM's own."),
+        click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
+                     help="vLLM's prefix caching. [neuron, nxdi] On: NxDI's block layout and "
+                          "its (prefill, prefix) grid; off: the contiguous layout."),
+        click.option("--prefix-buckets", default=None, metavar="N,N,...",
+                     help="[nxdi, prefix caching] Prefix buckets: multiples of the block size, "
+                          "ending at max-model-len (0 is always added). Default: NxDI's."),
         click.option("--compiled-artifacts", default=None, metavar="DIR",
                      envvar="NEURON_BATCH_COMPILED_ARTIFACTS",
                      help="[neuron] Compiled graphs, a folder per hash of the compiled shapes "
@@ -164,7 +169,7 @@ def settings_from_options(inputs, max_num_seqs: int, options: dict) -> RunSettin
     options["prefill_buckets"] = parse_buckets_option(options.get("prefill_buckets"),
                                                       "--prefill-buckets")
     for name in ("decode_buckets", "context_encoding_buckets", "token_generation_buckets",
-                 "decode_context_buckets"):
+                 "decode_context_buckets", "prefix_buckets"):
         options[name] = parse_buckets_option(options.get(name),
                                              "--" + name.replace("_", "-"))
     if "kv_reserve" in options:

@@ -27,6 +27,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
+from neuron_batch.prefix_grid import grid_cell
 from neuron_batch.runtime import get_runtime
 from neuron_batch.scheduler.compat import (
     create_request_queue,
@@ -55,7 +56,8 @@ logger = logging.getLogger(__name__)
 STEP_FIELDS_FILLED = ("step", "state", "kind", "req_ids", "num_tokens", "num_tokens_padded",
                       "num_seqs", "num_seqs_padded", "bucket", "context_tokens", "blocked",
                       "num_waiting", "num_running", "kv_usage", "t_start", "t_end",
-                      "kv_reserved_blocks", "num_preempted", "attended_len", "longest_len")
+                      "kv_reserved_blocks", "num_preempted", "attended_len", "longest_len",
+                      "cached_tokens", "recomputed_tokens", "prefix_bucket")
 _STATE_VALUES = {state: state.value for state in SchedulerState}
 
 #: Keys of `additional_config["neuron_batch"]` (this project's own settings).
@@ -85,13 +87,15 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
         # The runtime says what the device compiles; its bucket lists are read where its
         # plugin reads them, so the records pad to exactly the graphs that exist.
         self.runtime = get_runtime(own.get(RUNTIME_KEY))
+        section = additional.get(self.runtime.config_section) or {}
         self.shapes = self.runtime.shapes(
-            self.runtime.bucket_lists_in(additional.get(self.runtime.config_section)),
+            self.runtime.bucket_lists_in(section),
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
             max_model_len=self.max_model_len)
         self.num_batched_tokens_buckets = list(self.shapes.prefill_buckets)
         self.num_seqs_buckets = list(self.shapes.decode_buckets)
+        self.prefix_buckets = section.get("prefix_buckets")   # NxDI's prefix-caching grid
         if not self.runtime.chunked_prefill:
             self._check_whole_prompts()
         self._setup_kv_admission(own, vllm_config, kv_cache_config, block_size)
@@ -271,7 +275,7 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
         # num_scheduled_tokens stays the actual count (vLLM advances num_computed_tokens by it);
         # the padded size travels separately for the model runner.
         padded = dict(num_scheduled)
-        attended = longest = None
+        cached, attended, longest, cell = 0, None, None, None
         if num_prefill:
             kind = PREFILL
             bucket = 0
@@ -280,6 +284,11 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
                 chunk_bucket = prefill_shape(num_scheduled[req_id])
                 padded[req_id] = chunk_bucket
                 bucket += chunk_bucket
+            cached = sum(new.num_computed_tokens for new in output.scheduled_new_reqs)
+            if self.prefix_buckets:     # (one whole prompt a step: prefix_grid.py's rule)
+                cell = grid_cell(prefill_tokens, cached, self.num_batched_tokens_buckets,
+                                 self.prefix_buckets)
+                bucket = padded[prefill_ids[0]] = cell.prefill_bucket
             self.total_padding_tokens += bucket - prefill_tokens
             num_tokens, num_tokens_padded = prefill_tokens, bucket
             num_seqs = num_seqs_padded = num_prefill
@@ -319,7 +328,8 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
             blocked, num_waiting, len(self.running), self.kv_cache_manager.usage, t_start,
             None, self.kv_reserved_blocks,
             len(getattr(output, "preempted_req_ids", None) or ()), attended,
-            None if longest is None else longest + 1))
+            None if longest is None else longest + 1, cached,
+            0 if cell is None else cell.recomputed, None if cell is None else cell.prefix_bucket))
 
     # -- outputs and request life ------------------------------------------------------------
     def update_from_output(self, scheduler_output, model_runner_output):
