@@ -186,3 +186,19 @@ def block_layout_blocks(max_model_len: int, block_size: int, max_num_seqs: int,
             f"{-(-max_model_len // block_size) * block_size}, or --no-prefix-caching")
     need = math.ceil(max_model_len / block_size) * max_num_seqs
     return need + (0 if line.adds_null_block else 1)
+
+
+def layout_facts(settings: RunSettings, runtime: Runtime, plugin_version: str | None
+                 ) -> dict[str, Any] | None:
+    """What doctor says of the KV layout a run with `settings` gets under the installed
+    plugin: prefix caching on or off, the layout, the graph count, or why it cannot run; None
+    where the runtime is not NxDI's (no layout choice)."""
+    if runtime.host_block_size is not None:
+        return None
+    try:
+        layout = nxdi_kv_layout(settings, runtime, plugin_line(plugin_version))
+    except SettingsError as error:
+        return {"words": "cannot be configured", "error": str(error), "why": None}
+    why = ("vLLM's default; --no-prefix-caching for the contiguous layout"
+           if layout.prefix_caching else "--prefix-caching for NxDI's block layout and grid")
+    return {**layout.describe(), "error": None, "why": why}
