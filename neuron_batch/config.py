@@ -6,12 +6,9 @@ The CLI, a `--config job.toml` file and environment variables all end up here as
 
 from __future__ import annotations
 
-import re
-import tomllib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 from neuron_batch.buckets import BucketError, parse_bucket_list, round_model_len
@@ -26,7 +23,7 @@ from neuron_batch.choices import (
     WeightDtype,
     normalise,
 )
-from neuron_batch.errors import did_you_mean
+from neuron_batch.prefix_grid import BLOCK_SIZES
 from neuron_batch.report.cost import (
     DEFAULT_PRICING,
     Price,
@@ -160,10 +157,8 @@ class RunSettings:
         normalise(self, CHOICE_FIELDS)
 
     def validate(self) -> RunSettings:
-        _positive("max-num-seqs", self.max_num_seqs)
-        _positive("max-num-batched-tokens", self.max_num_batched_tokens)
-        _positive("max-model-len", self.max_model_len)
-        _positive("max-tokens", self.max_tokens)
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_tokens"):
+            _positive(name.replace("_", "-"), getattr(self, name))
         if self.block_size is not None:
             _positive("block-size", self.block_size)
         if self.limit is not None and self.limit < 0:
@@ -227,7 +222,7 @@ class RunSettings:
                 + (f", or choose --runtime {paged.name}"
                    if family is None or family in paged.runs_on else ""))
         try:
-            self.shapes(runtime)
+            self.shapes(runtime)    # (the lists, --prefix-buckets by prefix_grid.py's rules)
         except BucketError as error:
             raise SettingsError(str(error)) from None
         return self
@@ -265,13 +260,13 @@ class RunSettings:
             return None
 
     def resolve_runtime(self) -> Runtime:
-        """The Neuron runtime this run follows, decided once per settings object: `--runtime`;
-        else the simulated instance's (nxdi on inf2/trn1, vllm-neuron on trn2); on a Neuron
-        host the installed plugin's line; elsewhere the seed design's (vllm-neuron)."""
+        """The Neuron runtime this run follows, decided once per settings object (`_runtime`)."""
         return self._runtime
 
     @cached_property
     def _runtime(self) -> Runtime:
+        """`--runtime`; else the simulated instance's (nxdi on inf2/trn1, vllm-neuron on trn2);
+        on a Neuron host the installed plugin's line; elsewhere the seed design's."""
         if self.runtime is not None:
             return get_runtime(self.runtime)
         if self.simulated:
@@ -308,7 +303,8 @@ class RunSettings:
         return runtime.shapes(self.bucket_lists(), max_num_seqs=self.max_num_seqs,
                               max_num_batched_tokens=self.max_num_batched_tokens,
                               max_model_len=self.max_model_len, family=self._sim_family(),
-                              prefix_caching=self.prefix_caching, block_size=self.block_size or 32)
+                              prefix_caching=self.prefix_caching,
+                              block_size=self.block_size or BLOCK_SIZES[-1])
 
     def buckets(self) -> tuple[list[int], list[int]]:
         """(prefill, decode) buckets this run uses, validated against the limits."""
@@ -354,50 +350,3 @@ def parse_buckets_option(text: str | None, option: str) -> tuple[int, ...] | Non
         return tuple(parse_bucket_list(text, name=option))
     except BucketError as error:
         raise SettingsError(str(error)) from None
-
-
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a job file (TOML). Keys are option names with dashes or underscores; a [sim] table
-    holds the simulated device's options. Returns setting name (the option's click parameter:
-    underscored, `dataset_split` for `split`) -> value."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-        data = tomllib.loads(text)
-    except FileNotFoundError:
-        raise SettingsError(f"{path}: no such config file") from None
-    except tomllib.TOMLDecodeError as error:
-        raise SettingsError(f"{path}: not valid TOML: {error}") from None
-    known = {OPTION_NAMES.get(f.name, f.name)
-             for f in (*fields(RunSettings), *fields(SimOptions), *fields(CostOptions))}
-    flat: dict[str, Any] = {}
-    written: dict[str, tuple[str | None, str]] = {}  # flat key -> (its table, key as written)
-    for key, value in data.items():
-        sim = key == "sim" and isinstance(value, dict)      # its keys are flat settings too
-        for name, item in (value.items() if sim else [(key, value)]):
-            flat[name.replace("-", "_")] = item
-            written[name.replace("-", "_")] = ("sim" if sim else None, name)
-    unknown = [k for k in flat if k not in known]
-    if unknown:
-        raise SettingsError("; ".join(_unknown_key(path, text, *written[k], known)
-                                      for k in unknown))
-    by_option = {option: name for name, option in OPTION_NAMES.items()}
-    return {by_option.get(key, key): value for key, value in flat.items()}
-
-
-def _unknown_key(path: Path, text: str, table: str | None, key: str, known: set[str]) -> str:
-    """"job.toml:3: unknown setting 'max-num-seq'; did you mean 'max-num-seqs'?", the names
-    spelt with dashes or underscores as the key is; the known names when none is close.
-    tomllib keeps no positions: the line is the first `key =` under the key's table."""
-    dashes = "-" in key or "_" not in key
-    names = sorted(name.replace("_", "-") if dashes else name for name in known)
-    current, where = None, str(path)
-    setting = re.compile(rf"""\s*(["']?){re.escape(key)}\1\s*=""")
-    for number, line in enumerate(text.splitlines(), 1):
-        if header := re.match(r"""\s*\[\s*["']?([^\]"']+)["']?\s*\]""", line):
-            current = header.group(1).strip()
-        elif current == table and setting.match(line):
-            where = f"{path}:{number}"
-            break
-    return f"{where}: unknown setting {key!r}" + (did_you_mean(key, names)
-                                                  or f"; known: {', '.join(names)}")

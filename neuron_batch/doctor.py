@@ -127,6 +127,7 @@ def neuron_runtime_facts(plugin_version: str | None, layout: RunSettings | None
         installed_version,
         static_kv_fit,
     )
+    from neuron_batch.engine.nxdi_plugin import layout_facts
     from neuron_batch.versions import runtime_of_plugin
 
     runtime = runtime_of_plugin(plugin_version)
@@ -143,6 +144,7 @@ def neuron_runtime_facts(plugin_version: str | None, layout: RunSettings | None
         "nxdi": installed_version(NXDI_DISTRIBUTION),
         "compiled_artifacts": root, "instance": host_instance(settings),
         "static_kv": None,
+        "kv_layout": layout_facts(settings, runtime, plugin_version) if runtime else None,
     }
     if runtime is not None and layout is not None and layout.model:
         check = {"model": layout.model, "max_num_seqs": layout.max_num_seqs,
@@ -270,9 +272,8 @@ def diagnose(facts: dict[str, Any]) -> list[Check]:
                                                      device) else device)
         checks.append(Check("vllm platform", OK, f"{device} ({plat.get('class')})",
                             f"`--device auto` runs on {run_device}"))
-    checks += _runtime_checks(facts.get("neuron_runtime") or {}, bool(plugin["version"]
-                                                                       or plugin["entry_point"]),
-                              bool(devices))
+    installed = bool(plugin["version"] or plugin["entry_point"])
+    checks += _runtime_checks(facts.get("neuron_runtime") or {}, installed, bool(devices))
 
     neuron_ls = facts["neuron"]["neuron_ls"]
     checks.append(Check("neuron devices", INFO, ", ".join(devices) if devices else "none"))
@@ -333,6 +334,9 @@ def _runtime_checks(rt: dict[str, Any], plugin: bool, devices: bool) -> list[Che
                                 "neuronx_distributed_inference; install AWS's Neuron SDK"))
     checks.append(Check("compiled artifacts", INFO, str(rt.get("compiled_artifacts")),
                         "one folder per hash of every compiled shape (--compiled-artifacts)"))
+    if layout := rt.get("kv_layout"):       # prefix caching, the layout, the graph count
+        checks.append(Check("KV layout", FAIL if layout["error"] else INFO, layout["words"],
+                            layout["error"] or layout["why"]))
     kv = rt.get("static_kv")
     if kv is None:
         if runtime is not None and runtime.static_kv:

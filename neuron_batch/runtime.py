@@ -205,9 +205,9 @@ class Runtime:
                 unknown, max_model_len=max_model_len,
                 max_num_batched_tokens=max_num_batched_tokens, family=family))
         if prefixes is not None and not (self.prefix_grid and prefix_caching):
-            raise BucketError(f"--prefix-buckets is NxDI's prefix-caching grid: it needs "
-                              f"--runtime nxdi with prefix caching on, this run has "
-                              f"{self.name} with it {'on' if prefix_caching else 'off'}")
+            raise BucketError("--prefix-buckets shape NxDI's prefix-caching grid; this run " + (
+                "has --no-prefix-caching: drop --prefix-buckets, or turn prefix caching on"
+                if self.prefix_grid else f"runs {self.name}, which has none: drop them"))
         if self.prefix_grid and prefix_caching:
             return Shapes(self, max_num_seqs, max_model_len, tuple(self._list(
                 given, self.prefill, max_model_len,

@@ -25,8 +25,8 @@ from neuron_batch.config import (
     RunSettings,
     SettingsError,
     SimOptions,
-    load_config_file,
 )
+from neuron_batch.job_file import load_config_file
 
 
 def test_every_choice_is_its_member_once_built():

@@ -251,3 +251,36 @@ def test_doctor_checks_a_layout_against_the_static_kv_rule(monkeypatch, tmp_path
                         cost=CostOptions(instance="inf2.xlarge"))
     assert doctor.neuron_runtime_facts("0.2.0", small)["static_kv"]["fits"] is True
     assert doctor.neuron_runtime_facts(None, small)["runtime"] is None
+
+
+def test_an_nxdi_host_says_whether_prefix_caching_is_on_its_layout_and_graph_count():
+    from neuron_batch.config import RunSettings
+
+    def layout(**changes):
+        limits = {"max_num_seqs": 4, "max_model_len": 4096, **changes}
+        return doctor.neuron_runtime_facts("0.2.0", RunSettings(inputs=("-",), **limits)
+                                           )["kv_layout"]
+
+    def check(kv_layout):
+        rep = doctor.report(facts(
+            neuron_plugin={"version": "0.2.0", "entry_point": "vllm_neuron:register"},
+            neuron_runtime=nxdi_runtime(kv_layout=kv_layout),
+            neuron={"devices": ["/dev/neuron0"], "neuron_ls": None, "visible_cores": None}))
+        return next(c for c in rep["checks"] if c["name"] == "KV layout"), rep
+
+    on = layout()
+    assert (on["prefix_caching"], on["layout"], on["block_size"]) == (True, "block", 32)
+    # ../shared/notes/neuron-runtimes.md: max_model_len 4096 -> a 4 x 5 grid; tkg from 256
+    assert on["num_graphs"] == 4 * 5 + 5
+    shown, rep = check(on)
+    assert shown["status"] == "info" and rep["can_run"] is True
+    assert "prefix caching on: block layout, 32-token blocks" in shown["value"]
+    assert "4 prefill x 5 prefix buckets + 5 token-generation = 25 graphs" in shown["value"]
+    off = layout(prefix_caching=False)
+    assert (off["layout"], off["num_graphs"]) == ("contiguous", 6 + 6)
+    assert check(off)[0]["value"].startswith("prefix caching off: contiguous")
+    refused = layout(max_num_seqs=1)
+    shown, rep = check(refused)
+    assert shown["status"] == "fail" and rep["can_run"] is False
+    assert "known issue 3" in shown["detail"]
+    assert doctor.neuron_runtime_facts(None, None)["kv_layout"] is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 import click
 
@@ -29,27 +30,50 @@ from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_SEQS
 @weight_dtype_option()
 @click.option("--instance", default=None, envvar="NEURON_BATCH_INSTANCE",
               help="The instance type. Default: what the host says (EC2's DMI product name).")
+@click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
+              help="[nxdi] The KV layout to describe: NxDI's block layout and its (prefill, "
+                   "prefix) grid, or the contiguous one.")
+@click.option("--prefix-buckets", default=None, metavar="N,N,...",
+              help="[nxdi] Prefix buckets, as `run` takes them. Default: NxDI's.")
+@click.option("--block-size", type=int, default=None,
+              help="[nxdi] KV block size, as `run` takes it. Default: 32 (max-model-len "
+                   "without prefix caching).")
 @click.option("--compiled-artifacts", default=None, metavar="DIR",
               envvar="NEURON_BATCH_COMPILED_ARTIFACTS",
               help="Where `run` keeps compiled graphs. Default: <cache>/neuron-compiled.")
 def doctor(as_json, results_dir, no_platform, model, max_num_seqs, max_model_len,
-           tensor_parallel_size, weight_dtype, instance, compiled_artifacts):
+           tensor_parallel_size, weight_dtype, instance, prefix_caching, prefix_buckets,
+           block_size, compiled_artifacts):
     """Check this host: neuron-batch, Python and vLLM versions (against the tested releases),
     AWS's Neuron plugin, the Neuron runtime it runs (nxdi or vllm-neuron), NxD Inference, the
     compiled-artifacts folder, the platform vLLM picks, Neuron devices and cores, the built-in
-    model's cache and free space for results. With --model on an NxDI host: whether
-    max-num-seqs x max-model-len of static KV fits beside the weights, before anything loads.
+    model's cache and free space for results. On an NxDI host: whether prefix caching is on,
+    the KV layout and the graphs it compiles; with --model, whether max-num-seqs x
+    max-model-len of static KV fits beside the weights, before anything loads.
 
     Exits 0 when a run can start, 1 (with the reasons) when it cannot.
     """
-    from neuron_batch.config import CostOptions, RunSettings, SimOptions
+    from neuron_batch.config import (
+        CostOptions,
+        RunSettings,
+        SettingsError,
+        SimOptions,
+        parse_buckets_option,
+    )
     from neuron_batch.doctor import format_text, gather, report
 
     layout = RunSettings(inputs=("-",), model=model, max_num_seqs=max_num_seqs,
                          max_model_len=max_model_len, compiled_artifacts=compiled_artifacts,
+                         prefix_caching=prefix_caching, block_size=block_size,
                          sim=SimOptions(tensor_parallel_size=tensor_parallel_size,
                                         weight_dtype=weight_dtype),
                          cost=CostOptions(instance=instance))
+    try:
+        layout = replace(layout, prefix_buckets=parse_buckets_option(
+            prefix_buckets, "--prefix-buckets"))
+        layout.validate()
+    except SettingsError as error:
+        raise click.BadParameter(str(error)) from None
     if not as_json and not no_platform:
         click.echo("(asking vLLM which platform it picks: about 10 s)", err=True)
     rep = report(gather(results_dir=results_dir, check_platform=not no_platform,

@@ -17,10 +17,10 @@ from neuron_batch.config import (
     RunSettings,
     SettingsError,
     SimOptions,
-    load_config_file,
     parse_buckets_option,
 )
 from neuron_batch.device.hardware import INSTANCES
+from neuron_batch.job_file import load_config_file
 from neuron_batch.runtime import RUNTIME_NAMES
 from neuron_batch.scheduler.kv_reserve import parse_kv_reserve
 
@@ -92,16 +92,15 @@ def engine_options(func):
                      help="[vllm-neuron] Decode KV context-length buckets (multiples of 128, "
                           "below max-model-len): a decode step reads the smallest above its "
                           "longest sequence instead of a whole max-model-len. Default: none."),
-        click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
-                     help="vLLM's prefix cache: a prompt's cached blocks are not computed "
-                          "again. Under nxdi it compiles the block KV layout and a 2-D grid."),
-        click.option("--prefix-buckets", default=None, metavar="N,N,...",
-                     help="[nxdi, prefix caching] Cached-prefix buckets of the grid, multiples "
-                          "of the block size, ending at max-model-len. Default: 0, 512, 1024, ..."),
         click.option("--block-size", type=int, default=None,
-                     help="KV block size. Default: on Neuron max-model-len under nxdi "
-                          "(contiguous; no other accepted), 32 under vllm-neuron; on sim 32 "
-                          "(both runtimes); on the CPU vLLM's own."),
+                     help="KV block size. Default 32 on Neuron and sim (nxdi takes 16 or 32; "
+                          "max-model-len with --no-prefix-caching); on the CPU vLLM's own."),
+        click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
+                     help="vLLM's prefix cache: cached blocks of a prompt are not computed "
+                          "again (nxdi: block KV and a prefill x prefix grid; off: contiguous)."),
+        click.option("--prefix-buckets", default=None, metavar="N,N,...",
+                     help="[nxdi, prefix caching] Prefix buckets: multiples of the block size, "
+                          "ending at max-model-len (0 is always added). Default: 0, 512, 1024..."),
         click.option("--compiled-artifacts", default=None, metavar="DIR",
                      envvar="NEURON_BATCH_COMPILED_ARTIFACTS",
                      help="[neuron] Compiled graphs, a folder per hash of the compiled shapes "

@@ -12,9 +12,10 @@ Why each setting (sources: ../shared/notes/neuron-runtimes.md, the plugin's publ
   model loads, in every process that loads one, and the token budget is >= max_model_len.
 - Bucket lists go to `additional_config[runtime.config_section]` under NxDI's own keys, never
   batch_size / seq_len / max_context_length (the loader derives those from vLLM's settings).
-- KV: contiguous layout, one block of max_model_len per slot. vLLM keeps block 0 as its null
-  block, so it needs max_num_seqs + 1 blocks; plugin 0.2.0 adds that one itself to
-  `num_gpu_blocks_override`, 0.1.0 does not.
+- KV (nxdi_plugin.py, per plugin release): with prefix caching (vLLM's default) NxDI's block
+  layout and its (prefill, prefix) grid; without it the contiguous layout, one block of
+  max_model_len per slot. Either way vLLM keeps block 0 as its null block, which plugin 0.2.0
+  adds to `num_gpu_blocks_override` itself and 0.1.0 does not.
 - Sampling: on-device sampling takes parameters in the runner's request-table order, not the
   batch's, so requests with different temperatures sample on the CPU (0.2.0) or are refused
   (0.1.0 has no CPU sampler).
@@ -30,14 +31,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuron_batch.config import RunSettings, SettingsError
+from neuron_batch.config import RunSettings
+from neuron_batch.engine.nxdi_plugin import NeuronHostError, nxdi_kv_layout, plugin_line
 from neuron_batch.runtime import NXDI, RUNTIMES, Runtime
-from neuron_batch.versions import release
 
 if TYPE_CHECKING:
     from neuron_batch.device.target import Target
@@ -49,31 +49,6 @@ ARTIFACTS_ENV = "NEURON_COMPILED_ARTIFACTS"
 ARTIFACTS_DIRNAME = "neuron-compiled"
 #: The distribution NxDI's model loader imports (one spelling: the runtime's).
 NXDI_DISTRIBUTION = RUNTIMES[NXDI].loader_distribution
-
-
-class NeuronHostError(SettingsError):
-    """A setting the plugin or the device cannot run; the message says what to change."""
-
-
-@dataclass(frozen=True)
-class PluginLine:
-    """What differs between releases of the NxDI plugin line (vllm-neuron 0.x)."""
-
-    version: str | None
-    #: The platform adds 1 to num_gpu_blocks_override for vLLM's null block (0.2.0 on).
-    adds_null_block: bool
-    #: `on_device_sampling_config: None` samples on the CPU with vLLM's sampler (0.2.0 on;
-    #: 0.1.0's model raises "CPU sampler not implemented").
-    cpu_sampling: bool
-
-
-def plugin_line(version: str | None) -> PluginLine:
-    """The behaviour of an installed vllm-neuron release (unknown: the newer behaviour)."""
-    try:
-        newer = version is None or release(version) >= (0, 2, 0)
-    except ValueError:
-        newer = True
-    return PluginLine(version, adds_null_block=newer, cpu_sampling=newer)
 
 
 @dataclass(frozen=True)
@@ -100,21 +75,19 @@ def host_setup(settings: RunSettings, runtime: Runtime, *, model_path: str,
                artifacts_root: str | Path | None = None) -> HostSetup:
     """Everything `--device neuron` sets for this run under `runtime`; NeuronHostError, before
     anything loads, for a setting the plugin cannot run."""
-    # The host runs NxDI's contiguous layout, prefix caching off (issue 31 wires the block
-    # layout), so its lists are the 1-D ones whatever --prefix-caching says.
-    contiguous = runtime.host_block_size is None
-    shapes = (replace(settings, prefix_caching=False) if contiguous else settings).shapes(runtime)
     line = plugin_line(plugin_version)
     kwargs: dict[str, Any] = {}
-    section: dict[str, Any] = dict(shapes.bucket_lists())
     tp = settings.sim.tensor_parallel_size
     if tp:
         kwargs["tensor_parallel_size"] = tp
-    if runtime.host_block_size is None:
-        kwargs.update(_contiguous_kv(settings, runtime, line))
+    if runtime.host_block_size is None:         # NxDI: its layout and grid, per release
+        layout = nxdi_kv_layout(settings, runtime, line)
+        kwargs.update(layout.engine_kwargs)
+        section = dict(layout.section)
     else:
         kwargs["block_size"] = settings.block_size or runtime.host_block_size
-    section.update(dict(runtime.layout_config))
+        kwargs["enable_prefix_caching"] = settings.prefix_caching
+        section = {**settings.shapes(runtime).bucket_lists(), **dict(runtime.layout_config)}
     if mixed and runtime.cpu_sampling_config is not None:
         if not line.cpu_sampling:
             raise NeuronHostError(
@@ -133,39 +106,6 @@ def host_setup(settings: RunSettings, runtime: Runtime, *, model_path: str,
                               root=artifacts_root)
     env[ARTIFACTS_ENV] = str(artifacts)
     return HostSetup(kwargs, section, env, artifacts)
-
-
-def _contiguous_kv(settings: RunSettings, runtime: Runtime, line: PluginLine) -> dict[str, Any]:
-    """NxDI's contiguous KV: a block of max_model_len per slot, one slot per max_num_seqs."""
-    length = settings.max_model_len
-    if settings.block_size is not None and settings.block_size != length:
-        raise NeuronHostError(
-            f"--block-size {settings.block_size}: under the {runtime.name} runtime the KV "
-            f"cache is NxDI's contiguous layout, one block of max_model_len ({length}) per "
-            f"request slot. A smaller block means NxDI's block layout, which the plugin runs "
-            f"only with prefix caching (a 2-D prefill grid of prefill x prefix buckets that "
-            f"neuron-batch does not model) and which needs max_model_len to be a multiple of "
-            f"the block size. Drop --block-size")
-    # vLLM's block pool keeps one block back (the null block): max_num_seqs usable blocks.
-    blocks = settings.max_num_seqs + (0 if line.adds_null_block else 1)
-    return {"block_size": length, "enable_prefix_caching": False,
-            "num_gpu_blocks_override": blocks}
-
-
-def block_layout_blocks(max_model_len: int, block_size: int, max_num_seqs: int,
-                        line: PluginLine) -> int:
-    """The num_gpu_blocks_override NxDI's block layout needs (what its validator asserts:
-    ceil(max_model_len / block_size) x max_num_seqs usable blocks; 0.1.0 needs the null block
-    added by us). NeuronHostError when max_model_len is not a multiple of block_size: the
-    runner pads block tables to max_model_len // block_size entries, so the last block of a
-    long request would not fit."""
-    if max_model_len % block_size:
-        raise NeuronHostError(
-            f"max_model_len {max_model_len} is not a multiple of the block size "
-            f"{block_size}: NxDI's block layout cannot hold a request's last block (the "
-            f"plugin's block tables have max_model_len // block_size entries)")
-    need = math.ceil(max_model_len / block_size) * max_num_seqs
-    return need + (0 if line.adds_null_block else 1)
 
 
 # -- compiled artifacts ---------------------------------------------------------------------

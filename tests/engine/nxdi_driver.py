@@ -29,7 +29,7 @@ from neuron_batch.engine import engine  # noqa: E402
 
 def settings_of(args: dict) -> RunSettings:
     given = dict(args.get("settings", {}))
-    for key in ("context_encoding_buckets", "token_generation_buckets"):
+    for key in ("context_encoding_buckets", "token_generation_buckets", "prefix_buckets"):
         if given.get(key) is not None:
             given[key] = tuple(given[key])
     tp = given.pop("tensor_parallel_size", None)
@@ -102,6 +102,7 @@ def case_loader(args: dict) -> dict:
             "loaded": nxdi_fakes.CAPTURED["loaded"],
             "artifacts": os.environ.get("NEURON_COMPILED_ARTIFACTS"),
             "vllm_num_blocks": config.cache_config.num_gpu_blocks_override,
+            "vllm_block_size": config.cache_config.block_size,
             "prefill_buckets": list(shapes.prefill_buckets),
             "attention_buckets": list(shapes.attention_buckets)}
 
@@ -129,10 +130,13 @@ def case_run(args: dict) -> dict:
     steps = [{"kind": s.kind, "req_ids": s.req_ids, "num_tokens": s.num_tokens,
               "num_tokens_padded": s.num_tokens_padded, "num_seqs": s.num_seqs,
               "num_seqs_padded": s.num_seqs_padded, "attended_len": s.attended_len,
-              "num_preempted": s.num_preempted, "num_running": s.num_running}
+              "num_preempted": s.num_preempted, "num_running": s.num_running,
+              "cached_tokens": s.cached_tokens, "recomputed_tokens": s.recomputed_tokens,
+              "prefix_bucket": s.prefix_bucket}
              for s in records.steps]
     config = records.config
     return {"calls": nxdi_fakes.CALLS, "steps": steps, "outputs": outputs,
+            "cached": {r.req_id: r.num_cached_tokens for r in records.requests},
             "neuron_config": nxdi_fakes.CAPTURED["neuron_config"],
             "vocab": 1024,
             "run_config": {"runtime": config.runtime, "block_size": config.block_size,

@@ -9,6 +9,12 @@ and vLLM's engine and scheduler are the real ones. As the plugin's own tests do
   the way NxDI does (a prompt to the smallest context-encoding bucket at batch 1; a decode to
   `batch_size` slots attending the smallest token-generation bucket above its longest
   position), derives each next token from the context it can see, and logs every call;
+- with prefix caching (`is_block_kv_layout`), KV is kept by block id and offset: a prefill
+  reads its first `computed_context_lens` tokens from the blocks of its block table (never from
+  the prompt it is also given), writes only the new tokens, to their slots (never a slot of -1,
+  never vLLM's null block 0), and runs on the (prefill, prefix) cell of NxDI's rule
+  (neuron_batch/prefix_grid.py); a decode reads its whole context through its block table.
+  A lost or wrong prefix is then a wrong token;
 - sampling on the device returns that token; with `on_device_sampling_config` None it returns
   logits peaked on it, for vLLM's CPU sampler.
 
@@ -34,6 +40,8 @@ CALLS: list[dict] = []
 #: Peak logit for the token the context selects (CPU sampling).
 PEAK = 10.0
 FIRST_TOKEN = 3          # tokens 0-2 are pad, BOS and EOS in the tiny model
+#: What a read of a KV slot nothing was written to gives (a lost prefix).
+UNWRITTEN = -1
 
 
 def next_token(context, vocab: int) -> int:
@@ -103,6 +111,7 @@ class FakeNxDIModel:
     def __init__(self, model_path, config=None):
         self.model_path, self.config = str(model_path), config
         self.kv: dict[int, list[int]] = {}
+        self.blocks: dict[int, int] = {}    # block layout: slot (block id x size + offset)
 
     def compile(self, path):
         Path(path).mkdir(parents=True, exist_ok=True)
@@ -132,7 +141,10 @@ class FakeNxDIModel:
         batch, width = input_ids.shape
         prefill = width > 1 or int(position_ids.max()) == 0
         tokens: list[int] = []
-        if prefill:
+        if getattr(nc, "is_block_kv_layout", False):
+            tokens = self._block_layout(nc, prefill, input_ids, position_ids, slots,
+                                        block_table, kwargs)
+        elif prefill:
             # Context encoding is compiled for one request a step (ctx_batch_size 1).
             assert batch == nc.ctx_batch_size == 1, (batch, nc.ctx_batch_size)
             lengths = [int(n) for n in kwargs["full_context_lens"].flatten()]
@@ -156,6 +168,60 @@ class FakeNxDIModel:
                           "padded": None, "batch": batch, "padded_batch": nc.batch_size,
                           "attended": _smallest_at_least(max(positions) + 1,
                                                          nc.token_generation_buckets)})
+        return self._sampled(nc, tokens, batch, width, vocab)
+
+    def _block_layout(self, nc, prefill, input_ids, position_ids, slots, block_table,
+                      kwargs) -> list[int]:
+        """NxDI's block layout with prefix caching: KV by block id and offset."""
+        from neuron_batch.prefix_grid import grid_cell
+
+        size, vocab = nc.pa_block_size, self.config.vocab_size
+        mapping = kwargs["slot_mapping"]
+
+        def slot_of(table, position):
+            return int(table[position // size]) * size + position % size
+
+        def read(table, length):
+            return [self.blocks.get(slot_of(table, p), UNWRITTEN) for p in range(length)]
+
+        def write(slot, token):
+            assert slot != -1 and slot // size != 0, f"write to slot {slot}"  # -1, null block
+            self.blocks[slot] = token
+
+        if prefill:
+            assert input_ids.shape[0] == nc.ctx_batch_size == 1
+            length = int(kwargs["full_context_lens"].flatten()[0])
+            cached = int(kwargs["computed_context_lens"].flatten()[0])
+            prompt = [int(t) for t in input_ids[0, :length]]
+            table, new_slots = block_table[0], [int(s) for s in mapping[0]]
+            context = read(table, cached)          # the prefix: from the cache, never the prompt
+            for i, position in enumerate(range(cached, length)):
+                assert new_slots[i] == slot_of(table, position), (position, new_slots[i])
+                write(new_slots[i], prompt[position])
+            assert all(s == -1 for s in new_slots[length - cached:]), "padding slot written"
+            cell = grid_cell(length - cached, cached, nc.context_encoding_buckets,
+                             nc.prefix_buckets)
+            CALLS.append({"phase": "prefill", "slots": slots, "num_tokens": length - cached,
+                          "cached": cached, "prompt_len": length,
+                          "unwritten": context.count(UNWRITTEN), "padded": cell.prefill_bucket,
+                          "prefix_bucket": cell.prefix_bucket, "recomputed": cell.recomputed,
+                          "batch": 1, "padded_batch": 1, "attended": None})
+            return [next_token(context + prompt[cached:], vocab)]
+        tokens, positions = [], [int(p) for p in position_ids[:, 0]]
+        for row, (position, token) in enumerate(zip(positions, input_ids[:, 0])):
+            assert position < nc.seq_len, (position, nc.seq_len)
+            assert int(mapping[row][0]) == slot_of(block_table[row], position)
+            context = read(block_table[row], position) + [int(token)]
+            write(int(mapping[row][0]), int(token))
+            tokens.append(next_token(context, vocab))
+        CALLS.append({"phase": "decode", "slots": slots, "num_tokens": len(positions),
+                      "padded": None, "batch": len(positions), "padded_batch": nc.batch_size,
+                      "attended": _smallest_at_least(max(positions) + 1,
+                                                     nc.token_generation_buckets)})
+        return tokens
+
+    @staticmethod
+    def _sampled(nc, tokens, batch, width, vocab):
         if nc.on_device_sampling_config:
             return SimpleNamespace(hidden_states=torch.tensor(tokens, dtype=torch.long))
         logits = torch.zeros(batch, width, vocab)

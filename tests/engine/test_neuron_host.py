@@ -9,6 +9,8 @@ import pytest
 from neuron_batch.config import CostOptions, RunSettings, SettingsError, SimOptions
 from neuron_batch.engine import engine, neuron_host
 from neuron_batch.engine.neuron_host import NeuronHostError, host_setup, plugin_line
+from neuron_batch.engine.nxdi_plugin import block_layout_blocks
+from neuron_batch.prefix_grid import grid_size
 from neuron_batch.runtime import RUNTIMES
 
 NXDI = RUNTIMES["nxdi"]
@@ -29,14 +31,13 @@ def setup(tmp_path, plugin="0.2.0", mixed=False, **changes):
 
 
 def test_nxdi_keeps_our_scheduler_whole_prompts_and_nxdi_bucket_keys(tmp_path):
-    done = setup(tmp_path)
+    done = setup(tmp_path, prefix_caching=False)
     assert done.env["DISABLE_NEURON_CUSTOM_SCHEDULER"] == "1"
     assert done.kwargs["worker_cls"] == neuron_host.WORKER_CLS
     # Contiguous KV: one block of max_model_len per slot, vLLM's null block added by 0.2.0.
     assert done.kwargs["block_size"] == 4352
     assert done.kwargs["enable_prefix_caching"] is False
     assert done.kwargs["num_gpu_blocks_override"] == 8
-    # (the host runs the contiguous layout: the 1-D lists, prefix caching on or not)
     shapes = settings(prefix_caching=False).shapes()
     assert done.section == {
         "context_encoding_buckets": list(shapes.prefill_buckets),
@@ -48,7 +49,11 @@ def test_nxdi_keeps_our_scheduler_whole_prompts_and_nxdi_bucket_keys(tmp_path):
 
 
 def test_plugin_0_1_0_needs_the_null_block_added_by_us(tmp_path):
-    assert setup(tmp_path, plugin="0.1.0").kwargs["num_gpu_blocks_override"] == 9
+    assert setup(tmp_path, plugin="0.1.0", prefix_caching=False
+                 ).kwargs["num_gpu_blocks_override"] == 9
+    # block layout: 4352 / 32 blocks a slot, 8 slots; 0.2.0 adds vLLM's null block itself
+    assert setup(tmp_path).kwargs["num_gpu_blocks_override"] == 136 * 8
+    assert setup(tmp_path, plugin="0.1.0").kwargs["num_gpu_blocks_override"] == 136 * 8 + 1
     assert plugin_line("0.2.0").adds_null_block and not plugin_line("0.1.0").adds_null_block
 
 
@@ -65,17 +70,87 @@ def test_mixed_temperatures_sample_on_the_cpu_or_are_refused(tmp_path):
 
 
 def test_a_block_size_the_plugin_cannot_use_is_refused(tmp_path):
-    with pytest.raises(NeuronHostError, match="--block-size 32.*contiguous layout"):
-        setup(tmp_path, block_size=32)
-    assert setup(tmp_path, block_size=4352).kwargs["block_size"] == 4352
+    with pytest.raises(NeuronHostError, match="--block-size 32 with --no-prefix-caching.*"
+                                              "contiguous layout.*drop --no-prefix-caching"):
+        setup(tmp_path, block_size=32, prefix_caching=False)
+    assert setup(tmp_path, block_size=4352, prefix_caching=False).kwargs["block_size"] == 4352
+    for block in (64, 8, 4352):     # the block layout's blocks are 32 or 16
+        with pytest.raises(NeuronHostError, match=f"--block-size {block}: with prefix caching"
+                                                  ".*32 tokens.*or 16.*--no-prefix-caching"):
+            setup(tmp_path, block_size=block)
+    assert setup(tmp_path, block_size=16).kwargs["block_size"] == 16
+    with pytest.raises(NeuronHostError, match="max_model_len 4360 is not a multiple of the "
+                                              "block size 32.*--max-model-len 4352 or 4384"):
+        setup(tmp_path, max_model_len=4360)
 
 
 def test_block_layout_block_counts_and_lengths():
     new, old = plugin_line("0.2.0"), plugin_line("0.1.0")
-    assert neuron_host.block_layout_blocks(4096, 32, 8, new) == 128 * 8
-    assert neuron_host.block_layout_blocks(4096, 32, 8, old) == 128 * 8 + 1
+    assert block_layout_blocks(4096, 32, 8, new) == 128 * 8
+    assert block_layout_blocks(4096, 32, 8, old) == 128 * 8 + 1
     with pytest.raises(NeuronHostError, match="not a multiple of the block size"):
-        neuron_host.block_layout_blocks(4352 + 16, 32, 8, new)
+        block_layout_blocks(4352 + 16, 32, 8, new)
+
+
+def test_prefix_caching_is_the_default_block_layout_with_nxdi_s_grid(tmp_path):
+    """vLLM's default: prefix caching on, NxDI's block layout, context-encoding and prefix
+    bucket lists passed together (NxDI's defaults), token generation from 256."""
+    done = setup(tmp_path, max_model_len=4096)
+    assert done.kwargs["enable_prefix_caching"] is True and done.kwargs["block_size"] == 32
+    assert done.kwargs["num_gpu_blocks_override"] == 128 * 8
+    assert done.section == {
+        "context_encoding_buckets": [512, 1024, 2048, 4096],
+        "prefix_buckets": [0, 512, 1024, 2048, 4096],
+        "token_generation_buckets": [256, 512, 1024, 2048, 4096],
+        "is_block_kv_layout": True, "is_prefix_caching": True, "pa_block_size": 32}
+    assert "pa_num_blocks" not in done.section   # the loader copies the override (0.2.0
+    assert not LOADER_OWNED & set(done.section)  # refuses one that differs from it)
+    given = setup(tmp_path, max_model_len=4096, prefix_buckets=(1024, 4096),
+                  context_encoding_buckets=(1024, 4096), token_generation_buckets=(4096,))
+    assert given.section["prefix_buckets"] == [0, 1024, 4096]
+    assert given.section["context_encoding_buckets"] == [1024, 4096]
+    assert given.section["token_generation_buckets"] == [4096]
+
+
+def test_bad_prefix_buckets_are_refused_before_anything_loads(tmp_path):
+    with pytest.raises(SettingsError, match="--prefix-buckets: 500 is not a multiple of the KV "
+                                            "block size 32"):
+        settings(max_model_len=4096, prefix_buckets=(500, 4096))
+    with pytest.raises(SettingsError, match="must end at max_model_len = 4096"):
+        settings(max_model_len=4096, prefix_buckets=(512, 2048))
+    with pytest.raises(SettingsError, match="strictly ascending"):
+        settings(max_model_len=4096, prefix_buckets=(1024, 512, 4096))
+    with pytest.raises(SettingsError, match="--no-prefix-caching: drop --prefix-buckets"):
+        setup(tmp_path, max_model_len=4096, prefix_buckets=(512, 4096), prefix_caching=False)
+
+
+def test_batch_size_1_with_prefix_caching_is_refused_where_the_readme_says_it_is_wrong(
+        tmp_path):
+    for version in ("0.2.0", "0.2.1"):
+        with pytest.raises(NeuronHostError, match=f"--max-num-seqs 1 with prefix caching: "
+                                                  f"vllm-neuron {version}'s README.*known "
+                                                  f"issue 3.*--max-num-seqs 2.*--no-prefix"):
+            setup(tmp_path, plugin=version, max_num_seqs=1)
+    # 0.1.0's README does not list it; without prefix caching nothing is refused
+    assert setup(tmp_path, plugin="0.1.0", max_num_seqs=1).kwargs["enable_prefix_caching"]
+    assert not setup(tmp_path, max_num_seqs=1, prefix_caching=False).kwargs[
+        "enable_prefix_caching"]
+
+
+def test_the_layout_words_and_graph_count():
+    from neuron_batch.engine.nxdi_plugin import nxdi_kv_layout
+
+    # ../shared/notes/neuron-runtimes.md: max_model_len 4096 -> 4 x 5 = 20 context-encoding
+    # graphs, 8192 -> 5 x 6 = 30; token generation from 256
+    for length, grid in ((4096, 20), (8192, 30)):
+        layout = nxdi_kv_layout(settings(max_model_len=length), NXDI, plugin_line("0.2.0"))
+        assert grid_size(layout.prefill_buckets, layout.prefix_buckets) == grid
+        assert layout.num_graphs == grid + len(layout.tkg_buckets)
+        assert f"= {layout.num_graphs} graphs" in layout.words()
+        assert layout.words().startswith("prefix caching on: block layout, 32-token blocks")
+    off = nxdi_kv_layout(settings(prefix_caching=False), NXDI, plugin_line("0.2.0"))
+    assert off.describe()["layout"] == "contiguous" and off.num_graphs == 2 * 6
+    assert off.words().startswith("prefix caching off: contiguous, one block of 4352")
 
 
 def test_flags_of_the_other_runtime_are_refused():
@@ -95,9 +170,11 @@ def test_compiled_artifacts_are_keyed_by_every_compiled_shape(tmp_path):
     assert first.artifacts.name.startswith("model-")
     assert setup(tmp_path).artifacts == first.artifacts
     changed = [setup(tmp_path, token_generation_buckets=(1024, 4352)),
+               setup(tmp_path, prefix_buckets=(1024, 4352)), setup(tmp_path, block_size=16),
+               setup(tmp_path, prefix_caching=False),
                setup(tmp_path, max_num_seqs=4), setup(tmp_path, plugin="0.1.0"),
                setup(tmp_path, mixed=True), setup(tmp_path, sim=SimOptions(tensor_parallel_size=2))]
-    assert len({c.artifacts for c in changed} | {first.artifacts}) == 6
+    assert len({c.artifacts for c in changed} | {first.artifacts}) == len(changed) + 1
     (model / "config.json").write_text('{"hidden_size": 128}')
     assert setup(tmp_path).artifacts != first.artifacts
     given = host_setup(settings(compiled_artifacts=str(tmp_path / "mine")), NXDI,
@@ -114,10 +191,10 @@ def test_engine_kwargs_on_neuron_under_nxdi(monkeypatch, tmp_path):
     assert kwargs["enable_chunked_prefill"] is False
     assert kwargs["max_num_batched_tokens"] >= run.max_model_len   # never a split prompt
     assert kwargs["tensor_parallel_size"] == 2                    # not only with --replicas
-    assert kwargs["block_size"] == run.max_model_len
+    assert kwargs["block_size"] == 32 and kwargs["enable_prefix_caching"] is True
     section = kwargs["additional_config"]["override_neuron_config"]
-    assert section["context_encoding_buckets"] == list(
-        settings(prefix_caching=False).shapes().prefill_buckets)
+    assert section["context_encoding_buckets"] == [512, 1024, 2048, 4352]
+    assert section["prefix_buckets"] == [0, 512, 1024, 2048, 4352]
     own = kwargs["additional_config"]["neuron_batch"]
     assert own["runtime"] == "nxdi"
     assert own["process_env"]["DISABLE_NEURON_CUSTOM_SCHEDULER"] == "1"
@@ -194,6 +271,10 @@ def test_a_run_is_refused_before_anything_loads(monkeypatch, tmp_path):
         runner.check_neuron_host(settings(device="neuron"), workload)
     with pytest.raises(RunError, match="--block-size"):
         runner.check_neuron_host(settings(device="neuron", block_size=64), workload)
+    monkeypatch.setattr("neuron_batch.versions.neuron_plugin",
+                        lambda: {"version": "0.2.0", "entry_point": "vllm_neuron:register"})
+    with pytest.raises(RunError, match="--max-num-seqs 1 with prefix caching"):
+        runner.check_neuron_host(settings(device="neuron", max_num_seqs=1), workload)
 
 
 def test_min_tokens_holds_back_an_early_eos():

@@ -122,7 +122,9 @@ def case(plugin_dir, model_dir, tmp_path):
     return run
 
 
-LIMITS = {"max_num_seqs": 4, "max_model_len": 512, "max_num_batched_tokens": 64}
+#: The contiguous layout (prefix caching off); tests/test_nxdi_prefix_plugin.py runs it on.
+LIMITS = {"max_num_seqs": 4, "max_model_len": 512, "max_num_batched_tokens": 64,
+          "prefix_caching": False}
 
 
 # -- config contract ------------------------------------------------------------------------
@@ -228,7 +230,8 @@ def test_data_path_long_prompts_held_back_decodes_and_a_job_larger_than_the_kv(c
 
 
 def test_data_path_hundreds_of_requests(case):
-    limits = {"max_num_seqs": 8, "max_model_len": 256, "max_num_batched_tokens": 256}
+    limits = {"max_num_seqs": 8, "max_model_len": 256, "max_num_batched_tokens": 256,
+              "prefix_caching": False}
     spec = [(16 + (37 * i) % 150, 1 + (i % 7)) for i in range(240)]
     requests = requests_of(spec)
     got = case("run", limits, requests=requests)
