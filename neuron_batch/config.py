@@ -130,6 +130,7 @@ class RunSettings:
     block_size: int | None = None        # None: the device's default (32 on Neuron)
     compiled_artifacts: str | None = None  # Neuron: root of the compiled-graph folders
     kv_reserve: KvReserve = DEFAULT_KV_RESERVE  # KV admission (scheduler/kv_reserve.py)
+    prefix_caching: bool = True          # vLLM's prefix cache, on as vLLM has it (cpu, cuda)
     max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.0
     ignore_eos: bool = False             # generate exactly max_tokens (benchmarks; always on sim)

@@ -104,10 +104,14 @@ def engine_options(func):
                      help="[vllm-neuron] KV admission: request reserves each request's prompt "
                           "+ max_tokens, max-model-len a max_model_len each; `bench` takes "
                           "both, comma-separated."),
+        click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
+                     help="vLLM's prefix cache: a prompt's blocks already computed are reused "
+                          "(the report's prefix_cache says how many)."),
         click.option("--order", type=click.Choice(Order.values()), default=Order.INPUT.value,
                      show_default=True,
-                     help="Submission order: as read, or longest prompt + max_tokens first "
-                          "(under nxdi like lengths decoding together waste less)."),
+                     help="Submission order: as read, longest prompt + max_tokens first (under "
+                          "nxdi like lengths decoding together waste less), or shared prefixes "
+                          "together."),
         click.option("--instance", default="inf2.8xlarge", show_default=True,
                      envvar="NEURON_BATCH_INSTANCE",
                      help=f"[sim] {', '.join(INSTANCES)}."),

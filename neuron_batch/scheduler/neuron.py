@@ -55,7 +55,8 @@ logger = logging.getLogger(__name__)
 STEP_FIELDS_FILLED = ("step", "state", "kind", "req_ids", "num_tokens", "num_tokens_padded",
                       "num_seqs", "num_seqs_padded", "bucket", "context_tokens", "blocked",
                       "num_waiting", "num_running", "kv_usage", "t_start", "t_end",
-                      "kv_reserved_blocks", "num_preempted", "attended_len", "longest_len")
+                      "kv_reserved_blocks", "num_preempted", "attended_len", "longest_len",
+                      "cached_tokens")
 _STATE_VALUES = {state: state.value for state in SchedulerState}
 
 #: Keys of `additional_config["neuron_batch"]` (this project's own settings).
@@ -272,6 +273,7 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
         # the padded size travels separately for the model runner.
         padded = dict(num_scheduled)
         attended = longest = None
+        cached = 0      # prompt tokens the prefix cache served the prefills starting here
         if num_prefill:
             kind = PREFILL
             bucket = 0
@@ -286,10 +288,11 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
             output.num_seqs_padded = None
             self._state = SchedulerState.ACTIVE_PREFILL
             for new in output.scheduled_new_reqs:
+                cached += new.num_computed_tokens       # prefix-cache hits
                 record = self.recorder.requests.get(new.req_id)
                 if record is not None and record.admitted is None:
                     record.admitted = t_start
-                    record.num_cached_tokens = new.num_computed_tokens  # prefix-cache hits
+                    record.num_cached_tokens = new.num_computed_tokens
         elif num_decode:
             kind = DECODE
             num_tokens = num_tokens_padded = output.total_num_scheduled_tokens
@@ -319,7 +322,7 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
             blocked, num_waiting, len(self.running), self.kv_cache_manager.usage, t_start,
             None, self.kv_reserved_blocks,
             len(getattr(output, "preempted_req_ids", None) or ()), attended,
-            None if longest is None else longest + 1))
+            None if longest is None else longest + 1, cached))
 
     # -- outputs and request life ------------------------------------------------------------
     def update_from_output(self, scheduler_output, model_runner_output):
