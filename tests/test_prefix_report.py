@@ -105,5 +105,5 @@ def test_caching_off_says_what_sharing_there_was_and_only_then():
     assert "Prefixes" not in format_summary(report)        # nothing shared known: no line
     report["prefix_cache"].update(bound_tokens=2048, bound_fraction=2048 / 3900)
     assert ("Prefixes prefix caching off; an unbounded cache could serve 52.5% of prompt "
-            "tokens (--prefix-caching turns it on)") in words(format_summary(report))
+            "tokens Steps") in words(format_summary(report))
     assert 'neuron_batch_prefix_cache_enabled 0' in prometheus_text(report, timestamp=0)

@@ -88,8 +88,9 @@ def summary_words(section: dict[str, Any] | None) -> str | None:
     if not section.get("enabled"):
         if not section.get("bound_tokens"):
             return None
+        # (no flag named: off may be --no-prefix-caching or a layout without it)
         return (f"prefix caching off; an unbounded cache could serve {_percent(bound)} of "
-                f"prompt tokens (--prefix-caching turns it on)")
+                f"prompt tokens")
     words = (f"{_percent(section.get('hit_fraction'))} of prompt tokens served from the prefix "
              f"cache")
     if bound is not None:
