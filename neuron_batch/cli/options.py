@@ -112,8 +112,9 @@ def engine_options(func):
                           "both, comma-separated."),
         click.option("--order", type=click.Choice(Order.values()), default=Order.INPUT.value,
                      show_default=True,
-                     help="Submission order: as read, or longest prompt + max_tokens first "
-                          "(under nxdi like lengths decoding together waste less)."),
+                     help="Submission order: as read, longest prompt + max_tokens first (under "
+                          "nxdi like lengths decoding together waste less), or shared prefixes "
+                          "together."),
         click.option("--instance", default="inf2.8xlarge", show_default=True,
                      envvar="NEURON_BATCH_INSTANCE",
                      help=f"[sim] {', '.join(INSTANCES)}."),

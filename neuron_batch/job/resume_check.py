@@ -42,7 +42,7 @@ CHECKED_SETTINGS = ("model", "device", "runtime", "max_model_len", "max_num_seqs
                     "max_num_batched_tokens", "prefill_buckets", "decode_buckets",
                     "context_encoding_buckets", "token_generation_buckets",
                     "decode_context_buckets", "block_size", "kv_reserve", "ignore_eos",
-                    "order", "split_at")
+                    "order", "split_at", "prefix_caching")
 SIM_SETTINGS = ("instance", "architecture", "tensor_parallel_size", "weight_dtype",
                 "cost_profile")
 #: Named beside changed ids: the settings that choose which requests a job holds, and in what

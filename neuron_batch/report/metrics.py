@@ -18,6 +18,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from neuron_batch.report.prefix_cache import (
+    grid_padding,
+    has_prefix_buckets,
+    prefix_cache_section,
+)
 from neuron_batch.runtime import runtime_of
 from neuron_batch.scheduler.records import (
     BLOCK_REASONS,
@@ -64,6 +69,9 @@ def summarize(records: Records, *, elapsed_s: float | None = None, start: float 
         len(prefill_buckets), len(decode_buckets), len(attention_buckets),
         len(config.get("prefix_buckets") or []))
 
+    padding = padding_summary(steps, prefill_buckets, decode_buckets, attention_buckets)
+    if has_prefix_buckets(steps):       # nxdi with prefix caching: by (prefill, prefix) cell
+        padding["prefill"] = grid_padding(steps)
     return {
         # The fields `vllm bench throughput --output-json` writes, so its dashboards read us.
         "elapsed_time": elapsed,
@@ -86,7 +94,9 @@ def summarize(records: Records, *, elapsed_s: float | None = None, start: float 
             "total_tokens_per_s": _rate(total_tokens, elapsed),
         },
         "tokens": {"input": input_tokens, "output": output_tokens, "total": total_tokens},
-        "padding": padding_summary(steps, prefill_buckets, decode_buckets, attention_buckets),
+        "padding": padding,
+        "prefix_cache": prefix_cache_section(steps, completed,
+                                             bool(config.get("enable_prefix_caching"))),
         "states": time_per_state(steps, records.requests, start, start + elapsed),
         "admission_blocked": _blocked(records.blocked_counts),
         # vLLM preemptions seen in the scheduler's outputs: Neuron cannot preempt, so the KV

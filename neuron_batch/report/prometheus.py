@@ -67,6 +67,7 @@ def _families(report: dict[str, Any], timestamp: float) -> list[tuple[str, str, 
     latency = report.get("latency", {})
     kv = report.get("kv") or {}
     replicas = report.get("replicas") or []
+    prefix = report.get("prefix_cache") or {}
     # Every time of a simulated run is the virtual clock's, not the time the run took.
     simulated = (report.get("config") or {}).get("device") == "sim"
     seconds = "simulated seconds" if simulated else "wall seconds"
@@ -139,6 +140,18 @@ def _families(report: dict[str, Any], timestamp: float) -> list[tuple[str, str, 
                           "used": kv.get("peak_used_blocks")})),
         ("kv_mean_used_ratio", "gauge", "Mean share of the usable KV blocks held by requests.",
          single(kv.get("mean_used_fraction"))),
+        ("prefix_cache_enabled", "gauge", "1 when the last run had prefix caching on.",
+         single(None if "enabled" not in prefix else int(bool(prefix["enabled"])))),
+        ("prefix_cache_tokens", "gauge",
+         "Prompt tokens of the last run, served by the prefix cache (hit), computed by the device "
+         "(computed) and at most servable by an unbounded cache (bound).",
+         samples("kind", {kind: prefix.get(f"{kind}_tokens")
+                          for kind in ("prompt", "hit", "computed", "bound")})),
+        ("prefix_cache_hit_ratio", "gauge", "Share of prompt tokens served by the prefix cache.",
+         single(prefix.get("hit_fraction"))),
+        ("prefix_cache_bound_ratio", "gauge",
+         "Share of prompt tokens an unbounded prefix cache could serve.",
+         single(prefix.get("bound_fraction"))),
         ("last_run_timestamp_seconds", "gauge", "When the last run's report was written.",
          single(timestamp)),
         ("replica_output_tokens_per_second", "gauge",

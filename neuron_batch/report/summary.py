@@ -16,6 +16,7 @@ from typing import Any
 from neuron_batch.inputs.skipped import SKIPPED
 from neuron_batch.report.cost import compile_and_usd
 from neuron_batch.report.notes import notes
+from neuron_batch.report.prefix_cache import summary_words as prefix_cache_words
 from neuron_batch.runtime import runtime_of
 
 MAX_WIDTH = 100
@@ -26,7 +27,7 @@ LATENCIES = (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("E2E", "e2e_s"))
 PERCENTILES = (("p50", "0.5"), ("p90", "0.9"), ("p99", "0.99"))
 _CONFIG_KEYS = ("model", "device", "runtime", "scheduler_cls", "max_num_seqs",
                 "max_num_batched_tokens", "max_model_len", "block_size", "num_kv_blocks",
-                "max_kv_concurrent", "kv_reserve")
+                "max_kv_concurrent", "kv_reserve", "order")
 #: Devices that compile nothing: the CPU (and a GPU) follow the shapes a Neuron runtime would
 #: compile, and the simulated device estimates what compiling them would take.
 NOTHING_COMPILED = ("cpu", "cuda", "sim")
@@ -70,6 +71,10 @@ def format_summary(report: dict[str, Any]) -> str:
     lines.append(_row("Tokens", [f"{_int(tokens.get('input'))} input",
                                  f"{_int(tokens.get('output'))} output",
                                  f"{_int(tokens.get('total'))} total"]))
+    prefix_words = prefix_cache_words(report.get("prefix_cache"))
+    if prefix_words:
+        lines += textwrap.wrap(prefix_words, MAX_WIDTH, initial_indent=f"{'Prefixes':<12}",
+                               subsequent_indent=" " * 12, break_on_hyphens=False)
     if report.get("cost"):
         lines += _cost_rows(report)
     elif report.get("cost_missing"):
@@ -200,7 +205,8 @@ def _padding_section(phase_report: dict[str, Any], *, phase: str, unit: str, nou
                      count_key: str, actual_key: str, padded_key: str) -> list[str]:
     actual, padded = phase_report.get(actual_key, 0), phase_report.get(padded_key, 0)
     title = (f"{phase} padding: {_int(actual)} of {_int(padded)} {unit} real, "
-             f"{_percent(phase_report.get('waste_fraction') if padded else None)} waste")
+             f"{_percent(phase_report.get('waste_fraction') if padded else None)} waste"
+             + (f" (bucket: {phase_report['by']})" if phase_report.get("by") else ""))
     rows = []
     for bucket, row in phase_report.get("by_bucket", {}).items():
         count, row_actual, row_padded = (row.get(count_key, 0), row.get(actual_key, 0),

@@ -63,6 +63,7 @@ def build_report(job: Job) -> dict:
         report = summarize(records, extra_config=extra, total=total, skipped=len(problems),
                            failed=0)
     _tokens_from_outputs(report, folder)
+    _add_prefix_bound(report, prepared, folder.done_ids, settings)
     report["requests"]["completed"] = completed
     report["requests"]["failed"] = failed
     report["requests"]["pending"] = len(prepared.requests) - completed - failed
@@ -131,6 +132,20 @@ def split_section(attempts: list[dict], folder, settings, simulated: bool) -> di
     if placement is not None:
         out["placement"] = placement
     return out
+
+
+def _add_prefix_bound(report: dict, prepared, done_ids: set[str], settings) -> None:
+    """`prefix_cache.bound_tokens`: what an unbounded cache could serve the completed requests'
+    prompts, in whole blocks of the run's KV block (report/prefix_cache.py)."""
+    from neuron_batch.inputs.prefix import DEFAULT_BLOCK, shared_prefix_tokens
+    from neuron_batch.report.prefix_cache import with_bound
+
+    section = report.get("prefix_cache")
+    if section is None:
+        return
+    block = report["config"].get("block_size") or settings.block_size or DEFAULT_BLOCK
+    prompts = [r.prompt_token_ids for r in prepared.requests if r.record.id in done_ids]
+    with_bound(section, shared_prefix_tokens(prompts, block))
 
 
 def num_instances(settings) -> int:

@@ -126,6 +126,10 @@ def test_two_request_run_every_key():
         "preemptions": 0,
         "kv": {"num_blocks": 64, "peak_reserved_blocks": 0, "peak_used_blocks": 0,
                "mean_used_fraction": 0.0},
+        # caching off: every prompt token computed; the bound needs the prompts' token ids
+        "prefix_cache": {"enabled": False, "prompt_tokens": 15, "hit_tokens": 0,
+                         "hit_fraction": 0.0, "recomputed_tokens": 0, "computed_tokens": 15,
+                         "bound_tokens": None, "bound_fraction": None},
     }
     assert report == approx_tree(expected)
     assert list(report["padding"]["prefill"]["by_bucket"]) == ["4", "8", "16"]  # by size

@@ -1,0 +1,105 @@
+"""The report's prefix-cache figures (the `prefix_cache` section) and NxDI's prefill padding
+by (prefill, prefix) bucket. Pure Python.
+
+`prefix_cache`: `prompt_tokens` of the completed requests; `hit_tokens`, those vLLM's prefix
+cache served (each request's `num_cached_tokens`); `hit_fraction`; `recomputed_tokens`, cached
+tokens the device computed again anyway (nxdi moves a prefix into the prefill bucket's spare
+room); `computed_tokens` = prompt - hits + recomputed, what the device prefilled;
+`bound_tokens`, the most an unbounded cache could serve these prompts (every shared whole KV
+block computed once: inputs/prefix.py `shared_prefix_tokens`, from the prompts' token ids,
+added where the run knows them), and `bound_fraction`; `enabled`, whether the run had prefix
+caching on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from neuron_batch.scheduler.records import PREFILL, RequestRecord, StepRecord
+
+
+def prefix_cache_section(steps: Iterable[StepRecord], completed: Sequence[RequestRecord],
+                         enabled: bool, bound_tokens: int | None = None) -> dict[str, Any]:
+    """The `prefix_cache` section of a run's records (`bound_tokens` None: not known here)."""
+    prompt = sum(r.num_prompt_tokens for r in completed)
+    hits = sum(r.num_cached_tokens for r in completed)
+    recomputed = sum(s.recomputed_tokens for s in steps if s.kind == PREFILL)
+    section = {"enabled": bool(enabled), "prompt_tokens": prompt, "hit_tokens": hits,
+               "hit_fraction": hits / prompt if prompt else 0.0,
+               "recomputed_tokens": recomputed, "computed_tokens": prompt - hits + recomputed}
+    return with_bound(section, bound_tokens)
+
+
+def with_bound(section: dict[str, Any], bound_tokens: int | None) -> dict[str, Any]:
+    """`section` with `bound_tokens` and its share of the prompt tokens (None: unknown)."""
+    prompt = section.get("prompt_tokens") or 0
+    section["bound_tokens"] = bound_tokens
+    section["bound_fraction"] = (bound_tokens / prompt if bound_tokens is not None and prompt
+                                 else None)
+    return section
+
+
+def has_prefix_buckets(steps: Iterable[StepRecord]) -> bool:
+    """Whether any prefill ran on a (prefill, prefix) grid cell (nxdi with prefix caching)."""
+    return any(s.prefix_bucket is not None for s in steps if s.kind == PREFILL)
+
+
+def grid_key(prefill_bucket: int, prefix_bucket: int) -> str:
+    """A grid cell's key in the padding table: "2048x512" (prefill bucket x prefix bucket)."""
+    return f"{prefill_bucket}x{prefix_bucket}"
+
+
+def grid_padding(steps: Iterable[StepRecord]) -> dict[str, Any]:
+    """The prefill padding table by (prefill, prefix) grid cell, as `metrics._padding_phase`
+    lays out the 1-D one: per cell the prefills that ran on it, their new tokens, the tokens
+    it computed (its prefill bucket) and the cached ones among them computed again. Only the
+    cells that ran are listed (the records do not hold the grid's prefix buckets)."""
+    cells: dict[tuple[int, int], list[int]] = {}
+    for step in steps:
+        if step.kind != PREFILL:
+            continue
+        prefill = step.bucket if step.bucket is not None else step.num_tokens_padded
+        row = cells.setdefault((prefill, step.prefix_bucket or 0), [0, 0, 0, 0])
+        row[0] += 1
+        row[1] += step.num_tokens
+        row[2] += step.num_tokens_padded
+        row[3] += step.recomputed_tokens
+    actual = sum(row[1] for row in cells.values())
+    padded = sum(row[2] for row in cells.values())
+    return {
+        "actual_tokens": actual, "padded_tokens": padded,
+        "waste_fraction": (padded - actual) / padded if padded else 0.0,
+        "by": "prefill x prefix",
+        "by_bucket": {grid_key(*cell): {"chunks": row[0], "actual_tokens": row[1],
+                                        "padded_tokens": row[2], "recomputed_tokens": row[3],
+                                        "prefill_bucket": cell[0], "prefix_bucket": cell[1]}
+                      for cell, row in sorted(cells.items())},
+    }
+
+
+def summary_words(section: dict[str, Any] | None) -> str | None:
+    """The summary's prefix-cache line (None when caching was off and nothing is shared), e.g.
+    "37.1% of prompt tokens served from the prefix cache (bound 41.0%); 1,234,567 tokens
+    computed"."""
+    if not section:
+        return None
+    bound = section.get("bound_fraction")
+    if not section.get("enabled"):
+        if not section.get("bound_tokens"):
+            return None
+        # (no flag named: off may be --no-prefix-caching or a layout without it)
+        return (f"prefix caching off; an unbounded cache could serve {_percent(bound)} of "
+                f"prompt tokens")
+    words = (f"{_percent(section.get('hit_fraction'))} of prompt tokens served from the prefix "
+             f"cache")
+    if bound is not None:
+        words += f" (bound {_percent(bound)})"
+    words += f"; {section.get('computed_tokens', 0):,} tokens computed"
+    if section.get("recomputed_tokens"):
+        words += f" ({section['recomputed_tokens']:,} of them cached, computed again)"
+    return words
+
+
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction * 100:.1f}%"
