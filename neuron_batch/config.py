@@ -42,8 +42,7 @@ from neuron_batch.runtime import (
 from neuron_batch.scheduler.kv_reserve import DEFAULT_KV_RESERVE, parse_kv_reserve
 
 DEVICES = Device.values()
-#: How `run --order` arranges the requests it submits (the scheduler admits them FIFO):
-#: inputs/prepare.py `in_order`.
+#: How `run --order` arranges the requests it submits (FIFO): inputs/prepare.py `in_order`.
 ORDERS = Order.values()
 #: Where `run --split-at N --replicas R` runs its two parts (layout/placement.py).
 SPLIT_PLACEMENTS = PlacementMode.values()
@@ -81,6 +80,7 @@ class SimOptions:
     weight_dtype: WeightDtype = WeightDtype.BF16
     cost_profile: str | None = None      # a profile JSON from `neuron-batch calibrate`
     num_instances: int = 1               # instances the --replicas engines are spread over
+    compiled: bool = False               # the graphs are compiled already: count the load only
 
     def __post_init__(self) -> None:
         normalise(self, {"weight_dtype": WeightDtype})
@@ -193,6 +193,9 @@ class RunSettings:
                                 "--split-at N on separate replicas at once: it needs --split-at "
                                 f"and --replicas 2 or more (got --replicas {self.replicas})")
         _positive("num-instances", self.sim.num_instances)
+        if self.sim.compiled and self.device != "sim":
+            raise SettingsError("--compiled is for --device sim; a Neuron host finds its graphs "
+                                "itself (--compiled-artifacts, the compile cache)")
         if self.ray is not None and not str(self.ray).strip():
             raise SettingsError("--ray needs a cluster address (host:port, auto or local)")
         if self.temperature < 0:
@@ -249,8 +252,7 @@ class RunSettings:
 
     def _sim_family(self) -> str | None:
         """The simulated instance's family (which runtimes run there, so which a hint may
-        name); None when not simulated or the instance is unknown. (The run looks the
-        instance up once more, into its Target.)"""
+        name); None when not simulated or the instance is unknown (the Target looks it up)."""
         if self.device != "sim":
             return None
         from neuron_batch.device.hardware import HardwareError, get_instance

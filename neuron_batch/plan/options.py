@@ -118,7 +118,7 @@ class InstanceFit:
         same chip; inf2.24xlarge and inf2.48xlarge the same chips and links)."""
         inst = self.target.instance
         profile = {k: v for k, v in self.target.profile.to_dict().items()
-                   if k not in ("instance", "source")}
+                   if k not in ("instance", "source", "compile")}     # (not in a step's time)
         return (inst.family, inst.hbm_bytes_per_core, inst.hbm_bytes_s_per_core,
                 inst.flops_per_core, inst.collective_bytes_s(self.tp), inst.link_gib_s,
                 self.tp, self.num_blocks, tuple(sorted(profile.items())), self.runtime.name,

@@ -189,9 +189,10 @@ def _announce(job: PlanJob, options: list[Option], excluded: list[str], load_s: 
         log(f"  left out ({len(excluded)}; reasons in plan.json): {', '.join(names)}; e.g. "
             f"{excluded[0]}")
     at = f" ({job.deadline.at})" if job.deadline.at else ""
-    compile_ = "not counted (--compiled)" if spec.compiled else "counted"
+    compile_ = ("loading only (--compiled: the graphs compiled before)" if spec.compiled
+                else "compiled fresh (tracing, compiling on each instance, loading)")
     log(f"deadline {job.deadline.text} = {format_hours(job.deadline.hours)}{at}; KV admission: "
-        f"{job.spec.kv_reserve}; compile time {compile_}")
+        f"{job.spec.kv_reserve}; start-up counted as {compile_}")
     expected = dry_run(options, job.deadline.hours, slack=ESTIMATE_SLACK)
     everything = {o.sim_key: o for o in options if not o.skip_reason}
     log(f"estimate: about {len(expected)} simulations "

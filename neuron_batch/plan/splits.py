@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from neuron_batch.buckets import nxdi_default_buckets
-from neuron_batch.device.cost_model import compile_footprint
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
 from neuron_batch.layout.bounds import ShareStats, replica_bound
 from neuron_batch.layout.split import CUT_STEP, MAX_SHORT_SLOTS, cut_candidates, fitted_count
@@ -62,7 +61,6 @@ def _short_layouts(spec: PlanSpec, placement: InstanceFit, prompts: Sequence[int
     do not depend on the layout it runs in)."""
     lengths = [p + o for p, o in zip(prompts, outputs)]
     mml = placement.max_model_len
-    arch = placement.target.arch
     fits = sorted(lengths)
 
     def slots_at(cut: int) -> int:
@@ -96,9 +94,8 @@ def _short_layouts(spec: PlanSpec, placement: InstanceFit, prompts: Sequence[int
         num_prefill = fitted_count([prompts[i] for i in members], per_list, cut)
         graphs = placement.runtime.num_graphs(
             num_prefill, 1, fitted_count([lengths[i] for i in members], per_list, cut))
-        compile_s = 0.0 if spec.compiled else float(compile_footprint(
-            num_prefill, 1, arch, spec.weight_dtype, tp=placement.tp,
-            profile=placement.target.profile, num_graphs=graphs)["estimated_compile_s"])
+        compile_s = float(placement.target.compile_estimate(
+            num_prefill, 1, graphs, compiled=spec.compiled)["estimated_compile_s"])
         layouts.append((SplitLayout(cut, slots, len(members), graphs, compile_s),
                         shorts[index], longs[index]))
     return layouts
