@@ -47,7 +47,7 @@ from neuron_batch.device.hardware import (
 )
 from neuron_batch.device.target import NEURON_BLOCK_SIZE, Target, context_hint
 from neuron_batch.errors import did_you_mean
-from neuron_batch.layout.bounds import ShareStats, replica_bound
+from neuron_batch.layout.bounds import ShareStats, ordered_decode_bound, replica_bound
 from neuron_batch.plan.buckets import BucketChooser
 from neuron_batch.plan.options import (
     InstanceFit,
@@ -174,6 +174,7 @@ def build_options(spec: PlanSpec, placements_: Sequence[InstanceFit], prompt_len
     not load on a placement is not an option; why goes to `excluded`."""
     chooser = BucketChooser(prompt_lens, spec)
     stats_by_size: dict[tuple, ShareStats] = {}
+    ordered_by: dict[tuple, tuple[int, float]] = {}
     options: list[Option] = []
     for placement in placements_:
         mml = placement.max_model_len
@@ -210,13 +211,20 @@ def build_options(spec: PlanSpec, placements_: Sequence[InstanceFit], prompt_len
                     prompt_lens[:size], output_lens[:size], max_num_batched_tokens=budget,
                     max_model_len=mml, block_size=NEURON_BLOCK_SIZE)
             stats = stats_by_size[key]
+            share = spec.in_order(prompt_lens[:size], output_lens[:size])
             prefill, compile_s = chooser.choose(placement, total)
             for seqs in seqs_values:
                 num_blocks = placement.pool_blocks(seqs)
+                at = (placement.hardware_key(), size, seqs)    # (the same chips: the same)
+                if at not in ordered_by:
+                    ordered_by[at] = ordered_decode_bound(
+                        placement.model, *share, max_num_seqs=seqs, static_kv=placement.runtime
+                        .static_kv, attention_buckets=placement.attention_buckets())
+                ordered = ordered_by[at]
                 bound = replica_bound(placement.model, stats, prefill_buckets=prefill,
                                       max_num_seqs=seqs, num_blocks=num_blocks,
                                       block_size=NEURON_BLOCK_SIZE, max_model_len=mml,
-                                      kv_reserve=spec.kv_reserve)
+                                      kv_reserve=spec.kv_reserve, ordered=ordered)
                 name = option_name(placement.instance, num_instances, placement.replicas,
                                    placement.tp, seqs, mml if mml != spec.max_model_len
                                    else None)

@@ -4,11 +4,12 @@ a split option's short layout (SplitLayout). Data only; grid.py builds them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_batch.buckets import nxdi_default_buckets
-from neuron_batch.choices import KvReserve, Pricing, WeightDtype, normalise
+from neuron_batch.choices import KvReserve, Order, Pricing, WeightDtype, normalise
 from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_TOKENS, RunSettings
 from neuron_batch.device.cost_model import StepCostModel
 from neuron_batch.device.hardware import DEFAULT_PLAN_INSTANCES
@@ -47,10 +48,20 @@ class PlanSpec:
     prices: dict[str, float] = field(default_factory=dict)   # instance -> USD/h overrides
     runtime: str | None = None      # None: each instance's own (nxdi inf2/trn1, vllm-neuron trn2)
     splits: bool = True             # also weigh jobs split by length (static-KV runtimes)
+    order: Order = Order.INPUT      # how each replica submits its share (`run --order`)
 
     def __post_init__(self) -> None:
         normalise(self, {"weight_dtype": WeightDtype, "kv_reserve": KvReserve,
-                         "pricing": Pricing})
+                         "pricing": Pricing, "order": Order})
+
+    def in_order(self, prompt_lens: Sequence[int], output_lens: Sequence[int]
+                 ) -> tuple[list[int], list[int]]:
+        """A share's (prompt lengths, output lengths) as a replica submits them: as read, or
+        longest prompt + output first (inputs/prepare.py `in_order`, ties as read)."""
+        pairs = list(zip(prompt_lens, output_lens))
+        if self.order == Order.LENGTH:
+            pairs.sort(key=lambda pair: -(pair[0] + pair[1]))
+        return [p for p, _ in pairs], [o for _, o in pairs]
 
     @classmethod
     def from_settings(cls, settings: RunSettings, **grid: Any) -> PlanSpec:
@@ -65,7 +76,7 @@ class PlanSpec:
                    cost_profile=settings.sim.cost_profile, max_model_len=settings.max_model_len,
                    max_num_batched_tokens=settings.max_num_batched_tokens,
                    kv_reserve=settings.kv_reserve, pricing=settings.cost.pricing,
-                   runtime=settings.runtime, **grid)
+                   runtime=settings.runtime, order=settings.order, **grid)
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,9 @@ def run_plan(job: PlanJob) -> int:
         raise RunError(str(error)) from None
     job.out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    job = replace(job, log=_timed(job.log, started))
+    # (the bounds take each share in the order its simulated replica submits it)
+    job = replace(job, log=_timed(job.log, started),
+                  spec=replace(job.spec, order=job.base.order))
     workload = load_workload(job.base, job.log, command="plan")
     requests = workload.prepared.requests
     prompt_lens = [len(r.prompt_token_ids) for r in requests]
