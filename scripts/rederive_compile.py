@@ -26,9 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from neuron_batch.buckets import nxdi_default_buckets  # noqa: E402
 from neuron_batch.device.cost_model import compile_footprint  # noqa: E402
 from neuron_batch.report.cost import price_for  # noqa: E402
-from neuron_batch.runtime import get_runtime, nxdi_default_buckets  # noqa: E402
+from neuron_batch.runtime import get_runtime  # noqa: E402
 
 EXAMPLES = ROOT / "results" / "examples"
 TRACE = ROOT / "datasets" / "azure-llm-inference-conv-2023.csv"
@@ -159,8 +160,9 @@ def estimates() -> None:
     """choose_cut on the whole trace, and the side-by-side placement on 3,000 requests."""
     from neuron_batch.config import RunSettings, SimOptions
     from neuron_batch.inputs.prepare import in_order
+    from neuron_batch.job.job import resolve_target
     from neuron_batch.layout.split import choose_cut, plan_parts
-    from neuron_batch.run.runner import resolve_sim_target, split_estimate
+    from neuron_batch.run.runner import split_inputs
 
     sys.path.insert(0, str(ROOT / "scripts"))
     from split_what_if import load
@@ -169,9 +171,7 @@ def estimates() -> None:
                        order="length", sim=SimOptions(instance="inf2.8xlarge",
                                                       tensor_parallel_size=2,
                                                       architecture=ARCH)).validate()
-    resolve = lambda s: resolve_sim_target(s, None)  # noqa: E731
-    slots = lambda s: resolve(s).kv.get("max_static_seqs")  # noqa: E731
-    estimate = split_estimate(resolve(base), resolve)
+    slots, estimate = split_inputs(resolve_target(base, None))
     requests = in_order(load(TRACE, None), "length")
     print("\n--split-at auto on the whole trace (inf2.8xlarge TP 2, 7 slots of 14,208):")
     print("  " + choose_cut(base, requests, slots, estimate)[1])
@@ -181,7 +181,7 @@ def estimates() -> None:
     side = replace(base, split_at=2176, replicas=2, split_placement="auto",
                    sim=replace(base.sim, num_instances=2)).validate()
     first = in_order(load(TRACE, 3000), "length")
-    estimate = split_estimate(resolve(side), resolve)
+    slots, estimate = split_inputs(resolve_target(side, None))
     for compiled in (None, False, True):
         chosen = plan_parts(side, first, slots, estimate if compiled is None
                             else estimate.assuming(compiled))[1]
