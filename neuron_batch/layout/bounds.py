@@ -197,9 +197,15 @@ def _static_decode_seconds(model, prompt_lens, steps_of, starts, slots: int,
 
 def decode_seconds_bound(model, stats: ShareStats, *, steps: int, max_num_seqs: int) -> float:
     """At least what `steps` decode steps padded to max_num_seqs cost (Jensen)."""
+    return jensen_decode_seconds(model, stats.context_sum, steps=steps,
+                                 max_num_seqs=max_num_seqs)
+
+
+def jensen_decode_seconds(model, context_sum: int, *, steps: int, max_num_seqs: int) -> float:
+    """`decode_seconds_bound` from the share's KV context sum (X) alone."""
     if steps == 0:
         return 0.0
-    return steps * model.decode_time(max_num_seqs, stats.context_sum / steps)
+    return steps * model.decode_time(max_num_seqs, context_sum / steps)
 
 
 @dataclass(frozen=True)

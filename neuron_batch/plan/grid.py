@@ -47,9 +47,10 @@ from neuron_batch.device.hardware import (
 )
 from neuron_batch.device.target import NEURON_BLOCK_SIZE, Target, context_hint
 from neuron_batch.errors import did_you_mean
-from neuron_batch.layout.bounds import ShareStats, ordered_decode_bound, replica_bound
+from neuron_batch.layout.bounds import ShareStats, replica_bound
 from neuron_batch.plan.buckets import BucketChooser
 from neuron_batch.plan.options import (
+    DecodePart,
     InstanceFit,
     Option,
     PlanError,
@@ -174,7 +175,6 @@ def build_options(spec: PlanSpec, placements_: Sequence[InstanceFit], prompt_len
     not load on a placement is not an option; why goes to `excluded`."""
     chooser = BucketChooser(prompt_lens, spec)
     stats_by_size: dict[tuple, ShareStats] = {}
-    ordered_by: dict[tuple, tuple[int, float]] = {}
     options: list[Option] = []
     for placement in placements_:
         mml = placement.max_model_len
@@ -211,29 +211,24 @@ def build_options(spec: PlanSpec, placements_: Sequence[InstanceFit], prompt_len
                     prompt_lens[:size], output_lens[:size], max_num_batched_tokens=budget,
                     max_model_len=mml, block_size=NEURON_BLOCK_SIZE)
             stats = stats_by_size[key]
-            share = spec.in_order(prompt_lens[:size], output_lens[:size])
             prefill, compile_s = chooser.choose(placement, total)
             for seqs in seqs_values:
                 num_blocks = placement.pool_blocks(seqs)
-                at = (placement.hardware_key(), size, seqs)    # (the same chips: the same)
-                if at not in ordered_by:
-                    ordered_by[at] = ordered_decode_bound(
-                        placement.model, *share, max_num_seqs=seqs, static_kv=placement.runtime
-                        .static_kv, attention_buckets=placement.attention_buckets())
-                ordered = ordered_by[at]
                 bound = replica_bound(placement.model, stats, prefill_buckets=prefill,
                                       max_num_seqs=seqs, num_blocks=num_blocks,
                                       block_size=NEURON_BLOCK_SIZE, max_model_len=mml,
-                                      kv_reserve=spec.kv_reserve, ordered=ordered)
+                                      kv_reserve=spec.kv_reserve)
                 name = option_name(placement.instance, num_instances, placement.replicas,
                                    placement.tp, seqs, mml if mml != spec.max_model_len
                                    else None)
                 sim_key = (placement.hardware_key(), seqs, prefill, (seqs,), size, seed,
                            spec.kv_reserve)
+                part = DecodePart(None, False, seqs, placement.attention_buckets(),
+                                  bound.decode_s, bound.decode_steps, stats.context_sum)
                 options.append(Option(name, placement, num_instances, seqs, prefill, (seqs,),
                                       placement.attention_buckets(), compile_s, size,
                                       bound.seconds, bound.steps, stats.output_tokens,
-                                      sim_key, skip_reason=too_small))
+                                      sim_key, skip_reason=too_small, decode_parts=(part,)))
     mark_same_schedule(options, spec)
     progress(f"{len(options)} options bounded")
     return options

@@ -136,6 +136,21 @@ class InstanceFit:
                 self.max_model_len)
 
 
+@dataclass(frozen=True)
+class DecodePart:
+    """One engine run of an option's replica (the whole share, or a split's short or long
+    part) as its decode was first bounded, with what tightening that bound needs
+    (plan/tighten.py)."""
+
+    cut: int | None                     # None: the whole share; else the split's cut
+    short: bool                         # the requests of length <= cut (else > cut)
+    max_num_seqs: int
+    attention_buckets: tuple[int, ...] | None   # None: fitted at run time (unpadded)
+    decode_s: float                     # the first bound's decode seconds and steps
+    decode_steps: int
+    context_sum: int                    # ShareStats.context_sum of its requests
+
+
 @dataclass
 class Option:
     """One candidate layout and configuration, with its bounds; results are filled in later."""
@@ -156,6 +171,8 @@ class Option:
     split: SplitLayout | None = None    # a job split by length (splits.py): its short layout
     skip_reason: str | None = None      # set when another option provably does as well
     pruned_by: str | None = None        # the best option when this one was pruned
+    decode_parts: tuple[DecodePart, ...] = ()   # how its decode was bounded, to tighten
+    tightened: bool = False             # its decode bound tightened already (tighten.py)
     result: dict[str, Any] | None = field(default=None, repr=False)
 
     @property

@@ -25,9 +25,9 @@ from dataclasses import replace
 
 from neuron_batch.buckets import nxdi_default_buckets
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
-from neuron_batch.layout.bounds import ShareStats, ordered_decode_bound, replica_bound
+from neuron_batch.layout.bounds import ShareStats, replica_bound
 from neuron_batch.layout.split import CUT_STEP, MAX_SHORT_SLOTS, cut_candidates, fitted_count
-from neuron_batch.plan.options import InstanceFit, Option, PlanSpec, SplitLayout
+from neuron_batch.plan.options import DecodePart, InstanceFit, Option, PlanSpec, SplitLayout
 
 
 def split_options(spec: PlanSpec, singles: Sequence[Option], prompt_lens: Sequence[int],
@@ -38,7 +38,6 @@ def split_options(spec: PlanSpec, singles: Sequence[Option], prompt_lens: Sequen
         return []
     out: list[Option] = []
     cache: dict[tuple, list] = {}
-    ordered: dict[tuple, tuple[int, float]] = {}
     for single in singles:
         placement = single.placement
         # (whole prompts: the short layout's lists are fitted, layout/split.py)
@@ -49,38 +48,14 @@ def split_options(spec: PlanSpec, singles: Sequence[Option], prompt_lens: Sequen
         if key not in cache:
             cache[key] = _short_layouts(spec, placement, prompt_lens[:single.share_size],
                                         output_lens[:single.share_size])
-        for layout, short_stats, long_stats, members in cache[key]:
-            share = (prompt_lens[:single.share_size], output_lens[:single.share_size])
-            parts = (_ordered(spec, single, share, members, layout, ordered, short=True),
-                     _ordered(spec, single, share, members, layout, ordered, short=False))
-            out.append(_option(spec, single, layout, short_stats, long_stats, parts))
+        for layout, short_stats, long_stats in cache[key]:
+            out.append(_option(spec, single, layout, short_stats, long_stats))
     return out
 
 
-def _ordered(spec: PlanSpec, single: Option, share, members: frozenset[int],
-             layout: SplitLayout, memo: dict, *, short: bool) -> tuple[int, float]:
-    """`ordered_decode_bound` of one part of a split of `single`'s share: the short part's
-    requests (`members`, indices into the share) in their slots, unpadded (its buckets are
-    fitted at run time), or the others in the single's slots and buckets."""
-    placement = single.placement
-    key = (placement.hardware_key(), single.share_size, layout.cut, short,
-           layout.max_num_seqs if short else single.max_num_seqs)
-    if key not in memo:
-        picked = [i for i in range(len(share[0])) if (i in members) == short]
-        prompts, outputs = spec.in_order([share[0][i] for i in picked],
-                                         [share[1][i] for i in picked])
-        memo[key] = ordered_decode_bound(
-            placement.model, prompts, outputs, max_num_seqs=key[-1],
-            attention_buckets=None if short else single.attention_buckets,
-            static_kv=placement.runtime.static_kv)
-    return memo[key]
-
-
 def _short_layouts(spec: PlanSpec, placement: InstanceFit, prompts: Sequence[int],
-                   outputs: Sequence[int]
-                   ) -> list[tuple[SplitLayout, ShareStats, ShareStats, frozenset[int]]]:
-    """Each candidate cut's short layout for this share, with both parts' statistics and the
-    short part's requests (indices into the share). The
+                   outputs: Sequence[int]) -> list[tuple[SplitLayout, ShareStats, ShareStats]]:
+    """Each candidate cut's short layout for this share, with both parts' statistics. The
     requests are grouped by the cuts they fall between, each group's statistics computed
     once and summed (every prompt is whole under both layouts' budgets, so a group's figures
     do not depend on the layout it runs in)."""
@@ -122,28 +97,30 @@ def _short_layouts(spec: PlanSpec, placement: InstanceFit, prompts: Sequence[int
         compile_s = float(placement.target.compile_estimate(
             num_prefill, 1, graphs, compiled=spec.compiled)["estimated_compile_s"])
         layouts.append((SplitLayout(cut, slots, len(members), graphs, compile_s),
-                        shorts[index], longs[index], frozenset(members)))
+                        shorts[index], longs[index]))
     return layouts
 
 
 def _option(spec: PlanSpec, single: Option, layout: SplitLayout, short_stats: ShareStats,
-            long_stats: ShareStats, ordered: tuple[tuple[int, float], tuple[int, float]]
-            ) -> Option:
-    """`single` with the requests of length <= layout.cut moved to the short layout first
-    (`ordered`: each part's `ordered_decode_bound`, short first)."""
+            long_stats: ShareStats) -> Option:
+    """`single` with the requests of length <= layout.cut moved to the short layout first."""
     placement, model = single.placement, single.placement.model
     short = replica_bound(model, short_stats, prefill_buckets=None,
                           max_num_seqs=layout.max_num_seqs,
                           num_blocks=layout.max_num_seqs * -(-layout.cut // NEURON_BLOCK_SIZE)
                           + 1, block_size=NEURON_BLOCK_SIZE, max_model_len=layout.cut,
-                          kv_reserve=spec.kv_reserve, ordered=ordered[0])
+                          kv_reserve=spec.kv_reserve)
     long = replica_bound(model, long_stats, prefill_buckets=single.prefill_buckets,
                          max_num_seqs=single.max_num_seqs,
                          num_blocks=placement.pool_blocks(single.max_num_seqs),
                          block_size=NEURON_BLOCK_SIZE, max_model_len=placement.max_model_len,
-                         kv_reserve=spec.kv_reserve, ordered=ordered[1])
+                         kv_reserve=spec.kv_reserve)
+    parts = (DecodePart(layout.cut, True, layout.max_num_seqs, None, short.decode_s,
+                        short.decode_steps, short_stats.context_sum),
+             DecodePart(layout.cut, False, single.max_num_seqs, single.attention_buckets,
+                        long.decode_s, long.decode_steps, long_stats.context_sum))
     return replace(single, name=f"{single.name} split{layout.cut}xS{layout.max_num_seqs}",
                    compile_s=single.compile_s + layout.compile_s,
                    bound_s=short.seconds + long.seconds, bound_steps=short.steps + long.steps,
                    sim_key=(*single.sim_key, "split", layout.cut), split=layout,
-                   result=None, pruned_by=None)
+                   result=None, pruned_by=None, decode_parts=parts, tightened=False)
