@@ -33,7 +33,7 @@ would charge. It holds because of how the simulated device charges time:
   scheduler admits first come, first served, a prompt a step, whenever a slot is free: the
   schedule above is the one it runs, so its decode time is computed step by step, each at
   decode_time(S, S x that bucket) (buckets None: the position itself, a bound for any
-  buckets fitted later). tests/test_plan_logic.py checks it against the simulated device.
+  buckets fitted later). tests/test_plan_bounds.py and test_plan.py check it.
 
 Pure Python; the cost model is any object with `prefill_time(padded, context)` and
 `decode_time(padded_seqs, context)`.
