@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from functools import cached_property
+from functools import cache
 from typing import Any
 
 from neuron_batch.buckets import BucketError, parse_bucket_list, round_model_len
@@ -40,8 +40,7 @@ from neuron_batch.runtime import (
 from neuron_batch.scheduler.kv_reserve import DEFAULT_KV_RESERVE, parse_kv_reserve
 
 DEVICES = Device.values()
-#: How `run --order` arranges the requests it submits (the scheduler admits them FIFO):
-#: inputs/prepare.py `in_order`.
+#: How `run --order` arranges the requests it submits (FIFO): inputs/prepare.py `in_order`.
 ORDERS = Order.values()
 #: Where `run --split-at N --replicas R` runs its two parts (layout/placement.py).
 SPLIT_PLACEMENTS = PlacementMode.values()
@@ -80,6 +79,7 @@ class SimOptions:
     weight_dtype: WeightDtype = WeightDtype.BF16
     cost_profile: str | None = None      # a profile JSON from `neuron-batch calibrate`
     num_instances: int = 1               # instances the --replicas engines are spread over
+    compiled: bool = False               # the graphs are compiled already: count the load only
 
     def __post_init__(self) -> None:
         normalise(self, {"weight_dtype": WeightDtype})
@@ -189,6 +189,9 @@ class RunSettings:
                                 "--split-at N on separate replicas at once: it needs --split-at "
                                 f"and --replicas 2 or more (got --replicas {self.replicas})")
         _positive("num-instances", self.sim.num_instances)
+        if self.sim.compiled and not self.simulated:
+            raise SettingsError("--compiled is for --device sim; a Neuron host finds its graphs "
+                                "itself (--compiled-artifacts, the compile cache)")
         if self.ray is not None and not str(self.ray).strip():
             raise SettingsError("--ray needs a cluster address (host:port, auto or local)")
         if self.temperature < 0:
@@ -250,7 +253,7 @@ class RunSettings:
 
     def _sim_family(self) -> str | None:
         """The simulated instance's family (which runtimes run there, so which a hint may
-        name); None when not simulated or the instance is unknown."""
+        name); None when not simulated or the instance is unknown (the Target looks it up)."""
         if not self.simulated:
             return None
         from neuron_batch.device.hardware import HardwareError, get_instance
@@ -260,23 +263,10 @@ class RunSettings:
             return None
 
     def resolve_runtime(self) -> Runtime:
-        """The Neuron runtime this run follows, decided once per settings object (`_runtime`)."""
-        return self._runtime
-
-    @cached_property
-    def _runtime(self) -> Runtime:
-        """`--runtime`; else the simulated instance's (nxdi on inf2/trn1, vllm-neuron on trn2);
-        on a Neuron host the installed plugin's line; elsewhere the seed design's."""
-        if self.runtime is not None:
-            return get_runtime(self.runtime)
-        if self.simulated:
-            return get_runtime(None, family=self._sim_family())
-        if self.device in (Device.NEURON, Device.AUTO):
-            from neuron_batch.versions import neuron_plugin, runtime_of_plugin
-            detected = runtime_of_plugin(neuron_plugin()["version"])
-            if detected is not None:
-                return detected
-        return get_runtime(None)
+        """The Neuron runtime this run follows: `--runtime`; else the simulated instance's (nxdi
+        on inf2/trn1, vllm-neuron on trn2); on a Neuron host the installed plugin's line;
+        elsewhere the seed design's. Decided once for what decides it (`_decide_runtime`)."""
+        return _decide_runtime(self.runtime, self.device, self._sim_family())
 
     def bucket_lists(self) -> dict[str, list[int]]:
         """The bucket lists the user gave, by the plugin config key of their runtime."""
@@ -350,3 +340,17 @@ def parse_buckets_option(text: str | None, option: str) -> tuple[int, ...] | Non
         return tuple(parse_bucket_list(text, name=option))
     except BucketError as error:
         raise SettingsError(str(error)) from None
+
+
+@cache
+def _decide_runtime(name: str | None, device: Device, family: str | None) -> Runtime:
+    if name is not None:
+        return get_runtime(name)
+    if device == Device.SIM:
+        return get_runtime(None, family=family)
+    if device in (Device.NEURON, Device.AUTO):
+        from neuron_batch.versions import neuron_plugin, runtime_of_plugin
+        detected = runtime_of_plugin(neuron_plugin()["version"])
+        if detected is not None:
+            return detected
+    return get_runtime(None)

@@ -16,9 +16,8 @@ bucket lists go, how the KV cache is laid out.
 Sources: ../shared/notes/neuron-runtimes.md (NxDI feature guide "Bucketing", NxDI's
 `autobucketing.generate_buckets`, the plugin's platform and loader, the Beta plugin's design
 notes on decode context-length bucketing). Every module asks the resolved `Runtime` (and the
-`Shapes` it builds for one configuration) instead of testing the runtime's name.
-
-Pure Python (no vLLM): the CLI, the scheduler, the simulated device, bench and plan share it.
+`Shapes` it builds for one configuration) instead of testing the runtime's name. Pure Python
+(no vLLM): the CLI, the scheduler, the simulated device, bench and plan share it.
 """
 
 from __future__ import annotations
@@ -145,8 +144,7 @@ class Runtime:
     #: device refuses to print figures for it (../shared/notes/neuron-runtimes.md: the Beta
     #: plugin is for trn2/trn3 only; NxDI runs on inf2, trn1 and trn2).
     runs_on: tuple[str, ...]
-    #: Static KV (`max_num_seqs` x `max_model_len`, decode over every slot) or paged KV under
-    #: the plugin's budget cap with padded decode batches.
+    #: Static KV (max_num_seqs x max_model_len, decode over every slot) or paged KV (capped).
     static_kv: bool
     #: Whether prefills are chunked (vllm-neuron) or whole prompts, one a step (nxdi).
     chunked_prefill: bool
@@ -174,6 +172,7 @@ class Runtime:
     cpu_sampling_config: tuple[tuple[str, object], ...] | None = None
     #: The distribution its plugin's model loader imports (NxDI), for doctor; None: in-plugin.
     loader_distribution: str | None = None
+    parallel_compile: bool = False  # graphs compiled in a pool (NxDI), else in turn (Beta)
 
     # -- bucket lists --------------------------------------------------------------------------
     @property
@@ -349,6 +348,7 @@ RUNTIMES: dict[str, Runtime] = {
         # scheduled batch's (runner get_nxd_sampling_params); the CPU sampler reads the batch's.
         cpu_sampling_config=(("on_device_sampling_config", None),),
         loader_distribution="neuronx-distributed-inference",
+        parallel_compile=True,
     ),
     VLLM_NEURON: Runtime(
         name=VLLM_NEURON,

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from neuron_batch.device import calibrate  # noqa: E402
+from neuron_batch.device import calibrate, compile_fit  # noqa: E402
 from neuron_batch.device.calibrate import (  # noqa: E402
     QUANTIZED_WEIGHT_BYTES_PRIOR,
     TRN2_TOLERANCE,
@@ -96,9 +96,8 @@ def physical_readings(p: CostProfile) -> list[tuple[str, str, str]]:
          f"time (searched in {BOUNDS['quantized_weight_bytes'][0]:g} to "
          f"{BOUNDS['quantized_weight_bytes'][1]:g}; held at "
          f"{QUANTIZED_WEIGHT_BYTES_PRIOR:g} in fits without int8 rows)"),
-        ("compile_s_per_graph_per_gb", f"{p.compile_s_per_graph_per_gb:g} s (held)",
-         "compile time per bucket graph per GB of weights (AWS: ~15 min for a 15 GB model, "
-         "read as 2 graphs)"),
+        ("compile", "a section of its own",
+         "the compile-time model's parameters, fitted apart: \"Compile time\" below"),
     ]
 
 
@@ -375,6 +374,8 @@ def render(profile: CostProfile, rows, tests: list[tuple[str, list[dict]]],
         *trn2_section(profile),
         "",
         *prefix_section(),
+        "",
+        compile_fit.markdown(profile.compile_params).rstrip("\n"),
         "",
     ]
     return "\n".join(out)

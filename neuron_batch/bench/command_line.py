@@ -19,6 +19,7 @@ from neuron_batch.config import (
     RunSettings,
     SimOptions,
 )
+from neuron_batch.prefix_grid import PREFIX_BUCKETS_KEY
 
 #: RunSettings fields that say where and how a run reports, not what it runs.
 _NOT_WRITTEN = {"output", "resume", "quiet", "max_runtime", "metrics_textfile", "inputs",
@@ -65,8 +66,11 @@ def run_command(settings: RunSettings, *, program: str = "neuron-batch run") -> 
     add("max_num_seqs", settings.max_num_seqs)
     # Every bucket list the runtime compiles, by its own flags (resolved defaults included, so
     # the line reproduces the run whatever the defaults become).
+    # (NxDI's prefix list only when given: bench and plan sweep the other three, and the
+    # default is fixed by --max-model-len)
     for key, values in settings.shapes().bucket_lists().items():
-        add(BUCKET_FIELDS[key], values)
+        if key != PREFIX_BUCKETS_KEY or settings.prefix_buckets is not None:
+            add(BUCKET_FIELDS[key], values)
     for f in fields(RunSettings):
         if f.name in _NOT_WRITTEN or f.name in _ALWAYS or f.name.endswith("_buckets"):
             continue

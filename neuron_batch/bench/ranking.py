@@ -115,6 +115,8 @@ def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
                                              params.get("max_num_batched_tokens")),
         "compiled_graphs": int(graphs),
         "estimated_compile_s": compile_s,
+        # the start-up counted only a load: the graphs were compiled before (None: unknown)
+        "compiled_before": ((config.get("sim") or {}).get("compile") or {}).get("compiled"),
         "output_tokens_per_s": output_tps,
         "total_tokens_per_s": float(throughput.get("total_tokens_per_s") or 0.0),
         "elapsed_s": throughput.get("elapsed_s"),

@@ -170,10 +170,10 @@ def _legend(rows: Sequence[dict[str, Any]], columns: Sequence[Column],
         parts.append("every decode step runs all max_num_seqs slots ("
                      + ", ".join(map(str, seqs)) + ")")
     if ("compile", "est.") in shown:
-        parts.append("est. = estimated compile time")
+        parts.append("est. = estimated start-up (tracing, compiling, loading)")
     if any(c.group == "USD" for c in columns):
         parts.append("cost USD: run = the run at the instance's hourly price; +comp: with the "
-                     "estimated compile time too")
+                     "estimated start-up too")
     if any(c.group == "time%" for c in columns):
         parts.append("time% = share of the run per scheduler state")
     if any(c.group == "admission block" for c in columns):

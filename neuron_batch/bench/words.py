@@ -63,14 +63,14 @@ def compile_minutes(seconds: float | None) -> str:
 
 def compile_words(row: dict) -> str:
     seconds = row.get(COST_COMPILE_S)
-    return "" if seconds is None else f" (est. compile {compile_minutes(seconds)})"
+    return "" if seconds is None else f" (est. start-up {compile_minutes(seconds)})"
 
 
 def compile_pair(row: dict, other: dict, inline: bool = False) -> str:
     a, b = row.get(COST_COMPILE_S), other.get(COST_COMPILE_S)
     if a is None or b is None:
         return ""
-    text = f"est. compile {compile_minutes(a)} vs {compile_minutes(b)}"
+    text = f"est. start-up {compile_minutes(a)} vs {compile_minutes(b)}"
     return f"; {text}" if inline else f" ({text})"
 
 

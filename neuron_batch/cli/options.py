@@ -103,9 +103,12 @@ def engine_options(func):
                           "ending at max-model-len (0 is always added). Default: 0, 512, 1024..."),
         click.option("--compiled-artifacts", default=None, metavar="DIR",
                      envvar="NEURON_BATCH_COMPILED_ARTIFACTS",
-                     help="[neuron] Compiled graphs, a folder per hash of the compiled shapes "
-                          "(the same shapes load, others compile). Default: "
-                          "<cache>/neuron-compiled."),
+                     help="Compiled graphs, a folder per hash of the compiled shapes (the "
+                          "same shapes load, others compile; on sim: count no compile). "
+                          "Default [neuron]: <cache>/neuron-compiled; [sim]: none."),
+        click.option("--compiled", is_flag=True, default=False,
+                     help="[sim] Count the graphs as compiled before (cached): the start-up "
+                          "is their load only. Default: compiled fresh."),
         click.option("--kv-reserve", default="request", show_default=True, metavar="RULE",
                      help="[vllm-neuron] KV admission: request reserves each request's prompt "
                           "+ max_tokens, max-model-len a max_model_len each; `bench` takes "
@@ -157,7 +160,7 @@ def weight_dtype_option(help: str | None = None):
 
 
 SIM_OPTIONS = ("instance", "architecture", "tensor_parallel_size", "weight_dtype",
-               "cost_profile")
+               "cost_profile", "compiled")
 
 
 def settings_from_options(inputs, max_num_seqs: int, options: dict) -> RunSettings:

@@ -75,7 +75,9 @@ def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, floa
               help="The order each replica submits its requests in (`run --order`); "
                    "length: longest first, which under nxdi wastes less attention.")
 @click.option("--compiled", is_flag=True,
-              help="The graphs are cached from an earlier run: compile time does not count.")
+              help="The graphs are compiled already (an earlier run's artifacts or compile "
+                   "cache): the start-up counts their load only, and hosts too small to "
+                   "compile the model are weighed too.")
 @click.option("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN, show_default=True,
               help="Longest prompt + output, in tokens.")
 @click.option("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,

@@ -41,7 +41,9 @@ def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size,
     (prefilled together, decoded together) and its TPOT, output tokens/s and TTFT are matched;
     its columns: model, instance, tp_degree, batch_size, max_seq_len, input_len, output_len,
     output_tok_per_s, ttft_p50_ms, tpot_p50_ms, weight_dtype. Either way the parameters are
-    fitted by least squares on the relative error.
+    fitted by least squares on the relative error. From run folders of a Neuron host, the
+    profile's `compile` section is also read from the last start-up that compiled (the phases
+    its engine log states, else the start-up measured).
     """
     if published and run_dirs:
         raise click.UsageError("give run folders or --published FILE, not both")
@@ -86,13 +88,47 @@ def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size,
                                  runtime=runtime)
     except (ValueError, FileNotFoundError) as error:
         raise click.UsageError(str(error)) from None
+    startup = _compile_from_startup(run_dirs, instance, architecture, tp, weight_dtype,
+                                    runtime)
+    if startup is not None:
+        profile = profile.replace(compile=startup[0])
     save_profile(profile, output)
     model = StepCostModel(profile, instance, architecture, tp, weight_dtype=weight_dtype,
                           runtime=runtime)
     errors = sorted(abs(model.step_time(s) / (s.t_end - s.t_start) - 1) for s in steps)
     click.echo(f"fitted {len(steps):,} steps from {len(run_dirs)} run(s): median step-time "
                f"error {errors[len(errors) // 2]:.1%}, p90 {errors[int(len(errors) * 0.9)]:.1%}")
+    click.echo(f"compile section: from {startup[1]}" if startup is not None else
+               "compile section: the built-in fit (no run's engine log shows a compile: every "
+               "start came from the cache, or none was on a Neuron host)")
     click.echo(f"wrote {output}; use it with --device sim --cost-profile {output}")
+
+
+def _compile_from_startup(run_dirs, instance, architecture, tp, weight_dtype, runtime):
+    """(compile section, what was read) from the last start-up that compiled, among the run
+    folders' attempts (attempts.json `startup`, with the graphs of report.json), or None."""
+    import json
+
+    from neuron_batch.device.calibrate_compile import fit_from_startup
+
+    for run_dir in reversed(run_dirs):
+        folder = Path(run_dir)
+        try:
+            attempts = json.loads((folder / "attempts.json").read_text(encoding="utf-8"))
+            config = json.loads((folder / "report.json").read_text(encoding="utf-8"))["config"]
+        except (OSError, ValueError, KeyError):
+            continue
+        prefill = len(config.get("prefill_buckets") or [])
+        graphs = int(config.get("compiled_graphs") or 0)
+        for attempt in reversed(attempts if isinstance(attempts, list) else []):
+            found = fit_from_startup(attempt.get("startup") or {}, arch=architecture, tp=tp,
+                                     instance=instance, prefill_graphs=prefill,
+                                     decode_graphs=max(graphs - prefill, 0),
+                                     weight_dtype=weight_dtype,
+                                     parallel=runtime.parallel_compile)
+            if found is not None:
+                return found[0], f"{run_dir} attempt {attempt.get('attempt')}: {found[1]}"
+    return None
 
 
 def _calibrate_published(path: str, instance: str | None, output: str) -> None:

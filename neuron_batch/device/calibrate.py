@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from . import fit
+from .compile_time import DEFAULT_COMPILE
 from .cost_model import (
-    DEFAULT_COMPILE_S_PER_GRAPH_PER_GB,
     QUANTIZED_DTYPES,
     CostProfile,
     StepCostModel,
@@ -48,8 +48,9 @@ from .published import (  # noqa: F401  (re-exported: the calibration API)
 #: of a step, so they cannot set it apart).
 FIT_PARAMS = ("prefill_fixed_s", "decode_fixed_s", "weight_bw_efficiency", "compute_efficiency",
               "attention_efficiency", "collective_latency_s", "quantized_weight_bytes")
-#: Held at their start value by every fit.
-HELD_PARAMS = ("compile_s_per_graph_per_gb",)
+#: Held at their start value by every fit (the `compile` section is fitted apart:
+#: compile_fit.py, and calibrate_compile.py for a run's engine log).
+HELD_PARAMS: tuple[str, ...] = ()
 #: What a fit to measured steps of one configuration moves. One TP degree and one dtype:
 #: collective latency is then a constant per step (the fixed costs absorb it) and the cost of
 #: a quantized weight cannot be told from the weight bandwidth, so both are held.
@@ -84,10 +85,9 @@ def default_profile(instance: str = "inf2.48xlarge") -> CostProfile:
     return CostProfile(instance, prefill_fixed_s=0.01, decode_fixed_s=0.001,
                        weight_bw_efficiency=0.5, kv_bw_efficiency=0.5, compute_efficiency=0.3,
                        collective_latency_s=10e-6,
-                       compile_s_per_graph_per_gb=DEFAULT_COMPILE_S_PER_GRAPH_PER_GB,
                        attention_efficiency=0.5 / 128,
                        quantized_weight_bytes=QUANTIZED_WEIGHT_BYTES_PRIOR,
-                       source="default starting point")
+                       source="default starting point", compile=DEFAULT_COMPILE)
 
 
 def _with(profile: CostProfile, names: Sequence[str], x: Sequence[float],

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -53,6 +54,7 @@ from typing import Any
 from neuron_batch.choices import WeightDtype
 
 from .architectures import Architecture, dtype_bytes, resolve_architecture
+from .compile_time import DEFAULT_COMPILE, CompileParams, CompileProfileError
 from .hardware import (
     GIB,
     INSTANCES,
@@ -61,6 +63,8 @@ from .hardware import (
     valid_tp_degrees,
     validate_tp,
 )
+
+logger = logging.getLogger(__name__)
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
 WEIGHT_DTYPES = WeightDtype.values()
@@ -73,9 +77,8 @@ ACTIVATION_BYTES = 2
 RESERVE_FRACTION = 0.10
 #: VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION default (neuron-facts.md).
 DEFAULT_KV_CAP_FRACTION = 0.30
-#: "A 15 GB model takes about 15 minutes to compile" (AWS), read as 2 graphs: see
-#: compile_footprint.
-DEFAULT_COMPILE_S_PER_GRAPH_PER_GB = 900.0 / 2 / 15.0
+#: The compile rule before compile_time.py (30 s a graph a GB): older profiles', ignored.
+LEGACY_COMPILE_FIELD = "compile_s_per_graph_per_gb"
 
 
 @dataclass(slots=True)
@@ -99,8 +102,6 @@ class CostProfile:
     # Latency of one stage of an all-reduce; one over tp cores takes ceil(log2 tp) stages and
     # each layer does two (after attention, after the MLP).
     collective_latency_s: float
-    # Compile time of one bucket graph per GB of weights (see compile_footprint).
-    compile_s_per_graph_per_gb: float
     # Where the numbers come from (fit, derivation, or hand-set).
     source: str = ""
     # Achieved fraction of peak bf16 FLOP/s on decode attention (one query row per head).
@@ -108,17 +109,28 @@ class CostProfile:
     # HBM-equivalent bytes one int8/fp8 weight costs per step, dequantization included:
     # 1 = the storage size, 2 = as slow as bf16.
     quantized_weight_bytes: float = 1.0
+    # The compile-time model's parameters (compile_time.py); None: the built-in fit.
+    compile: CompileParams | None = None
+
+    @property
+    def compile_params(self) -> CompileParams:
+        return self.compile or DEFAULT_COMPILE
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CostProfile:
+        """From a profile's JSON object; ValueError naming a field that cannot be used (the
+        `compile` section's as `compile.<field>`)."""
+        data = {k: v for k, v in data.items() if k != LEGACY_COMPILE_FIELD}
         names = {f.name for f in fields(cls)}
         unknown = set(data) - names
         if unknown:
             raise ValueError(f"unknown cost-profile fields {sorted(unknown)}; "
                              f"expected {sorted(names)}")
+        if data.get("compile") is not None:
+            data["compile"] = CompileParams.from_dict(data["compile"])
         return cls(**data)
 
     def replace(self, **changes: Any) -> CostProfile:
@@ -144,7 +156,20 @@ def load_profile(source: str | Path) -> CostProfile:
             raise FileNotFoundError(f"no profile file {str(source)!r} and no built-in profile of "
                                     f"that name; built-in: {', '.join(INSTANCES)}")
         path = PROFILES_DIR / f"{name}.json"
-    return CostProfile.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))     # (JSONDecodeError: a ValueError)
+        if not isinstance(data, dict):
+            raise ValueError("expected a JSON object of parameters")
+        profile = CostProfile.from_dict(data)
+    except (CompileProfileError, TypeError, ValueError) as error:
+        raise ValueError(f"cost profile {path}: {error}") from None
+    if profile.compile is None:
+        logger.warning("cost profile %s has no `compile` section%s: compile times use the "
+                       "built-in fit (neuron_batch/device/CALIBRATION.md, \"Compile time\"); "
+                       "add one, or refit with `neuron-batch calibrate`", path,
+                       f" (its {LEGACY_COMPILE_FIELD} is no longer used)"
+                       if LEGACY_COMPILE_FIELD in data else "")
+    return profile
 
 
 def named(instance: str | Instance, arch: str | Architecture) -> tuple[Instance, Architecture]:
@@ -357,36 +382,13 @@ def kv_capacity(instance: str | Instance, arch: str | Architecture, tp_degree: i
     }
 
 
-def compile_footprint(num_prefill_buckets: int, num_decode_buckets: int,
-                      arch: str | Architecture, weight_dtype: str = "bf16", tp: int | None = None,
-                      profile: CostProfile | None = None,
-                      num_graphs: int | None = None) -> dict[str, Any]:
-    """Graphs to compile and the estimated compile time.
-
-    estimated_compile_s = graphs * compile_s_per_graph_per_gb * weight GB. AWS says a 15 GB
-    model takes about 15 minutes to compile; we read that as AWS's recommended starting point
-    (one prefill and one decode bucket, 2 graphs), so 900 s / 2 / 15 GB = 30 s per graph per
-    GB. `tp` is accepted for the record: how compile time scales with it is not published.
-    """
-    arch = resolve_architecture(arch)
-    per_gb = profile.compile_s_per_graph_per_gb if profile else DEFAULT_COMPILE_S_PER_GRAPH_PER_GB
-    # The runtime's own count when given (runtime.Shapes.num_graphs: the Beta plugin compiles
-    # each decode batch bucket once per decode context-length bucket, plus max_model_len).
-    graphs = num_graphs if num_graphs is not None else num_prefill_buckets + num_decode_buckets
-    per_graph = per_gb * arch.weight_bytes(weight_dtype) / 1e9
-    return {"graphs": graphs, "per_graph_s": per_graph, "estimated_compile_s": graphs * per_graph,
-            "tp": tp}
-
-
 def tp_holding_one_request(instance: str | Instance, arch: Architecture, tp: int, weight_dtype: str,
                            max_model_len: int, block_size: int,
                            cap_fraction: float) -> int | None:
     """The smallest TP above `tp` on `instance` whose paged KV cache holds one request of
     max_model_len (vLLM's null block left out), or None: what a too-small cache's error
     suggests."""
-    for bigger in valid_tp_degrees(instance):
-        if bigger <= tp:
-            continue
+    for bigger in (d for d in valid_tp_degrees(instance) if d > tp):
         try:
             kv = kv_capacity(instance, arch, bigger, weight_dtype, max_model_len=max_model_len,
                              block_size=block_size, cap_fraction=cap_fraction)

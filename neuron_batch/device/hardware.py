@@ -14,8 +14,13 @@ Trn1/Trn1n Architecture" pages):
 Trainium2 (trn2, AWS Neuron docs "Trainium2 Architecture"): 8 NeuronCore-v3 a chip, used as 4
 logical NeuronCores at the default LNC=2 (what vLLM Neuron's TP degrees count), 96 GiB HBM at
 2.9 TB/s, 667 bf16 TFLOPS, 3.5 TB/s of DMA and NeuronLink-v3 at 1.28 TB/s per chip; trn2.48xlarge
-has 16 chips (1,536 GiB at 46.4 TB/s, 10.7 PFLOPS), trn2.3xlarge one. Their vCPU and host memory
-figures are EC2's listing as commonly quoted (the simulator does not use them).
+has 16 chips (1,536 GiB at 46.4 TB/s, 10.7 PFLOPS), trn2.3xlarge one.
+
+vCPUs and host memory are AWS's EC2 instance-type pages (aws.amazon.com/ec2/instance-types/
+inf2/, trn1/, trn2/; inf2.xlarge's 16 GiB and inf2.8xlarge's 128 GiB as
+../shared/notes/neuron-facts.md quotes them, the others from the same pages' tables). The
+compile-time model (compile_time.py) uses them: a host compiles at most min(32, vCPUs) graphs
+at once, and a host whose memory is too small for the model cannot compile it.
 
 A tensor-parallel group of `tp` NeuronCores uses only those cores' HBM, bandwidth and FLOPS:
 the cost model works per core and never assumes the idle cores help.

@@ -26,12 +26,12 @@ from typing import Any
 
 from neuron_batch.buckets import kv_too_small_message
 from neuron_batch.device.architectures import Architecture, context_hint
+from neuron_batch.device.compile_time import compile_footprint
 from neuron_batch.device.cost_model import (
     WEIGHT_DTYPES,
     CapacityError,
     CostProfile,
     StepCostModel,
-    compile_footprint,
     kv_capacity,
     load_profile,
     tp_holding_one_request,
@@ -39,6 +39,7 @@ from neuron_batch.device.cost_model import (
 from neuron_batch.device.hardware import INSTANCES, Instance, get_instance, validate_tp
 from neuron_batch.device.model_dir import architecture_of, write_model_dir
 from neuron_batch.device.static_kv import static_kv_capacity, static_slots
+from neuron_batch.prefix_grid import grid_size
 from neuron_batch.runtime import Runtime, Shapes, get_runtime
 from neuron_batch.scheduler import SCHEDULER_CLS
 from neuron_batch.scheduler.kv_reserve import (
@@ -193,16 +194,20 @@ class Target:
         return blocks + 1 if self.runtime.static_kv else blocks
 
     def compile_estimate(self, num_prefill_buckets: int, num_decode_buckets: int,
-                         num_graphs: int | None = None) -> dict[str, Any]:
-        """`compile_footprint` of these bucket counts on this device."""
+                         num_graphs: int | None = None, *, compiled: bool = False) -> dict:
+        """`compile_footprint` of these bucket counts on this device (`compiled`: loaded only)."""
         return compile_footprint(num_prefill_buckets, num_decode_buckets, self.arch,
                                  self.weight_dtype, tp=self.tp, profile=self.profile,
-                                 num_graphs=num_graphs)
+                                 num_graphs=num_graphs, instance=self.instance,
+                                 runtime=self.runtime, compiled=compiled)
 
-    def compile_s(self, shapes: Shapes) -> float:
-        """Estimated seconds to compile the graphs of `shapes` (a layout of this runtime)."""
-        return self.compile_estimate(len(shapes.prefill_buckets), len(shapes.decode_buckets),
-                                     shapes.num_graphs)["estimated_compile_s"]
+    def compile_s(self, shapes: Shapes, compiled: bool = False) -> float | None:
+        """Estimated start-up of the graphs of `shapes` (a layout of this runtime): tracing,
+        compiling and loading them, or (`compiled`) loading only; None where the host's
+        memory cannot compile them (device/compile_time.py)."""
+        prefill = grid_size(shapes.prefill_buckets, shapes.prefix_buckets or (0,))  # (grid)
+        return self.compile_estimate(prefill, len(shapes.decode_buckets), shapes.num_graphs,
+                                     compiled=compiled)["estimated_compile_s"]
 
     # -- the one serialised form -----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -274,12 +279,13 @@ class Target:
         }
 
     def describe(self, *, num_prefill_buckets: int, num_decode_buckets: int,
-                 num_graphs: int | None = None) -> dict[str, Any]:
+                 num_graphs: int | None = None, compiled: bool = False) -> dict[str, Any]:
         """The simulated device in numbers, for the report (`num_graphs`: the runtime's own
-        count, `Shapes.num_graphs`; default prefill + decode buckets)."""
+        count, `Shapes.num_graphs`; default prefill + decode buckets; `compiled`: see above)."""
         kv = self.kv
         blocks_per_seq = -(-self.max_model_len // self.block_size)
-        compile_ = self.compile_estimate(num_prefill_buckets, num_decode_buckets, num_graphs)
+        compile_ = self.compile_estimate(num_prefill_buckets, num_decode_buckets, num_graphs,
+                                         compiled=compiled)
         calibrated = INSTANCES[self.profile.instance].calibrated \
             if self.profile.instance in INSTANCES else True     # (a profile of the user's)
         return {
@@ -311,6 +317,9 @@ class Target:
                 "prefill_graphs": num_prefill_buckets,
                 "decode_graphs": num_decode_buckets,
                 "estimated_compile_s": compile_["estimated_compile_s"],
+                "compiled": compiled,
+                "startup": compile_["startup"],
+                "host_warning": compile_["host_warning"],
             },
             "profile": {"name": self.profile.instance, "source": self.profile_source,
                         "calibrated": calibrated, "params": self.profile.to_dict()},

@@ -106,11 +106,18 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
                            has_tokenizer=model.has_tokenizer and not simulated, target=job.target,
                            mixed_sampling=mixed_sampling(settings, pending))
     started = time.time()
+    on_neuron = simulated or device == "neuron"
+    if on_neuron:
+        from neuron_batch.job.startup import after_start, before_start
+
+        state = before_start(job, kwargs, folder.path / ENGINE_LOG, log)
     log("loading the model into vLLM" if not simulated else "starting the simulated device")
     try:
         engine = Engine(kwargs, quiet=settings.quiet)
     except ValueError as error:  # vLLM's own configuration checks (KV cache too small, ...)
         raise RunError(f"vLLM refused the configuration: {error}") from None
+    startup = (after_start(job, state, time.time() - started, folder.path / ENGINE_LOG)
+               if on_neuron else None)
     detokenize = model.has_tokenizer and not simulated
     by_id: dict[str, PreparedRequest] = {}
     for request in pending:
@@ -174,7 +181,8 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
             "device": device, "pid": os.getpid(),
             "requests_failed": len(errors), "errors": errors[:MAX_ERRORS_KEPT],
-            **stopped_by(stop, ended, settings)}
+            **stopped_by(stop, ended, settings),
+            **({"startup": startup} if startup is not None else {})}
 
 
 def stopped_by(stop: StopFlag, ended: str, settings: RunSettings) -> dict[str, Any]:

@@ -21,7 +21,19 @@ would charge. It holds because of how the simulated device charges time:
       every step, whatever the admission rule;
     - with admission reserving max_model_len per request: sum(o - 1) / the requests that fit;
     - with admission reserving prompt + max_tokens ("request"): the blocks reserved times
-      the steps they are held, over the usable blocks.
+      the steps they are held, over the usable blocks;
+    - the FIFO list schedule's length (`ordered_decode_bound`): requests are admitted in
+      the order they are submitted, into at most S slots, and a request holds its slot for
+      its o - 1 decode steps. Admitting each as soon as a slot frees starts every request at
+      the earliest step any such admission can (by induction: with every earlier request
+      started no later, at least as many slots are free at every step), so its last finish
+      is the fewest decode steps there can be.
+- Static KV (nxdi), from the same schedule: every slot of a decode step attends the
+  token-generation bucket of the longest running request's position + 1, and the Neuron
+  scheduler admits first come, first served, a prompt a step, whenever a slot is free: the
+  schedule above is the one it runs, so its decode time is computed step by step, each at
+  decode_time(S, S x that bucket) (buckets None: the position itself, a bound for any
+  buckets fitted later). tests/test_plan_bounds.py and test_plan.py check it.
 
 Pure Python; the cost model is any object with `prefill_time(padded, context)` and
 `decode_time(padded_seqs, context)`.
@@ -29,6 +41,7 @@ Pure Python; the cost model is any object with `prefill_time(padded, context)` a
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -111,11 +124,88 @@ def decode_steps_bound(stats: ShareStats, *, max_num_seqs: int, num_blocks: int,
     return math.ceil(max(bounds) - 1e-9)
 
 
+def fifo_starts(decode_steps: Sequence[int], max_num_seqs: int) -> list[int]:
+    """Each request's first decode step when the requests are admitted in this order into
+    max_num_seqs slots, each as soon as a slot frees (the earliest any in-order admission
+    can start it; module docstring)."""
+    free = [0] * max(max_num_seqs, 1)
+    starts = []
+    for steps in decode_steps:
+        start = free[0]
+        heapq.heapreplace(free, start + steps)
+        starts.append(start)
+    return starts
+
+
+def ordered_decode_bound(model, prompt_lens: Sequence[int], output_lens: Sequence[int], *,
+                         max_num_seqs: int, attention_buckets: Sequence[int] | None,
+                         static_kv: bool) -> tuple[int, float]:
+    """(decode steps, decode seconds) at least, for requests in the order they are submitted:
+    the FIFO schedule's length and, under a static KV cache, its time step by step (module
+    docstring); 0 seconds otherwise (the caller's Jensen bound over those steps applies)."""
+    steps_of = [max(o - 1, 0) for o in output_lens]
+    starts = fifo_starts(steps_of, max_num_seqs)
+    steps = max((s + d for s, d in zip(starts, steps_of)), default=0)
+    if not static_kv or steps == 0:
+        return steps, 0.0
+    return steps, _static_decode_seconds(model, prompt_lens, steps_of, starts, max_num_seqs,
+                                         attention_buckets)
+
+
+def _static_decode_seconds(model, prompt_lens, steps_of, starts, slots: int,
+                           buckets: Sequence[int] | None) -> float:
+    """The decode time of the FIFO schedule `starts` under a static KV cache. Between two
+    starts or finishes the running set is fixed and the longest position + 1 grows by one a
+    step (the request with the largest prompt + 1 - start), so each such stretch costs the
+    steps in each bucket it crosses (buckets None: by convexity at least its steps at the
+    stretch's mean position)."""
+    cost: dict[int, float] = {}
+
+    def step_s(attended: float) -> float:
+        return model.decode_time(slots, model.decode_kv_tokens(slots, attended, 0))
+
+    def bucketed(attended: int) -> float:
+        if attended not in cost:
+            cost[attended] = step_s(attended)
+        return cost[attended]
+
+    ends = sorted(s + d for s, d in zip(starts, steps_of) if d)
+    times = sorted(set(starts) | set(ends))
+    running: list[tuple[int, int]] = []      # (-(prompt + 1 - start), end): a max-heap
+    total, j, n = 0.0, 0, len(starts)
+    for at, until in zip(times, times[1:]):
+        while j < n and starts[j] <= at:
+            if steps_of[j]:
+                heapq.heappush(running, (-(prompt_lens[j] + 1 - starts[j]),
+                                         starts[j] + steps_of[j]))
+            j += 1
+        while running and running[0][1] <= at:
+            heapq.heappop(running)
+        if not running:
+            continue
+        first, count = at - running[0][0], until - at      # positions first .. first+count-1
+        if not buckets:
+            total += count * step_s(first + (count - 1) / 2)
+            continue
+        while count > 0:
+            bucket = bucket_for(first, buckets)
+            here = count if bucket < first else min(count, bucket - first + 1)
+            total += here * bucketed(bucket)
+            first, count = first + here, count - here
+    return total
+
+
 def decode_seconds_bound(model, stats: ShareStats, *, steps: int, max_num_seqs: int) -> float:
     """At least what `steps` decode steps padded to max_num_seqs cost (Jensen)."""
+    return jensen_decode_seconds(model, stats.context_sum, steps=steps,
+                                 max_num_seqs=max_num_seqs)
+
+
+def jensen_decode_seconds(model, context_sum: int, *, steps: int, max_num_seqs: int) -> float:
+    """`decode_seconds_bound` from the share's KV context sum (X) alone."""
     if steps == 0:
         return 0.0
-    return steps * model.decode_time(max_num_seqs, stats.context_sum / steps)
+    return steps * model.decode_time(max_num_seqs, context_sum / steps)
 
 
 @dataclass(frozen=True)
@@ -136,13 +226,16 @@ class ReplicaBound:
 
 def replica_bound(model, stats: ShareStats, *, prefill_buckets: Sequence[int] | None,
                   max_num_seqs: int, num_blocks: int, block_size: int, max_model_len: int,
-                  kv_reserve: KvReserve | str) -> ReplicaBound:
+                  kv_reserve: KvReserve | str,
+                  ordered: tuple[int, float] | None = None) -> ReplicaBound:
     """Lower bound on the simulated run time of one replica serving `stats`' requests with
-    one decode bucket (max_num_seqs)."""
+    one decode bucket (max_num_seqs). `ordered`: `ordered_decode_bound` of the same requests
+    in their submission order, where known."""
     steps = decode_steps_bound(stats, max_num_seqs=max_num_seqs, num_blocks=num_blocks,
                                block_size=block_size, max_model_len=max_model_len,
                                kv_reserve=kv_reserve)
+    steps = max(steps, ordered[0]) if ordered else steps
+    decode_s = decode_seconds_bound(model, stats, steps=steps, max_num_seqs=max_num_seqs)
     return ReplicaBound(prefill_seconds(model, stats, prefill_buckets),
-                        decode_seconds_bound(model, stats, steps=steps,
-                                             max_num_seqs=max_num_seqs),
+                        max(decode_s, ordered[1]) if ordered else decode_s,
                         steps, sum(stats.chunks.values()))

@@ -120,17 +120,42 @@ class BoundEstimate:
     a bound: it assumes full slots and no tail, so it runs short of the simulated time, alike
     for both parts; the placement needs its ratios."""
 
-    def __init__(self, target):
+    def __init__(self, target, compiled_of: Callable | None = None,
+                 compiled: bool | None = None, memo: dict | None = None):
         self.target = target                        # device.target.Target: its objects
         self.model = target.cost_model              # device.cost_model.StepCostModel
         self.per_instance = target.engines_per_instance
+        # settings -> whether that layout's graphs are compiled already (--compiled, the
+        # artifacts folder); None: none is
+        self._compiled_of = compiled_of
+        self.compiled = compiled            # an assumption for every layout, or None
+        self._memo = {} if memo is None else memo     # shared by `assuming` copies
 
-    def compile_of(self, part) -> float:
-        """The estimated compile time of a part's layout on the target (it depends on the
-        graphs and the weights, not on the layout's length or slots)."""
-        return self.target.compile_s(part.settings.shapes(self.target.runtime))
+    def compile_of(self, part) -> float | None:
+        """The estimated start-up of a part's layout on the target: tracing, compiling what is
+        not compiled yet, loading (None where the host cannot compile it). It depends on the
+        graphs and the weights, not on the layout's length or slots."""
+        compiled = self.compiled
+        if compiled is None:
+            compiled = bool(self._compiled_of(part.settings)) if self._compiled_of else False
+        return self.target.compile_s(part.settings.shapes(self.target.runtime),
+                                     compiled=compiled)
+
+    def assuming(self, compiled: bool) -> BoundEstimate:
+        """The same estimate with every layout compiled before (True) or fresh (False)."""
+        return BoundEstimate(self.target, self._compiled_of, compiled, self._memo)
 
     def seconds(self, part) -> float:
+        """A part's run time (memoised: a cut's parts are weighed under several
+        assumptions about compile)."""
+        share = part.requests[::max(part.settings.replicas, 1)]
+        key = (part.settings, len(share), share[0].record.id if share else None,
+               share[-1].record.id if share else None)
+        if key not in self._memo:
+            self._memo[key] = self._seconds(part)
+        return self._memo[key]
+
+    def _seconds(self, part) -> float:
         from neuron_batch.buckets import bucket_for
         from neuron_batch.device.target import NEURON_BLOCK_SIZE
         from neuron_batch.layout.bounds import (

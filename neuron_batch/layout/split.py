@@ -129,26 +129,48 @@ def cut_candidates(lengths: Sequence[int], slots_at, max_model_len: int, step: i
 
 def choose_cut(settings: RunSettings, requests: list[PreparedRequest], slots_at, estimate
                ) -> tuple[int | None, str]:
-    """`--split-at auto`: the cut whose split the estimate (placement.BoundEstimate)
-    finishes soonest, compile of both layouts (and their placement on --replicas) included,
-    over every candidate (`cut_candidates`); None when the single layout of the settings as
-    given is as fast. Returns it with a line that says so."""
-    from bisect import bisect_right
-
+    """`--split-at auto`: the cut whose split the estimate (placement.BoundEstimate) finishes
+    soonest, the start-up of both layouts (and their placement on --replicas) included, over
+    every candidate (`cut_candidates`); None when the single layout of the settings as given
+    is as fast. Each layout's start-up counts its compile only when it is not compiled yet
+    (BoundEstimate.compile_of); the line returned says so, and when the choice would differ
+    were every layout compiled fresh, or every one compiled before, it says that too."""
     runtime = settings.resolve_runtime()
-    single = Part(LONG, replace(settings, split_at=None, split_placement=AUTO).validate(),
-                  list(requests))
-    single_s = estimate.seconds(single) + (estimate.compile_of(single) or 0.0)
     if not runtime.static_kv or not requests:
         return None, (f"--split-at auto: no split (the {runtime.name} runtime's paged KV cache "
                       f"does not size its slots by max_model_len)")
+    best, best_s, single_s = _best_cut(settings, requests, slots_at, estimate)
+    words = (f"--split-at auto: no split: one layout is estimated fastest "
+             f"({single_s / 3600:.2f} h with its start-up)" if best is None else
+             f"--split-at auto: {best:,} ({best_s / 3600:.2f} h with both layouts' start-up, "
+             f"against {single_s / 3600:.2f} h for one layout, as estimated)")
+    words += f"; {_compile_assumption(settings, requests, slots_at, estimate, best)}"
+    others = []
+    for compiled, when in ((False, "compiled fresh every run"),
+                           (True, "compiled before (loaded only)")):
+        other = _best_cut(settings, requests, slots_at, estimate.assuming(compiled))[0]
+        if other != best:
+            others.append(f"{_cut_words(other)} if every layout is {when}")
+    if others:
+        words += f". {_cut_words(best).capitalize()} as things stand; " + ", ".join(others)
+    return best, words
+
+
+def _best_cut(settings: RunSettings, requests: list[PreparedRequest], slots_at, estimate
+              ) -> tuple[int | None, float, float]:
+    """(best cut or None, its estimated seconds, the single layout's) under `estimate`."""
+    from bisect import bisect_right
+
+    single = Part(LONG, replace(settings, split_at=None, split_placement=AUTO).validate(),
+                  list(requests))
+    single_s = estimate.seconds(single) + (estimate.compile_of(single) or 0.0)
     ordered = sorted(r.length for r in requests)
 
     def slots(cut: int) -> int:
         return short_layout_slots(replace(settings, split_at=cut), slots_at,
                                   bisect_right(ordered, cut))
 
-    best, best_s = None, single_s
+    best, best_s, runtime = None, single_s, settings.resolve_runtime()
     for cut, _ in cut_candidates(ordered, slots, settings.max_model_len, CUT_STEP):
         parts, placement = plan_parts(replace(settings, split_at=cut), requests, slots_at,
                                       estimate, runtime=runtime)
@@ -156,11 +178,43 @@ def choose_cut(settings: RunSettings, requests: list[PreparedRequest], slots_at,
             estimate.seconds(p) + (estimate.compile_of(p) or 0.0) for p in parts)
         if total < best_s:
             best, best_s = cut, total
-    if best is None:
-        return None, (f"--split-at auto: no split: one layout is estimated fastest "
-                      f"({single_s / 3600:.2f} h with compile)")
-    return best, (f"--split-at auto: {best:,} ({best_s / 3600:.2f} h with both compiles, "
-                  f"against {single_s / 3600:.2f} h for one layout, as estimated)")
+    return best, best_s, single_s
+
+
+def placement_note(settings: RunSettings, pending: list[PreparedRequest], slots_at, estimate,
+                   placement: SplitPlacement) -> str:
+    """"" when the parts' placement does not rest on the start-up; else what it would be were
+    every layout compiled fresh, or every one compiled before."""
+    if estimate is None or placement.estimated_s is None:
+        return ""
+    others = []
+    for compiled, when in ((False, "compiled fresh every run"),
+                           (True, "compiled before (loaded only)")):
+        other = plan_parts(settings, pending, slots_at, estimate.assuming(compiled))[1]
+        if other.mode != placement.mode:
+            others.append(f"{other.mode} if every layout is {when}")
+    return "; " + ", ".join(others) if others else ""
+
+
+def _cut_words(cut: int | None) -> str:
+    return "no split" if cut is None else f"split at {cut:,}"
+
+
+def _compile_assumption(settings: RunSettings, requests, slots_at, estimate,
+                        cut: int | None) -> str:
+    """Which of the chosen layouts' start-ups count a compile (compiled fresh) and which a
+    load only (compiled before: --compiled, or the artifacts folder holds them)."""
+    if cut is None:
+        parts = [Part(LONG, replace(settings, split_at=None, split_placement=AUTO).validate(),
+                      list(requests))]
+    else:
+        parts = plan_parts(replace(settings, split_at=cut), requests, slots_at, estimate)[0]
+    states = []
+    for part in parts:
+        loaded = estimate.compile_of(part) == estimate.assuming(True).compile_of(part)
+        states.append(f"{part.name if cut is not None else 'the layout'} "
+                      f"{'compiled before: load only' if loaded else 'compiled fresh'}")
+    return "start-up counted: " + ", ".join(states)
 
 
 def check_split(settings: RunSettings, requests: list[PreparedRequest]) -> None:
@@ -267,4 +321,3 @@ def plan_parts(settings: RunSettings, pending: list[PreparedRequest], slots_at,
         k = placement.short_replicas
         parts = [on(parts[0], k), on(parts[1], replicas - k)]
     return parts, placement
-

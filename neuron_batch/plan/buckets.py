@@ -8,7 +8,6 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from neuron_batch.device.cost_model import compile_footprint
 from neuron_batch.layout.optimiser import plans_for_each_k, prefill_chunk_lengths
 
 if TYPE_CHECKING:   # (grid.py builds the chooser; only the types come from there)
@@ -50,17 +49,18 @@ class BucketChooser:
         best = None
         for plan in self.plans(placement):
             compile_s = self.compile_s(placement, len(plan.buckets))
-            score = (0.0 if self.spec.compiled else compile_s) + plan.cost / total_replicas
+            score = compile_s + plan.cost / total_replicas
             if best is None or score < best[0] - 1e-9:
                 best = (score, tuple(plan.buckets), compile_s)
-        return best[1], (0.0 if self.spec.compiled else best[2])
+        return best[1], best[2]
 
     def compile_s(self, placement: InstanceFit, num_prefill: int) -> float:
-        """Compile time of the runtime's graphs: the prefill buckets, one decode bucket and
-        its attention buckets (nxdi: token generation; vllm-neuron: max_model_len only)."""
+        """Start-up of the runtime's graphs (device/compile_time.py): the prefill buckets, one
+        decode bucket and its attention buckets (nxdi: token generation; vllm-neuron:
+        max_model_len only), traced, compiled on the instance's host and loaded; with
+        `--compiled` only loaded. (A host that cannot compile the model is left out of the
+        plan before this: grid.placements.)"""
         graphs = placement.runtime.num_graphs(num_prefill, 1,
                                               len(placement.attention_buckets()))
-        return float(compile_footprint(num_prefill, 1, placement.target.arch,
-                                       self.spec.weight_dtype, tp=placement.tp,
-                                       profile=placement.target.profile,
-                                       num_graphs=graphs)["estimated_compile_s"])
+        return float(placement.target.compile_estimate(
+            num_prefill, 1, graphs, compiled=self.spec.compiled)["estimated_compile_s"])

@@ -10,8 +10,8 @@ Choices made here, and why:
   workload in a seeded random order (what `run --shuffle --seed S --limit N` reads), which is
   the largest share, so the slowest replica; the layout takes that replica's time.
 - Prefill buckets: the exact optimiser's best set of k buckets for the workload's chunks,
-  priced by the cost model, for the k in 1..K that minimises compile time + one replica's
-  prefill time (with `--compiled` compile time is free, so k = K).
+  priced by the cost model, for the k in 1..K that minimises start-up + one replica's
+  prefill time (with `--compiled` the start-up is a load whatever k, so k = K).
 - Decode: one bucket, max_num_seqs. In a batch job every request is queued at once, so decode
   batches stay full until the last requests drain, a decode step is bound by reading the
   weights (padding a batch costs little), and every extra graph costs minutes of compiling.
@@ -21,8 +21,11 @@ Choices made here, and why:
   simulated), vllm-neuron on trn2 (the seed's buckets and paged KV). `--runtime` forces one.
 - max_model_len: the one given and, when smaller, the tightest that holds every request
   (prompt + max_tokens, rounded up to a multiple of 128): under nxdi it frees static slots.
-- Compile time: the graphs of one replica, compiled once before the run on every instance in
-  parallel (billed on all of them).
+- Start-up (device/compile_time.py): the graphs of one replica, traced, compiled on the
+  instance's host (its vCPUs compile the graphs past the first at once) and loaded, once
+  before the run on every instance in parallel (billed on all of them); with `--compiled`
+  only the load. An instance whose host memory cannot compile the model is left out unless
+  `--compiled` (its graphs would come from a larger host).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections.abc import Callable, Sequence
 from neuron_batch.buckets import round_model_len
 from neuron_batch.choices import KvReserve
 from neuron_batch.device.architectures import resolve_architecture
+from neuron_batch.device.compile_time import host_memory_warning
 from neuron_batch.device.hardware import (
     INSTANCES,
     HardwareError,
@@ -46,6 +50,7 @@ from neuron_batch.errors import did_you_mean
 from neuron_batch.layout.bounds import ShareStats, replica_bound
 from neuron_batch.plan.buckets import BucketChooser
 from neuron_batch.plan.options import (
+    DecodePart,
     InstanceFit,
     Option,
     PlanError,
@@ -120,6 +125,14 @@ def placements(spec: PlanSpec) -> tuple[list[InstanceFit], list[str]]:
                                                                                 inst.family)
         if refused:                                 # no layout of it loads there
             excluded.append(f"{name}: {refused}")
+            continue
+        cannot_compile = None if spec.compiled else host_memory_warning(inst, arch,
+                                                                        spec.weight_dtype)
+        if cannot_compile:                          # its compile would be killed: no estimate
+            excluded.append(f"{name}: {cannot_compile.split(': compiling')[0]}: compiling "
+                            f"there is killed for want of host memory (aws-neuron-sdk issue "
+                            f"1222); plan with --compiled to weigh it with graphs compiled "
+                            f"on a larger host")
             continue
         for tp in valid_tp_degrees(inst):
             try:
@@ -210,10 +223,12 @@ def build_options(spec: PlanSpec, placements_: Sequence[InstanceFit], prompt_len
                                    else None)
                 sim_key = (placement.hardware_key(), seqs, prefill, (seqs,), size, seed,
                            spec.kv_reserve)
+                part = DecodePart(None, False, seqs, placement.attention_buckets(),
+                                  bound.decode_s, bound.decode_steps, stats.context_sum)
                 options.append(Option(name, placement, num_instances, seqs, prefill, (seqs,),
                                       placement.attention_buckets(), compile_s, size,
                                       bound.seconds, bound.steps, stats.output_tokens,
-                                      sim_key, skip_reason=too_small))
+                                      sim_key, skip_reason=too_small, decode_parts=(part,)))
     mark_same_schedule(options, spec)
     progress(f"{len(options)} options bounded")
     return options

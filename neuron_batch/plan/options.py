@@ -4,11 +4,12 @@ a split option's short layout (SplitLayout). Data only; grid.py builds them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_batch.buckets import nxdi_default_buckets
-from neuron_batch.choices import KvReserve, Pricing, WeightDtype, normalise
+from neuron_batch.choices import KvReserve, Order, Pricing, WeightDtype, normalise
 from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_TOKENS, RunSettings
 from neuron_batch.device.cost_model import StepCostModel
 from neuron_batch.device.hardware import DEFAULT_PLAN_INSTANCES
@@ -47,10 +48,20 @@ class PlanSpec:
     prices: dict[str, float] = field(default_factory=dict)   # instance -> USD/h overrides
     runtime: str | None = None      # None: each instance's own (nxdi inf2/trn1, vllm-neuron trn2)
     splits: bool = True             # also weigh jobs split by length (static-KV runtimes)
+    order: Order = Order.INPUT      # how each replica submits its share (`run --order`)
 
     def __post_init__(self) -> None:
         normalise(self, {"weight_dtype": WeightDtype, "kv_reserve": KvReserve,
-                         "pricing": Pricing})
+                         "pricing": Pricing, "order": Order})
+
+    def in_order(self, prompt_lens: Sequence[int], output_lens: Sequence[int]
+                 ) -> tuple[list[int], list[int]]:
+        """A share's (prompt lengths, output lengths) as a replica submits them: as read, or
+        longest prompt + output first (inputs/prepare.py `in_order`, ties as read)."""
+        pairs = list(zip(prompt_lens, output_lens))
+        if self.order == Order.LENGTH:
+            pairs.sort(key=lambda pair: -(pair[0] + pair[1]))
+        return [p for p, _ in pairs], [o for _, o in pairs]
 
     @classmethod
     def from_settings(cls, settings: RunSettings, **grid: Any) -> PlanSpec:
@@ -65,7 +76,7 @@ class PlanSpec:
                    cost_profile=settings.sim.cost_profile, max_model_len=settings.max_model_len,
                    max_num_batched_tokens=settings.max_num_batched_tokens,
                    kv_reserve=settings.kv_reserve, pricing=settings.cost.pricing,
-                   runtime=settings.runtime, **grid)
+                   runtime=settings.runtime, order=settings.order, **grid)
 
 
 @dataclass(frozen=True)
@@ -118,11 +129,26 @@ class InstanceFit:
         same chip; inf2.24xlarge and inf2.48xlarge the same chips and links)."""
         inst = self.target.instance
         profile = {k: v for k, v in self.target.profile.to_dict().items()
-                   if k not in ("instance", "source")}
+                   if k not in ("instance", "source", "compile")}     # (not in a step's time)
         return (inst.family, inst.hbm_bytes_per_core, inst.hbm_bytes_s_per_core,
                 inst.flops_per_core, inst.collective_bytes_s(self.tp), inst.link_gib_s,
                 self.tp, self.num_blocks, tuple(sorted(profile.items())), self.runtime.name,
                 self.max_model_len)
+
+
+@dataclass(frozen=True)
+class DecodePart:
+    """One engine run of an option's replica (the whole share, or a split's short or long
+    part) as its decode was first bounded, with what tightening that bound needs
+    (plan/tighten.py)."""
+
+    cut: int | None                     # None: the whole share; else the split's cut
+    short: bool                         # the requests of length <= cut (else > cut)
+    max_num_seqs: int
+    attention_buckets: tuple[int, ...] | None   # None: fitted at run time (unpadded)
+    decode_s: float                     # the first bound's decode seconds and steps
+    decode_steps: int
+    context_sum: int                    # ShareStats.context_sum of its requests
 
 
 @dataclass
@@ -145,6 +171,8 @@ class Option:
     split: SplitLayout | None = None    # a job split by length (splits.py): its short layout
     skip_reason: str | None = None      # set when another option provably does as well
     pruned_by: str | None = None        # the best option when this one was pruned
+    decode_parts: tuple[DecodePart, ...] = ()   # how its decode was bounded, to tighten
+    tightened: bool = False             # its decode bound tightened already (tighten.py)
     result: dict[str, Any] | None = field(default=None, repr=False)
 
     @property

@@ -40,6 +40,7 @@ from neuron_batch.plan.options import Option, PlanError
 from neuron_batch.plan.report import PlanWriter
 from neuron_batch.plan.search import Search, dry_run
 from neuron_batch.plan.splits import split_options
+from neuron_batch.plan.tighten import Tightener, bound_is_exact
 
 #: CPU seconds a simulation costs per engine step and per output token, measured on the 2-core
 #: development machine (the whole conversation trace at max_num_seqs 32: 147 k steps, 4.1 M
@@ -133,7 +134,9 @@ def run_plan(job: PlanJob) -> int:
         raise RunError(str(error)) from None
     job.out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    job = replace(job, log=_timed(job.log, started))
+    # (the bounds take each share in the order its simulated replica submits it)
+    job = replace(job, log=_timed(job.log, started),
+                  spec=replace(job.spec, order=job.base.order))
     workload = load_workload(job.base, job.log, command="plan")
     requests = workload.prepared.requests
     prompt_lens = [len(r.prompt_token_ids) for r in requests]
@@ -154,9 +157,10 @@ def run_plan(job: PlanJob) -> int:
     options += split_options(job.spec, options, prompt_lens, output_lens)
     writer = PlanWriter(job, options, excluded, workload_output_tokens=sum(output_lens),
                         num_requests=len(requests))
-    _announce(job, options, excluded, load_s=time.monotonic() - started)
+    tighten = Tightener(job.spec, prompt_lens, output_lens)
+    _announce(job, options, excluded, tighten, load_s=time.monotonic() - started)
     try:
-        _search(job, options, writer)
+        _search(job, options, writer, tighten)
     except KeyboardInterrupt:
         writer.write(wall_s=time.monotonic() - started, complete=False)
         job.log(f"interrupted: finished simulations are kept in {job.out_dir}; --resume "
@@ -175,7 +179,8 @@ def _timed(log: Callable[[str], None], started: float) -> Callable[[str], None]:
     return timed
 
 
-def _announce(job: PlanJob, options: list[Option], excluded: list[str], load_s: float) -> None:
+def _announce(job: PlanJob, options: list[Option], excluded: list[str], tighten: Tightener,
+              load_s: float) -> None:
     spec, log = job.spec, job.log
     skipped = [o for o in options if o.skip_reason]
     kinds = sorted({(o.instance, o.tp) for o in options})
@@ -189,10 +194,12 @@ def _announce(job: PlanJob, options: list[Option], excluded: list[str], load_s: 
         log(f"  left out ({len(excluded)}; reasons in plan.json): {', '.join(names)}; e.g. "
             f"{excluded[0]}")
     at = f" ({job.deadline.at})" if job.deadline.at else ""
-    compile_ = "not counted (--compiled)" if spec.compiled else "counted"
+    compile_ = ("loading only (--compiled: the graphs compiled before)" if spec.compiled
+                else "compiled fresh (tracing, compiling on each instance, loading)")
     log(f"deadline {job.deadline.text} = {format_hours(job.deadline.hours)}{at}; KV admission: "
-        f"{job.spec.kv_reserve}; compile time {compile_}")
-    expected = dry_run(options, job.deadline.hours, slack=ESTIMATE_SLACK)
+        f"{job.spec.kv_reserve}; start-up counted as {compile_}")
+    expected = dry_run(options, job.deadline.hours, tighten=tighten,
+                       slack=lambda o: 1.0 if bound_is_exact(o) else ESTIMATE_SLACK)
     everything = {o.sim_key: o for o in options if not o.skip_reason}
     log(f"estimate: about {len(expected)} simulations "
         f"({_steps(expected):,} engine steps), {_minutes(expected, job.jobs, load_s)} with "
@@ -213,8 +220,8 @@ def _minutes(options: list[Option], jobs: int, load_s: float) -> str:
     return f"about {seconds / 60:.0f} min" if seconds >= 90 else f"about {seconds:.0f} s"
 
 
-def _search(job: PlanJob, options: list[Option], writer) -> None:
-    search = Search(options, job.deadline.hours, prune=job.prune)
+def _search(job: PlanJob, options: list[Option], writer, tighten: Tightener) -> None:
+    search = Search(options, job.deadline.hours, prune=job.prune, tighten=tighten)
     pool = (_InlinePool() if job.jobs == 1 else
             ProcessPoolExecutor(max_workers=job.jobs, mp_context=get_context("spawn")))
     futures: dict[Future, Option] = {}

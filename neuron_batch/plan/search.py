@@ -14,7 +14,8 @@ found early and prunes the most) and leaves the running to its caller.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from bisect import insort
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 #: While simulations run, an option is started beside them only if it could beat what they
@@ -51,13 +52,15 @@ class Search:
     """Best-first over options with bounds; the caller runs what `next()` returns and reports
     with `done()`. Options sharing a simulation key are simulated once."""
 
-    def __init__(self, options: Iterable[Any], deadline_h: float, *, prune: bool = True):
+    def __init__(self, options: Iterable[Any], deadline_h: float, *, prune: bool = True,
+                 tighten: Callable[[Any], bool] | None = None):
         self.deadline_h = deadline_h
         self.prune = prune          # False: simulate everything (to check what pruning drops)
         self.speculate = prune      # hold options back that the running ones would likely prune
-        self.queue = sorted(
-            (o for o in options if o.skip_reason is None),
-            key=lambda o: (bound_key(o.hours_bound, o.usd_bound, deadline_h), o.name))
+        # option -> whether its bound rose (plan/tighten.py): asked of each option once it
+        # heads the queue unpruned, before it is simulated
+        self.tighten = tighten
+        self.queue = sorted((o for o in options if o.skip_reason is None), key=self._key)
         self.results: dict[tuple, dict[str, Any]] = {}     # sim_key -> result
         self.running: dict[tuple, list[Any]] = {}          # sim_key -> options waiting on it
         self.best: tuple | None = None
@@ -71,12 +74,17 @@ class Search:
         while self.queue:
             option = self.queue[0]
             if option.sim_key in self.results:      # simulated already: its figures are free
+                if self.tighten is not None:
+                    self.tighten(option)            # (its own bound, reported beside them)
                 self._settle(self.queue.pop(0), self.results[option.sim_key])
                 continue
             if self.prune and cannot_beat(option.hours_bound, option.usd_bound, self.best,
                                           self.deadline_h):
                 option.pruned_by = self.best_option.name
                 self.pruned.append(self.queue.pop(0))
+                continue
+            if self.tighten is not None and self.tighten(option):
+                insort(self.queue, self.queue.pop(0), key=self._key)     # back in line
                 continue
             if option.sim_key in self.running:
                 self.running[option.sim_key].append(self.queue.pop(0))
@@ -87,6 +95,9 @@ class Search:
             self.running[option.sim_key] = [self.queue.pop(0)]
             return option
         return None
+
+    def _key(self, option: Any) -> tuple:
+        return bound_key(option.hours_bound, option.usd_bound, self.deadline_h), option.name
 
     def _hoped_best(self) -> tuple | None:
         """The best key once the running simulations end, if they take SPECULATION_SLACK
@@ -121,21 +132,29 @@ class Search:
         return bool(self.running)
 
 
-def dry_run(options: Sequence[Any], deadline_h: float, *, slack: float = 1.1
-            ) -> list[Any]:
-    """The options a search would simulate if every run took `slack` times its bound: the
-    basis of the estimate `plan` states before starting. Leaves the options untouched."""
+def dry_run(options: Sequence[Any], deadline_h: float, *,
+            slack: float | Callable[[Any], float] = 1.1,
+            tighten: Callable[[Any], bool] | None = None) -> list[Any]:
+    """The options a search would simulate if every run took `slack` times its bound (a
+    callable: the option's own): the basis of the estimate `plan` states before starting.
+    Leaves the options untouched but for `tighten`ing the bounds of those it reaches (they
+    stay lower bounds)."""
+    slack_of = slack if callable(slack) else (lambda option, value=slack: value)
     class _Shadow:
         def __init__(self, option):
             self.option, self.name, self.sim_key = option, option.name, option.sim_key
             self.skip_reason, self.result = option.skip_reason, None
-            self.hours_bound, self.usd_bound = option.hours_bound, option.usd_bound
-            self.bound_s = option.bound_s
             self.hours_for, self.usd_for = option.hours_for, option.usd_for
 
-    search = Search([_Shadow(o) for o in options], deadline_h)
+        # (read through: tightening raises the option's own bound)
+        hours_bound = property(lambda self: self.option.hours_bound)
+        usd_bound = property(lambda self: self.option.usd_bound)
+        bound_s = property(lambda self: self.option.bound_s)
+
+    search = Search([_Shadow(o) for o in options], deadline_h,
+                    tighten=None if tighten is None else lambda shadow: tighten(shadow.option))
     simulated = []
     while (shadow := search.next()) is not None:
         simulated.append(shadow.option)
-        search.done(shadow, {"replica_s": shadow.option.bound_s * slack})
+        search.done(shadow, {"replica_s": shadow.option.bound_s * slack_of(shadow.option)})
     return simulated

@@ -24,11 +24,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from neuron_batch.buckets import nxdi_default_buckets
-from neuron_batch.device.cost_model import compile_footprint
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
 from neuron_batch.layout.bounds import ShareStats, replica_bound
 from neuron_batch.layout.split import CUT_STEP, MAX_SHORT_SLOTS, cut_candidates, fitted_count
-from neuron_batch.plan.options import InstanceFit, Option, PlanSpec, SplitLayout
+from neuron_batch.plan.options import DecodePart, InstanceFit, Option, PlanSpec, SplitLayout
 
 
 def split_options(spec: PlanSpec, singles: Sequence[Option], prompt_lens: Sequence[int],
@@ -62,7 +61,6 @@ def _short_layouts(spec: PlanSpec, placement: InstanceFit, prompts: Sequence[int
     do not depend on the layout it runs in)."""
     lengths = [p + o for p, o in zip(prompts, outputs)]
     mml = placement.max_model_len
-    arch = placement.target.arch
     fits = sorted(lengths)
 
     def slots_at(cut: int) -> int:
@@ -96,9 +94,8 @@ def _short_layouts(spec: PlanSpec, placement: InstanceFit, prompts: Sequence[int
         num_prefill = fitted_count([prompts[i] for i in members], per_list, cut)
         graphs = placement.runtime.num_graphs(
             num_prefill, 1, fitted_count([lengths[i] for i in members], per_list, cut))
-        compile_s = 0.0 if spec.compiled else float(compile_footprint(
-            num_prefill, 1, arch, spec.weight_dtype, tp=placement.tp,
-            profile=placement.target.profile, num_graphs=graphs)["estimated_compile_s"])
+        compile_s = float(placement.target.compile_estimate(
+            num_prefill, 1, graphs, compiled=spec.compiled)["estimated_compile_s"])
         layouts.append((SplitLayout(cut, slots, len(members), graphs, compile_s),
                         shorts[index], longs[index]))
     return layouts
@@ -118,8 +115,12 @@ def _option(spec: PlanSpec, single: Option, layout: SplitLayout, short_stats: Sh
                          num_blocks=placement.pool_blocks(single.max_num_seqs),
                          block_size=NEURON_BLOCK_SIZE, max_model_len=placement.max_model_len,
                          kv_reserve=spec.kv_reserve)
+    parts = (DecodePart(layout.cut, True, layout.max_num_seqs, None, short.decode_s,
+                        short.decode_steps, short_stats.context_sum),
+             DecodePart(layout.cut, False, single.max_num_seqs, single.attention_buckets,
+                        long.decode_s, long.decode_steps, long_stats.context_sum))
     return replace(single, name=f"{single.name} split{layout.cut}xS{layout.max_num_seqs}",
                    compile_s=single.compile_s + layout.compile_s,
                    bound_s=short.seconds + long.seconds, bound_steps=short.steps + long.steps,
                    sim_key=(*single.sim_key, "split", layout.cut), split=layout,
-                   result=None, pruned_by=None)
+                   result=None, pruned_by=None, decode_parts=parts, tightened=False)

@@ -100,7 +100,12 @@ def format_summary(report: dict[str, Any]) -> str:
     else:
         graphs = (f"{len(prefill_buckets)} prefill buckets + {len(decode_buckets)} decode "
                   f"buckets x {len(attention_buckets) + 1} context lengths")
-    lines += _rows("Graphs", _graphs_words(config, graphs, compile_and_usd(report)[0]))
+    startup = _startup_words(report)
+    # (the start-up row breaks the estimate down: the graphs row then leaves it out)
+    lines += _rows("Graphs", _graphs_words(config, graphs,
+                                           None if startup else compile_and_usd(report)[0]))
+    if startup:
+        lines += _rows("Start-up", startup)
     said = notes(report)
     if said:
         lines += ["", *(line for sentence in said for line in textwrap.wrap(sentence, MAX_WIDTH))]
@@ -165,6 +170,31 @@ def _graphs_words(config: dict[str, Any], graphs: str, compile_s: float | None) 
     return [f"{count} to compile on Neuron ({graphs})", *estimate]
 
 
+def _startup_words(report: dict[str, Any]) -> list[str]:
+    """The engine's start-up, as row items: estimated on the simulated device (compiled fresh,
+    or loaded only), measured on a Neuron host (and whether the graphs came from the cache)."""
+    measured = next((a["startup"] for a in reversed(report.get("attempts") or [])
+                     if (a.get("startup") or {}).get("measured_s") is not None), None)
+    if measured is not None:
+        reused = ["the artifacts folder held them"] if measured.get("artifacts_reused") else []
+        return [f"{measured['measured_s']:,.0f} s measured",
+                f"{measured.get('cached_graphs', 0)} graph(s) from the compile cache, "
+                f"{measured.get('compiled_graphs', 0)} compiled", *reused]
+    compile_ = ((report.get("config") or {}).get("sim") or {}).get("compile") or {}
+    parts = compile_.get("startup")
+    if not parts:
+        return []
+    if parts.get("total_s") is None:
+        return textwrap.wrap(f"no estimate: {compile_.get('host_warning')}", MAX_WIDTH - 12)
+    if parts.get("compiled"):
+        return [f"about {parts['total_s']:,.0f} s estimated", "the graphs compiled before, "
+                "loaded only", "not in the elapsed time"]
+    return [f"about {parts['total_s'] / 60:,.1f} min estimated, compiled fresh",
+            f"trace {parts['trace_s']:,.0f} s, compile "
+            f"{parts['priority_s'] + parts['parallel_s']:,.0f} s ({parts['workers']} at once), "
+            f"load {parts['load_s']:,.0f} s", "not in the elapsed time"]
+
+
 def _split_section(split: dict[str, Any]) -> list[str]:
     """The layouts of a --split-at run, one row a part, with the compile time of both."""
     rows = [[part.get("part", ""), _int(part.get("max_model_len")),
@@ -178,11 +208,11 @@ def _split_section(split: dict[str, Any]) -> list[str]:
     if placement.get("mode") == "side-by-side":
         where = (f"side by side, short on {placement.get('short_replicas')} replica(s), long "
                  f"on {placement.get('long_replicas')}")
-        compiling = "compiling each instance's layouts"
+        compiling = "starting each instance's layouts"
     else:
         where = "one after the other" + (f", each across {replicas} replicas"
                                          if replicas > 1 else "")
-        compiling = "compiling both"
+        compiling = "starting both"
     title = (f"Split at {_int(split.get('split_at'))} tokens: two layouts, {where}"
              + (f" ({compiling}: about {compile_s / 60:,.0f} min, not in the elapsed time)"
                 if compile_s else ""))

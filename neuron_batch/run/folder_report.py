@@ -39,7 +39,8 @@ def build_report(job: Job) -> dict:
                                            num_decode_buckets=len(shapes.attention_buckets)
                                            if shapes.runtime.static_kv
                                            else len(shapes.decode_buckets),
-                                           num_graphs=shapes.num_graphs)
+                                           num_graphs=shapes.num_graphs,
+                                           compiled=compiled_before(job))
         if settings.sim.architecture:  # the model simulated, not the one lending its tokenizer
             extra["model"] = f"{extra['sim']['arch']} (simulated)"
     total = len(prepared.requests) + len(problems)
@@ -80,6 +81,17 @@ def build_report(job: Job) -> dict:
     return report
 
 
+def compiled_before(job: Job) -> bool:
+    """Whether the run's first start found its graphs compiled (its attempt's `startup`), else
+    whether they count as compiled now (--compiled, or the artifacts folder holds them)."""
+    from neuron_batch.job.startup import layout_compiled
+
+    for attempt in job.folder.attempts():
+        if "compiled_before" in (attempt.get("startup") or {}):
+            return bool(attempt["startup"]["compiled_before"])
+    return layout_compiled(job.settings, job.target)
+
+
 def split_section(attempts: list[dict], folder, settings, simulated: bool) -> dict:
     """A --split-at run's parts: each attempt that ran a part, its layout and its own figures
     (from its records), and the compile time of the layouts (both are compiled). A part run on
@@ -117,7 +129,8 @@ def split_section(attempts: list[dict], folder, settings, simulated: bool) -> di
                       "output_tokens": output_tokens,
                       "output_tokens_per_s": output_tokens / elapsed if elapsed > 0 else 0.0,
                       **extra})
-    compile_s = [p["estimated_compile_s"] for p in parts if "estimated_compile_s" in p]
+    compile_s = [p["estimated_compile_s"] for p in parts
+                 if p.get("estimated_compile_s") is not None]   # (None: host cannot compile)
     # a layout compiled in an earlier attempt (resumed run) is counted once
     layouts = {(p["part"], p["max_model_len"], p["max_num_seqs"]): p.get("estimated_compile_s")
                for p in parts}

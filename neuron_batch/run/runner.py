@@ -103,9 +103,11 @@ def split_inputs(target: Target | None):
     a known Neuron host; (None, None) without one."""
     if target is None:
         return None, None
+    from neuron_batch.job.startup import layout_compiled
     from neuron_batch.layout.placement import BoundEstimate
 
-    return target.static_slots, BoundEstimate(target)
+    return target.static_slots, BoundEstimate(
+        target, lambda settings: layout_compiled(settings, target))
 
 
 def auto_split(settings: RunSettings, workload: Workload, target: Target | None,
@@ -208,15 +210,17 @@ def _run_locked(job: Job) -> RunResult:
             f"{device_label(settings, device, job)} (output: {folder.path})")
         try:
             if settings.split_at is not None:
-                from neuron_batch.layout.split import plan_parts
+                from neuron_batch.layout.split import placement_note, plan_parts
                 from neuron_batch.run.split import run_parts
 
-                parts, placement = plan_parts(settings, pending, *split_inputs(job.target),
+                slots, estimate = split_inputs(job.target)
+                parts, placement = plan_parts(settings, pending, slots, estimate,
                                               runtime=job.runtime)
                 if len(parts) == 2 and settings.uses_ray:
                     log(f"parts {placement.mode}" + (
-                        f" (estimated {placement.estimated_s / 3600:.2f} h with compile; in "
-                        f"turn {placement.in_turn_s / 3600:.2f} h)"
+                        f" (estimated {placement.estimated_s / 3600:.2f} h with the start-up; "
+                        f"in turn {placement.in_turn_s / 3600:.2f} h)"
+                        + placement_note(settings, pending, slots, estimate, placement)
                         if placement.estimated_s is not None else ""))
                 outcomes = run_parts(job, parts, attempt, generate, placement)
             elif settings.uses_ray:

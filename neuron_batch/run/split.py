@@ -85,7 +85,9 @@ def _describe(outcome: dict[str, Any], part: Part, target, placement: SplitPlace
     outcome["part"] = part.describe()
     if target is not None and target.simulated:
         shapes = part.settings.shapes(target.runtime)
-        outcome["part"]["estimated_compile_s"] = target.compile_s(shapes)
+        compiled = bool((outcome.get("startup") or {}).get("compiled_before"))
+        outcome["part"]["estimated_compile_s"] = target.compile_s(shapes, compiled)
+        outcome["part"]["compiled_before"] = compiled
         outcome["part"]["compiled_graphs"] = shapes.num_graphs
     if placement is not None and replicas > 1:
         outcome["placement"] = placement.describe(replicas)

@@ -132,3 +132,51 @@ def test_the_cli_refuses_it_before_anything_loads_and_reports_the_runtime(tmp_pa
     assert report["config"]["compiled_graphs"] == (
         len(default_prefill_buckets(2048)) * len(default_prefix_buckets(2048))
         + len(default_tkg_buckets(2048)))
+
+
+
+def test_the_first_night_compiles_and_the_next_loads_from_the_artifacts_folder(tmp_path):
+    """--compiled-artifacts on the simulated device (issue 29): a run records its shapes there,
+    the next run of the same configuration counts only the load; a host too small to compile
+    the model is warned and gets no compile estimate unless --compiled."""
+    from click.testing import CliRunner
+
+    from neuron_batch.cli import main
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text("ContextTokens,GeneratedTokens\n" +
+                     "".join(f"{200 + 37 * i},{8 + i % 5}\n" for i in range(12)))
+    base = ["run", str(trace), "--device", "sim", "--architecture", "tinyllama-1.1b",
+            "--instance", "inf2.8xlarge", "--max-model-len", "2048", "--max-num-seqs", "4",
+            "--compiled-artifacts", str(tmp_path / "artifacts")]
+
+    def report(name, *extra):
+        result = CliRunner().invoke(main, [*base, *extra, "--output", str(tmp_path / name)],
+                                    catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return json.loads((tmp_path / name / "report.json").read_text()), result.output
+
+    first, _ = report("night1")
+    second, _ = report("night2")
+    one, two = first["config"]["sim"]["compile"], second["config"]["sim"]["compile"]
+    assert not one["compiled"] and two["compiled"]
+    assert first["attempts"][0]["startup"]["compiled_before"] is False
+    assert second["attempts"][0]["startup"]["compiled_before"] is True
+    assert two["estimated_compile_s"] == pytest.approx(one["startup"]["load_s"])
+    assert one["estimated_compile_s"] > 10 * two["estimated_compile_s"]
+    assert len(list((tmp_path / "artifacts").glob("sim-tinyllama-1.1b-*/shapes.json"))) == 1
+    # other buckets are other graphs: compiled fresh
+    third, _ = report("other", "--context-encoding-buckets", "512,2048")
+    assert not third["config"]["sim"]["compile"]["compiled"]
+
+    small = ["run", str(trace), "--device", "sim", "--architecture", "llama-3.1-8b",
+             "--instance", "inf2.xlarge", "--max-model-len", "2048", "--max-num-seqs", "4"]
+    result = CliRunner().invoke(main, [*small, "--output", str(tmp_path / "small")],
+                                catch_exceptions=False)
+    assert result.exit_code == 0 and "cannot compile Llama-3.1-8B" in result.output
+    compile_ = json.loads((tmp_path / "small" / "report.json").read_text())["config"]["sim"][
+        "compile"]
+    assert compile_["estimated_compile_s"] is None and "issue 1222" in compile_["host_warning"]
+    result = CliRunner().invoke(main, [*small, "--compiled", "--output", str(tmp_path / "c")],
+                                catch_exceptions=False)
+    assert result.exit_code == 0 and "cannot compile" not in result.output

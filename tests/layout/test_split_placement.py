@@ -157,6 +157,32 @@ def test_auto_on_the_simulated_device_weighs_instances():
 
 
 @pytest.mark.skipif(not TRACE.exists(), reason="the shipped trace is missing")
+def test_a_placement_that_rests_on_the_start_up_says_so():
+    """(issue 29) Side by side on two instances saves a start-up: it wins on a short job whose
+    layouts are compiled fresh, and the note says what wins once they are compiled before."""
+    from neuron_batch.job.job import resolve_target
+    from neuron_batch.layout.split import placement_note
+    from neuron_batch.run.runner import split_inputs
+
+    settings = RunSettings(("x",), device="sim", max_model_len=8192, max_num_seqs=8,
+                           replicas=2, split_at=2048, split_placement=AUTO,
+                           sim=SimOptions(instance="inf2.8xlarge", tensor_parallel_size=2,
+                                          architecture="llama-3.1-8b",
+                                          num_instances=2)).validate()
+    slots, estimate = split_inputs(resolve_target(settings, None))
+    requests = trace_requests(400)
+    modes = {c: plan_parts(settings, requests, slots, estimate.assuming(c))[1].mode
+             for c in (False, True)}
+    placed = plan_parts(settings, requests, slots, estimate)[1]
+    assert placed.mode == modes[False] == SIDE_BY_SIDE      # nothing compiled yet here
+    note = placement_note(settings, requests, slots, estimate, placed)
+    if modes[True] == placed.mode:
+        assert note == ""
+    else:
+        assert note == f"; {modes[True]} if every layout is compiled before (loaded only)"
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="the shipped trace is missing")
 def test_the_what_if_script_weighs_more_cuts_than_one():
     import importlib.util
 

@@ -93,6 +93,15 @@ def test_bounds_never_exceed_the_simulated_figures(unpruned):
         assert option["usd_at_least"] <= option["usd"] * (1 + 1e-9), option["name"]
 
 
+def test_static_kv_bounds_are_the_simulated_figures(unpruned):
+    """Under nxdi (inf2) a single layout's bound is its simulated time: prefill exactly, and
+    decode the first-come-first-served schedule step by step (layout/bounds.py)."""
+    _, data = unpruned
+    for option in data["options"]:
+        assert option["runtime"] == "nxdi" and not option["split"]
+        assert option["hours_at_least"] == pytest.approx(option["hours"], rel=1e-9)
+
+
 def test_pruning_never_drops_the_true_optimum(unpruned):
     """For deadlines that split the options differently, the pruned plan (reusing the same
     simulations) recommends what the ranking of every option says, having pruned some."""

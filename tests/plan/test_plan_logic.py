@@ -168,7 +168,8 @@ def test_unknown_instances_and_models_that_fit_nowhere_are_plan_errors():
         placements(PlanSpec(architecture="llama-3.1-70b", instances=("inf2.xlarge",)))
     with pytest.raises(PlanError, match="exceeds Llama-2-7B's context of 4096"):
         placements(PlanSpec(architecture="llama-2-7b", max_model_len=8192))
-    found, excluded = placements(PlanSpec(architecture="llama-3.1-8b",
+    # (compiled: inf2.xlarge's host cannot compile an 8B model; see the test below)
+    found, excluded = placements(PlanSpec(architecture="llama-3.1-8b", compiled=True,
                                           instances=("inf2.xlarge", "inf2.24xlarge")))
     assert [(p.instance, p.tp, p.replicas) for p in found] == [
         ("inf2.xlarge", 2, 1), ("inf2.24xlarge", 2, 6), ("inf2.24xlarge", 4, 3),
@@ -176,10 +177,24 @@ def test_unknown_instances_and_models_that_fit_nowhere_are_plan_errors():
     assert any("TP 1" in reason for reason in excluded)
 
 
+def test_a_host_too_small_to_compile_the_model_is_left_out_unless_compiled():
+    spec = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.xlarge", "inf2.8xlarge"))
+    found, excluded = placements(spec)
+    assert {p.instance for p in found} == {"inf2.8xlarge"}
+    reason = next(r for r in excluded if r.startswith("inf2.xlarge:"))
+    assert "16 GiB of host memory" in reason and "issue 1222" in reason
+    assert "--compiled" in reason
+    found, _ = placements(PlanSpec(**{**spec.__dict__, "compiled": True}))
+    assert {p.instance for p in found} == {"inf2.xlarge", "inf2.8xlarge"}
+    # a model small enough compiles there
+    found, _ = placements(PlanSpec(**{**spec.__dict__, "architecture": "tinyllama-1.1b"}))
+    assert "inf2.xlarge" in {p.instance for p in found}
+
+
 def test_options_share_a_simulation_when_the_hardware_is_the_same():
     spec = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.xlarge", "inf2.8xlarge"),
                     max_num_instances=2, seqs_values=(8,), max_model_len=4096,
-                    max_num_batched_tokens=2048)
+                    max_num_batched_tokens=2048, compiled=True)
     found, _ = placements(spec)
     lens = [300 + 37 * i % 1500 for i in range(40)]
     options = build_options(spec, found, lens, [50] * 40, seed=0)
@@ -201,8 +216,10 @@ def test_more_prefill_buckets_only_when_worth_their_compile_time():
         PlanSpec(**{**spec.__dict__, "compiled": True}), found, lens, [20] * 3000, seed=0)}
     for tp, option in many.items():
         assert option.prefill_buckets[-1] == 8192
-        assert len(compiled[tp].prefill_buckets) == 4 and compiled[tp].compile_s == 0
-        assert len(option.prefill_buckets) <= 4 and option.compile_s > 0
+        # compiled before, the start-up is the load whatever the buckets (issue 29: it was 0)
+        assert len(compiled[tp].prefill_buckets) == 4
+        assert 0 < compiled[tp].compile_s < 60
+        assert len(option.prefill_buckets) <= 4 and option.compile_s > compiled[tp].compile_s
 
 
 def test_decode_steps_bound_counts_kv_and_max_num_seqs():
@@ -389,7 +406,7 @@ def test_plan_never_offers_a_layout_that_cannot_load(seqs, length):
 
     spec = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.xlarge", "inf2.24xlarge"),
                     max_num_instances=1, seqs_values=tuple(seqs), max_model_len=length,
-                    max_num_batched_tokens=2048)
+                    max_num_batched_tokens=2048, compiled=True)
     found, _ = placements(spec)
     excluded: list[str] = []
     options = build_options(spec, found, [1000] * 30, [64] * 30, seed=0, excluded=excluded)
@@ -417,7 +434,7 @@ def test_plan_weighs_the_tightest_max_model_len_and_trn2_needs_a_price():
     assert model_len_candidates(spec, [1000], [20]) == (1024, 16384)
     assert model_len_candidates(spec, [16000], [384]) == (16384,)
     trn2 = PlanSpec(architecture="llama-3.1-8b", instances=("trn2.48xlarge", "inf2.xlarge"),
-                    max_model_len=4096)
+                    max_model_len=4096, compiled=True)
     found, excluded = placements(trn2)
     assert {p.instance for p in found} == {"inf2.xlarge"}
     assert any(r.startswith("trn2.48xlarge:") and "--price-per-hour" in r for r in excluded)
@@ -444,7 +461,7 @@ def test_split_options_weigh_every_candidate_cut_under_a_static_cache_only():
 
     spec = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.xlarge", "trn2.48xlarge"),
                     max_num_instances=1, seqs_values=(4,), max_model_len=8192,
-                    prices={"trn2.48xlarge": 40.0})
+                    prices={"trn2.48xlarge": 40.0}, compiled=True)
     found, _ = placements(spec)
     prompts = [200 + (i * 397) % 3000 for i in range(60)] + [7000]
     outputs = [20 + i % 50 for i in range(61)]

@@ -1,0 +1,100 @@
+"""An engine's start-up, around the engine's construction: whether its graphs were compiled
+before, the warning when the host cannot compile them, and afterwards what it cost.
+
+- Simulated device: the graphs count as compiled with `--compiled`, or when the
+  `--compiled-artifacts` folder recorded this configuration's shapes in an earlier run
+  (device/compile_cache.py); a run that starts records them. The attempt keeps the estimate
+  (device/compile_time.py) and whether it was a load only.
+- Neuron host: the artifacts folder (engine/neuron_host.py, one per hash of the compiled
+  shapes) either held this configuration or not; the engine log says how many graphs the
+  compile cache served ("Using a cached neff") and how long each phase took
+  (device/compile_log.py); the attempt keeps the start-up time measured around the engine's
+  construction.
+Either way a host whose memory cannot compile the model (compile_time.host_memory_warning) is
+warned before anything loads, unless the graphs are compiled already.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from neuron_batch.config import RunSettings
+
+
+@dataclass
+class StartupState:
+    """What is known before the engine starts."""
+
+    compiled: bool                      # graphs compiled before (artifacts, cache, --compiled)
+    artifacts: Path | None = None       # the folder that holds (or will hold) the graphs
+    log_offset: int = 0                 # engine.log's size before this start (Neuron host)
+
+
+def layout_compiled(settings: RunSettings, target) -> bool:
+    """Whether a layout's graphs count as compiled on the simulated device `target`:
+    --compiled, or the --compiled-artifacts folder recorded its shapes."""
+    from neuron_batch.device import compile_cache
+
+    if settings.sim.compiled:
+        return True
+    return compile_cache.holds(settings.compiled_artifacts, target,
+                               settings.shapes(target.runtime))
+
+
+def before_start(job, kwargs: dict[str, Any], log_path: Path, log) -> StartupState:
+    """The start-up's state, and the host-memory warning when it must compile here."""
+    from neuron_batch.device.compile_time import host_memory_warning
+
+    settings = job.settings
+    if job.simulated:
+        state = StartupState(layout_compiled(settings, job.target))
+    else:
+        env = ((kwargs.get("additional_config") or {}).get("neuron_batch") or {}).get(
+            "process_env") or {}
+        from neuron_batch.engine.neuron_host import ARTIFACTS_ENV
+
+        folder = Path(env[ARTIFACTS_ENV]) if env.get(ARTIFACTS_ENV) else None
+        reused = folder is not None and folder.is_dir() and any(folder.iterdir())
+        state = StartupState(reused, folder, log_path.stat().st_size
+                             if log_path.exists() else 0)
+    instance, arch, dtype = _device_of(job)
+    if not state.compiled and instance is not None and arch is not None:
+        warning = host_memory_warning(instance, arch, dtype)
+        if warning:
+            log(f"warning: {warning}")
+    return state
+
+
+def after_start(job, state: StartupState, seconds: float, log_path: Path) -> dict[str, Any]:
+    """The attempt's `startup` record, once the engine is up."""
+    from neuron_batch.device import compile_cache
+    from neuron_batch.device.compile_log import parse_startup, read_from
+
+    settings = job.settings
+    if job.simulated:
+        shapes = settings.shapes(job.target.runtime)
+        if settings.compiled_artifacts:
+            compile_cache.record(settings.compiled_artifacts, job.target, shapes)
+        return {"compiled_before": state.compiled, "simulated": True}
+    found = parse_startup(read_from(log_path, state.log_offset))
+    return {"compiled_before": state.compiled or found["from_cache"],
+            "artifacts": str(state.artifacts) if state.artifacts else None,
+            "artifacts_reused": state.compiled, "measured_s": round(seconds, 1), **found}
+
+
+def _device_of(job) -> tuple[Any, Any, str]:
+    """(instance, architecture, weight type) of the run's device: its target's (the simulated
+    one, or a Neuron host whose instance is known), else the host's and the model's own,
+    None where unknown."""
+    if job.target is not None:
+        return job.target.instance, job.target.arch, job.target.weight_dtype
+    from neuron_batch.device.architectures import ArchitectureError, resolve_architecture
+    from neuron_batch.engine.neuron_host import host_instance
+
+    try:
+        arch = resolve_architecture(job.workload.model.path)
+    except (ArchitectureError, OSError, ValueError):
+        arch = None
+    return host_instance(job.settings), arch, job.settings.sim.weight_dtype

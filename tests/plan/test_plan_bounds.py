@@ -1,0 +1,78 @@
+"""The decode bound from a share's submission order (layout/bounds.py `ordered_decode_bound`)
+against a step-by-step replay of the same first-come-first-served schedule. Pure: no engine
+(tests/plan/test_plan.py checks the bounds against simulated runs)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from neuron_batch.buckets import bucket_for, nxdi_default_buckets
+from neuron_batch.device.target import Target
+from neuron_batch.layout.bounds import fifo_starts, ordered_decode_bound
+
+MODEL = Target.resolve(instance="inf2.8xlarge", arch="llama-3.1-8b", tp=2, runtime="nxdi",
+                       max_model_len=4096).cost_model
+
+
+def replay(prompts, outputs, slots, buckets):
+    """(decode steps, seconds) step by step: admit in order while a slot is free, then one
+    decode step of every running request, at the bucket of the longest position + 1 (None:
+    that position itself)."""
+    waiting = list(zip(prompts, outputs))
+    running: list[list[int]] = []          # [position + 1 of the next step, steps left]
+    steps, seconds = 0, 0.0
+    while waiting or running:
+        while waiting and len(running) < slots:
+            prompt, output = waiting.pop(0)
+            if output > 1:                      # (one token: the prefill gives it)
+                running.append([prompt + 1, output - 1])
+        if not running:
+            continue
+        longest = max(position for position, _ in running)
+        attended = bucket_for(longest, buckets) if buckets else longest
+        seconds += MODEL.decode_time(slots, MODEL.decode_kv_tokens(slots, attended, 0))
+        steps += 1
+        for request in running:
+            request[0] += 1
+            request[1] -= 1
+        running = [r for r in running if r[1] > 0]
+    return steps, seconds
+
+
+requests = st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 400)), min_size=1,
+                    max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(requests, st.integers(1, 12))
+def test_the_static_kv_decode_time_is_the_replayed_schedule(pairs, slots):
+    prompts, outputs = [p for p, _ in pairs], [min(o, 4096 - p) or 1 for p, o in pairs]
+    buckets = nxdi_default_buckets(4096)
+    steps, seconds = ordered_decode_bound(MODEL, prompts, outputs, max_num_seqs=slots,
+                                          attention_buckets=buckets, static_kv=True)
+    want_steps, want_seconds = replay(prompts, outputs, slots, buckets)
+    assert steps == want_steps
+    assert seconds == pytest.approx(want_seconds, rel=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(requests, st.integers(1, 12))
+def test_without_buckets_the_decode_time_is_a_lower_bound(pairs, slots):
+    """Buckets fitted later (a split's short layout) pad at least to each position."""
+    prompts, outputs = [p for p, _ in pairs], [o for _, o in pairs]
+    steps, seconds = ordered_decode_bound(MODEL, prompts, outputs, max_num_seqs=slots,
+                                          attention_buckets=None, static_kv=True)
+    want_steps, want_seconds = replay(prompts, outputs, slots, None)
+    assert steps == want_steps and seconds <= want_seconds * (1 + 1e-9)
+
+
+def test_in_order_admission_starts_each_request_as_early_as_it_can():
+    # two slots: the third request waits for the first to finish, the fourth for the second
+    assert fifo_starts([5, 2, 4, 1], 2) == [0, 0, 2, 5]
+    # a request with no decode step frees its slot at once
+    assert fifo_starts([0, 3, 3], 1) == [0, 0, 3]
+    steps, seconds = ordered_decode_bound(MODEL, [10] * 4, [6, 3, 5, 2], max_num_seqs=2,
+                                          attention_buckets=None, static_kv=False)
+    assert (steps, seconds) == (6, 0.0)     # paged KV: the steps only (Jensen applies)
