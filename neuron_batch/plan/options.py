@@ -146,6 +146,8 @@ class Option:
     skip_reason: str | None = None      # set when another option provably does as well
     pruned_by: str | None = None        # the best option when this one was pruned
     result: dict[str, Any] | None = field(default=None, repr=False)
+    prefix_caching: bool = False        # vLLM's prefix cache on (plan/prefix.py)
+    order: str | None = None            # its submission order; None: the plan's --order
 
     @property
     def instance(self) -> str:
