@@ -75,7 +75,9 @@ def run_command(settings: RunSettings, *, program: str = "neuron-batch run") -> 
         if f.name in _NOT_WRITTEN or f.name in _ALWAYS or f.name.endswith("_buckets"):
             continue
         value = getattr(settings, f.name)
-        if value != getattr(defaults, f.name):
+        if value is False and getattr(defaults, f.name) is True:
+            parts.append("--no-" + _flag(f.name)[2:])      # (--no-prefix-caching)
+        elif value != getattr(defaults, f.name):
             add(f.name, value)
     cost_defaults = CostOptions()
     for name in ("pricing", "price_per_hour"):

@@ -142,7 +142,24 @@ def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
         "kv_reserve": config.get("kv_reserve") or params.get("kv_reserve"),
         "preemptions": report.get("preemptions"),
         **_kv_fractions(report.get("kv") or {}),
+        **_prefix_fields(entry, config),
     }
+
+
+def _prefix_fields(entry: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """Prefix caching and order of a configuration, and what the cache did (bench/prefix.py,
+    from the run's records; None in sweeps from before these figures existed)."""
+    figures = entry.get("prefix") or {}
+    params = entry.get("params") or {}
+    caching = config.get("enable_prefix_caching")
+    if caching is None and params.get("prefix_caching") is not None:
+        caching = params["prefix_caching"] == "on"
+    out = {"prefix_caching": caching, "order": config.get("order") or params.get("order"),
+           "prefix_buckets": list(config.get("prefix_buckets") or [])}
+    for key in ("prompt_tokens", "hit_tokens", "hit_fraction", "recomputed_tokens",
+                "prefill_s", "decode_s", "gather_s"):
+        out[key] = figures.get(key)
+    return out
 
 
 def _kv_fractions(kv: Mapping[str, Any]) -> dict[str, float | None]:

@@ -5,9 +5,10 @@ The dimensions swept are the runtime's own (runtime.py). Configuration names: P 
 D = decode batch-size set (vllm-neuron), T = token-generation set (nxdi: attention lengths),
 C = decode context-length set (vllm-neuron, opt-in, so swept with the default P and D),
 S = max_num_seqs, K = KV admission rule (`--kv-reserve`: "req" reserves each request's prompt +
-max_tokens, "mml" max_model_len); "def" is the default buckets, "uN" the user's Nth set, "oK"
-the exact optimum with at most K buckets. S and K appear in names only when the sweep has
-several values of them.
+max_tokens, "mml" max_model_len), PC = prefix caching on/off (`--sweep-prefix-caching`),
+O = submission order (`--sweep-order`: in, len, pfx); "def" is the default buckets, "uN" the
+user's Nth set, "oK" the exact optimum with at most K buckets. S, K, PC and O appear in names
+only when the sweep has several values of them; each prefix variant runs both phases.
 
 A sweep runs in two phases. First the default buckets at every `--max-num-seqs` value (those
 runs also show which decode batch sizes and lengths the workload produces); then the grid:
@@ -41,6 +42,7 @@ from neuron_batch.bench.sweep_grid import (  # noqa: F401  (re-exported)
     decode_histograms,
     default_candidates,
     grid_candidates,
+    prefix_variants,
 )
 from neuron_batch.bench.table import MAX_WIDTH, wrap
 from neuron_batch.config import RunSettings
@@ -134,8 +136,13 @@ class Sweep:
                 record=self._record)
 
     def _record(self, c: Candidate, outcome: dict[str, Any]) -> None:
+        from neuron_batch.bench.prefix import run_figures
+
         entry = {"name": c.name, "params": c.params, **outcome,
                  "command": run_command(c.settings)}
+        if entry.get("report") is not None:
+            # what prefix caching did, from the run's records (the verdict weighs it)
+            entry["prefix"] = run_figures(c.settings.output, c.settings)
         self.entries[c.name] = entry
         count = len(self.entries)
         if entry["report"] is not None:
@@ -157,7 +164,7 @@ class Sweep:
         entries = self.ordered_entries()
         by = self.meta.get("rank_by", "throughput")
         rows = rank(entries, by)
-        recommendation = recommend(rows) if rows else {}
+        recommendation = recommend(rows, self.meta.get("prefix_cache")) if rows else {}
         data = sweep_json(entries, rows, recommendation, self.meta)
         data["prompt_lengths"] = self.prompt_lengths
         write_json_atomic(self.dir / SWEEP_JSON, data)
@@ -182,7 +189,8 @@ def render(sweep_dir: Path, *, plots: bool = True) -> str:
     data = json.loads((sweep_dir / SWEEP_JSON).read_text(encoding="utf-8"))
     entries = data["configurations"]
     rows = rank(entries, (data.get("meta") or {}).get("rank_by", "throughput"))
-    recommendation = recommend(rows) if rows else {}
+    recommendation = recommend(rows, (data.get("meta") or {}).get("prefix_cache")) \
+        if rows else {}
     failed = [e for e in entries if e.get("status") != "done"]
     notes = Loadable([], [], (data.get("meta") or {}).get("left_out") or []).words()
     text = format_table(rows, recommendation, failed=failed, notes=notes)
@@ -203,6 +211,9 @@ def command_block(entries: Sequence[dict[str, Any]], recommendation: dict[str, A
     commands = {e["name"]: e.get("command") for e in entries}
     fastest, cheapest = recommendation.get("fastest"), recommendation.get("cheapest")
     picks = [(f"the fastest{', also the cheapest' if cheapest == fastest else ''}", fastest)]
+    pick = (recommendation.get("prefix") or {}).get("pick")
+    if pick not in (None, fastest):     # the verdict leaves caching off: run that instead
+        picks.insert(0, ("the recommended (prefix caching off)", pick))
     if cheapest not in (None, fastest):
         picks.append(("the cheapest", cheapest))
     lines = []
@@ -222,7 +233,9 @@ def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
               user_prefill: Sequence[Sequence[int]], user_decode: Sequence[Sequence[int]],
               max_prefill_buckets: int, max_decode_buckets: int, jobs: int, resume: bool,
               log: Callable[[str], None], rank_by: str = "throughput",
-              kv_values: Sequence[str] | None = None) -> int:
+              kv_values: Sequence[str] | None = None,
+              caching_values: Sequence[bool] | None = None,
+              order_values: Sequence[str] | None = None) -> int:
     if (sweep_dir / SWEEP_JSON).exists() and not resume:
         raise RunError(f"{sweep_dir} already holds a sweep; pass --resume to continue it, or "
                        f"choose another --output")
@@ -239,6 +252,7 @@ def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
     seqs_values, kv_values = fits.seqs_values, fits.kv_values
     sweep_dir.mkdir(parents=True, exist_ok=True)
     lengths = workload.prompt_lengths()
+    variants = prefix_variants(base, caching_values, order_values)
     simulated = base.simulated
     jobs = jobs if simulated else 1  # a real device runs one engine at a time
     meta = {"inputs": list(base.inputs), "device": base.device, "model": workload.model.name,
@@ -247,33 +261,47 @@ def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
             "max_model_len": base.max_model_len, "max_num_seqs_values": list(seqs_values),
             "runtime": base.resolve_runtime().name,
             "kv_reserve_values": kv_values, "left_out": fits.left_out,
+            "prefix_caching_values": list(dict.fromkeys(
+                "on" if v.prefix_caching else "off" for v, _ in variants)),
+            "order_values": list(dict.fromkeys(v.order.value for v, _ in variants)),
+            "prefix_cache": _job_bound(workload, base),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs": jobs, "rank_by": rank_by}
     sweep = Sweep(sweep_dir, jobs=jobs, log=log, prompt_lengths=lengths, meta=meta)
     if resume:
         sweep.entries.update(load_previous(sweep_dir))
     try:
-        phase_one = default_candidates(base, sweep_dir, seqs_values, kv_values)
+        phase_one = [c for i, (vbase, variant) in enumerate(variants)
+                     for c in default_candidates(vbase, sweep_dir, seqs_values, kv_values,
+                                                 variant=variant, baseline=i == 0)]
         started = time.monotonic()
         log(f"phase 1: the default buckets at max_num_seqs {', '.join(map(str, seqs_values))}"
             + (f", kv-reserve {', '.join(kv_values)}" if kv_values and len(kv_values) > 1
-               else ""))
+               else "")
+            + (f", prefix caching x order {', '.join(v.strip(',') for _, v in variants)}"
+               if len(variants) > 1 else ""))
         sweep.run(phase_one)
         first_s = max(time.monotonic() - started, 1e-3)
-        observed = {(c.settings.max_num_seqs, c.settings.kv_reserve):
-                    decode_histograms(Path(c.settings.output)) for c in phase_one}
-        grid = grid_candidates(base, sweep_dir, seqs_values=seqs_values, prompt_lengths=lengths,
-                               decode_hists={k: v[0] for k, v in observed.items()},
-                               length_hists={k: v[1] for k, v in observed.items()},
-                               user_prefill=user_prefill, user_decode=user_decode,
-                               max_prefill_buckets=max_prefill_buckets,
-                               max_decode_buckets=max_decode_buckets, kv_values=kv_values)
+        grid = []
+        for vbase, variant in variants:
+            observed = {(c.settings.max_num_seqs, c.settings.kv_reserve):
+                        decode_histograms(Path(c.settings.output)) for c in phase_one
+                        if (c.settings.prefix_caching, c.settings.order)
+                        == (vbase.prefix_caching, vbase.order)}
+            grid += grid_candidates(vbase, sweep_dir, seqs_values=seqs_values,
+                                    prompt_lengths=lengths,
+                                    decode_hists={k: v[0] for k, v in observed.items()},
+                                    length_hists={k: v[1] for k, v in observed.items()},
+                                    user_prefill=user_prefill, user_decode=user_decode,
+                                    max_prefill_buckets=max_prefill_buckets,
+                                    max_decode_buckets=max_decode_buckets, kv_values=kv_values,
+                                    variant=variant)
         remaining = [c for c in grid if c.name not in sweep.entries]
         # phase one ran min(jobs, n) configurations at a time
         per_config = first_s * min(jobs, len(phase_one)) / max(1, len(phase_one))
         estimate = per_config * len(remaining) / max(1, min(jobs, len(remaining) or 1))
         log(f"phase 2: {len(grid)} configurations ({len(remaining)} to run; prefill sets x "
-            f"decode sets x max_num_seqs x kv-reserve), about {estimate / 60:.1f} min with "
-            f"{jobs} job(s)")
+            f"decode sets x max_num_seqs x kv-reserve x prefix variants), about "
+            f"{estimate / 60:.1f} min with {jobs} job(s)")
         sweep.run(remaining)
     except KeyboardInterrupt:
         sweep.write()
@@ -284,6 +312,16 @@ def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
     print(render(sweep_dir), flush=True)
     check_finished(sweep.ordered_entries())
     return EXIT_OK
+
+
+def _job_bound(workload, base: RunSettings) -> dict[str, int]:
+    """The job's prompt tokens and what an unbounded prefix cache could serve (bench/prefix.py),
+    over the run's KV blocks."""
+    from neuron_batch.bench.prefix import job_bound
+    from neuron_batch.inputs.prefix import DEFAULT_BLOCK
+
+    return job_bound([r.prompt_token_ids for r in workload.prepared.requests],
+                     base.block_size or DEFAULT_BLOCK)
 
 
 def check_finished(entries: Sequence[dict[str, Any]]) -> None:

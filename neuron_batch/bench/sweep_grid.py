@@ -51,8 +51,41 @@ def candidate(base: RunSettings, sweep_dir: Path, name: str, *, max_num_seqs: in
                             "prefill_buckets": _join(shapes.prefill_buckets),
                             "decode_buckets": _join(shapes.decode_buckets),
                             "attention_buckets": _join(shapes.attention_buckets) or None,
-                            "kv_reserve": kv_reserve},
+                            "kv_reserve": kv_reserve,
+                            "prefix_caching": "on" if settings.prefix_caching else "off",
+                            "order": settings.order.value},
                      settings)
+
+
+#: Short names of the orders in configuration names (O=...).
+ORDER_SHORT = {"input": "in", "length": "len", "prefix": "pfx"}
+
+
+def prefix_variants(base: RunSettings, caching_values: Sequence[bool] | None = None,
+                    order_values: Sequence[str] | None = None) -> list[tuple[RunSettings, str]]:
+    """The (prefix caching, order) pairs a sweep runs, each as (the base settings under it,
+    the ",PC=on,O=pfx" part of its names: only the dimensions that vary). Caching off in
+    prefix order is left out where caching off runs in another order too: prefix order only
+    groups requests for the cache. The base's own pair comes first (its defaults are the
+    sweep's baseline)."""
+    from neuron_batch.choices import Order
+
+    cachings = list(dict.fromkeys(caching_values or [base.prefix_caching]))
+    orders = [Order.parse(o, "--sweep-order") for o in (order_values or [base.order])]
+    orders = list(dict.fromkeys(orders))
+    cachings.sort(key=lambda c: c != base.prefix_caching)
+    orders.sort(key=lambda o: o != base.order)
+    out = []
+    for caching in cachings:
+        for order in orders:
+            if (not caching and order is Order.PREFIX and len(cachings) > 1
+                    and any(o is not Order.PREFIX for o in orders)):
+                continue
+            suffix = ((f",PC={'on' if caching else 'off'}" if len(cachings) > 1 else "")
+                      + (f",O={ORDER_SHORT.get(order.value, order.value)}"
+                         if len(orders) > 1 else ""))
+            out.append((replace(base, prefix_caching=caching, order=order), suffix))
+    return out
 
 
 def _suffix(seqs: int, kv_reserve: str, *, multi_seqs: bool, multi_kv: bool) -> str:
@@ -62,16 +95,20 @@ def _suffix(seqs: int, kv_reserve: str, *, multi_seqs: bool, multi_kv: bool) -> 
 
 
 def default_candidates(base: RunSettings, sweep_dir: Path, seqs_values: Sequence[int],
-                       kv_values: Sequence[str] | None = None) -> list[Candidate]:
+                       kv_values: Sequence[str] | None = None, *, variant: str = "",
+                       baseline: bool = True) -> list[Candidate]:
     """The defaults at each max_num_seqs (and KV admission rule); the first is "default", the
-    baseline of the verdict."""
+    baseline of the verdict (unless not `baseline`: another prefix variant has it). `variant`
+    ends every name (`prefix_variants`)."""
     kv_values = list(kv_values or [base.kv_reserve])
     second = _second_letter(base.resolve_runtime())
     out = []
     for kv_reserve in kv_values:
         for seqs in seqs_values:
-            name = "default" if not out else f"P=def,{second}=def" + _suffix(
-                seqs, kv_reserve, multi_seqs=True, multi_kv=len(kv_values) > 1)
+            # (S names a non-default row, unless the variant does and S does not vary)
+            name = "default" if baseline and not out else f"P=def,{second}=def" + _suffix(
+                seqs, kv_reserve, multi_seqs=not variant or len(seqs_values) > 1,
+                multi_kv=len(kv_values) > 1) + variant
             out.append(candidate(base, sweep_dir, name, max_num_seqs=seqs, prefill=None,
                                  decode=None, kv_reserve=kv_reserve))
     return out
@@ -82,7 +119,7 @@ def grid_candidates(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence
                     user_prefill: Sequence[Sequence[int]], user_decode: Sequence[Sequence[int]],
                     max_prefill_buckets: int, max_decode_buckets: int,
                     kv_values: Sequence[str] | None = None,
-                    length_hists: dict | None = None) -> list[Candidate]:
+                    length_hists: dict | None = None, variant: str = "") -> list[Candidate]:
     """Every prefill set x decode set x max_num_seqs x KV rule, defaults excluded (phase one ran
     them). `decode_hists` maps (max_num_seqs, kv_reserve), or just max_num_seqs, to the decode
     batch sizes phase one produced (the rules give very different batches); `length_hists`
@@ -106,7 +143,7 @@ def grid_candidates(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence
     multi_seqs, multi_kv = len(seqs_values) > 1, len(kv_values) > 1
     second = _second_letter(runtime)
     for kv_reserve, seqs in ((k, s) for k in kv_values for s in seqs_values):
-        suffix = _suffix(seqs, kv_reserve, multi_seqs=multi_seqs, multi_kv=multi_kv)
+        suffix = _suffix(seqs, kv_reserve, multi_seqs=multi_seqs, multi_kv=multi_kv) + variant
         lengths = _hist_for(length_hists or {}, seqs, kv_reserve)
         decode_sets: dict[str, tuple[int, ...] | None] = {"def": None}
         if runtime.static_kv:

@@ -88,6 +88,9 @@ def _columns(rows: Sequence[dict[str, Any]], set_width: int) -> list[Column]:
         columns.append(Column(group, "waste", ">", _waste_cell(option.padding), drop=drop,
                               note=f"{option.short} waste"))
     priced = any(row.get(COST_USD_WITH_COMPILE) is not None for row in rows)
+    if len({(row.get("prefix_caching"), row.get("order")) for row in rows}) > 1:
+        # prefix caching or the order swept: the share of prompt tokens the cache served
+        columns.append(Column("cache", "hit%", ">", _hit_cell, drop=2, note="cache hit%"))
     columns += [
         Column("compile", "graphs", ">", lambda row: str(row["compiled_graphs"])),
         Column("compile", "est.", ">", lambda row: _short_compile(row.get(COST_COMPILE_S)),
@@ -130,6 +133,12 @@ def _set_cell(dimension: str, width: int) -> Callable[[dict[str, Any]], str]:
     return cell
 
 
+def _hit_cell(row: dict[str, Any]) -> str:
+    if row.get("prefix_caching") is False:
+        return "off"
+    return _percent_cell(row.get("hit_fraction"))
+
+
 def _waste_cell(padding: str) -> Callable[[dict[str, Any]], str]:
     return lambda row: _percent_cell(row.get(f"{padding}_waste"), "%")
 
@@ -169,6 +178,9 @@ def _legend(rows: Sequence[dict[str, Any]], columns: Sequence[Column],
         seqs = sorted({int(row["max_num_seqs"]) for row in rows if row.get("max_num_seqs")})
         parts.append("every decode step runs all max_num_seqs slots ("
                      + ", ".join(map(str, seqs)) + ")")
+    if ("cache", "hit%") in shown:
+        parts.append("PC = prefix caching, O = order (in, len, pfx); cache hit% = prompt "
+                     "tokens served from the prefix cache")
     if ("compile", "est.") in shown:
         parts.append("est. = estimated start-up (tracing, compiling, loading)")
     if any(c.group == "USD" for c in columns):

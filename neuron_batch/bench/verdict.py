@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from neuron_batch.bench.prefix_verdict import prefix_verdict
 from neuron_batch.bench.ranking import (
     COST_USD,
     COST_USD_WITH_COMPILE,
@@ -34,7 +35,8 @@ _STATE_WORDS = {"IDLE": "idle", "ACTIVE_PREFILL": "prefill", "ACTIVE_DECODE": "d
 
 # -- recommendation ---------------------------------------------------------------------------
 
-def recommend(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def recommend(rows: Sequence[dict[str, Any]],
+              prefix_bound: dict[str, Any] | None = None) -> dict[str, Any]:
     """Which configuration to use, and why, in numbers and plain English.
 
     Returns {"fastest", "best_per_graph", "cheapest" (None without prices), "pareto" (names,
@@ -42,7 +44,8 @@ def recommend(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     (the cost key of the front), "baseline" ("default" when the sweep has it, else None),
     "limits" (what holds the fastest back: dominant state and admission block), "reasons"
     (sentences)}, and "kv_reserve" (which KV admission rule wins, see `kv_reserve_verdict`)
-    when the sweep ran both.
+    when the sweep ran both, and "prefix" (whether to enable prefix caching and in which
+    order, see prefix_verdict.py; `prefix_bound` is the job's bound) when it swept them.
     """
     ordered = sorted(rows, key=rank_key)
     front = pareto_front(ordered)
@@ -70,6 +73,10 @@ def recommend(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if kv_rule is not None:
         result["kv_reserve"] = kv_rule
         reasons.append(kv_rule["text"])
+    prefix = prefix_verdict(ordered, prefix_bound)
+    if prefix is not None:
+        result["prefix"] = prefix
+        reasons.append(prefix["text"])
     reasons.append(_per_graph_sentence(per_graph, fastest))
     cheapest, text = _cheapest(ordered, fastest)
     if cheapest is not None:

@@ -53,6 +53,18 @@ def fmt_relative(value: Any, reference: Any) -> str:
     return f"{fmt_pct(abs(change))} {'above' if change > 0 else 'below'}"
 
 
+def fmt_seconds(seconds: Any) -> str:
+    """A duration in sentences: 4.2 s, 95 s, 12 min, 2.5 h."""
+    if seconds is None:
+        return "-"
+    seconds = float(seconds)
+    if abs(seconds) < 10:
+        return f"{seconds:.1f} s"
+    if abs(seconds) < 600:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:,.0f} min" if abs(seconds) < 3 * 3600 else f"{seconds / 3600:.1f} h"
+
+
 def compile_minutes(seconds: float | None) -> str:
     if seconds is None:
         return "-"

@@ -21,6 +21,23 @@ from neuron_batch.cli.options import (
 from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError, parse_buckets_option
 
 
+def _orders(text: str | None) -> list[str] | None:
+    """--sweep-order input,prefix -> ["input", "prefix"]; SettingsError naming a bad one."""
+    from neuron_batch.choices import Order
+
+    if text is None:
+        return None
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise SettingsError(f"--sweep-order: no order in {text!r}; use "
+                            f"{', '.join(Order.values())}")
+    for name in names:
+        if Order.lookup(name) is None:
+            raise SettingsError(f"--sweep-order: {name!r} is not an order; use "
+                                f"{', '.join(Order.values())}")
+    return list(dict.fromkeys(names))
+
+
 @main.command(epilog=EXIT_CODES_HELP)
 @click.argument("inputs", nargs=-1)
 @click.option("--config", type=click.Path(dir_okay=False), callback=load_config_option,
@@ -38,6 +55,12 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError, parse_buckets
                    "(0: none).")
 @click.option("--max-decode-buckets", type=int, default=3, show_default=True,
               help="Also sweep the optimal decode sets of 1..K buckets (0: none).")
+@click.option("--sweep-prefix-caching", is_flag=True,
+              help="Sweep prefix caching on and off (names end PC=on / PC=off); the verdict "
+                   "says whether to enable it for this job and why.")
+@click.option("--sweep-order", default=None, metavar="O,O,...",
+              help="Sweep these submission orders (input, length, prefix; names end O=in / "
+                   "O=len / O=pfx); the verdict says which pays best.")
 @click.option("--split-at", "split_cuts", default=None, metavar="N,N,...",
               help="Compare a split by length at each cut (`run --split-at N`) with the "
                    "single layout as given and with fitted buckets (split.json).")
@@ -65,7 +88,8 @@ from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError, parse_buckets
 @click.option("--resume", is_flag=True, help="Continue a sweep in --output.")
 @click.option("-q", "--quiet", is_flag=True, help="Only the final table.")
 def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_prefill_buckets,
-          max_decode_buckets, split_cuts, repeat, warmup, rank_by, jobs, resume, **options):
+          max_decode_buckets, sweep_prefix_caching, sweep_order, split_cuts, repeat, warmup,
+          rank_by, jobs, resume, **options):
     """Benchmark a workload: one configuration (--repeat for the spread), or with
     --sweep-buckets many bucket configurations, ranked, with a recommendation.
 
@@ -80,7 +104,10 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
       - crossed with decode sets: defaults, every --decode-buckets-set, and the optimal sets
         of 1..--max-decode-buckets buckets for the batch sizes the defaults produced,
       - and, with --kv-reserve request,max-model-len, under both KV admission rules (names
-        end K=req / K=mml; the verdict says which rule wins and why).
+        end K=req / K=mml; the verdict says which rule wins and why),
+      - each of these under prefix caching on and off (--sweep-prefix-caching) and in each
+        --sweep-order (caching off skips prefix order); the verdict says whether caching
+        pays on this job and layout (hits, prefill saved, decode gather, graphs added).
     A --max-num-seqs value whose layout cannot load (as `run` checks it) is left out, saying
     what fits; when none loads, the sweep is refused (exit 2) before anything runs.
     It prints the grid's size and an estimate first, writes sweep.json and sweep.csv after every
@@ -115,6 +142,12 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
                 raise SettingsError(f"--decode-buckets-set {','.join(map(str, buckets))}: the "
                                     f"last bucket must be {what} "
                                     f"{','.join(map(str, ends))}")
+        caching_values = [True, False] if sweep_prefix_caching else None
+        order_values = _orders(sweep_order)
+        if (caching_values or order_values) and not sweep_buckets:
+            raise SettingsError("--sweep-prefix-caching and --sweep-order need --sweep-buckets "
+                                "(add --max-prefill-buckets 0 --max-decode-buckets 0 to "
+                                "compare only these)")
         cuts = int_list(split_cuts, "--split-at") if split_cuts else []
         if cuts and (sweep_buckets or repeat or len(seqs_values) > 1 or len(kv_values) > 1):
             raise SettingsError("--split-at compares one layout with its splits; it does not "
@@ -144,7 +177,8 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
                              user_decode=user_decode, max_prefill_buckets=max_prefill_buckets,
                              max_decode_buckets=max_decode_buckets,
                              jobs=jobs or default_jobs(), resume=resume, log=log,
-                             rank_by=rank_by, kv_values=kv_values)
+                             rank_by=rank_by, kv_values=kv_values,
+                             caching_values=caching_values, order_values=order_values)
         else:
             code = run_repeats(base, out_dir, repeats=repeat or 1, warmup=warmup if repeat else 0,
                                log=log)

@@ -51,7 +51,8 @@ def option_settings(base: RunSettings, option: Option, out_dir: Path | None) -> 
     settings = replace(base, sim=sim, max_num_seqs=option.max_num_seqs,
                        max_model_len=option.max_model_len, limit=option.share_size,
                        shuffle=True, output=None,
-                       split_at=option.split.cut if option.split else None)
+                       split_at=option.split.cut if option.split else None,
+                       prefix_caching=option.prefix_caching, order=option.order or base.order)
     settings = settings.with_buckets(option.runtime, option.prefill_buckets,
                                      option.decode_buckets, option.attention_buckets)
     if out_dir is None:

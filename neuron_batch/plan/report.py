@@ -30,7 +30,8 @@ CSV_COLUMNS = ("rank", "name", "status", "instance", "num_instances", "replicas"
                "compile_hours", "price_per_hour_usd", "usd",
                "usd_per_million_output_tokens", "output_tokens_per_s",
                "replica_output_tokens_per_s", "share_requests", "meets_deadline",
-               "hours_at_least", "usd_at_least", "reason", "command")
+               "hours_at_least", "usd_at_least", "reason", "prefix_caching", "order",
+               "hit_fraction", "command")
 
 
 def _split_fields(option: Option) -> dict[str, Any] | None:
@@ -50,8 +51,10 @@ class PlanWriter:
     """Turns the options (as results come in) into the plan's files and text."""
 
     def __init__(self, job: PlanJob, options: Sequence[Option], excluded: Sequence[str], *,
-                 workload_output_tokens: int, num_requests: int):
+                 workload_output_tokens: int, num_requests: int,
+                 prefix_cache: dict[str, int] | None = None):
         self.job = job
+        self.prefix_cache = prefix_cache      # the job's prompt and bound tokens
         self.options = list(options)
         self.excluded = list(excluded)
         self.output_tokens = workload_output_tokens
@@ -85,6 +88,8 @@ class PlanWriter:
             "price_per_hour_usd": price.per_hour_usd, "share_requests": option.share_size,
             "hours_at_least": option.hours_bound, "usd_at_least": option.usd_bound,
             "split": _split_fields(option),
+            "prefix_caching": option.prefix_caching,
+            "order": str(option.order or self.job.base.order),
             "command": run_command(option_settings(self.job.base, option, None)),
             "layout_command": run_command(layout_settings(self.job.base, option)),
         }
@@ -111,6 +116,7 @@ class PlanWriter:
             replica_output_tokens_per_s=result.get("replica_output_tokens_per_s"),
             meets_deadline=hours <= self.job.deadline.hours,
             hours_to_spare=self.job.deadline.hours - hours,
+            hit_fraction=(result.get("prefix") or {}).get("hit_fraction"),
             run_dir=result.get("run_dir"), simulation_wall_s=result.get("wall_s"),
             simulation_cpu_s=result.get("cpu_s"))
         return out
@@ -137,7 +143,7 @@ class PlanWriter:
             "num_simulations": len({o.sim_key for o in ranked}),
             "num_pruned": sum(1 for r in others if r["status"] == "pruned"),
             "num_skipped": sum(1 for r in others if r["status"] == "skipped"),
-            "excluded": self.excluded,
+            "excluded": self.excluded, "prefix_cache": self.prefix_cache,
         }
         return {"meta": meta, "options": records, "not_simulated": others,
                 "recommendation": records[0] if records else None}
@@ -199,18 +205,25 @@ def format_plan(data: dict[str, Any]) -> str:
                  f"{r['usd_per_million_output_tokens']:,.2f}",
                  "meets" if r["meets_deadline"] else f"{_late(-r['hours_to_spare'])} late"]
                 for r in rows]
-        widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(_HEADERS)]
-        left = {1, 3, 6, 11}
+        headers = _HEADERS
+        if any(r.get("prefix_caching") for r in rows):     # weighed on and off: say which
+            headers = (*_HEADERS, "cache")
+            for cells, r in zip(body, rows):
+                cells.append(f"on, {r.get('order')}" if r.get("prefix_caching") else "off")
+        widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(headers)]
+        left = {1, 3, 6, 11, 12}
 
         def line(cells):
             return ("  " + "  ".join(c.ljust(w) if i in left else c.rjust(w)
                                      for i, (c, w) in enumerate(zip(cells, widths)))).rstrip()
-        lines += [line(_HEADERS), *(line(b) for b in body)]
+        lines += [line(headers), *(line(b) for b in body)]
         lines.append("  n = instances; replicas per instance x TP degree; S = max_num_seqs "
                      "(also the one decode bucket); L = max_model_len; prefill buckets are "
                      "context-encoding buckets on inf2/trn1 (nxdi); hours include the "
                      "start-up (compile: tracing, compiling and loading the graphs"
                      + ("; --compiled: loading only)" if meta.get("compiled") else ")"))
+        if len(headers) > len(_HEADERS):
+            lines.append("  cache = prefix caching on (in the order named; name ends +PC) or off")
         if any(r.get("split") for r in rows):
             lines.append("  S and L as 52+7 and 2176+14208: a job split by length, the short "
                          "layout first (run --split-at); prefill buckets are the long one's")
@@ -291,6 +304,31 @@ def _compile_flip_words(best: dict[str, Any], rows: list[dict[str, Any]], deadli
             f"${run_only(best)[0]:,.2f} of run alone."]
 
 
+def prefix_words(best: dict[str, Any], rows: list[dict[str, Any]],
+                 bound: dict[str, Any] | None) -> list[str]:
+    """Whether the recommendation runs with prefix caching, and why (rows are ranked)."""
+    if bound is None:
+        return []
+    if not bound.get("bound_tokens"):
+        return [f"Prefix caching off (--no-prefix-caching): the prompts share no KV block, so "
+                f"the cache would serve none of their {bound.get('prompt_tokens', 0):,} tokens "
+                f"and only add graphs{' and decode time' if runtime_of(best).prefix_grid else ''}."]
+    share = bound["bound_tokens"] / bound["prompt_tokens"] if bound.get("prompt_tokens") else 0
+    other = next((r for r in rows if r.get("prefix_caching") != best.get("prefix_caching")),
+                 None)
+    versus = ("" if other is None else
+              f" The best option {'without' if best.get('prefix_caching') else 'with'} it, "
+              f"{other['name']}, takes {format_hours(other['hours'])} for ${other['usd']:,.2f}.")
+    if best.get("prefix_caching"):
+        hits = best.get("hit_fraction")
+        return [f"Prefix caching on, in {best.get('order')} order (--order {best.get('order')}): "
+                f"the cache served {'-' if hits is None else f'{hits:.0%}'} of a replica's "
+                f"prompt tokens (an unbounded one could serve {share:.0%} of the job's)."
+                + versus]
+    return [f"Prefix caching off (--no-prefix-caching): up to {share:.0%} of the prompt tokens "
+            f"are shared, but caching on does not pay here." + versus]
+
+
 def recommendation_words(data: dict[str, Any]) -> list[str]:
     meta, rows = data["meta"], data["options"]
     deadline = meta["deadline"]
@@ -344,6 +382,7 @@ def recommendation_words(data: dict[str, Any]) -> list[str]:
             out.append("More instances (--max-num-instances) or a later deadline would help.")
     out += _split_words(best, rows)
     out += _compile_flip_words(best, rows, deadline["hours"], bool(meta.get("compiled")))
+    out += prefix_words(best, rows, meta.get("prefix_cache"))
     out += ["", f"One replica, on its share of {best['share_requests']:,} requests (measured "
                 f"{best['replica_output_tokens_per_s']:,.1f} output tok/s; the simulated device "
                 f"reproduces it):", f"  {best['command']}",

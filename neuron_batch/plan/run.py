@@ -37,6 +37,7 @@ from neuron_batch.plan.job import (  # noqa: F401  (re-exported)
     run_folder,
 )
 from neuron_batch.plan.options import Option, PlanError
+from neuron_batch.plan.prefix import CACHING_SUFFIX, caching_options, shareable_tokens
 from neuron_batch.plan.report import PlanWriter
 from neuron_batch.plan.search import Search, dry_run
 from neuron_batch.plan.splits import split_options
@@ -74,7 +75,13 @@ def simulate_share(settings: RunSettings, workload_limit: int | None) -> dict[st
         return {"status": "failed", "error": f"{type(error).__name__}: {error}",
                 "replica_s": None, "wall_s": round(time.monotonic() - started, 1)}
     throughput, steps = report["throughput"], report.get("steps") or {}
+    prefix = None
+    if settings.prefix_caching:     # what the cache served, from the run's records
+        from neuron_batch.bench.prefix import run_figures
+
+        prefix = run_figures(settings.output, settings)
     return {"status": "done", "error": None, "replica_s": throughput["elapsed_s"],
+            "prefix": prefix,
             "output_tokens": report["tokens"]["output"],
             "replica_output_tokens_per_s": throughput["output_tokens_per_s"],
             "num_requests": report["requests"]["completed"], "steps": steps.get("total"),
@@ -154,9 +161,14 @@ def run_plan(job: PlanJob) -> int:
                                  seed=job.base.seed, excluded=excluded)
     if not options:
         raise RunError("no layout loads: " + "; ".join(excluded[-3:]))
-    options += split_options(job.spec, options, prompt_lens, output_lens)
+    prefix = _prefix_caching(job, requests)
+    singles = list(options)      # (splits are weighed with caching off only)
+    if prefix["bound_tokens"]:
+        options += caching_options(job.spec, singles, prompt_lens, output_lens,
+                                   shareable_tokens([r.prompt_token_ids for r in requests]))
+    options += split_options(job.spec, singles, prompt_lens, output_lens)
     writer = PlanWriter(job, options, excluded, workload_output_tokens=sum(output_lens),
-                        num_requests=len(requests))
+                        num_requests=len(requests), prefix_cache=prefix)
     tighten = Tightener(job.spec, prompt_lens, output_lens)
     _announce(job, options, excluded, tighten, load_s=time.monotonic() - started)
     try:
@@ -169,6 +181,22 @@ def run_plan(job: PlanJob) -> int:
     text = writer.write(wall_s=time.monotonic() - started, complete=True, plot=True)
     print(text, flush=True)
     return EXIT_OK
+
+
+def _prefix_caching(job: PlanJob, requests) -> dict[str, int]:
+    """What the job's prompts share (bench/prefix.py `job_bound`), said in the log: whether
+    each option is also weighed with prefix caching on."""
+    from neuron_batch.bench.prefix import job_bound
+
+    bound = job_bound([r.prompt_token_ids for r in requests])
+    if bound["bound_tokens"]:
+        job.log(f"prefix caching: an unbounded cache could serve {bound['bound_tokens']:,} of "
+                f"the {bound['prompt_tokens']:,} prompt tokens: each option is weighed with "
+                f"it off and on, in prefix order ({CACHING_SUFFIX.strip()})")
+    else:
+        job.log("prefix caching: off in every option, the prompts share no KV block (the "
+                "cache would serve nothing and cost graphs and decode time)")
+    return bound
 
 
 def _timed(log: Callable[[str], None], started: float) -> Callable[[str], None]:
