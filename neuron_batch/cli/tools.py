@@ -61,7 +61,7 @@ def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size,
     from neuron_batch.scheduler.records import read_records
 
     steps = []
-    runtimes = set()
+    runtimes, caching = set(), set()     # (prefix caching: block KV a decode gathers first)
     for run_dir in run_dirs:
         paths = sorted(Path(run_dir).glob("records-*.jsonl"))
         if not paths:
@@ -71,6 +71,7 @@ def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size,
             records = read_records(path)
             if records.config is not None:
                 runtimes.add(records.config.runtime)
+                caching.add(bool(records.config.enable_prefix_caching))
             steps += [s for s in records.steps
                       if s.kind in ("prefill", "decode") and s.t_end is not None
                       and s.t_end > s.t_start]
@@ -85,7 +86,7 @@ def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size,
     try:
         tp = tensor_parallel_size or default_tp(instance)
         profile = fit_from_steps(steps, instance, architecture, tp, weight_dtype=weight_dtype,
-                                 runtime=runtime)
+                                 runtime=runtime, prefix_caching=any(caching))
     except (ValueError, FileNotFoundError) as error:
         raise click.UsageError(str(error)) from None
     startup = _compile_from_startup(run_dirs, instance, architecture, tp, weight_dtype,

@@ -270,39 +270,48 @@ def trn2_points(base: CostProfile) -> list[tuple[str, float, float]]:
 
 def fit_from_steps(steps: Iterable[Any], instance: str, arch: Any, tp: int,
                    weight_dtype: str = "bf16", start_profile: CostProfile | None = None,
-                   kv_dtype: str = "bf16", runtime: Any = None) -> CostProfile:
+                   kv_dtype: str = "bf16", runtime: Any = None,
+                   prefix_caching: bool = False) -> CostProfile:
     """Fit STEP_FIT_PARAMS to measured step durations (t_end - t_start) of StepRecord-like
-    objects from one run configuration. A decode step's KV read is its compiled shape under
-    `runtime` (the records' own, runtime.Runtime; None: the KV its requests held). A fixed cost
-    whose kind has no steps keeps its start value."""
-    reader = StepCostModel(start_profile or _start_for(instance), instance, arch, tp,
-                           weight_dtype, kv_dtype, runtime=runtime)
-    durations: dict[tuple[str, int, int], list[float]] = {}
+    objects from one run configuration. Each step's KV read is what the step model charges
+    under `runtime` (the records' own, runtime.Runtime; None: the KV its requests held) with
+    `prefix_caching` as the records ran (a grid cell's prefix bucket; the block KV a decode
+    gathers first on NeuronCore-v2). A fixed cost whose kind has no steps keeps its start
+    value."""
+    def model_of(profile: CostProfile) -> StepCostModel:
+        return StepCostModel(profile, instance, arch, tp, weight_dtype, kv_dtype,
+                             runtime=runtime, prefix_caching=prefix_caching)
+
+    reader = model_of(start_profile or _start_for(instance))
+    durations: dict[tuple[str, int, int, int], list[float]] = {}
     for s in steps:
         if s.kind not in ("prefill", "decode") or s.t_end is None or s.t_end <= s.t_start:
             continue
         if s.kind == "prefill":
-            padded, context = s.num_tokens_padded or s.num_tokens, s.context_tokens
+            padded, gathered = s.num_tokens_padded or s.num_tokens, 0
+            context = reader.prefill_kv_read(s.context_tokens, getattr(s, "prefix_bucket", None))
         else:
             padded = s.num_seqs_padded or s.num_seqs
-            context = reader.decode_kv_tokens(padded, getattr(s, "attended_len", None),
-                                              s.context_tokens)
-        durations.setdefault((s.kind, padded, context), []).append(s.t_end - s.t_start)
+            attended = getattr(s, "attended_len", None)
+            context = reader.decode_kv_tokens(padded, attended, s.context_tokens)
+            gathered = reader.gathered_tokens(padded, attended)
+        durations.setdefault((s.kind, padded, context, gathered), []).append(s.t_end - s.t_start)
     if not durations:
         raise ValueError("no finished prefill or decode steps to fit")
     # Identical shapes fold into one term: the log of their geometric mean, weighted by count.
-    shapes = [(kind, padded, ctx, math.sqrt(len(ts)), sum(math.log(t) for t in ts) / len(ts))
-              for (kind, padded, ctx), ts in durations.items()]
+    shapes = [(kind, padded, ctx, gathered, math.sqrt(len(ts)),
+               sum(math.log(t) for t in ts) / len(ts))
+              for (kind, padded, ctx, gathered), ts in durations.items()]
     kinds = {kind for kind, *_ in shapes}
     names = [n for n in STEP_FIT_PARAMS if not (n == "prefill_fixed_s" and "prefill" not in kinds)
              and not (n == "decode_fixed_s" and "decode" not in kinds)]
     start = start_profile or _start_for(instance)
 
     def residuals(profile: CostProfile) -> list[float]:
-        model = StepCostModel(profile, instance, arch, tp, weight_dtype, kv_dtype)
+        model = model_of(profile)
         return [weight * (math.log(model.prefill_time(padded, ctx) if kind == "prefill"
-                                   else model.decode_time(padded, ctx)) - log_t)
-                for kind, padded, ctx, weight, log_t in shapes]
+                                   else model.decode_time(padded, ctx, gathered)) - log_t)
+                for kind, padded, ctx, gathered, weight, log_t in shapes]
 
     fitted = _least_squares(residuals, start, names, tie_kv=False)
     n = sum(len(ts) for ts in durations.values())
