@@ -7,10 +7,11 @@ plugin is told Neuron devices exist. Each case runs in a fresh interpreter
 (tests/engine/nxdi_driver.py): the plugin's platform patches vLLM's ModelConfig globally.
 
 Self-selecting: runs only in an environment whose vLLM is one a vendored plugin release pins
-(`bash scripts/vllm_matrix.sh 0.10.2 0.11.0` builds them under .venvs/), with the plugin's
-source archive in ../shared/vendor (relative to the repository root); skips saying why
-elsewhere. The plugin is installed once per environment with `pip install --no-deps
---target`, its stray top-level `test` package removed.
+(`bash scripts/vllm_matrix.sh 0.10.2 0.11.0` builds them in
+~/.cache/neuron-batch/vllm-matrix/), with the plugin's source archive in ../shared/vendor
+(relative to the repository root); skips saying why elsewhere. The plugin is installed once
+per environment with `pip install --no-deps --target`, its stray top-level `test` package
+removed.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def case(plugin_dir, model_dir, tmp_path):
     return run
 
 
-#: The contiguous layout (prefix caching off); tests/test_nxdi_prefix_plugin.py runs it on.
+#: The contiguous layout (prefix caching off); tests/engine/test_nxdi_prefix_plugin.py runs it on.
 LIMITS = {"max_num_seqs": 4, "max_model_len": 512, "max_num_batched_tokens": 64,
           "prefix_caching": False}
 
@@ -246,8 +247,11 @@ def test_data_path_mixed_temperatures_reach_their_own_requests(case):
     """Greedy requests must give the model's top token every time; requests at a very high
     temperature almost never do. Parameters sent to the wrong request break either side."""
     if PLUGIN == "0.1.0":
-        pytest.skip("vllm-neuron 0.1.0 has no CPU sampler: neuron-batch refuses mixed "
-                    "temperatures there (tests/engine/test_neuron_host.py)")
+        pytest.skip("vllm-neuron 0.1.0 has no CPU sampler (worker/"
+                    "neuronx_distributed_model_loader.py, NeuronCausalLM.sample raises "
+                    "'CPU sampler not implemented' without on_device_sampling_config): "
+                    "neuron-batch refuses mixed temperatures there "
+                    "(tests/engine/test_neuron_host.py)")
     spec = [(40 + 13 * i, 12) for i in range(10)]
     requests = requests_of(spec, temperature=lambda i: 0.0 if i % 2 == 0 else 1000.0)
     got = case("run", LIMITS, requests=requests, mixed=True)

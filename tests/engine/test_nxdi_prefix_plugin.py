@@ -1,13 +1,13 @@
 """Integration: prefix caching through AWS's NxDI plugin (vllm-neuron 0.2.0 on vLLM 0.11.0,
 0.1.0 on 0.10.2) on the CPU, against the plugin's own platform, loader, worker and runner and
 vLLM's real prefix cache, with our scheduler; NxDI faked at its import boundary
-(tests/nxdi_fakes.py: KV by block id and offset, the prefix read from the cache, never
+(tests/engine/nxdi_fakes.py: KV by block id and offset, the prefix read from the cache, never
 recomputed from the prompt, the next token a hash of the context it can see).
 
 Every output token is checked against a reference worked out from the prompt alone, so a lost or
 wrong prefix fails; every prefill the device saw (its cached tokens, as the plugin passed them
 in `computed_context_lens`, and prompt length) is the step our records describe, on the cell
-NxDI's rule gives. Self-selecting like tests/test_nxdi_plugin.py, whose fixtures it uses.
+NxDI's rule gives. Self-selecting like tests/engine/test_nxdi_plugin.py, whose fixtures it uses.
 """
 
 from __future__ import annotations
@@ -151,7 +151,9 @@ def test_evicted_prefix_and_a_job_larger_than_the_block_pool(case):
 
 def test_batch_size_1_is_refused_where_the_plugin_is_wrong(case):
     if PLUGIN != "0.2.0":
-        pytest.skip(f"vllm-neuron {PLUGIN}'s README does not list the batch-size-1 bug")
+        pytest.skip(f"vllm-neuron {PLUGIN}'s README.md (Known Issues) does not list wrong "
+                    f"output with prefix caching at batch size 1 (0.2.0's lists it as issue 3), "
+                    f"so neuron-batch does not refuse it there (nxdi_plugin.plugin_line)")
     with pytest.raises(AssertionError, match="--max-num-seqs 1 with prefix caching"):
         case("config", {**GRID, "max_num_seqs": 1})
 
