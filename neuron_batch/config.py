@@ -265,8 +265,13 @@ class RunSettings:
     def resolve_runtime(self) -> Runtime:
         """The Neuron runtime this run follows: `--runtime`; else the simulated instance's (nxdi
         on inf2/trn1, vllm-neuron on trn2); on a Neuron host the installed plugin's line;
-        elsewhere the seed design's. Decided once for what decides it (`_decide_runtime`)."""
-        return _decide_runtime(self.runtime, self.device, self._sim_family())
+        elsewhere the seed design's. Decided once for what decides it (`_decide_runtime`): the
+        plugin's version is read here, so a cached answer never outlives the installed plugin."""
+        plugin = None
+        if self.runtime is None and self.device in (Device.NEURON, Device.AUTO):
+            from neuron_batch.versions import neuron_plugin
+            plugin = neuron_plugin()["version"]
+        return _decide_runtime(self.runtime, self.device, self._sim_family(), plugin)
 
     def bucket_lists(self) -> dict[str, list[int]]:
         """The bucket lists the user gave, by the plugin config key of their runtime."""
@@ -343,14 +348,15 @@ def parse_buckets_option(text: str | None, option: str) -> tuple[int, ...] | Non
 
 
 @cache
-def _decide_runtime(name: str | None, device: Device, family: str | None) -> Runtime:
+def _decide_runtime(name: str | None, device: Device, family: str | None,
+                    plugin: str | None) -> Runtime:
     if name is not None:
         return get_runtime(name)
     if device == Device.SIM:
         return get_runtime(None, family=family)
-    if device in (Device.NEURON, Device.AUTO):
-        from neuron_batch.versions import neuron_plugin, runtime_of_plugin
-        detected = runtime_of_plugin(neuron_plugin()["version"])
+    if plugin is not None:      # (a Neuron host, or auto: the installed plugin's line)
+        from neuron_batch.versions import runtime_of_plugin
+        detected = runtime_of_plugin(plugin)
         if detected is not None:
             return detected
     return get_runtime(None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -163,7 +164,9 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
                                       max_num_instances=max_num_instances, seqs_values=seqs,
                                       max_prefill_buckets=max_prefill_buckets,
                                       compiled=compiled, prices=prices, splits=splits)
-        placements(spec)    # a model that fits nowhere fails here, before any input is read
+        # A model whose weights or KV fit nowhere fails here, before any input is read; a host
+        # too small to compile it is left out later, after the inputs' and folder's checks.
+        placements(replace(spec, compiled=True))
     except (SettingsError, PlanError, DeadlineError, ArchitectureError, PricingError) as error:
         raise click.UsageError(str(error)) from None
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))

@@ -153,7 +153,8 @@ def test_problems_of_every_stage_are_listed_in_file_then_line_order(runs, tmp_pa
 def test_plan_and_bench_never_suggest_an_option_they_lack(runs):
     plan = ["plan", TRACE, "--architecture", "llama-3.1-8b", "--deadline", "1h", "--limit", "40",
             "--instances", "inf2.xlarge", "--max-num-seqs", "8", "--max-num-instances", "1",
-            "--no-splits", "--jobs", "1", "--max-prefill-buckets", "1", "-q"]
+            "--no-splits", "--jobs", "1", "--max-prefill-buckets", "1", "-q",
+            "--compiled"]   # (inf2.xlarge's 16 GiB host cannot compile an 8B: issue 29)
     failed = runs.run(plan)
     assert failed.exit_code == 2 and "--on-error" not in failed.output
     planned = runs.run(applied(plan, hint(r"(--max-model-len \d+) fits every request",
