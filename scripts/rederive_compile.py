@@ -171,7 +171,7 @@ def estimates() -> None:
                        order="length", sim=SimOptions(instance="inf2.8xlarge",
                                                       tensor_parallel_size=2,
                                                       architecture=ARCH)).validate()
-    slots, estimate = split_inputs(resolve_target(base, None))
+    slots, estimate = split_inputs(resolve_target(base, None), None)
     requests = in_order(load(TRACE, None), "length")
     print("\n--split-at auto on the whole trace (inf2.8xlarge TP 2, 7 slots of 14,208):")
     print("  " + choose_cut(base, requests, slots, estimate)[1])
@@ -181,7 +181,7 @@ def estimates() -> None:
     side = replace(base, split_at=2176, replicas=2, split_placement="auto",
                    sim=replace(base.sim, num_instances=2)).validate()
     first = in_order(load(TRACE, 3000), "length")
-    slots, estimate = split_inputs(resolve_target(side, None))
+    slots, estimate = split_inputs(resolve_target(side, None), None)
     for compiled in (None, False, True):
         chosen = plan_parts(side, first, slots, estimate if compiled is None
                             else estimate.assuming(compiled))[1]

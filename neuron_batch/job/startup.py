@@ -32,15 +32,51 @@ class StartupState:
     log_offset: int = 0                 # engine.log's size before this start (Neuron host)
 
 
-def layout_compiled(settings: RunSettings, target) -> bool:
-    """Whether a layout's graphs count as compiled on the simulated device `target`:
-    --compiled, or the --compiled-artifacts folder recorded its shapes."""
-    from neuron_batch.device import compile_cache
+def layout_compiled(settings: RunSettings, target, model_path: str | None = None,
+                    requests=()) -> bool:
+    """Whether a layout's graphs count as compiled on `target`. Simulated: --compiled, or the
+    --compiled-artifacts folder recorded its shapes. A Neuron host: the artifacts folder this
+    layout's run would use (one per hash of its compiled inputs, engine/neuron_host.py) holds
+    graphs. (Neuron's own compile cache may serve more than that folder says; only the run's
+    engine log tells, so an estimate counts such a layout as compiled fresh.)"""
+    if target.simulated:
+        from neuron_batch.device import compile_cache
 
-    if settings.sim.compiled:
-        return True
-    return compile_cache.holds(settings.compiled_artifacts, target,
-                               settings.shapes(target.runtime))
+        if settings.sim.compiled:
+            return True
+        return compile_cache.holds(settings.compiled_artifacts, target,
+                                   settings.shapes(target.runtime))
+    if model_path is None:
+        return False
+    folder = host_artifacts(settings, target.runtime, model_path, requests)
+    return folder is not None and holds_graphs(folder)
+
+
+def host_artifacts(settings: RunSettings, runtime, model_path: str, requests=()) -> Path | None:
+    """The artifacts folder a Neuron run of these settings uses (the same inputs as the
+    engine's: the installed plugin and NxDI releases, whether the requests mix temperatures);
+    None for settings the plugin refuses (the run itself says why)."""
+    from neuron_batch.engine.neuron_host import (
+        NXDI_DISTRIBUTION,
+        NeuronHostError,
+        host_setup,
+        installed_version,
+        mixed_sampling,
+    )
+    from neuron_batch.versions import neuron_plugin
+
+    try:
+        return host_setup(settings, runtime, model_path=model_path,
+                          plugin_version=neuron_plugin()["version"],
+                          mixed=mixed_sampling(settings, requests),
+                          nxdi_version=installed_version(NXDI_DISTRIBUTION)).artifacts
+    except NeuronHostError:
+        return None
+
+
+def holds_graphs(folder: Path) -> bool:
+    """Whether an artifacts folder holds what an earlier start compiled (not just made)."""
+    return folder.is_dir() and any(folder.iterdir())
 
 
 def before_start(job, kwargs: dict[str, Any], log_path: Path, log) -> StartupState:
@@ -56,7 +92,7 @@ def before_start(job, kwargs: dict[str, Any], log_path: Path, log) -> StartupSta
         from neuron_batch.engine.neuron_host import ARTIFACTS_ENV
 
         folder = Path(env[ARTIFACTS_ENV]) if env.get(ARTIFACTS_ENV) else None
-        reused = folder is not None and folder.is_dir() and any(folder.iterdir())
+        reused = folder is not None and holds_graphs(folder)
         state = StartupState(reused, folder, log_path.stat().st_size
                              if log_path.exists() else 0)
     instance, arch, dtype = _device_of(job)

@@ -125,7 +125,7 @@ class BoundEstimate:
         self.target = target                        # device.target.Target: its objects
         self.model = target.cost_model              # device.cost_model.StepCostModel
         self.per_instance = target.engines_per_instance
-        # settings -> whether that layout's graphs are compiled already (--compiled, the
+        # part -> whether its layout's graphs are compiled already (--compiled, the
         # artifacts folder); None: none is
         self._compiled_of = compiled_of
         self.compiled = compiled            # an assumption for every layout, or None
@@ -137,7 +137,7 @@ class BoundEstimate:
         graphs and the weights, not on the layout's length or slots."""
         compiled = self.compiled
         if compiled is None:
-            compiled = bool(self._compiled_of(part.settings)) if self._compiled_of else False
+            compiled = bool(self._compiled_of(part)) if self._compiled_of else False
         return self.target.compile_s(part.settings.shapes(self.target.runtime),
                                      compiled=compiled)
 

@@ -96,18 +96,19 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
         folder.unlock()
 
 
-def split_inputs(target: Target | None):
+def split_inputs(target: Target | None, model_path: str | None):
     """(slots_at, estimate) a split's cut (`--split-at auto`) and placement are weighed with
     (layout/split.py, layout/placement.py), from the run's target: its static slots at a
     max_model_len, and the step-time model and compile estimate of the simulated device or of
-    a known Neuron host; (None, None) without one."""
+    a known Neuron host (a layout counts as compiled where the device's compile cache holds
+    it: job/startup.py `layout_compiled`); (None, None) without one."""
     if target is None:
         return None, None
     from neuron_batch.job.startup import layout_compiled
     from neuron_batch.layout.placement import BoundEstimate
 
     return target.static_slots, BoundEstimate(
-        target, lambda settings: layout_compiled(settings, target))
+        target, lambda part: layout_compiled(part.settings, target, model_path, part.requests))
 
 
 def auto_split(settings: RunSettings, workload: Workload, target: Target | None,
@@ -124,12 +125,12 @@ def auto_split(settings: RunSettings, workload: Workload, target: Target | None,
         previous = ((RunFolder(out_dir).read_manifest() or {}).get("settings") or {})
         if "split_at" in previous and previous["split_at"] != SPLIT_AUTO:
             return replace(settings, split_at=previous["split_at"])
-    slots_at, estimate = split_inputs(target)
-    if estimate is None:
+    if target is None:
         raise RunError("--split-at auto weighs cuts with the step-time model of the simulated "
                        "device or of a Neuron host whose instance is known (--instance, or "
                        "EC2's); here give the cut (`neuron-batch plan` or "
                        "scripts/split_what_if.py weigh them)")
+    slots_at, estimate = split_inputs(target, workload.model.path)
     cut, words = choose_cut(settings, submission_order(settings, workload.prepared.requests,
                                                        target), slots_at, estimate)
     log(words)
@@ -213,7 +214,7 @@ def _run_locked(job: Job) -> RunResult:
                 from neuron_batch.layout.split import placement_note, plan_parts
                 from neuron_batch.run.split import run_parts
 
-                slots, estimate = split_inputs(job.target)
+                slots, estimate = split_inputs(job.target, job.workload.model.path)
                 parts, placement = plan_parts(settings, pending, slots, estimate,
                                               runtime=job.runtime)
                 if len(parts) == 2 and settings.uses_ray:

@@ -136,7 +136,8 @@ def sim_plan(instance: str, tp: int, replicas: int, num_instances: int, placemen
                            sim=SimOptions(instance=instance, tensor_parallel_size=tp,
                                           architecture="llama-3.1-8b",
                                           num_instances=num_instances)).validate()
-    return plan_parts(settings, trace_requests(400), *split_inputs(resolve_target(settings, None)))
+    return plan_parts(settings, trace_requests(400),
+                      *split_inputs(resolve_target(settings, None), None))
 
 
 @pytest.mark.skipif(not TRACE.exists(), reason="the shipped trace is missing")
@@ -169,7 +170,7 @@ def test_a_placement_that_rests_on_the_start_up_says_so():
                            sim=SimOptions(instance="inf2.8xlarge", tensor_parallel_size=2,
                                           architecture="llama-3.1-8b",
                                           num_instances=2)).validate()
-    slots, estimate = split_inputs(resolve_target(settings, None))
+    slots, estimate = split_inputs(resolve_target(settings, None), None)
     requests = trace_requests(400)
     modes = {c: plan_parts(settings, requests, slots, estimate.assuming(c))[1].mode
              for c in (False, True)}
@@ -219,7 +220,7 @@ def test_split_at_auto_takes_the_candidate_of_least_estimate():
     from neuron_batch.run.runner import split_inputs
 
     settings = sim_settings()
-    slots, estimate = split_inputs(resolve_target(settings, None))
+    slots, estimate = split_inputs(resolve_target(settings, None), None)
     requests = in_order(trace_requests(1500), "length")
     cut, words = choose_cut(settings, requests, slots, estimate)
 
@@ -240,7 +241,7 @@ def test_split_at_auto_takes_the_candidate_of_least_estimate():
     trn2 = sim_settings(sim=SimOptions(instance="trn2.3xlarge", architecture="llama-3.1-8b"),
                         max_num_seqs=32, max_num_batched_tokens=4096)
     assert choose_cut(trn2, requests, None,
-                      split_inputs(resolve_target(trn2, None))[1])[0] is None
+                      split_inputs(resolve_target(trn2, None), None)[1])[0] is None
 
 
 def test_split_at_auto_keeps_a_resumed_run_s_cut_and_needs_the_simulated_device(tmp_path):
@@ -291,3 +292,38 @@ def test_split_at_auto_on_a_neuron_host_uses_its_instance_s_model(monkeypatch):
     assert resolve_target(unnamed, workload.model.path) is None
     with pytest.raises(RunError, match="whose instance is known"):
         auto_split(unnamed, workload, resolve_target(unnamed, workload.model.path), print)
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="the shipped trace is missing")
+def test_split_at_auto_on_a_neuron_host_counts_a_layout_in_its_artifacts_folder_as_compiled(
+        tmp_path, monkeypatch):
+    """(issue 29) On a Neuron host a layout whose artifacts folder (the one its run would use,
+    engine/neuron_host.py) holds graphs starts with a load only; every other one compiles."""
+    from dataclasses import replace
+
+    from neuron_batch.config import CostOptions
+    from neuron_batch.job.job import resolve_target
+    from neuron_batch.job.startup import host_artifacts
+    from neuron_batch.layout.split import Part
+    from neuron_batch.run.runner import split_inputs
+
+    monkeypatch.setattr("neuron_batch.versions.neuron_plugin",
+                        lambda: {"version": "0.2.0", "line": "0.2"})
+    host = RunSettings(("x",), device="neuron", runtime="nxdi", max_model_len=14208,
+                       max_num_seqs=7, order="length", compiled_artifacts=str(tmp_path),
+                       sim=SimOptions(tensor_parallel_size=2),
+                       cost=CostOptions(instance="inf2.8xlarge")).validate()
+    target = resolve_target(host, "llama-3.1-8b")
+    requests = trace_requests(300)
+    _, estimate = split_inputs(target, "llama-3.1-8b")
+    single = Part("single", host, requests)
+    other = Part("single", replace(host, max_num_seqs=4), requests)
+    fresh, loaded = estimate.assuming(False), estimate.assuming(True)
+    assert estimate.compile_of(single) == fresh.compile_of(single) > loaded.compile_of(single)
+    folder = host_artifacts(host, target.runtime, "llama-3.1-8b", requests)
+    assert folder.parent == tmp_path
+    folder.mkdir()
+    assert estimate.compile_of(single) == fresh.compile_of(single)     # made, holds nothing
+    (folder / "model.pt").write_bytes(b"graphs")
+    assert estimate.compile_of(single) == loaded.compile_of(single)
+    assert estimate.compile_of(other) == fresh.compile_of(other)       # another layout
