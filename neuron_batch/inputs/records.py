@@ -251,13 +251,15 @@ def record_from_object(obj: dict, source: str) -> tuple[PromptRecord, str]:
     if (value := get("stop")) is not None:
         record.stop = check_stop(value, "stop")
     if get("prefix_id") is not None or get("prefix_len") is not None:
-        _set_prefix(record, get("prefix_id"), get("prefix_len"))
+        set_prefix(record, get("prefix_id"), get("prefix_len"))
     return record, id_field
 
 
-def _set_prefix(record: PromptRecord, prefix_id: Any, prefix_len: Any) -> None:
+def set_prefix(record: PromptRecord, prefix_id: Any, prefix_len: Any, *,
+               from_text: bool = False) -> None:
     """A `prompt_len` record's shared prefix: its first `prefix_len` tokens are those of the
-    prefix `prefix_id` (the same in every record that names it)."""
+    prefix `prefix_id` (the same in every record that names it). `from_text`: a CSV cell's
+    string."""
     if record.prompt_len is None:
         field_name = "prefix_id" if prefix_id is not None else "prefix_len"
         raise FieldError(field_name, "a shared prefix is for prompt_len records; text, "
@@ -269,7 +271,7 @@ def _set_prefix(record: PromptRecord, prefix_id: Any, prefix_len: Any) -> None:
     if prefix_len is None:
         raise FieldError("prefix_len", "missing: prefix_id needs prefix_len, how many of the "
                                        "prompt's first tokens are the prefix's")
-    record.prefix_len = check_int(prefix_len, "prefix_len", minimum=1)
+    record.prefix_len = check_int(prefix_len, "prefix_len", minimum=1, from_text=from_text)
     if record.prefix_len > record.prompt_len:
         raise FieldError("prefix_len", f"{record.prefix_len} is longer than the prompt "
                                        f"(prompt_len {record.prompt_len})")

@@ -29,6 +29,7 @@ from neuron_batch.inputs.records import (
     check_stop,
     describe_value,
     field_problem,
+    set_prefix,
     set_prompt,
 )
 
@@ -59,10 +60,14 @@ class TableLayout:
     temperature_column: str | None
     stop_column: str | None
     is_trace: bool                  # token counts only: prompt_len and max_tokens from a trace
+    # a prompt_len row's shared prefix, as in JSON lines (records.py set_prefix)
+    prefix_id_column: str | None = None
+    prefix_len_column: str | None = None
 
     def columns(self) -> list[str]:
         names = (self.prompt_column, self.max_tokens_column, self.arrival_column,
-                 self.id_column, self.temperature_column, self.stop_column)
+                 self.id_column, self.temperature_column, self.stop_column,
+                 self.prefix_id_column, self.prefix_len_column)
         return list(dict.fromkeys(name for name in names if name))
 
 
@@ -74,7 +79,8 @@ def choose_layout(columns: list[str], prompt_column: str, label: str) -> TableLa
         return name if name in present else None
 
     shared = dict(id_column=optional("id") or optional("custom_id"),
-                  temperature_column=optional("temperature"), stop_column=optional("stop"))
+                  temperature_column=optional("temperature"), stop_column=optional("stop"),
+                  prefix_id_column=optional("prefix_id"), prefix_len_column=optional("prefix_len"))
     named_field = prompt_column if prompt_column in PROMPT_FIELDS else "prompt"
     candidates = [(prompt_column, named_field)] + [(name, name) for name in PROMPT_FIELDS[1:]]
     for column, prompt_field in candidates:
@@ -121,6 +127,10 @@ class RowMapper:
             record.temperature = check_number(row[column], column, minimum=0.0, from_text=from_text)
         if (column := layout.stop_column) and row.get(column) is not None:
             record.stop = check_stop(row[column], column)
+        prefix_id, prefix_len = (_cell(row, layout.prefix_id_column),
+                                 _cell(row, layout.prefix_len_column))
+        if prefix_id is not None or prefix_len is not None:
+            set_prefix(record, prefix_id, prefix_len, from_text=from_text)
         return record, layout.id_column or "id"
 
     def _arrival_s(self, value: Any, column: str) -> float:
@@ -140,6 +150,13 @@ class RowMapper:
             return (value - self.time_origin).total_seconds()
         except TypeError:
             raise FieldError(column, "mixes times with and without a time zone") from None
+
+
+def _cell(row: Mapping[str, Any], column: str | None) -> Any:
+    """A cell's value; None for no such column or a missing value (a table with gaps in a
+    numeric column holds NaN there, as pandas writes it)."""
+    value = row.get(column) if column else None
+    return None if isinstance(value, float) and value != value else value
 
 
 def _json_cell(text: str, column: str) -> Any:

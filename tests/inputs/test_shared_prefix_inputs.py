@@ -194,3 +194,45 @@ def test_a_record_digest_holds_what_it_shares():
     plain = row()
     assert len({plain, row(prefix_id="p", prefix_len=10), row(prefix_id="p", prefix_len=11),
                 row(prefix_id="q", prefix_len=10), row(hash_ids=[1]), row(hash_ids=[2])}) == 6
+
+
+def test_csv_and_parquet_rows_name_a_prefix_as_json_lines_do(tmp_path):
+    """(the prefix_id / prefix_len columns of a table, empty or null where a row shares none)"""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    csv_path = tmp_path / "p.csv"
+    csv_path.write_text("prompt_len,max_tokens,prefix_id,prefix_len\n1300,8,instruction,1000\n"
+                        "1200,8,instruction,1000\n1300,8,,\n", encoding="utf-8")
+    parquet_path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"prompt_len": [1300, 1200, 1300], "max_tokens": [8, 8, 8],
+                             "prefix_id": ["instruction", "instruction", None],
+                             "prefix_len": [1000.0, 1000.0, float("nan")]}), parquet_path)
+    jsonl_path = write_jsonl(tmp_path / "p.jsonl", [
+        {"prompt_len": 1300, "max_tokens": 8, "prefix_id": "instruction", "prefix_len": 1000},
+        {"prompt_len": 1200, "max_tokens": 8, "prefix_id": "instruction", "prefix_len": 1000},
+        {"prompt_len": 1300, "max_tokens": 8}])
+    tokens = {}
+    for path in (csv_path, parquet_path, jsonl_path):
+        loaded = load_prompts([path])
+        assert loaded.problems == []
+        assert [(r.prefix_id, r.prefix_len) for r in loaded.records] == [
+            ("instruction", 1000), ("instruction", 1000), (None, None)]
+        tokens[path.suffix] = [r.prompt_token_ids for r in prepare(loaded.records).requests]
+    assert tokens[".csv"] == tokens[".parquet"] == tokens[".jsonl"]
+    a, b, plain = tokens[".csv"]
+    assert a[:1000] == b[:1000] and shared_blocks(a, plain, 32) == 0
+
+
+@pytest.mark.parametrize("bad_row, field, message", [
+    ("100,a,101", "prefix_len", "101 is longer than the prompt (prompt_len 100)"),
+    ("100,a,", "prefix_len", "missing: prefix_id needs prefix_len"),
+    ("100,,ten", "prefix_id", "missing: prefix_len needs the prefix_id"),
+    ("100,a,ten", "prefix_len", "an integer >= 1"),
+])
+def test_a_bad_prefix_cell_is_named_by_file_line_and_column(tmp_path, bad_row, field, message):
+    path = tmp_path / "p.csv"
+    path.write_text(f"prompt_len,prefix_id,prefix_len\n5,,\n{bad_row}\n", encoding="utf-8")
+    [problem] = load_prompts([path]).problems
+    assert (problem.source, problem.field) == (f"{path}:3", field)
+    assert message in problem.message
