@@ -369,14 +369,14 @@ def simulated_runtime(name: str | None, family: str) -> Runtime:
 @cache
 def _decide_runtime(name: str | None, device: Device, family: str | None,
                     plugin: str | None) -> Runtime:
-    """The one place a run's --runtime name is looked up, or the runtime decided without one."""
-    if name is not None:
-        return get_runtime(name) if name else default_runtime(family)
-    if device == Device.SIM:
-        return default_runtime(family)
-    if plugin is not None:      # (a Neuron host, or auto: the installed plugin's line)
+    """The one place a run's --runtime name is looked up, or the runtime decided without one:
+    a Neuron host's (or auto's) installed plugin's line, else the simulated instance family's
+    (`family` is None off the simulated device: the seed design's)."""
+    if name:
+        return get_runtime(name)
+    if name is None and device != Device.SIM and plugin is not None:
         from neuron_batch.versions import runtime_of_plugin
         detected = runtime_of_plugin(plugin)
         if detected is not None:
             return detected
-    return default_runtime()
+    return default_runtime(family)

@@ -91,9 +91,10 @@ def _device_of(job) -> tuple[Any, Any, str]:
     if job.target is not None:
         return job.target.instance, job.target.arch, job.target.weight_dtype
     # A Neuron host without a Target (its layout cannot load, or its model's shape is not one
-    # the cost model reads): its instance and model, looked up here, still name the warning.
-    from neuron_batch.device.architectures import resolve_architecture
+    # the cost model reads): its instance and model, looked up here as host_target does,
+    # still name the warning.
     from neuron_batch.device.hardware import get_instance
+    from neuron_batch.device.model_dir import architecture_of
     from neuron_batch.engine.neuron_host import host_instance
 
     name = host_instance(job.settings)
@@ -102,7 +103,7 @@ def _device_of(job) -> tuple[Any, Any, str]:
     except ValueError:      # (an --instance the table lacks: no warning, as for none)
         inst = None
     try:
-        arch = resolve_architecture(job.workload.model.path)
+        arch = architecture_of(job.workload.model.path)[0]
     except (OSError, ValueError):   # (ArchitectureError is one)
         arch = None
     return inst, arch, job.settings.sim.weight_dtype
