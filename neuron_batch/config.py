@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_batch.buckets import BucketError, parse_bucket_list, round_model_len
 from neuron_batch.choices import (
@@ -32,12 +32,18 @@ from neuron_batch.report.cost import (
     price_for,
 )
 from neuron_batch.runtime import (
+    RUNTIMES,
+    VLLM_NEURON,
     Runtime,
     RuntimeNameError,
     Shapes,
+    default_runtime,
     get_runtime,
 )
 from neuron_batch.scheduler.kv_reserve import DEFAULT_KV_RESERVE, parse_kv_reserve
+
+if TYPE_CHECKING:
+    from neuron_batch.device.hardware import Instance
 
 DEVICES = Device.values()
 #: How `run --order` arranges the requests it submits (FIFO): inputs/prepare.py `in_order`.
@@ -216,7 +222,7 @@ class RunSettings:
             raise SettingsError(str(error)) from None
         self._check_runtime_runs_here(runtime)
         if runtime.static_kv and self.kv_reserve == KvReserve.MAX_MODEL_LEN:
-            paged = get_runtime("vllm-neuron")
+            paged = RUNTIMES[VLLM_NEURON]
             family = self._sim_family()     # (name the paged runtime only where it runs)
             raise SettingsError(
                 f"--kv-reserve does not apply under the {runtime.name} runtime: its static KV "
@@ -251,14 +257,21 @@ class RunSettings:
         if refused:
             raise SettingsError(refused)
 
+    def sim_instance(self) -> Instance:
+        """The simulated instance (--instance): where a run's settings turn its name into the
+        Instance (the runtime's decision, and job.resolve_target's Target, take this one);
+        HardwareError naming the choices when the table lacks it."""
+        from neuron_batch.device.hardware import get_instance
+        return get_instance(self.sim.instance)
+
     def _sim_family(self) -> str | None:
         """The simulated instance's family (which runtimes run there, so which a hint may
-        name); None when not simulated or the instance is unknown (the Target looks it up)."""
+        name); None when not simulated or the instance is unknown (resolve_target says so)."""
         if not self.simulated:
             return None
-        from neuron_batch.device.hardware import HardwareError, get_instance
+        from neuron_batch.device.hardware import HardwareError
         try:
-            return get_instance(self.sim.instance).family
+            return self.sim_instance().family
         except HardwareError:
             return None
 
@@ -347,16 +360,23 @@ def parse_buckets_option(text: str | None, option: str) -> tuple[int, ...] | Non
         raise SettingsError(str(error)) from None
 
 
+def simulated_runtime(name: str | None, family: str) -> Runtime:
+    """The runtime a simulated instance of `family` follows under --runtime `name` (None: the
+    family's): what `resolve_runtime` decides for --device sim, for plan's instances."""
+    return _decide_runtime(name, Device.SIM, family, None)
+
+
 @cache
 def _decide_runtime(name: str | None, device: Device, family: str | None,
                     plugin: str | None) -> Runtime:
-    if name is not None:
+    """The one place a run's --runtime name is looked up, or the runtime decided without one:
+    a Neuron host's (or auto's) installed plugin's line, else the simulated instance family's
+    (`family` is None off the simulated device: the seed design's)."""
+    if name:
         return get_runtime(name)
-    if device == Device.SIM:
-        return get_runtime(None, family=family)
-    if plugin is not None:      # (a Neuron host, or auto: the installed plugin's line)
+    if name is None and device != Device.SIM and plugin is not None:
         from neuron_batch.versions import runtime_of_plugin
         detected = runtime_of_plugin(plugin)
         if detected is not None:
             return detected
-    return get_runtime(None)
+    return default_runtime(family)

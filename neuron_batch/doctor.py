@@ -23,7 +23,7 @@ from typing import Any
 from neuron_batch import __version__
 from neuron_batch.config import RunSettings
 from neuron_batch.engine.neuron_host import is_neuron_platform
-from neuron_batch.runtime import get_runtime, runtime_of
+from neuron_batch.runtime import default_runtime, runtime_of
 from neuron_batch.versions import (
     describe_release,
     installed_vllm,
@@ -317,8 +317,7 @@ def _runtime_checks(rt: dict[str, Any], plugin: bool, devices: bool) -> list[Che
     """The Neuron runtime, NxDI, the compiled-artifacts folder and the static KV cache."""
     if not plugin or not rt:
         # No plugin: a run here schedules to the seed's shapes unless told otherwise.
-        default = get_runtime(None)
-        return [Check("neuron runtime", INFO, f"{default.name} (no Neuron plugin here)",
+        return [Check("neuron runtime", INFO, f"{default_runtime().name} (no Neuron plugin here)",
                       "runs on this host follow its shapes; `--runtime nxdi` schedules as "
                       "inf2/trn1 hosts do; on --device sim the instance decides (nxdi on "
                       "inf2/trn1, vllm-neuron on trn2)")]

@@ -133,8 +133,7 @@ class Shapes:
 
 @dataclass(frozen=True)
 class Runtime:
-    """One way vLLM runs on Neuron. Two instances exist: `RUNTIMES[NXDI]` and
-    `RUNTIMES[VLLM_NEURON]`."""
+    """One way vLLM runs on Neuron; two exist: `RUNTIMES[NXDI]`, `RUNTIMES[VLLM_NEURON]`."""
 
     name: str
     summary: str
@@ -290,7 +289,7 @@ class Runtime:
         such figures with this."""
         if family in self.runs_on:
             return None
-        usual = get_runtime(None, family=family)
+        usual = default_runtime(family)
         return (f"--runtime {self.name} does not run on {instance}: AWS ships it for "
                 f"{'/'.join(self.runs_on)} only, so none of its layouts loads there; use "
                 f"--runtime {usual.name} ({family}'s) or a {'/'.join(self.runs_on)} instance")
@@ -380,14 +379,13 @@ class RuntimeNameError(ValueError):
     """An unknown runtime name; the message lists the known ones."""
 
 
-def get_runtime(name: str | Runtime | None, *, family: str | None = None) -> Runtime:
-    """The runtime called `name`; None: the default of the instance `family` (inf2/trn1 ->
-    nxdi, trn2/trn3 -> vllm-neuron), and vllm-neuron (the seed design) when that is unknown."""
-    if isinstance(name, Runtime):
-        return name
-    if name is None or name == "":
-        usual = [r for r in RUNTIMES.values() if family is not None and family in r.families]
-        return usual[0] if usual else RUNTIMES[VLLM_NEURON]
+def default_runtime(family: str | None = None) -> Runtime:
+    """The runtime of instance `family`: nxdi on inf2/trn1, else vllm-neuron (the seed's)."""
+    return next((r for r in RUNTIMES.values() if family in r.families), RUNTIMES[VLLM_NEURON])
+
+
+def get_runtime(name: str) -> Runtime:
+    """The runtime called `name`, where a name enters (--runtime, `runtime_of`)."""
     key = str(name).strip().lower().replace("_", "-")
     if key not in RUNTIMES:
         raise RuntimeNameError(f"--runtime must be one of {', '.join(RUNTIME_NAMES)}, got {name!r}")
@@ -395,6 +393,7 @@ def get_runtime(name: str | Runtime | None, *, family: str | None = None) -> Run
 
 
 def runtime_of(record: Mapping[str, object] | None) -> Runtime:
-    """The runtime a record names in its "runtime" field (a report's config, a sweep or plan
-    row, the scheduler's config section): how readers of what a run wrote get it back."""
-    return get_runtime((record or {}).get("runtime"))
+    """The runtime a record names in "runtime" (a report's config, a sweep or plan row, the
+    scheduler's config section, a serialised Target; none: `default_runtime()`)."""
+    name = (record or {}).get("runtime")
+    return get_runtime(name) if name else default_runtime()

@@ -60,11 +60,12 @@ def trace_lengths(limit: int | None) -> tuple[list[int], list[int]]:
 
 def slots_at(instance: str, tp: int):
     from neuron_batch.device.architectures import resolve_architecture
+    from neuron_batch.device.hardware import get_instance
     from neuron_batch.device.static_kv import static_slots
     from neuron_batch.layout.split import MAX_SHORT_SLOTS
 
-    arch = resolve_architecture(ARCH)
-    return lambda n: min(static_slots(instance, arch, tp, "bf16", n), MAX_SHORT_SLOTS)
+    arch, inst = resolve_architecture(ARCH), get_instance(instance)
+    return lambda n: min(static_slots(inst, arch, tp, "bf16", n), MAX_SHORT_SLOTS)
 
 
 def default_cuts(lengths: list[int], instance: str, tp: int, longest: int) -> list[int]:

@@ -97,7 +97,9 @@ def run_one(job: Path, layout: tuple, mode: list[str], out: Path, price: float |
     from click.testing import CliRunner
 
     from neuron_batch.cli import main
+    from neuron_batch.device.hardware import get_instance
     from neuron_batch.device.target import Target
+    from neuron_batch.runtime import get_runtime
     from neuron_batch.scheduler.records import DECODE, PREFILL, read_records
 
     _, instance, runtime, tp, max_len, seqs = layout
@@ -113,7 +115,8 @@ def run_one(job: Path, layout: tuple, mode: list[str], out: Path, price: float |
         return {"error": result.output.strip()[-400:]}
     report = json.loads((out / "report.json").read_text())
     caching = "--no-prefix-caching" not in mode
-    model = Target.resolve(instance=instance, arch=ARCH, tp=tp, runtime=runtime,
+    model = Target.resolve(instance=get_instance(instance), arch=ARCH, tp=tp,
+                           runtime=get_runtime(runtime),
                            max_model_len=max_len, max_num_seqs=seqs,
                            prefix_caching=caching).cost_model
     prompt = hits = 0

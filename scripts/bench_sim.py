@@ -119,13 +119,14 @@ def run_bare(args, max_num_seqs, num_blocks, workload, *, block_hasher=True):
     from vllm import SamplingParams
     from vllm.v1.request import Request
 
+    from neuron_batch.runtime import get_runtime
     from neuron_batch.scheduler.harness import drive, make_request, make_scheduler
     from neuron_batch.scheduler.neuron import NeuronScheduler
 
     scheduler = make_scheduler(NeuronScheduler, max_num_seqs=max_num_seqs,
                                max_num_batched_tokens=args.max_num_batched_tokens,
                                max_model_len=args.max_model_len, num_blocks=num_blocks,
-                               block_size=32, runtime=args.resolved_runtime)
+                               block_size=32, runtime=get_runtime(args.resolved_runtime))
     if block_hasher:
         requests = [make_request(p, m, req_id=str(i), prompt_token_ids=prompt_ids(i, p))
                     for i, (p, m) in enumerate(workload)]
@@ -280,11 +281,14 @@ def main(argv=None):
         args.ratio_requests = min(args.ratio_requests, 200)
         args.trace_limit = args.trace_limit or 2000
 
+    from neuron_batch.device.hardware import get_instance
     from neuron_batch.device.target import describe_sim
+    from neuron_batch.runtime import get_runtime
 
-    # the simulated device, as Target.resolve's keywords
-    settings = dict(instance=args.instance, arch=args.arch, tp=args.tp,
-                    weight_dtype=args.weight_dtype, runtime=args.runtime)
+    # the simulated device, as Target.resolve's keywords (its names looked up here)
+    settings = dict(instance=get_instance(args.instance), arch=args.arch, tp=args.tp,
+                    weight_dtype=args.weight_dtype,
+                    runtime=get_runtime(args.runtime) if args.runtime else None)
     desc = describe_sim(**settings, max_model_len=args.max_model_len, num_prefill_buckets=1,
                         num_decode_buckets=1)
     kv = desc["kv_cache"]

@@ -23,6 +23,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from neuron_batch.device import calibrate, compile_fit  # noqa: E402
+from neuron_batch.device.architectures import get_architecture  # noqa: E402
 from neuron_batch.device.calibrate import (  # noqa: E402
     QUANTIZED_WEIGHT_BYTES_PRIOR,
     TRN2_TOLERANCE,
@@ -250,7 +251,8 @@ def weak_points(profile: CostProfile, in_sample: list[dict], lomo: list[dict],
 
 
 def per_call_cost(profile: CostProfile) -> dict[str, float]:
-    model = StepCostModel(profile, "inf2.48xlarge", "Llama-3-8B", 24, "int8")
+    model = StepCostModel(profile, get_instance("inf2.48xlarge"), get_architecture("Llama-3-8B"),
+                          24, "int8")
     record = SimpleNamespace(kind="decode", num_seqs=30, num_seqs_padded=32, num_tokens=30,
                              num_tokens_padded=30, context_tokens=40_000)
     calls = {"decode_time(32, 40000)": lambda: model.decode_time(32, 40_000),

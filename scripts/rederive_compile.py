@@ -27,18 +27,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from neuron_batch.buckets import nxdi_default_buckets  # noqa: E402
+from neuron_batch.device.architectures import get_architecture  # noqa: E402
 from neuron_batch.device.compile_time import compile_footprint  # noqa: E402
+from neuron_batch.device.hardware import get_instance  # noqa: E402
 from neuron_batch.report.cost import price_for  # noqa: E402
 from neuron_batch.runtime import get_runtime  # noqa: E402
 
 EXAMPLES = ROOT / "results" / "examples"
 TRACE = ROOT / "datasets" / "azure-llm-inference-conv-2023.csv"
 ARCH = "llama-3.1-8b"
+LLAMA = get_architecture(ARCH)
 NXDI = get_runtime("nxdi")
 
 
 def startup_s(instance: str, tp: int, prefill: int, decode: int, compiled: bool = False):
-    return compile_footprint(prefill, decode, ARCH, "bf16", tp, instance=instance,
+    return compile_footprint(prefill, decode, LLAMA, "bf16", tp, instance=get_instance(instance),
                              runtime=NXDI, compiled=compiled)["estimated_compile_s"]
 
 
@@ -138,7 +141,7 @@ def plan_bounds() -> None:
         ranked = []
         for row in rows:
             instance, n = row["instance"], int(row["num_instances"])
-            if not compiled and host_memory_warning(instance, ARCH):
+            if not compiled and host_memory_warning(get_instance(instance), LLAMA):
                 continue
             new = startup_s(instance, int(row["tensor_parallel_size"]),
                             len(row["prefill_buckets"].split(",")),

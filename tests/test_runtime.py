@@ -11,11 +11,13 @@ from hypothesis import strategies as st
 from neuron_batch.buckets import BucketError
 from neuron_batch.config import RunSettings, SettingsError, SimOptions
 from neuron_batch.device.cost_model import CapacityError
+from neuron_batch.device.hardware import get_instance
 from neuron_batch.device.static_kv import static_kv_capacity, static_slots
 from neuron_batch.runtime import (
     NXDI,
     VLLM_NEURON,
     RuntimeNameError,
+    default_runtime,
     get_runtime,
     nxdi_default_buckets,
 )
@@ -43,10 +45,10 @@ def test_nxdi_default_buckets_are_ascending_and_end_at_the_max(maximum):
 
 
 def test_runtime_by_family_and_plugin():
-    assert get_runtime(None, family="inf2").name == NXDI
-    assert get_runtime(None, family="trn1").name == NXDI
-    assert get_runtime(None, family="trn2").name == VLLM_NEURON
-    assert get_runtime(None).name == VLLM_NEURON
+    assert default_runtime("inf2").name == NXDI
+    assert default_runtime("trn1").name == NXDI
+    assert default_runtime("trn2").name == VLLM_NEURON
+    assert default_runtime().name == VLLM_NEURON
     assert runtime_of_plugin("0.2.0").name == NXDI
     assert runtime_of_plugin("0.5.3").name == NXDI
     assert runtime_of_plugin("0.24.0.1.1.0").name == VLLM_NEURON
@@ -143,12 +145,13 @@ def test_with_buckets_sets_the_runtimes_own_fields():
 def test_static_kv_matches_the_notes_example_and_says_what_fits():
     # Llama-3.1-8B bf16 at 16384 on one inf2 chip (TP 2): 6 slots with the reserve
     # (../shared/notes/neuron-runtimes.md), never 32.
-    assert static_slots("inf2.xlarge", _arch(), 2, "bf16", 16384) == 6
-    kv = static_kv_capacity("inf2.xlarge", "llama-3.1-8b", 2, "bf16", 16384, 6, 32)
+    inf2 = get_instance("inf2.xlarge")
+    assert static_slots(inf2, _arch(), 2, "bf16", 16384) == 6
+    kv = static_kv_capacity(inf2, _arch(), 2, "bf16", 16384, 6, 32)
     assert kv["max_concurrent_at_max_len"] == 6 and kv["num_blocks"] == 6 * 512
     assert kv["bytes"] == 6 * 16384 * 131072
     with pytest.raises(CapacityError) as info:
-        static_kv_capacity("inf2.xlarge", "llama-3.1-8b", 2, "bf16", 16384, 32, 32)
+        static_kv_capacity(inf2, _arch(), 2, "bf16", 16384, 32, 32)
     message = str(info.value)
     assert "64.0 GiB" in message and "--max-num-seqs 6 at this max_model_len" in message
     # flags as typed (no thousands separator), so each can be pasted back (test_hints.py)
@@ -168,7 +171,7 @@ def test_a_static_layout_loads_exactly_when_its_bytes_fit(seqs, length, tp):
     free = 0.9 * tp * 16 * GIB - _arch().weight_bytes("bf16")
     fits = seqs * length * per_token <= free
     try:
-        static_kv_capacity("inf2.48xlarge", "llama-3.1-8b", tp, "bf16", length, seqs, 32)
+        static_kv_capacity(get_instance("inf2.48xlarge"), _arch(), tp, "bf16", length, seqs, 32)
         loaded = True
     except CapacityError:
         loaded = False

@@ -40,7 +40,7 @@ from neuron_batch.bench.plot_front import plot_throughput_vs_graphs
 from neuron_batch.bench.ranking import DEFAULT_NAME, pareto_front
 from neuron_batch.bench.verdict import recommend
 from neuron_batch.bench.words import abbreviate_buckets
-from neuron_batch.runtime import Runtime, get_runtime, runtime_of
+from neuron_batch.runtime import Runtime, default_runtime, runtime_of
 
 #: Most configurations `plot_prompt_histogram` draws bucket edges for (more is unreadable).
 MAX_BUCKET_SETS = 5
@@ -152,11 +152,12 @@ def plot_time_per_state(rows: Sequence[Mapping[str, Any]], path: str | Path) -> 
 
 # -- prompt lengths and bucket edges ----------------------------------------------------------
 
-def prompt_words(runtime: Runtime | str | None,
+def prompt_words(runtime: Runtime | None,
                  max_num_batched_tokens: int | None) -> tuple[str, str | None]:
     """(title, legend of the max_num_batched_tokens line or None) of prompt_lengths.png, in the
-    runtime's words: under nxdi a prompt is never chunked, so the token budget is no line."""
-    runtime = get_runtime(runtime)
+    runtime's words (None: the default one): under nxdi a prompt is never chunked, so the
+    token budget is no line."""
+    runtime = runtime or default_runtime()
     title = (f"Workload prompt lengths and {runtime.prefill.short} bucket edges ({runtime.name}: "
              f"{runtime.prefill_words})")
     if not (max_num_batched_tokens and runtime.chunked_prefill):
@@ -168,7 +169,7 @@ def prompt_words(runtime: Runtime | str | None,
 def plot_prompt_histogram(prompt_lengths: Sequence[int],
                           bucket_sets: Mapping[str, Sequence[int] | str] | None,
                           path: str | Path, max_num_batched_tokens: int | None = None,
-                          runtime: Runtime | str | None = None) -> Path:
+                          runtime: Runtime | None = None) -> Path:
     """Histogram of the workload's prompt lengths (log x when they span a wide range) with the
     prefill bucket edges (nxdi: context-encoding) of a few named configurations as vertical
     lines (the first `MAX_BUCKET_SETS`), each in its own colour and style, topped by a marker
@@ -282,7 +283,7 @@ def default_bucket_sets(rows: Sequence[Mapping[str, Any]],
 def write_all(rows: Sequence[Mapping[str, Any]], front: Sequence[Mapping[str, Any]] | None,
               prompt_lengths: Sequence[int] | None,
               bucket_sets: Mapping[str, Sequence[int] | str] | None,
-              out_dir: str | Path, runtime: Runtime | str | None = None) -> list[Path]:
+              out_dir: str | Path, runtime: Runtime | None = None) -> list[Path]:
     """Every figure into `out_dir` (created if missing); returns the paths written.
 
     With no finished configuration the three per-configuration figures are left out; without

@@ -187,18 +187,19 @@ def render(sweep_dir: Path, *, plots: bool = True) -> str:
     from neuron_batch.bench.verdict import recommend
 
     data = json.loads((sweep_dir / SWEEP_JSON).read_text(encoding="utf-8"))
-    entries = data["configurations"]
-    rows = rank(entries, (data.get("meta") or {}).get("rank_by", "throughput"))
-    recommendation = recommend(rows, (data.get("meta") or {}).get("prefix_cache")) \
-        if rows else {}
+    entries, meta = data["configurations"], data.get("meta") or {}
+    rows = rank(entries, meta.get("rank_by", "throughput"))
+    recommendation = recommend(rows, meta.get("prefix_cache")) if rows else {}
     failed = [e for e in entries if e.get("status") != "done"]
-    notes = Loadable([], [], (data.get("meta") or {}).get("left_out") or []).words()
+    notes = Loadable([], [], meta.get("left_out") or []).words()
     text = format_table(rows, recommendation, failed=failed, notes=notes)
     if plots and rows:
         from neuron_batch.bench.plots import write_all
+        from neuron_batch.runtime import runtime_of
 
+        # the sweep's runtime as its meta names it (none: the rows')
         paths = write_all(rows, pareto_front(rows), data.get("prompt_lengths") or [], None,
-                          sweep_dir, runtime=(data.get("meta") or {}).get("runtime"))
+                          sweep_dir, runtime=runtime_of(meta) if meta.get("runtime") else None)
         text += "\n" + "\n".join(wrap("plots: " + ", ".join(str(p) for p in paths), MAX_WIDTH,
                                       indent="  "))
     return text + "".join(f"\n{line}" for line in command_block(entries, recommendation))

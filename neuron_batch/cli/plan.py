@@ -131,10 +131,6 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
     """
     from neuron_batch.bench.deadline import DeadlineError, parse_deadline
     from neuron_batch.bench.sweep import default_jobs
-    from neuron_batch.device.architectures import (
-        ArchitectureError,
-        resolve_architecture,
-    )
     from neuron_batch.errors import RunError
     from neuron_batch.job.folder import default_output_dir
     from neuron_batch.plan.grid import check_instances, placements
@@ -151,7 +147,6 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
                 raise SettingsError(f"{name} must be 1 or more, got {value}")
         names = check_instances([n for n in instances.split(",") if n.strip()])
         prices = parse_prices(price_per_hour, names)
-        resolve_architecture(architecture)
         when = parse_deadline(deadline)
         settings = RunSettings(
             inputs=tuple(inputs), device="sim", max_num_seqs=seqs[0],
@@ -164,10 +159,11 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
                                       max_num_instances=max_num_instances, seqs_values=seqs,
                                       max_prefill_buckets=max_prefill_buckets,
                                       compiled=compiled, prices=prices, splits=splits)
-        # A model whose weights or KV fit nowhere fails here, before any input is read; a host
-        # too small to compile it is left out later, after the inputs' and folder's checks.
+        # An unknown architecture, or a model whose weights or KV fit nowhere, fails here,
+        # before any input is read (grid.py looks --architecture up once); a host too small
+        # to compile it is left out later, after the inputs' and folder's checks.
         placements(replace(spec, compiled=True))
-    except (SettingsError, PlanError, DeadlineError, ArchitectureError, PricingError) as error:
+    except (SettingsError, PlanError, DeadlineError, PricingError) as error:
         raise click.UsageError(str(error)) from None
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
     name = Path(inputs[0]).stem if not inputs[0].startswith("hf:") else "hf"

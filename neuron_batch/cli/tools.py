@@ -57,7 +57,7 @@ def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size,
     from neuron_batch.device.calibrate import fit_from_steps
     from neuron_batch.device.cost_model import StepCostModel, save_profile
     from neuron_batch.device.hardware import default_tp
-    from neuron_batch.runtime import get_runtime
+    from neuron_batch.runtime import runtime_of
     from neuron_batch.scheduler.records import read_records
 
     steps = []
@@ -79,11 +79,12 @@ def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size,
         raise click.UsageError(f"the runs mix runtimes ({', '.join(sorted(runtimes))}): "
                                f"their steps read different KV; calibrate each on its own")
     # what a decode step reads is its runtime's compiled shape, as the records say
-    runtime = get_runtime(runtimes.pop() if runtimes else None)
+    runtime = runtime_of({"runtime": runtimes.pop()} if runtimes else None)
     if len(steps) < 10:
         raise click.UsageError(f"only {len(steps)} timed steps in {', '.join(run_dirs)}; "
                                f"calibration needs at least 10")
     try:
+        instance, architecture = _device(instance, architecture)
         tp = tensor_parallel_size or default_tp(instance)
         profile = fit_from_steps(steps, instance, architecture, tp, weight_dtype=weight_dtype,
                                  runtime=runtime, prefix_caching=any(caching))
@@ -103,6 +104,16 @@ def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size,
                "compile section: the built-in fit (no run's engine log shows a compile: every "
                "start came from the cache, or none was on a Neuron host)")
     click.echo(f"wrote {output}; use it with --device sim --cost-profile {output}")
+
+
+def _device(instance: str, architecture: str | None = None):
+    """(Instance, Architecture or None) of the --instance and --architecture given: where the
+    tools' names become objects (a ValueError naming the choices for an unknown one)."""
+    from neuron_batch.device.architectures import resolve_architecture
+    from neuron_batch.device.hardware import get_instance
+
+    inst = get_instance(instance)
+    return inst, None if architecture is None else resolve_architecture(architecture)
 
 
 def _compile_from_startup(run_dirs, instance, architecture, tp, weight_dtype, runtime):
@@ -142,12 +153,11 @@ def _calibrate_published(path: str, instance: str | None, output: str) -> None:
         read_published,
     )
     from neuron_batch.device.cost_model import load_profile, save_profile
-    from neuron_batch.device.hardware import get_instance
 
     try:
         rows = read_published(path)
         if instance:
-            instance = get_instance(instance).name
+            instance = _device(instance)[0].name
         # Start from the built-in profile: what the table cannot set stays AWS-calibrated.
         start = load_profile(instance or rows[0].instance)
         profile = fit_published(rows=rows, instance=instance, start=start)
@@ -227,8 +237,9 @@ def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, 
         from neuron_batch.device.hardware import default_tp
 
         try:
-            tp = tensor_parallel_size or default_tp(instance)
-            model = StepCostModel(load_profile(instance), instance, architecture, tp,
+            inst, arch = _device(instance, architecture)
+            tp = tensor_parallel_size or default_tp(inst)
+            model = StepCostModel(load_profile(inst.name), inst, arch, tp,
                                   weight_dtype=weight_dtype)
         except (ValueError, FileNotFoundError) as error:
             raise click.UsageError(str(error)) from None

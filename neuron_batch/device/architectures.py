@@ -176,10 +176,8 @@ def _lookup(name: str) -> Architecture:
     return ARCHITECTURES[_LOOKUP[key]]
 
 
-def get_architecture(name: str | Architecture) -> Architecture:
+def get_architecture(name: str) -> Architecture:
     """Find a built-in architecture by name or alias, case-insensitively."""
-    if isinstance(name, Architecture):
-        return name
     return _lookup(name)
 
 
@@ -216,11 +214,9 @@ def from_config_json(source: str | Path | dict[str, Any], name: str | None = Non
     return arch
 
 
-def resolve_architecture(spec: str | Path | dict[str, Any] | Architecture) -> Architecture:
-    """A built-in name/alias, a config.json (path or directory), a config dict, or an
-    Architecture."""
-    if isinstance(spec, Architecture):
-        return spec
+def resolve_architecture(spec: str | Path | dict[str, Any]) -> Architecture:
+    """The Architecture of a built-in name/alias, a config.json (path or directory) or a config
+    dict: called where a model's name enters the program; everything below takes the object."""
     if isinstance(spec, dict):
         return from_config_json(spec)
     path = Path(spec)

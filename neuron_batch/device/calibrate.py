@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import fit
+from .architectures import ARCHITECTURES, Architecture
 from .compile_time import DEFAULT_COMPILE
 from .cost_model import (
     QUANTIZED_DTYPES,
@@ -26,7 +27,7 @@ from .cost_model import (
     load_profile,
 )
 from .fit import MAX_EFFICIENCY, nelder_mead  # noqa: F401  (re-exported)
-from .hardware import INSTANCES, get_instance
+from .hardware import INSTANCES, Instance
 from .published import (  # noqa: F401  (re-exported: the calibration API)
     DEFAULT_ATTENDED,
     PUBLISHED_INF2_CSV,
@@ -214,23 +215,23 @@ def holdout(select_fit: Callable[[PublishedRow], bool], csv_path: str | Path | N
 
 # -- profiles for every instance -------------------------------------------------------------
 
-def derive_profile(base: CostProfile, instance: str,
+def derive_profile(base: CostProfile, instance: Instance,
                    measured: Iterable[str] = ("inf2.48xlarge", "trn1.32xlarge")) -> CostProfile:
     """Another instance's profile from a fitted one. The parameters are per NeuronCore-v2
     (fractions of per-core peaks, per-step and per-stage latencies), the same core on every
     inf2 and trn1 instance; the hardware table supplies the rest."""
-    if instance == base.instance:
+    if instance.name == base.instance:
         return base
-    if not get_instance(instance).calibrated:
+    if not instance.calibrated:
         note = ("uncalibrated: no published figures for this family; the NeuronCore-v2 "
                 "fractions of peak and latencies applied to its own per-core peaks, core count "
                 "and links from the hardware table (a hardware-ratio estimate)")
-    elif instance in measured:
+    elif instance.name in measured:
         note = "measured: published rows of this instance are in the fit"
     else:
         note = ("no published row of this instance: same NeuronCore-v2 parameters, its own "
                 "core count and links from the hardware table")
-    return base.replace(instance=instance, source=f"{note}; base: {base.source}")
+    return base.replace(instance=instance.name, source=f"{note}; base: {base.source}")
 
 
 def builtin_profiles(base: CostProfile, digits: int = 4) -> dict[str, CostProfile]:
@@ -238,18 +239,20 @@ def builtin_profiles(base: CostProfile, digits: int = 4) -> dict[str, CostProfil
     fit is not better than that, and the JSON files stay readable)."""
     names = FIT_PARAMS + ("kv_bw_efficiency",)
     rounded = base.replace(**{n: float(f"{getattr(base, n):.{digits}g}") for n in names})
-    return {name: derive_profile(rounded, name) for name in INSTANCES}
+    return {name: derive_profile(rounded, inst) for name, inst in INSTANCES.items()}
 
 
 #: Trainium2 tutorial figures (vllm-neuron docs, via ../shared/notes/neuron-runtimes.md):
 #: (label, instance, TP, concurrency, input, output, published TPOT ms). The recipe's 39.0
 #: tok/s at concurrency 1 is read as a TPOT of 1000 / 39.0 ms.
 TRN2_POINTS = (
-    ("Llama-3.1-8B TP8, 2 at once, 512/128 (EAGLE tutorial baseline)", "trn2.48xlarge", 8, 2,
-     512, 128, 10.52),
-    ("Llama-3.1-8B TP4 one chip, 1 at once (model recipe)", "trn2.3xlarge", 4, 1, 512, 128,
-     1000 / 39.0),
+    ("Llama-3.1-8B TP8, 2 at once, 512/128 (EAGLE tutorial baseline)",
+     INSTANCES["trn2.48xlarge"], 8, 2, 512, 128, 10.52),
+    ("Llama-3.1-8B TP4 one chip, 1 at once (model recipe)", INSTANCES["trn2.3xlarge"], 4, 1,
+     512, 128, 1000 / 39.0),
 )
+#: The model of those points.
+TRN2_ARCH = ARCHITECTURES["Llama-3.1-8B"]
 #: The stated tolerance of the uncalibrated trn2 profile against those points.
 TRN2_TOLERANCE = 2.5
 
@@ -261,14 +264,14 @@ def trn2_points(base: CostProfile) -> list[tuple[str, float, float]]:
     decode would attend is unknown: the held context is the optimistic side)."""
     out = []
     for label, instance, tp, batch, inp, outp, tpot in TRN2_POINTS:
-        model = StepCostModel(derive_profile(base, instance), instance, "llama-3.1-8b", tp)
+        model = StepCostModel(derive_profile(base, instance), instance, TRN2_ARCH, tp)
         out.append((label, model.decode_time(batch, batch * (inp + outp // 2)) * 1e3, tpot))
     return out
 
 
 # -- fitting to measured steps ---------------------------------------------------------------
 
-def fit_from_steps(steps: Iterable[Any], instance: str, arch: Any, tp: int,
+def fit_from_steps(steps: Iterable[Any], instance: Instance, arch: Architecture, tp: int,
                    weight_dtype: str = "bf16", start_profile: CostProfile | None = None,
                    kv_dtype: str = "bf16", runtime: Any = None,
                    prefix_caching: bool = False) -> CostProfile:
@@ -316,11 +319,11 @@ def fit_from_steps(steps: Iterable[Any], instance: str, arch: Any, tp: int,
     fitted = _least_squares(residuals, start, names, tie_kv=False)
     n = sum(len(ts) for ts in durations.values())
     return fitted.replace(source=f"fit to {n} measured steps ({', '.join(sorted(kinds))}) on "
-                                 f"{instance}, TP {tp}, {weight_dtype} weights")
+                                 f"{instance.name}, TP {tp}, {weight_dtype} weights")
 
 
-def _start_for(instance: str) -> CostProfile:
+def _start_for(instance: Instance) -> CostProfile:
     try:
-        return load_profile(instance)
+        return load_profile(instance.name)
     except (FileNotFoundError, OSError):
-        return default_profile(instance)
+        return default_profile(instance.name)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from .architectures import resolve_architecture
+from .architectures import Architecture
 from .compile_time import (
     DEFAULT_COMPILE,
     CompileParams,
@@ -26,16 +26,17 @@ from .compile_time import (
     estimate_startup,
     graph_times,
 )
+from .hardware import Instance
 
 
-def fit_from_startup(startup: dict[str, Any], *, arch, tp: int, instance: str | None,
-                     prefill_graphs: int, decode_graphs: int, weight_dtype: str = "bf16",
+def fit_from_startup(startup: dict[str, Any], *, arch: Architecture, tp: int,
+                     instance: Instance | None, prefill_graphs: int, decode_graphs: int,
+                     weight_dtype: str = "bf16",
                      parallel: bool = True, base: CompileParams | None = None
                      ) -> tuple[CompileParams, str] | None:
     """(the compile section, a line saying what was read) from one attempt's `startup`
     record, or None when it holds nothing to fit (a start from the cache)."""
     base = base or DEFAULT_COMPILE
-    arch = resolve_architecture(arch)
     if not startup or startup.get("compiled_before") or startup.get("from_cache"):
         return None
     phases = startup.get("phases") or {}

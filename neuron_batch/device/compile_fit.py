@@ -31,6 +31,7 @@ from .compile_time import (
     estimate_startup,
 )
 from .fit import solve
+from .hardware import INSTANCES, Instance
 
 #: Held in the fit (no published figure sets them apart from a graph's compile time).
 TRACE_S_PER_LAYER = 0.25
@@ -57,7 +58,7 @@ class PublishedCompile:
     measured_s: float
     prefill_graphs: int
     decode_graphs: int
-    instance: str | None        # the host (for its workers), None: not in the table
+    instance: Instance | None   # the host (for its workers), None: not in the table
     with_load: bool             # the figure includes loading the weights
     source: str
 
@@ -66,33 +67,33 @@ _CONTRIB = "NxDI contrib/models/*/README.md (trn1.32xlarge, batch 1, seq 512, bu
 #: The fitted set.
 FITTED = (
     PublishedCompile("Llama-2-7B TP 2", ARCHITECTURES["Llama-2-7B"], 2, 362, 1, 1,
-                     "trn1.32xlarge", False, _CONTRIB),
+                     INSTANCES["trn1.32xlarge"], False, _CONTRIB),
     PublishedCompile("Qwen2-7B TP 2", ARCHITECTURES["Qwen2.5-7B"], 2, 426, 1, 1,
-                     "trn1.32xlarge", False, _CONTRIB),
+                     INSTANCES["trn1.32xlarge"], False, _CONTRIB),
     PublishedCompile("MiniCPM4-8B TP 2", _shape("MiniCPM4-8B", 32, 4096, 16384, 32, 2, 73448),
-                     2, 275, 1, 1, "trn1.32xlarge", False, _CONTRIB),
+                     2, 275, 1, 1, INSTANCES["trn1.32xlarge"], False, _CONTRIB),
     PublishedCompile("OLMo-2-7B TP 8", _shape("OLMo-2-7B", 32, 4096, 11008, 32, 32, 100352),
-                     8, 370, 1, 1, "trn1.32xlarge", False, _CONTRIB),
+                     8, 370, 1, 1, INSTANCES["trn1.32xlarge"], False, _CONTRIB),
     PublishedCompile("Mistral-Small-24B TP 8",
                      _shape("Mistral-Small-24B", 40, 5120, 32768, 32, 8, 131072, 128),
-                     8, 385, 1, 1, "trn1.32xlarge", False, _CONTRIB),
+                     8, 385, 1, 1, INSTANCES["trn1.32xlarge"], False, _CONTRIB),
     PublishedCompile("Seed-OSS-36B TP 8",
                      _shape("Seed-OSS-36B", 64, 5120, 27648, 80, 8, 155136, 128),
-                     8, 1007, 1, 1, "trn1.32xlarge", False, _CONTRIB),
+                     8, 1007, 1, 1, INSTANCES["trn1.32xlarge"], False, _CONTRIB),
 )
 _LLAMA_405B = _shape("Llama-3.1-405B", 126, 16384, 53248, 128, 8, 128256)
 #: Held out, each at the fewest graphs its setup can have (more graphs only add time).
 HELD_OUT = (
     PublishedCompile("Llama-3.1-8B TP 2, first serve (2 graphs)", ARCHITECTURES["Llama-3.1-8B"],
-                     2, 150, 1, 1, "inf2.24xlarge", True,
+                     2, 150, 1, 1, INSTANCES["inf2.24xlarge"], True,
                      "huggingface/optimum-neuron benchmark/vllm/llama-3.1-8b-inf2-report.md "
                      "(inf2.24xlarge, batch 4, seq 4096, neuronx-cc 2.26: 'compiled for ~2.5 "
                      "minutes')"),
     PublishedCompile("Llama-3.1-8B TP 2, first serve (NxDI's 6 + 6 lists)",
-                     ARCHITECTURES["Llama-3.1-8B"], 2, 150, 6, 6, "inf2.24xlarge", True,
+                     ARCHITECTURES["Llama-3.1-8B"], 2, 150, 6, 6, INSTANCES["inf2.24xlarge"], True,
                      "the same figure, with NxDI's default buckets for 4096"),
     PublishedCompile("Llama-3.1-405B TP 64, compile (2 graphs)", _LLAMA_405B, 64,
-                     12 * 60 - (49 + 187), 1, 1, "trn2.48xlarge", False,
+                     12 * 60 - (49 + 187), 1, 1, INSTANCES["trn2.48xlarge"], False,
                      "NxDI 2.23 release notes: compile + load 12 min with shard on load; "
                      "the weights sharding guide's 49 s + 187 s of it are load"),
 )
@@ -198,7 +199,8 @@ def markdown(params: CompileParams | None = None) -> str:
         lines.append(f"| {point.name} {mark} (held out) | {point.measured_s:,.0f} s | "
                      f"{predicted:,.0f} s | {error:+.0%} | |")
     fifteen = [estimate_startup(ARCHITECTURES["Mistral-7B"], tp, "bf16", prefill_graphs=n,
-                                decode_graphs=n, instance="inf2.48xlarge", params=params)
+                                decode_graphs=n, instance=INSTANCES["inf2.48xlarge"],
+                                params=params)
                for tp in (2, 24) for n in (1, 8)]
     low, high = min(s.total_s for s in fifteen), max(s.total_s for s in fifteen)
     lines += [

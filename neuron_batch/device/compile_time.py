@@ -41,8 +41,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .architectures import Architecture, resolve_architecture
-from .hardware import GIB, Instance, get_instance
+from .architectures import Architecture
+from .hardware import GIB, Instance
 
 #: Python's ThreadPoolExecutor default, which NxDI's ModelBuilder uses: min(32, cpus + 4).
 POOL_CAP = 32
@@ -164,22 +164,21 @@ class Startup:
                 "compile_s": self.compile_s, "total_s": self.total_s}
 
 
-def compile_workers(instance: str | Instance | None) -> int:
+def compile_workers(instance: Instance | None) -> int:
     """Compile jobs that run at full speed at once on the host: NxDI's pool has
     min(32, vCPUs + 4) threads, each running one CPU-bound neuronx-cc, so min(32, vCPUs).
     Unknown host: the pool's cap."""
     if instance is None:
         return POOL_CAP
-    vcpus = get_instance(instance).vcpus
+    vcpus = instance.vcpus
     return max(1, min(POOL_CAP, vcpus + POOL_EXTRA, vcpus))
 
 
-def host_memory_warning(instance: str | Instance | None, arch: str | Architecture,
+def host_memory_warning(inst: Instance | None, arch: Architecture,
                         weight_dtype: str = "bf16") -> str | None:
     """Why this host cannot compile the model (the published limit), or None."""
-    if instance is None:
+    if inst is None:
         return None
-    inst, arch = get_instance(instance), resolve_architecture(arch)
     weights = arch.weight_bytes(weight_dtype)
     if inst.host_memory_gib * GIB > HOST_MEMORY_LIMIT_RATIO * weights:
         return None
@@ -211,23 +210,22 @@ def makespan(times: list[float], workers: int) -> float:
     return max(free)
 
 
-def estimate_startup(arch: str | Architecture, tp: int, weight_dtype: str, *,
+def estimate_startup(arch: Architecture, tp: int, weight_dtype: str, *,
                      prefill_graphs: int, decode_graphs: int,
-                     instance: str | Instance | None = None,
+                     instance: Instance | None = None,
                      params: CompileParams | None = None, parallel: bool = True,
                      compiled: bool = False) -> Startup:
     """The start-up of one engine compiling `prefill_graphs` + `decode_graphs` graphs on
     `instance`'s host (None: a host with the pool's 32 workers and no memory limit).
     `parallel`: the runtime compiles in a pool (NxDI) or one graph after another. `compiled`:
     the graphs are compiled already (the artifacts folder or compile cache holds them)."""
-    return _estimate(resolve_architecture(arch), tp, weight_dtype, prefill_graphs,
-                     decode_graphs, None if instance is None else get_instance(instance).name,
+    return _estimate(arch, tp, weight_dtype, prefill_graphs, decode_graphs, instance,
                      params or DEFAULT_COMPILE, parallel, compiled)
 
 
 @functools.lru_cache(maxsize=8192)
 def _estimate(arch: Architecture, tp: int, weight_dtype: str, prefill_graphs: int,
-              decode_graphs: int, instance: str | None, params: CompileParams, parallel: bool,
+              decode_graphs: int, instance: Instance | None, params: CompileParams, parallel: bool,
               compiled: bool) -> Startup:
     """estimate_startup, remembered (a plan asks the same few shapes thousands of times)."""
     load = arch.weight_bytes(weight_dtype) / (params.load_gb_s * 1e9)
@@ -251,9 +249,9 @@ def _estimate(arch: Architecture, tp: int, weight_dtype: str, prefill_graphs: in
 
 
 def compile_footprint(num_prefill_buckets: int, num_decode_buckets: int,
-                      arch: str | Architecture, weight_dtype: str = "bf16", tp: int | None = None,
+                      arch: Architecture, weight_dtype: str = "bf16", tp: int | None = None,
                       profile: Any = None,  # a cost_model.CostProfile (its compile_params)
-                      num_graphs: int | None = None, *, instance: str | Instance | None = None,
+                      num_graphs: int | None = None, *, instance: Instance | None = None,
                       runtime: Any = None, compiled: bool = False) -> dict[str, Any]:
     """Graphs to compile and the estimated start-up (compile_time.py): tracing every graph,
     compiling what is not compiled yet (`compiled`: none), sharding and loading the weights.
@@ -262,7 +260,6 @@ def compile_footprint(num_prefill_buckets: int, num_decode_buckets: int,
     (runtime.Shapes.num_graphs), the graphs past the prefill buckets decode graphs;
     `instance`: the host, for its compile workers and memory (None: 32 workers); `runtime`:
     Runtime.parallel_compile (None: in parallel, as NxDI)."""
-    arch = resolve_architecture(arch)
     graphs = num_graphs if num_graphs is not None else num_prefill_buckets + num_decode_buckets
     prefill = min(num_prefill_buckets, graphs)
     params = profile.compile_params if profile is not None else DEFAULT_COMPILE

@@ -53,13 +53,12 @@ from typing import Any
 
 from neuron_batch.choices import WeightDtype
 
-from .architectures import Architecture, dtype_bytes, resolve_architecture
+from .architectures import Architecture, dtype_bytes
 from .compile_time import DEFAULT_COMPILE, CompileParams, CompileProfileError
 from .hardware import (
     GIB,
     INSTANCES,
     Instance,
-    get_instance,
     valid_tp_degrees,
     validate_tp,
 )
@@ -172,13 +171,6 @@ def load_profile(source: str | Path) -> CostProfile:
     return profile
 
 
-def named(instance: str | Instance, arch: str | Architecture) -> tuple[Instance, Architecture]:
-    """The objects for an instance and an architecture given by name (scripts, tests, the
-    CLI's tools and published tables call this module and static_kv.py with names); objects
-    pass through unchanged, as on the run path, whose Target looked them up once."""
-    return get_instance(instance), resolve_architecture(arch)
-
-
 class StepCostModel:
     """Seconds per scheduler step for one (profile, instance, model, TP, dtype) setting.
 
@@ -186,14 +178,15 @@ class StepCostModel:
     so `prefill_time` / `decode_time` cost about a microsecond of arithmetic.
     """
 
-    def __init__(self, profile: CostProfile, instance: str | Instance,
-                 arch: str | Architecture, tp_degree: int, weight_dtype: str = "bf16",
+    def __init__(self, profile: CostProfile, instance: Instance,
+                 arch: Architecture, tp_degree: int, weight_dtype: str = "bf16",
                  kv_dtype: str = "bf16", runtime: Any = None,
                  prefix_caching: bool = False) -> None:
         if weight_dtype not in WEIGHT_DTYPES:
             raise ValueError(f"weight_dtype must be one of {WEIGHT_DTYPES}, got {weight_dtype!r}")
         self.profile = profile
-        self.instance, self.arch = inst, arch = named(instance, arch)
+        self.instance = inst = instance
+        self.arch = arch
         self.tp = tp = validate_tp(inst, tp_degree)
         self.weight_dtype, self.kv_dtype = weight_dtype, kv_dtype
         # The runtime (runtime.Runtime) says how much KV a decode step's compiled shape reads;
@@ -335,7 +328,7 @@ def _where_it_fits(arch: Architecture, weight_dtype: str) -> str:
     return "no single instance"
 
 
-def kv_capacity(instance: str | Instance, arch: str | Architecture, tp_degree: int,
+def kv_capacity(inst: Instance, arch: Architecture, tp_degree: int,
                 weight_dtype: str = "bf16", max_model_len: int = 4096, block_size: int = 32,
                 cap_fraction: float = DEFAULT_KV_CAP_FRACTION, max_num_seqs: int | None = None,
                 kv_dtype: str = "bf16") -> dict[str, Any]:
@@ -343,7 +336,6 @@ def kv_capacity(instance: str | Instance, arch: str | Architecture, tp_degree: i
     reserve for graphs and activations, capped at `cap_fraction` of that HBM (the plugin's
     VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION), and at what `max_num_seqs` sequences of
     `max_model_len` can use. Raises CapacityError when the weights do not fit."""
-    inst, arch = named(instance, arch)
     tp = validate_tp(inst, tp_degree)
     budget, reserve, free = _fit_bytes(inst, tp, arch, weight_dtype)
     weights = arch.weight_bytes(weight_dtype)
@@ -382,7 +374,7 @@ def kv_capacity(instance: str | Instance, arch: str | Architecture, tp_degree: i
     }
 
 
-def tp_holding_one_request(instance: str | Instance, arch: Architecture, tp: int, weight_dtype: str,
+def tp_holding_one_request(instance: Instance, arch: Architecture, tp: int, weight_dtype: str,
                            max_model_len: int, block_size: int,
                            cap_fraction: float) -> int | None:
     """The smallest TP above `tp` on `instance` whose paged KV cache holds one request of

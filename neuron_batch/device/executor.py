@@ -49,7 +49,7 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
 from neuron_batch.device import virtual_clock
 from neuron_batch.device.target import TARGET_KEY, Target
-from neuron_batch.runtime import VLLM_NEURON
+from neuron_batch.runtime import VLLM_NEURON, runtime_of
 from neuron_batch.scheduler.compat import full_attention_spec, model_runner_output
 from neuron_batch.scheduler.kv_reserve import DEFAULT_KV_RESERVE
 
@@ -81,7 +81,7 @@ class NeuronSimExecutor(Executor):
             # names one (an engine built by hand has vLLM's chunked prefill on, which nxdi
             # refuses).
             own.setdefault("runtime", VLLM_NEURON)
-            target = Target.resolve(arch=self.model_config.model, runtime=own["runtime"],
+            target = Target.resolve(arch=self.model_config.model, runtime=runtime_of(own),
                                     max_model_len=layout[0], max_num_seqs=layout[1],
                                     block_size=layout[2], prefix_caching=caching,
                                     kv_reserve=own.get("kv_reserve", DEFAULT_KV_RESERVE))

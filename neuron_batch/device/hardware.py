@@ -127,10 +127,9 @@ class HardwareError(ValueError):
     """An unknown instance or a TP degree the instance cannot run; the message lists choices."""
 
 
-def get_instance(name: str | Instance) -> Instance:
-    """Look an instance up by name, case-insensitively ("Inf2.48xlarge" works)."""
-    if isinstance(name, Instance):
-        return name
+def get_instance(name: str) -> Instance:
+    """The instance called `name`, case-insensitively ("Inf2.48xlarge" works): called where a
+    name enters the program; everything below takes the Instance."""
     key = name.strip().lower()
     if key not in INSTANCES:
         raise HardwareError(f"unknown instance {name!r}{did_you_mean(key, INSTANCES) or ';'} valid "
@@ -138,20 +137,19 @@ def get_instance(name: str | Instance) -> Instance:
     return INSTANCES[key]
 
 
-def valid_tp_degrees(instance: str | Instance) -> tuple[int, ...]:
-    """The TP degrees usable on `instance`, ascending, ending with all of its cores."""
-    inst = get_instance(instance)
+def valid_tp_degrees(inst: Instance) -> tuple[int, ...]:
+    """The TP degrees usable on `inst`, ascending, ending with all of its cores."""
     usual = _TP_DEGREES[inst.family]
     return tuple(sorted({d for d in usual if d <= inst.num_cores} | {inst.num_cores}))
 
 
-def default_tp(instance: str | Instance) -> int:
+def default_tp(inst: Instance) -> int:
     """All NeuronCores of the instance (what the Neuron samples use by default)."""
-    return get_instance(instance).num_cores
+    return inst.num_cores
 
 
-def validate_tp(instance: str | Instance, tp: int) -> int:
-    inst = get_instance(instance)
+def validate_tp(inst: Instance, tp: int) -> int:
+    """`tp`, or HardwareError naming the degrees `inst` can run."""
     choices = valid_tp_degrees(inst)
     if isinstance(tp, bool) or not isinstance(tp, int) or tp not in choices:
         raise HardwareError(f"TP degree {tp!r} is not valid on {inst.name} "

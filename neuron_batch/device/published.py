@@ -16,14 +16,14 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
 from typing import Any
 
 from .architectures import Architecture, get_architecture
 from .cost_model import CostProfile, StepCostModel
-from .hardware import get_instance
+from .hardware import Instance, get_instance
 
 _HEADER = ("model,instance,tp_degree,batch_size,max_seq_len,input_len,output_len,"
            "output_tok_per_s,ttft_p50_ms,tpot_p50_ms,weight_dtype,framework,neuron_sdk\n")
@@ -68,8 +68,11 @@ class PublishedError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class PublishedRow:
-    model: str
-    instance: str
+    """One row of a published table: its instance and model looked up once, when it is made
+    (`hardware`, `arch`); an unknown one is a ValueError naming the choices."""
+
+    model: str              # as the table writes it
+    instance: str           # the instance's name in the table's own spelling, lower-cased
     tp: int
     batch: int
     max_seq_len: int
@@ -79,6 +82,14 @@ class PublishedRow:
     ttft_s: float
     tpot_s: float
     weight_dtype: str
+    hardware: Instance = field(init=False, repr=False, compare=False)
+    arch: Architecture = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        hardware = get_instance(self.instance)
+        object.__setattr__(self, "hardware", hardware)
+        object.__setattr__(self, "instance", hardware.name)
+        object.__setattr__(self, "arch", get_architecture(self.model))
 
     @property
     def label(self) -> str:
@@ -86,13 +97,9 @@ class PublishedRow:
                 f"msl{self.max_seq_len} {self.input_len}/{self.output_len}")
 
     @property
-    def arch(self) -> Architecture:
-        return get_architecture(self.model)
-
-    @property
     def family(self) -> str:
         """The instance family ("inf2", "trn1"): what leave-one-instance-out holds out."""
-        return get_instance(self.instance).family
+        return self.hardware.family
 
 
 def parse_published(text: str, where: str = "published CSV") -> list[PublishedRow]:
@@ -106,12 +113,11 @@ def parse_published(text: str, where: str = "published CSV") -> list[PublishedRo
     for line, r in enumerate(reader, start=2):
         try:
             row = PublishedRow(
-                r["model"].strip(), get_instance(r["instance"]).name, int(r["tp_degree"]),
+                r["model"].strip(), r["instance"], int(r["tp_degree"]),
                 int(r["batch_size"]), int(r["max_seq_len"]), int(r["input_len"]),
                 int(r["output_len"]), float(r["output_tok_per_s"]),
                 float(r["ttft_p50_ms"]) / 1e3, float(r["tpot_p50_ms"]) / 1e3,
                 r["weight_dtype"].strip().lower())
-            get_architecture(row.model)
         except (TypeError, ValueError) as error:
             raise PublishedError(f"{where} line {line}: {error}") from None
         if min(row.batch, row.input_len, row.throughput, row.ttft_s, row.tpot_s) <= 0 \
@@ -173,7 +179,7 @@ def decode_groups(row: PublishedRow,
 
 
 def row_model(profile: CostProfile, row: PublishedRow) -> StepCostModel:
-    return StepCostModel(profile, row.instance, row.arch, row.tp, row.weight_dtype)
+    return StepCostModel(profile, row.hardware, row.arch, row.tp, row.weight_dtype)
 
 
 def predict_row(model: StepCostModel, row: PublishedRow,

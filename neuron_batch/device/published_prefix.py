@@ -90,7 +90,10 @@ def apc_check(model: Any) -> list[dict[str, Any]]:
 
 def apc_model() -> Any:
     """The step model of the tutorial's layout (nxdi on trn2.48xlarge, prefix caching on)."""
+    from neuron_batch.device.hardware import INSTANCES
     from neuron_batch.device.target import Target
+    from neuron_batch.runtime import NXDI, RUNTIMES
 
-    return Target.resolve(instance=INSTANCE, arch=ARCH, tp=TP, max_model_len=MAX_MODEL_LEN,
-                          max_num_seqs=4, runtime="nxdi", prefix_caching=True).cost_model
+    return Target.resolve(instance=INSTANCES[INSTANCE], arch=ARCH, tp=TP,
+                          max_model_len=MAX_MODEL_LEN, max_num_seqs=4, runtime=RUNTIMES[NXDI],
+                          prefix_caching=True).cost_model

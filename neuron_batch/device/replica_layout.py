@@ -4,16 +4,13 @@ one instance's NeuronLink). Pure, no vLLM or Ray import."""
 
 from __future__ import annotations
 
-from neuron_batch.device.hardware import Instance, get_instance, valid_tp_degrees
+from neuron_batch.device.hardware import Instance, valid_tp_degrees
 from neuron_batch.device.target import SimError
 
 
-def replica_devices(instance: str | Instance, tp: int, replicas: int,
-                    num_instances: int) -> list[str]:
+def replica_devices(inst: Instance, tp: int, replicas: int, num_instances: int) -> list[str]:
     """A label per replica ("inf2.48xlarge#0 cores 4-7"), filling one instance before the next;
-    SimError when N engines of `tp` cores do not fit on `num_instances` instances. (A run
-    passes its Target's Instance; a name is looked up, for tests.)"""
-    inst = get_instance(instance)
+    SimError when N engines of `tp` cores do not fit on `num_instances` instances."""
     per_instance = inst.num_cores // tp
     if replicas > per_instance * num_instances:
         cores = inst.num_cores * num_instances

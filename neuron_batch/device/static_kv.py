@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from neuron_batch.device.architectures import Architecture, dtype_bytes
-from neuron_batch.device.cost_model import RESERVE_FRACTION, CapacityError, _fit_bytes, named
+from neuron_batch.device.cost_model import RESERVE_FRACTION, CapacityError, _fit_bytes
 from neuron_batch.device.hardware import GIB, INSTANCES, Instance, valid_tp_degrees
 
 #: The largest max_model_len suggested when saying what would fit (a whole number of these).
@@ -28,24 +28,21 @@ def kv_bytes_per_token(arch: Architecture, tp: int, kv_dtype: str = "bf16") -> i
             * dtype_bytes(kv_dtype))
 
 
-def static_slots(instance: str | Instance, arch: str | Architecture, tp: int, weight_dtype: str,
+def static_slots(inst: Instance, arch: Architecture, tp: int, weight_dtype: str,
                  max_model_len: int, kv_dtype: str = "bf16") -> int:
     """How many slots of max_model_len fit beside the weights and reserve (0 if none, or if
     the weights alone do not fit)."""
-    inst, arch = named(instance, arch)
     free = _fit_bytes(inst, tp, arch, weight_dtype)[2]
     per_slot = max_model_len * kv_bytes_per_token(arch, tp, kv_dtype)
     return max(free, 0) // per_slot
 
 
-def static_kv_capacity(instance: str | Instance, arch: str | Architecture, tp: int,
-                       weight_dtype: str,
+def static_kv_capacity(inst: Instance, arch: Architecture, tp: int, weight_dtype: str,
                        max_model_len: int, max_num_seqs: int | None, block_size: int,
                        kv_dtype: str = "bf16") -> dict[str, Any]:
     """The static cache of `max_num_seqs` slots (None: as many as fit), in the keys
     `kv_capacity` uses, plus `max_static_seqs` (slots that fit). CapacityError, naming the
     numbers and what would fit, when the weights or the slots do not fit."""
-    inst, arch = named(instance, arch)
     budget, reserve, free = _fit_bytes(inst, tp, arch, weight_dtype)
     weights = arch.weight_bytes(weight_dtype)
     per_token = kv_bytes_per_token(arch, tp, kv_dtype)
@@ -91,7 +88,7 @@ def _does_not_fit(inst: Instance, arch: Architecture, tp: int, weight_dtype: str
     if longest >= _LEN_STEP:
         options.append(f"--max-model-len {longest} at this max_num_seqs")
     holder = where_it_fits(arch, weight_dtype, max_model_len, max_num_seqs, kv_dtype,
-                           prefer=inst.name)
+                           prefer=inst)
     if holder:
         options.append(holder)
     what = "; or ".join(options) if options else "a smaller model or int8 weights"
@@ -99,16 +96,15 @@ def _does_not_fit(inst: Instance, arch: Architecture, tp: int, weight_dtype: str
 
 
 def where_it_fits(arch: Architecture, weight_dtype: str, max_model_len: int, max_num_seqs: int,
-                  kv_dtype: str = "bf16", prefer: str | None = None) -> str | None:
+                  kv_dtype: str = "bf16", prefer: Instance | None = None) -> str | None:
     """'--instance <instance> --tensor-parallel-size d' for the smallest TP group that holds
     the layout, on `prefer` first (then only the TP), then on the other instances in table
     order; None if none does."""
-    names = ([prefer] if prefer else []) + [n for n in INSTANCES if n != prefer]
-    for inst in (INSTANCES[name] for name in names):
+    for inst in ([prefer] if prefer else []) + [i for i in INSTANCES.values() if i != prefer]:
         for tp in valid_tp_degrees(inst):
             if static_slots(inst, arch, tp, weight_dtype, max_model_len, kv_dtype) \
                     >= max_num_seqs:
                 # As typed on the command line, so the hint can be pasted back.
                 flags = f"--tensor-parallel-size {tp}"
-                return flags if inst.name == prefer else f"--instance {inst.name} {flags}"
+                return flags if inst == prefer else f"--instance {inst.name} {flags}"
     return None

@@ -1,16 +1,16 @@
 """The device a run targets, resolved once: `Target`.
 
-`Target.resolve(...)` turns the user's choice (instance, architecture, TP degree, weight type,
-cost profile, runtime) into one frozen object holding the `Instance`, `Architecture` and
-`Runtime` objects, the TP degree, the cost profile and the step-time model built from them,
-the layout (max_model_len, max_num_seqs) and its KV cache, after the checks that can fail
-(weights that do not fit, a context longer than the model's, a KV cache too small). It is the
-one place those names are looked up. The runner resolves it once per run, for the simulated
-device and for a Neuron host whose instance is known alike (`simulated` tells them apart), and
-everything below takes the object: the engine builder (`engine_kwargs`), the report
-(`describe`), a split's parts (`with_layout`, `static_slots`), the replicas, and the executor in
-the engine-core process, which rebuilds it from its one serialised form (`to_dict` /
-`from_dict`, in `additional_config["neuron_batch"]["target"]`).
+`Target.resolve(...)` turns the user's choice (the `Instance` and `Runtime`, looked up where
+their names enter; the architecture, TP degree, weight type, cost profile) into one frozen
+object holding those objects and the `Architecture`, the cost profile and the step-time model
+built from them, the layout (max_model_len, max_num_seqs) and its KV cache, after the checks
+that can fail (weights that do not fit, a context longer than the model's, a KV cache too
+small). The runner resolves it once per run, for the simulated device and for a Neuron host
+whose instance is known alike (`simulated` tells them apart), and everything below takes the
+object: the engine builder (`engine_kwargs`), the report (`describe`), a split's parts
+(`with_layout`, `static_slots`), the replicas, and the executor in the engine-core process,
+which rebuilds it from its one serialised form (`to_dict` / `from_dict`, in
+`additional_config["neuron_batch"]["target"]`).
 
 No vLLM import here (the executor class is named, not imported), so a bad setting fails in
 milliseconds, before any engine starts.
@@ -40,7 +40,7 @@ from neuron_batch.device.hardware import INSTANCES, Instance, get_instance, vali
 from neuron_batch.device.model_dir import architecture_of, write_model_dir
 from neuron_batch.device.static_kv import static_kv_capacity, static_slots
 from neuron_batch.prefix_grid import grid_size
-from neuron_batch.runtime import Runtime, Shapes, get_runtime
+from neuron_batch.runtime import Runtime, Shapes, default_runtime, runtime_of
 from neuron_batch.scheduler import SCHEDULER_CLS
 from neuron_batch.scheduler.kv_reserve import (
     DEFAULT_KV_RESERVE,
@@ -104,28 +104,26 @@ class Target:
     prefix_caching: bool = False
 
     @classmethod
-    def resolve(cls, *, max_model_len: int, instance: str | Instance = DEFAULT_INSTANCE,
+    def resolve(cls, *, max_model_len: int, instance: Instance = INSTANCES[DEFAULT_INSTANCE],
                 arch: str | Path | dict | Architecture = DEFAULT_ARCH, tp: int | None = None,
                 weight_dtype: str = "bf16", profile: str | Path | CostProfile | None = None,
                 profile_source: str | None = None,
                 kv_cap_fraction: float = DEFAULT_KV_CAP_FRACTION,
-                runtime: str | Runtime | None = None, max_num_seqs: int | None = None,
+                runtime: Runtime | None = None, max_num_seqs: int | None = None,
                 kv_reserve: str = DEFAULT_KV_RESERVE, block_size: int = NEURON_BLOCK_SIZE,
                 simulated: bool = True, warn: bool = True,
                 prefix_caching: bool = False) -> Target:
-        """Look the names up and check the layout: SimError / CapacityError /
-        FileNotFoundError (all ValueErrors but the last) with a message that says what would
-        work. `arch`: a catalogue name, a config.json (path or directory), a config dict or an
-        Architecture; `tp` None: every NeuronCore; `profile` None: the instance's built-in
-        cost profile; `runtime` None: the instance family's.
+        """The device, its layout checked: SimError / CapacityError / FileNotFoundError (all
+        ValueErrors but the last) saying what would work. `arch`: a catalogue name, a
+        config.json (path or directory), a config dict or an Architecture; `tp` None: every
+        NeuronCore; `profile` None: the instance's built-in one; `runtime` None: its family's.
 
         Under a static-KV runtime (nxdi) the cache is `max_num_seqs` slots of max_model_len
         (None: as many as fit, for planning) and a layout that does not fit is a
         CapacityError. Under the paged one (vllm-neuron) a KV cache too small for one
         max_model_len request is an error under kv_reserve=max_model_len and a warning (when
         `warn` and simulated) under kv_reserve=request (shorter requests run)."""
-        inst = get_instance(instance)
-        runtime = get_runtime(runtime, family=inst.family)
+        inst, runtime = instance, runtime or default_runtime(instance.family)
         tp = validate_tp(inst, tp if tp is not None else inst.num_cores)
         architecture, arch_spec, model_config = architecture_of(arch)
         cost_profile, source = _profile(profile, profile_source, inst)
@@ -223,14 +221,16 @@ class Target:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Target:
-        """`to_dict`'s target again, through `resolve` and its checks (a hand-edited dict
-        fails as the up-front check would); RuntimeError when it sizes another KV pool than
-        the one named."""
-        names = {k: data[k] for k in ("instance", "arch", "tp", "weight_dtype",
-                                      "kv_cap_fraction", "runtime", "max_model_len",
-                                      "max_num_seqs", "kv_reserve", "block_size", "simulated")}
-        names["prefix_caching"] = bool(data.get("prefix_caching", False))
-        target = cls.resolve(**names, profile=CostProfile.from_dict(data["profile_params"]),
+        """`to_dict`'s target again (its instance and runtime looked up by name), through
+        `resolve` and its checks (a hand-edited dict fails as the up-front check would);
+        RuntimeError when it sizes another KV pool than the one named."""
+        given = {k: data[k] for k in ("arch", "tp", "weight_dtype", "kv_cap_fraction",
+                                      "max_model_len", "max_num_seqs", "kv_reserve",
+                                      "block_size", "simulated")}
+        given["prefix_caching"] = bool(data.get("prefix_caching", False))
+        target = cls.resolve(**given, instance=get_instance(data["instance"]),
+                             runtime=runtime_of(data),
+                             profile=CostProfile.from_dict(data["profile_params"]),
                              profile_source=data["profile"], warn=False)  # (said already)
         if data.get("num_blocks") is not None and int(data["num_blocks"]) != target.pool_blocks:
             raise RuntimeError(f"simulated Neuron device: settings name {data['num_blocks']} "

@@ -207,7 +207,7 @@ def host_target(settings: RunSettings, runtime: Runtime, model_path: str,
     cannot load (a static KV cache beside the weights, a TP degree the instance lacks)."""
     from neuron_batch.device.architectures import ArchitectureError
     from neuron_batch.device.cost_model import CapacityError
-    from neuron_batch.device.hardware import HardwareError
+    from neuron_batch.device.hardware import HardwareError, get_instance
     from neuron_batch.device.target import Target
 
     if instance is None:
@@ -215,7 +215,7 @@ def host_target(settings: RunSettings, runtime: Runtime, model_path: str,
     sim = settings.sim
     try:
         return Target.resolve(
-            instance=instance, arch=model_path, tp=sim.tensor_parallel_size or 1,
+            instance=get_instance(instance), arch=model_path, tp=sim.tensor_parallel_size or 1,
             weight_dtype=sim.weight_dtype, profile=sim.cost_profile, runtime=runtime,
             max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
             kv_reserve=settings.kv_reserve,

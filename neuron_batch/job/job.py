@@ -67,7 +67,7 @@ def resolve_target(settings: RunSettings, model_path: str | None) -> Target | No
             return None
         try:
             return Target.resolve(
-                instance=sim.instance, arch=arch, tp=sim.tensor_parallel_size,
+                instance=settings.sim_instance(), arch=arch, tp=sim.tensor_parallel_size,
                 weight_dtype=sim.weight_dtype, profile=sim.cost_profile,
                 runtime=settings.resolve_runtime(), max_model_len=settings.max_model_len,
                 max_num_seqs=settings.max_num_seqs, kv_reserve=settings.kv_reserve,

@@ -121,16 +121,25 @@ def after_start(job, state: StartupState, seconds: float, log_path: Path) -> dic
 
 
 def _device_of(job) -> tuple[Any, Any, str]:
-    """(instance, architecture, weight type) of the run's device: its target's (the simulated
+    """(Instance, Architecture, weight type) of the run's device: its target's (the simulated
     one, or a Neuron host whose instance is known), else the host's and the model's own,
     None where unknown."""
     if job.target is not None:
         return job.target.instance, job.target.arch, job.target.weight_dtype
-    from neuron_batch.device.architectures import ArchitectureError, resolve_architecture
+    # A Neuron host without a Target (its layout cannot load, or its model's shape is not one
+    # the cost model reads): its instance and model, looked up here as host_target does,
+    # still name the warning.
+    from neuron_batch.device.hardware import get_instance
+    from neuron_batch.device.model_dir import architecture_of
     from neuron_batch.engine.neuron_host import host_instance
 
+    name = host_instance(job.settings)
     try:
-        arch = resolve_architecture(job.workload.model.path)
-    except (ArchitectureError, OSError, ValueError):
+        inst = get_instance(name) if name else None
+    except ValueError:      # (an --instance the table lacks: no warning, as for none)
+        inst = None
+    try:
+        arch = architecture_of(job.workload.model.path)[0]
+    except (OSError, ValueError):   # (ArchitectureError is one)
         arch = None
-    return host_instance(job.settings), arch, job.settings.sim.weight_dtype
+    return inst, arch, job.settings.sim.weight_dtype

@@ -97,12 +97,13 @@ def _vocab_size(model_path: str, tokenizer) -> int:
 
 def _model_context(settings: RunSettings, model) -> dict[str, Any]:
     """The longest max_model_len the model takes (max_position_embeddings; on the simulated
-    device the architecture's) and its name, for the fix of too-long prompts; None unknown."""
-    from neuron_batch.device.architectures import resolve_architecture
+    device the architecture's, read as its Target will read it) and its name, for the fix of
+    too-long prompts; None unknown."""
+    from neuron_batch.device.model_dir import architecture_of
 
     try:
         if settings.simulated:
-            arch = resolve_architecture(settings.sim.architecture or model.path)
+            arch = architecture_of(settings.sim.architecture or model.path)[0]
             return {"context": arch.max_position_embeddings, "context_name": arch.name}
         config = json.loads((Path(model.path) / "config.json").read_text())
         return {"context": int(config["max_position_embeddings"]), "context_name": model.name}

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 
 from neuron_batch.buckets import round_model_len
 from neuron_batch.choices import KvReserve
+from neuron_batch.config import simulated_runtime
 from neuron_batch.device.architectures import resolve_architecture
 from neuron_batch.device.compile_time import host_memory_warning
 from neuron_batch.device.hardware import (
@@ -61,7 +62,6 @@ from neuron_batch.report.cost import (
     has_builtin_price,
     price_for,
 )
-from neuron_batch.runtime import get_runtime
 from neuron_batch.scheduler.kv_reserve import blocks_for_tokens, reachable_tokens
 
 
@@ -121,8 +121,8 @@ def placements(spec: PlanSpec) -> tuple[list[InstanceFit], list[str]]:
             price = price_for(name, spec.pricing, override)
         except PricingError as error:
             raise PlanError(str(error)) from None
-        refused = get_runtime(spec.runtime, family=inst.family).not_shipped_for(name,
-                                                                                inst.family)
+        runtime = simulated_runtime(spec.runtime, inst.family)
+        refused = runtime.not_shipped_for(name, inst.family)
         if refused:                                 # no layout of it loads there
             excluded.append(f"{name}: {refused}")
             continue
@@ -140,7 +140,7 @@ def placements(spec: PlanSpec) -> tuple[list[InstanceFit], list[str]]:
                 # left out in build_options.
                 target = Target.resolve(instance=inst, arch=arch, tp=tp,
                                         weight_dtype=spec.weight_dtype,
-                                        profile=spec.cost_profile, runtime=spec.runtime,
+                                        profile=spec.cost_profile, runtime=runtime,
                                         max_model_len=spec.max_model_len,
                                         kv_reserve=spec.kv_reserve)
             except FileNotFoundError as error:     # --cost-profile

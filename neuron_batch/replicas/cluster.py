@@ -164,10 +164,17 @@ def check_address(address: str) -> None:
 
 def replica_resources(settings: RunSettings,
                       cluster_resources: dict[str, float]) -> ReplicaResources:
+    """What each replica's actor asks Ray for: the simulated device, a CPU engine, or `tp`
+    NeuronCores; RunError for a device --replicas cannot place."""
     if settings.simulated:
         return ReplicaResources("sim")
     device = settings.device
     if device == "auto":
+        # Asked of the cluster's nodes, not of this host (engine/neuron_host.py
+        # on_neuron_host): the actors run where Ray places them, and a driver on a head node
+        # without Neuron devices still has Neuron workers to place them on. Ray reports a
+        # node's NeuronCores as its `neuron_cores` resource, so with --ray local the answer
+        # is this host's.
         device = "neuron" if cluster_resources.get("neuron_cores") else "cpu"
     if device == "cpu":
         return ReplicaResources("cpu")

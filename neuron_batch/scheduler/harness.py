@@ -27,6 +27,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+from neuron_batch.runtime import Runtime, default_runtime
 from neuron_batch.scheduler import compat
 
 #: A small llama-shaped architecture: only its shape matters to the scheduler.
@@ -71,17 +72,15 @@ def make_scheduler(
     neuron_batch_config: dict[str, Any] | None = None,
     async_scheduling: bool = False,
     kv_reserve: str | None = None,
-    runtime: str | None = None,
+    runtime: Runtime | None = None,
 ):
     """A scheduler of `scheduler_cls` over a KV cache of `num_blocks` blocks. `kv_reserve`
     ("request" or "max_model_len") is put into `neuron_batch_config`; None: the default.
-    `runtime` ("nxdi" or "vllm-neuron"; None: the scheduler's default, vllm-neuron) sets
+    `runtime` (runtime.py's RUNTIMES; None: the scheduler's default, vllm-neuron) sets
     vLLM's chunking and token budget as the runtime needs them (nxdi: whole prompts, so
     `max_num_batched_tokens` is raised to max_model_len) and where `neuron_config` (the
     bucket lists by the runtime's keys) goes."""
-    from neuron_batch.runtime import get_runtime
-
-    resolved = get_runtime(runtime)
+    resolved = runtime or default_runtime()
     limits = resolved.engine_limits(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                                     max_num_batched_tokens=max_num_batched_tokens)
     model_config = compat.model_config(

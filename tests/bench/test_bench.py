@@ -113,7 +113,9 @@ def test_repeat_reports_the_spread(tmp_path):
 
 def test_calibrate_recovers_the_profile_that_made_the_records(tmp_path):
     """Records of a simulated run are timed by a known profile; fitting them gives it back."""
+    from neuron_batch.device.architectures import get_architecture
     from neuron_batch.device.cost_model import StepCostModel, load_profile
+    from neuron_batch.device.hardware import get_instance
 
     run_dir = tmp_path / "run"
     result = CliRunner().invoke(main, [
@@ -126,8 +128,9 @@ def test_calibrate_recovers_the_profile_that_made_the_records(tmp_path):
         "calibrate", str(run_dir), "--instance", "inf2.48xlarge", "--architecture",
         "llama-3.1-8b", "-o", str(profile_path)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    fitted = StepCostModel(load_profile(profile_path), "inf2.48xlarge", "llama-3.1-8b", 24)
-    truth = StepCostModel(load_profile("inf2.48xlarge"), "inf2.48xlarge", "llama-3.1-8b", 24)
+    inst, arch = get_instance("inf2.48xlarge"), get_architecture("llama-3.1-8b")
+    fitted = StepCostModel(load_profile(profile_path), inst, arch, 24)
+    truth = StepCostModel(load_profile("inf2.48xlarge"), inst, arch, 24)
     for padded, context in [(128, 0), (2048, 0), (2048, 4096)]:
         assert fitted.prefill_time(padded, context) == pytest.approx(
             truth.prefill_time(padded, context), rel=0.02)

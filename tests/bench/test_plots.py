@@ -14,6 +14,7 @@ pytest.importorskip("matplotlib")
 from neuron_batch.bench import plots  # noqa: E402
 from neuron_batch.bench.ranking import pareto_front, rank  # noqa: E402
 from neuron_batch.bench.verdict import recommend  # noqa: E402
+from neuron_batch.runtime import get_runtime  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STATES = ("IDLE", "ACTIVE_PREFILL", "ACTIVE_DECODE")
@@ -181,9 +182,9 @@ def test_padding_waste_plots_what_each_runtimes_sets_change(tmp_path):
 
 
 def test_prompt_legend_says_what_the_runtime_does():
-    title, budget = plots.prompt_words("nxdi", 2048)
+    title, budget = plots.prompt_words(get_runtime("nxdi"), 2048)
     assert budget is None                   # whole prompts: the token budget chunks nothing
     assert "ctx bucket edges" in title and "prefilled whole" in title
-    title, budget = plots.prompt_words("vllm-neuron", 2048)
+    title, budget = plots.prompt_words(get_runtime("vllm-neuron"), 2048)
     assert "prefill bucket edges" in title
     assert budget == "max_num_batched_tokens = 2,048 (longer prompts are prefilled in chunks)"

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from neuron_batch.device.architectures import get_architecture
 from neuron_batch.device.calibrate import (
     FIT_PARAMS,
     HELD_PARAMS,
@@ -30,7 +31,7 @@ from neuron_batch.device.calibrate import (
 )
 from neuron_batch.device.cost_model import StepCostModel, load_profile
 from neuron_batch.device.fit import least_squares, nelder_mead, solve
-from neuron_batch.device.hardware import INSTANCES
+from neuron_batch.device.hardware import INSTANCES, get_instance
 from neuron_batch.device.published import (
     PUBLISHED_INF2_CSV,
     PUBLISHED_MORE_CSV,
@@ -232,10 +233,10 @@ def test_fit_recovers_a_known_profile_from_rows_it_generated():
 
 def test_derived_profiles():
     base = load_profile("inf2.48xlarge")
-    trn1 = derive_profile(base, "trn1.32xlarge")
+    trn1 = derive_profile(base, get_instance("trn1.32xlarge"))
     assert "measured" in trn1.source and trn1.compute_efficiency == base.compute_efficiency
-    assert "no published row" in derive_profile(base, "inf2.xlarge").source
-    assert derive_profile(base, "inf2.48xlarge") is base
+    assert "no published row" in derive_profile(base, get_instance("inf2.xlarge")).source
+    assert derive_profile(base, get_instance("inf2.48xlarge")) is base
 
 
 # -- the optimisers ------------------------------------------------------------------------------
@@ -301,10 +302,11 @@ def synthetic_steps(model: StepCostModel, n: int = 300, seed: int = 0, kinds=("p
     ("inf2.24xlarge", "Llama-3-70B", 12, "int8")])
 def test_fit_from_steps_recovers_known_parameters(instance, arch, tp, dtype):
     truth = default_profile(instance).replace(**TRUTH)
+    start = default_profile(instance)
+    instance, arch = get_instance(instance), get_architecture(arch)
     true_model = StepCostModel(truth, instance, arch, tp, dtype)
     steps = synthetic_steps(true_model)
-    fitted = fit_from_steps(steps, instance, arch, tp, dtype,
-                            start_profile=default_profile(instance))
+    fitted = fit_from_steps(steps, instance, arch, tp, dtype, start_profile=start)
     for name in ("prefill_fixed_s", "decode_fixed_s", "weight_bw_efficiency",
                  "compute_efficiency"):
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.03), name
@@ -315,10 +317,10 @@ def test_fit_from_steps_recovers_known_parameters(instance, arch, tp, dtype):
 
 
 def test_fit_from_steps_decode_only_keeps_prefill_cost():
-    instance, arch = "inf2.8xlarge", "Llama-3-8B"
-    truth = default_profile(instance).replace(**TRUTH)
+    instance, arch = get_instance("inf2.8xlarge"), get_architecture("Llama-3-8B")
+    truth = default_profile(instance.name).replace(**TRUTH)
     steps = synthetic_steps(StepCostModel(truth, instance, arch, 2), kinds=("decode",))
-    start = default_profile(instance)
+    start = default_profile(instance.name)
     fitted = fit_from_steps(steps, instance, arch, 2, start_profile=start)
     assert fitted.prefill_fixed_s == start.prefill_fixed_s and "decode" in fitted.source
     model = StepCostModel(fitted, instance, arch, 2)
@@ -330,7 +332,8 @@ def test_fit_from_steps_needs_finished_steps():
     unfinished = SimpleNamespace(kind="decode", num_tokens=1, num_tokens_padded=1, num_seqs=1,
                                  num_seqs_padded=1, context_tokens=10, t_start=0.0, t_end=None)
     with pytest.raises(ValueError, match="no finished"):
-        fit_from_steps([unfinished], "inf2.8xlarge", "Llama-3-8B", 2)
+        fit_from_steps([unfinished], get_instance("inf2.8xlarge"),
+                       get_architecture("Llama-3-8B"), 2)
 
 
 # -- `neuron-batch calibrate --published` --------------------------------------------------------

@@ -9,6 +9,7 @@ import logging
 import pytest
 
 from neuron_batch.device import compile_cache, compile_fit
+from neuron_batch.device.architectures import get_architecture
 from neuron_batch.device.compile_log import parse_startup
 from neuron_batch.device.compile_time import (
     DEFAULT_COMPILE,
@@ -21,15 +22,18 @@ from neuron_batch.device.compile_time import (
     makespan,
 )
 from neuron_batch.device.cost_model import load_profile
+from neuron_batch.device.hardware import get_instance
 from neuron_batch.device.target import Target
 from neuron_batch.runtime import get_runtime
 
 NXDI, BETA = get_runtime("nxdi"), get_runtime("vllm-neuron")
+INF2_X, INF2_8X = get_instance("inf2.xlarge"), get_instance("inf2.8xlarge")
+LLAMA, TINY = get_architecture("llama-3.1-8b"), get_architecture("tinyllama-1.1b")
 
 
 def startup(**changes):
-    args = dict(arch="llama-3.1-8b", tp=2, weight_dtype="bf16", prefill_graphs=8,
-                decode_graphs=8, instance="inf2.8xlarge")
+    args = dict(arch=LLAMA, tp=2, weight_dtype="bf16", prefill_graphs=8,
+                decode_graphs=8, instance=INF2_8X)
     args.update(changes)
     return estimate_startup(args.pop("arch"), args.pop("tp"), args.pop("weight_dtype"), **args)
 
@@ -43,12 +47,12 @@ def test_shape_of_the_build_trace_in_turn_priority_alone_rest_in_parallel():
     # tracing is per graph, one after another
     assert sixteen.trace_s == pytest.approx(8 * one.trace_s)
     # 15 graphs on inf2.8xlarge's 32 vCPUs compile at once: as long as one graph
-    assert compile_workers("inf2.8xlarge") == 32
+    assert compile_workers(INF2_8X) == 32
     assert sixteen.parallel_s == pytest.approx(max(decode, prefill))
     # a 4-vCPU host runs 4 at once: 15 graphs take 4 rounds
-    small = startup(arch="tinyllama-1.1b", instance="inf2.xlarge")
+    small = startup(arch=TINY, instance=INF2_X)
     d, p = graph_times(DEFAULT_COMPILE, small_arch(), 2)
-    assert compile_workers("inf2.xlarge") == 4
+    assert compile_workers(INF2_X) == 4
     assert small.parallel_s == pytest.approx(4 * max(d, p))
     # minutes, not the 2.1 hours of 30 s per graph per GB
     assert 3 * 60 < sixteen.total_s < 15 * 60
@@ -87,10 +91,8 @@ def test_more_layers_take_longer_and_prefill_follows_its_ratio():
 
 
 def test_a_runtime_compiling_one_graph_after_another_adds_them_up():
-    parallel = compile_footprint(8, 8, "llama-3.1-8b", tp=2, instance="inf2.8xlarge",
-                                 runtime=NXDI)
-    serial = compile_footprint(8, 8, "llama-3.1-8b", tp=2, instance="inf2.8xlarge",
-                               runtime=BETA)
+    parallel = compile_footprint(8, 8, LLAMA, tp=2, instance=INF2_8X, runtime=NXDI)
+    serial = compile_footprint(8, 8, LLAMA, tp=2, instance=INF2_8X, runtime=BETA)
     graph = parallel["startup"]["priority_s"]
     assert serial["startup"]["workers"] == 1
     assert serial["startup"]["parallel_s"] == pytest.approx(15 * graph)
@@ -100,21 +102,21 @@ def test_a_runtime_compiling_one_graph_after_another_adds_them_up():
 def test_compiled_graphs_cost_their_load_only():
     fresh, loaded = startup(), startup(compiled=True)
     assert loaded.compile_s == 0.0 and loaded.total_s == pytest.approx(fresh.load_s)
-    assert compile_footprint(8, 8, "llama-3.1-8b", tp=2, compiled=True)["estimated_compile_s"] \
+    assert compile_footprint(8, 8, LLAMA, tp=2, compiled=True)["estimated_compile_s"] \
         == pytest.approx(fresh.load_s)
 
 
 def test_a_host_too_small_to_compile_is_warned_and_gets_no_estimate():
-    warning = host_memory_warning("inf2.xlarge", "llama-3.1-8b")
+    warning = host_memory_warning(INF2_X, LLAMA)
     assert "16 GiB" in warning and "issue 1222" in warning and "--compiled" in warning
-    too_small = startup(instance="inf2.xlarge")
+    too_small = startup(instance=INF2_X)
     assert too_small.host_warning == warning
     assert too_small.compile_s is None and too_small.total_s is None
     # graphs compiled elsewhere still load there
-    assert startup(instance="inf2.xlarge", compiled=True).total_s > 0
-    assert host_memory_warning("inf2.8xlarge", "llama-3.1-8b") is None
-    assert host_memory_warning("inf2.xlarge", "tinyllama-1.1b") is None
-    assert host_memory_warning(None, "llama-3.1-8b") is None
+    assert startup(instance=INF2_X, compiled=True).total_s > 0
+    assert host_memory_warning(INF2_8X, LLAMA) is None
+    assert host_memory_warning(INF2_X, TINY) is None
+    assert host_memory_warning(None, LLAMA) is None
 
 
 def test_built_in_values_are_the_fit_and_the_fit_holds_its_figures():
@@ -177,8 +179,8 @@ def test_a_profile_carries_its_own_compile_figures(tmp_path):
     path = write_profile(tmp_path, lambda d: d["compile"].update(graph_s=60.0))
     mine = load_profile(path)
     assert mine.compile.graph_s == 60.0
-    ours = compile_footprint(1, 1, "llama-3.1-8b", tp=2)["startup"]["priority_s"]
-    theirs = compile_footprint(1, 1, "llama-3.1-8b", tp=2, profile=mine)["startup"]["priority_s"]
+    ours = compile_footprint(1, 1, LLAMA, tp=2)["startup"]["priority_s"]
+    theirs = compile_footprint(1, 1, LLAMA, tp=2, profile=mine)["startup"]["priority_s"]
     assert theirs == pytest.approx(ours * 60.0 / DEFAULT_COMPILE.graph_s)
 
 
@@ -210,8 +212,8 @@ def test_the_engine_log_says_which_graphs_came_from_the_cache_and_how_long_each_
 
 
 def test_the_simulated_cache_holds_a_configuration_once_recorded(tmp_path):
-    target = Target.resolve(instance="inf2.8xlarge", arch="tinyllama-1.1b", tp=2,
-                            runtime="nxdi", max_model_len=2048, max_num_seqs=8)
+    target = Target.resolve(instance=INF2_8X, arch="tinyllama-1.1b", tp=2,
+                            runtime=NXDI, max_model_len=2048, max_num_seqs=8)
     shapes = NXDI.shapes({}, max_num_seqs=8, max_num_batched_tokens=2048, max_model_len=2048)
     other = NXDI.shapes({"context_encoding_buckets": [512, 2048]}, max_num_seqs=8,
                         max_num_batched_tokens=2048, max_model_len=2048)
@@ -235,7 +237,7 @@ def test_a_runs_logged_phases_become_its_compile_section():
     logged = {"compiled_before": False, "measured_s": 400.0,
               "phases": {"trace_s": 64.0, "priority_s": 100.0, "parallel_s": 80.0,
                          "load_s": 20.0}}
-    fitted, words = fit_from_startup(logged, arch=arch, tp=2, instance="inf2.8xlarge",
+    fitted, words = fit_from_startup(logged, arch=arch, tp=2, instance=INF2_8X,
                                      prefill_graphs=7, decode_graphs=1)
     assert fitted.trace_s_per_layer == pytest.approx(64.0 / (8 * 32))
     assert graph_times(fitted, arch, 2)[0] == pytest.approx(100.0, rel=1e-3)
@@ -243,14 +245,14 @@ def test_a_runs_logged_phases_become_its_compile_section():
     assert fitted.load_gb_s == pytest.approx(arch.weight_bytes() / 1e9 / 20.0, rel=1e-3)
     assert "priority graph 100 s" in words
     again = estimate_startup(arch, 2, "bf16", prefill_graphs=7, decode_graphs=1,
-                             instance="inf2.8xlarge", params=fitted)
+                             instance=INF2_8X, params=fitted)
     assert again.total_s == pytest.approx(64 + 100 + 80 + 20, rel=1e-3)
     # no phase logged: the measured start-up scales the graph time
     whole, words = fit_from_startup({"compiled_before": False, "measured_s": 600.0},
-                                    arch=arch, tp=2, instance="inf2.8xlarge",
+                                    arch=arch, tp=2, instance=INF2_8X,
                                     prefill_graphs=8, decode_graphs=8)
     assert estimate_startup(arch, 2, "bf16", prefill_graphs=8, decode_graphs=8,
-                            instance="inf2.8xlarge", params=whole).total_s \
+                            instance=INF2_8X, params=whole).total_s \
         == pytest.approx(600.0, rel=0.02)
     # a start from the cache shows no compile
     assert fit_from_startup({"compiled_before": True, "measured_s": 30.0}, arch=arch, tp=2,
@@ -270,11 +272,9 @@ def test_calibrate_reads_the_start_up_of_a_run_folder(tmp_path):
         {"attempt": 1, "startup": {"compiled_before": False, "measured_s": 300.0,
                                    "phases": {"priority_s": 90.0}}},
         {"attempt": 2, "startup": {"compiled_before": True, "measured_s": 25.0}}]))
-    fitted, words = _compile_from_startup([str(run)], "inf2.8xlarge", "llama-3.1-8b", 2,
-                                          "bf16", NXDI)
+    fitted, words = _compile_from_startup([str(run)], INF2_8X, LLAMA, 2, "bf16", NXDI)
     assert "attempt 1" in words and graph_times(fitted, one_arch(), 2)[0] == pytest.approx(90.0)
-    assert _compile_from_startup([str(tmp_path)], "inf2.8xlarge", "llama-3.1-8b", 2, "bf16",
-                                 NXDI) is None
+    assert _compile_from_startup([str(tmp_path)], INF2_8X, LLAMA, 2, "bf16", NXDI) is None
 
 
 def test_compiled_applies_to_the_simulated_device_only():
@@ -297,12 +297,12 @@ def test_the_summary_says_what_the_start_up_was():
                            if not line.startswith(" " * 12)), len(rest))]
         return " ".join([lines[at].removeprefix("Start-up").strip(), *more])
 
-    fresh = compile_footprint(8, 8, "llama-3.1-8b", tp=2, instance="inf2.8xlarge")
+    fresh = compile_footprint(8, 8, LLAMA, tp=2, instance=INF2_8X)
     report = {"config": {"sim": {"compile": fresh}}}
     assert "compiled fresh" in row(report)
-    loaded = compile_footprint(8, 8, "llama-3.1-8b", tp=2, compiled=True)
+    loaded = compile_footprint(8, 8, LLAMA, tp=2, compiled=True)
     assert "loaded only" in row({"config": {"sim": {"compile": loaded}}})
-    small = compile_footprint(8, 8, "llama-3.1-8b", tp=2, instance="inf2.xlarge")
+    small = compile_footprint(8, 8, LLAMA, tp=2, instance=INF2_X)
     assert row({"config": {"sim": {"compile": small}}}).startswith(
         "no estimate: inf2.xlarge's 16 GiB")
     host = {"attempts": [{"startup": {"measured_s": 312.4, "cached_graphs": 14,

@@ -51,6 +51,8 @@ def _load_records_module():
 StepRecord = _load_records_module().StepRecord
 
 PROFILE = load_profile("inf2.48xlarge")
+INF2_8X, INF2_48X = get_instance("inf2.8xlarge"), get_instance("inf2.48xlarge")
+LLAMA3_8B, LLAMA2_7B = get_architecture("Llama-3-8B"), get_architecture("Llama-2-7B")
 #: (instance, model, tp, weight dtype) settings the properties run on; each fits in memory.
 SETTINGS = [
     ("inf2.xlarge", "TinyLlama-1.1B", 2, "bf16"),
@@ -61,7 +63,8 @@ SETTINGS = [
     ("inf2.48xlarge", "Llama-3.1-70B", 24, "bf16"),
     ("trn1.32xlarge", "Llama-2-13B", 32, "bf16"),
 ]
-models = st.sampled_from([StepCostModel(PROFILE.replace(instance=i), i, a, tp, w)
+models = st.sampled_from([StepCostModel(PROFILE.replace(instance=i), get_instance(i),
+                                        get_architecture(a), tp, w)
                           for i, a, tp, w in SETTINGS])
 tokens = st.integers(1, 16384)
 contexts = st.integers(0, 1_000_000)
@@ -78,16 +81,16 @@ def test_instances_are_looked_up_in_any_case_with_their_cores_and_memory():
 
 
 def test_the_default_tp_is_every_core():
-    assert [default_tp(n) for n in INSTANCES] == [2, 2, 12, 24, 32, 4, 64]
+    assert [default_tp(i) for i in INSTANCES.values()] == [2, 2, 12, 24, 32, 4, 64]
 
 
 def test_valid_tp_degrees_of_each_instance():
-    assert valid_tp_degrees("trn2.3xlarge") == (1, 2, 4)
-    assert valid_tp_degrees("trn2.48xlarge") == (1, 2, 4, 8, 16, 32, 64)
-    assert valid_tp_degrees("inf2.48xlarge") == (1, 2, 4, 8, 24)
-    assert valid_tp_degrees("inf2.24xlarge") == (1, 2, 4, 8, 12)
-    assert valid_tp_degrees("inf2.xlarge") == (1, 2)
-    assert valid_tp_degrees("trn1.32xlarge") == (1, 2, 4, 8, 16, 32)
+    assert valid_tp_degrees(get_instance("trn2.3xlarge")) == (1, 2, 4)
+    assert valid_tp_degrees(get_instance("trn2.48xlarge")) == (1, 2, 4, 8, 16, 32, 64)
+    assert valid_tp_degrees(get_instance("inf2.48xlarge")) == (1, 2, 4, 8, 24)
+    assert valid_tp_degrees(get_instance("inf2.24xlarge")) == (1, 2, 4, 8, 12)
+    assert valid_tp_degrees(get_instance("inf2.xlarge")) == (1, 2)
+    assert valid_tp_degrees(get_instance("trn1.32xlarge")) == (1, 2, 4, 8, 16, 32)
 
 
 def test_an_unknown_instance_is_refused_naming_the_known_ones():
@@ -97,7 +100,7 @@ def test_an_unknown_instance_is_refused_naming_the_known_ones():
 
 def test_a_tp_degree_the_instance_cannot_run_is_refused_naming_the_valid_ones():
     with pytest.raises(HardwareError, match=r"\[1, 2, 4, 8, 24\]"):
-        validate_tp("inf2.48xlarge", 12)
+        validate_tp(INF2_48X, 12)
 
 
 # -- architectures -------------------------------------------------------------------------------
@@ -167,13 +170,13 @@ def test_bigger_decode_batch_slower_per_step_but_more_tokens(model, a, b, per_se
 
 
 def test_padding_costs_time():
-    model = StepCostModel(PROFILE, "inf2.8xlarge", "Llama-3-8B", 2)
+    model = StepCostModel(PROFILE, INF2_8X, LLAMA3_8B, 2)
     assert model.prefill_time(256, 0) > model.prefill_time(128, 0)
     assert model.decode_time(8, 8000) > model.decode_time(4, 8000)
 
 
 def test_decode_is_bandwidth_bound_at_small_batch_and_compute_bound_at_large():
-    model = StepCostModel(PROFILE, "inf2.8xlarge", "Llama-3-8B", 2)
+    model = StepCostModel(PROFILE, INF2_8X, LLAMA3_8B, 2)
     small, large = model.breakdown("decode", 1, 1000), model.breakdown("decode", 512, 512 * 100)
     assert small["memory"] > small["compute"] and large["compute"] > large["memory"]
     assert small["total"] == pytest.approx(model.decode_time(1, 1000))
@@ -185,8 +188,9 @@ def test_decode_is_bandwidth_bound_at_small_batch_and_compute_bound_at_large():
     ("Llama-3-8B", ("inf2.8xlarge", 2), ("inf2.24xlarge", 12)),
     ("Llama-3-8B", ("inf2.24xlarge", 12), ("inf2.48xlarge", 24))])
 def test_more_chips_lower_step_time(arch, smaller, bigger):
-    small = StepCostModel(PROFILE, smaller[0], arch, smaller[1], "bf16")
-    big = StepCostModel(PROFILE, bigger[0], arch, bigger[1], "bf16")
+    arch = get_architecture(arch)
+    small = StepCostModel(PROFILE, get_instance(smaller[0]), arch, smaller[1], "bf16")
+    big = StepCostModel(PROFILE, get_instance(bigger[0]), arch, bigger[1], "bf16")
     for seqs, ctx in ((1, 512), (8, 8 * 2048), (64, 64 * 1024)):
         assert big.decode_time(seqs, ctx) < small.decode_time(seqs, ctx)
     for padded, ctx in ((128, 0), (2048, 0), (1024, 4096)):
@@ -198,6 +202,7 @@ def test_more_chips_lower_step_time(arch, smaller, bigger):
 def test_int8_weights_cost_what_the_profile_says(instance, arch, tp):
     """An int8 weight streams at quantized_weight_bytes: the fit puts it at bf16's 2 bytes
     (int8 is never slower than bf16); at its 1-byte storage size int8 decodes faster."""
+    instance, arch = get_instance(instance), get_architecture(arch)
     for per_weight, faster in ((PROFILE.quantized_weight_bytes, False), (1.0, True)):
         profile = PROFILE.replace(quantized_weight_bytes=per_weight)
         bf16 = StepCostModel(profile, instance, arch, tp, "bf16")
@@ -217,7 +222,7 @@ def test_gqa_heads_replicate_and_query_heads_pad():
     assert arch.kv_heads_per_core(24) == 1 and arch.q_heads_per_core(24) == 2
     assert arch.decoder_params_per_core(24) > arch.decoder_linear_params / 24
     assert arch.decoder_params_per_core(1) == arch.decoder_linear_params
-    model = StepCostModel(PROFILE, "inf2.48xlarge", arch, 24, "bf16")
+    model = StepCostModel(PROFILE, INF2_48X, arch, 24, "bf16")
     assert model.kv_bytes_per_token_core == 2 * 32 * 1 * 128 * 2
 
 
@@ -225,7 +230,8 @@ def test_collectives_grow_with_layers_and_tp():
     """Two all-reduces a layer, ceil(log2 tp) latency stages each: more layers or a larger
     TP group pay more per step; TP 24 and TP 32 both take 5 stages."""
     def collectives(instance, arch, tp):
-        return StepCostModel(PROFILE, instance, arch, tp).breakdown("decode", 1, 0)["collectives"]
+        return StepCostModel(PROFILE, get_instance(instance), get_architecture(arch),
+                             tp).breakdown("decode", 1, 0)["collectives"]
     assert collectives("inf2.48xlarge", "Llama-3-70B", 24) > collectives(
         "inf2.48xlarge", "Llama-3-8B", 24)
     steps = [collectives("inf2.48xlarge", "Llama-3-8B", tp) for tp in (1, 2, 4, 8, 24)]
@@ -238,7 +244,7 @@ def test_decode_attention_scales_with_query_heads_per_core():
     """Batched long-context decode is bound by attention, one query row per head: Llama-3-8B
     at TP 24 (two padded query heads a core) pays more per cached token than at TP 32 (one)."""
     def per_token(instance, tp):
-        model = StepCostModel(PROFILE, instance, "Llama-3-8B", tp, "int8")
+        model = StepCostModel(PROFILE, get_instance(instance), LLAMA3_8B, tp, "int8")
         return (model.decode_time(8, 8 * 8192) - model.decode_time(8, 8 * 4096)) / (8 * 4096)
     assert per_token("inf2.48xlarge", 24) > 1.5 * per_token("trn1.32xlarge", 32)
 
@@ -249,11 +255,11 @@ def test_profiles_without_the_newer_fields_still_load(tmp_path):
     (tmp_path / "old.json").write_text(json.dumps(old))
     loaded = load_profile(tmp_path / "old.json")
     assert loaded.weight_bw_efficiency == PROFILE.weight_bw_efficiency
-    assert StepCostModel(loaded, "inf2.48xlarge", "Llama-3-8B", 24).decode_time(4, 4000) > 0
+    assert StepCostModel(loaded, INF2_48X, LLAMA3_8B, 24).decode_time(4, 4000) > 0
 
 
 def test_step_time_reads_step_records():
-    model = StepCostModel(PROFILE, "inf2.48xlarge", "Llama-3-8B", 24, "int8")
+    model = StepCostModel(PROFILE, INF2_48X, LLAMA3_8B, 24, "int8")
     common = dict(state="ACTIVE_DECODE", req_ids=["a"], blocked=None, num_waiting=0,
                   num_running=1, kv_usage=0.1, t_start=0.0)
     prefill = StepRecord(step=0, kind="prefill", num_tokens=300, num_tokens_padded=512,
@@ -269,33 +275,33 @@ def test_step_time_reads_step_records():
 
 def test_invalid_settings():
     with pytest.raises(ValueError, match="weight_dtype"):
-        StepCostModel(PROFILE, "inf2.48xlarge", "Llama-3-8B", 24, "fp4")
+        StepCostModel(PROFILE, INF2_48X, LLAMA3_8B, 24, "fp4")
     with pytest.raises(HardwareError):
-        StepCostModel(PROFILE, "inf2.xlarge", "Llama-3-8B", 4)
+        StepCostModel(PROFILE, get_instance("inf2.xlarge"), LLAMA3_8B, 4)
 
 
 # -- KV capacity ---------------------------------------------------------------------------------
 
 def test_kv_capacity_llama3_8b_on_inf2_8xlarge():
-    cap = kv_capacity("inf2.8xlarge", "Llama-3-8B", 2, "bf16", max_model_len=4096)
+    cap = kv_capacity(INF2_8X, LLAMA3_8B, 2, "bf16", max_model_len=4096)
     assert cap["num_blocks"] > 0 and cap["tokens"] == cap["num_blocks"] * 32
     assert cap["limited_by"] == "cap_fraction" and cap["bytes"] <= cap["cap_bytes"]
     assert cap["max_concurrent_at_max_len"] == cap["num_blocks"] // (4096 // 32)
     # int8 weights leave more memory, but the cap fraction still binds; a larger cap gives more.
-    bigger = kv_capacity("inf2.8xlarge", "Llama-3-8B", 2, "bf16", 4096, cap_fraction=0.4)
+    bigger = kv_capacity(INF2_8X, LLAMA3_8B, 2, "bf16", 4096, cap_fraction=0.4)
     assert bigger["num_blocks"] > cap["num_blocks"]
-    limited = kv_capacity("inf2.8xlarge", "Llama-3-8B", 2, "bf16", 4096, max_num_seqs=4)
+    limited = kv_capacity(INF2_8X, LLAMA3_8B, 2, "bf16", 4096, max_num_seqs=4)
     assert limited["num_blocks"] == 4 * 128 and limited["limited_by"] == "max_num_seqs"
 
 
 def test_kv_capacity_when_weights_nearly_fill_memory():
-    cap = kv_capacity("inf2.8xlarge", "Llama-3-8B", 2, "bf16", 4096, cap_fraction=0.9)
+    cap = kv_capacity(INF2_8X, LLAMA3_8B, 2, "bf16", 4096, cap_fraction=0.9)
     assert cap["limited_by"] == "free_memory" and 0 < cap["bytes"] <= cap["free_bytes"]
 
 
 def test_kv_capacity_gqa_replication():
     # 8 KV heads on 24 cores: each core keeps one head, so a token takes 3x its logical size.
-    cap = kv_capacity("inf2.48xlarge", "Llama-3-8B", 24, "bf16", 4096)
+    cap = kv_capacity(INF2_48X, LLAMA3_8B, 24, "bf16", 4096)
     assert cap["bytes_per_token"] == 3 * get_architecture("Llama-3-8B").kv_bytes_per_token()
 
 
@@ -303,9 +309,10 @@ def test_kv_capacity_70b_on_inf2_xlarge_says_what_fits():
     with pytest.raises(CapacityError,
                        match=r"do not fit in TP 2 on inf2.xlarge.*"
                              r"--instance inf2.24xlarge --tensor-parallel-size 12"):
-        kv_capacity("inf2.xlarge", "Llama-3-70B", 2, "bf16", 4096)
+        kv_capacity(get_instance("inf2.xlarge"), get_architecture("Llama-3-70B"), 2, "bf16",
+                    4096)
     with pytest.raises(CapacityError, match="It fits with --tensor-parallel-size 24"):
-        kv_capacity("inf2.48xlarge", "Llama-3-70B", 4, "bf16", 4096)
+        kv_capacity(INF2_48X, get_architecture("Llama-3-70B"), 4, "bf16", 4096)
 
 
 # -- compile estimate and profiles ----------------------------------------------------------------
@@ -314,15 +321,15 @@ def test_compile_footprint_follows_the_compile_time_model():
     # (Changed with issue 29: it was 30 s per graph per GB of weights, 15 min for these 2
     # graphs and 5x that for 10. Now NxDI's build: the graphs past the first compile at once,
     # and weights only drive the load; tests/test_compile_time.py covers the model itself.)
-    est = compile_footprint(1, 1, "Llama-2-7B", "bf16", 24, instance="inf2.48xlarge")
+    est = compile_footprint(1, 1, LLAMA2_7B, "bf16", 24, instance=INF2_48X)
     # the contrib figure it is fitted to: 362 s for these 2 graphs at TP 2 (+ ~8 s of load)
     assert est["graphs"] == 2 and 330 < est["estimated_compile_s"] < 400
-    more = compile_footprint(6, 4, "Llama-2-7B", "bf16", 24, instance="inf2.48xlarge")
+    more = compile_footprint(6, 4, LLAMA2_7B, "bf16", 24, instance=INF2_48X)
     assert more["graphs"] == 10
     # 8 more graphs add their tracing, not their compile (32 workers)
     extra = more["estimated_compile_s"] - est["estimated_compile_s"]
     assert extra == pytest.approx(8 * 32 * more["startup"]["trace_s"] / (10 * 32))
-    int8 = compile_footprint(1, 1, "Llama-2-7B", "int8", 24, instance="inf2.48xlarge")
+    int8 = compile_footprint(1, 1, LLAMA2_7B, "int8", 24, instance=INF2_48X)
     assert int8["startup"]["compile_s"] == est["startup"]["compile_s"]   # weights are inputs
     assert int8["startup"]["load_s"] < est["startup"]["load_s"]
 
@@ -346,7 +353,8 @@ def test_profile_errors(tmp_path):
 
 
 def test_model_is_deterministic():
-    a = StepCostModel(PROFILE, "inf2.48xlarge", "Llama-3-8B", 24, "int8")
-    b = StepCostModel(load_profile("inf2.48xlarge"), "inf2.48xlarge", "llama-3-8b", 24, "int8")
+    a = StepCostModel(PROFILE, INF2_48X, LLAMA3_8B, 24, "int8")
+    b = StepCostModel(load_profile("inf2.48xlarge"), INF2_48X, get_architecture("llama-3-8b"),
+                      24, "int8")
     assert a.prefill_time(1000, 77) == b.prefill_time(1000, 77)
     assert a.decode_time(7, 7777) == b.decode_time(7, 7777)

@@ -17,6 +17,7 @@ from vllm import LLM, SamplingParams  # noqa: E402
 
 from neuron_batch.buckets import bucket_for  # noqa: E402
 from neuron_batch.device.executor import engine_core, shutdown_llm, sim_executor  # noqa: E402
+from neuron_batch.device.hardware import get_instance  # noqa: E402
 from neuron_batch.device.target import Target, sim_engine_kwargs  # noqa: E402
 from neuron_batch.prefix_grid import (  # noqa: E402
     default_prefill_buckets,
@@ -24,11 +25,12 @@ from neuron_batch.prefix_grid import (  # noqa: E402
     default_tkg_buckets,
     grid_cell,
 )
-from neuron_batch.runtime import KV_SEGMENT_SIZE, NXDI, VLLM_NEURON  # noqa: E402
+from neuron_batch.runtime import KV_SEGMENT_SIZE, NXDI, VLLM_NEURON, get_runtime  # noqa: E402
 from neuron_batch.scheduler.harness import drive, make_request, make_scheduler  # noqa: E402
 from neuron_batch.scheduler.neuron import NeuronScheduler  # noqa: E402
 from neuron_batch.scheduler.records import DECODE, PREFILL  # noqa: E402
 
+INF2_8X = get_instance("inf2.8xlarge")
 MAX_MODEL_LEN = 4096
 SEQS = 4
 SHARED = [7 + (i * 13) % 5000 for i in range(1024)]     # a 1,024-token instruction
@@ -60,7 +62,7 @@ def _run(tmp_path, prefix_caching: bool, **device):
 
 @pytest.fixture(scope="module")
 def nxdi_on(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("on"), True, instance="inf2.8xlarge", arch="llama-3-8b")
+    return _run(tmp_path_factory.mktemp("on"), True, instance=INF2_8X, arch="llama-3-8b")
 
 
 def test_nxdi_later_prefills_hit_the_shared_prefix_and_run_on_its_grid_cell(nxdi_on):
@@ -112,7 +114,7 @@ def test_nxdi_steps_are_charged_the_grid_cell_and_the_block_gather(nxdi_on):
 
 
 def test_nxdi_without_prefix_caching_computes_every_prompt_whole(tmp_path, nxdi_on):
-    scheduler, executor, _ = _run(tmp_path, False, instance="inf2.8xlarge", arch="llama-3-8b")
+    scheduler, executor, _ = _run(tmp_path, False, instance=INF2_8X, arch="llama-3-8b")
     prefills = [s for s in scheduler.recorder.steps if s.kind == PREFILL]
     assert all(s.cached_tokens == 0 and s.prefix_bucket is None for s in prefills)
     assert sorted(s.num_tokens for s in prefills) == sorted(1024 + own for own in OWN)
@@ -125,7 +127,8 @@ def test_nxdi_without_prefix_caching_computes_every_prompt_whole(tmp_path, nxdi_
 
 
 def test_vllm_neuron_pads_only_the_new_tokens_and_reads_the_prefix_in_segments(tmp_path):
-    scheduler, executor, _ = _run(tmp_path, True, instance="trn2.3xlarge", arch="llama-3-8b")
+    scheduler, executor, _ = _run(tmp_path, True, instance=get_instance("trn2.3xlarge"),
+                                  arch="llama-3-8b")
     model = executor.cost_model
     assert not model.gathers_block_kv
     buckets = scheduler.shapes.prefill_buckets
@@ -141,7 +144,7 @@ def test_vllm_neuron_pads_only_the_new_tokens_and_reads_the_prefix_in_segments(t
 
 
 def test_the_engine_and_the_target_must_agree_on_prefix_caching(tmp_path):
-    kwargs = sim_engine_kwargs(instance="inf2.8xlarge", arch="llama-3-8b",
+    kwargs = sim_engine_kwargs(instance=INF2_8X, arch="llama-3-8b",
                                max_model_len=MAX_MODEL_LEN, max_num_seqs=SEQS,
                                max_num_batched_tokens=2048, workdir=tmp_path,
                                prefix_caching=False)
@@ -151,13 +154,13 @@ def test_the_engine_and_the_target_must_agree_on_prefix_caching(tmp_path):
 
 
 def test_the_target_describes_the_block_layout():
-    target = Target.resolve(instance="inf2.8xlarge", arch="llama-3-8b",
+    target = Target.resolve(instance=INF2_8X, arch="llama-3-8b",
                             max_model_len=MAX_MODEL_LEN, max_num_seqs=SEQS, prefix_caching=True)
     kv = target.describe(num_prefill_buckets=20, num_decode_buckets=5)["kv_cache"]
     assert kv["layout"] == "block"
     assert kv["pa_num_blocks"] == SEQS * MAX_MODEL_LEN // 32 + 1
     assert Target.from_dict(target.to_dict()).prefix_caching
-    off = Target.resolve(instance="inf2.8xlarge", arch="llama-3-8b",
+    off = Target.resolve(instance=INF2_8X, arch="llama-3-8b",
                          max_model_len=MAX_MODEL_LEN, max_num_seqs=SEQS)
     assert off.describe(num_prefill_buckets=7, num_decode_buckets=7)["kv_cache"]["layout"] \
         == "static"
@@ -178,7 +181,7 @@ _workloads = st.lists(st.tuples(st.integers(0, 3),            # which shared pre
 def test_prefix_caching_keeps_the_scheduler_s_invariants(runtime, workload):
     sched = make_scheduler(NeuronScheduler, max_num_seqs=4, max_num_batched_tokens=1024,
                            max_model_len=4096, num_blocks=4 * 4096 // 32 + 1,
-                           enable_prefix_caching=True, runtime=runtime)
+                           enable_prefix_caching=True, runtime=get_runtime(runtime))
     requests = []
     for n, (group, shared, own, max_tokens) in enumerate(workload):
         prefix = [11 + (group * 977 + j) % 900 for j in range(shared)]

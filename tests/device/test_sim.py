@@ -18,6 +18,7 @@ pytest.importorskip("vllm")
 from vllm import LLM, SamplingParams  # noqa: E402
 
 from neuron_batch.device import virtual_clock  # noqa: E402
+from neuron_batch.device.architectures import get_architecture  # noqa: E402
 from neuron_batch.device.cost_model import (  # noqa: E402
     CapacityError,
     StepCostModel,
@@ -30,6 +31,7 @@ from neuron_batch.device.executor import (  # noqa: E402
     shutdown_llm,
     sim_executor,
 )
+from neuron_batch.device.hardware import get_instance  # noqa: E402
 from neuron_batch.device.target import (  # noqa: E402
     SimError,
     describe_sim,
@@ -40,7 +42,7 @@ from neuron_batch.scheduler.records import DECODE, EMPTY, PREFILL  # noqa: E402
 
 #: These tests are about the seed design's paged device (the Beta plugin's shapes);
 #: tests/device/test_sim_nxdi.py covers NxDI's static one.
-PAGED = VLLM_NEURON
+PAGED = get_runtime(VLLM_NEURON)
 MAX_MODEL_LEN = 4096
 MAX_BATCHED = 2048
 
@@ -136,8 +138,8 @@ def test_every_request_generates_exactly_max_tokens(main_run):
 
 
 def test_step_time_is_the_cost_model_time_of_the_padded_step(main_run):
-    cost = StepCostModel(load_profile("inf2.8xlarge"), "inf2.8xlarge", "llama-3-8b", 2,
-                         runtime=get_runtime(PAGED))
+    cost = StepCostModel(load_profile("inf2.8xlarge"), get_instance("inf2.8xlarge"),
+                         get_architecture("llama-3-8b"), 2, runtime=PAGED)
     steps = main_run.recorder.steps
     assert steps and steps[0].t_start == 0.0
     kinds = {s.kind for s in steps}
@@ -178,8 +180,9 @@ def test_request_ids_and_records_are_plain(main_run):
 
 # -- KV-cache handshake ------------------------------------------------------------------------
 def test_kv_handshake_answers_the_instance_kv_capacity(main_run):
-    expected = kv_capacity("inf2.8xlarge", "llama-3-8b", 2, "bf16", max_model_len=MAX_MODEL_LEN,
-                           block_size=32, cap_fraction=0.30)["num_blocks"]
+    expected = kv_capacity(get_instance("inf2.8xlarge"), get_architecture("llama-3-8b"), 2,
+                           "bf16", max_model_len=MAX_MODEL_LEN, block_size=32,
+                           cap_fraction=0.30)["num_blocks"]
     assert main_run.num_gpu_blocks == expected
     assert main_run.scheduler_blocks == expected
     assert main_run.recorder.config.num_kv_blocks == expected
@@ -193,7 +196,7 @@ def test_kv_handshake_answers_the_instance_kv_capacity(main_run):
 
 
 def test_describe_sim_reports_the_device():
-    d = describe_sim(instance="inf2.48xlarge", arch="llama-3-8b", runtime=PAGED,
+    d = describe_sim(instance=get_instance("inf2.48xlarge"), arch="llama-3-8b", runtime=PAGED,
                      max_model_len=8192, num_prefill_buckets=3, num_decode_buckets=2)
     assert d["instance"] == "inf2.48xlarge" and d["tp_degree"] == 24
     assert d["arch"] == "Llama-3-8B" and 7.9e9 < d["params"] < 8.1e9
@@ -305,7 +308,8 @@ def test_throughput_grows_with_max_num_seqs_until_kv_binds(sweep):
 def chips(workdir) -> dict[str, Run]:
     workload = [(200 + 150 * i, 24 + i) for i in range(10)]
     return {inst: run_workload(workdir, workload, max_num_seqs=4,
-                               device=dict(instance=inst, arch="llama-3-8b", runtime=PAGED))
+                               device=dict(instance=get_instance(inst), arch="llama-3-8b",
+                                           runtime=PAGED))
             for inst in ("inf2.8xlarge", "inf2.24xlarge", "inf2.48xlarge")}
 
 
@@ -385,10 +389,12 @@ from vllm import LLM, SamplingParams
 from neuron_batch.device.cost_model import StepCostModel, load_profile
 from neuron_batch.device.executor import shutdown_llm
 from neuron_batch.device.target import sim_engine_kwargs
+from neuron_batch.device.architectures import get_architecture
+from neuron_batch.device.hardware import get_instance
 from neuron_batch.runtime import get_runtime
 from neuron_batch.scheduler.records import read_records
 
-PAGED = "vllm-neuron"
+PAGED = get_runtime("vllm-neuron")
 
 if __name__ == "__main__":
     workdir = Path(sys.argv[1])
@@ -403,8 +409,8 @@ if __name__ == "__main__":
                             for _, m in workload], use_tqdm=False)
     shutdown_llm(llm)
     records = read_records(workdir / "mp.jsonl")
-    cost = StepCostModel(load_profile("inf2.8xlarge"), "inf2.8xlarge", "llama-3-8b", 2,
-                         runtime=get_runtime(PAGED))
+    cost = StepCostModel(load_profile("inf2.8xlarge"), get_instance("inf2.8xlarge"),
+                         get_architecture("llama-3-8b"), 2, runtime=PAGED)
     print(json.dumps({
         "tokens": [len(o.outputs[0].token_ids) for o in outputs],
         "expected": [m for _, m in workload],

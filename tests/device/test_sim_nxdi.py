@@ -19,6 +19,7 @@ from vllm import LLM, SamplingParams  # noqa: E402
 from neuron_batch.buckets import nxdi_default_buckets  # noqa: E402
 from neuron_batch.device.cost_model import CapacityError  # noqa: E402
 from neuron_batch.device.executor import engine_core, shutdown_llm, sim_executor  # noqa: E402
+from neuron_batch.device.hardware import get_instance  # noqa: E402
 from neuron_batch.device.target import sim_engine_kwargs  # noqa: E402
 from neuron_batch.prefix_grid import (  # noqa: E402
     default_prefill_buckets,
@@ -38,7 +39,7 @@ WORKLOAD = [(100, 12), (700, 30), (1500, 5), (128, 40), (129, 3), (3000, 9), (40
 @pytest.fixture(scope="module")
 def nxdi_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("nxdi")
-    device = dict(instance="inf2.8xlarge", arch="llama-3-8b")   # nxdi by default
+    device = dict(instance=get_instance("inf2.8xlarge"), arch="llama-3-8b")   # nxdi by default
     kwargs = sim_engine_kwargs(**device, max_model_len=MAX_MODEL_LEN, max_num_seqs=SEQS,
                                max_num_batched_tokens=512, workdir=workdir)
     llm = LLM(**kwargs)
@@ -99,7 +100,7 @@ def test_decode_runs_every_slot_and_attends_a_token_generation_bucket(nxdi_run):
 
 def test_a_layout_that_cannot_load_is_refused_with_what_fits(tmp_path):
     with pytest.raises(CapacityError, match=r"--max-num-seqs 6 at this max_model_len"):
-        sim_engine_kwargs(instance="inf2.xlarge", arch="llama-3.1-8b",
+        sim_engine_kwargs(instance=get_instance("inf2.xlarge"), arch="llama-3.1-8b",
                           max_model_len=16384, max_num_seqs=32, max_num_batched_tokens=8192,
                           workdir=tmp_path)
 

@@ -9,6 +9,7 @@ import pytest
 
 from neuron_batch.config import CostOptions, RunSettings, SimOptions
 from neuron_batch.device.cost_model import CapacityError
+from neuron_batch.device.hardware import get_instance
 from neuron_batch.device.target import TARGET_KEY, Target
 from neuron_batch.engine import neuron_host
 from neuron_batch.job.job import resolve_target
@@ -17,12 +18,13 @@ from neuron_batch.job.job import resolve_target
 OWN_CONFIG = {"_name_or_path": "my-model", "hidden_size": 4096, "intermediate_size": 14336,
               "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
               "vocab_size": 128256, "max_position_embeddings": 131072}
+INF2_8X, TRN2_3X = get_instance("inf2.8xlarge"), get_instance("trn2.3xlarge")
 
 
 @pytest.mark.parametrize("device", [
-    dict(instance="inf2.8xlarge", arch="llama-3.1-8b", max_num_seqs=6),          # nxdi, static
-    dict(instance="trn2.3xlarge", arch="llama-3.1-8b", max_num_seqs=8),          # paged
-    dict(instance="inf2.48xlarge", arch=OWN_CONFIG, tp=8, max_num_seqs=16),
+    dict(instance=INF2_8X, arch="llama-3.1-8b", max_num_seqs=6),                 # nxdi, static
+    dict(instance=TRN2_3X, arch="llama-3.1-8b", max_num_seqs=8),                 # paged
+    dict(instance=get_instance("inf2.48xlarge"), arch=OWN_CONFIG, tp=8, max_num_seqs=16),
 ])
 def test_the_serialised_form_rebuilds_the_same_target(device):
     target = Target.resolve(max_model_len=4096, **device)
@@ -45,17 +47,17 @@ def test_a_serialised_form_that_sizes_another_pool_is_refused():
 
 
 def test_another_layout_keeps_the_objects_and_sizes_its_kv_as_a_fresh_resolve():
-    target = Target.resolve(instance="inf2.8xlarge", arch="llama-3.1-8b", max_model_len=8192,
+    target = Target.resolve(instance=INF2_8X, arch="llama-3.1-8b", max_model_len=8192,
                             max_num_seqs=4)
     short = target.with_layout(2176, 40)
-    fresh = Target.resolve(instance="inf2.8xlarge", arch="llama-3.1-8b", max_model_len=2176,
+    fresh = Target.resolve(instance=INF2_8X, arch="llama-3.1-8b", max_model_len=2176,
                            max_num_seqs=40)
     assert short == fresh and short.kv == fresh.kv
     assert short.cost_model is target.cost_model and short.instance is target.instance
     assert target.static_slots(2176) == fresh.with_layout(2176, None).kv["max_static_seqs"]
     with pytest.raises(CapacityError, match="cannot load under nxdi"):
         target.with_layout(2176, target.static_slots(2176) + 1)
-    paged = Target.resolve(instance="trn2.3xlarge", arch="llama-3.1-8b", max_model_len=8192)
+    paged = Target.resolve(instance=TRN2_3X, arch="llama-3.1-8b", max_model_len=8192)
     assert paged.static_slots(2176) is None
 
 

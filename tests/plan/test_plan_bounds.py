@@ -9,11 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuron_batch.buckets import bucket_for, nxdi_default_buckets
+from neuron_batch.device.hardware import get_instance
 from neuron_batch.device.target import Target
 from neuron_batch.layout.bounds import fifo_starts, ordered_decode_bound
+from neuron_batch.runtime import get_runtime
 
-MODEL = Target.resolve(instance="inf2.8xlarge", arch="llama-3.1-8b", tp=2, runtime="nxdi",
-                       max_model_len=4096).cost_model
+MODEL = Target.resolve(instance=get_instance("inf2.8xlarge"), arch="llama-3.1-8b", tp=2,
+                       runtime=get_runtime("nxdi"), max_model_len=4096).cost_model
 
 
 def replay(prompts, outputs, slots, buckets):

@@ -279,7 +279,7 @@ def test_a_plan_takes_the_settings_fields_from_the_settings():
 def test_the_default_plan_instances_are_the_calibrated_ones_their_runtime_ships_for():
     from neuron_batch.device.hardware import INSTANCES
     from neuron_batch.plan.options import DEFAULT_INSTANCES
-    from neuron_batch.runtime import get_runtime
+    from neuron_batch.runtime import default_runtime
 
     assert DEFAULT_INSTANCES == ("inf2.xlarge", "inf2.8xlarge", "inf2.24xlarge",
                                  "inf2.48xlarge", "trn1.32xlarge")
@@ -287,7 +287,7 @@ def test_the_default_plan_instances_are_the_calibrated_ones_their_runtime_ships_
     for name in DEFAULT_INSTANCES:
         inst = INSTANCES[name]
         assert inst.calibrated
-        assert get_runtime(None, family=inst.family).not_shipped_for(name, inst.family) is None
+        assert default_runtime(inst.family).not_shipped_for(name, inst.family) is None
     plan = next(c for c in main.commands.values() if c.name == "plan")
     default = next(p for p in plan.params if p.name == "instances").default
     assert tuple(default.split(",")) == DEFAULT_INSTANCES
@@ -413,12 +413,12 @@ def test_plan_never_offers_a_layout_that_cannot_load(seqs, length):
     assert options
     for option in options:
         assert option.runtime.name == "nxdi"
-        slots = static_slots(option.instance, option.placement.target.arch, option.tp, "bf16",
-                             option.max_model_len)
+        slots = static_slots(option.placement.target.instance, option.placement.target.arch,
+                             option.tp, "bf16", option.max_model_len)
         assert option.max_num_seqs <= slots, option.name
     for placement in found:
-        fit = static_slots(placement.instance, placement.target.arch, placement.tp, "bf16",
-                           length)
+        fit = static_slots(placement.target.instance, placement.target.arch, placement.tp,
+                           "bf16", length)
         if any(s > fit for s in seqs):
             assert any(r.startswith(f"{placement.instance} TP {placement.tp} at max_model_len "
                                     f"{length}") and "cannot load under nxdi" in r
@@ -474,7 +474,8 @@ def test_split_options_weigh_every_candidate_cut_under_a_static_cache_only():
     for single in (o for o in singles if o.runtime.static_kv):
         mine = [o for o in splits if o.name.startswith(single.name + " split")]
         share = [p + o for p, o in zip(prompts[:single.share_size], outputs)]
-        slots = lambda n: min(static_slots(single.instance, arch, single.tp, "bf16", n),  # noqa: E731,B023
+        inst = single.placement.target.instance
+        slots = lambda n: min(static_slots(inst, arch, single.tp, "bf16", n),  # noqa: E731,B023
                               MAX_SHORT_SLOTS, max(sum(x <= n for x in share), 1))  # noqa: B023
         expected = cut_candidates(share, slots, single.max_model_len)
         assert [(o.split.cut, o.split.max_num_seqs) for o in mine] == expected

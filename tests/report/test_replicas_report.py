@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from neuron_batch.cli import main
 from neuron_batch.config import RunSettings, SettingsError, SimOptions
+from neuron_batch.device.hardware import get_instance
 from neuron_batch.device.replica_layout import replica_devices
 from neuron_batch.device.target import SimError
 from neuron_batch.errors import RunError
@@ -47,23 +48,23 @@ from neuron_batch.scheduler.records import RequestRecord, StepRecord
 
 # -- the simulated layout -------------------------------------------------------------------------
 def test_replicas_fill_one_instance_before_the_next():
-    labels = replica_devices("inf2.48xlarge", 4, 6, 1)
+    labels = replica_devices(get_instance("inf2.48xlarge"), 4, 6, 1)
     assert labels[0] == "sim inf2.48xlarge#0 cores 0-3"
     assert labels[-1] == "sim inf2.48xlarge#0 cores 20-23"
-    two = replica_devices("inf2.8xlarge", 2, 2, 2)
+    two = replica_devices(get_instance("inf2.8xlarge"), 2, 2, 2)
     assert two == ["sim inf2.8xlarge#0 cores 0-1", "sim inf2.8xlarge#1 cores 0-1"]
-    assert replica_devices("inf2.xlarge", 1, 2, 1)[1] == "sim inf2.xlarge#0 core 1"
+    assert replica_devices(get_instance("inf2.xlarge"), 1, 2, 1)[1] == "sim inf2.xlarge#0 core 1"
 
 
 def test_too_many_cores_is_refused_with_what_would_fit():
     with pytest.raises(SimError) as caught:
-        replica_devices("inf2.48xlarge", 24, 2, 1)
+        replica_devices(get_instance("inf2.48xlarge"), 24, 2, 1)
     message = str(caught.value)
     assert "--replicas 2 x --tensor-parallel-size 24 needs 48 NeuronCores" in message
     assert "--num-instances 2" in message and "--tensor-parallel-size 8" in message
     # cores add up (24 of 24) but an engine may not span two inf2.24xlarge
     with pytest.raises(SimError, match="1 engine of TP 8 per instance"):
-        replica_devices("inf2.24xlarge", 8, 3, 2)
+        replica_devices(get_instance("inf2.24xlarge"), 8, 3, 2)
 
 
 def test_cli_refuses_a_layout_that_does_not_fit_before_ray_starts(tmp_path):

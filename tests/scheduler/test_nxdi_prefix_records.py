@@ -19,6 +19,7 @@ from neuron_batch.prefix_grid import (  # noqa: E402
     default_tkg_buckets,
     grid_cell,
 )
+from neuron_batch.runtime import NXDI, RUNTIMES  # noqa: E402
 from neuron_batch.scheduler import NeuronScheduler  # noqa: E402
 from neuron_batch.scheduler.harness import fake_model_output, make_request, make_scheduler  # noqa: E402,E501
 from neuron_batch.scheduler.records import DECODE, PREFILL  # noqa: E402
@@ -30,7 +31,7 @@ def grid_scheduler(max_num_seqs: int, prefix_buckets=None):
     section = {"context_encoding_buckets": default_prefill_buckets(LENGTH),
                "token_generation_buckets": default_tkg_buckets(LENGTH),
                "prefix_buckets": prefix_buckets or default_prefix_buckets(LENGTH)}
-    return make_scheduler(NeuronScheduler, runtime="nxdi", max_num_seqs=max_num_seqs,
+    return make_scheduler(NeuronScheduler, runtime=RUNTIMES[NXDI], max_num_seqs=max_num_seqs,
                           max_model_len=LENGTH, block_size=BLOCK, num_blocks=20_000,
                           enable_prefix_caching=True, neuron_config=section), section
 
@@ -115,7 +116,7 @@ def test_every_prefill_records_vllm_s_hit_and_nxdi_s_cell(spec, prefix_buckets):
 
 def test_without_lists_nxdis_default_grid_is_recorded():
     # Prefix caching on and no bucket lists given: NxDI compiles its default grid.
-    scheduler = make_scheduler(NeuronScheduler, runtime="nxdi", max_num_seqs=2,
+    scheduler = make_scheduler(NeuronScheduler, runtime=RUNTIMES[NXDI], max_num_seqs=2,
                                max_model_len=LENGTH, block_size=BLOCK, num_blocks=20_000,
                                enable_prefix_caching=True)
     prompt = [9 + i % 500 for i in range(700)]

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from neuron_batch.buckets import max_kv_concurrent_requests  # noqa: E402
+from neuron_batch.runtime import NXDI, RUNTIMES  # noqa: E402
 from neuron_batch.scheduler import NeuronAsyncScheduler, NeuronScheduler, compat  # noqa: E402
 from neuron_batch.scheduler.harness import drive, make_request, make_scheduler  # noqa: E402
 
@@ -231,7 +232,7 @@ def test_nxdi_steps_are_the_shapes_nxdi_compiles(sc, cls):
     tkb = _expected_nxdi_buckets(sc["neuron_config"], "token_generation_buckets", mml)
     sched = make_scheduler(cls, max_num_seqs=seqs, max_num_batched_tokens=64,
                            max_model_len=mml, num_blocks=sc["num_blocks"], block_size=BLOCK,
-                           neuron_config=sc["neuron_config"], runtime="nxdi")
+                           neuron_config=sc["neuron_config"], runtime=RUNTIMES[NXDI])
     requests, arrivals = {}, {}
     for i, (p, o, step) in enumerate(zip(sc["prompts"], sc["outputs"], sc["arrival_steps"])):
         request = make_request(p, o, req_id=f"r{i:02d}", block_size=BLOCK)
