@@ -1,8 +1,11 @@
 """The decode bound from a share's submission order (layout/bounds.py `ordered_decode_bound`)
-against a step-by-step replay of the same first-come-first-served schedule. Pure: no engine
-(tests/plan/test_plan.py checks the bounds against simulated runs)."""
+against a step-by-step replay of the same first-come-first-served schedule, and plan's
+Tightener that applies it. Pure: no engine (tests/plan/test_plan.py checks the bounds against
+simulated runs)."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 from hypothesis import given, settings
@@ -11,6 +14,10 @@ from hypothesis import strategies as st
 from neuron_batch.buckets import bucket_for, nxdi_default_buckets
 from neuron_batch.device.target import Target
 from neuron_batch.layout.bounds import fifo_starts, ordered_decode_bound
+from neuron_batch.plan.grid import build_options, placements
+from neuron_batch.plan.options import PlanSpec
+from neuron_batch.plan.splits import split_options
+from neuron_batch.plan.tighten import Tightener
 
 MODEL = Target.resolve(instance="inf2.8xlarge", arch="llama-3.1-8b", tp=2, runtime="nxdi",
                        max_model_len=4096).cost_model
@@ -76,3 +83,29 @@ def test_in_order_admission_starts_each_request_as_early_as_it_can():
     steps, seconds = ordered_decode_bound(MODEL, [10] * 4, [6, 3, 5, 2], max_num_seqs=2,
                                           attention_buckets=None, static_kv=False)
     assert (steps, seconds) == (6, 0.0)     # paged KV: the steps only (Jensen applies)
+
+
+@pytest.mark.parametrize("order", ["input", "length"])
+def test_one_tightener_for_every_placement_gives_each_option_its_own_bound(order):
+    """What a Tightener keeps across placements (a part's requests, its schedule, the buckets
+    fitted to it) depends on the requests alone: tightening every option with one gives the
+    bounds a fresh Tightener gives each."""
+    spec = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.8xlarge", "inf2.48xlarge",
+                                                            "trn1.32xlarge"),
+                    max_num_instances=2, seqs_values=(4, 16), max_model_len=4096,
+                    max_num_batched_tokens=4096, compiled=True, order=order)
+    prompts = [30 + (i * 761) % 2500 for i in range(240)]
+    outputs = [1 + (i * 97) % 600 for i in range(240)]
+    singles = build_options(spec, placements(spec)[0], prompts, outputs, seed=0)
+    options = singles + split_options(spec, singles, prompts, outputs)
+    first = [(o.bound_s, o.bound_steps) for o in options]
+    alone = [copy.copy(o) for o in options]
+    shared = Tightener(spec, prompts, outputs)
+    for option in options:
+        shared(option)
+    for option in alone:
+        Tightener(spec, prompts, outputs)(option)
+    assert [(o.bound_s, o.bound_steps) for o in options] == \
+        [(o.bound_s, o.bound_steps) for o in alone]
+    # (and it tightens: the split options' bounds rise to their fitted buckets)
+    assert any(o.split and o.bound_s > before[0] for o, before in zip(options, first))
