@@ -30,53 +30,78 @@ from neuron_batch.plan.options import DecodePart, Option, PlanSpec
 
 
 class Tightener:
-    """Call it with an option: True when its bound rose (the search puts it back in line)."""
+    """Call it with an option: True when its bound rose (the search puts it back in line).
+    Ask again until it says False for the whole tightening: an option with a split's short
+    part rises in two steps, first with that part at its unpadded sizes (what the first bound
+    had), then at the buckets fitted to it, so the fit, the costly part, is only solved for
+    the options the first step leaves unpruned."""
 
     def __init__(self, spec: PlanSpec, prompt_lens: Sequence[int], output_lens: Sequence[int]):
         self.spec = spec
         self.prompt_lens = list(prompt_lens)       # the workload in its (shuffled) order
         self.output_lens = list(output_lens)
-        # Per placement (hardware_key), share, cut, part and slots: what `_ordered` returns.
+        # Per placement (hardware_key), share, cut, part, slots and fit: what `_ordered` gives.
         self._memo: dict[tuple, tuple[int, float, float]] = {}
         # What does not depend on the placement, shared by every one that serves the part:
         self._parts: dict[tuple, tuple[list[int], list[int]]] = {}   # (size, cut, short)
         self._fitted: dict[tuple, tuple | None] = {}     # (whole prompts?, size, cut)
-        self._stats: dict[tuple, ShareStats] = {}        # (size, cut, max_model_len)
+        self._stats: dict[tuple, ShareStats] = {}        # (size, cut)
         self._schedules: dict[tuple, FifoSchedule] = {}  # (size, cut, short, slots)
+        # id(option) -> (option, its first bound's seconds and steps, the first step's rise)
+        # for the options between the two steps
+        self._halfway: dict[int, tuple[Option, float, int, float]] = {}
 
     def __call__(self, option: Option) -> bool:
         if option.tightened or not option.decode_parts:
             return False
+        if id(option) in self._halfway:
+            _, bound_s, bound_steps, first_rise = self._halfway.pop(id(option))
+        else:
+            bound_s, bound_steps, first_rise = option.bound_s, option.bound_steps, 0.0
+            if any(part.cut is not None and part.short for part in option.decode_parts):
+                rise_s, rise_steps = self._rise(option, fit=False)
+                if rise_s > 0:
+                    option.bound_s, option.bound_steps = bound_s + rise_s, bound_steps + rise_steps
+                    self._halfway[id(option)] = (option, bound_s, bound_steps, rise_s)
+                    return True
         option.tightened = True
+        rise_s, rise_steps = self._rise(option, fit=True)
+        # (from the first bound, as one step would: the same figure whatever the steps)
+        option.bound_s, option.bound_steps = bound_s + rise_s, bound_steps + rise_steps
+        return rise_s > first_rise
+
+    def _rise(self, option: Option, *, fit: bool) -> tuple[float, int]:
+        """How much the option's bound (seconds, steps) rises over its first bound; `fit`
+        False: a split's short part at its unpadded sizes."""
         rise_s, rise_steps = 0.0, 0
         for part in option.decode_parts:
-            steps, seconds, prefill_rise = self._ordered(option, part)
+            steps, seconds, prefill_rise = self._ordered(option, part, fit)
             steps = max(steps, part.decode_steps)
             decode_s = max(part.decode_s, seconds, jensen_decode_seconds(
                 option.placement.model, part.context_sum, steps=steps,
                 max_num_seqs=part.max_num_seqs))
             rise_s += decode_s - part.decode_s + prefill_rise
             rise_steps += steps - part.decode_steps
-        option.bound_s += rise_s
-        option.bound_steps += rise_steps
-        return rise_s > 0
+        return rise_s, rise_steps
 
-    def _ordered(self, option: Option, part: DecodePart) -> tuple[int, float, float]:
+    def _ordered(self, option: Option, part: DecodePart, fit: bool
+                 ) -> tuple[int, float, float]:
         """(decode steps, decode seconds, prefill seconds above the first bound's) of a part.
         A split's short layout gets the buckets `run --split-at` fits to its requests
-        (layout/split.py fitted_buckets), so its prefill and decode are bounded at them."""
+        (layout/split.py fitted_buckets), so its prefill and decode are bounded at them
+        (`fit` False: unpadded, a lower bound for any buckets)."""
         placement, size = option.placement, option.share_size
+        fit = fit and part.cut is not None and part.short
         key = (placement.hardware_key(), size, part.cut, part.short, part.max_num_seqs,
-               part.attention_buckets)
+               part.attention_buckets, fit)
         if key not in self._memo:
             buckets, prefill_rise = part.attention_buckets, 0.0
-            if part.cut is not None and part.short:
-                fitted = self._fitted_to(placement, size, part.cut)
-                if fitted is not None:
-                    prefill_b, buckets, stats = fitted
-                    model = placement.model
-                    prefill_rise = max(0.0, prefill_seconds(model, stats, prefill_b)
-                                       - prefill_seconds(model, stats, None))
+            fitted = self._fitted_to(placement, size, part.cut) if fit else None
+            if fitted is not None:
+                prefill_b, buckets, stats = fitted
+                model = placement.model
+                prefill_rise = max(0.0, prefill_seconds(model, stats, prefill_b)
+                                   - prefill_seconds(model, stats, None))
             schedule = self._schedule(size, part.cut, part.short, part.max_num_seqs)
             self._memo[key] = (*schedule.bound(placement.model, attention_buckets=buckets,
                                                static_kv=placement.runtime.static_kv),
@@ -99,22 +124,21 @@ class Tightener:
         """(prefill buckets, attention buckets, ShareStats) of a split's short part at the
         buckets `fitted_buckets` gives it; None where the runtime keeps its defaults. (The
         optimiser's lists depend on the requests, the cut and whether prompts are whole,
-        not on the hardware.)"""
+        not on the hardware; every prompt of the part is whole in its layout of `cut`.)"""
         whole = not placement.runtime.chunked_prefill
         if (whole, size, cut) not in self._fitted:
             prompts, outputs = self._part(size, cut, True)
             prefill_b, _, fitted = fitted_buckets(
                 placement.runtime, prompts, [p + o for p, o in zip(prompts, outputs)], cut)
             self._fitted[whole, size, cut] = None if fitted is None else (prefill_b, fitted)
-        lists, mml = self._fitted[whole, size, cut], placement.max_model_len
+        lists = self._fitted[whole, size, cut]
         if lists is None:
             return None
-        if (size, cut, mml) not in self._stats:
-            prompts, outputs = self._part(size, cut, True)
-            self._stats[size, cut, mml] = ShareStats.of(
-                prompts, outputs, max_num_batched_tokens=mml, max_model_len=mml,
+        if (size, cut) not in self._stats:
+            self._stats[size, cut] = ShareStats.of(
+                *self._part(size, cut, True), max_num_batched_tokens=cut, max_model_len=cut,
                 block_size=NEURON_BLOCK_SIZE)
-        return (*lists, self._stats[size, cut, mml])
+        return (*lists, self._stats[size, cut])
 
     def _schedule(self, size: int, cut: int | None, short: bool, slots: int) -> FifoSchedule:
         """The part's FIFO schedule in the order its replica submits it."""

@@ -6,6 +6,7 @@ simulated runs)."""
 from __future__ import annotations
 
 import copy
+import zlib
 
 import pytest
 from hypothesis import given, settings
@@ -16,6 +17,7 @@ from neuron_batch.device.target import Target
 from neuron_batch.layout.bounds import fifo_starts, ordered_decode_bound
 from neuron_batch.plan.grid import build_options, placements
 from neuron_batch.plan.options import PlanSpec
+from neuron_batch.plan.search import Search, objective_key
 from neuron_batch.plan.splits import split_options
 from neuron_batch.plan.tighten import Tightener
 
@@ -109,3 +111,56 @@ def test_one_tightener_for_every_placement_gives_each_option_its_own_bound(order
         [(o.bound_s, o.bound_steps) for o in alone]
     # (and it tightens: the split options' bounds rise to their fitted buckets)
     assert any(o.split and o.bound_s > before[0] for o, before in zip(options, first))
+
+
+def test_tightening_in_two_steps_simulates_what_one_step_would():
+    """A split option's bound rises first with its short part unpadded, then at the buckets
+    fitted to it: the search simulates the same options in the same order, to the same
+    recommendation, as when each option rose at once (the last step gives the same figure),
+    having solved fewer fits."""
+    spec = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.8xlarge", "inf2.48xlarge"),
+                    max_num_instances=2, seqs_values=(4, 16), max_model_len=4096,
+                    max_num_batched_tokens=4096, compiled=True)
+    # a few long requests among short ones: splits are worth simulating, some win
+    prompts = [3300 if i % 40 == 7 else 60 + (i * 37) % 400 for i in range(240)]
+    outputs = [40 + (i * 97) % 200 for i in range(240)]
+    singles = build_options(spec, placements(spec)[0], prompts, outputs, seed=0)
+    built = singles + split_options(spec, singles, prompts, outputs)
+    # a simulation takes at least the whole bound: here 0..30% more, by name
+    whole = {}
+    for option in map(copy.copy, built):
+        tighten = Tightener(spec, prompts, outputs)
+        while tighten(option):
+            pass
+        whole[option.name] = option.bound_s * (1 + zlib.crc32(option.name.encode()) % 31 / 100)
+    hours = sorted(o.hours_for(whole[o.name]) for o in built)
+
+    def search(deadline_h, tighten, options):
+        found = Search(options, deadline_h, tighten=tighten)
+        simulated = []
+        while (option := found.next()) is not None:
+            simulated.append((option.name, option.bound_s))
+            found.done(option, {"replica_s": whole[option.name]})
+        return simulated, found.best_option.name, len(found.pruned)
+
+    def at_once(tighten):
+        """`tighten` taken to its end at each call."""
+        def tighten_all(option):
+            rose = False
+            while tighten(option):
+                rose = True
+            return rose
+        return tighten_all
+
+    halfway = wins = 0
+    for deadline_h in (hours[0] / 2, hours[len(hours) // 3], hours[-1] * 2):
+        staged = [copy.copy(o) for o in built]
+        got = search(deadline_h, Tightener(spec, prompts, outputs), staged)
+        wins += " split" in got[1]
+        assert got == search(deadline_h, at_once(Tightener(spec, prompts, outputs)),
+                             [copy.copy(o) for o in built])
+        assert got[1] == min(built, key=lambda o: (objective_key(
+            o.hours_for(whole[o.name]), o.usd_for(whole[o.name]), deadline_h), o.name)).name
+        halfway += sum(o.split is not None and not o.tightened and o.bound_s > first.bound_s
+                       for o, first in zip(staged, built))
+    assert halfway and wins     # some splits pruned without their fit, and one recommended
