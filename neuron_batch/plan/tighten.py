@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from neuron_batch.choices import Order
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
 from neuron_batch.layout.bounds import (
     FifoSchedule,
@@ -27,6 +28,11 @@ from neuron_batch.layout.bounds import (
 )
 from neuron_batch.layout.split import fitted_buckets
 from neuron_batch.plan.options import DecodePart, Option, PlanSpec
+
+#: The submission orders a share is replayed in (PlanSpec.in_order): prefix order groups the
+#: requests by their tokens, which the bounds do not see, and the schedule of another order is
+#: no bound on its run (an option with caching on, or --order prefix, keeps its first bound).
+REPLAYED = (Order.INPUT, Order.LENGTH)
 
 
 class Tightener:
@@ -54,6 +60,8 @@ class Tightener:
     def __call__(self, option: Option) -> bool:
         if option.tightened or not option.decode_parts:
             return False
+        if Order.lookup(option.order or self.spec.order) not in REPLAYED:
+            return False    # its schedule is not the one replayed here: its first bound stands
         if id(option) in self._halfway:
             _, bound_s, bound_steps, first_rise = self._halfway.pop(id(option))
         else:

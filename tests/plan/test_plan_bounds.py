@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import zlib
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from neuron_batch.buckets import bucket_for, nxdi_default_buckets
 from neuron_batch.device.target import Target
+from neuron_batch.inputs.prefix import prefix_order
 from neuron_batch.layout.bounds import fifo_starts, ordered_decode_bound
 from neuron_batch.plan.grid import build_options, placements
 from neuron_batch.plan.options import PlanSpec
@@ -164,3 +166,36 @@ def test_tightening_in_two_steps_simulates_what_one_step_would():
         halfway += sum(o.split is not None and not o.tightened and o.bound_s > first.bound_s
                        for o, first in zip(staged, built))
     assert halfway and wins     # some splits pruned without their fit, and one recommended
+
+
+def test_an_order_the_tightener_cannot_replay_keeps_its_first_bound():
+    """Prefix order (an option with caching on, --order prefix) groups requests by their
+    tokens, which the bounds do not see. Here it runs the long request beside the first one
+    (they share a prefix) and finishes sooner than input order does: the input order's
+    schedule would bound it above its run, so its first bound stands."""
+    spec = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.8xlarge",),
+                    max_num_instances=1, seqs_values=(2,), max_model_len=1024,
+                    max_num_batched_tokens=1024, compiled=True, splits=False)
+    shared = list(range(64))            # two whole 32-token blocks
+    tokens = [shared + [1000] * 36] + [[2000 + i] * 100 for i in range(4)] + [shared + [3000] * 36]
+    outputs = [20, 20, 20, 20, 20, 100]
+    prompts = [len(t) for t in tokens]
+    order = prefix_order(tokens)
+    assert order == [0, 5, 1, 2, 3, 4]
+
+    def tightened(spec, prompts, outputs, **changes):
+        option = replace(build_options(spec, placements(spec)[0], prompts, outputs,
+                                       seed=0)[0], **changes)
+        first = option.bound_s
+        while Tightener(spec, prompts, outputs)(option):
+            pass
+        return first, option.bound_s
+
+    # the prefix-order run's own bound: its requests replayed in the order it submits them
+    _, prefix_run = tightened(spec, [prompts[i] for i in order], [outputs[i] for i in order])
+    first, input_run = tightened(spec, prompts, outputs)
+    assert input_run > prefix_run > first
+    for option_order, plan_order in (("prefix", "input"), (None, "prefix")):
+        kept, bound = tightened(PlanSpec(**{**spec.__dict__, "order": plan_order}), prompts,
+                                outputs, order=option_order)
+        assert bound == kept == first <= prefix_run
