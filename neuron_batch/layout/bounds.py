@@ -85,11 +85,27 @@ class ShareStats:
         """The statistics of both groups of requests together (every field is a sum), for
         groups computed with the same max_num_batched_tokens and a max_model_len that holds
         every request of both."""
-        return ShareStats(*(a + b for a, b in zip(
+        return ShareStats(*self._counts_plus(other), self.chunks + other.chunks)
+
+    def _counts_plus(self, other: ShareStats) -> tuple[int, ...]:
+        return tuple(a + b for a, b in zip(
             (self.num_requests, self.output_tokens, self.input_tokens, self.decode_tokens,
-             self.context_sum, self.reserve_request_area, self.chunks),
+             self.context_sum, self.reserve_request_area),
             (other.num_requests, other.output_tokens, other.input_tokens, other.decode_tokens,
-             other.context_sum, other.reserve_request_area, other.chunks))))
+             other.context_sum, other.reserve_request_area)))
+
+    @classmethod
+    def running_sums(cls, groups: Sequence[ShareStats]) -> list[ShareStats]:
+        """groups[0], groups[0] + groups[1], ...: what `+` gives (its chunks in the same
+        order, so sums over them come out the same), each from the one before by adding only
+        the next group's chunks."""
+        out, total = [], cls.empty()
+        for group in groups:
+            chunks = Counter(total.chunks)      # (a copy: the sums before keep theirs)
+            chunks.update(group.chunks)         # (counts are positive, as `+` keeps them)
+            total = cls(*total._counts_plus(group), chunks)
+            out.append(total)
+        return out
 
     @classmethod
     def empty(cls) -> ShareStats:

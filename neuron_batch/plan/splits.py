@@ -110,15 +110,8 @@ def _cuts(spec: PlanSpec, placement: InstanceFit, prompts: Sequence[int],
     stats = [ShareStats.of([prompts[i] for i in g], [outputs[i] for i in g],
                            max_num_batched_tokens=mml, max_model_len=mml,
                            block_size=NEURON_BLOCK_SIZE) for g in groups]
-    short, shorts = ShareStats.empty(), []
-    for group in stats[:-1]:
-        short = short + group
-        shorts.append(short)
-    long, longs = ShareStats.empty(), []
-    for group in reversed(stats[1:]):
-        long = long + group
-        longs.append(long)
-    longs.reverse()
+    shorts = ShareStats.running_sums(stats[:-1])
+    longs = ShareStats.running_sums(stats[:0:-1])[::-1]
     out = []
     members = 0
     prompt_sizes: set[int] = set()     # the short part's distinct sizes so far (what

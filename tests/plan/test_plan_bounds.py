@@ -16,7 +16,12 @@ from hypothesis import strategies as st
 from neuron_batch.buckets import bucket_for, nxdi_default_buckets
 from neuron_batch.device.target import Target
 from neuron_batch.inputs.prefix import prefix_order
-from neuron_batch.layout.bounds import fifo_starts, ordered_decode_bound
+from neuron_batch.layout.bounds import (
+    ShareStats,
+    fifo_starts,
+    ordered_decode_bound,
+    prefill_seconds,
+)
 from neuron_batch.plan.grid import build_options, placements
 from neuron_batch.plan.options import PlanSpec
 from neuron_batch.plan.search import Search, objective_key
@@ -199,3 +204,17 @@ def test_an_order_the_tightener_cannot_replay_keeps_its_first_bound():
         kept, bound = tightened(PlanSpec(**{**spec.__dict__, "order": plan_order}), prompts,
                                 outputs, order=option_order)
         assert bound == kept == first <= prefix_run
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(requests, min_size=1, max_size=6))
+def test_running_sums_are_the_sums_in_the_same_order(groups):
+    """A split's parts sum their groups' statistics cut by cut (plan/splits.py): the running
+    sums are what `+` gives, their chunks in the same order (a sum over them the same bits)."""
+    stats = [ShareStats.of([p for p, _ in g], [o for _, o in g], max_num_batched_tokens=512,
+                           max_model_len=4096, block_size=32) for g in groups]
+    total = ShareStats.empty()
+    for group, running in zip(stats, ShareStats.running_sums(stats)):
+        total = total + group
+        assert running == total and list(running.chunks.items()) == list(total.chunks.items())
+        assert prefill_seconds(MODEL, running, None) == prefill_seconds(MODEL, total, None)
