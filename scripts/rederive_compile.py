@@ -6,10 +6,12 @@ compile" columns are recomputed, each layout from its graph counts. Prints old a
 
 - the split tables (results/examples/length-split-conv-trace/bench_length_split.json);
 - the nxdi sweep's "cheapest with compile" (results/examples/sweep-nxdi-inf2.8xlarge/sweep.csv);
-- the plan example's simulated options (results/examples/plan-conv-trace/plan-8h.csv);
 - `--split-at auto`'s choice on the whole trace and the side-by-side placement on its first
   3,000 requests: the step-time estimate again (layout/split.py choose_cut, placement.choose),
   a few seconds to a minute, nothing simulated.
+
+(The plan example, results/examples/plan-conv-trace, is made under this start-up itself since
+2026-12-02: nothing of it to re-derive.)
 
     PYTHONPATH=. .venv/bin/python scripts/rederive_compile.py [--skip-estimates]
 """
@@ -105,60 +107,6 @@ def sweep() -> None:
           f"{min(table, key=lambda r: r[4])[0]}")
 
 
-def plan() -> None:
-    path = EXAMPLES / "plan-conv-trace" / "plan-8h.csv"
-    rows = [r for r in csv.DictReader(path.open()) if r["status"] == "simulated"]
-    print("\nplan-conv-trace (simulated options): hours and USD old -> new")
-    for row in rows:
-        instance, tp, n = row["instance"], int(row["tensor_parallel_size"]), int(
-            row["num_instances"])
-        prefill = len(row["prefill_buckets"].split(","))
-        decode = len(row["attention_buckets"].split(","))
-        old_c = float(row["compile_hours"])
-        run_h = float(row["hours"]) - old_c
-        for compiled in (False, True):
-            new = startup_s(instance, tp, prefill, decode, compiled)
-            label = "compiled fresh" if not compiled else "--compiled"
-            if new is None:
-                print(f"  {row['name']:<30} {label}: no estimate (its host cannot compile "
-                      f"{ARCH})")
-                continue
-            hours = run_h + new / 3600
-            usd = hours * float(row["price_per_hour_usd"]) * n
-            print(f"  {row['name']:<30} {label}: {float(row['hours']):.2f} -> {hours:.2f} h "
-                  f"(start-up {old_c:.2f} -> {new / 3600:.2f} h), ${float(row['usd']):.2f} -> "
-                  f"${usd:.2f}")
-
-
-def plan_bounds() -> None:
-    """Every option of the stored plan re-ranked by its lower bounds with the new start-up
-    (the pruned ones were never simulated: their bounds are all the plan kept)."""
-    from neuron_batch.device.compile_time import host_memory_warning
-
-    path = EXAMPLES / "plan-conv-trace" / "plan-8h.csv"
-    rows = list(csv.DictReader(path.open()))
-    for compiled in (False, True):
-        ranked = []
-        for row in rows:
-            instance, n = row["instance"], int(row["num_instances"])
-            if not compiled and host_memory_warning(get_instance(instance), LLAMA):
-                continue
-            new = startup_s(instance, int(row["tensor_parallel_size"]),
-                            len(row["prefill_buckets"].split(",")),
-                            len(row["attention_buckets"].split(",")), compiled)
-            old_c = float(row["compile_hours"])
-            hours = float(row["hours_at_least"]) - old_c + new / 3600
-            usd = hours * float(row["price_per_hour_usd"]) * n
-            if hours <= 8.0:
-                ranked.append((usd, hours, row["name"], row["status"]))
-        ranked.sort()
-        label = "--compiled" if compiled else "compiled fresh (inf2.xlarge left out)"
-        print(f"\nplan-conv-trace, lower bounds meeting 8 h, {label}: the 5 cheapest of "
-              f"{len(ranked)}")
-        for usd, hours, name, status in ranked[:5]:
-            print(f"  {name:<32} at least {hours:.2f} h, ${usd:.2f} ({status})")
-
-
 def estimates() -> None:
     """choose_cut on the whole trace, and the side-by-side placement on 3,000 requests."""
     from neuron_batch.config import RunSettings, SimOptions
@@ -203,8 +151,6 @@ def main() -> None:
     args = parser.parse_args()
     split_tables()
     sweep()
-    plan()
-    plan_bounds()
     if not args.skip_estimates:
         estimates()
 

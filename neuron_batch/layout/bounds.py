@@ -85,11 +85,27 @@ class ShareStats:
         """The statistics of both groups of requests together (every field is a sum), for
         groups computed with the same max_num_batched_tokens and a max_model_len that holds
         every request of both."""
-        return ShareStats(*(a + b for a, b in zip(
+        return ShareStats(*self._counts_plus(other), self.chunks + other.chunks)
+
+    def _counts_plus(self, other: ShareStats) -> tuple[int, ...]:
+        return tuple(a + b for a, b in zip(
             (self.num_requests, self.output_tokens, self.input_tokens, self.decode_tokens,
-             self.context_sum, self.reserve_request_area, self.chunks),
+             self.context_sum, self.reserve_request_area),
             (other.num_requests, other.output_tokens, other.input_tokens, other.decode_tokens,
-             other.context_sum, other.reserve_request_area, other.chunks))))
+             other.context_sum, other.reserve_request_area)))
+
+    @classmethod
+    def running_sums(cls, groups: Sequence[ShareStats]) -> list[ShareStats]:
+        """groups[0], groups[0] + groups[1], ...: what `+` gives (its chunks in the same
+        order, so sums over them come out the same), each from the one before by adding only
+        the next group's chunks."""
+        out, total = [], cls.empty()
+        for group in groups:
+            chunks = Counter(total.chunks)      # (a copy: the sums before keep theirs)
+            chunks.update(group.chunks)         # (counts are positive, as `+` keeps them)
+            total = cls(*total._counts_plus(group), chunks)
+            out.append(total)
+        return out
 
     @classmethod
     def empty(cls) -> ShareStats:
@@ -100,8 +116,20 @@ def prefill_seconds(model, stats: ShareStats, buckets: Sequence[int] | None) -> 
     """Exactly what the prefill steps cost: every chunk at its padded bucket and prior KV.
     Buckets None: each chunk at its own size, a lower bound for any buckets (a prefill's
     time grows with its padded size)."""
-    return sum(count * model.prefill_time(bucket_for(size, buckets) if buckets else size,
-                                          prior)
+    if not buckets:
+        return sum(count * model.prefill_time(size, prior)
+                   for (size, prior), count in stats.chunks.items())
+    # Many chunks share a bucket: each (bucket, prior)'s step time is asked of the model once
+    # (the same terms, summed in the same order, as without the memo).
+    times: dict[tuple[int, int], float] = {}
+
+    def step_s(padded: int, prior: int) -> float:
+        key = (padded, prior)
+        if key not in times:
+            times[key] = model.prefill_time(padded, prior)
+        return times[key]
+
+    return sum(count * step_s(bucket_for(size, buckets), prior)
                for (size, prior), count in stats.chunks.items())
 
 
@@ -137,28 +165,71 @@ def fifo_starts(decode_steps: Sequence[int], max_num_seqs: int) -> list[int]:
     return starts
 
 
+class FifoSchedule:
+    """Requests in their submission order admitted first come, first served into
+    `max_num_seqs` slots (`fifo_starts`): its length in decode steps and, for a static KV
+    cache, the stretches its time is summed over. What it holds depends on the requests and
+    the slots only, so a plan computes it once for every placement that serves them."""
+
+    def __init__(self, prompt_lens: Sequence[int], output_lens: Sequence[int],
+                 max_num_seqs: int):
+        self.max_num_seqs = max_num_seqs
+        self._prompts = list(prompt_lens)
+        self._steps_of = [max(o - 1, 0) for o in output_lens]
+        self._starts = fifo_starts(self._steps_of, max_num_seqs)
+        self.length = max((s + d for s, d in zip(self._starts, self._steps_of)), default=0)
+        self._stretches: list[tuple[int, int]] | None = None
+
+    def stretches(self) -> list[tuple[int, int]]:
+        """(first, count) for each stretch between two starts or finishes with a request
+        running: its set of running requests is fixed, so the longest position + 1 is
+        `first` at its first step and grows by one a step, for `count` steps (the request
+        with the largest prompt + 1 - start). Computed on first use."""
+        if self._stretches is not None:
+            return self._stretches
+        starts, steps_of, prompts = self._starts, self._steps_of, self._prompts
+        ends = sorted(s + d for s, d in zip(starts, steps_of) if d)
+        times = sorted(set(starts) | set(ends))
+        running: list[tuple[int, int]] = []      # (-(prompt + 1 - start), end): a max-heap
+        out: list[tuple[int, int]] = []
+        j, n = 0, len(starts)
+        for at, until in zip(times, times[1:]):
+            while j < n and starts[j] <= at:
+                if steps_of[j]:
+                    heapq.heappush(running, (-(prompts[j] + 1 - starts[j]),
+                                             starts[j] + steps_of[j]))
+                j += 1
+            while running and running[0][1] <= at:
+                heapq.heappop(running)
+            if running:
+                out.append((at - running[0][0], until - at))
+        self._stretches = out
+        return out
+
+    def bound(self, model, *, attention_buckets: Sequence[int] | None, static_kv: bool
+              ) -> tuple[int, float]:
+        """`ordered_decode_bound` of this schedule on `model`."""
+        if not static_kv or self.length == 0:
+            return self.length, 0.0
+        return self.length, _static_decode_seconds(model, self.stretches(), self.max_num_seqs,
+                                                   attention_buckets)
+
+
 def ordered_decode_bound(model, prompt_lens: Sequence[int], output_lens: Sequence[int], *,
                          max_num_seqs: int, attention_buckets: Sequence[int] | None,
                          static_kv: bool) -> tuple[int, float]:
     """(decode steps, decode seconds) at least, for requests in the order they are submitted:
     the FIFO schedule's length and, under a static KV cache, its time step by step (module
     docstring); 0 seconds otherwise (the caller's Jensen bound over those steps applies)."""
-    steps_of = [max(o - 1, 0) for o in output_lens]
-    starts = fifo_starts(steps_of, max_num_seqs)
-    steps = max((s + d for s, d in zip(starts, steps_of)), default=0)
-    if not static_kv or steps == 0:
-        return steps, 0.0
-    return steps, _static_decode_seconds(model, prompt_lens, steps_of, starts, max_num_seqs,
-                                         attention_buckets)
+    return FifoSchedule(prompt_lens, output_lens, max_num_seqs).bound(
+        model, attention_buckets=attention_buckets, static_kv=static_kv)
 
 
-def _static_decode_seconds(model, prompt_lens, steps_of, starts, slots: int,
+def _static_decode_seconds(model, stretches: Sequence[tuple[int, int]], slots: int,
                            buckets: Sequence[int] | None) -> float:
-    """The decode time of the FIFO schedule `starts` under a static KV cache. Between two
-    starts or finishes the running set is fixed and the longest position + 1 grows by one a
-    step (the request with the largest prompt + 1 - start), so each such stretch costs the
-    steps in each bucket it crosses (buckets None: by convexity at least its steps at the
-    stretch's mean position)."""
+    """The decode time of a FIFO schedule's `stretches` (`FifoSchedule.stretches`) under a
+    static KV cache: each costs the steps in each bucket it crosses (buckets None: by
+    convexity at least its steps at the stretch's mean position)."""
     cost: dict[int, float] = {}
 
     def step_s(attended: float) -> float:
@@ -169,21 +240,8 @@ def _static_decode_seconds(model, prompt_lens, steps_of, starts, slots: int,
             cost[attended] = step_s(attended)
         return cost[attended]
 
-    ends = sorted(s + d for s, d in zip(starts, steps_of) if d)
-    times = sorted(set(starts) | set(ends))
-    running: list[tuple[int, int]] = []      # (-(prompt + 1 - start), end): a max-heap
-    total, j, n = 0.0, 0, len(starts)
-    for at, until in zip(times, times[1:]):
-        while j < n and starts[j] <= at:
-            if steps_of[j]:
-                heapq.heappush(running, (-(prompt_lens[j] + 1 - starts[j]),
-                                         starts[j] + steps_of[j]))
-            j += 1
-        while running and running[0][1] <= at:
-            heapq.heappop(running)
-        if not running:
-            continue
-        first, count = at - running[0][0], until - at      # positions first .. first+count-1
+    total = 0.0
+    for first, count in stretches:      # positions first .. first+count-1
         if not buckets:
             total += count * step_s(first + (count - 1) / 2)
             continue

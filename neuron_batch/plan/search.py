@@ -57,8 +57,8 @@ class Search:
         self.deadline_h = deadline_h
         self.prune = prune          # False: simulate everything (to check what pruning drops)
         self.speculate = prune      # hold options back that the running ones would likely prune
-        # option -> whether its bound rose (plan/tighten.py): asked of each option once it
-        # heads the queue unpruned, before it is simulated
+        # option -> whether its bound rose (plan/tighten.py): asked of each option each time
+        # it heads the queue unpruned, until it says no, before it is simulated
         self.tighten = tighten
         self.queue = sorted((o for o in options if o.skip_reason is None), key=self._key)
         self.results: dict[tuple, dict[str, Any]] = {}     # sim_key -> result
@@ -74,8 +74,8 @@ class Search:
         while self.queue:
             option = self.queue[0]
             if option.sim_key in self.results:      # simulated already: its figures are free
-                if self.tighten is not None:
-                    self.tighten(option)            # (its own bound, reported beside them)
+                while self.tighten is not None and self.tighten(option):
+                    pass                            # (its own bound, reported beside them)
                 self._settle(self.queue.pop(0), self.results[option.sim_key])
                 continue
             if self.prune and cannot_beat(option.hours_bound, option.usd_bound, self.best,

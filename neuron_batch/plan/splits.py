@@ -21,13 +21,28 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from neuron_batch.buckets import nxdi_default_buckets
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
-from neuron_batch.layout.bounds import ShareStats, replica_bound
+from neuron_batch.layout.bounds import ReplicaBound, ShareStats, replica_bound
 from neuron_batch.layout.split import CUT_STEP, MAX_SHORT_SLOTS, cut_candidates, fitted_count
 from neuron_batch.plan.options import DecodePart, InstanceFit, Option, PlanSpec, SplitLayout
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """One candidate cut of a share on one hardware (`InstanceFit.hardware_key`): what does
+    not depend on the instance's host or on the single option split."""
+
+    cut: int
+    max_num_seqs: int                   # the short layout's slots
+    requests: int                       # of the share, in the short layout
+    num_prefill: int                    # its fitted lists' lengths (`fitted_count`)
+    num_graphs: int
+    short_stats: ShareStats
+    long_stats: ShareStats
+    short: ReplicaBound                 # the short part's bound (the same for every single)
 
 
 def split_options(spec: PlanSpec, singles: Sequence[Option], prompt_lens: Sequence[int],
@@ -37,7 +52,13 @@ def split_options(spec: PlanSpec, singles: Sequence[Option], prompt_lens: Sequen
     if not spec.splits:
         return []
     out: list[Option] = []
-    cache: dict[tuple, list] = {}
+    # Singles of the same hardware and share (other instances of the chip, other slots and
+    # prefill lists) have the same cuts and short parts: each is bounded once, each long
+    # part once per prefill lists and slots, each layout's start-up once per instance (its
+    # host compiles).
+    cuts: dict[tuple, list[_Cut]] = {}
+    layouts: dict[tuple, list[SplitLayout]] = {}
+    longs: dict[tuple, ReplicaBound] = {}
     for single in singles:
         placement = single.placement
         # (whole prompts: the short layout's lists are fitted, layout/split.py)
@@ -45,20 +66,31 @@ def split_options(spec: PlanSpec, singles: Sequence[Option], prompt_lens: Sequen
                 or single.skip_reason):
             continue
         key = (placement.hardware_key(), single.share_size)
-        if key not in cache:
-            cache[key] = _short_layouts(spec, placement, prompt_lens[:single.share_size],
-                                        output_lens[:single.share_size])
-        for layout, short_stats, long_stats in cache[key]:
-            out.append(_option(spec, single, layout, short_stats, long_stats))
+        if key not in cuts:
+            cuts[key] = _cuts(spec, placement, prompt_lens[:single.share_size],
+                              output_lens[:single.share_size])
+        on_host = (*key, placement.instance)
+        if on_host not in layouts:
+            layouts[on_host] = [_layout(spec, placement, cut) for cut in cuts[key]]
+        for index, (cut, layout) in enumerate(zip(cuts[key], layouts[on_host])):
+            long_key = (*key, index, single.prefill_buckets, single.max_num_seqs)
+            if long_key not in longs:
+                longs[long_key] = replica_bound(
+                    placement.model, cut.long_stats, prefill_buckets=single.prefill_buckets,
+                    max_num_seqs=single.max_num_seqs,
+                    num_blocks=placement.pool_blocks(single.max_num_seqs),
+                    block_size=NEURON_BLOCK_SIZE, max_model_len=placement.max_model_len,
+                    kv_reserve=spec.kv_reserve)
+            out.append(_option(single, layout, cut, longs[long_key]))
     return out
 
 
-def _short_layouts(spec: PlanSpec, placement: InstanceFit, prompts: Sequence[int],
-                   outputs: Sequence[int]) -> list[tuple[SplitLayout, ShareStats, ShareStats]]:
-    """Each candidate cut's short layout for this share, with both parts' statistics. The
-    requests are grouped by the cuts they fall between, each group's statistics computed
-    once and summed (every prompt is whole under both layouts' budgets, so a group's figures
-    do not depend on the layout it runs in)."""
+def _cuts(spec: PlanSpec, placement: InstanceFit, prompts: Sequence[int],
+          outputs: Sequence[int]) -> list[_Cut]:
+    """Each candidate cut of this share, with both parts' statistics and the short part's
+    bound. The requests are grouped by the cuts they fall between, each group's statistics
+    computed once and summed (every prompt is whole under both layouts' budgets, so a
+    group's figures do not depend on the layout it runs in)."""
     lengths = [p + o for p, o in zip(prompts, outputs)]
     mml = placement.max_model_len
     fits = sorted(lengths)
@@ -78,47 +110,45 @@ def _short_layouts(spec: PlanSpec, placement: InstanceFit, prompts: Sequence[int
     stats = [ShareStats.of([prompts[i] for i in g], [outputs[i] for i in g],
                            max_num_batched_tokens=mml, max_model_len=mml,
                            block_size=NEURON_BLOCK_SIZE) for g in groups]
-    layouts = []
-    short, shorts = ShareStats.empty(), []
-    for group in stats[:-1]:
-        short = short + group
-        shorts.append(short)
-    long, longs = ShareStats.empty(), []
-    for group in reversed(stats[1:]):
-        long = long + group
-        longs.append(long)
-    longs.reverse()
+    shorts = ShareStats.running_sums(stats[:-1])
+    longs = ShareStats.running_sums(stats[:0:-1])[::-1]
+    out = []
+    members = 0
+    prompt_sizes: set[int] = set()     # the short part's distinct sizes so far (what
+    length_sizes: set[int] = set()     # fitted_count counts), grown group by group
     for index, (cut, slots) in enumerate(cuts):
-        members = [i for g in groups[:index + 1] for i in g]
+        members += len(groups[index])
+        prompt_sizes.update(prompts[i] for i in groups[index])
+        length_sizes.update(lengths[i] for i in groups[index])
         per_list = len(nxdi_default_buckets(cut))
-        num_prefill = fitted_count([prompts[i] for i in members], per_list, cut)
-        graphs = placement.runtime.num_graphs(
-            num_prefill, 1, fitted_count([lengths[i] for i in members], per_list, cut))
-        compile_s = float(placement.target.compile_estimate(
-            num_prefill, 1, graphs, compiled=spec.compiled)["estimated_compile_s"])
-        layouts.append((SplitLayout(cut, slots, len(members), graphs, compile_s),
-                        shorts[index], longs[index]))
-    return layouts
+        num_prefill = fitted_count(prompt_sizes, per_list, cut)
+        graphs = placement.runtime.num_graphs(num_prefill, 1,
+                                              fitted_count(length_sizes, per_list, cut))
+        bound = replica_bound(placement.model, shorts[index], prefill_buckets=None,
+                              max_num_seqs=slots,
+                              num_blocks=slots * -(-cut // NEURON_BLOCK_SIZE) + 1,
+                              block_size=NEURON_BLOCK_SIZE, max_model_len=cut,
+                              kv_reserve=spec.kv_reserve)
+        out.append(_Cut(cut, slots, members, num_prefill, graphs, shorts[index], longs[index],
+                        bound))
+    return out
 
 
-def _option(spec: PlanSpec, single: Option, layout: SplitLayout, short_stats: ShareStats,
-            long_stats: ShareStats) -> Option:
-    """`single` with the requests of length <= layout.cut moved to the short layout first."""
-    placement, model = single.placement, single.placement.model
-    short = replica_bound(model, short_stats, prefill_buckets=None,
-                          max_num_seqs=layout.max_num_seqs,
-                          num_blocks=layout.max_num_seqs * -(-layout.cut // NEURON_BLOCK_SIZE)
-                          + 1, block_size=NEURON_BLOCK_SIZE, max_model_len=layout.cut,
-                          kv_reserve=spec.kv_reserve)
-    long = replica_bound(model, long_stats, prefill_buckets=single.prefill_buckets,
-                         max_num_seqs=single.max_num_seqs,
-                         num_blocks=placement.pool_blocks(single.max_num_seqs),
-                         block_size=NEURON_BLOCK_SIZE, max_model_len=placement.max_model_len,
-                         kv_reserve=spec.kv_reserve)
+def _layout(spec: PlanSpec, placement: InstanceFit, cut: _Cut) -> SplitLayout:
+    """The short layout of `cut` on this placement's instance, with its start-up there."""
+    compile_s = float(placement.target.compile_estimate(
+        cut.num_prefill, 1, cut.num_graphs, compiled=spec.compiled)["estimated_compile_s"])
+    return SplitLayout(cut.cut, cut.max_num_seqs, cut.requests, cut.num_graphs, compile_s)
+
+
+def _option(single: Option, layout: SplitLayout, cut: _Cut, long: ReplicaBound) -> Option:
+    """`single` with the requests of length <= layout.cut moved to the short layout first
+    (`long`: the bound of the rest in the single's layout)."""
+    short = cut.short
     parts = (DecodePart(layout.cut, True, layout.max_num_seqs, None, short.decode_s,
-                        short.decode_steps, short_stats.context_sum),
+                        short.decode_steps, cut.short_stats.context_sum),
              DecodePart(layout.cut, False, single.max_num_seqs, single.attention_buckets,
-                        long.decode_s, long.decode_steps, long_stats.context_sum))
+                        long.decode_s, long.decode_steps, cut.long_stats.context_sum))
     return replace(single, name=f"{single.name} split{layout.cut}xS{layout.max_num_seqs}",
                    compile_s=single.compile_s + layout.compile_s,
                    bound_s=short.seconds + long.seconds, bound_steps=short.steps + long.steps,

@@ -489,3 +489,31 @@ def test_split_options_weigh_every_candidate_cut_under_a_static_cache_only():
                                                    [n for _, n in short], option.split.cut)
             assert option.split.num_graphs == len(prefill) + len(attention)
             assert option.sim_key != single.sim_key and option.max_num_seqs == single.max_num_seqs
+
+
+def test_a_split_layout_starts_up_on_its_own_instances_host():
+    """inf2.xlarge and inf2.8xlarge share a chip, so their splits share bounds, but not a host:
+    each split's compile is its own host's (4 or 32 compile workers), as when its instance is
+    planned alone."""
+    from neuron_batch.plan.splits import split_options
+
+    spec = PlanSpec(architecture="tinyllama-1.1b", instances=("inf2.xlarge", "inf2.8xlarge"),
+                    max_num_instances=1, seqs_values=(8,), max_model_len=2048)
+    prompts = [200 + (i * 397) % 1200 for i in range(300)] + [1900]
+    outputs = [20 + i % 50 for i in range(301)]
+
+    def splits(spec):
+        singles = build_options(spec, placements(spec)[0], prompts, outputs, seed=0)
+        return {o.name: o for o in split_options(spec, singles, prompts, outputs)}
+
+    both = splits(spec)
+    for instance in spec.instances:
+        alone = splits(PlanSpec(**{**spec.__dict__, "instances": (instance,)}))
+        assert alone and all((both[name].compile_s, both[name].bound_s)
+                             == (option.compile_s, option.bound_s)
+                             for name, option in alone.items())
+    small = {name.replace("inf2.xlarge", "inf2.8xlarge"): option
+             for name, option in both.items() if "inf2.xlarge" in name}
+    assert all(both[name].bound_s == option.bound_s for name, option in small.items())
+    assert any(both[name].split.compile_s < option.split.compile_s
+               for name, option in small.items())
