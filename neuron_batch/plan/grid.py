@@ -2,7 +2,7 @@
 the model, replicas filling the instance's cores, 1..N instances, every max_num_seqs, with the
 prefill buckets the exact optimiser picks and one decode bucket; each with its lower bounds on
 time and cost. Pure Python (device/ and bench/ only, no vLLM): the whole grid is built and
-bounded in about a second, before anything is simulated.
+bounded in seconds, before anything is simulated.
 
 Choices made here, and why:
 - Replicas per instance = cores // TP: idle cores earn nothing, and replicas are independent.

@@ -224,9 +224,11 @@ def format_plan(data: dict[str, Any]) -> str:
                      + ("; --compiled: loading only)" if meta.get("compiled") else ")"))
         if len(headers) > len(_HEADERS):
             lines.append("  cache = prefix caching on (in the order named; name ends +PC) or off")
-        if any(r.get("split") for r in rows):
-            lines.append("  S and L as 52+7 and 2176+14208: a job split by length, the short "
-                         "layout first (run --split-at); prefill buckets are the long one's")
+        split = next((cells for cells, r in zip(body, rows) if r.get("split")), None)
+        if split is not None:       # (the first split row's own figures as the example)
+            lines.append(f"  S and L as {split[4]} and {split[5]}: a job split by length, the "
+                         f"short layout first (run --split-at); prefill buckets are the long "
+                         f"one's")
     lines += _closest_not_simulated(data)
     lines.append("")
     for paragraph in recommendation_words(data):

@@ -85,6 +85,16 @@ def test_split_bounds_hold_and_pruning_keeps_the_optimum(unpruned_splits):
         assert pruned["recommendation"]["name"] == truth["name"], deadline_h
 
 
+def test_the_table_legend_reads_a_split_s_s_and_l_from_the_table(unpruned_splits):
+    from neuron_batch.plan.report import format_plan
+
+    _, data = unpruned_splits
+    text = format_plan(data)
+    rows = [line.split() for line in text.splitlines() if line[:4].strip().isdigit()]
+    row = next(cells for cells in rows if "+" in cells[4])     # the table's first split
+    assert f"  S and L as {row[4]} and {row[5]}: a job split by length" in text
+
+
 def test_bounds_never_exceed_the_simulated_figures(unpruned):
     _, data = unpruned
     assert data["meta"]["num_pruned"] == 0 and len(data["options"]) >= 10
