@@ -64,6 +64,9 @@ from neuron_batch.report.cost import (
 )
 from neuron_batch.scheduler.kv_reserve import blocks_for_tokens, reachable_tokens
 
+#: How an instance left out for its host memory is said (plan/words.py names them again).
+CANNOT_COMPILE = "compiling there is killed for want of host memory"
+
 
 def check_instances(names: Sequence[str]) -> tuple[str, ...]:
     """Known, simulated instance names (lower case, no repeats), or PlanError naming them."""
@@ -129,10 +132,9 @@ def placements(spec: PlanSpec) -> tuple[list[InstanceFit], list[str]]:
         cannot_compile = None if spec.compiled else host_memory_warning(inst, arch,
                                                                         spec.weight_dtype)
         if cannot_compile:                          # its compile would be killed: no estimate
-            excluded.append(f"{name}: {cannot_compile.split(': compiling')[0]}: compiling "
-                            f"there is killed for want of host memory (aws-neuron-sdk issue "
-                            f"1222); plan with --compiled to weigh it with graphs compiled "
-                            f"on a larger host")
+            excluded.append(f"{name}: {cannot_compile.split(': compiling')[0]}: "
+                            f"{CANNOT_COMPILE} (aws-neuron-sdk issue 1222); plan with "
+                            f"--compiled to weigh it with graphs compiled on a larger host")
             continue
         for tp in valid_tp_degrees(inst):
             try:

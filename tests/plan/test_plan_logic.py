@@ -191,6 +191,22 @@ def test_a_host_too_small_to_compile_the_model_is_left_out_unless_compiled():
     assert "inf2.xlarge" in {p.instance for p in found}
 
 
+def test_the_recommendation_names_the_hosts_left_out_for_their_memory():
+    """(issue 29) A plan compiled fresh that leaves inf2.xlarge out says so beside its
+    recommendation, and that --compiled weighs it (the nightly case may rent it)."""
+    from neuron_batch.plan.words import _left_out_words
+
+    spec = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.xlarge", "inf2.8xlarge"))
+    _, excluded = placements(spec)
+    meta = {"excluded": excluded + excluded, "architecture": "llama-3.1-8b", "compiled": False}
+    [words] = _left_out_words(meta)
+    assert words.startswith("Not weighed: inf2.xlarge, whose host memory cannot compile "
+                            "llama-3.1-8b") and "(--compiled" in words and "it is weighed" in words
+    assert _left_out_words({**meta, "compiled": True}) == []
+    _, excluded = placements(PlanSpec(**{**spec.__dict__, "architecture": "tinyllama-1.1b"}))
+    assert _left_out_words({**meta, "excluded": excluded}) == []
+
+
 def test_options_share_a_simulation_when_the_hardware_is_the_same():
     spec = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.xlarge", "inf2.8xlarge"),
                     max_num_instances=2, seqs_values=(8,), max_model_len=4096,
