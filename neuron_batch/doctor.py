@@ -123,6 +123,7 @@ def neuron_runtime_facts(plugin_version: str | None, layout: RunSettings | None
     from neuron_batch.engine.neuron_host import (
         NXDI_DISTRIBUTION,
         NeuronHostError,
+        host_hardware,
         host_instance,
         installed_version,
         static_kv_fit,
@@ -152,7 +153,7 @@ def neuron_runtime_facts(plugin_version: str | None, layout: RunSettings | None
                  "tensor_parallel_size": layout.sim.tensor_parallel_size or 1,
                  "weight_dtype": layout.sim.weight_dtype}
         try:
-            fit = static_kv_fit(layout, runtime, layout.model, facts["instance"])
+            fit = static_kv_fit(layout, runtime, layout.model, host_hardware(layout))
             check.update(fits=None if fit is None else True,
                          detail=None if fit is None else fit["derivation"])
         except NeuronHostError as error:

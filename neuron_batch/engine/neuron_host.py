@@ -40,6 +40,7 @@ from neuron_batch.engine.nxdi_plugin import NeuronHostError, nxdi_kv_layout, plu
 from neuron_batch.runtime import NXDI, RUNTIMES, Runtime
 
 if TYPE_CHECKING:
+    from neuron_batch.device.hardware import Instance
     from neuron_batch.device.target import Target
 
 #: Our worker: the plugin's, with chunked prefill turned off before the model loads.
@@ -197,8 +198,21 @@ def host_instance(settings: RunSettings, product_name: Path = DMI_PRODUCT_NAME) 
     return name if name in INSTANCES else None
 
 
+def host_hardware(settings: RunSettings) -> Instance | None:
+    """This host's Instance (`host_instance`'s name looked up: the one place a Neuron host's
+    name becomes the object); None when unknown; NeuronHostError for an --instance the
+    hardware table lacks."""
+    from neuron_batch.device.hardware import HardwareError, get_instance
+
+    name = host_instance(settings)
+    try:
+        return None if name is None else get_instance(name)
+    except HardwareError as error:
+        raise NeuronHostError(f"--device neuron: {error}") from None
+
+
 def host_target(settings: RunSettings, runtime: Runtime, model_path: str,
-                instance: str | None) -> Target | None:
+                instance: Instance | None) -> Target | None:
     """This host as a device Target (not simulated): `instance`, the loaded model's shape,
     `runtime`, the run's TP (vLLM's default, 1, when none is given) and its layout, with the
     host's own KV block (one of max_model_len per slot under NxDI's contiguous layout). The
@@ -207,7 +221,7 @@ def host_target(settings: RunSettings, runtime: Runtime, model_path: str,
     cannot load (a static KV cache beside the weights, a TP degree the instance lacks)."""
     from neuron_batch.device.architectures import ArchitectureError
     from neuron_batch.device.cost_model import CapacityError
-    from neuron_batch.device.hardware import HardwareError, get_instance
+    from neuron_batch.device.hardware import HardwareError
     from neuron_batch.device.target import Target
 
     if instance is None:
@@ -215,7 +229,7 @@ def host_target(settings: RunSettings, runtime: Runtime, model_path: str,
     sim = settings.sim
     try:
         return Target.resolve(
-            instance=get_instance(instance), arch=model_path, tp=sim.tensor_parallel_size or 1,
+            instance=instance, arch=model_path, tp=sim.tensor_parallel_size or 1,
             weight_dtype=sim.weight_dtype, profile=sim.cost_profile, runtime=runtime,
             max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
             kv_reserve=settings.kv_reserve,
@@ -227,7 +241,7 @@ def host_target(settings: RunSettings, runtime: Runtime, model_path: str,
 
 
 def static_kv_fit(settings: RunSettings, runtime: Runtime, model_path: str,
-                  instance: str | None) -> dict[str, Any] | None:
+                  instance: Instance | None) -> dict[str, Any] | None:
     """Whether max_num_seqs slots of max_model_len of static KV fit beside the weights at the
     run's TP: the host target's KV figures (`static_kv_capacity`'s), None when it cannot be
     told (paged runtime, unknown instance or model shape); NeuronHostError with what would fit
@@ -245,5 +259,5 @@ def check_host(settings: RunSettings, runtime: Runtime, model_path: str, request
     setup = host_setup(settings, runtime, model_path=model_path, plugin_version=plugin_version,
                        mixed=mixed_sampling(settings, requests),
                        nxdi_version=installed_version(NXDI_DISTRIBUTION))
-    static_kv_fit(settings, runtime, model_path, host_instance(settings))
+    static_kv_fit(settings, runtime, model_path, host_hardware(settings))
     return setup

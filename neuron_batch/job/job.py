@@ -78,6 +78,6 @@ def resolve_target(settings: RunSettings, model_path: str | None) -> Target | No
         return None
     try:
         return neuron_host.host_target(settings, settings.resolve_runtime(), model_path,
-                                       neuron_host.host_instance(settings))
+                                       neuron_host.host_hardware(settings))
     except neuron_host.NeuronHostError:
         return None

@@ -127,16 +127,14 @@ def _device_of(job) -> tuple[Any, Any, str]:
     if job.target is not None:
         return job.target.instance, job.target.arch, job.target.weight_dtype
     # A Neuron host without a Target (its layout cannot load, or its model's shape is not one
-    # the cost model reads): its instance and model, looked up here as host_target does,
+    # the cost model reads): its instance and model, as host_target would take them,
     # still name the warning.
-    from neuron_batch.device.hardware import get_instance
     from neuron_batch.device.model_dir import architecture_of
-    from neuron_batch.engine.neuron_host import host_instance
+    from neuron_batch.engine.neuron_host import NeuronHostError, host_hardware
 
-    name = host_instance(job.settings)
     try:
-        inst = get_instance(name) if name else None
-    except ValueError:      # (an --instance the table lacks: no warning, as for none)
+        inst = host_hardware(job.settings)
+    except NeuronHostError:     # (an --instance the table lacks: no warning, as for none)
         inst = None
     try:
         arch = architecture_of(job.workload.model.path)[0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from neuron_batch.config import CostOptions, RunSettings, SettingsError, SimOptions
+from neuron_batch.device.hardware import INSTANCES
 from neuron_batch.engine import engine, neuron_host
 from neuron_batch.engine.neuron_host import NeuronHostError, host_setup, plugin_line
 from neuron_batch.engine.nxdi_plugin import block_layout_blocks
@@ -207,18 +208,25 @@ def test_neuron_is_told_by_the_platform_not_its_device_type():
     assert neuron_host.is_neuron_platform("X", "y", "neuron")
 
 
+def test_a_host_s_instance_is_looked_up_once_and_an_unknown_one_refused():
+    assert neuron_host.host_hardware(settings(cost=CostOptions(instance="inf2.8xlarge"))) is \
+        INSTANCES["inf2.8xlarge"]
+    with pytest.raises(NeuronHostError, match="--device neuron: .*inf9.xlarge"):
+        neuron_host.host_hardware(settings(cost=CostOptions(instance="inf9.xlarge")))
+
+
 def test_static_kv_that_does_not_fit_is_refused_with_what_would(tmp_path):
     # ../shared/notes/neuron-runtimes.md: Llama-3.1-8B bf16, 32 x 16384 on one inf2 chip.
     run = settings(max_num_seqs=32, max_model_len=16384,
                    sim=SimOptions(tensor_parallel_size=2), cost=CostOptions(instance="inf2.xlarge"))
     with pytest.raises(NeuronHostError, match="cannot load under nxdi.*What fits"):
-        neuron_host.static_kv_fit(run, NXDI, "llama-3.1-8b", "inf2.xlarge")
+        neuron_host.static_kv_fit(run, NXDI, "llama-3.1-8b", INSTANCES["inf2.xlarge"])
     small = settings(max_num_seqs=4, max_model_len=4096, sim=SimOptions(tensor_parallel_size=2))
-    fit = neuron_host.static_kv_fit(small, NXDI, "llama-3.1-8b", "inf2.xlarge")
+    fit = neuron_host.static_kv_fit(small, NXDI, "llama-3.1-8b", INSTANCES["inf2.xlarge"])
     assert fit["max_static_seqs"] >= 4
     assert neuron_host.static_kv_fit(small, NXDI, "llama-3.1-8b", None) is None
     assert neuron_host.static_kv_fit(small, RUNTIMES["vllm-neuron"], "llama-3.1-8b",
-                                     "inf2.xlarge") is None
+                                     INSTANCES["inf2.xlarge"]) is None
 
 
 def test_a_split_s_short_layout_takes_the_slots_this_host_holds():
