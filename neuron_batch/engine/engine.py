@@ -156,16 +156,9 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
         # (neuron_host.py says why each setting): all bucket lists, the KV layout, TP,
         # sampling, the plugin's switches and the compiled-artifacts folder.
         check_device_available(device)
-        from neuron_batch.engine.neuron_host import (
-            NXDI_DISTRIBUTION,
-            host_setup,
-            installed_version,
-        )
-        from neuron_batch.versions import neuron_plugin
+        from neuron_batch.engine.neuron_host import installed_host_setup
 
-        setup = host_setup(settings, runtime, model_path=model_path,
-                           plugin_version=neuron_plugin()["version"], mixed=mixed_sampling,
-                           nxdi_version=installed_version(NXDI_DISTRIBUTION))
+        setup = installed_host_setup(settings, runtime, model_path, mixed=mixed_sampling)
         kwargs.update(setup.kwargs)
         section = setup.section
         neuron_batch["process_env"] = setup.env

@@ -109,6 +109,17 @@ def host_setup(settings: RunSettings, runtime: Runtime, *, model_path: str,
     return HostSetup(kwargs, section, env, artifacts)
 
 
+def installed_host_setup(settings: RunSettings, runtime: Runtime, model_path: str, *,
+                         mixed: bool = False) -> HostSetup:
+    """`host_setup` with the plugin and NxDI releases installed here: what the engine sets,
+    and so the artifacts folder its run uses (a split's estimate asks for that folder too)."""
+    from neuron_batch.versions import neuron_plugin
+
+    return host_setup(settings, runtime, model_path=model_path,
+                      plugin_version=neuron_plugin()["version"], mixed=mixed,
+                      nxdi_version=installed_version(NXDI_DISTRIBUTION))
+
+
 # -- compiled artifacts ---------------------------------------------------------------------
 def artifacts_key(fields: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str)

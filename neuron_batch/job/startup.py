@@ -57,19 +57,14 @@ def host_artifacts(settings: RunSettings, runtime, model_path: str, requests=())
     engine's: the installed plugin and NxDI releases, whether the requests mix temperatures);
     None for settings the plugin refuses (the run itself says why)."""
     from neuron_batch.engine.neuron_host import (
-        NXDI_DISTRIBUTION,
         NeuronHostError,
-        host_setup,
-        installed_version,
+        installed_host_setup,
         mixed_sampling,
     )
-    from neuron_batch.versions import neuron_plugin
 
     try:
-        return host_setup(settings, runtime, model_path=model_path,
-                          plugin_version=neuron_plugin()["version"],
-                          mixed=mixed_sampling(settings, requests),
-                          nxdi_version=installed_version(NXDI_DISTRIBUTION)).artifacts
+        return installed_host_setup(settings, runtime, model_path,
+                                    mixed=mixed_sampling(settings, requests)).artifacts
     except NeuronHostError:
         return None
 
