@@ -28,7 +28,6 @@ from neuron_batch.inputs.prepare import in_order, prepare_requests
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = (ROOT.parent / "shared" / "datasets" / "mooncake-conversation-trace.jsonl",
-          Path("/work/shared/datasets/mooncake-conversation-trace.jsonl"),
           ROOT / "datasets" / "mooncake-conversation-trace-300.jsonl")
 
 

@@ -41,7 +41,6 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 TRACES = (ROOT.parent / "shared" / "datasets" / "mooncake-conversation-trace.jsonl",
-          Path("/work/shared/datasets/mooncake-conversation-trace.jsonl"),
           ROOT / "datasets" / "mooncake-conversation-trace-300.jsonl")
 ARCH = "llama-3.1-8b"
 #: (name, instance, runtime, tensor parallel, max_model_len, max_num_seqs)
