@@ -30,8 +30,7 @@ batching, max_context_length defaulting to sequence_length), `modules/decoder/
 modeling_decoder.py` (the two graph builders) and `decoder_wrappers.py` (prompts padded to
 max_context_length, batches to batch_size). Every module asks the resolved `Runtime` (and the
 `Shapes` it builds for one configuration, runtime_shapes.py) instead of testing the runtime's
-name. Pure Python (no vLLM): the CLI, the scheduler, the simulated device, bench and plan
-share it.
+name. Pure Python (no vLLM): the CLI, the scheduler, the sim, bench and plan share it.
 """
 
 from __future__ import annotations
@@ -207,16 +206,7 @@ class Runtime:
         if value is None:
             return default
         if option.single:
-            values = list(value)
-            if len(values) != 1 or not isinstance(values[0], int) or not (
-                    0 < values[0] <= maximum):
-                raise BucketError(
-                    f"{option.flag} takes one length from 1 to {option.maximum} ({maximum:,}): "
-                    f"{option.what}; got {','.join(map(str, values)) or 'nothing'}"
-                    + (f"; give --max-model-len {max(values):,} for a longer one"
-                       if values and all(isinstance(v, int) for v in values)
-                       and max(values) > maximum else ""))
-            return values
+            return option.one_value(list(value), maximum)
         return validate_buckets(list(value), maximum, name=option.flag, max_name=option.maximum)
 
     def foreign_message(self, given: Mapping[str, Sequence[int]], *, max_model_len: int,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_batch import prefix_grid
-from neuron_batch.buckets import bucket_for
+from neuron_batch.buckets import BucketError, bucket_for
 
 
 def _smallest_at_least(value: int, buckets: Sequence[int], fallback: int) -> int:
@@ -41,6 +41,18 @@ class BucketOption:
     @property
     def label(self) -> str:
         return f"{self.short} buckets"
+
+    def one_value(self, values: list[int], maximum: int) -> list[int]:
+        """`values` when they are the one length a `single` option takes (1..`maximum`), else
+        BucketError saying what would work."""
+        ints = values and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+        if len(values) == 1 and ints and 0 < values[0] <= maximum:
+            return values
+        longer = ints and max(values) > maximum
+        raise BucketError(
+            f"{self.flag} takes one length from 1 to {self.maximum} ({maximum:,}): "
+            f"{self.what}; got {','.join(map(str, values)) or 'nothing'}"
+            + (f"; give --max-model-len {max(values):,} for a longer one" if longer else ""))
 
 
 @dataclass(frozen=True)
