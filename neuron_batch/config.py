@@ -289,7 +289,8 @@ class RunSettings:
         plugin = None
         if self.runtime is None and self.device in (Device.NEURON, Device.AUTO):
             from neuron_batch.versions import neuron_plugin
-            plugin = neuron_plugin()["version"]
+            found = neuron_plugin()
+            plugin = (found["distribution"], found["version"]) if found["distribution"] else None
         return _decide_runtime(self.runtime, self.device, self._sim_family(), plugin)
 
     def bucket_lists(self) -> dict[str, list[int]]:
@@ -378,15 +379,16 @@ def simulated_runtime(name: str | None, family: str) -> Runtime:
 
 @cache
 def _decide_runtime(name: str | None, device: Device, family: str | None,
-                    plugin: str | None) -> Runtime:
+                    plugin: tuple[str, str | None] | None) -> Runtime:
     """The one place a run's --runtime name is looked up, or the runtime decided without one:
-    a Neuron host's (or auto's) installed plugin's line, else the simulated instance family's
-    (`family` is None off the simulated device: the seed design's)."""
+    a Neuron host's (or auto's) installed plugin (`plugin`: its distribution and version) and
+    its line, else the simulated instance family's (`family` is None off the simulated
+    device: the seed design's)."""
     if name:
         return get_runtime(name)
     if name is None and device != Device.SIM and plugin is not None:
         from neuron_batch.versions import runtime_of_plugin
-        detected = runtime_of_plugin(plugin)
+        detected = runtime_of_plugin(plugin[1], plugin[0])
         if detected is not None:
             return detected
     return default_runtime(family)
