@@ -98,8 +98,8 @@ def model_dir(tmp_path) -> Path:
 @pytest.fixture
 def case(plugin_dir, tmp_path):
     def run(name: str, model: Path, settings: dict, **args) -> dict:
-        work = tmp_path / "work"
-        work.mkdir(exist_ok=True)
+        work = tmp_path / f"work-{len(list(tmp_path.glob('work-*')))}"   # a run folder each
+        work.mkdir()
         payload = {"model": str(model), "work": str(work), "settings": settings, **args}
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(plugin_dir)]),
                "VLLM_LOGGING_LEVEL": "WARNING", "NEURON_BATCH_CACHE": str(tmp_path / "cache"),
