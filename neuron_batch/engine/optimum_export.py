@@ -20,6 +20,7 @@ Pure Python: the hub-cache lookup imports optimum-neuron only where it is instal
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -117,10 +118,12 @@ def read_export(model_path: str | Path) -> Export | None:
 HubLookup = Callable[[str, int, int, int | None], list[dict] | None]
 
 
+@functools.cache
 def ask_hub_cache(model: str, batch_size: int, sequence_length: int,
                   tp: int | None) -> list[dict] | None:
     """optimum-neuron's own selection of hub-cache entries (what its loader asks); None when
-    optimum-neuron is not installed or the hub cannot be reached."""
+    optimum-neuron is not installed or the hub cannot be reached. Asked once a process per
+    layout: it is a network call, and the settings check, the engine and the start-up ask."""
     try:
         from optimum.neuron.cache.hub_cache import select_hub_cached_entries
     except Exception:  # noqa: BLE001 - not installed, or its Neuron packages missing
@@ -128,9 +131,21 @@ def ask_hub_cache(model: str, batch_size: int, sequence_length: int,
     try:
         return list(select_hub_cached_entries(
             model, task="text-generation", batch_size=batch_size,
-            sequence_length=sequence_length, tensor_parallel_size=tp))
+            sequence_length=sequence_length, tensor_parallel_size=tp,
+            torch_dtype=_model_dtype(model)))
     except Exception:  # noqa: BLE001 - offline, no such model: the loader will say
         return None
+
+
+def _model_dtype(model: str) -> str | None:
+    """The dtype vLLM gives the plugin's loader for a model folder (its config.json's; vLLM's
+    "auto"), which the loader's hub-cache selection also compares; None where unknown."""
+    try:
+        config = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    dtype = config.get("torch_dtype") or config.get("dtype")
+    return dtype if isinstance(dtype, str) else None
 
 
 def find_export(settings: RunSettings, model_path: str,

@@ -176,3 +176,19 @@ def test_the_start_up_says_where_the_graphs_came_from_and_how_long():
     assert startup_words({"measured_s": 12.34, "export": LOCAL}) == (
         "model loaded in 12.3 s (local export)")
     assert startup_words({"measured_s": 3.0}) is None and startup_words(None) is None
+
+
+def test_doctor_on_an_optimum_host_names_runtime_release_and_export(tmp_path, monkeypatch):
+    from neuron_batch import doctor
+
+    model = str(export_dir(tmp_path))           # (a local export: the hub is not asked)
+    rt = doctor.neuron_runtime_facts("0.4.5", settings(model=model, tp=2), "optimum-neuron")
+    assert rt["runtime"] == OPTIMUM_NEURON and rt["kv_layout"] is None
+    checks = {c.name: c for c in doctor._runtime_checks(rt, plugin=True, devices=True)}
+    assert checks["neuron runtime"].value == OPTIMUM_NEURON
+    assert checks["export"].status == OK and "local export" in checks["export"].value
+    assert "NxD Inference" not in checks and "compiled artifacts" not in checks
+    plugin = {"distribution": "optimum-neuron", "version": "0.4.5", "entry_point": "x",
+              "others": []}
+    monkeypatch.setattr(doctor, "neuron_plugin", lambda: plugin)
+    assert doctor.plugin_facts()["line"]["plugin"] == "optimum-neuron 0.4.x"

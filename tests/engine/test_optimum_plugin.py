@@ -250,8 +250,10 @@ def test_a_model_without_an_export_takes_the_hub_cache_or_compiles_fresh(case, t
     assert fresh["startup"]["compiled_before"] is False
     # The hub cache holds (batch 2, sequence 256) at TP 1 and another shape: the loader's own
     # selection finds the first, and the start-up says so.
-    entries = [{"batch_size": 2, "sequence_length": 256, "tp_degree": 1},
-               {"batch_size": 4, "sequence_length": 256, "tp_degree": 1}]
+    entries = [{"batch_size": 2, "sequence_length": 256, "tp_degree": 1,
+                "torch_dtype": "float32"},       # (the tiny model's: vLLM passes it on)
+               {"batch_size": 4, "sequence_length": 256, "tp_degree": 1,
+                "torch_dtype": "float32"}]
     hub = case("run", plain, limits, requests=requests, hub_entries=entries)
     assert hub["exit_code"] == 0, hub["output"]
     assert hub["startup"]["export"] == "hub cache" and hub["startup"]["compiled_before"]
