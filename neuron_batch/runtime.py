@@ -17,9 +17,8 @@ the bucket lists go, how the KV cache is laid out.
   `block_size = max_model_len`; an export fixes batch size (= max_num_seqs), sequence length
   (= max_model_len), TP and dtype, and compiles exactly two graphs, no buckets: context
   encoding at batch 1 over `max_context_length` tokens (every prompt padded to it) and token
-  generation at `batch_size` x `sequence_length` (every decode runs every slot over the whole
-  sequence length). Its runner decodes the running requests first, then the new prompts, in
-  one step (two graph calls). KV static as nxdi's.
+  generation at `batch_size` x `sequence_length` (every decode: every slot, whole length). Its
+  runner decodes the running requests, then the new prompts, in one step. KV static as nxdi's.
 
 Sources: ../shared/notes/neuron-runtimes.md (NxDI feature guide "Bucketing", NxDI's
 `autobucketing.generate_buckets`, the plugin's platform and loader, the Beta plugin's design
@@ -51,9 +50,9 @@ from neuron_batch.buckets import (
 from neuron_batch.runtime_hints import ROLES, bucket_words, foreign_message
 from neuron_batch.runtime_shapes import BucketOption, Shapes
 
-__all__ = ["BucketOption", "Shapes", "Runtime", "RUNTIMES", "RUNTIME_NAMES", "NXDI",
-           "VLLM_NEURON", "OPTIMUM_NEURON", "KV_SEGMENT_SIZE", "RuntimeNameError",
-           "default_runtime", "get_runtime", "runtime_of", "nxdi_default_buckets"]
+__all__ = ["BucketOption", "Shapes", "Runtime", "RUNTIMES", "RUNTIME_NAMES", "NXDI", "VLLM_NEURON",
+           "OPTIMUM_NEURON", "KV_SEGMENT_SIZE", "RuntimeNameError", "default_runtime",
+           "get_runtime", "runtime_of", "nxdi_default_buckets"]
 
 NXDI = "nxdi"
 VLLM_NEURON = "vllm-neuron"
@@ -277,12 +276,14 @@ class Runtime:
                       max_num_batched_tokens: int) -> dict[str, object]:
         """vLLM's chunking and token budget for this runtime. Whole prompts (nxdi): chunked
         prefill off and a budget of at least max_model_len, so vLLM never splits a prompt
-        (NxDI's runner feeds a new request's whole prompt whatever the step says)."""
+        (NxDI's runner feeds a new request's whole prompt whatever the step says); beside
+        every decode where a step decodes first (optimum-neuron)."""
         if self.chunked_prefill:
             return {"enable_chunked_prefill": True,
                     "max_num_batched_tokens": max_num_batched_tokens}
-        return {"enable_chunked_prefill": False,
-                "max_num_batched_tokens": max(max_model_len, max_num_seqs)}
+        return {"enable_chunked_prefill": False, "max_num_batched_tokens": (
+            max_model_len + max_num_seqs if self.decode_then_prefill
+            else max(max_model_len, max_num_seqs))}
 
     #: bucket_words(prefill, decode, attention): the three lists in its words (tables, verdicts)
     bucket_words = bucket_words
