@@ -47,8 +47,7 @@ NEURON_PLUGIN_RELEASES: tuple[PluginLine, ...] = (
     # Its Neuron SDK: the releases its `neuronx` extra pins (neuronx-cc 2.21.33363.0,
     # torch-neuronx 2.8.0.2.10.16998, neuronx_distributed 0.15.22404: the wheel's METADATA).
     PluginLine("optimum-neuron 0.4.x", "0.11.0", "2.26 (neuronx-cc 2.21)", ("inf2", "trn1"),
-               OPTIMUM_NEURON, "Hugging Face's; its exports fix batch size and sequence length",
-               distribution="optimum-neuron"),
+               OPTIMUM_NEURON, distribution="optimum-neuron"),
     PluginLine("vLLM Neuron (Beta) 0.21.0.1.0.0", "0.21.0", "2.31", ("trn2", "trn3"),
                VLLM_NEURON),
     PluginLine("vLLM Neuron (Beta) 0.24.0.1.1.0", "0.24.0", "2.32", ("trn2", "trn3"),
