@@ -138,3 +138,12 @@ def test_what_does_not_match_the_export_is_refused_before_anything_runs(tmp_path
     assert result.exit_code != 0
     assert re.search(message, result.output, re.S), result.output
     assert not (tmp_path / "no" / "outputs.jsonl").exists()
+
+
+def test_resume_refuses_another_export(tmp_path):
+    first = _run(tmp_path, "run", "--no-prefix-caching", "--max-context-length", "1024",
+                 prompts=[300, 200])
+    assert first.exit_code == 0, first.output
+    again = _run(tmp_path, "run", "--no-prefix-caching", "--max-context-length", "2048",
+                 "--resume", prompts=[300, 200])
+    assert again.exit_code != 0 and "--max-context-length" in again.output, again.output
