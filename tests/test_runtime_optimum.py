@@ -67,9 +67,10 @@ def test_behaviour_is_on_the_object_not_in_callers():
     assert [role for role, _ in OPTIMUM.dimensions] == ["prefill"]
     nxdi = get_runtime(NXDI)
     assert nxdi.prefix_caching and not nxdi.decode_then_prefill and not nxdi.fixed_export
+    # whole prompts, and room for the longest beside every running request's decode token
     assert OPTIMUM.engine_limits(max_model_len=4096, max_num_seqs=4,
                                  max_num_batched_tokens=512) == {
-        "enable_chunked_prefill": False, "max_num_batched_tokens": 4096}
+        "enable_chunked_prefill": False, "max_num_batched_tokens": 4096 + 4}
     assert OPTIMUM.bucket_words([2048], None, None) == "max context length 2048"
 
 

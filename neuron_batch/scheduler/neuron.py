@@ -2,7 +2,9 @@
 
 Neuron runs precompiled graphs, so the scheduler must (see the design document,
 `docs/neuron-scheduler-design.md` in AWS's plugin and in this project's README):
-- never mix prefill and decode in one step, and prefill one request per step;
+- never mix prefill and decode in one step, and prefill one request per step (a runtime whose
+  runner decodes first and then prefills, optimum-neuron, gets both in one step, recorded as
+  two graph calls: decode_first.py);
 - pad every prefill chunk to a compiled token bucket and every decode batch to a compiled
   batch-size bucket, without letting the padding leak into vLLM's token accounting;
 - never admit a request unless every running request can still reach its end in the KV cache,

@@ -138,3 +138,23 @@ def test_what_does_not_match_the_export_is_refused_before_anything_runs(tmp_path
     assert result.exit_code != 0
     assert re.search(message, result.output, re.S), result.output
     assert not (tmp_path / "no" / "outputs.jsonl").exists()
+
+
+def test_resume_refuses_another_export(tmp_path):
+    first = _run(tmp_path, "run", "--no-prefix-caching", "--max-context-length", "1024",
+                 prompts=[300, 200])
+    assert first.exit_code == 0, first.output
+    again = _run(tmp_path, "run", "--no-prefix-caching", "--max-context-length", "2048",
+                 "--resume", prompts=[300, 200])
+    assert again.exit_code != 0 and "--max-context-length" in again.output, again.output
+
+
+def test_a_static_cache_that_cannot_load_names_this_runtime():
+    from neuron_batch.device.cost_model import CapacityError
+    from neuron_batch.device.hardware import get_instance
+
+    with pytest.raises(CapacityError, match="cannot load under optimum-neuron.*"
+                                            "--max-num-seqs 6 at this max_model_len"):
+        Target.resolve(instance=get_instance("inf2.xlarge"), arch="llama-3.1-8b",
+                       max_model_len=16384, max_num_seqs=32,
+                       runtime=get_runtime(OPTIMUM_NEURON))
