@@ -68,7 +68,8 @@ BUCKET_FIELDS = {"num_batched_tokens_buckets": "prefill_buckets",
                  "context_encoding_buckets": "context_encoding_buckets",
                  "token_generation_buckets": "token_generation_buckets",
                  "decode_context_length_buckets": "decode_context_buckets",
-                 "prefix_buckets": "prefix_buckets"}
+                 "prefix_buckets": "prefix_buckets",
+                 "max_context_length": "max_context_length"}
 
 
 class SettingsError(ValueError):
@@ -125,11 +126,12 @@ class RunSettings:
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
     prefill_buckets: tuple[int, ...] | None = None   # None: powers of two (see buckets.py)
     decode_buckets: tuple[int, ...] | None = None
-    runtime: str | None = None           # "nxdi" | "vllm-neuron"; None: by device/instance
+    runtime: str | None = None           # runtime.RUNTIME_NAMES; None: by device/instance
     context_encoding_buckets: tuple[int, ...] | None = None   # nxdi (None: NxDI's default)
     token_generation_buckets: tuple[int, ...] | None = None   # nxdi
     decode_context_buckets: tuple[int, ...] | None = None     # vllm-neuron (opt-in)
     prefix_buckets: tuple[int, ...] | None = None  # nxdi with prefix caching: the grid's
+    max_context_length: int | None = None  # optimum-neuron: its export's (None: max_model_len)
     prefix_caching: bool = True          # vLLM's prefix cache (default on, as vLLM has it)
     block_size: int | None = None        # None: the device's default (32 on Neuron)
     compiled_artifacts: str | None = None  # Neuron: root of the compiled-graph folders
@@ -230,6 +232,10 @@ class RunSettings:
                 f"admission (max_num_seqs does); drop --kv-reserve"
                 + (f", or choose --runtime {paged.name}"
                    if family is None or family in paged.runs_on else ""))
+        if self.prefix_caching and not runtime.prefix_caching:
+            raise SettingsError(
+                f"--runtime {runtime.name} runs without prefix caching (its platform turns it "
+                f"off and sets the KV block to max_model_len): give --no-prefix-caching")
         try:
             self.shapes(runtime)    # (the lists, --prefix-buckets by prefix_grid.py's rules)
         except BucketError as error:
@@ -283,13 +289,16 @@ class RunSettings:
         plugin = None
         if self.runtime is None and self.device in (Device.NEURON, Device.AUTO):
             from neuron_batch.versions import neuron_plugin
-            plugin = neuron_plugin()["version"]
+            found = neuron_plugin()
+            plugin = (found["distribution"], found["version"]) if found["distribution"] else None
         return _decide_runtime(self.runtime, self.device, self._sim_family(), plugin)
 
     def bucket_lists(self) -> dict[str, list[int]]:
-        """The bucket lists the user gave, by the plugin config key of their runtime."""
-        return {key: list(getattr(self, name)) for key, name in BUCKET_FIELDS.items()
-                if getattr(self, name) is not None}
+        """The bucket lists the user gave, by the plugin config key of their runtime (a
+        one-value option, --max-context-length, as a list of one)."""
+        return {key: (list(value) if isinstance(value, (list, tuple)) else [value])
+                for key, name in BUCKET_FIELDS.items()
+                if (value := getattr(self, name)) is not None}
 
     def with_buckets(self, runtime: Runtime, prefill: Sequence[int] | None,
                      decode: Sequence[int] | None = None,
@@ -300,8 +309,10 @@ class RunSettings:
         lists = {o.key: v for o, v in ((runtime.prefill, prefill), (runtime.decode, decode),
                                        (runtime.attention, attention))
                  if o is not None and v}
+        single = {o.key for o in runtime.bucket_options if o.single}
         return replace(self, runtime=runtime.name,
-                       **{name: (tuple(lists[key]) if key in lists else None)
+                       **{name: (None if key not in lists else
+                                 list(lists[key])[-1] if key in single else tuple(lists[key]))
                           for key, name in BUCKET_FIELDS.items()})
 
     def shapes(self, runtime: Runtime | None = None) -> Shapes:
@@ -368,15 +379,16 @@ def simulated_runtime(name: str | None, family: str) -> Runtime:
 
 @cache
 def _decide_runtime(name: str | None, device: Device, family: str | None,
-                    plugin: str | None) -> Runtime:
+                    plugin: tuple[str, str | None] | None) -> Runtime:
     """The one place a run's --runtime name is looked up, or the runtime decided without one:
-    a Neuron host's (or auto's) installed plugin's line, else the simulated instance family's
-    (`family` is None off the simulated device: the seed design's)."""
+    a Neuron host's (or auto's) installed plugin (`plugin`: its distribution and version) and
+    its line, else the simulated instance family's (`family` is None off the simulated
+    device: the seed design's)."""
     if name:
         return get_runtime(name)
     if name is None and device != Device.SIM and plugin is not None:
         from neuron_batch.versions import runtime_of_plugin
-        detected = runtime_of_plugin(plugin)
+        detected = runtime_of_plugin(plugin[1], plugin[0])
         if detected is not None:
             return detected
     return default_runtime(family)

@@ -16,12 +16,14 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from neuron_batch import __version__
 from neuron_batch.config import RunSettings
+from neuron_batch.doctor_checks import FAIL, INFO, OK, WARN, Check
+from neuron_batch.doctor_export import export_checks, export_facts, plugins_check
 from neuron_batch.engine.neuron_host import is_neuron_platform
 from neuron_batch.runtime import default_runtime, runtime_of
 from neuron_batch.versions import (
@@ -34,7 +36,6 @@ from neuron_batch.versions import (
     tested_versions,
 )
 
-OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
 #: Below this much free space in the results folder a run cannot be trusted to finish.
 MIN_FREE_BYTES = 100 << 20
 LOW_FREE_BYTES = 2 << 30
@@ -51,14 +52,6 @@ try:
 except BaseException as error:
     print(json.dumps({"error": f"{type(error).__name__}: {error}"}))
 """
-
-
-@dataclass
-class Check:
-    name: str
-    status: str          # OK | WARN | FAIL | INFO
-    value: str
-    detail: str | None = None
 
 
 # -- looking at the host ---------------------------------------------------------------------
@@ -115,8 +108,8 @@ def disk_state(folder: str | Path) -> dict[str, Any]:
             "free_bytes": usage.free, "writable": os.access(probe, os.W_OK)}
 
 
-def neuron_runtime_facts(plugin_version: str | None, layout: RunSettings | None
-                         ) -> dict[str, Any]:
+def neuron_runtime_facts(plugin_version: str | None, layout: RunSettings | None,
+                         distribution: str | None = None) -> dict[str, Any]:
     """The Neuron runtime this host would run (from the installed plugin), NxDI's presence,
     the compiled-artifacts folder, and, for a `layout` naming a model, whether its static KV
     cache fits beside the weights (neuron_host.static_kv_fit), all before anything loads."""
@@ -131,7 +124,7 @@ def neuron_runtime_facts(plugin_version: str | None, layout: RunSettings | None
     from neuron_batch.engine.nxdi_plugin import layout_facts
     from neuron_batch.versions import runtime_of_plugin
 
-    runtime = runtime_of_plugin(plugin_version)
+    runtime = runtime_of_plugin(plugin_version, distribution)
     settings = layout or RunSettings(inputs=("-",))
     root = settings.compiled_artifacts
     if root is None:
@@ -146,6 +139,7 @@ def neuron_runtime_facts(plugin_version: str | None, layout: RunSettings | None
         "compiled_artifacts": root, "instance": host_instance(settings),
         "static_kv": None,
         "kv_layout": layout_facts(settings, runtime, plugin_version) if runtime else None,
+        "export": export_facts(layout, runtime),
     }
     if runtime is not None and layout is not None and layout.model:
         check = {"model": layout.model, "max_num_seqs": layout.max_num_seqs,
@@ -184,7 +178,8 @@ def gather(*, results_dir: str | Path = "results", check_platform: bool = True,
                  "tested_versions": tested_versions(),
                  "runs_on": describe_release(version)},
         "neuron_plugin": plugin,
-        "neuron_runtime": neuron_runtime_facts(plugin["version"], layout),
+        "neuron_runtime": neuron_runtime_facts(plugin["version"], layout,
+                                               plugin.get("distribution")),
         "platform": None,
         "neuron": {
             "devices": sorted(dev_glob("/dev/neuron*")),
@@ -203,7 +198,7 @@ def plugin_facts() -> dict[str, Any]:
     """The installed plugin, and the line its release belongs to (the vLLM it pins, its SDK,
     instances and runtime) when versions.NEURON_PLUGIN_RELEASES knows it."""
     plugin = neuron_plugin()
-    line = plugin_line_of(plugin["version"])
+    line = plugin_line_of(plugin["version"], plugin.get("distribution"))
     return {**plugin, "line": asdict(line) if line else None}
 
 
@@ -251,6 +246,7 @@ def diagnose(facts: dict[str, Any]) -> list[Check]:
                           f"install the pinned release")
         checks.append(Check("neuron plugin", OK if devices and detail is None else WARN, value,
                             detail))
+        checks += plugins_check(plugin)
     else:
         checks.append(Check("neuron plugin", WARN if devices else INFO, "not installed",
                             "Neuron devices are present but vLLM cannot use them without AWS's "
@@ -332,8 +328,10 @@ def _runtime_checks(rt: dict[str, Any], plugin: bool, devices: bool) -> list[Che
             checks.append(Check("NxD Inference", FAIL if devices else WARN, "not installed",
                                 "the plugin's model loader imports "
                                 "neuronx_distributed_inference; install AWS's Neuron SDK"))
-    checks.append(Check("compiled artifacts", INFO, str(rt.get("compiled_artifacts")),
-                        "one folder per hash of every compiled shape (--compiled-artifacts)"))
+    if runtime is None or not runtime.fixed_export:     # (an export is its own artifacts)
+        checks.append(Check("compiled artifacts", INFO, str(rt.get("compiled_artifacts")),
+                            "one folder per hash of every compiled shape (--compiled-artifacts)"))
+    checks += export_checks(rt.get("export"))
     if layout := rt.get("kv_layout"):       # prefix caching, the layout, the graph count
         checks.append(Check("KV layout", FAIL if layout["error"] else INFO, layout["words"],
                             layout["error"] or layout["why"]))

@@ -1,5 +1,5 @@
-"""The two ways vLLM runs on Neuron, as one object each: what the device compiles, where the
-bucket lists go, how the KV cache is laid out.
+"""The three ways vLLM runs on Neuron, as one object each: what the device compiles, where
+the bucket lists go, how the KV cache is laid out.
 
 - `nxdi`: AWS's vLLM plugin on NxD Inference (vllm-neuron 0.1/0.2 on vLLM 0.10/0.11, 0.4.x on
   0.13, 0.5.x on 0.16), what inf2 and trn1 hosts run. A prefill step is one whole prompt padded
@@ -12,24 +12,34 @@ bucket lists go, how the KV cache is laid out.
   buckets, a paged KV cache under a budget cap, and each padded decode request reading a whole
   `max_model_len` of KV (or the smallest decode context-length bucket above the batch's longest
   position) where the kernel cannot skip unused blocks.
+- `optimum-neuron`: Hugging Face's optimum-neuron vLLM plugin (0.4.5 on vLLM 0.11, inf2/trn1),
+  on its own NxD backend. It keeps vLLM's scheduler, turns prefix caching off and sets
+  `block_size = max_model_len`; an export fixes batch size (= max_num_seqs), sequence length
+  (= max_model_len), TP and dtype, and compiles exactly two graphs, no buckets: context
+  encoding at batch 1 over `max_context_length` tokens (every prompt padded to it) and token
+  generation at `batch_size` x `sequence_length` (every decode: every slot, whole length). Its
+  runner decodes the running requests, then the new prompts, in one step. KV static as nxdi's.
 
 Sources: ../shared/notes/neuron-runtimes.md (NxDI feature guide "Bucketing", NxDI's
 `autobucketing.generate_buckets`, the plugin's platform and loader, the Beta plugin's design
-notes on decode context-length bucketing). Every module asks the resolved `Runtime` (and the
-`Shapes` it builds for one configuration) instead of testing the runtime's name. Pure Python
-(no vLLM): the CLI, the scheduler, the simulated device, bench and plan share it.
+notes on decode context-length bucketing); optimum-neuron 0.4.5's wheel
+(../shared/vendor/): `optimum/neuron/vllm/platform.py` `check_and_update_config`, `runner.py`
+`execute_model`, `models/inference/backend/config.py` (ctx_batch_size 1 under continuous
+batching, max_context_length defaulting to sequence_length), `modules/decoder/
+modeling_decoder.py` (the two graph builders) and `decoder_wrappers.py` (prompts padded to
+max_context_length, batches to batch_size). Every module asks the resolved `Runtime` (and the
+`Shapes` it builds for one configuration, runtime_shapes.py) instead of testing the runtime's
+name. Pure Python (no vLLM): the CLI, the scheduler, the sim, bench and plan share it.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from neuron_batch import prefix_grid
 from neuron_batch.buckets import (
     BucketError,
-    bucket_for,
     default_decode_buckets,
     default_prefill_buckets,
     effective_max_prefill_tokens,
@@ -38,106 +48,31 @@ from neuron_batch.buckets import (
     validate_context_buckets,
 )
 from neuron_batch.runtime_hints import ROLES, bucket_words, foreign_message
+from neuron_batch.runtime_shapes import BucketOption, Shapes
+
+__all__ = ["BucketOption", "Shapes", "Runtime", "RUNTIMES", "RUNTIME_NAMES", "NXDI", "VLLM_NEURON",
+           "OPTIMUM_NEURON", "KV_SEGMENT_SIZE", "RuntimeNameError", "default_runtime",
+           "get_runtime", "runtime_of", "nxdi_default_buckets"]
 
 NXDI = "nxdi"
 VLLM_NEURON = "vllm-neuron"
-RUNTIME_NAMES = (NXDI, VLLM_NEURON)
+OPTIMUM_NEURON = "optimum-neuron"
+RUNTIME_NAMES = (NXDI, VLLM_NEURON, OPTIMUM_NEURON)
 #: The Beta plugin's segmented-prefill kernel reads prior KV in segments of this many tokens:
 #: the smallest `kv_segment_size` it takes (../shared/notes/neuron-runtimes.md, Beta plugin
 #: prefix caching). An assumption: the plugin ties it to the token buckets, not one size.
 KV_SEGMENT_SIZE = 512
 
-def _smallest_at_least(value: int, buckets: Sequence[int], fallback: int) -> int:
-    index = bisect_left(buckets, value)
-    return buckets[index] if index < len(buckets) else fallback
-
-
-@dataclass(frozen=True)
-class BucketOption:
-    """One bucket list a runtime compiles: its command-line flag, its key in the plugin's
-    config, and what its largest entry must equal."""
-
-    flag: str               # "--context-encoding-buckets"
-    key: str                # "context_encoding_buckets"
-    what: str               # "prefill token buckets over whole prompts"
-    maximum: str            # "max_model_len"
-    short: str = ""         # "ctx": its name in tables and plots ("ctx buckets")
-    padding: str = ""       # "prefill": the report's padding section the list pads
-    waste: str = ""         # what that section's waste is, in words
-
-    @property
-    def label(self) -> str:
-        return f"{self.short} buckets"
-
-
-@dataclass(frozen=True)
-class Shapes:
-    """The compiled shapes of one configuration: what every step is padded to."""
-
-    runtime: Runtime
-    max_num_seqs: int
-    max_model_len: int
-    prefill_buckets: tuple[int, ...]    # nxdi: context encoding; vllm-neuron: token buckets
-    decode_buckets: tuple[int, ...]     # nxdi: (max_num_seqs,); vllm-neuron: batch buckets
-    attention_buckets: tuple[int, ...]  # nxdi: token generation; vllm-neuron: decode context
-                                        # lengths (may be empty: max_model_len then)
-    #: nxdi with prefix caching: the grid's prefix buckets, 0 first; empty: 1-D prefills.
-    prefix_buckets: tuple[int, ...] = ()
-
-    def prefill(self, num_tokens: int) -> int:
-        """The padded size of a prefill of `num_tokens` (a whole prompt under nxdi, a chunk
-        under vllm-neuron)."""
-        return bucket_for(num_tokens, self.prefill_buckets)
-
-    def prefill_step(self, new_tokens: int, held: int) -> tuple[int, int, int | None, int]:
-        """(padded tokens, held tokens computed again, prefix bucket or None, KV tokens its
-        attention reads) of a prefill of `new_tokens` after `held` tokens of KV (prefix-cache
-        hits, or prior chunks). On the grid: NxDI's cell (prefix_grid.grid_cell); else the new
-        tokens padded to a bucket, the held KV read as the runtime's kernel reads it."""
-        if self.prefix_buckets:
-            cell = prefix_grid.grid_cell(new_tokens, held, self.prefill_buckets,
-                                         self.prefix_buckets)
-            return cell.prefill_bucket, cell.recomputed, cell.prefix_bucket, cell.prefix_bucket
-        return (bucket_for(new_tokens, self.prefill_buckets), 0, None,
-                self.runtime.prefill_kv_read(held))
-
-    def decode(self, num_seqs: int, longest_position: int) -> tuple[int, int]:
-        """(padded batch, attended length per slot) of a decode step of `num_seqs` requests
-        whose longest one writes position `longest_position` (its tokens so far)."""
-        if self.runtime.static_kv:
-            return self.max_num_seqs, _smallest_at_least(longest_position + 1,
-                                                         self.attention_buckets,
-                                                         self.max_model_len)
-        return (bucket_for(num_seqs, self.decode_buckets),
-                _smallest_at_least(longest_position + 1, self.attention_buckets,
-                                   self.max_model_len))
-
-    @property
-    def num_graphs(self) -> int:
-        """Graphs the runtime compiles for this configuration."""
-        return self.runtime.num_graphs(len(self.prefill_buckets), len(self.decode_buckets),
-                                       len(self.attention_buckets), len(self.prefix_buckets))
-
-    def bucket_lists(self) -> dict[str, list[int]]:
-        """The lists by the runtime's own config keys (what the plugin is given)."""
-        runtime = self.runtime
-        lists = {runtime.prefill.key: list(self.prefill_buckets)}
-        if runtime.decode is not None:
-            lists[runtime.decode.key] = list(self.decode_buckets)
-        if self.attention_buckets or runtime.static_kv:
-            lists[runtime.attention.key] = list(self.attention_buckets)
-        if self.prefix_buckets:
-            lists[prefix_grid.PREFIX_BUCKETS_KEY] = list(self.prefix_buckets)
-        return lists
-
 
 @dataclass(frozen=True)
 class Runtime:
-    """One way vLLM runs on Neuron; two exist: `RUNTIMES[NXDI]`, `RUNTIMES[VLLM_NEURON]`."""
+    """One way vLLM runs on Neuron; three exist: `RUNTIMES[NXDI]`, `RUNTIMES[VLLM_NEURON]`,
+    `RUNTIMES[OPTIMUM_NEURON]`."""
 
     name: str
     summary: str
-    #: Instance families that run this runtime by default.
+    #: Instance families that run this runtime by default (none: only by --runtime or its
+    #: installed plugin).
     families: tuple[str, ...]
     #: Instance families AWS ships it for: a layout elsewhere cannot load, so the simulated
     #: device refuses to print figures for it (../shared/notes/neuron-runtimes.md: the Beta
@@ -145,7 +80,7 @@ class Runtime:
     runs_on: tuple[str, ...]
     #: Static KV (max_num_seqs x max_model_len, decode over every slot) or paged KV (capped).
     static_kv: bool
-    #: Whether prefills are chunked (vllm-neuron) or whole prompts, one a step (nxdi).
+    #: Whether prefills are chunked (vllm-neuron) or whole prompts (nxdi, optimum-neuron).
     chunked_prefill: bool
     #: Whether prefix caching compiles NxDI's block layout and 2-D (prefill, prefix) grid
     #: (prefix_grid.py); else (the Beta plugin) a hit is a segmented prefill of the new tokens.
@@ -155,8 +90,22 @@ class Runtime:
     #: Where the bucket lists go in vLLM's `additional_config`.
     config_section: str
     prefill: BucketOption
-    decode: BucketOption | None
-    attention: BucketOption
+    decode: BucketOption | None     # None: every decode runs all max_num_seqs slots
+    attention: BucketOption | None  # None: one token-generation graph over max_model_len
+    #: Whether it runs with vLLM's prefix cache; False: its platform turns it off
+    #: (optimum-neuron's `check_and_update_config`), so a run asking for it is refused.
+    prefix_caching: bool = True
+    #: A step runs the running requests' decode, then the new prompts' context encoding (two
+    #: graph calls, optimum-neuron's runner `execute_model`); False: a step holds one or the
+    #: other (nxdi's runner turns decodes beside a new prompt into fake prefills).
+    decode_then_prefill: bool = False
+    #: An export (or compile) fixes batch size = max_num_seqs, sequence length = max_model_len,
+    #: TP and dtype (optimum-neuron: vLLM's max_num_seqs / max_model_len must equal its
+    #: export's, model_loader.py); False: the plugin compiles what vLLM's settings say.
+    fixed_export: bool = False
+    #: Why a list role it has no option for cannot be given, by role (foreign_message).
+    fixed_words: tuple[tuple[str, str], ...] = (
+        ("decode", "decodes every max_num_seqs slot: --max-num-seqs is its one decode batch"),)
     # -- on a Neuron host (engine/neuron_host.py composes these) ---------------------------------
     #: Environment its plugin needs to keep a given `scheduler_cls` (NxDI line: the platform
     #: swaps in its own scheduler unless DISABLE_NEURON_CUSTOM_SCHEDULER=1).
@@ -206,6 +155,13 @@ class Runtime:
             raise BucketError("--prefix-buckets shape NxDI's prefix-caching grid; this run " + (
                 "has --no-prefix-caching: drop --prefix-buckets, or turn prefix caching on"
                 if self.prefix_grid else f"runs {self.name}, which has none: drop them"))
+        if self.attention is None:
+            # One context-encoding graph over max_context_length (default: the export's
+            # sequence length, as optimum-neuron's NxDNeuronConfig falls back to) and one
+            # token-generation graph of max_num_seqs x max_model_len.
+            context = self._list(given, self.prefill, max_model_len, [max_model_len])
+            return Shapes(self, max_num_seqs, max_model_len, tuple(context), (max_num_seqs,),
+                          (max_model_len,))
         if self.prefix_grid and prefix_caching:
             return Shapes(self, max_num_seqs, max_model_len, tuple(self._list(
                 given, self.prefill, max_model_len,
@@ -248,15 +204,27 @@ class Runtime:
         value = given.get(option.key)
         if value is None:
             return default
+        if option.single:
+            return option.one_value(list(value), maximum)
         return validate_buckets(list(value), maximum, name=option.flag, max_name=option.maximum)
 
     def foreign_message(self, given: Mapping[str, Sequence[int]], *, max_model_len: int,
                         max_num_batched_tokens: int, family: str | None = None) -> str:
-        """Why bucket lists of the other runtime (by config key) are refused here, and what
-        to give instead (runtime_hints.foreign_message)."""
-        other = next(r for r in RUNTIMES.values() if r is not self)
-        return foreign_message(self, other, given, max_model_len=max_model_len,
-                               max_num_batched_tokens=max_num_batched_tokens, family=family)
+        """Why bucket lists of another runtime (by config key) are refused here, and what
+        to give instead (runtime_hints.foreign_message), one sentence per runtime they are of."""
+        texts = []
+        for other in RUNTIMES.values():
+            keys = {o.key for o in other.bucket_options}
+            theirs = {k: v for k, v in given.items() if k in keys}
+            if other is not self and theirs:
+                texts.append(foreign_message(self, other, theirs, max_model_len=max_model_len,
+                                             max_num_batched_tokens=max_num_batched_tokens,
+                                             family=family))
+        unknown = [k for k in given if not any(k in {o.key for o in r.bucket_options}
+                                               for r in RUNTIMES.values())]
+        if unknown:
+            texts.append(f"{', '.join(unknown)}: no runtime compiles such a list")
+        return ". ".join(texts)
 
     # -- decode KV traffic -------------------------------------------------------------------
     def decode_kv_tokens(self, padded_seqs: int, attended: int, held: int, *, head_dim: int,
@@ -308,12 +276,14 @@ class Runtime:
                       max_num_batched_tokens: int) -> dict[str, object]:
         """vLLM's chunking and token budget for this runtime. Whole prompts (nxdi): chunked
         prefill off and a budget of at least max_model_len, so vLLM never splits a prompt
-        (NxDI's runner feeds a new request's whole prompt whatever the step says)."""
+        (NxDI's runner feeds a new request's whole prompt whatever the step says); beside
+        every decode where a step decodes first (optimum-neuron)."""
         if self.chunked_prefill:
             return {"enable_chunked_prefill": True,
                     "max_num_batched_tokens": max_num_batched_tokens}
-        return {"enable_chunked_prefill": False,
-                "max_num_batched_tokens": max(max_model_len, max_num_seqs)}
+        return {"enable_chunked_prefill": False, "max_num_batched_tokens": (
+            max_model_len + max_num_seqs if self.decode_then_prefill
+            else max(max_model_len, max_num_seqs))}
 
     #: bucket_words(prefill, decode, attention): the three lists in its words (tables, verdicts)
     bucket_words = bucket_words
@@ -371,6 +341,36 @@ RUNTIMES: dict[str, Runtime] = {
                                "ctx len", "attention", "KV read but not held: max_model_len, "
                                "or the bucket, per padded request"),
         host_block_size=32,
+    ),
+    OPTIMUM_NEURON: Runtime(
+        name=OPTIMUM_NEURON,
+        summary="Hugging Face's optimum-neuron vLLM plugin, inf2/trn1 (0.4.5 on vLLM 0.11)",
+        families=(),            # nxdi stays inf2/trn1's default; --runtime or its plugin
+        runs_on=("inf2", "trn1"),
+        static_kv=True,         # batch_size x sequence_length, contiguous (block = the length)
+        chunked_prefill=False,
+        prefix_grid=False,
+        prefill_words="each prompt is prefilled whole at batch 1, padded to max_context_length",
+        # optimum-neuron reads nothing of additional_config: the section only carries the
+        # simulated export's max_context_length to our scheduler and the simulated device.
+        config_section="optimum_neuron",
+        prefill=BucketOption("--max-context-length", "max_context_length",
+                             "the export's one context-encoding length (batch 1)",
+                             "max_model_len", "ctx", "prefill",
+                             "prompt tokens padded to max_context_length", single=True),
+        decode=None,
+        attention=None,
+        prefix_caching=False,
+        decode_then_prefill=True,
+        fixed_export=True,
+        fixed_words=(
+            ("decode", "its export decodes every batch_size slot: --max-num-seqs is it"),
+            ("attention", "its one token-generation graph attends the export's sequence "
+                          "length: --max-model-len is it")),
+        host_block_size=None,   # platform.py sets block_size = max_model_len
+        # NxD's ModelBuilder compiles its graphs in a pool, as nxdi's (backend/
+        # pretrained_model.py get_builder)
+        parallel_compile=True,
     ),
 }
 

@@ -1,8 +1,8 @@
-"""A Neuron runtime's lists in words: what to give instead of bucket lists of the other
+"""A Neuron runtime's lists in words: what to give instead of bucket lists of another
 runtime (the hint `Runtime.foreign_message` returns), and the lists as tables name them.
 
-Pure Python; it reads the two `Runtime` objects it is given (runtime.py passes them in, so
-this module imports nothing of it).
+Pure Python; it reads the `Runtime` objects it is given (runtime.py passes them in, so this
+module imports nothing of it).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ def foreign_message(runtime: Any, other: Any, given: Mapping[str, Sequence[int]]
         fitted = _fitted(runtime, role, values, max_model_len=max_model_len,
                          max_num_batched_tokens=max_num_batched_tokens)
         if option and own is None:
-            instead.append(f"drop {option.flag} ({runtime.name} decodes every max_num_seqs "
-                           f"slot: --max-num-seqs is its one decode batch)")
+            why = dict(runtime.fixed_words).get(role, "it compiles no such list")
+            instead.append(f"drop {option.flag} ({runtime.name} {why})")
         elif option and fitted:
             instead.append(f"use {own.flag} {','.join(map(str, fitted))} ({own.what})")
         elif option:
@@ -64,7 +64,10 @@ def _fitted(runtime: Any, role: str | None, values: Sequence[int], *, max_model_
                    for v in values if v > 0}
         return sorted(v for v in rounded if v < max_model_len)
     if role in ("prefill", "attention"):
-        return fitting_buckets(values, max_model_len)
+        fitted = fitting_buckets(values, max_model_len)
+        own = getattr(runtime, role)
+        # a one-value option (optimum-neuron's max context length): the longest that fits
+        return fitted[-1:] if own is not None and own.single else fitted
     return []
 
 
@@ -74,6 +77,8 @@ def bucket_words(runtime: Any, prefill: Sequence[int] | None, decode: Sequence[i
     def join(buckets):
         return ",".join(str(b) for b in buckets or []) or "default"
 
+    if runtime.attention is None:        # an export's two graphs
+        return f"max context length {join(prefill)}"
     if runtime.static_kv:
         return f"context encoding {join(prefill)} / token generation {join(attention)}"
     text = f"prefill {join(prefill)} / decode {join(decode)}"

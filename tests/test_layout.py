@@ -13,7 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "neuron_batch"
 #: Each entry is a subpackage or a top-level module of neuron_batch.
 STAGES = (
     # shared, pure
-    ("errors", "buckets", "prefix_grid", "choices", "runtime_hints", "runtime", "versions"),
+    ("errors", "buckets", "prefix_grid", "choices", "runtime_hints", "runtime_shapes", "runtime",
+     "versions"),
     ("inputs", "scheduler"),                        # 1. prompts in; the Neuron scheduler
     ("device",),                                    # 2. the simulated Neuron device
     ("report",),                                    # 3. records -> report (pure)
@@ -25,7 +26,7 @@ STAGES = (
     ("run",),                                       # a run: the runner, split parts
     ("bench",),                                     # many runs of one workload
     ("plan",),                                      # what to rent
-    ("doctor",),                                    # can a run start on this host
+    ("doctor", "doctor_checks", "doctor_export"),   # can a run start on this host
     ("cli",),                                       # click only
 )
 STAGE_OF = {name: level for level, names in enumerate(STAGES) for name in names}

@@ -49,7 +49,8 @@ def test_the_releases_neuron_hosts_run_are_tested():
 
 
 def test_each_plugin_line_names_its_runtime_sdk_and_instances():
-    assert {line.runtime for line in NEURON_PLUGIN_RELEASES} == {"nxdi", "vllm-neuron"}
+    assert {line.runtime for line in NEURON_PLUGIN_RELEASES} == {"nxdi", "vllm-neuron",
+                                                                  "optimum-neuron"}
     by_vllm = {line.vllm: line for line in NEURON_PLUGIN_RELEASES}
     assert (by_vllm["0.13.0"].runtime, by_vllm["0.13.0"].neuron_sdk) == (NXDI, "2.28")
     assert {"inf2", "trn1"} <= set(by_vllm["0.13.0"].instances)
@@ -59,6 +60,9 @@ def test_each_plugin_line_names_its_runtime_sdk_and_instances():
     assert set(by_vllm["0.29.0"].instances) == {"trn2", "trn3"}
     assert release_entry("0.29.0").plugin_lines == (by_vllm["0.29.0"],)
     assert release_entry("0.33.0").plugin_lines == ()
+    # vLLM 0.11.0: AWS's NxDI plugin 0.2.0 and Hugging Face's optimum-neuron 0.4.x.
+    assert {line.runtime for line in release_entry("0.11.0").plugin_lines} == {
+        NXDI, "optimum-neuron"}
     assert "runtime nxdi" in versions.describe_release("0.13.0+neuron")
     assert "upstream" in versions.describe_release("0.33.0")
 
@@ -72,6 +76,58 @@ def test_each_plugin_line_names_its_runtime_sdk_and_instances():
 def test_an_installed_plugin_release_maps_to_its_line(text, plugin):
     line = plugin_line_of(text)
     assert (line.plugin if line else None) == plugin
+
+
+def test_optimum_neurons_releases_are_its_own_line_not_aws_04x():
+    """optimum-neuron 0.4.5 and AWS's vllm-neuron 0.4.x share a number, not a line."""
+    assert plugin_line_of("0.4.5", "optimum-neuron").plugin == "optimum-neuron 0.4.x"
+    assert plugin_line_of("0.4.5", "optimum-neuron").vllm == "0.11.0"
+    assert plugin_line_of("0.4.5").plugin == "vllm-neuron 0.4.x"
+    assert plugin_line_of("0.5.0", "optimum-neuron") is None
+    assert versions.runtime_of_plugin("0.4.5", "optimum-neuron").name == "optimum-neuron"
+    assert versions.runtime_of_plugin("0.4.5").name == NXDI
+
+
+def _installed(monkeypatch, distributions: dict[str, str], points: dict[str, str]):
+    import importlib.metadata as metadata
+    from types import SimpleNamespace
+
+    def version(name):
+        if name not in distributions:
+            raise metadata.PackageNotFoundError(name)
+        return distributions[name]
+
+    monkeypatch.setattr(metadata, "version", version)
+    monkeypatch.setattr(metadata, "entry_points", lambda group=None: [
+        SimpleNamespace(name=n, value=v) for n, v in points.items()])
+
+
+def test_the_installed_host_plugin_is_found_by_its_distribution_and_entry_point(monkeypatch):
+    _installed(monkeypatch, {"optimum-neuron": "0.4.5"},
+               {"optimum_neuron": "optimum.neuron.vllm.plugin:register"})
+    assert versions.neuron_plugin() == {
+        "distribution": "optimum-neuron", "version": "0.4.5",
+        "entry_point": "optimum.neuron.vllm.plugin:register", "others": []}
+    _installed(monkeypatch, {"vllm-neuron": "0.2.0", "optimum-neuron": "0.4.5"},
+               {"neuron": "vllm_neuron:register",
+                "optimum_neuron": "optimum.neuron.vllm.plugin:register"})
+    found = versions.neuron_plugin()
+    assert (found["distribution"], found["others"]) == ("vllm-neuron", ["optimum-neuron"])
+    _installed(monkeypatch, {}, {})
+    assert versions.neuron_plugin()["distribution"] is None
+
+
+def test_the_installed_plugin_decides_the_runtime_of_a_neuron_run(monkeypatch):
+    from neuron_batch.config import RunSettings
+
+    _installed(monkeypatch, {"optimum-neuron": "0.4.5"},
+               {"optimum_neuron": "optimum.neuron.vllm.plugin:register"})
+    settings = RunSettings(inputs=("x",), device="neuron", prefix_caching=False)
+    assert settings.resolve_runtime().name == "optimum-neuron"
+    assert RunSettings(inputs=("x",), device="neuron", runtime="nxdi").resolve_runtime(
+        ).name == NXDI                                   # --runtime overrides it
+    _installed(monkeypatch, {"vllm-neuron": "0.2.0"}, {"neuron": "vllm_neuron:register"})
+    assert settings.resolve_runtime().name == NXDI
 
 
 @pytest.mark.parametrize("text", ["0.24.0", "0.24.0+neuron", "0.11.0", "0.32.0+cpu",
@@ -103,7 +159,8 @@ def test_plugin_missing_message_only_without_the_plugin(monkeypatch):
     monkeypatch.setattr(versions, "neuron_plugin",
                         lambda: {"version": None, "entry_point": None})
     message = versions.neuron_plugin_missing_message()
-    assert "vllm-neuron" in message and "not installed" in message
+    assert "vllm-neuron" in message and "optimum-neuron" in message
+    assert "neither is installed" in message
     assert all(f"pins vLLM {line.vllm}" in message for line in NEURON_PLUGIN_RELEASES)
     monkeypatch.setattr(versions, "neuron_plugin",
                         lambda: {"version": "0.24.0.1", "entry_point": "vllm_neuron:register"})

@@ -176,7 +176,8 @@ def test_readme_rewrite_puts_passing_releases_between_the_markers(tmp_path):
     assert tools.rewrite_readme(readme, data)
     text = readme.read_text()
     assert "old" not in text and text.endswith("\n\nrest\n")
-    assert ("| 0.11.0 | vllm-neuron 0.2.0 | 2.26.1 and later | inf2, trn1, trn2 | `nxdi` | "
+    assert ("| 0.11.0 | vllm-neuron 0.2.0 / optimum-neuron 0.4.x | 2.26.1 and later / 2.26 "
+            "(neuronx-cc 2.21) | inf2, trn1, trn2 / inf2, trn1 | `nxdi` / `optimum-neuron` | "
             "scheduler, recorder, harness, simulated executor | 2026-11-30 |") in text
     assert "| 0.24.0 |" not in text
     assert not tools.rewrite_readme(readme, data)          # unchanged the second time

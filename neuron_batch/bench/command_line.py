@@ -72,7 +72,8 @@ def run_command(settings: RunSettings, *, program: str = "neuron-batch run") -> 
         if key != PREFIX_BUCKETS_KEY or settings.prefix_buckets is not None:
             add(BUCKET_FIELDS[key], values)
     for f in fields(RunSettings):
-        if f.name in _NOT_WRITTEN or f.name in _ALWAYS or f.name.endswith("_buckets"):
+        if (f.name in _NOT_WRITTEN or f.name in _ALWAYS
+                or f.name in BUCKET_FIELDS.values()):   # (written above, resolved)
             continue
         value = getattr(settings, f.name)
         if value is False and getattr(defaults, f.name) is True:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.buckets import DECODE_CONTEXT_MULTIPLE
+from neuron_batch.buckets import DECODE_CONTEXT_MULTIPLE, round_model_len
 from neuron_batch.config import RunSettings
 from neuron_batch.layout.optimiser import plans_for_each_k, prefill_chunk_lengths
 from neuron_batch.scheduler.kv_reserve import SHORT_NAMES
@@ -47,7 +47,9 @@ def candidate(base: RunSettings, sweep_dir: Path, name: str, *, max_num_seqs: in
                        metrics_textfile=None)
     settings = settings.with_buckets(runtime, prefill, decode, attention)
     shapes = settings.validate().shapes(runtime)
-    return Candidate(name, {"runtime": runtime.name, "max_num_seqs": max_num_seqs,
+    # (an export's sequence length is swept too: export_candidates)
+    length = {"max_model_len": settings.max_model_len} if runtime.fixed_export else {}
+    return Candidate(name, {"runtime": runtime.name, "max_num_seqs": max_num_seqs, **length,
                             "prefill_buckets": _join(shapes.prefill_buckets),
                             "decode_buckets": _join(shapes.decode_buckets),
                             "attention_buckets": _join(shapes.attention_buckets) or None,
@@ -127,6 +129,11 @@ def grid_candidates(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence
     pad (nxdi: the swept decode dimension; vllm-neuron: the C sets)."""
     kv_values = list(kv_values or [base.kv_reserve])
     runtime = base.resolve_runtime()
+    if runtime.fixed_export:
+        return export_candidates(base, sweep_dir, seqs_values=seqs_values,
+                                 prompt_lengths=prompt_lengths, length_hists=length_hists or {},
+                                 user_prefill=user_prefill, kv_values=kv_values,
+                                 variant=variant)
     mml = base.max_model_len
     budget = base.max_num_batched_tokens if runtime.chunked_prefill else mml
     chunks = prefill_chunk_lengths(prompt_lengths, budget, mml)
@@ -200,10 +207,48 @@ def grid_candidates(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence
     return out
 
 
+def export_candidates(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
+                      prompt_lengths: Sequence[int], length_hists: dict,
+                      user_prefill: Sequence[Sequence[int]], kv_values: Sequence[str],
+                      variant: str = "") -> list[Candidate]:
+    """What an export fixes instead of bucket lists (a `fixed_export` runtime, optimum-neuron):
+    its max context length (P: def = the sequence length, uN = the user's Nth value, fit = the
+    longest prompt rounded up to 128) x its sequence length (L: def = --max-model-len, fit =
+    the longest request phase one ran, rounded up to 128, where shorter) at each batch size
+    (max_num_seqs). Every prefill pads to the first and every decode slot attends the second,
+    so the tightest values that still hold the job are what can pay; defaults excluded."""
+    mml = base.max_model_len
+    contexts: dict[str, int | None] = {"def": None}
+    for i, values in enumerate(user_prefill, 1):
+        contexts[f"u{i}"] = values[-1]
+    if prompt_lengths:
+        contexts["fit"] = min(round_model_len(max(prompt_lengths)), mml)
+    out: list[Candidate] = []
+    multi_seqs, multi_kv = len(seqs_values) > 1, len(kv_values) > 1
+    for kv_reserve, seqs in ((k, s) for k in kv_values for s in seqs_values):
+        suffix = _suffix(seqs, kv_reserve, multi_seqs=multi_seqs, multi_kv=multi_kv) + variant
+        lengths = _hist_for(length_hists, seqs, kv_reserve)
+        sequence = {"def": mml}
+        if lengths and round_model_len(max(lengths)) < mml:
+            sequence["fit"] = round_model_len(max(lengths))
+        seen: set[tuple[int | None, int]] = set()
+        for cname, context in contexts.items():
+            for lname, length in sequence.items():
+                shape = (None if context is None or context >= length else context, length)
+                if (cname, lname) == ("def", "def") or shape in seen or shape == (None, mml):
+                    continue
+                seen.add(shape)
+                out.append(candidate(replace(base, max_model_len=length), sweep_dir,
+                                     f"P={cname},L={lname}" + suffix, max_num_seqs=seqs,
+                                     prefill=None if shape[0] is None else [shape[0]],
+                                     decode=None, kv_reserve=kv_reserve))
+    return out
+
+
 def _second_letter(runtime) -> str:
     """The swept decode dimension's letter: T (nxdi's token-generation sets, every step runs
-    all slots) or D (vllm-neuron's decode batch sets)."""
-    return "T" if runtime.static_kv else "D"
+    all slots), D (vllm-neuron's decode batch sets) or L (an export's sequence length)."""
+    return "L" if runtime.fixed_export else "T" if runtime.static_kv else "D"
 
 
 def _hist_for(hists: dict, seqs: int, kv_reserve: str):

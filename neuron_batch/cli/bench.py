@@ -130,8 +130,8 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
                         prefill_buckets_set]
         user_decode = [parse_buckets_option(t, "--decode-buckets-set") for t in
                        decode_buckets_set]
-        for buckets in user_prefill:
-            replace(base, prefill_buckets=buckets).validate()
+        for buckets in user_prefill:     # (the runtime's own prefill option)
+            base.with_buckets(base.resolve_runtime(), buckets).validate()
         # The swept decode list: nxdi's token-generation sets end at max_model_len, the
         # Beta plugin's batch sets at a max_num_seqs.
         static = base.resolve_runtime().static_kv

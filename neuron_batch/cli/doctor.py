@@ -30,9 +30,10 @@ from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_SEQS
 @weight_dtype_option()
 @click.option("--instance", default=None, envvar="NEURON_BATCH_INSTANCE",
               help="The instance type. Default: what the host says (EC2's DMI product name).")
-@click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
-              help="[nxdi] The KV layout to describe: NxDI's block layout and its (prefill, "
-                   "prefix) grid, or the contiguous one.")
+@click.option("--prefix-caching/--no-prefix-caching", default=None,
+              help="[nxdi] The KV layout to describe: NxDI's block layout and (prefill, "
+                   "prefix) grid, or the contiguous one. Default: the runtime's (off on "
+                   "optimum-neuron).")
 @click.option("--prefix-buckets", default=None, metavar="N,N,...",
               help="[nxdi] Prefix buckets, as `run` takes them. Default: NxDI's.")
 @click.option("--block-size", type=int, default=None,
@@ -45,11 +46,14 @@ def doctor(as_json, results_dir, no_platform, model, max_num_seqs, max_model_len
            tensor_parallel_size, weight_dtype, instance, prefix_caching, prefix_buckets,
            block_size, compiled_artifacts):
     """Check this host: neuron-batch, Python and vLLM versions (against the tested releases),
-    AWS's Neuron plugin, the Neuron runtime it runs (nxdi or vllm-neuron), NxD Inference, the
-    compiled-artifacts folder, the platform vLLM picks, Neuron devices and cores, the built-in
-    model's cache and free space for results. On an NxDI host: whether prefix caching is on,
-    the KV layout and the graphs it compiles; with --model, whether max-num-seqs x
-    max-model-len of static KV fits beside the weights, before anything loads.
+    the Neuron plugin (AWS's vllm-neuron or Hugging Face's optimum-neuron), the Neuron runtime
+    it runs (nxdi, vllm-neuron or optimum-neuron), NxD Inference, the compiled-artifacts
+    folder, the platform vLLM picks, Neuron devices and cores, the built-in model's cache and
+    free space for results. On an NxDI host: whether prefix caching is on, the KV layout and
+    the graphs it compiles; on optimum-neuron, with --model, the export a run would load (local
+    export, hub cache or compiled fresh; batch size, sequence length, TP) and whether it
+    matches; with --model, whether max-num-seqs x max-model-len of static KV fits beside the
+    weights, before anything loads.
 
     Exits 0 when a run can start, 1 (with the reasons) when it cannot.
     """
@@ -62,6 +66,8 @@ def doctor(as_json, results_dir, no_platform, model, max_num_seqs, max_model_len
     )
     from neuron_batch.doctor import format_text, gather, report
 
+    if prefix_caching is None:      # (the runtime this host's plugin runs decides it)
+        prefix_caching = RunSettings(inputs=("-",)).resolve_runtime().prefix_caching
     layout = RunSettings(inputs=("-",), model=model, max_num_seqs=max_num_seqs,
                          max_model_len=max_model_len, compiled_artifacts=compiled_artifacts,
                          prefix_caching=prefix_caching, block_size=block_size,

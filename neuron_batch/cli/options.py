@@ -70,9 +70,9 @@ def engine_options(func):
                      show_default=True, help="Longest prompt + output, in tokens."),
         click.option("--runtime", type=click.Choice(RUNTIME_NAMES), default=None,
                      envvar="NEURON_BATCH_RUNTIME",
-                     help="The shapes Neuron compiles: nxdi (inf2/trn1, static KV) or "
-                          "vllm-neuron (trn2/trn3, paged KV). Default: the instance's on sim, "
-                          "the plugin's on Neuron, else vllm-neuron."),
+                     help="What Neuron compiles: nxdi (inf2/trn1, buckets), vllm-neuron "
+                          "(trn2/trn3, paged KV), optimum-neuron (inf2/trn1, an export's two "
+                          "graphs). Default: the instance's, the plugin's, else vllm-neuron."),
         click.option("--context-encoding-buckets", default=None, metavar="N,N,...",
                      help="[nxdi] Prefill buckets over whole prompt lengths, ascending, ending "
                           "at max-model-len. Default: NxDI's, 128, 256, ... (from 512 with "
@@ -92,6 +92,9 @@ def engine_options(func):
                      help="[vllm-neuron] Decode KV context-length buckets (multiples of 128, "
                           "below max-model-len): a decode step reads the smallest above its "
                           "longest sequence instead of a whole max-model-len. Default: none."),
+        click.option("--max-context-length", type=int, default=None, metavar="N",
+                     help="[optimum-neuron] The export's context-encoding length: every "
+                          "prompt is padded to it, none may be longer. Default: max-model-len."),
         click.option("--block-size", type=int, default=None,
                      help="KV block size. Default 32 on Neuron and sim (nxdi takes 16 or 32; "
                           "max-model-len with --no-prefix-caching); on the CPU vLLM's own."),

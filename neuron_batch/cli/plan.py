@@ -75,6 +75,9 @@ def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, floa
               show_default=True,
               help="The order each replica submits its requests in (`run --order`); "
                    "length: longest first, which under nxdi wastes less attention.")
+@click.option("--runtimes", default=None, metavar="R,R",
+              help="Runtimes to weigh side by side where they run, e.g. nxdi,optimum-neuron "
+                   "on inf2. Default: each instance's own (nxdi on inf2/trn1).")
 @click.option("--compiled", is_flag=True,
               help="The graphs are compiled already (an earlier run's artifacts or compile "
                    "cache): the start-up counts their load only, and hosts too small to "
@@ -112,8 +115,8 @@ def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, floa
                                                "simulations are reused).")
 @click.option("-q", "--quiet", is_flag=True, help="Only the final table and recommendation.")
 def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_seqs,
-         max_prefill_buckets, splits, compiled, weight_dtype, cost_profile, pricing, price_per_hour,
-         jobs, output, resume, quiet, **options):
+         max_prefill_buckets, splits, runtimes, compiled, weight_dtype, cost_profile, pricing,
+         price_per_hour, jobs, output, resume, quiet, **options):
     """Which instances, how many, laid out how, to finish INPUTS by --deadline for the least
     money, on the simulated Neuron device.
 
@@ -135,6 +138,16 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
     from neuron_batch.job.folder import default_output_dir
     from neuron_batch.plan.grid import check_instances, placements
     from neuron_batch.plan.options import PlanError, PlanSpec
+    from neuron_batch.runtime import RuntimeNameError, get_runtime
+
+    def runtime_list(text: str | None) -> tuple[str, ...]:
+        """--runtimes nxdi,optimum-neuron -> their names, each looked up where it enters."""
+        try:
+            return tuple(dict.fromkeys(get_runtime(n).name for n in (text or "").split(",")
+                                       if n.strip()))
+        except RuntimeNameError as error:
+            raise SettingsError(str(error).replace("--runtime ", "--runtimes: each ")) from None
+
     from neuron_batch.plan.run import PlanJob, plan_base, run_plan
     from neuron_batch.report.cost import PricingError
 
@@ -146,6 +159,7 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
             if value < 1:
                 raise SettingsError(f"{name} must be 1 or more, got {value}")
         names = check_instances([n for n in instances.split(",") if n.strip()])
+        weighed = runtime_list(runtimes)
         prices = parse_prices(price_per_hour, names)
         when = parse_deadline(deadline)
         settings = RunSettings(
@@ -158,7 +172,8 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
         spec = PlanSpec.from_settings(base, instances=names,
                                       max_num_instances=max_num_instances, seqs_values=seqs,
                                       max_prefill_buckets=max_prefill_buckets,
-                                      compiled=compiled, prices=prices, splits=splits)
+                                      compiled=compiled, prices=prices, splits=splits,
+                                      runtimes=weighed)
         # An unknown architecture, or a model whose weights or KV fit nowhere, fails here,
         # before any input is read (grid.py looks --architecture up once); a host too small
         # to compile it is left out later, after the inputs' and folder's checks.

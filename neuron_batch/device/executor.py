@@ -25,7 +25,10 @@ settings give byte-identical records (request ids included, see `Target.engine_k
 
 Without NeuronScheduler (no padded shapes in the SchedulerOutput) the executor still runs:
 a step's prefill chunks are costed together as one unpadded prefill and its decodes as one
-unpadded batch, the two times added (Neuron cannot mix them in one graph).
+unpadded batch, the two times added (Neuron cannot mix them in one graph). So is a step of a
+decode-then-prefill runtime (optimum-neuron), padded as the scheduler says: its decode first
+(the time it took goes back as `decode_seconds`, where the step's decode record ends), then its
+prefill.
 
 A request samples its first token in the step where its prompt is complete. A request vLLM
 preempted and recomputes in chunks would sample one chunk early: NeuronScheduler never preempts.
@@ -216,14 +219,23 @@ class NeuronSimExecutor(Executor):
             else:
                 sampled.append([])
         seconds = 0.0
+        if decode_seqs:
+            # (a decode-then-prefill step, optimum-neuron: its decode graph call first, as
+            # padded as a decode step; else a scheduler without padding's decodes)
+            attended = getattr(so, "attended_len", None)
+            if attended is not None and seqs_padded is not None:
+                read = self._kv_read(seqs_padded, attended, decode_context)
+                gathered = self._gathered(seqs_padded, attended) if self._gathered else 0
+                seconds += self._decode_time(seqs_padded, read, gathered)
+            else:
+                seconds += self._decode_time(seqs_padded or decode_seqs, decode_context)
+            so.decode_seconds = seconds     # where the step's decode record ends
         if prefill_padded:
             # NeuronScheduler says what the prefill's attention reads (the grid cell's prefix
             # bucket, whole segments): Shapes.prefill_step.
             read = getattr(so, "prefill_kv_read", None)
             seconds += self._prefill_time(prefill_padded,
                                           prefill_context if read is None else read)
-        if decode_seqs:
-            seconds += self._decode_time(seqs_padded or decode_seqs, decode_context)
         self.clock.now += seconds
         return model_runner_output(req_ids=req_ids,
                                    req_id_to_index=dict(zip(req_ids, range(len(req_ids)))),

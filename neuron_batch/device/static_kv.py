@@ -39,17 +39,18 @@ def static_slots(inst: Instance, arch: Architecture, tp: int, weight_dtype: str,
 
 def static_kv_capacity(inst: Instance, arch: Architecture, tp: int, weight_dtype: str,
                        max_model_len: int, max_num_seqs: int | None, block_size: int,
-                       kv_dtype: str = "bf16") -> dict[str, Any]:
+                       kv_dtype: str = "bf16", runtime: str = "nxdi") -> dict[str, Any]:
     """The static cache of `max_num_seqs` slots (None: as many as fit), in the keys
     `kv_capacity` uses, plus `max_static_seqs` (slots that fit). CapacityError, naming the
-    numbers and what would fit, when the weights or the slots do not fit."""
+    numbers, the `runtime` (nxdi, optimum-neuron: the same static cache) and what would fit,
+    when the weights or the slots do not fit."""
     budget, reserve, free = _fit_bytes(inst, tp, arch, weight_dtype)
     weights = arch.weight_bytes(weight_dtype)
     per_token = kv_bytes_per_token(arch, tp, kv_dtype)
     fit = max(free, 0) // (max_model_len * per_token)
     if free <= 0 or fit < 1 or (max_num_seqs is not None and max_num_seqs > fit):
         raise CapacityError(_does_not_fit(inst, arch, tp, weight_dtype, max_model_len,
-                                          max_num_seqs or 1, kv_dtype))
+                                          max_num_seqs or 1, kv_dtype, runtime))
     slots = fit if max_num_seqs is None else max_num_seqs
     blocks_per_seq = -(-max_model_len // block_size)
     num_blocks = slots * blocks_per_seq
@@ -69,12 +70,12 @@ def static_kv_capacity(inst: Instance, arch: Architecture, tp: int, weight_dtype
 
 
 def _does_not_fit(inst: Instance, arch: Architecture, tp: int, weight_dtype: str,
-                  max_model_len: int, max_num_seqs: int, kv_dtype: str) -> str:
+                  max_model_len: int, max_num_seqs: int, kv_dtype: str, runtime: str) -> str:
     budget, reserve, free = _fit_bytes(inst, tp, arch, weight_dtype)
     weights = arch.weight_bytes(weight_dtype)
     per_token = kv_bytes_per_token(arch, tp, kv_dtype)
     need = max_num_seqs * max_model_len * per_token
-    head = (f"{arch.name} {weight_dtype} on TP {tp} on {inst.name} cannot load under nxdi: "
+    head = (f"{arch.name} {weight_dtype} on TP {tp} on {inst.name} cannot load under {runtime}: "
             f"its static KV cache of max_num_seqs {max_num_seqs} x max_model_len "
             f"{max_model_len:,} x {per_token:,} B = {need / GIB:.1f} GiB must fit beside "
             f"{weights / GIB:.2f} GiB of weights in {budget / GIB:.0f} GiB of HBM "

@@ -149,10 +149,10 @@ class Target:
         _check_context(self.arch, max_model_len)
         where = (self.instance, self.arch, self.tp, self.weight_dtype, max_model_len)
         if self.runtime.static_kv:
-            kv = static_kv_capacity(*where, max_num_seqs, self.block_size)
+            kv = static_kv_capacity(*where, max_num_seqs, self.block_size,
+                                    runtime=self.runtime.name)
             if self.kv_layout == "block":
-                # pa_num_blocks: vLLM's pool, its null block included (the NxDI plugin adds
-                # one to both), and NxDI reserves one more block on the device.
+                # pa_num_blocks: vLLM's pool and null block (as the plugin) + 1 NxDI reserves
                 blocks = kv["num_blocks"] + 1
                 kv = {**kv, "layout": "block", "pa_num_blocks": blocks,
                       "derivation": kv["derivation"] + f"; block layout: pa_num_blocks "

@@ -162,6 +162,8 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
         kwargs.update(setup.kwargs)
         section = setup.section
         neuron_batch["process_env"] = setup.env
+        if setup.export is not None:    # (the start-up says where its graphs come from)
+            neuron_batch["export"] = setup.export.describe()
     kwargs["additional_config"] = {runtime.config_section: section,
                                    "neuron_batch": neuron_batch}
     return kwargs

@@ -22,6 +22,13 @@ Why each setting (sources: ../shared/notes/neuron-runtimes.md, the plugin's publ
 - Compiled artifacts: without NEURON_COMPILED_ARTIFACTS every start recompiles; with it, old
   artifacts load whatever the configuration. We point it at a folder keyed by a hash of every
   input of the compiled graphs.
+- optimum-neuron (a runtime whose export fixes the shapes): its platform keeps our scheduler
+  and a given worker, turns prefix caching off and sets block_size = max_model_len; our worker
+  turns chunked prefill off (optimum_worker.py); the export it loads (optimum_export.py) must
+  match the run's limits, and its max_context_length goes to the scheduler's section so the
+  records pad every prompt to it. It reads no NEURON_COMPILED_ARTIFACTS (its exports are the
+  compiled graphs); `model_loader_extra_config` lets it compile what no export or hub-cache
+  entry holds, as the start-up then says.
 
 Pure Python apart from what the callers pass in (no vLLM import).
 """
@@ -37,6 +44,14 @@ from typing import TYPE_CHECKING, Any
 
 from neuron_batch.config import RunSettings
 from neuron_batch.engine.nxdi_plugin import NeuronHostError, nxdi_kv_layout, plugin_line
+from neuron_batch.engine.optimum_export import (
+    ALLOW_FRESH,
+    Export,
+    ask_hub_cache,
+    check_export,
+    check_prompts,
+    find_export,
+)
 from neuron_batch.runtime import NXDI, RUNTIMES, Runtime
 
 if TYPE_CHECKING:
@@ -45,6 +60,8 @@ if TYPE_CHECKING:
 
 #: Our worker: the plugin's, with chunked prefill turned off before the model loads.
 WORKER_CLS = "neuron_batch.engine.neuron_worker.WholePromptNeuronWorker"
+#: The same for optimum-neuron's worker.
+OPTIMUM_WORKER_CLS = "neuron_batch.engine.optimum_worker.WholePromptOptimumWorker"
 ARTIFACTS_ENV = "NEURON_COMPILED_ARTIFACTS"
 #: Under the cache folder when --compiled-artifacts is not given.
 ARTIFACTS_DIRNAME = "neuron-compiled"
@@ -61,6 +78,7 @@ class HostSetup:
     section: dict[str, Any]
     env: dict[str, str] = field(default_factory=dict)
     artifacts: Path | None = None
+    export: Export | None = None        # optimum-neuron: the export it loads, and from where
 
 
 def mixed_sampling(settings: RunSettings, requests) -> bool:
@@ -73,9 +91,12 @@ def mixed_sampling(settings: RunSettings, requests) -> bool:
 def host_setup(settings: RunSettings, runtime: Runtime, *, model_path: str,
                plugin_version: str | None, mixed: bool = False,
                nxdi_version: str | None = None,
-               artifacts_root: str | Path | None = None) -> HostSetup:
+               artifacts_root: str | Path | None = None,
+               hub_lookup=ask_hub_cache) -> HostSetup:
     """Everything `--device neuron` sets for this run under `runtime`; NeuronHostError, before
     anything loads, for a setting the plugin cannot run."""
+    if runtime.fixed_export:
+        return export_setup(settings, runtime, find_export(settings, model_path, hub_lookup))
     line = plugin_line(plugin_version)
     kwargs: dict[str, Any] = {}
     tp = settings.sim.tensor_parallel_size
@@ -107,6 +128,27 @@ def host_setup(settings: RunSettings, runtime: Runtime, *, model_path: str,
                               root=artifacts_root)
     env[ARTIFACTS_ENV] = str(artifacts)
     return HostSetup(kwargs, section, env, artifacts)
+
+
+def export_setup(settings: RunSettings, runtime: Runtime, export: Export) -> HostSetup:
+    """What `--device neuron` sets under a runtime whose export fixes the shapes
+    (optimum-neuron): the export checked against the run first (NeuronHostError with the
+    settings that would run it)."""
+    check_export(export, settings)
+    length = settings.max_model_len
+    if settings.block_size is not None and settings.block_size != length:
+        raise NeuronHostError(
+            f"--block-size {settings.block_size}: {runtime.name}'s platform sets the KV block "
+            f"to max_model_len ({length}), one per slot; drop --block-size")
+    kwargs: dict[str, Any] = {"block_size": length, "enable_prefix_caching": False,
+                              "worker_cls": OPTIMUM_WORKER_CLS,
+                              "model_loader_extra_config": ALLOW_FRESH}
+    tp = settings.sim.tensor_parallel_size or export.tp_degree
+    if tp:
+        kwargs["tensor_parallel_size"] = tp
+    # The plugin reads no section; our scheduler reads the context-encoding length from it.
+    section = {runtime.prefill.key: [export.max_context_length]}
+    return HostSetup(kwargs, section, dict(runtime.scheduler_env), None, export)
 
 
 def installed_host_setup(settings: RunSettings, runtime: Runtime, model_path: str, *,
@@ -266,9 +308,12 @@ def static_kv_fit(settings: RunSettings, runtime: Runtime, model_path: str,
 def check_host(settings: RunSettings, runtime: Runtime, model_path: str, requests,
                plugin_version: str | None) -> HostSetup:
     """Every check of a Neuron run that needs no device, before anything loads: the plugin's
-    settings (host_setup) and the static KV cache beside the weights."""
+    settings (host_setup; under optimum-neuron the export it loads, and no prompt longer
+    than its context-encoding graph) and the static KV cache beside the weights."""
     setup = host_setup(settings, runtime, model_path=model_path, plugin_version=plugin_version,
                        mixed=mixed_sampling(settings, requests),
                        nxdi_version=installed_version(NXDI_DISTRIBUTION))
+    if setup.export is not None:
+        check_prompts(setup.export, requests)
     static_kv_fit(settings, runtime, model_path, host_hardware(settings))
     return setup

@@ -19,19 +19,9 @@ from typing import Any
 
 from vllm_neuron.worker.neuron_worker import NeuronWorker
 
+from neuron_batch.engine.whole_prompts import whole_prompts
 
-def whole_prompts(scheduler_config: Any) -> None:
-    """Chunked prefill off on a built SchedulerConfig (the field the plugin's loader reads is
-    `chunked_prefill_enabled`; vLLM keeps the requested value in `enable_chunked_prefill`)."""
-    for name in ("enable_chunked_prefill", "chunked_prefill_enabled"):
-        if getattr(scheduler_config, name, False):
-            try:
-                setattr(scheduler_config, name, False)
-            except AttributeError:  # a read-only property derived from the other field
-                pass
-    if getattr(scheduler_config, "chunked_prefill_enabled", False):
-        raise RuntimeError("neuron-batch could not turn vLLM's chunked prefill off; the NxDI "
-                           "plugin's loader would assert a chunked-prefill config")
+__all__ = ["WholePromptNeuronWorker", "whole_prompts"]
 
 
 class WholePromptNeuronWorker(NeuronWorker):

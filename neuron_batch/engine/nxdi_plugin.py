@@ -181,7 +181,7 @@ def layout_facts(settings: RunSettings, runtime: Runtime, plugin_version: str | 
     """What doctor says of the KV layout a run with `settings` gets under the installed
     plugin: prefix caching on or off, the layout, the graph count, or why it cannot run; None
     where the runtime is not NxDI's (no layout choice)."""
-    if runtime.host_block_size is not None:
+    if runtime.host_block_size is not None or runtime.fixed_export:
         return None
     try:
         layout = nxdi_kv_layout(settings, runtime, plugin_line(plugin_version))

@@ -145,12 +145,15 @@ class SyntheticTokens:
 
 def prepare_requests(records: Sequence[PromptRecord], *, tokenizer: Any, tokenizer_name: str | None,
                      vocab_size: int, max_model_len: int, default_max_tokens: int,
-                     clamp_max_tokens: bool = True) -> Prepared:
+                     clamp_max_tokens: bool = True,
+                     longest_prompt_graph: tuple[int, str] | None = None) -> Prepared:
     """Turn records into requests; records that cannot run become problems naming their line.
 
     A prompt needs at least one free position for output: prompts of max_model_len tokens or
     more are problems. max_tokens past the end of the context is clamped (vLLM would stop the
-    request there anyway) and counted.
+    request there anyway) and counted. `longest_prompt_graph`: (the longest prompt a graph
+    takes, the option that sets it), where it is below max_model_len (optimum-neuron's
+    max_context_length): a longer prompt is a problem naming the value that would take it.
     """
     synthetic: SyntheticTokens | None = None
     requests: list[PreparedRequest] = []
@@ -180,6 +183,13 @@ def prepare_requests(records: Sequence[PromptRecord], *, tokenizer: Any, tokeniz
                 record.source, field, f"the prompt has {len(ids):,} tokens, more than fit in "
                 f"max_model_len = {max_model_len:,} with room for output", record.read_order,
                 too_long=True))
+            continue
+        if longest_prompt_graph is not None and len(ids) > longest_prompt_graph[0]:
+            graph, flag = longest_prompt_graph
+            problems.append(InputProblem(
+                record.source, field, f"the prompt has {len(ids):,} tokens, more than the "
+                f"context-encoding graph takes ({flag} {graph}): give {flag} {len(ids)} or "
+                f"more, up to --max-model-len {max_model_len}", record.read_order))
             continue
         if record.prompt_token_ids is not None:
             bad = next((t for t in ids if t >= vocab_size), None)

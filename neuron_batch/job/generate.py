@@ -108,7 +108,7 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
     started = time.time()
     on_neuron = simulated or device == "neuron"
     if on_neuron:
-        from neuron_batch.job.startup import after_start, before_start
+        from neuron_batch.job.startup import after_start, before_start, startup_words
 
         state = before_start(job, kwargs, folder.path / ENGINE_LOG, log)
     log("loading the model into vLLM" if not simulated else "starting the simulated device")
@@ -118,6 +118,8 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
         raise RunError(f"vLLM refused the configuration: {error}") from None
     startup = (after_start(job, state, time.time() - started, folder.path / ENGINE_LOG)
                if on_neuron else None)
+    if on_neuron and (said := startup_words(startup)):
+        log(said)
     detokenize = model.has_tokenizer and not simulated
     by_id: dict[str, PreparedRequest] = {}
     for request in pending:

@@ -42,7 +42,7 @@ CHECKED_SETTINGS = ("model", "device", "runtime", "max_model_len", "max_num_seqs
                     "max_num_batched_tokens", "prefill_buckets", "decode_buckets",
                     "context_encoding_buckets", "token_generation_buckets",
                     "decode_context_buckets", "block_size", "kv_reserve", "ignore_eos",
-                    "order", "split_at", "prefix_caching")
+                    "order", "split_at", "prefix_caching", "max_context_length")
 SIM_SETTINGS = ("instance", "architecture", "tensor_parallel_size", "weight_dtype",
                 "cost_profile")
 #: Named beside changed ids: the settings that choose which requests a job holds, and in what
@@ -94,6 +94,8 @@ def _digest(data: bytes) -> str:
 def checked_settings(settings: dict[str, Any], runtime: str | None) -> dict[str, Any]:
     """CHECKED_SETTINGS of a RunSettings.to_dict() (JSON values), the runtime as given."""
     values = {name: settings[name] for name in CHECKED_SETTINGS if name in settings}
+    if values.get("max_context_length") is None:    # (unset: as in folders made before it)
+        values.pop("max_context_length", None)
     values["runtime"] = runtime
     if settings.get("device") == "sim":
         sim = settings.get("sim") or {}

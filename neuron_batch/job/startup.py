@@ -9,7 +9,9 @@ before, the warning when the host cannot compile them, and afterwards what it co
   shapes) either held this configuration or not; the engine log says how many graphs the
   compile cache served ("Using a cached neff") and how long each phase took
   (device/compile_log.py); the attempt keeps the start-up time measured around the engine's
-  construction.
+  construction. Under optimum-neuron the export it loads says it instead (engine/
+  optimum_export.py: a local export or the hub cache's artifacts are compiled, a fresh export
+  is not), said before it starts and, with the time it took, after.
 Either way a host whose memory cannot compile the model (compile_time.host_memory_warning) is
 warned before anything loads, unless the graphs are compiled already.
 """
@@ -30,6 +32,7 @@ class StartupState:
     compiled: bool                      # graphs compiled before (artifacts, cache, --compiled)
     artifacts: Path | None = None       # the folder that holds (or will hold) the graphs
     log_offset: int = 0                 # engine.log's size before this start (Neuron host)
+    export: str | None = None           # optimum-neuron: where its graphs come from
 
 
 def layout_compiled(settings: RunSettings, target, model_path: str | None = None,
@@ -82,14 +85,19 @@ def before_start(job, kwargs: dict[str, Any], log_path: Path, log) -> StartupSta
     if job.simulated:
         state = StartupState(layout_compiled(settings, job.target))
     else:
-        env = ((kwargs.get("additional_config") or {}).get("neuron_batch") or {}).get(
-            "process_env") or {}
+        own = (kwargs.get("additional_config") or {}).get("neuron_batch") or {}
+        env = own.get("process_env") or {}
         from neuron_batch.engine.neuron_host import ARTIFACTS_ENV
 
         folder = Path(env[ARTIFACTS_ENV]) if env.get(ARTIFACTS_ENV) else None
         reused = folder is not None and holds_graphs(folder)
+        export = own.get("export")
+        if export is not None:
+            reused = bool(export["compiled"])
+            log(f"{job.runtime.name}: {export['words']}")
         state = StartupState(reused, folder, log_path.stat().st_size
-                             if log_path.exists() else 0)
+                             if log_path.exists() else 0,
+                             export["source"] if export is not None else None)
     instance, arch, dtype = _device_of(job)
     if not state.compiled and instance is not None and arch is not None:
         warning = host_memory_warning(instance, arch, dtype)
@@ -110,9 +118,20 @@ def after_start(job, state: StartupState, seconds: float, log_path: Path) -> dic
             compile_cache.record(settings.compiled_artifacts, job.target, shapes)
         return {"compiled_before": state.compiled, "simulated": True}
     found = parse_startup(read_from(log_path, state.log_offset))
-    return {"compiled_before": state.compiled or found["from_cache"],
-            "artifacts": str(state.artifacts) if state.artifacts else None,
-            "artifacts_reused": state.compiled, "measured_s": round(seconds, 1), **found}
+    startup = {"compiled_before": state.compiled or found["from_cache"],
+               "artifacts": str(state.artifacts) if state.artifacts else None,
+               "artifacts_reused": state.compiled, "measured_s": round(seconds, 1), **found}
+    if state.export is not None:
+        startup["export"] = state.export
+    return startup
+
+
+def startup_words(startup: dict[str, Any] | None) -> str | None:
+    """The line said once a Neuron host's engine is up, where its graphs came from (an
+    optimum-neuron export); None where there is nothing to say."""
+    if not startup or not startup.get("export"):
+        return None
+    return f"model loaded in {startup['measured_s']:.1f} s ({startup['export']})"
 
 
 def _device_of(job) -> tuple[Any, Any, str]:

@@ -49,7 +49,8 @@ def load_workload(settings: RunSettings, log: Callable[[str], None], *,
     model, tokenizer, tokenizer_name, vocab_size = _model_and_tokenizer(settings, log)
     prepared = prepare_requests(loaded.records, tokenizer=tokenizer, tokenizer_name=tokenizer_name,
                                 vocab_size=vocab_size, max_model_len=settings.max_model_len,
-                                default_max_tokens=settings.max_tokens)
+                                default_max_tokens=settings.max_tokens,
+                                longest_prompt_graph=_longest_prompt_graph(settings))
     # Problems are found while reading and while tokenizing (after --shuffle): in line order.
     problems = sorted(loaded.problems + prepared.problems, key=lambda p: p.read_order)
     if problems:
@@ -66,6 +67,16 @@ def load_workload(settings: RunSettings, log: Callable[[str], None], *,
     if not prepared.requests:
         raise RunError("no runnable prompts in the input")
     return Workload(model, prepared, problems, loaded.kind, tokenizer)
+
+
+def _longest_prompt_graph(settings: RunSettings) -> tuple[int, str] | None:
+    """(the longest prompt the runtime's context-encoding graphs take, the flag that sets it)
+    where that is below max_model_len (an optimum-neuron export's max_context_length), else
+    None: the max_model_len check covers it."""
+    shapes = settings.shapes()
+    if shapes.longest_prompt >= settings.max_model_len:
+        return None
+    return shapes.longest_prompt, shapes.runtime.prefill.flag
 
 
 def _model_and_tokenizer(settings: RunSettings, log):

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from neuron_batch.buckets import round_model_len
 from neuron_batch.layout.optimiser import plans_for_each_k, prefill_chunk_lengths
 
 if TYPE_CHECKING:   # (grid.py builds the chooser; only the types come from there)
@@ -45,7 +46,12 @@ class BucketChooser:
 
     def choose(self, placement: InstanceFit, total_replicas: int
                ) -> tuple[tuple[int, ...], float]:
-        """(prefill buckets, compile seconds) minimising compile + one replica's prefill."""
+        """(prefill buckets, compile seconds) minimising compile + one replica's prefill. An
+        export's one context length (a `single` option, optimum-neuron): the longest prompt
+        rounded up to 128, at most max_model_len; every prompt pads to it whatever its k."""
+        if placement.runtime.prefill.single:
+            longest = round_model_len(max(self.prompt_lens, default=1))
+            return (min(longest, placement.max_model_len),), self.compile_s(placement, 1)
         best = None
         for plan in self.plans(placement):
             compile_s = self.compile_s(placement, len(plan.buckets))

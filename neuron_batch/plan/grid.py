@@ -124,10 +124,13 @@ def placements(spec: PlanSpec) -> tuple[list[InstanceFit], list[str]]:
             price = price_for(name, spec.pricing, override)
         except PricingError as error:
             raise PlanError(str(error)) from None
-        runtime = simulated_runtime(spec.runtime, inst.family)
-        refused = runtime.not_shipped_for(name, inst.family)
-        if refused:                                 # no layout of it loads there
-            excluded.append(f"{name}: {refused}")
+        runtimes = [simulated_runtime(r, inst.family) for r in spec.runtime_names]
+        for runtime in runtimes:
+            refused = runtime.not_shipped_for(name, inst.family)
+            if refused:                             # no layout of it loads there
+                excluded.append(f"{name}: {refused}")
+        runtimes = [r for r in runtimes if not r.not_shipped_for(name, inst.family)]
+        if not runtimes:
             continue
         cannot_compile = None if spec.compiled else host_memory_warning(inst, arch,
                                                                         spec.weight_dtype)
@@ -136,7 +139,7 @@ def placements(spec: PlanSpec) -> tuple[list[InstanceFit], list[str]]:
                             f"{CANNOT_COMPILE} (aws-neuron-sdk issue 1222); plan with "
                             f"--compiled to weigh it with graphs compiled on a larger host")
             continue
-        for tp in valid_tp_degrees(inst):
+        for runtime, tp in ((r, t) for r in runtimes for t in valid_tp_degrees(inst)):
             try:
                 # Static KV (nxdi): sized for as many slots as fit; options above that are
                 # left out in build_options.
@@ -148,7 +151,8 @@ def placements(spec: PlanSpec) -> tuple[list[InstanceFit], list[str]]:
             except FileNotFoundError as error:     # --cost-profile
                 raise PlanError(str(error)) from None
             except ValueError as error:             # weights or KV cache do not fit
-                excluded.append(f"{name} TP {tp}: {error}")
+                if f"{name} TP {tp}: {error}" not in excluded:   # (once, not per runtime)
+                    excluded.append(f"{name} TP {tp}: {error}")
                 continue
             found.append(InstanceFit(name, tp, target.engines_per_instance, target, price))
     if not found:
@@ -222,7 +226,8 @@ def build_options(spec: PlanSpec, placements_: Sequence[InstanceFit], prompt_len
                                       kv_reserve=spec.kv_reserve)
                 name = option_name(placement.instance, num_instances, placement.replicas,
                                    placement.tp, seqs, mml if mml != spec.max_model_len
-                                   else None)
+                                   else None, placement.runtime.name
+                                   if len(spec.runtime_names) > 1 else None)
                 sim_key = (placement.hardware_key(), seqs, prefill, (seqs,), size, seed,
                            spec.kv_reserve)
                 part = DecodePart(None, False, seqs, placement.attention_buckets(),
@@ -237,10 +242,11 @@ def build_options(spec: PlanSpec, placements_: Sequence[InstanceFit], prompt_len
 
 
 def option_name(instance: str, num_instances: int, replicas: int, tp: int, seqs: int,
-                max_model_len: int | None = None) -> str:
-    """'2x inf2.8xlarge 1xTP2 S8', with ' L4224' when max_model_len is not the one given."""
+                max_model_len: int | None = None, runtime: str | None = None) -> str:
+    """'2x inf2.8xlarge 1xTP2 S8', with ' L4224' when max_model_len is not the one given and
+    the runtime's name when the plan weighs several ('... S8 optimum-neuron')."""
     return (f"{num_instances}x {instance} {replicas}xTP{tp} S{seqs}"
-            + (f" L{max_model_len}" if max_model_len else ""))
+            + (f" L{max_model_len}" if max_model_len else "") + (f" {runtime}" if runtime else ""))
 
 
 def mark_same_schedule(options: list[Option], spec: PlanSpec) -> None:

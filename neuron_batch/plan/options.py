@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_batch.buckets import nxdi_default_buckets
 from neuron_batch.choices import KvReserve, Order, Pricing, WeightDtype, normalise
 from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_TOKENS, RunSettings
 from neuron_batch.device.cost_model import StepCostModel
@@ -47,12 +46,20 @@ class PlanSpec:
     pricing: Pricing = Pricing.ON_DEMAND
     prices: dict[str, float] = field(default_factory=dict)   # instance -> USD/h overrides
     runtime: str | None = None      # None: each instance's own (nxdi inf2/trn1, vllm-neuron trn2)
+    #: Several runtimes weighed side by side on each instance that runs them (`--runtimes`,
+    #: e.g. nxdi,optimum-neuron on inf2); empty: `runtime` alone.
+    runtimes: tuple[str, ...] = ()
     splits: bool = True             # also weigh jobs split by length (static-KV runtimes)
     order: Order = Order.INPUT      # how each replica submits its share (`run --order`)
 
     def __post_init__(self) -> None:
         normalise(self, {"weight_dtype": WeightDtype, "kv_reserve": KvReserve,
                          "pricing": Pricing, "order": Order})
+
+    @property
+    def runtime_names(self) -> tuple[str | None, ...]:
+        """The runtime names weighed on each instance (None: the instance's own)."""
+        return self.runtimes or (self.runtime,)
 
     def in_order(self, prompt_lens: Sequence[int], output_lens: Sequence[int]
                  ) -> tuple[list[int], list[int]]:
@@ -118,10 +125,12 @@ class InstanceFit:
         return self.num_blocks
 
     def attention_buckets(self) -> tuple[int, ...]:
-        """The token-generation buckets NxDI compiles by default (nxdi); none (vllm-neuron:
-        the max_model_len graph only, the seed's default)."""
-        return tuple(nxdi_default_buckets(self.max_model_len)) if self.runtime.static_kv \
-            else ()
+        """The decode attention lengths the runtime compiles by default: NxDI's
+        token-generation buckets (nxdi), none (vllm-neuron: the max_model_len graph only, the
+        seed's default), the export's sequence length (optimum-neuron)."""
+        mml = self.max_model_len
+        return self.runtime.shapes({}, max_num_seqs=1, max_num_batched_tokens=mml,
+                                   max_model_len=mml).attention_buckets
 
     def hardware_key(self) -> tuple:
         """What the simulated device's timing and KV size depend on besides the settings: two

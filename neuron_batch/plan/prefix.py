@@ -68,7 +68,8 @@ def caching_options(spec: PlanSpec, singles: Sequence[Option], prompt_lens: Sequ
     stats: dict[tuple, ShareStats] = {}
     out = []
     for single in singles:
-        if single.skip_reason or single.split or single.prefix_caching:
+        if (single.skip_reason or single.split or single.prefix_caching
+                or not single.runtime.prefix_caching):    # (its platform turns it off)
             continue
         placement, mml, size = single.placement, single.max_model_len, single.share_size
         budget = (spec.max_num_batched_tokens if placement.runtime.chunked_prefill else mml)

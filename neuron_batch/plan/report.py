@@ -136,6 +136,7 @@ class PlanWriter:
             "max_num_seqs_values": list(spec.seqs_values),
             "max_prefill_buckets": spec.max_prefill_buckets, "compiled": spec.compiled,
             "kv_reserve": spec.kv_reserve, "pricing": spec.pricing,
+            **({"runtimes": list(spec.runtimes)} if spec.runtimes else {}),
             "prices_given": dict(spec.prices), "jobs": self.job.jobs,
             "started": self.started, "wall_s": wall_s, "complete": complete,
             "main_process_cpu_s": round(time.process_time(), 1),
@@ -210,8 +211,13 @@ def format_plan(data: dict[str, Any]) -> str:
             headers = (*_HEADERS, "cache")
             for cells, r in zip(body, rows):
                 cells.append(f"on, {r.get('order')}" if r.get("prefix_caching") else "off")
+        several = len({r.get("runtime") for r in rows}) > 1 or len(meta.get("runtimes") or ()) > 1
+        if several:                             # (--runtimes: say which each option uses)
+            headers = (*headers, "runtime")
+            for cells, r in zip(body, rows):
+                cells.append(str(r.get("runtime")))
         widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(headers)]
-        left = {1, 3, 6, 11, 12}
+        left = {1, 3, 6, 11, 12, 13}
 
         def line(cells):
             return ("  " + "  ".join(c.ljust(w) if i in left else c.rjust(w)

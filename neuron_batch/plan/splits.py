@@ -61,9 +61,10 @@ def split_options(spec: PlanSpec, singles: Sequence[Option], prompt_lens: Sequen
     longs: dict[tuple, ReplicaBound] = {}
     for single in singles:
         placement = single.placement
-        # (whole prompts: the short layout's lists are fitted, layout/split.py)
+        # (whole prompts: the short layout's lists are fitted, layout/split.py; an export's
+        # split would be two exports, which layout/split.py does not fit: not weighed yet)
         if (not placement.runtime.static_kv or placement.runtime.chunked_prefill
-                or single.skip_reason):
+                or placement.runtime.fixed_export or single.skip_reason):
             continue
         key = (placement.hardware_key(), single.share_size)
         if key not in cuts:

@@ -49,6 +49,11 @@ class KVAdmission:
         self._kv_groups = self._kv_cache_groups(vllm_config, kv_cache_config, block_size)
         self._blocks_per_max_request = blocks_for_tokens(self.max_model_len, self._kv_groups)
         usable_blocks = kv_cache_config.num_blocks - 1   # vLLM keeps one as its null block
+        if not kv_cache_config.kv_cache_groups:
+            # vLLM's pool holds no KV: the model keeps its own static cache of max_num_seqs
+            # slots of max_model_len (optimum-neuron's worker reports no KV spec, so vLLM
+            # builds an attention-free pool of one block: its worker.py get_kv_cache_spec).
+            usable_blocks = self.max_num_seqs * self._blocks_per_max_request
         self._max_kv_concurrent = self._kv_concurrency_limit(usable_blocks, block_size)
         # The running requests' reservations, and each request's own need, worked out once.
         self._kv = KVLedger(usable_blocks)

@@ -2,7 +2,9 @@
 
 Neuron runs precompiled graphs, so the scheduler must (see the design document,
 `docs/neuron-scheduler-design.md` in AWS's plugin and in this project's README):
-- never mix prefill and decode in one step, and prefill one request per step;
+- never mix prefill and decode in one step, and prefill one request per step (a runtime whose
+  runner decodes first and then prefills, optimum-neuron, gets both in one step, recorded as
+  two graph calls: decode_first.py);
 - pad every prefill chunk to a compiled token bucket and every decode batch to a compiled
   batch-size bucket, without letting the padding leak into vLLM's token accounting;
 - never admit a request unless every running request can still reach its end in the KV cache,
@@ -33,6 +35,7 @@ from neuron_batch.scheduler.compat import (
     lower_running_caps,
     prepend_in_order,
 )
+from neuron_batch.scheduler.decode_first import DecodeFirst
 from neuron_batch.scheduler.kv_admission import KVAdmission
 from neuron_batch.scheduler.kv_reserve import MAX_MODEL_LEN
 from neuron_batch.scheduler.min_tokens import MinTokensStop
@@ -66,7 +69,7 @@ RUNTIME_KEY = "runtime"             # "nxdi" or "vllm-neuron" (runtime.py; defau
 # (and KV_RESERVE_KEY in kv_admission.py: the kv_reserve rule)
 
 
-class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
+class NeuronScheduler(KVAdmission, MinTokensStop, DecodeFirst, Scheduler):
     """vLLM's scheduler with Neuron's admission control, prefill/decode separation and padding."""
 
     def __init__(self, vllm_config, kv_cache_config, structured_output_manager,
@@ -211,8 +214,9 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
             if len(prefill_running) != len(self.running):
                 hidden = [r for r in self.running if r.num_computed_tokens >= r.num_prompt_tokens]
                 self.running = prefill_running
-        elif self.waiting:
-            # A new prefill starts: hide every decode.
+        elif self.waiting and not self.runtime.decode_then_prefill:
+            # A new prefill starts: hide every decode (optimum-neuron's runner decodes them
+            # first and then prefills it, in one step: they stay).
             hidden, self.running = self.running, []
         else:
             num_decoding = len(self.running)
@@ -266,7 +270,12 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
             prefill_ids, prefill_tokens, num_decode, context_tokens = split_prefills(
                 output, self.requests)
         num_prefill = len(prefill_ids)
-        if num_prefill and num_decode:
+        decode_first = None
+        if num_prefill and num_decode and self.runtime.decode_then_prefill:
+            decode_first = self._record_decode_first(output, cached_computed, t_start,
+                                                     blocked, num_waiting)
+            blocked = None      # (counted on the decode's record)
+        elif num_prefill and num_decode:
             raise RuntimeError(
                 f"Neuron constraint violated: Mixed prefill ({num_prefill}) "
                 f"and decode ({num_decode}) in the same batch.")
@@ -303,6 +312,8 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
             output.num_seqs_padded = None
         output.num_scheduled_tokens_padded = padded
         output.attended_len = attended
+        if decode_first is not None:    # (the step's decode graph call, before its prefill)
+            output.num_seqs_padded, output.attended_len = decode_first
         if not self.running and not self.waiting:
             self._state = SchedulerState.IDLE
 
@@ -318,9 +329,14 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
             step = recorder.steps[-1]
             step.cached_tokens, step.recomputed_tokens = cached, recomputed
             step.prefix_bucket = prefix_bucket
+            if num_decode:      # (decode_then_prefill: the prefill record holds only it)
+                step.req_ids = list(prefill_ids)
+                step.context_tokens = sum(prefill_ids.values())
 
     # -- outputs and request life ------------------------------------------------------------
     def update_from_output(self, scheduler_output, model_runner_output):
+        if self._decode_first:
+            self._finish_decode_first(scheduler_output)
         step = self.recorder.finish_oldest_step()
         now = step.t_end if step is not None else self.recorder.clock()
         if step is not None and step.kind == PREFILL:

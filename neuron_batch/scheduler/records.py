@@ -178,13 +178,17 @@ class Recorder:
         self.steps.append(record)
         self._unfinished_steps.append(record)
 
-    def finish_oldest_step(self) -> StepRecord | None:
+    def oldest_unfinished(self) -> StepRecord | None:
+        """The oldest step still in flight (None: none is)."""
+        return self._unfinished_steps[0] if self._unfinished_steps else None
+
+    def finish_oldest_step(self, t_end: float | None = None) -> StepRecord | None:
         """Stamp the oldest step still in flight with its end time (FIFO: async scheduling
-        plans step N+1 before step N's output returns)."""
+        plans step N+1 before step N's output returns); `t_end` None: now."""
         if not self._unfinished_steps:
             return None
         record = self._unfinished_steps.pop(0)
-        record.t_end = self.clock()
+        record.t_end = self.clock() if t_end is None else t_end
         if self._file is not None:
             self._emit("step", _fields_of(record))
         return record

@@ -106,5 +106,5 @@ def test_run_device_neuron_says_so_before_loading_anything(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert done.stdout.strip().splitlines()[-1] == "EXIT 2 False False", done.stdout + done.stderr
-    assert "needs AWS's vLLM Neuron plugin (vllm-neuron), which is not installed" in done.stderr
+    assert "needs a vLLM Neuron plugin" in done.stderr and "neither is installed" in done.stderr
     assert not (tmp_path / "out").exists()
