@@ -22,6 +22,7 @@ from neuron_batch.choices import (
     Pricing,
     WeightDtype,
     normalise,
+    parse_prefix_caching,
 )
 from neuron_batch.prefix_grid import BLOCK_SIZES
 from neuron_batch.report.cost import (
@@ -130,7 +131,9 @@ class RunSettings:
     token_generation_buckets: tuple[int, ...] | None = None   # nxdi
     decode_context_buckets: tuple[int, ...] | None = None     # vllm-neuron (opt-in)
     prefix_buckets: tuple[int, ...] | None = None  # nxdi with prefix caching: the grid's
-    prefix_caching: bool = True          # vLLM's prefix cache (default on, as vLLM has it)
+    prefix_caching: bool | None = None   # vLLM's prefix cache: True/False forced (--prefix-
+                                         # caching on/off); None: auto, decided once per run
+                                         # where it pays (layout/prefix_decision.py)
     block_size: int | None = None        # None: the device's default (32 on Neuron)
     compiled_artifacts: str | None = None  # Neuron: root of the compiled-graph folders
     kv_reserve: KvReserve = DEFAULT_KV_RESERVE  # KV admission (scheduler/kv_reserve.py)
@@ -161,8 +164,18 @@ class RunSettings:
 
     def __post_init__(self) -> None:
         normalise(self, CHOICE_FIELDS)
+        if isinstance(self.prefix_caching, str):     # (a job file's or run.json's spelling)
+            try:
+                object.__setattr__(self, "prefix_caching",
+                                   parse_prefix_caching(self.prefix_caching))
+            except ValueError:
+                pass                                # (validate names it)
 
     def validate(self) -> RunSettings:
+        try:
+            parse_prefix_caching(self.prefix_caching)
+        except ValueError as error:
+            raise SettingsError(str(error)) from None
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_tokens"):
             _positive(name.replace("_", "-"), getattr(self, name))
         if self.block_size is not None:
@@ -311,7 +324,7 @@ class RunSettings:
         return runtime.shapes(self.bucket_lists(), max_num_seqs=self.max_num_seqs,
                               max_num_batched_tokens=self.max_num_batched_tokens,
                               max_model_len=self.max_model_len, family=self._sim_family(),
-                              prefix_caching=self.prefix_caching,
+                              prefix_caching=bool(self.prefix_caching),
                               block_size=self.block_size or BLOCK_SIZES[-1])
 
     def buckets(self) -> tuple[list[int], list[int]]:

@@ -1,0 +1,87 @@
+"""A run's prefix caching, settled once after its inputs are read and before anything loads
+(the engine, a Neuron host's checks, --split-at auto's weighing): as asked (--prefix-caching
+on/off), or auto's decision (layout/prefix_decision.py) on the requests in their submission
+order and the run's device with and without caching.
+
+A --resume'd auto run keeps the decision its folder made on the first attempt (the graphs that
+night compiled stay valid, and the checked settings stay the folder's), and says when
+tonight's input would decide otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from neuron_batch.choices import prefix_caching_word
+from neuron_batch.config import RunSettings
+from neuron_batch.inputs.prefix import DEFAULT_BLOCK
+from neuron_batch.job.folder import RunFolder
+from neuron_batch.job.job import resolve_target
+from neuron_batch.layout.prefix_decision import PrefixDecision, decide, forced
+
+if TYPE_CHECKING:
+    from neuron_batch.device.target import Target
+    from neuron_batch.job.workload import Workload
+
+#: run.json's key for the decision (beside "settings", which holds what it decided).
+MANIFEST_KEY = "prefix_caching"
+
+
+def settle(settings: RunSettings, workload: Workload, target: Target | None,
+           in_order: Callable[[], list], log) -> tuple[RunSettings, Target | None,
+                                                       PrefixDecision]:
+    """(the settings with prefix caching on or off, the device resolved for it, the decision).
+    `in_order()`: the prepared requests in submission order (asked only under auto)."""
+    if settings.prefix_caching is not None:
+        return settings, target, forced(settings)
+    model_path = workload.model.path
+    decision = auto_decision(settings, in_order(), model_path)
+    kept = _first_decision(settings)
+    if kept is not None:
+        if kept.enable != decision.enable:
+            log(f"prefix caching: kept {prefix_caching_word(kept.enable)}, this run folder's "
+                f"first decision (its compiled graphs stay valid); tonight's input would "
+                f"decide {prefix_caching_word(decision.enable)}: {decision.reason}. "
+                f"--restart decides anew")
+        decision = replace(kept, figures={**kept.figures, "tonight": decision.to_dict()})
+    settled = replace(settings, prefix_caching=decision.enable)
+    if target is not None or settings.simulated:
+        target = resolve_target(settled, model_path)
+    return settled, target, decision
+
+
+def auto_decision(settings: RunSettings, requests, model_path: str | None) -> PrefixDecision:
+    """Auto's decision for `requests` (in submission order) on the run's device."""
+    from neuron_batch.engine.neuron_host import runs_on_neuron
+    from neuron_batch.job.startup import layout_compiled
+
+    targets = tuple(resolve_target(replace(settings, prefix_caching=c), model_path)
+                    for c in (False, True))
+    known = None not in targets
+    block = settings.block_size or (targets[0].block_size if known else None) or DEFAULT_BLOCK
+    compiled = tuple(layout_compiled(replace(settings, prefix_caching=c), t, model_path,
+                                     requests) if t is not None else False
+                     for c, t in zip((False, True), targets))
+    return decide(settings, [r.prompt_token_ids for r in requests],
+                  [r.max_tokens for r in requests], block=block,
+                  targets=targets if known else None, compiled=compiled,
+                  neuron=runs_on_neuron(settings))
+
+
+def _first_decision(settings: RunSettings) -> PrefixDecision | None:
+    """What a --resume'd folder ran with on its first attempt (None: a fresh run): its
+    decision, or for a folder written before auto its settings' on/off."""
+    if not (settings.resume and settings.output):
+        return None
+    manifest = RunFolder(Path(settings.output)).read_manifest() or {}
+    stored = manifest.get(MANIFEST_KEY)
+    if isinstance(stored, dict) and "enable" in stored:
+        return PrefixDecision.from_dict(stored)
+    before = (manifest.get("settings") or {}).get("prefix_caching")
+    if not isinstance(before, bool):
+        return None
+    return PrefixDecision("auto", before, f"kept from the run folder's first attempt "
+                          f"(--prefix-caching {prefix_caching_word(before)})")
