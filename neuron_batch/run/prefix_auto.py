@@ -3,9 +3,11 @@
 on/off), or auto's decision (layout/prefix_decision.py) on the requests in their submission
 order and the run's device with and without caching.
 
-A --resume'd auto run keeps the decision its folder made on the first attempt (the graphs that
-night compiled stay valid, and the checked settings stay the folder's), and says when
-tonight's input would decide otherwise.
+A --resume'd auto run keeps the decision its folder made on the first attempt (the checked
+settings stay the folder's). A night in a new folder weighs the graphs an earlier night
+compiled as a load only (the artifacts folder holds them), which keeps that night's decision
+unless tonight's input clearly goes the other way; either way it says when tonight's input
+alone would decide otherwise.
 """
 
 from __future__ import annotations
@@ -65,10 +67,22 @@ def auto_decision(settings: RunSettings, requests, model_path: str | None) -> Pr
     compiled = tuple(layout_compiled(replace(settings, prefix_caching=c), t, model_path,
                                      requests) if t is not None else False
                      for c, t in zip((False, True), targets))
-    return decide(settings, [r.prompt_token_ids for r in requests],
-                  [r.max_tokens for r in requests], block=block,
-                  targets=targets if known else None, compiled=compiled,
-                  neuron=runs_on_neuron(settings))
+    prompts, outputs = [r.prompt_token_ids for r in requests], [r.max_tokens for r in requests]
+    decision = decide(settings, prompts, outputs, block=block,
+                      targets=targets if known else None, compiled=compiled,
+                      neuron=runs_on_neuron(settings))
+    if known and compiled[0] != compiled[1]:
+        # One layout's graphs are compiled (an earlier night's decision): that start-up is a
+        # load, which holds the decision; say when tonight's input alone would go the other way.
+        alone = decide(settings, prompts, outputs, block=block, targets=targets,
+                       compiled=(True, True))
+        if alone.enable != decision.enable:
+            decision = replace(decision, reason=(
+                f"{decision.reason}; kept {prefix_caching_word(decision.enable)} because its "
+                f"graphs are compiled already: on equal start-ups tonight's input would decide "
+                f"{prefix_caching_word(alone.enable)}"), figures={
+                    **decision.figures, "equal_startups": alone.to_dict()})
+    return decision
 
 
 def _first_decision(settings: RunSettings) -> PrefixDecision | None:
