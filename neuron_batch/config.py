@@ -170,6 +170,9 @@ class RunSettings:
                                    parse_prefix_caching(self.prefix_caching))
             except ValueError:
                 pass                                # (validate names it)
+        if self.prefix_caching is None and self.prefix_buckets is not None:
+            # --prefix-buckets shape the caching grid: giving them asks for the cache
+            object.__setattr__(self, "prefix_caching", True)
 
     def validate(self) -> RunSettings:
         try:

@@ -58,8 +58,9 @@ class PrefixDecision:
 
     @property
     def words(self) -> str:
-        """"auto: off, <reason>" (the summary's line)."""
-        return (f"{self.asked}: {prefix_caching_word(self.enable)}"
+        """"auto: off, <reason>", or "on, as asked" (the summary's line, for a log)."""
+        state = prefix_caching_word(self.enable)
+        return ((f"auto: {state}" if self.asked == "auto" else state)
                 + (f", {self.reason}" if self.reason else "")
                 + (f"; {self.gather}" if self.gather else ""))
 
@@ -67,8 +68,9 @@ class PrefixDecision:
 def forced(settings: RunSettings) -> PrefixDecision:
     """The decision of a run that named it (--prefix-caching on/off, --no-prefix-caching)."""
     word = prefix_caching_word(settings.prefix_caching)
-    return PrefixDecision(word, bool(settings.prefix_caching), f"as asked (--prefix-caching "
-                          f"{word})")
+    return PrefixDecision(word, bool(settings.prefix_caching), "as asked"
+                          + (" (--prefix-buckets shape its grid)"
+                             if settings.prefix_buckets is not None else ""))
 
 
 def decide(settings: RunSettings, prompts: Sequence[Sequence[int]], output_lens: Sequence[int],

@@ -17,7 +17,8 @@ def caching_lines(report: dict[str, Any], width: int) -> list[str]:
     decision = report.get("prefix_caching")
     if not isinstance(decision, dict) or "enable" not in decision:
         return []
-    words = (f"{decision.get('asked')}: {'on' if decision['enable'] else 'off'}"
+    state = "on" if decision["enable"] else "off"
+    words = ((f"auto: {state}" if decision.get("asked") == "auto" else state)
              + (f", {decision['reason']}" if decision.get("reason") else "")
              + (f"; {decision['gather']}" if decision.get("gather") else ""))
     return _wrapped("Caching", words, width)

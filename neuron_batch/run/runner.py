@@ -256,6 +256,11 @@ def _run_locked(job: Job) -> RunResult:
         log(f"all {len(ids):,} requests already done in {folder.path}")
 
     report = build_report(job)
+    if outcome.get("ended") not in ("interrupted", "deadline") and not (
+            report["requests"]["pending"] or report["requests"]["failed"]):
+        from neuron_batch.run.verdict import run_verdict
+
+        report["verdict"] = run_verdict(job, report["throughput"].get("elapsed_s"))
     write_json_atomic(folder.path / REPORT, report)
     if settings.metrics_textfile:
         from neuron_batch.report.prometheus import prometheus_text, write_text_atomic
