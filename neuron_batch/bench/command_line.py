@@ -11,7 +11,7 @@ import shlex
 from dataclasses import fields
 from typing import Any
 
-from neuron_batch.choices import Choice, prefix_caching_word
+from neuron_batch.choices import Choice
 from neuron_batch.config import (
     BUCKET_FIELDS,
     OPTION_NAMES,
@@ -75,9 +75,9 @@ def run_command(settings: RunSettings, *, program: str = "neuron-batch run") -> 
         if f.name in _NOT_WRITTEN or f.name in _ALWAYS or f.name.endswith("_buckets"):
             continue
         value = getattr(settings, f.name)
-        if f.name == "prefix_caching":      # on/off as decided (auto, the default: not written)
+        if f.name == "prefix_caching":      # as weighed (auto, the default: not written)
             if value is not None:
-                parts.extend(["--prefix-caching", prefix_caching_word(value)])
+                parts.extend(["--prefix-caching", "on"] if value else ["--no-prefix-caching"])
         elif value is False and getattr(defaults, f.name) is True:
             parts.append("--no-" + _flag(f.name)[2:])      # (--no-prefix-caching)
         elif value != getattr(defaults, f.name):

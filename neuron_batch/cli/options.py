@@ -50,7 +50,9 @@ def load_config_option(ctx: click.Context, param: click.Parameter, value: str | 
         return None
     try:
         settings = load_config_file(value)
-    except SettingsError as error:
+        if "prefix_caching" in settings:     # (TOML's true/false, or auto/on/off)
+            parse_prefix_caching(settings["prefix_caching"], f"{value}: prefix-caching")
+    except (SettingsError, ValueError) as error:
         raise click.BadParameter(str(error), ctx=ctx, param=param) from None
     ctx.default_map = {**(ctx.default_map or {}), **settings}
     return value

@@ -12,6 +12,7 @@ alone would decide otherwise.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -60,6 +61,7 @@ def auto_decision(settings: RunSettings, requests, model_path: str | None) -> Pr
     from neuron_batch.engine.neuron_host import runs_on_neuron
     from neuron_batch.job.startup import layout_compiled
 
+    started = time.perf_counter()
     targets = tuple(resolve_target(replace(settings, prefix_caching=c), model_path)
                     for c in (False, True))
     known = None not in targets
@@ -82,6 +84,8 @@ def auto_decision(settings: RunSettings, requests, model_path: str | None) -> Pr
                 f"graphs are compiled already: on equal start-ups tonight's input would decide "
                 f"{prefix_caching_word(alone.enable)}"), figures={
                     **decision.figures, "equal_startups": alone.to_dict()})
+    # (what deciding took, against the run's wall time: docs/measurements.md)
+    decision.figures["wall_time_s"] = round(time.perf_counter() - started, 3)
     return decision
 
 

@@ -133,6 +133,17 @@ def test_a_bad_value_or_both_flags_are_refused_before_anything_runs(tmp_path, ar
     assert not out.exists()
 
 
+def test_a_job_files_bad_value_is_named_with_its_file(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('prefix-caching = "sometimes"\n')
+    result = CliRunner().invoke(main, ["run", "--config", str(job), str(AZURE), *SIM_8B,
+                                       "--output", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert (f"{job}: prefix-caching must be one of auto, on, off, got 'sometimes'"
+            in result.output), result.output
+    assert not (tmp_path / "o").exists()
+
+
 def test_the_flags_and_a_job_file_spell_the_same_settings(tmp_path):
     from neuron_batch.cli.options import settings_from_options  # noqa: F401  (the path used)
 
