@@ -260,7 +260,9 @@ def _run_locked(job: Job) -> RunResult:
             report["requests"]["pending"] or report["requests"]["failed"]):
         from neuron_batch.run.verdict import run_verdict
 
-        report["verdict"] = run_verdict(job, report["throughput"].get("elapsed_s"))
+        verdict = run_verdict(job, report["throughput"].get("elapsed_s"))
+        if verdict is not None:         # (none without a step model: the CPU)
+            report["verdict"] = verdict
     write_json_atomic(folder.path / REPORT, report)
     if settings.metrics_textfile:
         from neuron_batch.report.prometheus import prometheus_text, write_text_atomic
