@@ -145,3 +145,25 @@ class Pricing(Choice):
 
     ON_DEMAND = "on-demand"
     RESERVED = "reserved"
+
+
+#: `--prefix-caching`: auto (the default: on where the step model says it pays on the run's
+#: layout, layout/prefix_decision.py), on, off. The setting is None, True or False.
+PREFIX_CACHING = ("auto", "on", "off")
+
+
+def parse_prefix_caching(value: object, option: str = "--prefix-caching") -> bool | None:
+    """`--prefix-caching` (or a job file's `prefix-caching`) as the setting: auto -> None,
+    on/off (and TOML's true/false) -> True/False; ValueError naming the choices else."""
+    if value is None or isinstance(value, bool):
+        return value
+    named = {"auto": None, "on": True, "true": True, "off": False, "false": False}
+    text = value.strip().lower() if isinstance(value, str) else value
+    if text not in named:
+        raise ValueError(f"{option} must be one of {', '.join(PREFIX_CACHING)}, got {value!r}")
+    return named[text]
+
+
+def prefix_caching_word(value: bool | None) -> str:
+    """The setting as `--prefix-caching` spells it."""
+    return "auto" if value is None else "on" if value else "off"

@@ -22,6 +22,7 @@ from neuron_batch.choices import (
     Pricing,
     WeightDtype,
     normalise,
+    parse_prefix_caching,
 )
 from neuron_batch.prefix_grid import BLOCK_SIZES
 from neuron_batch.report.cost import (
@@ -132,7 +133,9 @@ class RunSettings:
     decode_context_buckets: tuple[int, ...] | None = None     # vllm-neuron (opt-in)
     prefix_buckets: tuple[int, ...] | None = None  # nxdi with prefix caching: the grid's
     max_context_length: int | None = None  # optimum-neuron: its export's (None: max_model_len)
-    prefix_caching: bool = True          # vLLM's prefix cache (default on, as vLLM has it)
+    prefix_caching: bool | None = None   # vLLM's prefix cache: True/False forced (--prefix-
+                                         # caching on/off); None: auto, decided once per run
+                                         # where it pays (layout/prefix_decision.py)
     block_size: int | None = None        # None: the device's default (32 on Neuron)
     compiled_artifacts: str | None = None  # Neuron: root of the compiled-graph folders
     kv_reserve: KvReserve = DEFAULT_KV_RESERVE  # KV admission (scheduler/kv_reserve.py)
@@ -163,8 +166,21 @@ class RunSettings:
 
     def __post_init__(self) -> None:
         normalise(self, CHOICE_FIELDS)
+        if isinstance(self.prefix_caching, str):     # (a job file's or run.json's spelling)
+            try:
+                object.__setattr__(self, "prefix_caching",
+                                   parse_prefix_caching(self.prefix_caching))
+            except ValueError:
+                pass                                # (validate names it)
+        if self.prefix_caching is None and self.prefix_buckets is not None:
+            # --prefix-buckets shape the caching grid: giving them asks for the cache
+            object.__setattr__(self, "prefix_caching", True)
 
     def validate(self) -> RunSettings:
+        try:
+            parse_prefix_caching(self.prefix_caching)
+        except ValueError as error:
+            raise SettingsError(str(error)) from None
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_tokens"):
             _positive(name.replace("_", "-"), getattr(self, name))
         if self.block_size is not None:
@@ -235,7 +251,8 @@ class RunSettings:
         if self.prefix_caching and not runtime.prefix_caching:
             raise SettingsError(
                 f"--runtime {runtime.name} runs without prefix caching (its platform turns it "
-                f"off and sets the KV block to max_model_len): give --no-prefix-caching")
+                f"off and sets the KV block to max_model_len): leave --prefix-caching auto or give "
+                f"--prefix-caching off")
         try:
             self.shapes(runtime)    # (the lists, --prefix-buckets by prefix_grid.py's rules)
         except BucketError as error:
@@ -322,7 +339,7 @@ class RunSettings:
         return runtime.shapes(self.bucket_lists(), max_num_seqs=self.max_num_seqs,
                               max_num_batched_tokens=self.max_num_batched_tokens,
                               max_model_len=self.max_model_len, family=self._sim_family(),
-                              prefix_caching=self.prefix_caching,
+                              prefix_caching=bool(self.prefix_caching),
                               block_size=self.block_size or BLOCK_SIZES[-1])
 
     def buckets(self) -> tuple[list[int], list[int]]:

@@ -257,7 +257,7 @@ def test_an_nxdi_host_says_whether_prefix_caching_is_on_its_layout_and_graph_cou
     from neuron_batch.config import RunSettings
 
     def layout(**changes):
-        limits = {"max_num_seqs": 4, "max_model_len": 4096, **changes}
+        limits = {"max_num_seqs": 4, "max_model_len": 4096, "prefix_caching": True, **changes}
         return doctor.neuron_runtime_facts("0.2.0", RunSettings(inputs=("-",), **limits)
                                            )["kv_layout"]
 

@@ -76,7 +76,10 @@ def run_command(settings: RunSettings, *, program: str = "neuron-batch run") -> 
                 or f.name in BUCKET_FIELDS.values()):   # (written above, resolved)
             continue
         value = getattr(settings, f.name)
-        if value is False and getattr(defaults, f.name) is True:
+        if f.name == "prefix_caching":      # as weighed (auto, the default: not written)
+            if value is not None:
+                parts.extend(["--prefix-caching", "on"] if value else ["--no-prefix-caching"])
+        elif value is False and getattr(defaults, f.name) is True:
             parts.append("--no-" + _flag(f.name)[2:])      # (--no-prefix-caching)
         elif value != getattr(defaults, f.name):
             add(f.name, value)

@@ -45,6 +45,7 @@ from neuron_batch.bench.sweep_grid import (  # noqa: F401  (re-exported)
     prefix_variants,
 )
 from neuron_batch.bench.table import MAX_WIDTH, wrap
+from neuron_batch.choices import prefix_caching_word
 from neuron_batch.config import RunSettings
 from neuron_batch.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunError
 from neuron_batch.job.folder import REPORT, write_json_atomic
@@ -263,7 +264,7 @@ def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
             "runtime": base.resolve_runtime().name,
             "kv_reserve_values": kv_values, "left_out": fits.left_out,
             "prefix_caching_values": list(dict.fromkeys(
-                "on" if v.prefix_caching else "off" for v, _ in variants)),
+                prefix_caching_word(v.prefix_caching) for v, _ in variants)),
             "order_values": list(dict.fromkeys(v.order.value for v, _ in variants)),
             "prefix_cache": _job_bound(workload, base),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs": jobs, "rank_by": rank_by}

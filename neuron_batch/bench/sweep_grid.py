@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.buckets import DECODE_CONTEXT_MULTIPLE, round_model_len
+from neuron_batch.choices import prefix_caching_word
 from neuron_batch.config import RunSettings
 from neuron_batch.layout.optimiser import plans_for_each_k, prefill_chunk_lengths
 from neuron_batch.scheduler.kv_reserve import SHORT_NAMES
@@ -54,7 +55,7 @@ def candidate(base: RunSettings, sweep_dir: Path, name: str, *, max_num_seqs: in
                             "decode_buckets": _join(shapes.decode_buckets),
                             "attention_buckets": _join(shapes.attention_buckets) or None,
                             "kv_reserve": kv_reserve,
-                            "prefix_caching": "on" if settings.prefix_caching else "off",
+                            "prefix_caching": prefix_caching_word(settings.prefix_caching),
                             "order": settings.order.value},
                      settings)
 

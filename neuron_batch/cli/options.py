@@ -7,7 +7,15 @@ from pathlib import Path
 
 import click
 
-from neuron_batch.choices import Device, Order, Pricing, WeightDtype
+from neuron_batch.choices import (
+    PREFIX_CACHING,
+    Device,
+    Order,
+    Pricing,
+    WeightDtype,
+    parse_prefix_caching,
+    prefix_caching_word,
+)
 from neuron_batch.config import (
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -42,7 +50,9 @@ def load_config_option(ctx: click.Context, param: click.Parameter, value: str | 
         return None
     try:
         settings = load_config_file(value)
-    except SettingsError as error:
+        if "prefix_caching" in settings:     # (TOML's true/false, or auto/on/off)
+            parse_prefix_caching(settings["prefix_caching"], f"{value}: prefix-caching")
+    except (SettingsError, ValueError) as error:
         raise click.BadParameter(str(error), ctx=ctx, param=param) from None
     ctx.default_map = {**(ctx.default_map or {}), **settings}
     return value
@@ -98,9 +108,12 @@ def engine_options(func):
         click.option("--block-size", type=int, default=None,
                      help="KV block size. Default 32 on Neuron and sim (nxdi takes 16 or 32; "
                           "max-model-len with --no-prefix-caching); on the CPU vLLM's own."),
-        click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
-                     help="vLLM's prefix cache: cached blocks of a prompt are not computed "
-                          "again (nxdi: block KV and a prefill x prefix grid; off: contiguous)."),
+        click.option("--prefix-caching", type=PrefixCachingType(), default="auto",
+                     is_flag=False, flag_value="on", show_default=True,
+                     help="vLLM's prefix cache. auto: on where the step model says shared "
+                          "blocks pay for it (docs/inputs-outputs.md)."),
+        click.option("--no-prefix-caching", is_flag=True, default=False,
+                     help="The same as --prefix-caching off."),
         click.option("--prefix-buckets", default=None, metavar="N,N,...",
                      help="[nxdi, prefix caching] Prefix buckets: multiples of the block size, "
                           "ending at max-model-len (0 is always added). Default: 0, 512, 1024..."),
@@ -182,6 +195,9 @@ def settings_from_options(inputs, max_num_seqs: int, options: dict) -> RunSettin
                                              "--" + name.replace("_", "-"))
     if "kv_reserve" in options:
         options["kv_reserve"] = kv_reserve_list(options["kv_reserve"])[0]
+    if "prefix_caching" in options:
+        options["prefix_caching"] = prefix_caching_option(options["prefix_caching"],
+                                                          options.pop("no_prefix_caching", False))
     settings = RunSettings(inputs=tuple(inputs) or (str(BUILTIN_PROMPTS),),
                            max_num_seqs=max_num_seqs, sim=sim, cost=cost, **options).validate()
     # Before any input, model or vLLM loads: say now if the device cannot work here.
@@ -199,6 +215,33 @@ def _given(name: str) -> bool:
         return False
     source = ctx.get_parameter_source(name)
     return source is not None and source != click.core.ParameterSource.DEFAULT
+
+
+def prefix_caching_option(value: bool | None, no_prefix_caching: bool) -> bool | None:
+    """--prefix-caching VALUE and its alias --no-prefix-caching (off) as the setting; both
+    given are refused, whatever they say, before anything runs."""
+    if no_prefix_caching:
+        if _given("prefix_caching"):
+            raise SettingsError(f"--prefix-caching {prefix_caching_word(value)} and "
+                                f"--no-prefix-caching together: give one (--no-prefix-caching "
+                                f"is --prefix-caching off)")
+        return False
+    return value
+
+
+class PrefixCachingType(click.ParamType):
+    """--prefix-caching auto|on|off (bare: on, as the old flag); a job file's true/false too."""
+
+    name = "auto|on|off"
+
+    def convert(self, value, param, ctx):
+        try:
+            return parse_prefix_caching(value)
+        except ValueError:
+            self.fail(f"{value!r} is not one of {', '.join(PREFIX_CACHING)}", param, ctx)
+
+    def get_metavar(self, param, ctx=None):
+        return "[" + "|".join(PREFIX_CACHING) + "]"
 
 
 def kv_reserve_list(text: str) -> list[str]:

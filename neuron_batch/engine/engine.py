@@ -132,7 +132,7 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
     else:
         # vLLM's prefix cache, on by default as vLLM has it (the simulated device sets its own;
         # a Neuron host's contiguous KV turns it off below: engine/neuron_host.py).
-        kwargs["enable_prefix_caching"] = settings.prefix_caching
+        kwargs["enable_prefix_caching"] = bool(settings.prefix_caching)
         if device == "cpu":
             kwargs.update(enforce_eager=True, dtype="float32")
             if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:

@@ -108,7 +108,7 @@ def host_setup(settings: RunSettings, runtime: Runtime, *, model_path: str,
         section = dict(layout.section)
     else:
         kwargs["block_size"] = settings.block_size or runtime.host_block_size
-        kwargs["enable_prefix_caching"] = settings.prefix_caching
+        kwargs["enable_prefix_caching"] = bool(settings.prefix_caching)
         section = {**settings.shapes(runtime).bucket_lists(), **dict(runtime.layout_config)}
     if mixed and runtime.cpu_sampling_config is not None:
         if not line.cpu_sampling:

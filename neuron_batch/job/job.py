@@ -19,6 +19,7 @@ from neuron_batch.job.workload import Workload
 
 if TYPE_CHECKING:
     from neuron_batch.device.target import Target
+    from neuron_batch.layout.prefix_decision import PrefixDecision
     from neuron_batch.runtime import Runtime
 
 
@@ -37,6 +38,9 @@ class Job:
     # The Ray connection of a --replicas run (replicas/cluster.py RayCluster; typed loosely so
     # this lower stage never imports the Ray one); None elsewhere.
     cluster: Any = None
+    # What the run does with vLLM's prefix cache and why (layout/prefix_decision.py
+    # PrefixDecision; run/prefix_auto.py settles it); None for a folder's report alone.
+    prefix_caching: PrefixDecision | None = None
 
     @property
     def simulated(self) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 
 from neuron_batch.inputs.skipped import SKIPPED
 from neuron_batch.report.cost import compile_and_usd
+from neuron_batch.report.decision_words import caching_lines, verdict_lines
 from neuron_batch.report.notes import notes
 from neuron_batch.report.prefix_cache import summary_words as prefix_cache_words
 from neuron_batch.runtime import runtime_of
@@ -75,6 +76,7 @@ def format_summary(report: dict[str, Any]) -> str:
     if prefix_words:
         lines += textwrap.wrap(prefix_words, MAX_WIDTH, initial_indent=f"{'Prefixes':<12}",
                                subsequent_indent=" " * 12, break_on_hyphens=False)
+    lines += caching_lines(report, MAX_WIDTH)
     if report.get("cost"):
         lines += _cost_rows(report)
     elif report.get("cost_missing"):
@@ -139,6 +141,9 @@ def format_summary(report: dict[str, Any]) -> str:
         lines += ["", *_replicas_section(report["replicas"])]
     if report.get("output_dir"):
         lines += ["", _row("Run folder", [str(report["output_dir"])])]
+    verdict = verdict_lines(report, MAX_WIDTH)     # (last: what to run next time)
+    if verdict:
+        lines += ["", *verdict]
     # Long model paths are the only thing that could overflow: cut rather than wrap tables.
     return "\n".join(_clip(line) for line in lines) + "\n"
 

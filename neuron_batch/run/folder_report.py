@@ -65,6 +65,8 @@ def build_report(job: Job) -> dict:
                            failed=0)
     _tokens_from_outputs(report, folder)
     _add_prefix_bound(report, prepared, folder.done_ids, settings)
+    report["prefix_caching"] = (job.prefix_caching.to_dict() if job.prefix_caching is not None
+                                else (folder.read_manifest() or {}).get("prefix_caching"))
     report["requests"]["completed"] = completed
     report["requests"]["failed"] = failed
     report["requests"]["pending"] = len(prepared.requests) - completed - failed

@@ -66,6 +66,12 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
     workload = workload or load_workload(settings, log)
     if target is None:
         target = resolve_target(settings, workload.model.path)
+    from neuron_batch.run.prefix_auto import settle
+
+    # (before a split is weighed, a Neuron host is checked or anything loads: all take it)
+    settings, target, prefix_decision = settle(
+        settings, workload, target,
+        lambda: submission_order(settings, workload.prepared.requests, target), log)
     if settings.split_at == SPLIT_AUTO:
         settings = auto_split(settings, workload, target, log)
     if settings.split_at is not None:
@@ -85,7 +91,7 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
         folder.lock()
     except OutputError as error:
         raise RunError(str(error), error.exit_code) from None
-    job = Job(settings, workload, folder, log, target)
+    job = Job(settings, workload, folder, log, target, prefix_caching=prefix_decision)
     try:
         return _run_locked(job)
     except OutputError as error:
@@ -174,6 +180,7 @@ def check_sim_layout(settings: RunSettings, target: Target) -> None:
 def _run_locked(job: Job) -> RunResult:
     from neuron_batch.job.generate import generate, resolved_device
     from neuron_batch.run.folder_report import build_report
+    from neuron_batch.run.prefix_auto import MANIFEST_KEY
 
     settings, folder, log = job.settings, job.folder, job.log
     prepared, problems = job.workload.prepared, job.workload.problems
@@ -194,7 +201,9 @@ def _run_locked(job: Job) -> RunResult:
     folder.write_manifest({"settings": settings.to_dict(), "model": job.workload.model.name,
                            "input_fingerprint": input_fingerprint(ids), "num_requests": len(ids),
                            "num_skipped": len(problems), "input_kind": job.workload.input_kind,
-                           "checked_settings": start.checked})
+                           "checked_settings": start.checked,
+                           MANIFEST_KEY: job.prefix_caching.to_dict()
+                           if job.prefix_caching is not None else None})
     write_skipped(folder.path, problems)
     folder.load_done()
     folder.open_outputs()
@@ -247,6 +256,13 @@ def _run_locked(job: Job) -> RunResult:
         log(f"all {len(ids):,} requests already done in {folder.path}")
 
     report = build_report(job)
+    if outcome.get("ended") not in ("interrupted", "deadline") and not (
+            report["requests"]["pending"] or report["requests"]["failed"]):
+        from neuron_batch.run.verdict import run_verdict
+
+        verdict = run_verdict(job, report["throughput"].get("elapsed_s"))
+        if verdict is not None:         # (none without a step model: the CPU)
+            report["verdict"] = verdict
     write_json_atomic(folder.path / REPORT, report)
     if settings.metrics_textfile:
         from neuron_batch.report.prometheus import prometheus_text, write_text_atomic

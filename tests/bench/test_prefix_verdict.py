@@ -16,7 +16,7 @@ def settings(**kw) -> RunSettings:
 
 
 def test_variants_put_the_base_first_and_skip_caching_off_in_prefix_order():
-    base = settings()
+    base = settings(prefix_caching=True)
     pairs = [(s.prefix_caching, s.order.value, suffix)
              for s, suffix in prefix_variants(base, [False, True], ["prefix", "input"])]
     assert pairs == [(True, "input", ",PC=on,O=in"), (True, "prefix", ",PC=on,O=pfx"),

@@ -21,11 +21,6 @@ from neuron_batch.device.cost_model import CapacityError  # noqa: E402
 from neuron_batch.device.executor import engine_core, shutdown_llm, sim_executor  # noqa: E402
 from neuron_batch.device.hardware import get_instance  # noqa: E402
 from neuron_batch.device.target import sim_engine_kwargs  # noqa: E402
-from neuron_batch.prefix_grid import (  # noqa: E402
-    default_prefill_buckets,
-    default_prefix_buckets,
-    default_tkg_buckets,
-)
 from neuron_batch.scheduler.records import DECODE, PREFILL  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,14 +120,14 @@ def test_the_cli_refuses_it_before_anything_loads_and_reports_the_runtime(tmp_pa
     assert "runtime=nxdi" in done.stdout and "token-generation" in done.stdout
     report = json.loads((tmp_path / "yes" / "report.json").read_text())
     assert report["config"]["runtime"] == "nxdi"
-    # prefix caching is on by default: NxDI's block layout, its grid and tkg buckets from 256
-    assert report["config"]["sim"]["kv_cache"]["layout"] == "block"
+    # the trace shares no prefix: auto leaves caching off, NxDI's contiguous slots and its
+    # default context-encoding and token-generation lists (the grid: test_prefix_sim.py)
+    assert report["prefix_caching"]["enable"] is False
+    assert report["config"]["sim"]["kv_cache"]["layout"] == "static"
     attention = report["padding"]["attention"]
     assert attention["kv_attended_tokens"] >= attention["kv_held_tokens"] > 0
     assert report["padding"]["decode"]["by_bucket"].keys() == {"6"}
-    assert report["config"]["compiled_graphs"] == (
-        len(default_prefill_buckets(2048)) * len(default_prefix_buckets(2048))
-        + len(default_tkg_buckets(2048)))
+    assert report["config"]["compiled_graphs"] == 2 * len(nxdi_default_buckets(2048))
 
 
 

@@ -20,8 +20,10 @@ LOADER_OWNED = {"batch_size", "seq_len", "max_context_length", "tp_degree", "ctx
 
 
 def settings(**changes) -> RunSettings:
+    # (caching on unless a test says otherwise: a run decides auto before any of this,
+    # run/prefix_auto.py; these are the layouts it then builds)
     base = dict(inputs=("x.jsonl",), runtime="nxdi", max_num_seqs=8, max_model_len=4352,
-                max_num_batched_tokens=512)
+                max_num_batched_tokens=512, prefix_caching=True)
     base.update(changes)
     return RunSettings(**base).validate()
 
@@ -93,9 +95,10 @@ def test_block_layout_block_counts_and_lengths():
         block_layout_blocks(4352 + 16, 32, 8, new)
 
 
-def test_prefix_caching_is_the_default_block_layout_with_nxdi_s_grid(tmp_path):
-    """vLLM's default: prefix caching on, NxDI's block layout, context-encoding and prefix
-    bucket lists passed together (NxDI's defaults), token generation from 256."""
+def test_prefix_caching_is_the_block_layout_with_nxdi_s_grid(tmp_path):
+    """Prefix caching on (as auto decides where it pays, or asked): NxDI's block layout,
+    context-encoding and prefix bucket lists passed together (NxDI's defaults), token
+    generation from 256."""
     done = setup(tmp_path, max_model_len=4096)
     assert done.kwargs["enable_prefix_caching"] is True and done.kwargs["block_size"] == 32
     assert done.kwargs["num_gpu_blocks_override"] == 128 * 8

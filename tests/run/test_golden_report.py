@@ -25,7 +25,9 @@ TRACE = ROOT / "datasets" / "azure-llm-inference-conv-2023.csv"
 GOLDEN = Path(__file__).parent / "golden" / "sim_report.json"
 
 #: Keys whose values depend on where or when the run happened, not on what it did.
-VOLATILE = {"output_dir", "inputs", "started", "wall_time_s", "pid", "created", "generated_at"}
+#: (the verdict's command names the input's path, as `inputs` does)
+VOLATILE = {"output_dir", "inputs", "started", "wall_time_s", "pid", "created", "generated_at",
+            "command"}
 
 
 def normalise(value):

@@ -228,8 +228,11 @@ def test_how_a_run_is_spread_watched_or_priced_is_not_a_change(night):
     manifest = folder.read_manifest()
     stored = folder.read_requests()
     sim = SimOptions(instance="inf2.8xlarge", architecture="llama-3.1-8b")
+    # (prefix caching as the folder decided it: a resumed auto run takes that decision before
+    # the check, run/prefix_auto.py)
     base = dict(inputs=(str(night / "prompts.jsonl"),), device="sim", max_model_len=2048,
-                sim=sim, output=str(out))
+                sim=sim, output=str(out),
+                prefix_caching=manifest["settings"]["prefix_caching"])
     same = RunSettings(**base, replicas=3, ray="local", quiet=True, max_runtime=60.0,
                        resume=True, restart=True, metrics_textfile="m.prom",
                        split_placement="in-turn", compiled_artifacts="/tmp/graphs")

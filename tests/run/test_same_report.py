@@ -48,7 +48,8 @@ def test_cpu_and_sim_reports_agree(tiny_model, tmp_path, runtime, instance):
     # same shape: the simulated report adds its device description, and its cost (the instance,
     # hence the price, is known only for sim and Neuron hosts; a CPU run is never priced)
     assert "cost" not in cpu and sim["cost"]["instance"] == instance
-    sim_only = ("config.sim", "cost")
+    # (and the verdict: it weighs alternatives on a step model, which the CPU has none of)
+    sim_only = ("config.sim", "cost", "verdict")
     assert keys(cpu) == {k for k in keys(sim) if not k.startswith(sim_only)}
     # same counts: requests, tokens, padding, steps per state, admission blocks
     assert cpu["requests"] == sim["requests"]

@@ -1,0 +1,110 @@
+"""A run's prefix caching, settled once after its inputs are read and before anything loads
+(the engine, a Neuron host's checks, --split-at auto's weighing): as asked (--prefix-caching
+on/off), or auto's decision (layout/prefix_decision.py) on the requests in their submission
+order and the run's device with and without caching.
+
+A --resume'd auto run keeps the decision its folder made on the first attempt (the checked
+settings stay the folder's). A night in a new folder weighs the graphs an earlier night
+compiled as a load only (the artifacts folder holds them), which keeps that night's decision
+unless tonight's input clearly goes the other way; either way it says when tonight's input
+alone would decide otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from neuron_batch.choices import prefix_caching_word
+from neuron_batch.config import RunSettings
+from neuron_batch.inputs.prefix import DEFAULT_BLOCK
+from neuron_batch.job.folder import RunFolder
+from neuron_batch.job.job import resolve_target
+from neuron_batch.layout.prefix_decision import PrefixDecision, decide, forced, platform_off
+
+if TYPE_CHECKING:
+    from neuron_batch.device.target import Target
+    from neuron_batch.job.workload import Workload
+
+#: run.json's key for the decision (beside "settings", which holds what it decided).
+MANIFEST_KEY = "prefix_caching"
+
+
+def settle(settings: RunSettings, workload: Workload, target: Target | None,
+           in_order: Callable[[], list], log) -> tuple[RunSettings, Target | None,
+                                                       PrefixDecision]:
+    """(the settings with prefix caching on or off, the device resolved for it, the decision).
+    `in_order()`: the prepared requests in submission order (asked only under auto)."""
+    if settings.prefix_caching is not None:
+        return settings, target, forced(settings)
+    from neuron_batch.engine.neuron_host import runs_on_neuron
+
+    model_path = workload.model.path
+    runtime = (settings.resolve_runtime() if settings.simulated or runs_on_neuron(settings)
+               else None)
+    decision = (platform_off(runtime) if runtime is not None and not runtime.prefix_caching
+                else auto_decision(settings, in_order(), model_path))
+    kept = _first_decision(settings)
+    if kept is not None:
+        if kept.enable != decision.enable:
+            log(f"prefix caching: kept {prefix_caching_word(kept.enable)}, this run folder's "
+                f"first decision (its compiled graphs stay valid); tonight's input would "
+                f"decide {prefix_caching_word(decision.enable)}: {decision.reason}. "
+                f"--restart decides anew")
+        decision = replace(kept, figures={**kept.figures, "tonight": decision.to_dict()})
+    settled = replace(settings, prefix_caching=decision.enable)
+    if target is not None or settings.simulated:
+        target = resolve_target(settled, model_path)
+    return settled, target, decision
+
+
+def auto_decision(settings: RunSettings, requests, model_path: str | None) -> PrefixDecision:
+    """Auto's decision for `requests` (in submission order) on the run's device."""
+    from neuron_batch.engine.neuron_host import runs_on_neuron
+    from neuron_batch.job.startup import layout_compiled
+
+    started = time.perf_counter()
+    targets = tuple(resolve_target(replace(settings, prefix_caching=c), model_path)
+                    for c in (False, True))
+    known = None not in targets
+    block = settings.block_size or (targets[0].block_size if known else None) or DEFAULT_BLOCK
+    compiled = tuple(layout_compiled(replace(settings, prefix_caching=c), t, model_path,
+                                     requests) if t is not None else False
+                     for c, t in zip((False, True), targets))
+    prompts, outputs = [r.prompt_token_ids for r in requests], [r.max_tokens for r in requests]
+    decision = decide(settings, prompts, outputs, block=block,
+                      targets=targets if known else None, compiled=compiled,
+                      neuron=runs_on_neuron(settings))
+    if known and compiled[0] != compiled[1]:
+        # One layout's graphs are compiled (an earlier night's decision): that start-up is a
+        # load, which holds the decision; say when tonight's input alone would go the other way.
+        alone = decide(settings, prompts, outputs, block=block, targets=targets,
+                       compiled=(True, True))
+        if alone.enable != decision.enable:
+            decision = replace(decision, reason=(
+                f"{decision.reason}; kept {prefix_caching_word(decision.enable)} because its "
+                f"graphs are compiled already: on equal start-ups tonight's input would decide "
+                f"{prefix_caching_word(alone.enable)}"), figures={
+                    **decision.figures, "equal_startups": alone.to_dict()})
+    # (what deciding took, against the run's wall time: docs/measurements.md)
+    decision.figures["wall_time_s"] = round(time.perf_counter() - started, 3)
+    return decision
+
+
+def _first_decision(settings: RunSettings) -> PrefixDecision | None:
+    """What a --resume'd folder ran with on its first attempt (None: a fresh run): its
+    decision, or for a folder written before auto its settings' on/off."""
+    if not (settings.resume and settings.output):
+        return None
+    manifest = RunFolder(Path(settings.output)).read_manifest() or {}
+    stored = manifest.get(MANIFEST_KEY)
+    if isinstance(stored, dict) and "enable" in stored:
+        return PrefixDecision.from_dict(stored)
+    before = (manifest.get("settings") or {}).get("prefix_caching")
+    if not isinstance(before, bool):
+        return None
+    return PrefixDecision("auto", before, f"kept from the run folder's first attempt "
+                          f"(--prefix-caching {prefix_caching_word(before)})")

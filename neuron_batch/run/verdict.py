@@ -1,0 +1,229 @@
+"""The verdict after a run: whether another submission order, prefix-caching choice or a
+`max_num_seqs` that loads would have been faster (and so cheaper: the same instance, the
+same price) by more than MARGIN, with the figure and the command; and what this run's order
+bought, split into prefill saved and decode saved (issue 39: `--order prefix` looked like a
+caching win and was the longest-first grouping).
+
+The same step model as bench's sweep and auto's decision (layout/step_estimate.py) on this
+run's requests, no second run: each alternative's steps plus the start-up its graphs take,
+against the same estimate of the run as it ran, so the estimate's own error cancels. The
+figure applies that ratio to the measured run time. Only for a run with a step model (the
+simulated device, a Neuron host whose instance is known) that finished every request in one
+layout (a split run's parts have their own).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from neuron_batch.choices import Order, prefix_caching_word
+from neuron_batch.config import RunSettings
+from neuron_batch.inputs.prepare import in_order
+from neuron_batch.job.job import Job, resolve_target
+from neuron_batch.layout.step_estimate import block_chains, cache_hits, estimate
+
+#: An alternative must beat the run by more than this share of its steps' time to be named
+#: (the estimate matches
+#: the simulated device's accounting to well under 1%, docs/measurements.md; a real device
+#: differs more).
+MARGIN = 0.02
+
+
+@dataclass(frozen=True)
+class Weighed:
+    """One configuration of the run's requests on the step model."""
+
+    order: str
+    caching: bool
+    max_num_seqs: int
+    prefill_s: float
+    decode_s: float
+    startup_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_s + self.decode_s + self.startup_s
+
+    @property
+    def flags(self) -> dict[str, str]:
+        return {"--order": self.order, "--prefix-caching": prefix_caching_word(self.caching),
+                "--max-num-seqs": str(self.max_num_seqs)}
+
+
+def run_verdict(job: Job, elapsed_s: float | None, argv: list[str] | None = None
+                ) -> dict[str, Any] | None:
+    """{"lines": [{"text", "command"?}], "weighed", "wall_time_s"} for the report, or None where
+    there is nothing to weigh. `elapsed_s`: the run's measured time (its steps)."""
+    settings = job.settings
+    if job.target is None or settings.split_at is not None or not elapsed_s:
+        return None
+    started = time.perf_counter()
+    requests = job.workload.prepared.requests
+    if not requests:
+        return None
+    weighed = _weigh_all(job, settings, requests)
+    if not weighed:
+        return None
+    ran = weighed.get((str(settings.order), bool(settings.prefix_caching),
+                       settings.max_num_seqs))
+    if ran is None or ran.total_s <= 0:
+        return None
+    scale = elapsed_s / (ran.prefill_s + ran.decode_s) if ran.prefill_s + ran.decode_s else 1.0
+    lines = []
+    attribution = _order_attribution(ran, weighed, scale)
+    if attribution:
+        lines.append({"text": attribution})
+    best = min(weighed.values(), key=lambda w: (w.total_s, w != ran))
+    # (noise is a share of the steps' time: a start-up both pay alike is not noise)
+    if best is not ran and ran.total_s - best.total_s > MARGIN * (ran.prefill_s + ran.decode_s):
+        lines.append({"text": _better_words(best, ran, scale),
+                      "command": command_with(argv, settings, ran, best)})
+    return {"lines": lines, "wall_time_s": round(time.perf_counter() - started, 3),
+            "weighed": [{**w.__dict__, "total_s": w.total_s} for w in weighed.values()]}
+
+
+def _weigh_all(job: Job, settings: RunSettings, requests) -> dict[tuple, Weighed]:
+    """Every (order, caching, max_num_seqs) the verdict weighs, on the step model."""
+    model_path = job.workload.model.path
+    targets = {}
+    for caching in (False, True):
+        target = (job.target if bool(settings.prefix_caching) == caching
+                  else resolve_target(replace(settings, prefix_caching=caching), model_path))
+        if target is None:
+            return {}
+        targets[caching] = target
+    block = settings.block_size or targets[False].block_size
+    runtime = targets[False].runtime
+    orders = {o.value: in_order(requests, o.value, block_size=block, by_length=runtime.static_kv)
+              for o in Order}
+    out = {}
+    for order, ordered in orders.items():
+        lens = [len(r.prompt_token_ids) for r in ordered]
+        outs = [r.max_tokens for r in ordered]
+        chains = block_chains([r.prompt_token_ids for r in ordered], block)
+        for caching, target in targets.items():
+            for seqs in _slots(settings, target):
+                try:
+                    laid = target.with_layout(settings.max_model_len, seqs, warn=False)
+                except ValueError:
+                    continue
+                shaped = replace(settings, prefix_caching=caching, max_num_seqs=seqs)
+                shapes = shaped.shapes(runtime)
+                hits = (cache_hits(lens, chains, block, capacity=laid.pool_blocks)
+                        if caching else None)
+                chunk = settings.max_num_batched_tokens if runtime.chunked_prefill else None
+                steps = estimate(laid.cost_model, shapes, lens, outs, hits, chunk)
+                engines = max(settings.replicas, 1)
+                start = laid.compile_s(shapes, compiled=_compiled(job, shaped, laid)) or 0.0
+                out[(order, caching, seqs)] = Weighed(order, caching, seqs,
+                                                      steps.prefill_s / engines,
+                                                      steps.decode_s / engines, start)
+    return out
+
+
+def _slots(settings: RunSettings, target) -> list[int]:
+    """The run's max_num_seqs, half and twice it, and the most that load (a static cache:
+    the slots that fit beside the weights); a paged cache only the run's own."""
+    seqs = settings.max_num_seqs
+    if not target.runtime.static_kv:
+        return [seqs]
+    most = target.static_slots(settings.max_model_len) or seqs
+    return sorted({s for s in (seqs, seqs // 2, seqs * 2, most) if 1 <= s <= max(most, seqs)})
+
+
+def _compiled(job: Job, settings: RunSettings, target) -> bool:
+    from neuron_batch.job.startup import layout_compiled
+
+    return layout_compiled(settings, target, job.workload.model.path, ())
+
+
+def _order_attribution(ran: Weighed, weighed: dict[tuple, Weighed], scale: float) -> str:
+    """What this run's order bought against input order (same caching and slots), by phase."""
+    if ran.order == Order.INPUT.value:
+        return ""
+    base = weighed.get((Order.INPUT.value, ran.caching, ran.max_num_seqs))
+    if base is None:
+        return ""
+    prefill = (base.prefill_s - ran.prefill_s) * scale
+    decode = (base.decode_s - ran.decode_s) * scale
+    gained = prefill + decode
+    if abs(gained) < MARGIN * (base.prefill_s + base.decode_s) * scale:
+        return (f"--order {ran.order} ran about as fast as input order would have "
+                f"(prefill {_signed(prefill)}, decode {_signed(decode)} saved)")
+    where = ("the prefill it saved (the prefix cache's hits)" if prefill > decode else
+             "the decode it saved (like lengths decoding together), not the cache's hits"
+             if ran.caching else "the decode it saved (like lengths decoding together)")
+    return (f"--order {ran.order} saved about {_signed(gained)} against input order (prefill "
+            f"{_signed(prefill)}, decode {_signed(decode)} saved): the gain is {where}")
+
+
+def _better_words(best: Weighed, ran: Weighed, scale: float) -> str:
+    changed = [f"{flag} {value}" for flag, value in best.flags.items()
+               if ran.flags[flag] != value]
+    now = (ran.prefill_s + ran.decode_s) * scale
+    then = (best.prefill_s + best.decode_s) * scale
+    prefill = (ran.prefill_s - best.prefill_s) * scale
+    decode = (ran.decode_s - best.decode_s) * scale
+    startup = ran.startup_s - best.startup_s
+    return (f"{' '.join(changed)} would have been faster and cheaper: about {_seconds(then)} "
+            f"of steps instead of {_seconds(now)} (prefill {_signed(prefill)}, decode "
+            f"{_signed(decode)} saved"
+            + (f", start-up {_signed(startup)} saved" if abs(startup) >= 1 else "")
+            + f"; {1 - best.total_s / ran.total_s:.0%} less with the start-up), by the step "
+            f"model on this run's requests")
+
+
+def command_with(argv: list[str] | None, settings: RunSettings, ran: Weighed, best: Weighed
+                 ) -> str:
+    """The command that runs `best`: this run's own command line (`argv`, else sys.argv
+    when it ran `neuron-batch run`) with the changed options replaced and its --output,
+    --resume and --restart left out (a new folder); without one, the inputs and the changes."""
+    argv = argv if argv is not None else _invocation()
+    changes = {flag: value for flag, value in best.flags.items() if ran.flags[flag] != value}
+    if argv is None:
+        words = ["neuron-batch", "run", *settings.inputs, "..."]
+    else:
+        words = ["neuron-batch", *_without(argv, set(changes) | {"--output", "-o"},
+                                           {"--resume", "--restart"})]
+    for flag, value in changes.items():
+        words += [flag, value]
+    return " ".join(shlex.quote(w) if w != "..." else w for w in words)
+
+
+def _invocation() -> list[str] | None:
+    args = sys.argv[1:]
+    return args if args[:1] == ["run"] and sys.argv[0].endswith("neuron-batch") else None
+
+
+def _without(argv: list[str], valued: set[str], flags: set[str]) -> list[str]:
+    """`argv` less the options in `valued` (with their value) and `flags`; --prefix-caching's
+    value is optional, and --no-prefix-caching goes with it."""
+    out, skip = [], False
+    for index, word in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        name = word.split("=", 1)[0]
+        if name in flags or (name == "--no-prefix-caching" and "--prefix-caching" in valued):
+            continue
+        if name in valued:
+            if "=" not in word:
+                following = argv[index + 1] if index + 1 < len(argv) else None
+                skip = following is not None and (name != "--prefix-caching"
+                                                  or following in ("auto", "on", "off"))
+            continue
+        out.append(word)
+    return out
+
+
+def _seconds(seconds: float) -> str:
+    seconds = abs(seconds)
+    return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds:,.0f} s"
+
+
+def _signed(seconds: float) -> str:
+    return ("-" if seconds < 0 else "") + _seconds(seconds)

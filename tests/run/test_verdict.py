@@ -1,0 +1,79 @@
+"""The verdict after a run (run/verdict.py, issue 39): on the simulated device, a run whose
+order looks like a caching win is told its gain was decode (the longest-first grouping), and
+the faster order/caching is named with a command that runs it; the command is this run's own
+with the changed options replaced."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from neuron_batch.run.verdict import Weighed, command_with
+
+ROOT = Path(__file__).resolve().parents[2]
+MOONCAKE = ROOT / "datasets" / "mooncake-conversation-trace-300.jsonl"
+
+
+def weighed(order="input", caching=True, seqs=8):
+    return Weighed(order, caching, seqs, 10.0, 20.0, 5.0)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["run", "in.jsonl", "--order", "prefix", "--prefix-caching", "-o", "out", "--resume"],
+     "neuron-batch run in.jsonl --order length --prefix-caching off"),
+    (["run", "in.jsonl", "--order=prefix", "--no-prefix-caching", "--output=x", "--restart"],
+     "neuron-batch run in.jsonl --order length --prefix-caching off"),
+    (["run", "in.jsonl", "--prefix-caching", "on", "--max-num-seqs", "8", "-q"],
+     "neuron-batch run in.jsonl --max-num-seqs 8 -q --order length --prefix-caching off"),
+])
+def test_the_command_is_this_runs_own_with_the_changes(argv, expected):
+    from neuron_batch.config import RunSettings
+
+    settings = RunSettings(inputs=("in.jsonl",))
+    assert command_with(argv, settings, weighed("prefix", True),
+                        weighed("length", False)) == expected
+
+
+def test_without_an_invocation_it_names_the_inputs_and_the_changes():
+    from neuron_batch.config import RunSettings
+
+    command = command_with(None, RunSettings(inputs=("a b.csv",)), weighed(seqs=8),
+                           weighed(seqs=16))
+    assert command == "neuron-batch run 'a b.csv' ... --max-num-seqs 16"
+
+
+def test_a_prefix_order_win_is_attributed_to_decode_and_a_faster_line_named(tmp_path):
+    """The issue's case, small: Mooncake lines with --order prefix and caching on. The grouping
+    (longest first) saves decode, the cache's hits little prefill; length order without the
+    cache is faster still on the step model."""
+    pytest.importorskip("vllm")
+    from neuron_batch.cli import main
+
+    lines = [json.loads(line) for line in MOONCAKE.read_text().splitlines()]
+    kept = [dict(line, output_length=min(line["output_length"], 96)) for line in lines
+            if line["input_length"] + 96 <= 16384][:48]
+    job = tmp_path / "mooncake.jsonl"
+    job.write_text("".join(json.dumps(line) + "\n" for line in kept))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, [
+        "run", str(job), "--device", "sim", "--instance", "inf2.48xlarge", "--architecture",
+        "llama-3.1-8b", "--max-model-len", "16384", "--max-num-seqs", "8", "--order",
+        "prefix", "--prefix-caching", "on", "--output", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    verdict = report["verdict"]
+    texts = [line["text"] for line in verdict["lines"]]
+    assert texts and texts[0].startswith("--order prefix saved")
+    assert "the decode it saved" in texts[0] and "not the cache's hits" in texts[0]
+    better = [line for line in verdict["lines"] if line.get("command")]
+    assert better, texts
+    assert "--prefix-caching off" in better[0]["command"] or "--order length" in \
+        better[0]["command"]
+    # the summary's last lines carry it
+    tail = result.output.rstrip().splitlines()[-6:]
+    assert any(line.startswith("Verdict") for line in result.output.splitlines())
+    assert tail[-1].strip().startswith("--") or "neuron-batch run" in "\n".join(tail)
+    assert verdict["wall_time_s"] < 0.05 * report["throughput"]["elapsed_s"] + 1.0
