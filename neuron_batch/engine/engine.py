@@ -178,6 +178,16 @@ def _has_no_weights(model_path: str) -> bool:
         path.glob("*.pt"))
 
 
+class RequestRefused(ValueError):
+    """vLLM refused one request's parameters when it was added (nothing of it ran)."""
+
+
+def _is_request_error(error: Exception) -> bool:
+    # ValueError on every release; vLLM 0.32 also has VLLMValidationError, outside it.
+    return isinstance(error, (ValueError, TypeError)) or type(error).__name__.endswith(
+        "ValidationError")
+
+
 class Engine:
     """A vLLM engine fed request by request, yielding requests as they finish."""
 
@@ -209,10 +219,15 @@ class Engine:
         made into SamplingParams in engine/sampling.py, the one place."""
         from neuron_batch.engine.sampling import sampling_params
 
-        params = sampling_params(spec, detokenize=self._detokenize)
+        try:
+            params = sampling_params(spec, detokenize=self._detokenize)
+            self.engine.add_request(request_id, {"prompt_token_ids": prompt_token_ids}, params)
+        except Exception as error:  # vLLM's own checks of a request (its errors are not one
+            if not _is_request_error(error):  # class across releases)
+                raise
+            raise RequestRefused(str(error)) from error
         if spec.get("n", 1) > 1 or spec.get("logprobs") is not None:
             self._full[request_id] = spec.get("logprobs")
-        self.engine.add_request(request_id, {"prompt_token_ids": prompt_token_ids}, params)
 
     def abort(self, request_ids: list[str]) -> None:
         if request_ids:

@@ -96,7 +96,7 @@ def _device(job: Job) -> str:
 
 
 def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[str, Any]:
-    from neuron_batch.engine.engine import Engine, engine_kwargs
+    from neuron_batch.engine.engine import Engine, RequestRefused, engine_kwargs
     from neuron_batch.engine.neuron_host import mixed_sampling
 
     settings, folder, log, model = job.settings, job.folder, job.log, job.workload.model
@@ -126,7 +126,7 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
             by_id[request.record.id] = request
             engine.add(request.record.id, request.prompt_token_ids,
                        request_spec(request, settings))
-    except ValueError as error:
+    except RequestRefused as error:
         # What the checks at read time missed (vLLM's own, per request): named, nothing run.
         engine.close()
         raise RunError(f"{request.record.source}: vLLM refused the request: {error}") from None
