@@ -221,8 +221,9 @@ def sampling_spec(record: PromptRecord, *, max_tokens: int, temperature: float, 
     where it samples; `ignore_eos`, the run's or the simulated device's)."""
     sampling = dict(record.sampling or ())
     temp = float(temperature if record.temperature is None else record.temperature)
-    if "seed" not in sampling:
-        sampling["seed"] = seed if temp > 0 else None
+    # A seed only where the request samples (greedy decoding has one answer, whatever the
+    # seed): the request's own, else the run's for it.
+    sampling["seed"] = sampling.get("seed", seed) if temp > 0 else None
     if ignore_eos:
         sampling["ignore_eos"] = True
     return {"max_tokens": max_tokens, "temperature": temp, "stop": record.stop, **sampling}

@@ -93,6 +93,20 @@ def features_of(record: PromptRecord) -> list[str]:
     return [key for key in sampling if key != "n" or sampling[key] > 1]
 
 
+def asked_counts(records: Iterable[PromptRecord]) -> dict[str, int] | None:
+    """How many requests asked for what changes their cost beyond their tokens (the report's
+    `requests.asked`): constrained to a structured output, sampled n > 1 times (and the
+    samples in all), logprobs. None when none did."""
+    counts = {"constrained": 0, "sampled_n": 0, "samples": 0, "logprobs": 0}
+    for record in records:
+        sampling = record.sampling or {}
+        counts["constrained"] += "structured" in sampling
+        counts["sampled_n"] += sampling.get("n", 1) > 1
+        counts["samples"] += sampling.get("n", 1) if sampling.get("n", 1) > 1 else 0
+        counts["logprobs"] += "logprobs" in sampling
+    return counts if counts["constrained"] or counts["sampled_n"] or counts["logprobs"] else None
+
+
 def refusals(records: Iterable[PromptRecord], path: RequestPath,
              paths: Mapping[tuple[str, str | None], RequestPath] = PATHS
              ) -> tuple[list[PromptRecord], list[InputProblem]]:

@@ -16,6 +16,7 @@ from neuron_batch.inputs.request_paths import (
     FEATURES,
     PATHS,
     RequestPath,
+    asked_counts,
     path_key,
     refusals,
     request_path,
@@ -235,3 +236,14 @@ def test_sampling_spec_fills_the_runs_defaults():
     own_seed = PromptRecord(0, "c", "x:3", prompt="Hi", temperature=1.0, sampling={"seed": 3})
     assert sampling_spec(own_seed, max_tokens=1, temperature=0.0, seed=11,
                          ignore_eos=False)["seed"] == 3
+    own_seed.temperature = 0.0      # greedy: one answer whatever the seed
+    assert sampling_spec(own_seed, max_tokens=1, temperature=0.0, seed=11,
+                         ignore_eos=False)["seed"] is None
+
+
+def test_asked_counts_what_changes_a_requests_cost():
+    records = [record_asking(structured={"regex": "a"}), record_asking(n=3, logprobs=0),
+               record_asking(n=1), record_asking(top_p=0.5)]
+    assert asked_counts(records) == {"constrained": 1, "sampled_n": 1, "samples": 3,
+                                     "logprobs": 1}
+    assert asked_counts(records[2:]) is None

@@ -159,8 +159,14 @@ def cpu_run(tmp_path_factory):
     result = invoke(["run", lines, batch, "--device", "cpu", "--max-model-len", "1024",
                      "--max-num-seqs", "8", "-o", str(out), "-q"])
     assert result.exit_code == 0, result.output
-    rows = outputs(out)
-    return {row.get("id") if "custom_id" not in row else row["custom_id"]: row for row in rows}
+    rows = {row.get("id") if "custom_id" not in row else row["custom_id"]: row
+            for row in outputs(out)}
+    return rows | {"report": json.loads((out / "report.json").read_text())}
+
+
+def test_the_report_counts_what_the_requests_asked_for(cpu_run):
+    assert cpu_run["report"]["requests"]["asked"] == {
+        "constrained": 2, "sampled_n": 3, "samples": 8, "logprobs": 4}
 
 
 def test_a_json_schema_is_obeyed_and_the_same_prompt_without_is_not_json(cpu_run):
