@@ -15,11 +15,10 @@ pytest.importorskip("xgrammar")
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from test_scheduler_properties import BLOCK, RULES, StepChecks, scenario  # noqa: E402
 
 from neuron_batch.scheduler import NeuronAsyncScheduler, NeuronScheduler  # noqa: E402
 from neuron_batch.scheduler.harness import drive, make_request, make_scheduler  # noqa: E402
-
-from test_scheduler_properties import BLOCK, RULES, StepChecks, scenario  # noqa: E402
 
 #: (a choice, as vLLM's front end turns `choice` into a grammar before the scheduler sees it)
 CHOICE = {"regex": "(yes|no)"}
