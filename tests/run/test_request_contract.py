@@ -219,3 +219,13 @@ def test_openai_outputs_parse_with_n_choices_and_logprobs_in_each_apis_shape(cpu
     assert all(b - a == len(t) for a, b, t in zip(logprobs["text_offset"],
                                                  logprobs["text_offset"][1:],
                                                  logprobs["tokens"]))
+
+
+def test_ignore_field_is_a_job_file_key_too(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Hi", "meta": {"team": "x"}}])
+    job = tmp_path / "job.toml"
+    job.write_text('ignore-field = ["meta"]\n')
+    result = invoke(["run", path, *SIM, "--config", str(job), "-o", str(tmp_path / "run"),
+                     "-q"])
+    assert result.exit_code == 0, result.output
+    assert len(outputs(tmp_path / "run")) == 1
