@@ -9,6 +9,7 @@ the median (constrained / unconstrained output tokens per second).
 
     .venv/bin/python scripts/bench_structured.py                 # 5 pairs, 32 tokens
     .venv/bin/python scripts/bench_structured.py --pairs 9 --max-tokens 64 --json
+    .venv/bin/python scripts/bench_structured.py --pairs 3 --prompts 8 --max-tokens 16
 """
 
 from __future__ import annotations
@@ -61,10 +62,11 @@ def run_round(engine: Engine, requests, max_tokens: int, tag: str,
     return time.perf_counter() - started, tokens
 
 
-def cpu_pairs(pairs: int, max_tokens: int, max_num_seqs: int) -> list[dict]:
+def cpu_pairs(pairs: int, max_tokens: int, max_num_seqs: int, prompts: int | None = None,
+              show=None) -> list[dict]:
     model = resolve_model(None)
     tokenizer = load_tokenizer(model)
-    loaded = load_prompts([BUILTIN_PROMPTS], default_max_tokens=max_tokens)
+    loaded = load_prompts([BUILTIN_PROMPTS], default_max_tokens=max_tokens, limit=prompts)
     prepared = prepare_requests(loaded.records, tokenizer=tokenizer, tokenizer_name=model.name,
                                 vocab_size=len(tokenizer), max_model_len=2048,
                                 default_max_tokens=max_tokens)
@@ -85,6 +87,8 @@ def cpu_pairs(pairs: int, max_tokens: int, max_num_seqs: int) -> list[dict]:
                 rows.append({"pair": pair, "plain_s": plain_s, "plain_tokens": plain_tokens,
                              "json_s": json_s, "json_tokens": json_tokens,
                              "ratio": (json_tokens / json_s) / (plain_tokens / plain_s)})
+                if show is not None:
+                    show(rows[-1])
         finally:
             engine.close()
     return rows
@@ -95,17 +99,23 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--max-num-seqs", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=None,
+                        help="the first N built-in prompts (default all 24)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    rows = cpu_pairs(args.pairs, args.max_tokens, args.max_num_seqs)
+
+    def show(row):
+        print(f"{row['pair']:>4} {row['plain_tokens'] / row['plain_s']:>12.1f} "
+              f"{row['json_tokens'] / row['json_s']:>11.1f} {row['ratio']:>6.3f}", flush=True)
+
+    if not args.json:
+        print(f"{'pair':>4} {'plain tok/s':>12} {'json tok/s':>11} {'ratio':>6}", flush=True)
+    rows = cpu_pairs(args.pairs, args.max_tokens, args.max_num_seqs, args.prompts,
+                     None if args.json else show)
     median = statistics.median(row["ratio"] for row in rows)
     if args.json:
         print(json.dumps({"cpu": rows, "cpu_median_ratio": median}, indent=2))
         return
-    print(f"{'pair':>4} {'plain tok/s':>12} {'json tok/s':>11} {'ratio':>6}")
-    for row in rows:
-        print(f"{row['pair']:>4} {row['plain_tokens'] / row['plain_s']:>12.1f} "
-              f"{row['json_tokens'] / row['json_s']:>11.1f} {row['ratio']:>6.3f}")
     print(f"CPU, built-in model: JSON schema / unconstrained output tokens per second, median "
           f"of {len(rows)} pairs: {median:.3f}")
 
