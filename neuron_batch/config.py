@@ -148,6 +148,8 @@ class RunSettings:
     shuffle: bool = False
     seed: int = 0
     on_error: OnError = OnError.FAIL
+    ignore_field: tuple[str, ...] = ()   # JSON request fields dropped, not refused (their
+                                         # names as the input spells them: body.logprobs)
     output: str | None = None            # None: results/<timestamp>-<input name>
     resume: bool = False
     restart: bool = False                # move a run in --output aside and start anew

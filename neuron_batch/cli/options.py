@@ -134,6 +134,10 @@ def engine_options(func):
                      help="Submission order: as read, longest prompt + max_tokens first (under "
                           "nxdi like lengths decoding together waste less), or shared prefixes "
                           "together."),
+        click.option("--ignore-field", "ignore_field", multiple=True, metavar="NAME",
+                     help="Run JSON requests without this field (body.NAME in an OpenAI "
+                          "batch file) instead of refusing them: unknown fields and those the "
+                          "device cannot honour are refused otherwise. Repeatable."),
         click.option("--instance", default="inf2.8xlarge", show_default=True,
                      envvar="NEURON_BATCH_INSTANCE",
                      help=f"[sim] {', '.join(INSTANCES)}."),
@@ -198,6 +202,7 @@ def settings_from_options(inputs, max_num_seqs: int, options: dict) -> RunSettin
     if "prefix_caching" in options:
         options["prefix_caching"] = prefix_caching_option(options["prefix_caching"],
                                                           options.pop("no_prefix_caching", False))
+    options["ignore_field"] = tuple(options.get("ignore_field") or ())
     settings = RunSettings(inputs=tuple(inputs) or (str(BUILTIN_PROMPTS),),
                            max_num_seqs=max_num_seqs, sim=sim, cost=cost, **options).validate()
     # Before any input, model or vLLM loads: say now if the device cannot work here.

@@ -77,6 +77,9 @@ class Finished:
     finish_reason: str | None
     num_prompt_tokens: int
     stop_reason: str | int | None = None   # with finish_reason "error": why (e.g. too big)
+    # Every completion as plain data (engine/sampling.py plain_choices) where a request asked
+    # for n > 1 or logprobs; None: the fields above are its one completion.
+    choices: list[dict[str, Any]] | None = None
 
 
 def detect_device() -> str:
@@ -177,6 +180,16 @@ def _has_no_weights(model_path: str) -> bool:
         path.glob("*.pt"))
 
 
+class RequestRefused(ValueError):
+    """vLLM refused one request's parameters when it was added (nothing of it ran)."""
+
+
+def _is_request_error(error: Exception) -> bool:
+    # ValueError on every release; vLLM 0.32 also has VLLMValidationError, outside it.
+    return isinstance(error, (ValueError, TypeError)) or type(error).__name__.endswith(
+        "ValidationError")
+
+
 class Engine:
     """A vLLM engine fed request by request, yielding requests as they finish."""
 
@@ -200,19 +213,23 @@ class Engine:
         self.llm = LLM(**kwargs)
         self.engine = self.llm.llm_engine
         self._detokenize = not kwargs.get("skip_tokenizer_init", False)
+        self._full: dict[str, int | None] = {}  # request id -> its top logprobs, for those
+                                                # whose every completion is kept
 
-    def add(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
-            temperature: float, stop: list[str] | None, seed: int, ignore_eos: bool,
-            detokenize: bool) -> None:
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
+    def add(self, request_id: str, prompt_token_ids: list[int], spec: dict[str, Any]) -> None:
+        """Submit one request: `spec` is what it asks for (inputs.request_fields.sampling_spec),
+        made into SamplingParams in engine/sampling.py, the one place."""
+        from neuron_batch.engine.sampling import sampling_params
 
-        # FINAL_ONLY: the engine builds a request's output once, when it finishes, instead of a
-        # cumulative copy for every request at every step (which nothing here reads).
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature,
-                                stop=stop or None, seed=seed if temperature > 0 else None,
-                                ignore_eos=ignore_eos, detokenize=detokenize,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
-        self.engine.add_request(request_id, {"prompt_token_ids": prompt_token_ids}, params)
+        try:
+            params = sampling_params(spec, detokenize=self._detokenize)
+            self.engine.add_request(request_id, {"prompt_token_ids": prompt_token_ids}, params)
+        except Exception as error:  # vLLM's own checks of a request (its errors are not one
+            if not _is_request_error(error):  # class across releases)
+                raise
+            raise RequestRefused(str(error)) from error
+        if spec.get("n", 1) > 1 or spec.get("logprobs") is not None:
+            self._full[request_id] = spec.get("logprobs")
 
     def abort(self, request_ids: list[str]) -> None:
         if request_ids:
@@ -226,12 +243,17 @@ class Engine:
             if not out.finished:
                 continue
             completion = out.outputs[0]
+            choices = None
+            if out.request_id in self._full:
+                from neuron_batch.engine.sampling import plain_choices
+
+                choices = plain_choices(out, self._detokenize, self._full.pop(out.request_id))
             yield Finished(
                 request_id=out.request_id, token_ids=list(completion.token_ids),
                 text=completion.text if self._detokenize else None,
                 finish_reason=completion.finish_reason,
                 num_prompt_tokens=len(out.prompt_token_ids or ()),
-                stop_reason=completion.stop_reason)
+                stop_reason=completion.stop_reason, choices=choices)
 
     def close(self) -> None:
         """Shut the engine core down so the scheduler flushes its records."""

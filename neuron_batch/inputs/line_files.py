@@ -7,10 +7,11 @@ Line numbers are 1-based file lines; items of a JSON array are 0-based positions
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
+from neuron_batch.inputs.json_requests import record_from_batch_request, record_from_object
 from neuron_batch.inputs.mooncake import is_mooncake, record_from_mooncake
 from neuron_batch.inputs.records import (
     FieldError,
@@ -19,19 +20,9 @@ from neuron_batch.inputs.records import (
     Item,
     ParsedInput,
     PromptRecord,
-    check_id,
-    check_int,
-    check_messages,
-    check_number,
-    check_prompt_text,
-    check_stop,
-    check_token_ids,
     describe_value,
     field_problem,
-    record_from_object,
 )
-
-OPENAI_BATCH_URLS = ("/v1/completions", "/v1/chat/completions")
 
 
 def _read_text_bytes(path: Path, label: str) -> bytes:
@@ -69,7 +60,9 @@ def _not_utf8(source: str, error: UnicodeDecodeError) -> InputProblem:
 # JSON lines, JSON arrays and OpenAI batch files
 
 
-def read_json_lines(path: Path, label: str) -> ParsedInput:
+def read_json_lines(path: Path, label: str, ignored: Collection[str] = ()) -> ParsedInput:
+    """Every object of a JSON-lines file (or JSON array) as a record or a problem; the fields
+    `ignored` names (--ignore-field) are dropped, any other unknown field is a problem."""
     data = _read_text_bytes(path, label)
     if path.suffix.lower() == ".json" and data.lstrip()[:1] == b"[":
         objects = _json_array_objects(data, label)
@@ -86,11 +79,11 @@ def read_json_lines(path: Path, label: str) -> ParsedInput:
                     else "mooncake" if is_mooncake(obj) else "jsonl")
         try:
             if kind == "openai-batch":
-                items.append(record_from_batch_request(obj, source))
+                items.append(record_from_batch_request(obj, source, ignored))
             elif kind == "mooncake":
                 items.append(record_from_mooncake(obj, source))
             else:
-                items.append(record_from_object(obj, source))
+                items.append(record_from_object(obj, source, ignored))
         except FieldError as error:
             items.append(field_problem(source, error))
     return ParsedInput(kind or "jsonl", items)
@@ -130,48 +123,6 @@ def _expect_object(obj: Any, source: str) -> dict | InputProblem:
     if isinstance(obj, dict):
         return obj
     return InputProblem(source, None, f"expected a JSON object, got {describe_value(obj)}")
-
-
-def record_from_batch_request(obj: dict, source: str) -> tuple[PromptRecord, str]:
-    """One request of an OpenAI batch input file -> (record, "custom_id")."""
-    if obj.get("custom_id") is None:
-        raise FieldError("custom_id", "missing; every request in an OpenAI batch file needs one")
-    custom_id = check_id(obj["custom_id"], "custom_id")
-    method = obj.get("method", "POST")
-    if method != "POST":
-        raise FieldError("method", f'expected "POST", got {describe_value(method)}')
-    url = obj.get("url")
-    if url not in OPENAI_BATCH_URLS:
-        raise FieldError("url", f"expected one of {', '.join(OPENAI_BATCH_URLS)}, "
-                                f"got {describe_value(url)}")
-    body = obj.get("body")
-    if not isinstance(body, dict):
-        raise FieldError("body", f"expected an object, got {describe_value(body)}")
-
-    record = PromptRecord(index=-1, id=custom_id, source=source)
-    if url == "/v1/completions":
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], str):
-            record.prompt_token_ids = check_token_ids(prompt, "body.prompt")
-        else:
-            record.prompt = check_prompt_text(prompt, "body.prompt")
-        record.prompt_field = "body.prompt"
-    else:
-        record.messages = check_messages(body.get("messages"), "body.messages")
-        record.prompt_field = "body.messages"
-    for name in ("max_completion_tokens", "max_tokens"):  # chat's newer name wins over the old
-        if body.get(name) is not None:
-            record.max_tokens = check_int(body[name], f"body.{name}", minimum=1)
-            break
-    if body.get("temperature") is not None:
-        record.temperature = check_number(body["temperature"], "body.temperature", minimum=0.0)
-    if body.get("stop") is not None:
-        record.stop = check_stop(body["stop"], "body.stop")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise FieldError("body.model", f"expected a string, got {describe_value(model)}")
-    record.openai = {"custom_id": custom_id, "url": url, "model": model}
-    return record, "custom_id"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ Inputs, chosen by prefix, extension or what a directory holds:
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from neuron_batch.inputs.line_files import read_json_lines, read_text
@@ -29,7 +29,8 @@ from neuron_batch.inputs.tables import (
 )
 
 
-def read_input(spec: str, *, prompt_column: str, split: str) -> ParsedInput:
+def read_input(spec: str, *, prompt_column: str, split: str,
+               ignored: Collection[str] = ()) -> ParsedInput:
     """Pick the reader by `hf:` prefix, directory or extension (other extensions are text)."""
     if spec.startswith("hf:"):
         return read_hub_dataset(spec, prompt_column, split)
@@ -40,7 +41,7 @@ def read_input(spec: str, *, prompt_column: str, split: str) -> ParsedInput:
         return read_saved_dataset(path, spec, prompt_column, split)
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
-        return read_json_lines(path, spec)
+        return read_json_lines(path, spec, ignored)
     if suffix in (".csv", ".tsv"):
         return read_csv(path, spec, prompt_column, delimiter="\t" if suffix == ".tsv" else ",")
     if suffix in (".parquet", ".pq"):
@@ -55,12 +56,15 @@ def read_input(spec: str, *, prompt_column: str, split: str) -> ParsedInput:
 
 def load_prompts(inputs: Sequence[str | Path], *, prompt_column: str = "prompt",
                  split: str = "train", limit: int | None = None, shuffle: bool = False,
-                 seed: int = 0, default_max_tokens: int | None = None) -> LoadedPrompts:
+                 seed: int = 0, default_max_tokens: int | None = None,
+                 ignored: Collection[str] = ()) -> LoadedPrompts:
     """Read every input, in order, into records numbered 0..n-1 across all of them.
 
     Lines that cannot become records land in `problems` (the caller decides whether to go on);
     inputs that cannot be used at all raise `InputError`. `shuffle` (seeded) comes before
     `limit`; ids given by default are positions before the shuffle, so they do not change with it.
+    `ignored`: the fields --ignore-field drops from JSON requests (any other unknown field is a
+    problem of its line).
     """
     if isinstance(inputs, (str, Path)):
         inputs = [inputs]  # one path, not a sequence of one-character "paths"
@@ -77,7 +81,8 @@ def load_prompts(inputs: Sequence[str | Path], *, prompt_column: str = "prompt",
     first_source_by_id: dict[str, str] = {}  # id -> source of the record that holds it
     read_order = -1
     for spec in inputs:
-        parsed = read_input(str(spec), prompt_column=prompt_column, split=split)
+        parsed = read_input(str(spec), prompt_column=prompt_column, split=split,
+                            ignored=ignored)
         if not parsed.items:
             raise InputError(f"{spec}: no prompts found: the input is empty or holds only "
                              "blank lines")

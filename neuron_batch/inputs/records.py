@@ -4,8 +4,9 @@ field checks every reader shares.
 What each input may hold (readers in `line_files.py` and `tables.py`, chosen in `load.py`):
 
 - `.jsonl` / `.json`: one object a line with one of `prompt`, `messages`, `prompt_token_ids`,
-  `prompt_len`; optional `id`/`custom_id`, `max_tokens`, `temperature`, `stop`, and with
-  `prompt_len` a shared prefix (`prefix_id`, `prefix_len`). A `.json` file that starts with `[`
+  `prompt_len`; optional `id`/`custom_id`, the request's fields (request_fields.py: sampling,
+  logprobs, structured outputs; any other field is refused), and with `prompt_len` a shared
+  prefix (`prefix_id`, `prefix_len`). A `.json` file that starts with `[`
   is read as one JSON array of such objects.
 - Mooncake traces (JSON lines with `input_length`, `output_length`, `hash_ids`; mooncake.py).
 - OpenAI batch files (JSON lines with `custom_id` and `body`), completions or chat.
@@ -42,6 +43,9 @@ class PromptRecord:
     max_tokens: int | None = None
     temperature: float | None = None
     stop: list[str] | None = None
+    # The rest of what it asks for, under SamplingParams' names (request_fields.py), only
+    # the fields given; None: nothing more.
+    sampling: dict[str, Any] | None = None
     arrival_s: float | None = None  # traces: arrival offset in seconds
     # A synthetic prompt's shared parts (inputs/prepare.py SyntheticTokens makes their tokens):
     # a Mooncake trace's ids of its 512-token blocks, or the first prefix_len tokens of the
@@ -55,6 +59,7 @@ class PromptRecord:
     # a problem found after reading names what the user wrote; and its position in reading
     # order across inputs (before --shuffle), so that problems are listed in line order.
     prompt_field: str | None = field(default=None, compare=False)
+    sampling_fields: dict[str, str] | None = field(default=None, compare=False)  # key -> field
     read_order: int = field(default=-1, compare=False)
 
 
@@ -220,39 +225,6 @@ def set_prompt(record: PromptRecord, prompt_field: str, value: Any, field_name: 
         record.prompt_token_ids = check_token_ids(value, field_name)
     else:
         record.prompt_len = check_int(value, field_name, minimum=1, from_text=from_text)
-
-
-def record_from_object(obj: dict, source: str) -> tuple[PromptRecord, str]:
-    """A JSON-lines object -> (record without index, the field its id came from)."""
-    get = obj.get
-    given = [name for name in PROMPT_FIELDS if get(name) is not None]
-    if len(given) != 1:
-        if not given:
-            keys = ", ".join(repr(key) for key in list(obj)[:10]) or "none"
-            raise FieldError(None, "no prompt: expected one of 'prompt', 'messages', "
-                                   f"'prompt_token_ids', 'prompt_len' (keys found: {keys})")
-        raise FieldError(given[1], f"conflicts with '{given[0]}': give only one of "
-                                   "'prompt', 'messages', 'prompt_token_ids', 'prompt_len'")
-    record = PromptRecord(index=-1, id="", source=source)
-    set_prompt(record, given[0], obj[given[0]], given[0])
-    id_field = "id"
-    custom_id = get("custom_id")
-    if (value := get("id")) is not None:
-        record.id = check_id(value, "id")
-        if custom_id is not None and check_id(custom_id, "custom_id") != record.id:
-            raise FieldError("custom_id", f"differs from 'id' ({record.id!r}); give one of them")
-    elif custom_id is not None:
-        id_field = "custom_id"
-        record.id = check_id(custom_id, "custom_id")
-    if (value := get("max_tokens")) is not None:
-        record.max_tokens = check_int(value, "max_tokens", minimum=1)
-    if (value := get("temperature")) is not None:
-        record.temperature = check_number(value, "temperature", minimum=0.0)
-    if (value := get("stop")) is not None:
-        record.stop = check_stop(value, "stop")
-    if get("prefix_id") is not None or get("prefix_len") is not None:
-        set_prefix(record, get("prefix_id"), get("prefix_len"))
-    return record, id_field
 
 
 def set_prefix(record: PromptRecord, prefix_id: Any, prefix_len: Any, *,

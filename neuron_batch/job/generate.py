@@ -16,6 +16,8 @@ from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.job.folder import OutputError
 from neuron_batch.job.job import Job
+from neuron_batch.job.outputs import output_row
+from neuron_batch.job.request_spec import request_spec
 
 
 class StopFlag:
@@ -94,7 +96,7 @@ def _device(job: Job) -> str:
 
 
 def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[str, Any]:
-    from neuron_batch.engine.engine import Engine, engine_kwargs
+    from neuron_batch.engine.engine import Engine, RequestRefused, engine_kwargs
     from neuron_batch.engine.neuron_host import mixed_sampling
 
     settings, folder, log, model = job.settings, job.folder, job.log, job.workload.model
@@ -120,16 +122,16 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
                if on_neuron else None)
     if on_neuron and (said := startup_words(startup)):
         log(said)
-    detokenize = model.has_tokenizer and not simulated
     by_id: dict[str, PreparedRequest] = {}
-    for request in pending:
-        record = request.record
-        by_id[record.id] = request
-        temperature = settings.temperature if record.temperature is None else record.temperature
-        engine.add(record.id, request.prompt_token_ids, request.max_tokens, temperature,
-                   record.stop, settings.seed + record.index,
-                   ignore_eos=simulated or settings.ignore_eos,
-                   detokenize=detokenize)
+    try:
+        for request in pending:
+            by_id[request.record.id] = request
+            engine.add(request.record.id, request.prompt_token_ids,
+                       request_spec(request, settings))
+    except RequestRefused as error:
+        # What the checks at read time missed (vLLM's own, per request): named, nothing run.
+        engine.close()
+        raise RunError(f"{request.record.source}: vLLM refused the request: {error}") from None
     deadline = (runtime_clock() + settings.max_runtime) if settings.max_runtime else None
     bar = progress_bar(settings, len(pending))
     finished = output_tokens = 0
@@ -203,44 +205,3 @@ def progress_bar(settings: RunSettings, total: int):
     from tqdm import tqdm
 
     return tqdm(total=total, unit="req", desc="requests", file=sys.stderr, smoothing=0.1)
-
-
-def output_row(request: PreparedRequest, done, model_name: str, simulated: bool) -> dict:
-    record = request.record
-    if record.openai is not None:
-        return openai_row(request, done, model_name)
-    row: dict[str, Any] = {"id": record.id, "index": record.index}
-    if record.prompt is not None:
-        row["prompt"] = record.prompt
-    elif record.messages is not None:
-        row["messages"] = record.messages
-    row["num_prompt_tokens"] = len(request.prompt_token_ids)
-    row["output"] = done.text
-    if done.text is None and not simulated:
-        row["output_token_ids"] = done.token_ids
-    row["num_output_tokens"] = len(done.token_ids)
-    row["finish_reason"] = done.finish_reason
-    return row
-
-
-def openai_row(request: PreparedRequest, done, model_name: str) -> dict:
-    """A line of the OpenAI batch output format, as `vllm run-batch` writes it."""
-    record = request.record
-    chat = record.openai.get("url", "").endswith("/chat/completions")
-    text = done.text or ""
-    if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "finish_reason": done.finish_reason}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": done.finish_reason}
-        obj = "text_completion"
-    usage = {"prompt_tokens": len(request.prompt_token_ids),
-             "completion_tokens": len(done.token_ids),
-             "total_tokens": len(request.prompt_token_ids) + len(done.token_ids)}
-    body = {"id": f"cmpl-{record.id}", "object": obj, "created": int(time.time()),
-            "model": record.openai.get("model") or model_name, "choices": [choice],
-            "usage": usage}
-    return {"id": f"batch_req_{record.index}", "custom_id": record.id,
-            "response": {"status_code": 200, "request_id": record.id, "body": body},
-            "error": None}

@@ -29,13 +29,18 @@ from typing import Any
 
 from neuron_batch.errors import RunError
 from neuron_batch.job.folder import RunFolder, input_fingerprint
+from neuron_batch.job.request_spec import request_spec
 
-#: A requests.json row: the id, then these. prompt and stop are digests (the prompt as given:
-#: text, messages, token ids or prompt_len with what it shares (a Mooncake line's block ids, a
-#: prefix), with an OpenAI batch line's url and model); the
+#: A requests.json row: the id, then these. prompt, stop and sampling are digests (the prompt
+#: as given: text, messages, token ids or prompt_len with what it shares (a Mooncake line's
+#: block ids, a prefix), with an OpenAI batch line's url and model; sampling: every other
+#: field of the engine's spec, job/request_spec.py, None when the request asks for none); the
 #: numbers are the values the engine gets (max_tokens after the default and the clamp to
-#: max_model_len; the seed only where the request samples).
-REQUEST_FIELDS = ("prompt", "max_tokens", "temperature", "seed", "stop")
+#: max_model_len; the seed only where the request samples). A row written before `sampling`
+#: existed reads as None there.
+REQUEST_FIELDS = ("prompt", "max_tokens", "temperature", "seed", "stop", "sampling")
+#: The spec's keys with a column of their own (the rest are digested into `sampling`).
+_OWN_COLUMNS = ("max_tokens", "temperature", "seed", "stop", "ignore_eos")
 
 #: Settings that change outputs or figures, by RunSettings field (sim.* only on --device sim).
 CHECKED_SETTINGS = ("model", "device", "runtime", "max_model_len", "max_num_seqs",
@@ -56,11 +61,14 @@ def request_rows(requests, settings) -> list[list[Any]]:
     rows = []
     for request in requests:
         record = request.record
-        temperature = float(settings.temperature if record.temperature is None
-                            else record.temperature)
-        rows.append([record.id, _prompt_digest(record), request.max_tokens, temperature,
-                     settings.seed + record.index if temperature > 0 else None,
-                     _digest(json.dumps(record.stop).encode()) if record.stop else None])
+        spec = request_spec(request, settings)
+        rest = {key: value for key, value in spec.items() if key not in _OWN_COLUMNS}
+        if record.sampling and "ignore_eos" in record.sampling:  # (asked, not the run's)
+            rest["ignore_eos"] = record.sampling["ignore_eos"]
+        rows.append([record.id, _prompt_digest(record), request.max_tokens,
+                     spec["temperature"], spec["seed"],
+                     _digest(json.dumps(record.stop).encode()) if record.stop else None,
+                     _digest(json.dumps(rest, sort_keys=True).encode()) if rest else None])
     return rows
 
 
@@ -180,7 +188,8 @@ def compare(folder: RunFolder, manifest: dict[str, Any] | None, rows: list[list[
 
 
 def _compare_requests(changes: Changes, stored: list[list[Any]], rows: list[list[Any]]) -> None:
-    before = {row[0]: row[1:] for row in stored}
+    width = len(REQUEST_FIELDS)     # (an older row lacks the last columns: None there)
+    before = {row[0]: row[1:] + [None] * (width - len(row) + 1) for row in stored}
     after = {row[0]: row[1:] for row in rows}
     changes.total = len(stored)
     changes.added = [row[0] for row in rows if row[0] not in before]
@@ -193,7 +202,8 @@ def _compare_requests(changes: Changes, stored: list[list[Any]], rows: list[list
         for name, was, now in zip(REQUEST_FIELDS, old, values):
             if was == now or (name == "seed" and None in (was, now)):
                 continue        # (a seed appearing or going: the temperature says why)
-            what.append(name if name in ("prompt", "stop") else f"{name} {was} -> {now}")
+            what.append(name if name in ("prompt", "stop", "sampling")
+                        else f"{name} {was} -> {now}")
         changes.changed.append((rid, what))
     if not (changes.added or changes.removed):
         changes.reordered = [row[0] for row in stored] != [row[0] for row in rows]

@@ -15,6 +15,8 @@ from neuron_batch.errors import RunError
 from neuron_batch.inputs.load import describe_input, load_prompts
 from neuron_batch.inputs.prepare import max_model_len_fix, prepare_requests
 from neuron_batch.inputs.records import InputError, InputProblem
+from neuron_batch.inputs.request_paths import refusals, request_path
+from neuron_batch.job.request_spec import spec_problems
 
 MAX_PROBLEMS_SHOWN = 20
 
@@ -42,9 +44,15 @@ def load_workload(settings: RunSettings, log: Callable[[str], None], *,
         loaded = load_prompts(settings.inputs, prompt_column=settings.prompt_column,
                               split=settings.dataset_split, limit=settings.limit,
                               shuffle=settings.shuffle, seed=settings.seed,
-                              default_max_tokens=settings.max_tokens)
+                              default_max_tokens=settings.max_tokens,
+                              ignored=settings.ignore_field)
     except InputError as error:
         raise RunError(str(error)) from None
+    # What the run's path cannot honour is refused here, with the other input problems.
+    path = request_path(str(settings.device), settings.resolve_runtime())
+    loaded.records, refused = refusals(loaded.records, path)
+    loaded.records, unsampled = spec_problems(loaded.records, settings)
+    loaded.problems += refused + unsampled
     log(describe_input(loaded))
     model, tokenizer, tokenizer_name, vocab_size = _model_and_tokenizer(settings, log)
     prepared = prepare_requests(loaded.records, tokenizer=tokenizer, tokenizer_name=tokenizer_name,

@@ -224,8 +224,6 @@ class ReplicaWorker:
                 return
 
     def _admit(self, batch: _Batch, waiting: dict[str, list[_Batch]]) -> None:
-        settings = self.spec.settings
-        ignore_eos = self.spec.simulated or settings.ignore_eos
         for request in batch.requests:
             request_id = request["id"]
             batch.remaining.add(request_id)
@@ -234,10 +232,7 @@ class ReplicaWorker:
                 continue
             waiting[request_id] = [batch]
             self._engine.add(request_id, decode_tokens(request["tokens"]),
-                             request["max_tokens"], request["temperature"],
-                             json.loads(request["stop"]) if request["stop"] else None,
-                             request["seed"], ignore_eos=ignore_eos,
-                             detokenize=self._detokenize)
+                             json.loads(request["spec"]))
 
     def _complete(self, batch: _Batch) -> None:
         """Hand a finished batch to its `__call__` as plain columns (a dict of lists, pickled
@@ -255,6 +250,7 @@ class ReplicaWorker:
             "stop_reason": [None if d.stop_reason is None else str(d.stop_reason)
                             for d in rows],
             "num_prompt_tokens": [d.num_prompt_tokens for d in rows],
+            "choices": [None if d.choices is None else json.dumps(d.choices) for d in rows],
             "request_line": [records.requests.pop(d.request_id, None) for d in rows],
             "lines": [records.take_other()] + [""] * (n - 1),
             "actor": [self.actor_id] * n,

@@ -32,6 +32,7 @@ from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.job.generate import MAX_ERRORS_KEPT, StopFlag, progress_bar, stopped_by
 from neuron_batch.job.job import Job
+from neuron_batch.job.request_spec import request_spec
 from neuron_batch.replicas.actor import (
     REQUESTS_COLUMN,
     ReplicaSpec,
@@ -267,12 +268,9 @@ def _replica_failure(error: BaseException, finished: int, path) -> RunError:
 
 
 def _request_item(request: PreparedRequest, settings) -> dict[str, Any]:
-    record = request.record
-    temperature = settings.temperature if record.temperature is None else record.temperature
-    return {"id": record.id, "tokens": encode_tokens(request.prompt_token_ids),
-            "max_tokens": request.max_tokens, "temperature": float(temperature),
-            "stop": json.dumps(record.stop) if record.stop else "",
-            "seed": settings.seed + record.index}
+    # (the spec as JSON text: one string cell, whatever fields the request asks for)
+    return {"id": request.record.id, "tokens": encode_tokens(request.prompt_token_ids),
+            "spec": json.dumps(request_spec(request, settings))}
 
 
 def _worker_env() -> dict[str, str]:

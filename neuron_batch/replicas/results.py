@@ -22,8 +22,8 @@ from neuron_batch.engine.engine import Finished
 from neuron_batch.errors import EXIT_FAILED
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.job.folder import OutputError, RunFolder
-from neuron_batch.job.generate import output_row
 from neuron_batch.job.job import Job
+from neuron_batch.job.outputs import output_row
 from neuron_batch.replicas.actor import RESULT_COLUMN, decode_tokens, unpack
 
 #: Seconds to wait for Ray Data's threads after its execution is shut down (they poll every
@@ -158,7 +158,8 @@ class ResultWriter:
             token_ids = decode_tokens(columns["token_ids"][i])
             done = Finished(request_id, token_ids, columns["text"][i],
                             columns["finish_reason"][i], columns["num_prompt_tokens"][i],
-                            columns["stop_reason"][i])
+                            columns["stop_reason"][i],
+                            json.loads(columns["choices"][i]) if columns["choices"][i] else None)
             folder.append_output(output_row(request, done, self.model_name, self.simulated))
             folder.done_ids.add(request_id)
             if columns["request_line"][i]:

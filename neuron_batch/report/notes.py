@@ -1,8 +1,9 @@
 """What a run did that its figures alone would not tell, in sentences: requests a stop left
 pending, input lines skipped, requests the engine failed, max_tokens cut to fit, outputs that
-came back empty. The terminal summary prints them under its headline rows; `outcome_line` is
-the one line `--quiet` prints when a run did not finish (exit 3 or 4), since cron mails what a
-run prints and a silent exit 4 looks like a success. Pure Python; reads the report only, so
+came back empty, what requests asked for beyond their tokens (structured outputs, n, logprobs).
+The terminal summary prints them under its headline rows; `outcome_line` is the one line
+`--quiet` prints when a run did not finish (exit 3 or 4), since cron mails what a run prints and
+a silent exit 4 looks like a success. Pure Python; reads the report only, so
 `neuron-batch report DIR` says the same again.
 """
 
@@ -24,7 +25,7 @@ def notes(report: dict[str, Any]) -> list[str]:
     """Every sentence that applies, the most urgent first."""
     return [s for s in (stop_sentence(report), skipped_sentence(report),
                         failed_sentence(report), clamped_sentence(report),
-                        empty_sentence(report)) if s]
+                        empty_sentence(report), asked_sentence(report)) if s]
 
 
 def outcome_line(report: dict[str, Any]) -> str:
@@ -97,6 +98,22 @@ def empty_sentence(report: dict[str, Any]) -> str | None:
             f"instruct (chat) model given plain `prompt` text often answers with its end token: "
             f"give such prompts as `messages` records (rendered with the model's chat template) "
             f"or OpenAI /v1/chat/completions lines.")
+
+
+def asked_sentence(report: dict[str, Any]) -> str | None:
+    """What the requests asked for beyond their tokens (request_paths.asked_counts)."""
+    asked = (report.get("requests") or {}).get("asked")
+    if not asked:
+        return None
+    parts = []
+    if asked.get("constrained"):
+        parts.append(f"{_n(asked['constrained'])} constrained to a structured output")
+    if asked.get("sampled_n"):
+        parts.append(f"{_n(asked['sampled_n'])} sampled n times ({_n(asked.get('samples'))} "
+                     f"samples in all)")
+    if asked.get("logprobs"):
+        parts.append(f"{_n(asked['logprobs'])} asked for logprobs")
+    return f"Requests: {', '.join(parts)}." if parts else None
 
 
 def _n(value: Any) -> str:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from neuron_batch.errors import EXIT_FAILED, RunError
+from neuron_batch.inputs.request_paths import asked_counts
 from neuron_batch.job.folder import REPORT, RunFolder
 from neuron_batch.job.job import Job
 from neuron_batch.prefix_grid import grid_size
@@ -72,6 +73,9 @@ def build_report(job: Job) -> dict:
     report["requests"]["pending"] = len(prepared.requests) - completed - failed
     clamped = [r.max_tokens for r in prepared.requests if r.max_tokens_clamped]
     report["requests"]["max_tokens_clamped"] = len(clamped)
+    asked = asked_counts(r.record for r in prepared.requests)
+    if asked is not None:   # (only then: a plain run's report is as it was)
+        report["requests"]["asked"] = asked
     # what they were cut to (max_model_len - prompt), so the summary can say it
     report["requests"]["max_tokens_clamped_to"] = (
         {"min": min(clamped), "max": max(clamped)} if clamped else None)

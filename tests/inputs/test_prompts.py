@@ -58,12 +58,15 @@ def test_jsonl_every_field(tmp_path):
     assert summary(loaded.records, "index", "source") == [(n, f"{path}:{n + 1}") for n in range(4)]
 
 
-def test_jsonl_nulls_count_as_absent_and_unknown_keys_are_ignored(tmp_path):
+def test_jsonl_nulls_count_as_absent_and_unknown_keys_are_refused_unless_ignored(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [
         {"prompt": None, "messages": [{"role": "user", "content": "Hi", "name": None}],
          "max_tokens": None, "meta": {"x": 1}},
     ])
-    (record,) = load_prompts([path]).records
+    problem = only_problem(load_prompts([path]))
+    assert (problem.source, problem.field) == (f"{path}:1", "meta")
+    assert "--ignore-field meta" in problem.message
+    (record,) = load_prompts([path], ignored=["meta"]).records
     assert record.messages == HI and record.max_tokens is None
 
 

@@ -189,7 +189,8 @@ def test_a_record_digest_holds_what_it_shares():
     def row(**fields):
         record = PromptRecord(0, "a", "p:1", prompt_len=100, **fields)
         request = SimpleNamespace(record=record, max_tokens=4)
-        return request_rows([request], SimpleNamespace(temperature=0.0, seed=0))[0][1]
+        return request_rows([request], SimpleNamespace(temperature=0.0, seed=0, simulated=False,
+                                                           ignore_eos=False))[0][1]
 
     plain = row()
     assert len({plain, row(prefix_id="p", prefix_len=10), row(prefix_id="p", prefix_len=11),

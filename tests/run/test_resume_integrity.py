@@ -122,6 +122,34 @@ def test_a_changed_max_tokens_alone_is_refused(night):
     assert "1 of 2 requests changed (b: max_tokens 4 -> 6)" in message
 
 
+@pytest.mark.parametrize("asked", [
+    {"n": 2, "temperature": 0.5}, {"top_p": 0.9}, {"top_k": 5}, {"min_p": 0.1},
+    {"presence_penalty": 0.5}, {"frequency_penalty": 0.5}, {"repetition_penalty": 1.2},
+    {"logit_bias": {"5": 1}}, {"logprobs": 2}, {"stop_token_ids": [7]}, {"min_tokens": 2},
+    {"ignore_eos": True}, {"response_format": {"type": "json_object"}},
+    {"structured_outputs": {"regex": "[a-z]+"}}])
+def test_every_request_field_is_part_of_the_requests_digest(night, asked):
+    """(issue 38) a request that now asks for more than before is other work: refused."""
+    out = night / "out"
+    before = snapshot(out)
+    data = write_jsonl(night / "prompts.jsonl", [NIGHT_1[0], {**NIGHT_1[1], **asked}])
+    message = refused(invoke([data, *SIM, "--output", str(out), "--resume"]), out, before)
+    assert "1 of 2 requests changed (b: " in message and "sampling" in message
+
+
+def test_a_folder_written_before_the_sampling_digest_still_resumes(night):
+    out = night / "out"
+    requests = out / "requests.json"
+    rows = json.loads(requests.read_text())
+    table = rows["requests"] if isinstance(rows, dict) else rows
+    for row in table:
+        assert row[-1] is None      # (nothing asked: no sampling digest)
+        del row[-1]
+    requests.write_text(json.dumps(rows))
+    again = invoke([str(night / "prompts.jsonl"), *SIM, "--output", str(out), "--resume"])
+    assert again.exit_code == 0, again.output
+
+
 def test_sampling_and_stop_strings_count_as_content(night):
     out = night / "out"
     before = snapshot(out)

@@ -1,0 +1,67 @@
+"""A request's `SamplingParams`, built in this one place from the plain spec
+`inputs.request_fields.sampling_spec` makes of it, and what vLLM returns for it made plain
+again (the n completions, each token's logprobs).
+
+Every path hands the engine the same SamplingParams: the CPU engine, the simulated device and
+a Neuron host's plugin read what they need from it (structured outputs, logprobs, n) where the
+request reaches the engine core. vLLM is imported lazily.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def sampling_params(spec: dict[str, Any], *, detokenize: bool):
+    """vLLM's SamplingParams for one request's spec (keys: SamplingParams' names, with
+    `structured` the one structured-output form and `logit_bias` keyed by token id strings)."""
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    from neuron_batch.scheduler.compat import structured_output_kwargs
+
+    kwargs = dict(spec)
+    structured = kwargs.pop("structured", None)
+    if structured is not None:
+        kwargs.update(structured_output_kwargs(structured))
+    if kwargs.get("logit_bias"):
+        kwargs["logit_bias"] = {int(token): bias for token, bias in kwargs["logit_bias"].items()}
+    kwargs["stop"] = kwargs.get("stop") or None
+    # FINAL_ONLY: the engine builds a request's output once, when it finishes, instead of a
+    # cumulative copy for every request at every step (which nothing here reads).
+    return SamplingParams(detokenize=detokenize, output_kind=RequestOutputKind.FINAL_ONLY,
+                          **kwargs)
+
+
+def plain_logprobs(logprobs, token_ids: list[int], top: int) -> list[dict[str, Any]] | None:
+    """vLLM's per-token logprobs (a list, per generated token, of {token id: Logprob}: the `top`
+    likeliest and the sampled one) as plain data: per token {"id", "token", "logprob", "top":
+    [[id, token, logprob], ...] the `top` likeliest by rank}. `token` is None where the run
+    does not detokenize."""
+    if logprobs is None:
+        return None
+    out = []
+    for token_id, alternatives in zip(token_ids, logprobs):
+        own = alternatives.get(token_id)
+        ranked = sorted(((lp.rank if lp.rank is not None else 1 << 30, tid, lp)
+                         for tid, lp in alternatives.items()), key=lambda item: item[:2])
+        out.append({"id": token_id, "token": own.decoded_token if own is not None else None,
+                    "logprob": float(own.logprob) if own is not None else None,
+                    "top": [[tid, lp.decoded_token, float(lp.logprob)]
+                            for rank, tid, lp in ranked[:top]]})
+    return out
+
+
+def plain_choices(out, detokenize: bool, top_logprobs: int | None) -> list[dict[str, Any]]:
+    """A finished RequestOutput's completions (n of them), each as plain data: index,
+    token_ids, text, finish_reason, stop_reason and, where asked, logprobs."""
+    choices = []
+    for completion in out.outputs:
+        token_ids = list(completion.token_ids)
+        choice = {"index": completion.index, "token_ids": token_ids,
+                  "text": completion.text if detokenize else None,
+                  "finish_reason": completion.finish_reason,
+                  "stop_reason": completion.stop_reason}
+        if top_logprobs is not None:
+            choice["logprobs"] = plain_logprobs(completion.logprobs, token_ids, top_logprobs)
+        choices.append(choice)
+    return choices

@@ -1,0 +1,115 @@
+"""One JSON request -> one `PromptRecord`: a JSON line's object, or a request of an OpenAI batch
+file (`/v1/chat/completions` or `/v1/completions`, its `body` as those APIs take it).
+
+Every field is read or refused (request_fields.py): a field neither format knows is named by
+line and field, unless `--ignore-field` drops it (`ignored`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from neuron_batch.inputs.records import (
+    PROMPT_FIELDS,
+    FieldError,
+    PromptRecord,
+    check_id,
+    check_messages,
+    check_prompt_text,
+    check_token_ids,
+    describe_value,
+    set_prefix,
+    set_prompt,
+)
+from neuron_batch.inputs.request_fields import (
+    REQUEST_FIELDS,
+    check_known,
+    drop_ignored,
+    read_request_fields,
+)
+
+OPENAI_BATCH_URLS = ("/v1/completions", "/v1/chat/completions")
+#: The keys of an OpenAI batch request line.
+BATCH_LINE_FIELDS = ("custom_id", "method", "url", "body")
+#: Body fields besides the prompt and the request's own: the model name (kept for the output)
+#: and two that shape nothing here: `user` (an end-user tag) and `stream` when false.
+BODY_FIELDS = ("model", "user", "stream")
+
+
+#: The fields of a JSON line besides the request's own (request_fields.REQUEST_FIELDS).
+LINE_FIELDS = (*PROMPT_FIELDS, "id", "custom_id", "prefix_id", "prefix_len")
+
+
+def record_from_object(obj: dict, source: str, ignored: Collection[str] = ()
+                       ) -> tuple[PromptRecord, str]:
+    """A JSON-lines object -> (record without index, the field its id came from). A field not
+    known is refused unless `ignored` (--ignore-field) names it."""
+    obj = drop_ignored(obj, "", ignored)
+    get = obj.get
+    given = [name for name in PROMPT_FIELDS if get(name) is not None]
+    if len(given) != 1:
+        if not given:
+            keys = ", ".join(repr(key) for key in list(obj)[:10]) or "none"
+            raise FieldError(None, "no prompt: expected one of 'prompt', 'messages', "
+                                   f"'prompt_token_ids', 'prompt_len' (keys found: {keys})")
+        raise FieldError(given[1], f"conflicts with '{given[0]}': give only one of "
+                                   "'prompt', 'messages', 'prompt_token_ids', 'prompt_len'")
+    check_known(obj, (*LINE_FIELDS, *REQUEST_FIELDS), "", ignored, "a JSON line")
+    record = PromptRecord(index=-1, id="", source=source)
+    set_prompt(record, given[0], obj[given[0]], given[0])
+    id_field = "id"
+    custom_id = get("custom_id")
+    if (value := get("id")) is not None:
+        record.id = check_id(value, "id")
+        if custom_id is not None and check_id(custom_id, "custom_id") != record.id:
+            raise FieldError("custom_id", f"differs from 'id' ({record.id!r}); give one of them")
+    elif custom_id is not None:
+        id_field = "custom_id"
+        record.id = check_id(custom_id, "custom_id")
+    read_request_fields(obj, record, style="jsonl")
+    if get("prefix_id") is not None or get("prefix_len") is not None:
+        set_prefix(record, get("prefix_id"), get("prefix_len"))
+    return record, id_field
+
+
+def record_from_batch_request(obj: dict, source: str, ignored: Collection[str] = ()
+                              ) -> tuple[PromptRecord, str]:
+    """One request of an OpenAI batch input file -> (record, "custom_id")."""
+    check_known(obj, BATCH_LINE_FIELDS, "", ignored, "an OpenAI batch request line")
+    if obj.get("custom_id") is None:
+        raise FieldError("custom_id", "missing; every request in an OpenAI batch file needs one")
+    custom_id = check_id(obj["custom_id"], "custom_id")
+    method = obj.get("method", "POST")
+    if method != "POST":
+        raise FieldError("method", f'expected "POST", got {describe_value(method)}')
+    url = obj.get("url")
+    if url not in OPENAI_BATCH_URLS:
+        raise FieldError("url", f"expected one of {', '.join(OPENAI_BATCH_URLS)}, "
+                                f"got {describe_value(url)}")
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        raise FieldError("body", f"expected an object, got {describe_value(body)}")
+    chat = url == "/v1/chat/completions"
+    body = drop_ignored(body, "body.", ignored)
+    record = PromptRecord(index=-1, id=custom_id, source=source)
+    if not chat:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], str):
+            record.prompt_token_ids = check_token_ids(prompt, "body.prompt")
+        else:
+            record.prompt = check_prompt_text(prompt, "body.prompt")
+        record.prompt_field = "body.prompt"
+    else:
+        record.messages = check_messages(body.get("messages"), "body.messages")
+        record.prompt_field = "body.messages"
+    check_known(body, ("messages" if chat else "prompt", *BODY_FIELDS, *REQUEST_FIELDS),
+                "body.", ignored, f"a {'chat ' if chat else ''}completions body")
+    if body.get("stream") not in (None, False):
+        raise FieldError("body.stream", "a batch request's output is written whole; "
+                                        "drop stream or set it false")
+    read_request_fields(body, record, prefix="body.", style="chat" if chat else "completions")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise FieldError("body.model", f"expected a string, got {describe_value(model)}")
+    record.openai = {"custom_id": custom_id, "url": url, "model": model}
+    return record, "custom_id"

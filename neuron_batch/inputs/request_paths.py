@@ -1,0 +1,141 @@
+"""Which path honours what a request asks for: ONE table, keyed by the device kind and the
+resolved `Runtime`, and the refusals it makes before anything runs.
+
+A path either honours a request field (saying how where that matters) or refuses the request,
+naming its line and field, the paths that would run it, and `--ignore-field` to run it without
+the field. What each path does (../shared/notes/neuron-runtimes.md, "What a request may ask
+for, per path"):
+
+- vLLM's own engine (cpu, cuda): everything SamplingParams takes.
+- the simulated device: everything; it runs vLLM's engine and charges the device's cost of it.
+- AWS's NxDI plugin (--device neuron, runtime nxdi): the plugin 0.2.0 has no grammar bitmask
+  and logprobs only with CPU sampling, so both are honoured through CPU sampling: on-device
+  sampling off, the bitmask applied to the host's logits before the plugin samples.
+- vLLM Neuron Beta/GA (--device neuron, runtime vllm-neuron): structured outputs on device
+  (the bitmask as the forward's logit mask), the rest as vLLM's own.
+- Hugging Face's optimum-neuron plugin (--device neuron, runtime optimum-neuron; 0.4.5's
+  `optimum/neuron/vllm/runner.py`): its runner returns `logprobs=None` on every step, has no
+  grammar bitmask, builds its sampling metadata with `generators={}` (no per-request seed) and
+  empty logits processors ("min_p, logits_bias, min_length ... not supported yet"), and passes
+  penalties only to its CPU sampler, which an export with on-device sampling never runs. So it
+  honours n, top_p, top_k, stop_token_ids and ignore_eos (vLLM's engine around the runner does
+  those) and refuses the rest.
+
+To change what a path does, change its entry here: nothing else tests a path's name. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from neuron_batch.inputs.records import InputProblem, PromptRecord
+from neuron_batch.runtime import NXDI, OPTIMUM_NEURON, VLLM_NEURON, Runtime
+
+#: What a request may ask for beyond prompt, max_tokens, temperature and stop, by its key in
+#: `PromptRecord.sampling` (SamplingParams' names), and in words.
+FEATURES: Mapping[str, str] = MappingProxyType({
+    "n": "n > 1 samples", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+    "seed": "a per-request seed", "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty", "repetition_penalty": "repetition_penalty",
+    "logit_bias": "logit_bias", "logprobs": "logprobs", "stop_token_ids": "stop_token_ids",
+    "min_tokens": "min_tokens", "ignore_eos": "ignore_eos",
+    "structured": "structured outputs"})
+
+CPU_SAMPLING = "through CPU sampling (on-device sampling off, logits to the host each step)"
+
+
+@dataclass(frozen=True)
+class RequestPath:
+    """One path a request can run on, and what it does with each field."""
+
+    name: str                           # "AWS's NxDI plugin (--device neuron, runtime nxdi)"
+    # feature -> how it is honoured ("" when plainly, as vLLM does); a feature not here is
+    # refused on this path
+    honoured: Mapping[str, str] = field(default_factory=dict)
+
+    def honours(self, feature: str) -> bool:
+        return feature in self.honoured
+
+
+def _everything(**how: str) -> Mapping[str, str]:
+    return MappingProxyType({feature: how.get(feature, "") for feature in FEATURES})
+
+
+#: THE table: (device kind, runtime name or None) -> path. The device kind is "vllm" (cpu,
+#: cuda), "sim" or "neuron"; only Neuron hosts differ by runtime.
+PATHS: Mapping[tuple[str, str | None], RequestPath] = MappingProxyType({
+    ("vllm", None): RequestPath("vLLM's own engine (--device cpu or cuda)", _everything()),
+    ("sim", None): RequestPath("the simulated Neuron device (--device sim)", _everything()),
+    ("neuron", NXDI): RequestPath(
+        "AWS's NxDI plugin (--device neuron, runtime nxdi)",
+        _everything(structured=CPU_SAMPLING, logprobs=CPU_SAMPLING)),
+    ("neuron", VLLM_NEURON): RequestPath(
+        "vLLM Neuron (--device neuron, runtime vllm-neuron)",
+        _everything(structured="on device (the grammar bitmask as the forward's logit mask)")),
+    ("neuron", OPTIMUM_NEURON): RequestPath(
+        "Hugging Face's optimum-neuron plugin (--device neuron, runtime optimum-neuron)",
+        MappingProxyType({feature: "" for feature in
+                          ("n", "top_p", "top_k", "stop_token_ids", "ignore_eos")})),
+})
+
+
+def path_key(device: str, runtime: Runtime) -> tuple[str, str | None]:
+    """The table's key for a run's device ("cpu", "cuda", "sim", "neuron"; "auto" counts as
+    "neuron" where AWS's plugin is installed, else as vLLM's own) and resolved runtime."""
+    if device == "auto":
+        from neuron_batch.versions import neuron_plugin_missing_message
+
+        device = "neuron" if neuron_plugin_missing_message() is None else "cpu"
+    if device == "neuron":
+        return ("neuron", runtime.name)
+    return ("sim", None) if device == "sim" else ("vllm", None)
+
+
+def request_path(device: str, runtime: Runtime,
+                 paths: Mapping[tuple[str, str | None], RequestPath] = PATHS) -> RequestPath:
+    return paths[path_key(device, runtime)]
+
+
+def features_of(record: PromptRecord) -> list[str]:
+    """The FEATURES a record asks for (n only when more than one)."""
+    sampling = record.sampling or {}
+    return [key for key in sampling if key != "n" or sampling[key] > 1]
+
+
+def asked_counts(records: Iterable[PromptRecord]) -> dict[str, int] | None:
+    """How many requests asked for what changes their cost beyond their tokens (the report's
+    `requests.asked`): constrained to a structured output, sampled n > 1 times (and the
+    samples in all), logprobs. None when none did."""
+    counts = {"constrained": 0, "sampled_n": 0, "samples": 0, "logprobs": 0}
+    for record in records:
+        sampling = record.sampling or {}
+        counts["constrained"] += "structured" in sampling
+        counts["sampled_n"] += sampling.get("n", 1) > 1
+        counts["samples"] += sampling.get("n", 1) if sampling.get("n", 1) > 1 else 0
+        counts["logprobs"] += "logprobs" in sampling
+    return counts if counts["constrained"] or counts["sampled_n"] or counts["logprobs"] else None
+
+
+def refusals(records: Iterable[PromptRecord], path: RequestPath,
+             paths: Mapping[tuple[str, str | None], RequestPath] = PATHS
+             ) -> tuple[list[PromptRecord], list[InputProblem]]:
+    """(the records `path` runs, a problem for each it cannot: its first field the path does
+    not honour, the paths that would, and --ignore-field)."""
+    kept, problems = [], []
+    for record in records:
+        refused = next((f for f in features_of(record) if not path.honours(f)), None)
+        if refused is None:
+            kept.append(record)
+            continue
+        where = (record.sampling_fields or {}).get(refused, refused)
+        others = [other.name for other in paths.values()
+                  if other is not path and other.honours(refused)]
+        problems.append(InputProblem(
+            record.source, where,
+            f"{FEATURES[refused]} cannot run on {path.name}"
+            + (f"; it runs on {' and '.join(others)}" if others else "")
+            + f"; or pass --ignore-field {where} to run the request without it",
+            record.read_order))
+    return kept, problems
