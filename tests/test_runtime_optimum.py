@@ -109,8 +109,11 @@ def test_settings_take_it_by_name_and_refuse_prefix_caching_and_other_instances(
     assert base.validate().resolve_runtime() is OPTIMUM
     assert base.shapes().prefill_buckets == (1024,)
     with pytest.raises(SettingsError, match="optimum-neuron runs without prefix caching.*"
-                                            "--no-prefix-caching"):
-        RunSettings(inputs=("x",), device="sim", runtime="optimum-neuron").validate()
+                                            "--prefix-caching off"):
+        RunSettings(inputs=("x",), device="sim", runtime="optimum-neuron",
+                    prefix_caching=True).validate()
+    # auto (the default) is not refused: the run decides off (run/prefix_auto.py)
+    RunSettings(inputs=("x",), device="sim", runtime="optimum-neuron").validate()
     with pytest.raises(SettingsError, match="does not run on trn2.48xlarge"):
         RunSettings(inputs=("x",), device="sim", runtime="optimum-neuron",
                     prefix_caching=False, sim=SimOptions(instance="trn2.48xlarge")).validate()

@@ -43,7 +43,8 @@ def _run(tmp_path: Path, name: str, *extra: str, prompts=PROMPTS):
 @pytest.fixture(scope="module")
 def export_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("optimum")
-    result = _run(tmp_path, "run", "--no-prefix-caching", "--max-context-length", str(CONTEXT))
+    # No prefix-caching flag: auto decides off under this runtime without weighing anything.
+    result = _run(tmp_path, "run", "--max-context-length", str(CONTEXT))
     assert result.exit_code == 0, result.output
     folder = tmp_path / "run"
     report = json.loads((folder / "report.json").read_text())
@@ -54,6 +55,9 @@ def export_run(tmp_path_factory):
 def test_the_records_pad_what_the_exports_two_graphs_pad(export_run):
     report, records, _ = export_run
     assert report["config"]["runtime"] == OPTIMUM_NEURON
+    decision = report["prefix_caching"]
+    assert (decision["asked"], decision["enable"]) == ("auto", False)
+    assert "platform turns prefix caching off" in decision["reason"]
     prefills = [s for s in records.steps if s.kind == PREFILL]
     decodes = [s for s in records.steps if s.kind == DECODE]
     assert sorted(s.num_tokens for s in prefills) == sorted(PROMPTS)
@@ -122,8 +126,8 @@ def test_two_graphs_compile_and_none_when_the_export_is_cached(export_run, tmp_p
 
 
 @pytest.mark.parametrize("extra, message", [
-    (("--max-context-length", str(CONTEXT)), "runs without prefix caching.*"
-                                             "--no-prefix-caching"),
+    (("--prefix-caching", "on", "--max-context-length", str(CONTEXT)),
+     "runs without prefix caching.*--prefix-caching off"),
     (("--no-prefix-caching", "--context-encoding-buckets", "512,2048"),
      "--context-encoding-buckets belong.*use --max-context-length 2048"),
     (("--no-prefix-caching", "--max-context-length", "4096"),
