@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from neuron_batch.buckets import BucketError, parse_bucket_list, round_model_len
@@ -38,9 +37,8 @@ from neuron_batch.runtime import (
     Runtime,
     RuntimeNameError,
     Shapes,
-    default_runtime,
-    get_runtime,
 )
+from neuron_batch.runtime_choice import decide_runtime
 from neuron_batch.scheduler.kv_reserve import DEFAULT_KV_RESERVE, parse_kv_reserve
 
 if TYPE_CHECKING:
@@ -303,14 +301,14 @@ class RunSettings:
     def resolve_runtime(self) -> Runtime:
         """The Neuron runtime this run follows: `--runtime`; else the simulated instance's (nxdi
         on inf2/trn1, vllm-neuron on trn2); on a Neuron host the installed plugin's line;
-        elsewhere the seed design's. Decided once for what decides it (`_decide_runtime`): the
+        elsewhere the seed design's. Decided once for what decides it (`decide_runtime`): the
         plugin's version is read here, so a cached answer never outlives the installed plugin."""
         plugin = None
         if self.runtime is None and self.device in (Device.NEURON, Device.AUTO):
             from neuron_batch.versions import neuron_plugin
             found = neuron_plugin()
             plugin = (found["distribution"], found["version"]) if found["distribution"] else None
-        return _decide_runtime(self.runtime, self.device, self._sim_family(), plugin)
+        return decide_runtime(self.runtime, self.device, self._sim_family(), plugin)
 
     def bucket_lists(self) -> dict[str, list[int]]:
         """The bucket lists the user gave, by the plugin config key of their runtime (a
@@ -388,26 +386,3 @@ def parse_buckets_option(text: str | None, option: str) -> tuple[int, ...] | Non
         return tuple(parse_bucket_list(text, name=option))
     except BucketError as error:
         raise SettingsError(str(error)) from None
-
-
-def simulated_runtime(name: str | None, family: str) -> Runtime:
-    """The runtime a simulated instance of `family` follows under --runtime `name` (None: the
-    family's): what `resolve_runtime` decides for --device sim, for plan's instances."""
-    return _decide_runtime(name, Device.SIM, family, None)
-
-
-@cache
-def _decide_runtime(name: str | None, device: Device, family: str | None,
-                    plugin: tuple[str, str | None] | None) -> Runtime:
-    """The one place a run's --runtime name is looked up, or the runtime decided without one:
-    a Neuron host's (or auto's) installed plugin (`plugin`: its distribution and version) and
-    its line, else the simulated instance family's (`family` is None off the simulated
-    device: the seed design's)."""
-    if name:
-        return get_runtime(name)
-    if name is None and device != Device.SIM and plugin is not None:
-        from neuron_batch.versions import runtime_of_plugin
-        detected = runtime_of_plugin(plugin[1], plugin[0])
-        if detected is not None:
-            return detected
-    return default_runtime(family)

@@ -36,7 +36,6 @@ from collections.abc import Callable, Sequence
 
 from neuron_batch.buckets import round_model_len
 from neuron_batch.choices import KvReserve
-from neuron_batch.config import simulated_runtime
 from neuron_batch.device.architectures import resolve_architecture
 from neuron_batch.device.compile_time import host_memory_warning
 from neuron_batch.device.hardware import (
@@ -62,6 +61,7 @@ from neuron_batch.report.cost import (
     has_builtin_price,
     price_for,
 )
+from neuron_batch.runtime_choice import simulated_runtime
 from neuron_batch.scheduler.kv_reserve import blocks_for_tokens, reachable_tokens
 
 #: How an instance left out for its host memory is said (plan/words.py names them again).
