@@ -37,6 +37,7 @@ from neuron_batch.buckets import (
     validate_buckets,
     validate_context_buckets,
 )
+from neuron_batch.device_sampling import DEVICE_SAMPLING, NXDI_SAMPLING, SamplingPath
 from neuron_batch.runtime_hints import ROLES, bucket_words, foreign_message
 
 NXDI = "nxdi"
@@ -166,9 +167,8 @@ class Runtime:
     host_block_size: int | None = None
     #: Keys of its config section that fix the compiled KV layout to the one the shapes model.
     layout_config: tuple[tuple[str, object], ...] = ()
-    #: Keys of its config section that sample on the CPU with each request's own parameters
-    #: (None: the plugin already samples per request).
-    cpu_sampling_config: tuple[tuple[str, object], ...] | None = None
+    #: How its plugin samples: on the device, or the logits to the host (device_sampling.py).
+    sampling: SamplingPath = DEVICE_SAMPLING
     #: The distribution its plugin's model loader imports (NxDI), for doctor; None: in-plugin.
     loader_distribution: str | None = None
     parallel_compile: bool = False  # graphs compiled in a pool (NxDI), else in turn (Beta)
@@ -343,9 +343,7 @@ RUNTIMES: dict[str, Runtime] = {
         # Contiguous KV without prefix caching: prefix caching switches NxDI to the block layout
         # and a 2-D prefill grid (prefill x prefix buckets) that these shapes do not describe.
         layout_config=(("is_block_kv_layout", False), ("is_prefix_caching", False)),
-        # On-device sampling takes its parameters in the runner's request-table order, not the
-        # scheduled batch's (runner get_nxd_sampling_params); the CPU sampler reads the batch's.
-        cpu_sampling_config=(("on_device_sampling_config", None),),
+        sampling=NXDI_SAMPLING,
         loader_distribution="neuronx-distributed-inference",
         parallel_compile=True,
     ),

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_batch.config import RunSettings, SettingsError
+from neuron_batch.device_sampling import HOST_SAMPLING_KEY
 from neuron_batch.scheduler import SCHEDULER_CLS
 from neuron_batch.scheduler.kv_reserve import parse_kv_reserve
 from neuron_batch.versions import (
@@ -27,6 +28,7 @@ from neuron_batch.versions import (
 
 if TYPE_CHECKING:
     from neuron_batch.device.target import Target
+    from neuron_batch.device_sampling import JobSampling
 
 CPU_KV_CACHE_BYTES = 2 << 30
 
@@ -95,19 +97,23 @@ def detect_device() -> str:
 
 def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_path: Path,
                   workdir: Path, has_tokenizer: bool,
-                  target: Target | None = None, mixed_sampling: bool = False
+                  target: Target | None = None, sampling: JobSampling | None = None
                   ) -> dict[str, Any]:
     """Keyword arguments for vllm.LLM for this run and device (`target`: the run's device,
     resolved once by the runner (job.resolve_target); required when device is "sim", where
-    it is the simulated one; `mixed_sampling`: the requests sample with different
-    temperatures). On Neuron, `additional_config["neuron_batch"]["process_env"]` is
-    environment `Engine` sets before vLLM starts."""
+    it is the simulated one; `sampling`: what the job's requests ask of the sampler, which
+    decides whether a Neuron device samples on the host). On Neuron,
+    `additional_config["neuron_batch"]["process_env"]` is environment `Engine` sets before
+    vLLM starts."""
     kv_reserve = parse_kv_reserve(settings.kv_reserve)
     runtime = target.runtime if target is not None else settings.resolve_runtime()
     simulated = target is not None and target.simulated
     neuron_batch: dict[str, Any] = {"records_path": str(records_path),
                                     "kv_reserve": kv_reserve.value,   # vLLM's config: plain data
                                     "runtime": runtime.name}
+    if sampling is not None and runtime.sampling.host_reasons(sampling):
+        # The whole model samples on the host (the simulated device charges it per step).
+        neuron_batch[HOST_SAMPLING_KEY] = True
     kwargs: dict[str, Any] = dict(
         model=model_path,
         max_model_len=settings.max_model_len,
@@ -158,7 +164,7 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
         check_device_available(device)
         from neuron_batch.engine.neuron_host import installed_host_setup
 
-        setup = installed_host_setup(settings, runtime, model_path, mixed=mixed_sampling)
+        setup = installed_host_setup(settings, runtime, model_path, sampling=sampling)
         kwargs.update(setup.kwargs)
         section = setup.section
         neuron_batch["process_env"] = setup.env

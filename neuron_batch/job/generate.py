@@ -95,7 +95,7 @@ def _device(job: Job) -> str:
 
 def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[str, Any]:
     from neuron_batch.engine.engine import Engine, engine_kwargs
-    from neuron_batch.engine.neuron_host import mixed_sampling
+    from neuron_batch.engine.neuron_host import job_sampling_of
 
     settings, folder, log, model = job.settings, job.folder, job.log, job.workload.model
     device = _device(job)
@@ -104,7 +104,7 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
     workdir.mkdir(exist_ok=True)
     kwargs = engine_kwargs(settings, device, model.path, folder.records_path(attempt), workdir,
                            has_tokenizer=model.has_tokenizer and not simulated, target=job.target,
-                           mixed_sampling=mixed_sampling(settings, pending))
+                           sampling=job_sampling_of(settings, pending))
     started = time.time()
     on_neuron = simulated or device == "neuron"
     if on_neuron:
