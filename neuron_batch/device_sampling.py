@@ -41,6 +41,10 @@ HOST_ONLY_DEFAULTS = (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
                       ("allowed_token_ids", None), ("bad_words", None))
 #: `additional_config["neuron_batch"]` key: this engine's device samples on the host.
 HOST_SAMPLING_KEY = "host_sampling"
+#: `SamplingParams.extra_args` key: what a request asked that the simulated device charges but
+#: does not compute (it has no tokenizer for a grammar and returns filler tokens, so the
+#: fields themselves are taken off: device/sampling_cost.py `for_simulated`).
+SIM_ASKS_KEY = "neuron_batch_asks"
 #: What a request asks for, by name (records, reports, refusals).
 CONSTRAINED, LOGPROBS = "structured outputs", "logprobs"
 
@@ -66,17 +70,30 @@ def structured_of(params) -> object | None:
 
 
 def sampler_asks(params) -> SamplerAsks:
-    """Read one request's SamplingParams (or an object with the same attribute names)."""
+    """Read one request's SamplingParams (or an object with the same attribute names), and
+    what the simulated device was told it asked (`SIM_ASKS_KEY`)."""
     host_only = tuple(name for name, default in HOST_ONLY_DEFAULTS
                       if getattr(params, name, default) not in (default, [], {}))
+    told = (getattr(params, "extra_args", None) or {}).get(SIM_ASKS_KEY) or {}
     logprobs = (getattr(params, "logprobs", None) is not None
-                or getattr(params, "prompt_logprobs", None) is not None)
+                or getattr(params, "prompt_logprobs", None) is not None
+                or bool(told.get("logprobs")))
     device = tuple(float(getattr(params, k, 1.0) or 0.0) for k in DEVICE_PARAMS)
     if device[0] == 0.0:        # greedy: the runner makes it top_k 1 whatever else is set
         device = (0.0,)
-    return SamplerAsks(constrained=structured_of(params) is not None, logprobs=logprobs,
+    return SamplerAsks(constrained=structured_of(params) is not None
+                       or bool(told.get("constrained")), logprobs=logprobs,
                        n=int(getattr(params, "n", 1) or 1), host_only=host_only,
                        device_params=device)
+
+
+def sample_parent(req_id: str) -> str | None:
+    """The request a child request of `n > 1` was fanned out of, by vLLM's child id
+    (`"{index}_{parent}"`, v1/engine/parallel_sampling.py `get_child_info`); None otherwise. A
+    plain id of that shape reads as a child too: a parent counts as sampled `n` times only
+    when two of its children arrive."""
+    index, sep, parent = req_id.partition("_")
+    return parent if sep and index.isdigit() and parent else None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_batch.config import RunSettings, SettingsError
+from neuron_batch.device.target import TARGET_KEY
 from neuron_batch.device_sampling import HOST_SAMPLING_KEY
 from neuron_batch.scheduler import SCHEDULER_CLS
 from neuron_batch.scheduler.kv_reserve import parse_kv_reserve
@@ -204,6 +205,13 @@ class Engine:
         self.llm = LLM(**kwargs)
         self.engine = self.llm.llm_engine
         self._detokenize = not kwargs.get("skip_tokenizer_init", False)
+        # The simulated device charges structured outputs and logprobs but computes neither
+        # (device/sampling_cost.py): what it is given is said, not asked.
+        self._device_params = None
+        if own.get(TARGET_KEY) is not None:
+            from neuron_batch.device.sampling_cost import for_simulated
+
+            self._device_params = for_simulated
 
     def add(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
             temperature: float, stop: list[str] | None, seed: int, ignore_eos: bool,
@@ -216,6 +224,8 @@ class Engine:
                                 stop=stop or None, seed=seed if temperature > 0 else None,
                                 ignore_eos=ignore_eos, detokenize=detokenize,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
+        if self._device_params is not None:
+            params = self._device_params(params)
         self.engine.add_request(request_id, {"prompt_token_ids": prompt_token_ids}, params)
 
     def abort(self, request_ids: list[str]) -> None:

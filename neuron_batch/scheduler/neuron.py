@@ -321,7 +321,8 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
 
     # -- outputs and request life ------------------------------------------------------------
     def update_from_output(self, scheduler_output, model_runner_output):
-        step = self.recorder.finish_oldest_step()
+        # (with what the simulated device charged for the step's sampling)
+        step = self.recorder.finish_oldest_step(getattr(scheduler_output, "sampling_s", 0.0))
         now = step.t_end if step is not None else self.recorder.clock()
         if step is not None and step.kind == PREFILL:
             # A request's first token comes from the step that finishes its prompt.
@@ -346,6 +347,7 @@ class NeuronScheduler(KVAdmission, MinTokensStop, Scheduler):
         super().add_request(request)
         if request.request_id not in self.recorder.requests:
             self.recorder.request_arrived(request.request_id, request.num_prompt_tokens)
+            self.recorder.request_asks(request.request_id, request.sampling_params)
         self._refuse_if_never_fits(request)
 
     def _free_request(self, request: Request, *args: Any, **kwargs: Any):
