@@ -33,10 +33,12 @@ LOGIT_BYTES = 4
 #: Host link of one Neuron chip, bytes/s. AWS publishes none for inf2/trn1; assumed: half of
 #: PCIe 4.0 x16's 31.5 GB/s a direction (PCI-SIG), for DMA set-up and small transfers.
 HOST_LINK_BYTES_S = 16e9
-#: Host seconds per logit of one sampler pass (argmax over fp32), measured on this project's
-#: build machine: 0.168 ms for one row of 128,256 (docs/measurements.md, issue 38).
+#: Host seconds per logit of one sampler pass (argmax over fp32, one thread), measured on this
+#: project's build machine: 0.157-0.165 ms for one row of 128,256 (docs/measurements.md, issue
+#: 38: `scripts/bench_structured_sim.py --host-passes`).
 HOST_S_PER_LOGIT = 1.3e-9
-#: Passes more for a row with logprobs (log-softmax and top-k: 0.397 ms a 128,256 row, same).
+#: Passes more for a row with logprobs (log-softmax and top-5: 0.30-0.34 ms a 128,256 row, 2x
+#: the argmax, same command).
 LOGPROB_PASSES = 2
 #: vLLM's scheduler filling one constrained request's bitmask, seconds (AWS's Beta design
 #: note, structured outputs: 0.12 ms; the same vLLM scheduler code on either runtime).
