@@ -55,6 +55,7 @@ class SamplerAsks:
 
     constrained: bool               # a grammar (json, regex, choice, grammar): a bitmask
     logprobs: bool                  # logprobs or prompt_logprobs
+    prompt_logprobs: bool           # prompt_logprobs (the NxDI plugin never returns them)
     n: int                          # sequences sampled for it
     host_only: tuple[str, ...]      # other fields only a host sampler applies
     device_params: tuple            # (temperature, top_p, top_k): what the device sampler takes
@@ -83,6 +84,7 @@ def sampler_asks(params) -> SamplerAsks:
         device = (0.0,)
     return SamplerAsks(constrained=structured_of(params) is not None
                        or bool(told.get("constrained")), logprobs=logprobs,
+                       prompt_logprobs=getattr(params, "prompt_logprobs", None) is not None,
                        n=int(getattr(params, "n", 1) or 1), host_only=host_only,
                        device_params=device)
 
@@ -104,6 +106,7 @@ class JobSampling:
     constrained_requests: int = 0
     n_sampled_requests: int = 0     # n > 1
     logprob_requests: int = 0
+    prompt_logprob_requests: int = 0
     host_only: tuple[str, ...] = ()  # fields some request sets that only a host sampler applies
     #: Requests differ in temperature, top_p or top_k: on-device sampling would give one
     #: request's parameters to another.
@@ -131,7 +134,7 @@ class JobSampling:
 
 def job_sampling(all_params: Iterable) -> JobSampling:
     """Count what every request's SamplingParams ask (one pass)."""
-    num = constrained = n_sampled = logprob = 0
+    num = constrained = n_sampled = logprob = prompt_logprob = 0
     host_only: set[str] = set()
     device: set[tuple] = set()
     for params in all_params:
@@ -140,9 +143,10 @@ def job_sampling(all_params: Iterable) -> JobSampling:
         constrained += asks.constrained
         n_sampled += asks.n > 1
         logprob += asks.logprobs
+        prompt_logprob += asks.prompt_logprobs
         host_only.update(asks.host_only)
         device.add(asks.device_params)
-    return JobSampling(num, constrained, n_sampled, logprob,
+    return JobSampling(num, constrained, n_sampled, logprob, prompt_logprob,
                        tuple(name for name, _ in HOST_ONLY_DEFAULTS if name in host_only),
                        mixed=len(device) > 1)
 
@@ -158,6 +162,9 @@ class SamplingPath:
     host_config: tuple[tuple[str, object], ...] | None = None
     #: Seconds a constrained token costs on the device (Beta/GA: ~0.4 ms, published).
     device_mask_s_per_token: float = 0.0
+    #: The plugin returns prompt logprobs (the NxDI runner's `prompt_logprobs_dict` is always
+    #: empty; the Beta/GA plugin's: not documented, not refused).
+    prompt_logprobs: bool = True
     #: Graphs compiled more for the first constrained request, and their compile seconds.
     structured_graphs: int = 0
     structured_compile_s: float = 0.0
@@ -171,7 +178,8 @@ class SamplingPath:
 
 #: The NxDI line: sampling moves to the host for the whole model (sources: module docstring).
 NXDI_SAMPLING = SamplingPath(device_structured=False,
-                             host_config=(("on_device_sampling_config", None),))
+                             host_config=(("on_device_sampling_config", None),),
+                             prompt_logprobs=False)
 #: vLLM Neuron Beta/GA: structured outputs on the device (published figures: module docstring).
 DEVICE_SAMPLING = SamplingPath(device_structured=True, device_mask_s_per_token=0.4e-3,
                                structured_graphs=1, structured_compile_s=8.4)

@@ -87,6 +87,12 @@ def host_sampling(runtime: Runtime, line: PluginLine, sampling: JobSampling | No
     samples it); NeuronHostError, naming what asks and where it runs, when the installed
     plugin cannot."""
     path = runtime.sampling
+    if sampling is not None and sampling.prompt_logprob_requests and not path.prompt_logprobs:
+        raise NeuronHostError(
+            f"{sampling.prompt_logprob_requests} request(s) ask for prompt logprobs, which the "
+            f"{runtime.name} runtime's plugin never returns (vllm-neuron's runner: "
+            f"prompt_logprobs_dict is always empty); --device cpu returns them, or drop "
+            f"prompt_logprobs")
     reasons = path.host_reasons(sampling) if sampling is not None else []
     if not reasons:
         return {}

@@ -34,6 +34,15 @@ def on_device_sampling(model: Any) -> bool:
     return config is not None
 
 
+def prompt_logprobs_refusal(scheduler_output: Any) -> str | None:
+    """Requests asking for prompt logprobs: the plugin's runner never computes them
+    (`prompt_logprobs_dict={}` in `_generate_model_runner_output`, either sampling mode)."""
+    asking = [new.req_id for new in scheduler_output.scheduled_new_reqs
+              if getattr(new.sampling_params, "prompt_logprobs", None) is not None]
+    return (f"requests {asking} ask for prompt logprobs, which the NxDI plugin's runner never "
+            f"returns (its prompt_logprobs_dict is always empty)") if asking else None
+
+
 def device_refusal(scheduler_output: Any) -> str | None:
     """What in this step on-device sampling would get wrong (None: nothing)."""
     if getattr(scheduler_output, "grammar_bitmask", None) is not None:
@@ -52,6 +61,9 @@ class MaskedNxdiModelRunner(NeuronxDistributedModelRunner):
     """The plugin's runner; the grammar bitmask on the host logits before CPU sampling."""
 
     def execute_model(self, scheduler_output, intermediate_tensors=None):
+        refusal = prompt_logprobs_refusal(scheduler_output)
+        if refusal is not None:
+            raise OnDeviceSamplingError(f"neuron-batch: {refusal}; --device cpu returns them")
         if on_device_sampling(self.model):
             refusal = device_refusal(scheduler_output)
             if refusal is not None:

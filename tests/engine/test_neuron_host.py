@@ -92,6 +92,13 @@ def test_what_only_the_host_samples_turns_on_device_sampling_off_or_is_refused(
         tmp_path, sampling=JobSampling(num_requests=3, n_sampled_requests=3)).section
 
 
+def test_prompt_logprobs_are_refused_under_nxdi_whatever_samples(tmp_path):
+    job = JobSampling(num_requests=2, logprob_requests=1, prompt_logprob_requests=1)
+    for plugin in ("0.1.0", "0.2.0"):
+        with pytest.raises(NeuronHostError, match="1 request.*prompt logprobs.*--device cpu"):
+            setup(tmp_path, plugin=plugin, sampling=job)
+
+
 def test_the_beta_runtime_keeps_structured_outputs_on_the_device(tmp_path):
     job = JobSampling(num_requests=3, constrained_requests=3)
     beta = RUNTIMES[VLLM_NEURON]
