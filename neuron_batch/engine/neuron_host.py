@@ -73,12 +73,20 @@ class HostSetup:
     artifacts: Path | None = None
 
 
-def job_sampling_of(settings: RunSettings, requests) -> JobSampling:
-    """What these prepared requests ask of the sampler (device_sampling.job_sampling over
-    each request's sampling parameters: a record's own temperature, else --temperature)."""
-    return job_sampling(SimpleNamespace(temperature=float(
-        settings.temperature if r.record.temperature is None else r.record.temperature))
-        for r in requests)
+def record_temperature(settings: RunSettings, request) -> SimpleNamespace:
+    """A prepared request's sampling parameters as far as its record gives them today: its
+    own temperature, else --temperature (what on-device sampling mixes up)."""
+    record = request.record
+    return SimpleNamespace(temperature=float(
+        settings.temperature if record.temperature is None else record.temperature))
+
+
+def job_sampling_of(settings: RunSettings, requests, params_of=record_temperature
+                    ) -> JobSampling:
+    """What these prepared requests ask of the sampler: device_sampling.job_sampling over
+    `params_of(settings, request)`, each request's vLLM SamplingParams as the job maps them
+    (the one mapping of a record's fields, inputs/; `record_temperature` until it exists)."""
+    return job_sampling(params_of(settings, r) for r in requests)
 
 
 def host_sampling(runtime: Runtime, line: PluginLine, sampling: JobSampling | None
