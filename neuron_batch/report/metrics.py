@@ -107,7 +107,7 @@ def summarize(records: Records, *, elapsed_s: float | None = None, start: float 
         "latency": latency_summary(completed),
         "steps": _step_counts(steps),
     }
-    sampling = sampling_section(steps, records.requests)
+    sampling = sampling_section(steps, records.requests, runtime_of(config).sampling)
     if sampling is not None:    # (only where a request asked or the device charged)
         report["sampling"] = sampling
     return report

@@ -117,6 +117,9 @@ def test_the_beta_runtime_charges_the_published_mask_per_constrained_token(tmp_p
             rows = [r for r in step.req_ids if r in constrained]
             assert step.sampling_s == pytest.approx(len(rows) * 0.4e-3)
     # (a prefill samples only when its prompt is done: its last chunk)
+    section = sampling_section(records.steps, list(records.requests.values()),
+                               DEVICE_SAMPLING)
+    assert section["extra_graphs"] == 1 and section["extra_compile_s"] == pytest.approx(8.4)
     assert sum(s.sampling_s for s in records.steps) == pytest.approx(
         0.4e-3 * sum(m for i, (_, m) in enumerate(PROMPTS) if i in (0, 3)))
 
