@@ -17,6 +17,11 @@ is replaced:
   (`scheduler_output.num_seqs_padded`), both set by NeuronScheduler, and the KV the scheduled
   requests held before the step (the SchedulerOutput's pre-step num_computed_tokens).
 
+Sampling (sampling_cost.py): a job that samples on the host (`host_sampling` in the engine's
+config, decided from its requests) pays every step the logits over the host link and vLLM's CPU
+sampler; a constrained token under the Beta/GA runtime the published on-device mask. The
+charge goes on the clock and, through `SchedulerOutput.sampling_s`, into the step's record.
+
 The executor points the scheduler's recorder at the engine's own virtual clock (it rewrites
 `additional_config["neuron_batch"]["clock"]` before vLLM builds the scheduler, in the same
 engine-core process), so every time in the records is simulated device time, starting at 0.0
