@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from neuron_batch import prefix_grid
+from neuron_batch import device_sampling, prefix_grid
 from neuron_batch.buckets import (
     BucketError,
     default_decode_buckets,
@@ -47,6 +47,7 @@ from neuron_batch.buckets import (
     validate_buckets,
     validate_context_buckets,
 )
+from neuron_batch.device_sampling import SamplingPath
 from neuron_batch.runtime_hints import ROLES, bucket_words, foreign_message
 from neuron_batch.runtime_shapes import BucketOption, Shapes
 
@@ -115,9 +116,8 @@ class Runtime:
     host_block_size: int | None = None
     #: Keys of its config section that fix the compiled KV layout to the one the shapes model.
     layout_config: tuple[tuple[str, object], ...] = ()
-    #: Keys of its config section that sample on the CPU with each request's own parameters
-    #: (None: the plugin already samples per request).
-    cpu_sampling_config: tuple[tuple[str, object], ...] | None = None
+    #: How its plugin samples: on the device, or the logits to the host (device_sampling.py).
+    sampling: SamplingPath = device_sampling.DEVICE_SAMPLING
     #: The distribution its plugin's model loader imports (NxDI), for doctor; None: in-plugin.
     loader_distribution: str | None = None
     parallel_compile: bool = False  # graphs compiled in a pool (NxDI), else in turn (Beta)
@@ -313,9 +313,7 @@ RUNTIMES: dict[str, Runtime] = {
         # Contiguous KV without prefix caching: prefix caching switches NxDI to the block layout
         # and a 2-D prefill grid (prefill x prefix buckets) that these shapes do not describe.
         layout_config=(("is_block_kv_layout", False), ("is_prefix_caching", False)),
-        # On-device sampling takes its parameters in the runner's request-table order, not the
-        # scheduled batch's (runner get_nxd_sampling_params); the CPU sampler reads the batch's.
-        cpu_sampling_config=(("on_device_sampling_config", None),),
+        sampling=device_sampling.NXDI_SAMPLING,
         loader_distribution="neuronx-distributed-inference",
         parallel_compile=True,
     ),
@@ -361,6 +359,7 @@ RUNTIMES: dict[str, Runtime] = {
         decode=None,
         attention=None,
         prefix_caching=False,
+        sampling=device_sampling.OPTIMUM_SAMPLING,
         decode_then_prefill=True,
         fixed_export=True,
         fixed_words=(

@@ -14,7 +14,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "neuron_batch"
 STAGES = (
     # shared, pure
     ("errors", "buckets", "prefix_grid", "choices", "runtime_hints", "runtime_shapes", "runtime",
-     "versions", "runtime_choice"),
+     "versions", "runtime_choice",
+     "device_sampling"),
     ("inputs", "scheduler"),                        # 1. prompts in; the Neuron scheduler
     ("device",),                                    # 2. the simulated Neuron device
     ("report",),                                    # 3. records -> report (pure)

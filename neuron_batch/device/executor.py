@@ -17,6 +17,11 @@ is replaced:
   (`scheduler_output.num_seqs_padded`), both set by NeuronScheduler, and the KV the scheduled
   requests held before the step (the SchedulerOutput's pre-step num_computed_tokens).
 
+Sampling (sampling_cost.py): a job that samples on the host (`host_sampling` in the engine's
+config, decided from its requests) pays every step the logits over the host link and vLLM's CPU
+sampler; a constrained token under the Beta/GA runtime the published on-device mask. The
+charge goes on the clock and, through `SchedulerOutput.sampling_s`, into the step's record.
+
 The executor points the scheduler's recorder at the engine's own virtual clock (it rewrites
 `additional_config["neuron_batch"]["clock"]` before vLLM builds the scheduler, in the same
 engine-core process), so every time in the records is simulated device time, starting at 0.0
@@ -51,7 +56,9 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
 from neuron_batch.device import virtual_clock
+from neuron_batch.device.sampling_cost import SamplingCharge
 from neuron_batch.device.target import TARGET_KEY, Target
+from neuron_batch.device_sampling import HOST_SAMPLING_KEY, sampler_asks
 from neuron_batch.runtime import VLLM_NEURON, runtime_of
 from neuron_batch.scheduler.compat import full_attention_spec, model_runner_output
 from neuron_batch.scheduler.kv_reserve import DEFAULT_KV_RESERVE
@@ -130,6 +137,12 @@ class NeuronSimExecutor(Executor):
         self._kv_read = self.cost_model.decode_kv_tokens
         self._gathered = (self.cost_model.gathered_tokens
                           if self.cost_model.gathers_block_kv else None)
+        # Sampling: on the host for the whole job where its requests need it (decided before
+        # the engine was built, engine.engine_kwargs), else on the device (sampling_cost.py).
+        self.sampling = SamplingCharge(target.runtime.sampling, self.arch.vocab_size,
+                                       host=bool(own.get(HOST_SAMPLING_KEY)))
+        # req_id -> (constrained, logprobs) of the running requests that ask for either.
+        self._asks: dict[str, tuple[bool, bool]] = {}
 
     # -- the KV-cache handshake ----------------------------------------------------------------
     def get_kv_cache_specs(self) -> list[dict[str, Any]]:
@@ -169,9 +182,10 @@ class NeuronSimExecutor(Executor):
             return EMPTY_MODEL_RUNNER_OUTPUT
         self.num_steps += 1
         pending = self._prefill_prompt_len
-        if so.finished_req_ids and pending:
+        if so.finished_req_ids and (pending or self._asks):
             for req_id in so.finished_req_ids:
                 pending.pop(req_id, None)
+                self._asks.pop(req_id, None)
         token = self.token_id
         new_reqs = so.scheduled_new_reqs
         cached = so.scheduled_cached_reqs
@@ -185,6 +199,8 @@ class NeuronSimExecutor(Executor):
             context = self._kv_read(seqs_padded, attended, context)
             gathered = self._gathered(seqs_padded, attended) if self._gathered else 0
             self.clock.now += self._decode_time(seqs_padded, context, gathered)
+            if self._asks or self.sampling.host:
+                self._charge_sampling(so, req_ids, seqs_padded)
             return model_runner_output(
                 req_ids=req_ids, req_id_to_index=dict(zip(req_ids, range(len(req_ids)))),
                 sampled_token_ids=[[token] for _ in req_ids])
@@ -194,6 +210,9 @@ class NeuronSimExecutor(Executor):
         before: dict[str, int] = {}
         for new in new_reqs:
             before[new.req_id] = new.num_computed_tokens
+            asks = sampler_asks(new.sampling_params) if new.sampling_params else None
+            if asks is not None and (asks.constrained or asks.logprobs):
+                self._asks[new.req_id] = (asks.constrained, asks.logprobs)
             prompt_len = len(new.prompt_token_ids) if new.prompt_token_ids is not None \
                 else new.num_computed_tokens + num_scheduled[new.req_id]
             pending[new.req_id] = prompt_len
@@ -237,9 +256,23 @@ class NeuronSimExecutor(Executor):
             seconds += self._prefill_time(prefill_padded,
                                           prefill_context if read is None else read)
         self.clock.now += seconds
+        if self._asks or self.sampling.host:
+            rows = [r for r, got in zip(req_ids, sampled) if got]
+            self._charge_sampling(so, rows, (seqs_padded or decode_seqs) if decode_seqs
+                                  else len(rows))
         return model_runner_output(req_ids=req_ids,
                                    req_id_to_index=dict(zip(req_ids, range(len(req_ids)))),
                                    sampled_token_ids=sampled)
+
+    def _charge_sampling(self, so, rows: list[str], padded_rows: int) -> None:
+        """Advance the clock by the sampling of the `rows` that sample a token this step, and
+        tell the scheduler's records (`so.sampling_s`, read in update_from_output)."""
+        asks = self._asks
+        constrained = sum(1 for r in rows if asks.get(r, (False,))[0])
+        logprobs = sum(1 for r in rows if asks.get(r, (False, False))[1])
+        seconds = self.sampling.step_s(padded_rows, len(rows), constrained, logprobs)
+        self.clock.now += seconds
+        so.sampling_s = seconds
 
     # -- the rest of the executor interface ----------------------------------------------------
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None, non_block=False):

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_batch.config import RunSettings, SettingsError
+from neuron_batch.device.target import TARGET_KEY
+from neuron_batch.device_sampling import HOST_SAMPLING_KEY
 from neuron_batch.scheduler import SCHEDULER_CLS
 from neuron_batch.scheduler.kv_reserve import parse_kv_reserve
 from neuron_batch.versions import (
@@ -27,6 +29,7 @@ from neuron_batch.versions import (
 
 if TYPE_CHECKING:
     from neuron_batch.device.target import Target
+    from neuron_batch.device_sampling import JobSampling
 
 CPU_KV_CACHE_BYTES = 2 << 30
 
@@ -98,19 +101,23 @@ def detect_device() -> str:
 
 def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_path: Path,
                   workdir: Path, has_tokenizer: bool,
-                  target: Target | None = None, mixed_sampling: bool = False
+                  target: Target | None = None, sampling: JobSampling | None = None
                   ) -> dict[str, Any]:
     """Keyword arguments for vllm.LLM for this run and device (`target`: the run's device,
     resolved once by the runner (job.resolve_target); required when device is "sim", where
-    it is the simulated one; `mixed_sampling`: the requests sample with different
-    temperatures). On Neuron, `additional_config["neuron_batch"]["process_env"]` is
-    environment `Engine` sets before vLLM starts."""
+    it is the simulated one; `sampling`: what the job's requests ask of the sampler, which
+    decides whether a Neuron device samples on the host). On Neuron,
+    `additional_config["neuron_batch"]["process_env"]` is environment `Engine` sets before
+    vLLM starts."""
     kv_reserve = parse_kv_reserve(settings.kv_reserve)
     runtime = target.runtime if target is not None else settings.resolve_runtime()
     simulated = target is not None and target.simulated
     neuron_batch: dict[str, Any] = {"records_path": str(records_path),
                                     "kv_reserve": kv_reserve.value,   # vLLM's config: plain data
                                     "runtime": runtime.name}
+    if sampling is not None and runtime.sampling.host_reasons(sampling):
+        # The whole model samples on the host (the simulated device charges it per step).
+        neuron_batch[HOST_SAMPLING_KEY] = True
     kwargs: dict[str, Any] = dict(
         model=model_path,
         max_model_len=settings.max_model_len,
@@ -161,7 +168,7 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
         check_device_available(device)
         from neuron_batch.engine.neuron_host import installed_host_setup
 
-        setup = installed_host_setup(settings, runtime, model_path, mixed=mixed_sampling)
+        setup = installed_host_setup(settings, runtime, model_path, sampling=sampling)
         kwargs.update(setup.kwargs)
         section = setup.section
         neuron_batch["process_env"] = setup.env
@@ -215,6 +222,13 @@ class Engine:
         self._detokenize = not kwargs.get("skip_tokenizer_init", False)
         self._full: dict[str, int | None] = {}  # request id -> its top logprobs, for those
                                                 # whose every completion is kept
+        # The simulated device charges structured outputs and logprobs but computes neither
+        # (device/sampling_cost.py): what it is given is said, not asked.
+        self._device_params = None
+        if own.get(TARGET_KEY) is not None:
+            from neuron_batch.device.sampling_cost import for_simulated
+
+            self._device_params = for_simulated
 
     def add(self, request_id: str, prompt_token_ids: list[int], spec: dict[str, Any]) -> None:
         """Submit one request: `spec` is what it asks for (inputs.request_fields.sampling_spec),
@@ -223,6 +237,8 @@ class Engine:
 
         try:
             params = sampling_params(spec, detokenize=self._detokenize)
+            if self._device_params is not None:
+                params = self._device_params(params)
             self.engine.add_request(request_id, {"prompt_token_ids": prompt_token_ids}, params)
         except Exception as error:  # vLLM's own checks of a request (its errors are not one
             if not _is_request_error(error):  # class across releases)

@@ -16,9 +16,12 @@ Why each setting (sources: ../shared/notes/neuron-runtimes.md, the plugin's publ
   layout and its (prefill, prefix) grid; without it the contiguous layout, one block of
   max_model_len per slot. Either way vLLM keeps block 0 as its null block, which plugin 0.2.0
   adds to `num_gpu_blocks_override` itself and 0.1.0 does not.
-- Sampling: on-device sampling takes parameters in the runner's request-table order, not the
-  batch's, so requests with different temperatures sample on the CPU (0.2.0) or are refused
-  (0.1.0 has no CPU sampler).
+- Sampling (device_sampling.py says why, with sources): NxDI's on-device sampler takes only
+  temperature, top_p and top_k, in the runner's request-table order, and has no grammar
+  bitmask and no logprobs. A job whose requests ask for more (structured outputs, logprobs,
+  penalties, min_p, logit_bias, differing parameters) samples on the CPU (0.2.0; our runner,
+  nxdi_runner.py, applies the bitmask to the host logits first) or is refused (0.1.0 has no
+  CPU sampler). Decided once, from the job's requests, before the engine is built.
 - Compiled artifacts: without NEURON_COMPILED_ARTIFACTS every start recompiles; with it, old
   artifacts load whatever the configuration. We point it at a folder keyed by a hash of every
   input of the compiled graphs.
@@ -40,10 +43,17 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from neuron_batch.config import RunSettings
-from neuron_batch.engine.nxdi_plugin import NeuronHostError, nxdi_kv_layout, plugin_line
+from neuron_batch.device_sampling import JobSampling, job_sampling
+from neuron_batch.engine.nxdi_plugin import (
+    NeuronHostError,
+    PluginLine,
+    nxdi_kv_layout,
+    plugin_line,
+)
 from neuron_batch.engine.optimum_export import (
     ALLOW_FRESH,
     Export,
@@ -52,6 +62,7 @@ from neuron_batch.engine.optimum_export import (
     check_prompts,
     find_export,
 )
+from neuron_batch.engine.sampling import request_spec, spec_asks
 from neuron_batch.runtime import NXDI, RUNTIMES, Runtime
 
 if TYPE_CHECKING:
@@ -81,15 +92,48 @@ class HostSetup:
     export: Export | None = None        # optimum-neuron: the export it loads, and from where
 
 
-def mixed_sampling(settings: RunSettings, requests) -> bool:
-    """Whether these prepared requests sample with different temperatures (what on-device
-    sampling mixes up): a record's own temperature, else --temperature."""
-    return len({float(settings.temperature if r.record.temperature is None
-                      else r.record.temperature) for r in requests}) > 1
+def request_params(settings: RunSettings, request) -> SimpleNamespace:
+    """A prepared request's SamplingParams as the engine will build them (engine/sampling.py:
+    its spec, read attribute by attribute), before any engine exists."""
+    return spec_asks(request_spec(request, settings))
+
+
+def job_sampling_of(settings: RunSettings, requests, params_of=request_params
+                    ) -> JobSampling:
+    """What these prepared requests ask of the sampler: device_sampling.job_sampling over
+    `params_of(settings, request)`, each request's SamplingParams as the engine gets them."""
+    return job_sampling(params_of(settings, r) for r in requests)
+
+
+def host_sampling(runtime: Runtime, line: PluginLine, sampling: JobSampling | None
+                  ) -> dict[str, Any]:
+    """The plugin config keys that sample `sampling`'s job on the host (empty: the device
+    samples it); NeuronHostError, naming what asks and where it runs, when the installed
+    plugin cannot."""
+    path = runtime.sampling
+    if sampling is not None and sampling.prompt_logprob_requests and not path.prompt_logprobs:
+        raise NeuronHostError(
+            f"{sampling.prompt_logprob_requests} request(s) ask for prompt logprobs, which the "
+            f"{runtime.name} runtime's plugin never returns (vllm-neuron's runner: "
+            f"prompt_logprobs_dict is always empty); --device cpu returns them, or drop "
+            f"prompt_logprobs")
+    reasons = path.host_reasons(sampling) if sampling is not None else []
+    if not reasons:
+        return {}
+    if not line.cpu_sampling:
+        raise NeuronHostError(
+            f"{'; '.join(reasons)}: vllm-neuron {line.version} samples on the device only, "
+            f"with temperature, top_p and top_k in its own request order (its runner returns "
+            f"logprobs=None and has no grammar bitmask; NeuronCausalLM.sample raises 'CPU "
+            f"sampler not implemented' without on_device_sampling_config). vllm-neuron 0.2.0 "
+            f"(vLLM 0.11.0) samples these on the CPU; the CPU engine (--device cpu) and trn2 "
+            f"under the vllm-neuron runtime do structured outputs too. Or drop the fields and "
+            f"give every request the same temperature")
+    return dict(path.host_config)
 
 
 def host_setup(settings: RunSettings, runtime: Runtime, *, model_path: str,
-               plugin_version: str | None, mixed: bool = False,
+               plugin_version: str | None, sampling: JobSampling | None = None,
                nxdi_version: str | None = None,
                artifacts_root: str | Path | None = None,
                hub_lookup=ask_hub_cache) -> HostSetup:
@@ -110,16 +154,7 @@ def host_setup(settings: RunSettings, runtime: Runtime, *, model_path: str,
         kwargs["block_size"] = settings.block_size or runtime.host_block_size
         kwargs["enable_prefix_caching"] = bool(settings.prefix_caching)
         section = {**settings.shapes(runtime).bucket_lists(), **dict(runtime.layout_config)}
-    if mixed and runtime.cpu_sampling_config is not None:
-        if not line.cpu_sampling:
-            raise NeuronHostError(
-                f"the requests ask for different temperatures, and vllm-neuron "
-                f"{line.version} samples on the device with one request's parameters for "
-                f"another (its runner orders them by its own request table, not the batch); "
-                f"it has no CPU sampler (0.2.0 has). Give every request the same temperature "
-                f"(drop the per-record `temperature` or use --temperature), or install "
-                f"vllm-neuron 0.2.0")
-        section.update(dict(runtime.cpu_sampling_config))
+    section.update(host_sampling(runtime, line, sampling))
     env = dict(runtime.scheduler_env)
     if runtime.scheduler_env:
         kwargs["worker_cls"] = WORKER_CLS
@@ -152,13 +187,13 @@ def export_setup(settings: RunSettings, runtime: Runtime, export: Export) -> Hos
 
 
 def installed_host_setup(settings: RunSettings, runtime: Runtime, model_path: str, *,
-                         mixed: bool = False) -> HostSetup:
+                         sampling: JobSampling | None = None) -> HostSetup:
     """`host_setup` with the plugin and NxDI releases installed here: what the engine sets,
     and so the artifacts folder its run uses (a split's estimate asks for that folder too)."""
     from neuron_batch.versions import neuron_plugin
 
     return host_setup(settings, runtime, model_path=model_path,
-                      plugin_version=neuron_plugin()["version"], mixed=mixed,
+                      plugin_version=neuron_plugin()["version"], sampling=sampling,
                       nxdi_version=installed_version(NXDI_DISTRIBUTION))
 
 
@@ -311,7 +346,7 @@ def check_host(settings: RunSettings, runtime: Runtime, model_path: str, request
     settings (host_setup; under optimum-neuron the export it loads, and no prompt longer
     than its context-encoding graph) and the static KV cache beside the weights."""
     setup = host_setup(settings, runtime, model_path=model_path, plugin_version=plugin_version,
-                       mixed=mixed_sampling(settings, requests),
+                       sampling=job_sampling_of(settings, requests),
                        nxdi_version=installed_version(NXDI_DISTRIBUTION))
     if setup.export is not None:
         check_prompts(setup.export, requests)

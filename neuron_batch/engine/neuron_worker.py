@@ -1,4 +1,5 @@
-"""The AWS NxDI plugin's worker, with chunked prefill off before the model loads.
+"""The AWS NxDI plugin's worker, with chunked prefill off before the model loads and our model
+runner (nxdi_runner.py: vLLM's grammar bitmask on the host logits before CPU sampling).
 
 Why a worker: to keep our scheduler, the plugin's platform must be told
 DISABLE_NEURON_CUSTOM_SCHEDULER=1, and then it leaves chunked prefill as vLLM set it. vLLM's
@@ -28,3 +29,9 @@ class WholePromptNeuronWorker(NeuronWorker):
     def __init__(self, vllm_config, *args: Any, **kwargs: Any) -> None:
         whole_prompts(vllm_config.scheduler_config)
         super().__init__(vllm_config, *args, **kwargs)
+
+    def get_neuronx_distributed_model_runner(self, vllm_config, device):
+        # (the plugin's worker builds its runner through this method, 0.1.0 and 0.2.0)
+        from neuron_batch.engine.nxdi_runner import MaskedNxdiModelRunner
+
+        return MaskedNxdiModelRunner(vllm_config=vllm_config, device=device)

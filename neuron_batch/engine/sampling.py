@@ -9,7 +9,32 @@ request reaches the engine core. vLLM is imported lazily.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
+
+from neuron_batch.config import RunSettings
+from neuron_batch.inputs.request_fields import sampling_spec
+
+
+def request_spec(request, settings: RunSettings) -> dict[str, Any]:
+    """What one prepared request asks the engine for, with the run's defaults filled in: the
+    one spec every engine loop (one engine, Ray replicas, a split's parts) submits and a run
+    folder's request digests record. Its max_tokens after the default and the clamp; the run's
+    --temperature where the request gives none; --seed + its position as its seed where
+    it samples and gives none; ignore_eos with --ignore-eos and always on the simulated device
+    (which does not sample its tokens)."""
+    record = request.record
+    return sampling_spec(record, max_tokens=request.max_tokens,
+                         temperature=settings.temperature, seed=settings.seed + record.index,
+                         ignore_eos=settings.simulated or settings.ignore_eos)
+
+
+def spec_asks(spec: dict[str, Any]) -> SimpleNamespace:
+    """A spec read as the SamplingParams it becomes, attribute by attribute (the structured
+    form as `structured_outputs`), for what reads a job's sampling before any engine or vLLM
+    object exists (device_sampling.py, duck-typed)."""
+    fields = {key: value for key, value in spec.items() if key != "structured"}
+    return SimpleNamespace(**fields, structured_outputs=spec.get("structured"))
 
 
 def sampling_params(spec: dict[str, Any], *, detokenize: bool):

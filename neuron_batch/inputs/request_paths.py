@@ -19,7 +19,7 @@ for, per path"):
   empty logits processors ("min_p, logits_bias, min_length ... not supported yet"), and passes
   penalties only to its CPU sampler, which an export with on-device sampling never runs. So it
   honours n, top_p, top_k, stop_token_ids and ignore_eos (vLLM's engine around the runner does
-  those) and refuses the rest.
+  those) and refuses the rest; so does the simulated device under it.
 
 To change what a path does, change its entry here: nothing else tests a path's name. Pure.
 """
@@ -63,6 +63,10 @@ def _everything(**how: str) -> Mapping[str, str]:
     return MappingProxyType({feature: how.get(feature, "") for feature in FEATURES})
 
 
+def _only(*features: str) -> Mapping[str, str]:
+    return MappingProxyType({feature: "" for feature in features})
+
+
 #: THE table: (device kind, runtime name or None) -> path. The device kind is "vllm" (cpu,
 #: cuda), "sim" or "neuron"; only Neuron hosts differ by runtime.
 PATHS: Mapping[tuple[str, str | None], RequestPath] = MappingProxyType({
@@ -76,8 +80,12 @@ PATHS: Mapping[tuple[str, str | None], RequestPath] = MappingProxyType({
         _everything(structured="on device (the grammar bitmask as the forward's logit mask)")),
     ("neuron", OPTIMUM_NEURON): RequestPath(
         "Hugging Face's optimum-neuron plugin (--device neuron, runtime optimum-neuron)",
-        MappingProxyType({feature: "" for feature in
-                          ("n", "top_p", "top_k", "stop_token_ids", "ignore_eos")})),
+        _only("n", "top_p", "top_k", "stop_token_ids", "ignore_eos")),
+    # The simulated device models its runtime: what optimum-neuron's host refuses, its
+    # simulation refuses too (a plan made on it must hold on the host).
+    ("sim", OPTIMUM_NEURON): RequestPath(
+        "the simulated device under optimum-neuron (--device sim --runtime optimum-neuron)",
+        _only("n", "top_p", "top_k", "stop_token_ids", "ignore_eos")),
 })
 
 
@@ -90,7 +98,10 @@ def path_key(device: str, runtime: Runtime) -> tuple[str, str | None]:
         device = "neuron" if neuron_plugin_missing_message() is None else "cpu"
     if device == "neuron":
         return ("neuron", runtime.name)
-    return ("sim", None) if device == "sim" else ("vllm", None)
+    if device == "sim":
+        # a runtime with a row of its own on the simulated device, else the common one
+        return ("sim", runtime.name) if ("sim", runtime.name) in PATHS else ("sim", None)
+    return ("vllm", None)
 
 
 def request_path(device: str, runtime: Runtime,

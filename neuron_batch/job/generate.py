@@ -12,12 +12,12 @@ from typing import Any
 from neuron_batch.choices import Device
 from neuron_batch.config import RunSettings
 from neuron_batch.engine.engine_log import ENGINE_LOG, engine_output_to
+from neuron_batch.engine.sampling import request_spec
 from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.job.folder import OutputError
 from neuron_batch.job.job import Job
 from neuron_batch.job.outputs import output_row
-from neuron_batch.job.request_spec import request_spec
 
 
 class StopFlag:
@@ -97,7 +97,7 @@ def _device(job: Job) -> str:
 
 def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[str, Any]:
     from neuron_batch.engine.engine import Engine, RequestRefused, engine_kwargs
-    from neuron_batch.engine.neuron_host import mixed_sampling
+    from neuron_batch.engine.neuron_host import job_sampling_of
 
     settings, folder, log, model = job.settings, job.folder, job.log, job.workload.model
     device = _device(job)
@@ -106,7 +106,7 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
     workdir.mkdir(exist_ok=True)
     kwargs = engine_kwargs(settings, device, model.path, folder.records_path(attempt), workdir,
                            has_tokenizer=model.has_tokenizer and not simulated, target=job.target,
-                           mixed_sampling=mixed_sampling(settings, pending))
+                           sampling=job_sampling_of(settings, pending))
     started = time.time()
     on_neuron = simulated or device == "neuron"
     if on_neuron:

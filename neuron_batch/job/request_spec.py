@@ -1,25 +1,10 @@
-"""What one prepared request asks the engine for, with the run's defaults filled in: the one
-spec every engine loop (one engine, Ray replicas, a split's parts) submits and a run folder's
-request digests record (inputs/request_fields.py `sampling_spec`)."""
+"""The requests whose spec the engine would refuse once the run's defaults are in (the spec
+itself: engine/sampling.py `request_spec`)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from neuron_batch.config import RunSettings
 from neuron_batch.inputs.records import InputProblem
-from neuron_batch.inputs.request_fields import sampling_spec
-
-
-def request_spec(request, settings: RunSettings) -> dict[str, Any]:
-    """The spec of a PreparedRequest: its max_tokens after the default and the clamp; the
-    run's --temperature where the request gives none; --seed + its position as its seed where
-    it samples and gives none; ignore_eos with --ignore-eos and always on the simulated device
-    (which does not sample its tokens)."""
-    record = request.record
-    return sampling_spec(record, max_tokens=request.max_tokens,
-                         temperature=settings.temperature, seed=settings.seed + record.index,
-                         ignore_eos=settings.simulated or settings.ignore_eos)
 
 
 def spec_problems(records, settings: RunSettings) -> tuple[list, list[InputProblem]]:

@@ -27,9 +27,9 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from neuron_batch.engine.sampling import request_spec
 from neuron_batch.errors import RunError
 from neuron_batch.job.folder import RunFolder, input_fingerprint
-from neuron_batch.job.request_spec import request_spec
 
 #: A requests.json row: the id, then these. prompt, stop and sampling are digests (the prompt
 #: as given: text, messages, token ids or prompt_len with what it shares (a Mooncake line's

@@ -57,17 +57,17 @@ def layout_compiled(settings: RunSettings, target, model_path: str | None = None
 
 def host_artifacts(settings: RunSettings, runtime, model_path: str, requests=()) -> Path | None:
     """The artifacts folder a Neuron run of these settings uses (the same inputs as the
-    engine's: the installed plugin and NxDI releases, whether the requests mix temperatures);
+    engine's: the installed plugin and NxDI releases, what the requests ask of the sampler);
     None for settings the plugin refuses (the run itself says why)."""
     from neuron_batch.engine.neuron_host import (
         NeuronHostError,
         installed_host_setup,
-        mixed_sampling,
+        job_sampling_of,
     )
 
     try:
         return installed_host_setup(settings, runtime, model_path,
-                                    mixed=mixed_sampling(settings, requests)).artifacts
+                                    sampling=job_sampling_of(settings, requests)).artifacts
     except NeuronHostError:
         return None
 

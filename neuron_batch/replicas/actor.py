@@ -65,7 +65,7 @@ class ReplicaSpec:
     settings: RunSettings
     device: str                  # "sim", "cpu" or "neuron"
     target: Any = None           # the run's device.target.Target (job.target), None elsewhere
-    mixed_sampling: bool = False  # requests sample with different temperatures
+    sampling: Any = None         # what the job asks of the sampler (device_sampling.JobSampling)
 
     @property
     def simulated(self) -> bool:
@@ -284,7 +284,7 @@ class ReplicaWorker:
         # process's environment before vLLM starts: see engine/neuron_host.py.)
         kwargs = engine_kwargs(settings, spec.device, model_path, self._records.path,
                                workdir, has_tokenizer=has_tokenizer, target=spec.target,
-                               mixed_sampling=spec.mixed_sampling)
+                               sampling=spec.sampling)
         return Engine(kwargs), has_tokenizer and not spec.simulated
 
 

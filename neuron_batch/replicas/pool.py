@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_batch.engine.engine_log import ENGINE_LOG, engine_output_to
-from neuron_batch.engine.neuron_host import mixed_sampling
+from neuron_batch.engine.neuron_host import job_sampling_of
+from neuron_batch.engine.sampling import request_spec
 from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.job.generate import MAX_ERRORS_KEPT, StopFlag, progress_bar, stopped_by
 from neuron_batch.job.job import Job
-from neuron_batch.job.request_spec import request_spec
 from neuron_batch.replicas.actor import (
     REQUESTS_COLUMN,
     ReplicaSpec,
@@ -130,7 +130,7 @@ def _start(job: Job, pending: list[PreparedRequest], attempt: int,
         ReplicaWorker,
         fn_constructor_kwargs={"spec": ReplicaSpec(
             settings, placement.device, job.target,
-            mixed_sampling=mixed_sampling(settings, job.workload.prepared.requests))},
+            sampling=job_sampling_of(settings, job.workload.prepared.requests))},
         batch_size=1, batch_format="pyarrow",
         compute=ActorPoolStrategy(size=settings.replicas,
                                   max_tasks_in_flight_per_actor=in_flight,

@@ -23,6 +23,7 @@ from neuron_batch.report.prefix_cache import (
     has_prefix_buckets,
     prefix_cache_section,
 )
+from neuron_batch.report.sampling import sampling_section
 from neuron_batch.runtime import runtime_of
 from neuron_batch.scheduler.records import (
     BLOCK_REASONS,
@@ -72,7 +73,7 @@ def summarize(records: Records, *, elapsed_s: float | None = None, start: float 
     padding = padding_summary(steps, prefill_buckets, decode_buckets, attention_buckets)
     if has_prefix_buckets(steps):       # nxdi with prefix caching: by (prefill, prefix) cell
         padding["prefill"] = grid_padding(steps)
-    return {
+    report = {
         # The fields `vllm bench throughput --output-json` writes, so its dashboards read us.
         "elapsed_time": elapsed,
         "num_requests": num_completed,
@@ -106,6 +107,10 @@ def summarize(records: Records, *, elapsed_s: float | None = None, start: float 
         "latency": latency_summary(completed),
         "steps": _step_counts(steps),
     }
+    sampling = sampling_section(steps, records.requests, runtime_of(config).sampling)
+    if sampling is not None:    # (only where a request asked or the device charged)
+        report["sampling"] = sampling
+    return report
 
 
 # -- time window -----------------------------------------------------------------------------

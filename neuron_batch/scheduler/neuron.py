@@ -337,7 +337,9 @@ class NeuronScheduler(KVAdmission, MinTokensStop, DecodeFirst, Scheduler):
     def update_from_output(self, scheduler_output, model_runner_output):
         if self._decode_first:
             self._finish_decode_first(scheduler_output)
-        step = self.recorder.finish_oldest_step()
+        # (with what the simulated device charged for the step's sampling)
+        step = self.recorder.finish_oldest_step(
+            sampling_s=getattr(scheduler_output, "sampling_s", 0.0))
         now = step.t_end if step is not None else self.recorder.clock()
         if step is not None and step.kind == PREFILL:
             # A request's first token comes from the step that finishes its prompt.
@@ -362,6 +364,7 @@ class NeuronScheduler(KVAdmission, MinTokensStop, DecodeFirst, Scheduler):
         super().add_request(request)
         if request.request_id not in self.recorder.requests:
             self.recorder.request_arrived(request.request_id, request.num_prompt_tokens)
+            self.recorder.request_asks(request.request_id, request.sampling_params)
         self._refuse_if_never_fits(request)
 
     def _free_request(self, request: Request, *args: Any, **kwargs: Any):

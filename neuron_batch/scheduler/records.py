@@ -24,6 +24,8 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
+from neuron_batch.device_sampling import sample_parent, sampler_asks
+
 
 class SchedulerState(str, Enum):
     """The design document's state machine; informational, no decision reads it."""
@@ -115,6 +117,9 @@ class StepRecord:
     cached_tokens: int = 0
     recomputed_tokens: int = 0
     prefix_bucket: int | None = None
+    # Seconds the step's sampling added on the simulated device (device/sampling_cost.py): the
+    # logits to the host and vLLM's CPU sampler under NxDI, the on-device mask under Beta/GA.
+    sampling_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -130,6 +135,11 @@ class RequestRecord:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0          # prompt tokens served from the prefix cache
     finish_reason: str | None = None
+    # What its sampling parameters asked (device_sampling.sampler_asks): a grammar, logprobs;
+    # `sample_of`: the request vLLM fanned it out of for n > 1 (its child id), else None.
+    constrained: bool = False
+    logprobs: bool = False
+    sample_of: str | None = None
 
 
 
@@ -182,13 +192,16 @@ class Recorder:
         """The oldest step still in flight (None: none is)."""
         return self._unfinished_steps[0] if self._unfinished_steps else None
 
-    def finish_oldest_step(self, t_end: float | None = None) -> StepRecord | None:
+    def finish_oldest_step(self, t_end: float | None = None, sampling_s: float = 0.0
+                           ) -> StepRecord | None:
         """Stamp the oldest step still in flight with its end time (FIFO: async scheduling
-        plans step N+1 before step N's output returns); `t_end` None: now."""
+        plans step N+1 before step N's output returns; `t_end` None: now) and its sampling
+        charge."""
         if not self._unfinished_steps:
             return None
         record = self._unfinished_steps.pop(0)
         record.t_end = self.clock() if t_end is None else t_end
+        record.sampling_s = sampling_s
         if self._file is not None:
             self._emit("step", _fields_of(record))
         return record
@@ -196,6 +209,15 @@ class Recorder:
     # -- requests ----------------------------------------------------------------------------
     def request_arrived(self, req_id: str, num_prompt_tokens: int) -> None:
         self.requests[req_id] = RequestRecord(req_id, num_prompt_tokens, self.clock())
+
+    def request_asks(self, req_id: str, sampling_params: Any) -> None:
+        """Note what a request's SamplingParams ask of the sampler (nothing for most)."""
+        record = self.requests.get(req_id)
+        if record is None or sampling_params is None:
+            return
+        asks = sampler_asks(sampling_params)
+        record.constrained, record.logprobs = asks.constrained, asks.logprobs
+        record.sample_of = sample_parent(req_id)
 
     def request_finished(self, req_id: str, num_output_tokens: int, finish_reason: str | None,
                          now: float) -> None:

@@ -24,6 +24,7 @@ nxdi_fakes.install()
 nxdi_fakes.fake_neuron_devices()
 
 from neuron_batch.config import RunSettings, SimOptions  # noqa: E402
+from neuron_batch.device_sampling import JobSampling  # noqa: E402
 from neuron_batch.engine import engine  # noqa: E402
 
 
@@ -41,7 +42,7 @@ def kwargs_of(args: dict, settings: RunSettings, apply_env: bool = True) -> dict
     work = Path(args["work"])
     kwargs = engine.engine_kwargs(settings, "neuron", args["model"], work / "records.jsonl",
                                   work, has_tokenizer=False,
-                                  mixed_sampling=args.get("mixed", False))
+                                  sampling=JobSampling(mixed=True) if args.get("mixed") else None)
     if apply_env:
         os.environ.update(kwargs["additional_config"]["neuron_batch"]["process_env"])
     return kwargs
@@ -145,7 +146,67 @@ def case_run(args: dict) -> dict:
                            "attention_buckets": config.attention_buckets}}
 
 
+def sampling_params(spec: dict):
+    """vLLM's SamplingParams of one request spec: what the job's mapping (inputs/) would give."""
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    given = {k: spec[k] for k in ("max_tokens", "temperature", "logprobs", "ignore_eos", "seed")
+             if k in spec}
+    structured = spec.get("structured")
+    if structured:
+        import vllm.sampling_params as sp
+
+        if hasattr(sp, "StructuredOutputsParams"):        # vLLM 0.11 and later
+            given["structured_outputs"] = sp.StructuredOutputsParams(**structured)
+        else:                                             # 0.10.2
+            given["guided_decoding"] = sp.GuidedDecodingParams(**structured)
+    return SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, **given)
+
+
+def case_sampling(args: dict) -> dict:
+    """Requests with their own SamplingParams (structured outputs, logprobs) through the whole
+    engine, as case_run, with the model's tokenizer; `sampling` off: the job decision is
+    skipped (on-device sampling whatever the requests ask)."""
+    from neuron_batch.device_sampling import job_sampling
+
+    settings = settings_of(args)
+    params = {r["id"]: sampling_params(r) for r in args["requests"]}
+    work = Path(args["work"])
+    try:
+        kwargs = engine.engine_kwargs(
+            settings, "neuron", args["model"], work / "records.jsonl", work, has_tokenizer=True,
+            sampling=job_sampling(params.values()) if args.get("decide", True) else None)
+    except Exception as error:      # refused before anything loads
+        return {"refused": f"{type(error).__name__}: {error}"}
+    run = engine.Engine(kwargs, quiet=True)
+    outputs: dict[str, dict] = {}
+    for request in args["requests"]:
+        run.engine.add_request(request["id"], {"prompt_token_ids": request["prompt"]},
+                               params[request["id"]])
+    try:
+        while run.has_unfinished():
+            for out in run.engine.step():
+                if not out.finished:
+                    continue
+                done = out.outputs[0]
+                outputs[out.request_id] = {
+                    "tokens": list(done.token_ids), "text": done.text,
+                    "finish_reason": done.finish_reason,
+                    "logprobs": None if done.logprobs is None else [
+                        {str(t): lp.logprob for t, lp in step.items()}
+                        for step in done.logprobs]}
+    except Exception as error:      # what the engine raised mid-run
+        return {"failed": f"{type(error).__name__}: {error}", "outputs": outputs,
+                "neuron_config": nxdi_fakes.CAPTURED["neuron_config"]}
+    finally:
+        run.close()
+    return {"outputs": outputs, "vocab": json.loads(
+                (Path(args["model"]) / "config.json").read_text())["vocab_size"],
+            "neuron_config": nxdi_fakes.CAPTURED["neuron_config"]}
+
+
 if __name__ == "__main__":
     case, payload = sys.argv[1], json.loads(sys.argv[2])
-    result = {"config": case_config, "loader": case_loader, "run": case_run}[case](payload)
+    result = {"config": case_config, "loader": case_loader, "run": case_run,
+              "sampling": case_sampling}[case](payload)
     print("RESULT " + json.dumps(result, default=str), flush=True)

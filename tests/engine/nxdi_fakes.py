@@ -16,7 +16,9 @@ and vLLM's engine and scheduler are the real ones. As the plugin's own tests do
   (neuron_batch/prefix_grid.py); a decode reads its whole context through its block table.
   A lost or wrong prefix is then a wrong token;
 - sampling on the device returns that token; with `on_device_sampling_config` None it returns
-  logits peaked on it, for vLLM's CPU sampler.
+  fp32 logits (as NxDI's `NeuronBaseModel.forward` does), peaked on it over a spread that
+  also depends on the context (`logits_for`), so a grammar bitmask that masks the peak leaves
+  a well-defined best allowed token, for vLLM's CPU sampler.
 
 Test support, not a test. NxDI's own keys and semantics: aws-neuron/neuronx-distributed-inference
 `models/config.py` (NeuronConfig) and its bucketing docs; see ../shared/notes/neuron-runtimes.md.
@@ -48,6 +50,15 @@ def next_token(context, vocab: int) -> int:
     """A token that depends on the whole context the model can see."""
     data = ",".join(str(int(t)) for t in context).encode()
     return FIRST_TOKEN + zlib.crc32(data) % (vocab - FIRST_TOKEN)
+
+
+def logits_for(token: int, vocab: int) -> torch.Tensor:
+    """One row of logits: `token` (the context's next token) at PEAK above a spread in [0, 1)
+    seeded by it, so every context has its own order of the other tokens."""
+    generator = torch.Generator().manual_seed(token)
+    row = torch.rand(vocab, generator=generator)
+    row[token] = PEAK
+    return row
 
 
 def _smallest_at_least(value: int, buckets) -> int:
@@ -226,7 +237,7 @@ class FakeNxDIModel:
             return SimpleNamespace(hidden_states=torch.tensor(tokens, dtype=torch.long))
         logits = torch.zeros(batch, width, vocab)
         for row, token in enumerate(tokens):
-            logits[row, -1, token] = PEAK
+            logits[row, -1] = logits_for(token, vocab)
         return SimpleNamespace(logits=logits)
 
 

@@ -8,11 +8,12 @@ import pytest
 
 from neuron_batch.config import CostOptions, RunSettings, SettingsError, SimOptions
 from neuron_batch.device.hardware import INSTANCES
+from neuron_batch.device_sampling import JobSampling
 from neuron_batch.engine import engine, neuron_host
 from neuron_batch.engine.neuron_host import NeuronHostError, host_setup, plugin_line
 from neuron_batch.engine.nxdi_plugin import block_layout_blocks
 from neuron_batch.prefix_grid import grid_size
-from neuron_batch.runtime import RUNTIMES
+from neuron_batch.runtime import RUNTIMES, VLLM_NEURON
 
 NXDI = RUNTIMES["nxdi"]
 #: Keys the NxDI loader derives from vLLM's own settings: never in override_neuron_config.
@@ -28,9 +29,13 @@ def settings(**changes) -> RunSettings:
     return RunSettings(**base).validate()
 
 
-def setup(tmp_path, plugin="0.2.0", mixed=False, **changes):
+#: A job whose requests sample with different temperatures.
+MIXED = JobSampling(num_requests=2, mixed=True)
+
+
+def setup(tmp_path, plugin="0.2.0", sampling=None, **changes):
     return host_setup(settings(**changes), NXDI, model_path=str(tmp_path / "model"),
-                      plugin_version=plugin, mixed=mixed, artifacts_root=tmp_path / "art")
+                      plugin_version=plugin, sampling=sampling, artifacts_root=tmp_path / "art")
 
 
 def test_nxdi_keeps_our_scheduler_whole_prompts_and_nxdi_bucket_keys(tmp_path):
@@ -66,10 +71,45 @@ def test_tensor_parallel_size_reaches_vllm(tmp_path):
 
 
 def test_mixed_temperatures_sample_on_the_cpu_or_are_refused(tmp_path):
-    assert setup(tmp_path, mixed=True).section["on_device_sampling_config"] is None
+    assert setup(tmp_path, sampling=MIXED).section["on_device_sampling_config"] is None
     assert "on_device_sampling_config" not in setup(tmp_path).section
-    with pytest.raises(NeuronHostError, match="different temperatures.*no CPU sampler"):
-        setup(tmp_path, plugin="0.1.0", mixed=True)
+    with pytest.raises(NeuronHostError, match="different temperature.*CPU sampler not "
+                                              "implemented"):
+        setup(tmp_path, plugin="0.1.0", sampling=MIXED)
+
+
+@pytest.mark.parametrize("job, words", [
+    (JobSampling(num_requests=3, constrained_requests=1), "1 request.*structured outputs"),
+    (JobSampling(num_requests=3, logprob_requests=2), "2 request.*logprobs"),
+    (JobSampling(num_requests=3, host_only=("presence_penalty",)), "presence_penalty"),
+])
+def test_what_only_the_host_samples_turns_on_device_sampling_off_or_is_refused(
+        tmp_path, job, words):
+    assert setup(tmp_path, sampling=job).section["on_device_sampling_config"] is None
+    with pytest.raises(NeuronHostError, match=f"{words}.*vllm-neuron 0.1.0 samples on the "
+                                              f"device only.*0.2.0"):
+        setup(tmp_path, plugin="0.1.0", sampling=job)
+    # n alone never needs the host: vLLM fans it out into n sequences.
+    assert "on_device_sampling_config" not in setup(
+        tmp_path, sampling=JobSampling(num_requests=3, n_sampled_requests=3)).section
+
+
+def test_prompt_logprobs_are_refused_under_nxdi_whatever_samples(tmp_path):
+    job = JobSampling(num_requests=2, logprob_requests=1, prompt_logprob_requests=1)
+    for plugin in ("0.1.0", "0.2.0"):
+        with pytest.raises(NeuronHostError, match="1 request.*prompt logprobs.*--device cpu"):
+            setup(tmp_path, plugin=plugin, sampling=job)
+
+
+def test_the_beta_runtime_keeps_structured_outputs_on_the_device(tmp_path):
+    job = JobSampling(num_requests=3, constrained_requests=3)
+    beta = RUNTIMES[VLLM_NEURON]
+    done = host_setup(settings(runtime=beta.name, max_model_len=4096), beta,
+                      model_path=str(tmp_path / "model"), plugin_version="0.21.0.1.0.0",
+                      sampling=job, artifacts_root=tmp_path / "art")
+    assert "on_device_sampling_config" not in done.section
+    assert beta.sampling.host_reasons(job) == []
+    assert beta.sampling.device_mask_s_per_token == pytest.approx(0.4e-3)
 
 
 def test_a_block_size_the_plugin_cannot_use_is_refused(tmp_path):
@@ -177,7 +217,8 @@ def test_compiled_artifacts_are_keyed_by_every_compiled_shape(tmp_path):
                setup(tmp_path, prefix_buckets=(1024, 4352)), setup(tmp_path, block_size=16),
                setup(tmp_path, prefix_caching=False),
                setup(tmp_path, max_num_seqs=4), setup(tmp_path, plugin="0.1.0"),
-               setup(tmp_path, mixed=True), setup(tmp_path, sim=SimOptions(tensor_parallel_size=2))]
+               setup(tmp_path, sampling=MIXED),
+               setup(tmp_path, sim=SimOptions(tensor_parallel_size=2))]
     assert len({c.artifacts for c in changed} | {first.artifacts}) == len(changed) + 1
     (model / "config.json").write_text('{"hidden_size": 128}')
     assert setup(tmp_path).artifacts != first.artifacts

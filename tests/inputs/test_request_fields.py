@@ -267,3 +267,17 @@ def test_optimum_neuron_refuses_what_its_runner_drops():
     assert problem.field == "body.logprobs"
     assert "logprobs cannot run on Hugging Face's optimum-neuron plugin" in str(problem)
     assert "vLLM's own engine" in str(problem) and "AWS's NxDI plugin" in str(problem)
+
+
+def test_the_simulated_optimum_neuron_refuses_what_its_host_refuses():
+    """A plan made on the simulated device must hold on the host: under optimum-neuron the sim
+    refuses structured outputs as its host does, and under nxdi it charges them."""
+    from neuron_batch.runtime import OPTIMUM_NEURON
+
+    optimum = RUNTIMES[OPTIMUM_NEURON]
+    assert path_key("sim", optimum) == ("sim", OPTIMUM_NEURON)
+    sim = request_path("sim", optimum)
+    assert set(sim.honoured) == set(request_path("neuron", optimum).honoured)
+    _, problems = refusals([record_asking(structured={"json": {}})], sim)
+    assert "the simulated device under optimum-neuron" in str(problems[0])
+    assert request_path("sim", RUNTIMES[NXDI]).honours("structured")

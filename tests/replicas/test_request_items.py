@@ -8,8 +8,8 @@ import json
 from types import SimpleNamespace
 
 from neuron_batch.config import RunSettings
+from neuron_batch.engine.sampling import request_spec
 from neuron_batch.inputs.records import PromptRecord
-from neuron_batch.job.request_spec import request_spec
 from neuron_batch.replicas.actor import ReplicaWorker, decode_tokens
 from neuron_batch.replicas.pool import _request_item
 
