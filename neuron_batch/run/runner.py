@@ -104,7 +104,7 @@ def _prepare(settings: RunSettings, workload: Workload | None, log):
     # A device that names its architecture resolves (and a layout that cannot load is
     # refused) before the inputs and the model are read; any other once the model is known.
     target = resolve_target(settings, None)
-    workload = workload or load_workload(settings, log)
+    workload = workload or load_workload(settings, log, target=target, resolve=resolve_target)
     if target is None:
         target = resolve_target(settings, workload.model.path)
     if settings.split_at == SPLIT_AUTO:
