@@ -243,7 +243,7 @@ def neuron_plugin_missing_message() -> str | None:
     pins = "; ".join(f"{line.plugin} pins vLLM {line.vllm}" for line in NEURON_PLUGIN_RELEASES)
     return ("--device neuron needs AWS's vLLM Neuron plugin (vllm-neuron), which is not "
             "installed: install it from AWS's package index as the Neuron SDK documents "
-            f"({pins}), see README 'On an inf2 / trn1 host'. `neuron-batch doctor` shows what "
+            f"({pins}), see docs/neuron-host.md. `neuron-batch doctor` shows what "
             "this host has.")
 
 

@@ -42,7 +42,7 @@ def diagnose(facts: dict[str, Any]) -> list[Check]:
     if vllm["version"] is None:
         checks.append(Check("vllm", FAIL, "not installed",
                             "install it: `bash scripts/setup.sh` here; on inf2, AWS's vllm-neuron "
-                            "(README 'On an inf2 / trn1 host')"))
+                            "(docs/neuron-host.md)"))
     elif vllm["tested"]:
         runs_on = f"; {vllm['runs_on']}" if vllm.get("runs_on") else ""
         checks.append(Check("vllm", OK, f"{vllm['version']} ({vllm['distribution']})",
