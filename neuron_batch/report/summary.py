@@ -1,7 +1,10 @@
 """Present a run report (the dict `metrics.summarize()` returns, or the same read back from JSON).
 
-`format_summary()`: a plain-text summary for the terminal, at most 100 columns, no colours (it
-often ends up in CI logs and ticket comments). The Prometheus form is `prometheus.py`'s.
+`format_summary()`: a plain-text summary for the terminal, laid out in 100 columns, no colours
+(it often ends up in CI logs and ticket comments); a row that would pass them goes on under
+its first item, and only at a terminal is a line still too long (a long model path) cut, at
+the terminal's width (`terminal_width`): piped, every line is kept whole. The Prometheus
+form is `prometheus.py`'s.
 
 Pure Python; the functions only read the report, so an older report missing a section still
 formats (the section is shown empty).
@@ -38,8 +41,9 @@ KV_BOUND_SHARE = 0.10
 
 # -- terminal summary ------------------------------------------------------------------------
 
-def format_summary(report: dict[str, Any]) -> str:
-    """A compact, aligned summary of a run report, one section per concern."""
+def format_summary(report: dict[str, Any], width: int | None = None) -> str:
+    """A compact, aligned summary of a run report, one section per concern; lines longer than
+    `width` (a terminal's, `terminal_width`; None: none) cut."""
     config = report.get("config", {})
     requests = report.get("requests", {})
     throughput = report.get("throughput", {})
@@ -57,20 +61,20 @@ def format_summary(report: dict[str, Any]) -> str:
     lines += _wrap_pairs([(key, shown[key]) for key in _CONFIG_KEYS if key in shown])
     lines.append("")
     skipped = requests.get("skipped")
-    lines.append(_row("Requests", [
+    lines += _rows("Requests", [
         f"{_int(requests.get('completed'))} completed of {_int(requests.get('total'))}",
         f"{_int(requests.get('failed'))} failed",
         f"{_int(skipped)} skipped" + (f" ({SKIPPED})" if skipped else ""),
-        *([f"{_int(requests['pending'])} pending"] if requests.get("pending") else [])]))
-    lines.append(_row("Throughput", [
+        *([f"{_int(requests['pending'])} pending"] if requests.get("pending") else [])])
+    lines += _rows("Throughput", [
         f"{_float(throughput.get('elapsed_s'), 2)} s elapsed",
         f"{_float(throughput.get('requests_per_s'), 2)} req/s",
         f"{_float(throughput.get('input_tokens_per_s'), 1)} in tok/s",
         f"{_float(throughput.get('output_tokens_per_s'), 1)} out tok/s",
-        f"{_float(throughput.get('total_tokens_per_s'), 1)} total tok/s"]))
-    lines.append(_row("Tokens", [f"{_int(tokens.get('input'))} input",
-                                 f"{_int(tokens.get('output'))} output",
-                                 f"{_int(tokens.get('total'))} total"]))
+        f"{_float(throughput.get('total_tokens_per_s'), 1)} total tok/s"])
+    lines += _rows("Tokens", [f"{_int(tokens.get('input'))} input",
+                              f"{_int(tokens.get('output'))} output",
+                              f"{_int(tokens.get('total'))} total"])
     prefix_words = prefix_cache_words(report.get("prefix_cache"))
     if prefix_words:
         lines += textwrap.wrap(prefix_words, MAX_WIDTH, initial_indent=f"{'Prefixes':<12}",
@@ -139,8 +143,19 @@ def format_summary(report: dict[str, Any]) -> str:
         lines += ["", *_replicas_section(report["replicas"])]
     if report.get("output_dir"):
         lines += ["", _row("Run folder", [str(report["output_dir"])])]
-    # Long model paths are the only thing that could overflow: cut rather than wrap tables.
-    return "\n".join(_clip(line) for line in lines) + "\n"
+    # Long model paths are the only thing that could still overflow: at a terminal cut rather
+    # than wrap tables; piped (a log, a file) nothing is cut.
+    return "\n".join(_clip(line, width) for line in lines) + "\n"
+
+
+def terminal_width(stream) -> int | None:
+    """The width `format_summary` cuts at for `stream`: the terminal's (at least the 100
+    columns the summary is laid out in), or None when it is not a terminal."""
+    import shutil
+
+    if not (hasattr(stream, "isatty") and stream.isatty()):
+        return None
+    return max(shutil.get_terminal_size().columns, MAX_WIDTH)
 
 
 def _cost_rows(report: dict[str, Any]) -> list[str]:
@@ -368,8 +383,8 @@ def _wrap_pairs(pairs: Sequence[tuple[str, Any]]) -> list[str]:
     return lines
 
 
-def _clip(line: str) -> str:
-    return line if len(line) <= MAX_WIDTH else line[:MAX_WIDTH - 3] + "..."
+def _clip(line: str, width: int | None) -> str:
+    return line if width is None or len(line) <= width else line[:width - 3] + "..."
 
 
 def _int(value: Any) -> str:

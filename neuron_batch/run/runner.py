@@ -281,9 +281,9 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
         write_text_atomic(settings.metrics_textfile,
                           prometheus_text(report, labels={"output": str(folder.path)}))
     if not settings.quiet:
-        from neuron_batch.report.summary import format_summary
+        from neuron_batch.report.summary import format_summary, terminal_width
 
-        print(format_summary(report), flush=True)
+        print(format_summary(report, terminal_width(sys.stdout)), flush=True)
     code = EXIT_OK
     if outcome.get("ended") in ("interrupted", "deadline"):
         code = EXIT_INTERRUPTED
