@@ -21,6 +21,7 @@ from neuron_batch.report.cost import compile_and_usd
 from neuron_batch.report.notes import notes
 from neuron_batch.report.prefix_cache import summary_words as prefix_cache_words
 from neuron_batch.runtime import runtime_of
+from neuron_batch.runtime_hints import graph_words
 
 MAX_WIDTH = 100
 
@@ -98,12 +99,8 @@ def format_summary(report: dict[str, Any], width: int | None = None) -> str:
     attention_buckets = config.get("attention_buckets") or []
     runtime = runtime_of(config)
     lines.append(_kv_row(report))
-    if runtime.static_kv:
-        graphs = (f"{len(prefill_buckets)} context-encoding + {len(attention_buckets)} "
-                  f"token-generation buckets")
-    else:
-        graphs = (f"{len(prefill_buckets)} prefill buckets + {len(decode_buckets)} decode "
-                  f"buckets x {len(attention_buckets) + 1} context lengths")
+    graphs = graph_words(runtime, len(prefill_buckets), len(decode_buckets),
+                         len(attention_buckets), len(config.get("prefix_buckets") or []))
     startup = _startup_words(report)
     # (the start-up row breaks the estimate down: the graphs row then leaves it out)
     lines += _rows("Graphs", _graphs_words(config, graphs,
@@ -360,14 +357,16 @@ def _row(title: str, items: Sequence[str]) -> str:
 
 def _rows(title: str, items: Sequence[str]) -> list[str]:
     """`_row`, continued on lines of its own (under the first item) where it would pass
-    MAX_WIDTH."""
+    MAX_WIDTH; an item longer than a line goes on at its spaces."""
     lines = [_row(title, items[:1])]
     for item in items[1:]:
         if len(lines[-1]) + 3 + len(item) > MAX_WIDTH:
             lines.append(" " * 12 + item)
         else:
             lines[-1] += "   " + item
-    return lines
+    return [part for line in lines for part in
+            textwrap.wrap(line, MAX_WIDTH, subsequent_indent=" " * 12, break_long_words=False,
+                          break_on_hyphens=False) or [line]]
 
 
 def _wrap_pairs(pairs: Sequence[tuple[str, Any]]) -> list[str]:

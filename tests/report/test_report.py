@@ -337,3 +337,16 @@ def test_prometheus_has_preemptions_and_kv_figures():
     assert "neuron_batch_preemptions_total 0" in text
     assert 'neuron_batch_kv_peak_blocks{kind="reserved"} 48' in text
     assert 'neuron_batch_kv_peak_blocks{kind="used"} 21' in text
+
+
+def test_the_graphs_row_adds_up_under_the_prefix_caching_grid():
+    """nxdi with prefix caching: a context-encoding graph per (prefill, prefix) cell, so
+    '36 to compile' reads 30 context-encoding (5 x 6, the grid) + 6 token-generation."""
+    report = small_report(model="m", device="sim", runtime="nxdi",
+                          prefill_buckets=[128, 256, 512, 1024, 2048],
+                          attention_buckets=[128, 256, 512, 1024, 2048, 4096],
+                          prefix_buckets=[0, 128, 512, 1024, 2048, 4096])
+    assert report["config"]["compiled_graphs"] == 36
+    text = " ".join(format_summary(report).split())
+    assert ("Graphs 36 to compile on Neuron (30 context-encoding (5 prefill x 6 prefix "
+            "buckets, NxDI's grid) + 6 token-generation buckets)") in text
