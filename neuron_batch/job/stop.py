@@ -60,13 +60,21 @@ class RunSignals:
 
     def __enter__(self) -> RunSignals:
         global _current
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._previous[signum] = signal.signal(signum, self._handle)
-            except ValueError:  # not the main thread (a test runner's thread): flags only
-                pass
+        self._install()
         self._outer, _current = _current, self
         return self
+
+    def _install(self) -> None:
+        """This handler for both signals, again where another took them meanwhile (Ray's
+        driver does in ray.init: its SIGTERM aborted the run, exit -6); the handlers found
+        the first time are the ones put back at the end."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                if signal.getsignal(signum) != self._handle:
+                    previous = signal.signal(signum, self._handle)
+                    self._previous.setdefault(signum, previous)
+            except ValueError:  # not the main thread (a test runner's thread): flags only
+                pass
 
     def __exit__(self, *exc) -> None:
         global _current
@@ -78,6 +86,7 @@ class RunSignals:
         """From here the run is in `phase`; a phase that does not wait stops at once for a
         signal that came while the one before it finished."""
         self.phase, self.deferred = phase, defer
+        self._install()
         if not defer and self.signal is not None:
             raise Interrupted(self.signal, phase)
 

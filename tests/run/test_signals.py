@@ -99,6 +99,20 @@ def test_a_phase_that_does_not_wait_stops_at_once_and_a_waiting_one_at_its_end()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_a_handler_taken_meanwhile_is_taken_back_at_the_next_phase():
+    """Ray's driver takes SIGTERM in ray.init, after the run's handler is in: the engine loop's
+    phase takes it back (a SIGTERM on --replicas aborted the driver, exit -6), and the run's
+    end puts back the handler from before the run, not Ray's."""
+    before = signal.getsignal(signal.SIGTERM)
+    with RunSignals() as signals:
+        signal.signal(signal.SIGTERM, lambda *_: os.abort())
+        signals.enter(RUNNING, defer=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert signals.reason == "interrupted"
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
 # -- before the engine runs: stopped there and then ------------------------------------------
 
 @pytest.mark.parametrize("device", ["cpu", "sim"])
