@@ -83,3 +83,18 @@ def bucket_words(runtime: Any, prefill: Sequence[int] | None, decode: Sequence[i
         return f"context encoding {join(prefill)} / token generation {join(attention)}"
     text = f"prefill {join(prefill)} / decode {join(decode)}"
     return text + (f" / decode context {join(attention)}" if attention else "")
+
+
+def graph_words(runtime: Any, num_prefill: int, num_decode: int, num_attention: int,
+                num_prefix: int = 0) -> str:
+    """The graphs `runtime.num_graphs` counts, in words that add up to it (the summary's
+    Graphs row): under NxDI's prefix-caching grid a context-encoding graph per (prefill,
+    prefix) cell."""
+    if not runtime.static_kv:
+        return (f"{num_prefill} prefill buckets + {num_decode} decode buckets x "
+                f"{num_attention + 1} context lengths")
+    if num_prefix > 1:
+        return (f"{num_prefill * num_prefix} context-encoding ({num_prefill} prefill x "
+                f"{num_prefix} prefix buckets, NxDI's grid) + {num_attention} "
+                f"token-generation buckets")
+    return f"{num_prefill} context-encoding + {num_attention} token-generation buckets"

@@ -284,3 +284,26 @@ def test_an_nxdi_host_says_whether_prefix_caching_is_on_its_layout_and_graph_cou
     assert shown["status"] == "fail" and rep["can_run"] is False
     assert "known issue 3" in shown["detail"]
     assert doctor.neuron_runtime_facts(None, None)["kv_layout"] is None
+
+
+def test_a_model_that_is_not_there_or_not_a_model_stops_a_run(tmp_path, tiny_model):
+    """`--model /models/Llama-3.1-8B` reads like the catalogue's name, but a path is a path:
+    missing, or a folder with no config.json, the doctor fails naming it, as `run` would."""
+    def doctor_on(model):
+        return CliRunner().invoke(main, ["doctor", "--no-platform", "-o", str(tmp_path / "r"),
+                                         "--model", model])
+
+    missing = str(tmp_path / "models" / "Llama-3.1-8B")
+    for model, why in ((missing, f"no such model directory: {missing}"),
+                       (str(tmp_path), f"model directory {tmp_path} has no config.json")):
+        result = doctor_on(model)
+        assert result.exit_code == 1, result.output
+        assert "a run cannot start here" in result.output
+        assert f"  - model: {model} ({why}" in result.output
+    for model, words in ((tiny_model, f"a model directory ({tiny_model})"),
+                         ("llama-3.1-8b", "the catalogue's Llama-3.1-8B shape")):
+        result = doctor_on(model)
+        assert result.exit_code == 0, result.output
+        line = next(line for line in result.output.splitlines() if " model " in line
+                    and "built-in" not in line)
+        assert line.split()[:3] == ["ok", "model", model] and words in result.output

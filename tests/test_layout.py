@@ -27,7 +27,7 @@ STAGES = (
     ("run",),                                       # a run: the runner, split parts
     ("bench",),                                     # many runs of one workload
     ("plan",),                                      # what to rent
-    ("doctor", "doctor_checks", "doctor_export"),   # can a run start on this host
+    ("doctor",),                                    # can a run start on this host
     ("cli",),                                       # click only
 )
 STAGE_OF = {name: level for level, names in enumerate(STAGES) for name in names}

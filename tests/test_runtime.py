@@ -181,3 +181,32 @@ def test_a_static_layout_loads_exactly_when_its_bytes_fit(seqs, length, tp):
 def _arch():
     from neuron_batch.device.architectures import resolve_architecture
     return resolve_architecture("llama-3.1-8b")
+
+
+@given(runtime=st.sampled_from([NXDI, VLLM_NEURON]), prefill=st.integers(1, 8),
+       decode=st.integers(0, 6), attention=st.integers(0, 8), prefix=st.integers(0, 7))
+def test_the_graph_words_add_up_to_the_graph_count(runtime, prefill, decode, attention, prefix):
+    """The summary's `Graphs N to compile (...)`: under NxDI's prefix-caching grid the
+    context-encoding graphs are its cells, so the words add up to `num_graphs` (they read
+    '5 context-encoding + 6 token-generation' beside 36)."""
+    import re
+
+    from neuron_batch.runtime import RUNTIMES
+    from neuron_batch.runtime_hints import graph_words
+
+    rt = RUNTIMES[runtime]
+    if rt.static_kv:
+        decode = 0
+    words = graph_words(rt, prefill, decode, attention, prefix)
+    count = rt.num_graphs(prefill, decode, attention, prefix)
+    if rt.static_kv:
+        cells = re.fullmatch(r"(\d+) context-encoding (?:\((\d+) prefill x (\d+) prefix "
+                             r"buckets, NxDI's grid\) )?\+ (\d+) token-generation buckets", words)
+        assert cells, words
+        ctx, rows, cols, tkg = cells.groups()
+        assert int(ctx) + int(tkg) == count
+        assert rows is None or int(rows) * int(cols) == int(ctx)
+    else:
+        p, d, lengths = map(int, re.fullmatch(r"(\d+) prefill buckets \+ (\d+) decode buckets "
+                                              r"x (\d+) context lengths", words).groups())
+        assert p + d * lengths == count

@@ -162,7 +162,7 @@ def cost_options(func):
         click.option("--pricing", type=click.Choice(Pricing.values()),
                      default=Pricing.ON_DEMAND.value, show_default=True,
                      help="Built-in hourly prices to use: AWS on-demand (us-east-1) or the "
-                          "reserved-instance effective rate (see the README for sources)."),
+                          "reserved-instance effective rate (sources: docs/prices.md)."),
         click.option("--price-per-hour", type=float, default=None, metavar="USD",
                      help="Price of one instance-hour, overriding the built-in table (spot, "
                           "negotiated, other regions; needed for an instance it lacks)."),

@@ -93,7 +93,7 @@ def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, floa
               help="Whose tokenizer counts text prompts. Default: the built-in model's.")
 @click.option("--pricing", type=click.Choice(Pricing.values()), default=Pricing.ON_DEMAND.value,
               show_default=True, help="Built-in hourly prices: AWS on-demand (us-east-1) or the "
-                                      "reserved-instance effective rate (see the README).")
+                                      "reserved-instance effective rate (docs/prices.md).")
 @click.option("--price-per-hour", default=None, metavar="USD|I=USD,...",
               help="Hourly prices overriding the built-in table (spot, negotiated): one number "
                    "when --instances names one type, else instance=USD pairs.")

@@ -94,7 +94,8 @@ def run(inputs, **options):
     records-N.jsonl (every scheduler step) into the run folder, and prints a summary:
     throughput, padding waste per bucket, time per scheduler state and admission blocks.
     """
-    from neuron_batch.errors import RunError
+    from neuron_batch.errors import EXIT_INTERRUPTED, RunError
+    from neuron_batch.job.stop import Interrupted
     from neuron_batch.run.runner import run as run_job
 
     try:
@@ -111,6 +112,10 @@ def run(inputs, **options):
     except RunError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(error.exit_code)
+    except Interrupted as stop:  # (not click's "Aborted!", exit 1: an interrupted run is a 4)
+        click.echo(stop.line or f"neuron-batch: Stopped by {stop.signal} while {stop.phase}; "
+                                f"rerun with --resume to finish.", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     sys.exit(result.exit_code)
 
 @main.command()

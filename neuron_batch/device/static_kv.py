@@ -109,3 +109,36 @@ def where_it_fits(arch: Architecture, weight_dtype: str, max_model_len: int, max
                 flags = f"--tensor-parallel-size {tp}"
                 return flags if inst == prefer else f"--instance {inst.name} {flags}"
     return None
+
+
+def layout_that_fits(inst: Instance, arch: Architecture, tp: int, weight_dtype: str,
+                     max_model_len: int, max_num_seqs: int, *, other_layouts: bool = True,
+                     kv_dtype: str = "bf16") -> str | None:
+    """The flags that, beside --max-model-len `max_model_len`, make a static KV layout load,
+    as typed: "" when `max_num_seqs` slots fit on this TP group; "--max-num-seqs S" when only
+    S do; else (`other_layouts`: the simulated device, whose TP and instance are settings) the
+    smallest TP group, on this instance first, then its family's (the same runtime), that
+    holds them all, or the first there that holds one slot, with its --max-num-seqs; only then
+    the other families'. None when nothing holds a slot of that length."""
+    slots = static_slots(inst, arch, tp, weight_dtype, max_model_len, kv_dtype)
+    if slots >= max_num_seqs:
+        return ""
+    if slots >= 1:
+        return f"--max-num-seqs {slots}"
+    if not other_layouts:
+        return None
+    family = [inst, *(i for i in INSTANCES.values() if i != inst and i.family == inst.family)]
+    for group in (family, [i for i in INSTANCES.values() if i.family != inst.family]):
+        first_with_one = None
+        for other in group:
+            for degree in valid_tp_degrees(other):
+                held = static_slots(other, arch, degree, weight_dtype, max_model_len, kv_dtype)
+                flags = (f"--tensor-parallel-size {degree}" if other == inst
+                         else f"--instance {other.name} --tensor-parallel-size {degree}")
+                if held >= max_num_seqs:
+                    return flags
+                if held >= 1 and first_with_one is None:
+                    first_with_one = f"{flags} --max-num-seqs {held}"
+        if first_with_one is not None:
+            return first_with_one
+    return None

@@ -117,7 +117,7 @@ def resolve_model(spec: str | None, *, cache_dir: Path | None = None,
         hint = (" (vLLM cannot load a GGUF file; give a directory with config.json and "
                 "safetensors weights)" if path.suffix.lower() == ".gguf" else "")
         raise ModelError(f"{spec} is a file, not a model directory{hint}; {_MISSING_HINT}")
-    if _looks_like_path(spec):
+    if looks_like_path(spec):
         raise ModelError(f"no such model directory: {spec}; {_MISSING_HINT}")
     if "/" not in spec and spec.lower().startswith("smollm"):  # a misspelt built-in name
         raise ModelError(f"unknown model {spec!r}: the built-in model is called "
@@ -127,7 +127,8 @@ def resolve_model(spec: str | None, *, cache_dir: Path | None = None,
     raise ModelError(f"not a model directory or Hugging Face id: {spec!r}; {_MISSING_HINT}")
 
 
-def _looks_like_path(spec: str) -> bool:
+def looks_like_path(spec: str) -> bool:
+    """Whether `--model` names a path (then it must exist), not a name."""
     if spec.startswith((".", "/", "~")) or (os.altsep and os.altsep in spec):
         return True
     return os.sep in spec and not _HUB_ID.match(spec)

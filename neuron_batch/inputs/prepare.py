@@ -10,7 +10,7 @@ line before minutes of model loading, and makes the simulated device count the s
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,11 +205,15 @@ def prepare_requests(records: Sequence[PromptRecord], *, tokenizer: Any, tokeniz
 
 
 def max_model_len_fix(problems: Sequence[InputProblem], prepared: Prepared, *,
-                      context: int | None, context_name: str = "the model") -> str | None:
+                      context: int | None, context_name: str = "the model",
+                      layout: Callable[[int], str | None] | None = None) -> str | None:
     """The one --max-model-len that fixes every too-long prompt among `problems`, in words
     (None when none is too long): the tightest that holds every request's prompt + max_tokens,
     rounded as `plan` rounds its own candidate, capped at the model's `context` (max_tokens
-    past it are clamped); or why no value can, when a prompt alone is longer than the context."""
+    past it are clamped); or why no value can, when a prompt alone is longer than the context.
+    Under a static KV cache `layout` gives, for a max_model_len, the other flags its slots
+    need to fit beside the weights ("" none, None: no layout holds one), so that the hint names
+    a whole combination the next run loads (device/static_kv.py layout_that_fits)."""
     too_long = [p for p in problems if p.too_long]
     if not too_long:
         return None
@@ -223,9 +227,17 @@ def max_model_len_fix(problems: Sequence[InputProblem], prepared: Prepared, *,
     what = ("fits every request (prompt + max_tokens)" if fitting >= prepared.longest_request
             else f"fits every prompt ({context_name}'s context; longer max_tokens are cut "
                  f"short)")
+    flags = f"--max-model-len {fitting}"
+    extra = layout(fitting) if layout is not None else ""
+    if extra is None:
+        return (f"no --max-model-len fits every request: at {flags}, which holds them, no "
+                f"static KV slot of {fitting:,} tokens fits beside the weights on any layout")
+    if extra:
+        flags += f" {extra}"
+        what += " with its static KV cache beside the weights"
     if len(too_long) < len(problems):
         what += f"; it fixes the {len(too_long)} prompt(s) too long, not the other problems"
-    return f"--max-model-len {fitting} {what}"
+    return f"{flags} {what}"
 
 
 class _NeedsTokenizer(Exception):

@@ -1,10 +1,10 @@
 """Generation: feed the pending requests to the engine, write each output the moment it
-finishes, stop cleanly on SIGTERM/SIGINT or --max-runtime."""
+finishes, stop cleanly on SIGTERM/SIGINT (job/stop.py: the run's handler, which knows the
+phase) or --max-runtime."""
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from typing import Any
@@ -18,34 +18,7 @@ from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.job.folder import OutputError
 from neuron_batch.job.job import Job
 from neuron_batch.job.outputs import output_row
-
-
-class StopFlag:
-    """Set by SIGTERM/SIGINT: stop admitting, abandon in-flight requests, flush, exit 4.
-    The handler only sets a flag, so vLLM is never interrupted halfway through a step."""
-
-    def __init__(self):
-        self.reason: str | None = None
-        self.signal: str | None = None      # which one, for the words a stopped run ends with
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self):
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._previous[signum] = signal.signal(signum, self._handle)
-            except ValueError:  # not the main thread (e.g. under a test runner thread)
-                pass
-        return self
-
-    def _handle(self, signum, frame):
-        if self.reason is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: the user insists
-        self.reason = "interrupted"
-        self.signal = self.signal or signal.Signals(signum).name
-
-    def __exit__(self, *exc):
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+from neuron_batch.job.stop import RUNNING, STARTING, RunSignals, deferring, enter, pause_point
 
 #: Engine errors kept in attempts.json (the count is always whole).
 MAX_ERRORS_KEPT = 20
@@ -100,6 +73,7 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
     from neuron_batch.engine.neuron_host import job_sampling_of
 
     settings, folder, log, model = job.settings, job.folder, job.log, job.workload.model
+    enter(STARTING)     # (a split's second part starts its engine after the first one ran)
     device = _device(job)
     simulated = job.simulated
     workdir = folder.path / ".work"
@@ -114,10 +88,12 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
 
         state = before_start(job, kwargs, folder.path / ENGINE_LOG, log)
     log("loading the model into vLLM" if not simulated else "starting the simulated device")
+    pause_point(STARTING)
     try:
         engine = Engine(kwargs, quiet=settings.quiet)
     except ValueError as error:  # vLLM's own configuration checks (KV cache too small, ...)
         raise RunError(f"vLLM refused the configuration: {error}") from None
+    enter(RUNNING, defer=True)  # from here a first signal lets the loop close the engine
     startup = (after_start(job, state, time.time() - started, folder.path / ENGINE_LOG)
                if on_neuron else None)
     if on_neuron and (said := startup_words(startup)):
@@ -138,7 +114,7 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
     errors: list[str] = []   # requests the engine finished with an error (e.g. too big for KV)
     ended = "completed"
     try:
-        with StopFlag() as stop:
+        with deferring(RUNNING) as stop:
             while engine.has_unfinished():
                 if deadline is not None and runtime_clock() >= deadline:
                     stop.reason = stop.reason or "deadline"
@@ -163,6 +139,8 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
                     folder.append_output(output_row(request, done, model.name, simulated))
                     folder.done_ids.add(done.request_id)
                     finished += 1
+                    if finished == 1:
+                        pause_point(RUNNING)
                     output_tokens += len(done.token_ids)
                     if bar is not None:
                         bar.update(1)
@@ -189,7 +167,7 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
             **({"startup": startup} if startup is not None else {})}
 
 
-def stopped_by(stop: StopFlag, ended: str, settings: RunSettings) -> dict[str, Any]:
+def stopped_by(stop: RunSignals, ended: str, settings: RunSettings) -> dict[str, Any]:
     """What stopped an attempt early, for the summary's words (nothing when it ran to the end):
     the signal's name, or the --max-runtime it reached."""
     if ended == "interrupted" and stop.signal:

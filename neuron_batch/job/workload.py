@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_batch.config import RunSettings
 from neuron_batch.errors import RunError
@@ -17,6 +17,9 @@ from neuron_batch.inputs.prepare import max_model_len_fix, prepare_requests
 from neuron_batch.inputs.records import InputError, InputProblem
 from neuron_batch.inputs.request_paths import refusals, request_path
 from neuron_batch.job.request_spec import spec_problems
+
+if TYPE_CHECKING:
+    from neuron_batch.device.target import Target
 
 MAX_PROBLEMS_SHOWN = 20
 
@@ -36,10 +39,14 @@ class Workload:
 
 
 def load_workload(settings: RunSettings, log: Callable[[str], None], *,
-                  command: str = "run") -> Workload:
+                  command: str = "run", target: Target | None = None,
+                  resolve: Callable[[RunSettings, str], Target | None] | None = None
+                  ) -> Workload:
     """Read every input and tokenize it before anything slow happens: a bad file fails in a
     second, before any model loads. `command` is what runs the workload: only `run` has
-    --on-error, so only its error suggests it."""
+    --on-error, so only its error suggests it. The run's device (`target`, or what `resolve`
+    makes of the model once it is known) checks the --max-model-len a too-long prompt's fix
+    names against its static KV cache."""
     try:
         loaded = load_prompts(settings.inputs, prompt_column=settings.prompt_column,
                               split=settings.dataset_split, limit=settings.limit,
@@ -62,7 +69,8 @@ def load_workload(settings: RunSettings, log: Callable[[str], None], *,
     # Problems are found while reading and while tokenizing (after --shuffle): in line order.
     problems = sorted(loaded.problems + prepared.problems, key=lambda p: p.read_order)
     if problems:
-        fix = max_model_len_fix(problems, prepared, **_model_context(settings, model))
+        fix = max_model_len_fix(problems, prepared, **_model_context(settings, model),
+                                layout=_static_layout(settings, target, resolve, model))
         _show_problems(problems, settings, fix, log)
         if command != "run":
             raise RunError(f"{len(problems)} input problem(s); nothing was run. "
@@ -128,6 +136,23 @@ def _model_context(settings: RunSettings, model) -> dict[str, Any]:
         return {"context": int(config["max_position_embeddings"]), "context_name": model.name}
     except (OSError, KeyError, TypeError, ValueError):
         return {"context": None}
+
+
+def _static_layout(settings: RunSettings, target: Target | None, resolve, model):
+    """For a max_model_len, the flags the run's static KV cache needs beside it to load
+    (device/static_kv.py layout_that_fits), or None (no device known, or a paged cache)."""
+    if target is None and resolve is not None:
+        try:
+            target = resolve(settings, model.path)
+        except RunError:     # (refused as it is: that error comes once the inputs are right)
+            target = None
+    if target is None or not target.runtime.static_kv:
+        return None
+    from neuron_batch.device.static_kv import layout_that_fits
+
+    return lambda max_model_len: layout_that_fits(
+        target.instance, target.arch, target.tp, target.weight_dtype, max_model_len,
+        settings.max_num_seqs, other_layouts=target.simulated)
 
 
 def _sentence(text: str) -> str:

@@ -151,8 +151,9 @@ def placements(spec: PlanSpec) -> tuple[list[InstanceFit], list[str]]:
             except FileNotFoundError as error:     # --cost-profile
                 raise PlanError(str(error)) from None
             except ValueError as error:             # weights or KV cache do not fit
-                if f"{name} TP {tp}: {error}" not in excluded:   # (once, not per runtime)
-                    excluded.append(f"{name} TP {tp}: {error}")
+                entry = f"{name} TP {tp} at max_model_len {spec.max_model_len}: {error}"
+                if entry not in excluded:   # (once, not per runtime)
+                    excluded.append(entry)
                 continue
             found.append(InstanceFit(name, tp, target.engines_per_instance, target, price))
     if not found:
@@ -198,8 +199,10 @@ def build_options(spec: PlanSpec, placements_: Sequence[InstanceFit], prompt_len
         if placement.max_slots is not None:
             too_many = [s for s in seqs_values if s > placement.max_slots]
             if too_many and excluded is not None:
+                # (what is left out in the name itself: the log lists the names alone)
                 excluded.append(
-                    f"{placement.instance} TP {placement.tp} at max_model_len {mml}: "
+                    f"{placement.instance} TP {placement.tp} at max_model_len {mml} "
+                    f"(max_num_seqs {min(too_many)}{' and up' if len(too_many) > 1 else ''}): "
                     f"max_num_seqs {','.join(map(str, too_many))} cannot load under "
                     f"{placement.runtime.name} (its static KV cache holds at most "
                     f"{placement.max_slots} slots of {mml} tokens beside the weights); "

@@ -42,6 +42,7 @@ from neuron_batch.plan.report import PlanWriter
 from neuron_batch.plan.search import Search, dry_run
 from neuron_batch.plan.splits import split_options
 from neuron_batch.plan.tighten import Tightener, bound_is_exact
+from neuron_batch.plan.words import left_out_line
 
 #: CPU seconds a simulation costs per engine step and per output token, measured on the 2-core
 #: development machine (the whole conversation trace at max_num_seqs 32: 147 k steps, 4.1 M
@@ -218,9 +219,7 @@ def _announce(job: PlanJob, options: list[Option], excluded: list[str], tighten:
         + (f", {len(skipped)} of them skipped (e.g. {skipped[0].name}: "
            f"{skipped[0].skip_reason})" if skipped else ""))
     if excluded:
-        names = [reason.split(":", 1)[0] for reason in excluded]
-        log(f"  left out ({len(excluded)}; reasons in plan.json): {', '.join(names)}; e.g. "
-            f"{excluded[0]}")
+        log(left_out_line(excluded))
     at = f" ({job.deadline.at})" if job.deadline.at else ""
     compile_ = ("loading only (--compiled: the graphs compiled before)" if spec.compiled
                 else "compiled fresh (tracing, compiling on each instance, loading)")

@@ -54,6 +54,15 @@ def _compile_flip_words(best: dict[str, Any], rows: list[dict[str, Any]], deadli
             f"${run_only(best)[0]:,.2f} of run alone."]
 
 
+def left_out_line(excluded: list[str]) -> str:
+    """The log's line of what the grid left out: each name once (an instance without a price
+    or a host that cannot compile is left out at every max_model_len candidate), with what of
+    it (a TP group at a max_model_len, its max_num_seqs from one value up), and one reason."""
+    names = list(dict.fromkeys(reason.split(":", 1)[0] for reason in excluded))
+    return (f"  left out ({len(names)}; reasons in plan.json): {', '.join(names)}; e.g. "
+            f"{excluded[0]}")
+
+
 def _left_out_words(meta: dict[str, Any]) -> list[str]:
     """The instances not weighed because their host cannot compile the model: with graphs
     compiled elsewhere (--compiled, the nights after the first) they would be, and may win."""

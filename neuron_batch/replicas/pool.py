@@ -31,8 +31,9 @@ from neuron_batch.engine.neuron_host import job_sampling_of
 from neuron_batch.engine.sampling import request_spec
 from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.inputs.prepare import PreparedRequest
-from neuron_batch.job.generate import MAX_ERRORS_KEPT, StopFlag, progress_bar, stopped_by
+from neuron_batch.job.generate import MAX_ERRORS_KEPT, progress_bar, stopped_by
 from neuron_batch.job.job import Job
+from neuron_batch.job.stop import RUNNING, RunSignals, deferring
 from neuron_batch.replicas.actor import (
     REQUESTS_COLUMN,
     ReplicaSpec,
@@ -183,7 +184,7 @@ def _generate(flow_specs: list[tuple[Job, list[PreparedRequest], int]]) -> list[
             bar.set_postfix_str(f"{tokens / elapsed:,.0f} out tok/s", refresh=False)
 
     try:
-        with StopFlag() as stop:
+        with deferring(RUNNING) as stop:
             while failed is None and not all(flow.done for flow in flows):
                 if deadline is not None and time.monotonic() >= deadline:
                     stop.reason = stop.reason or "deadline"
@@ -235,7 +236,7 @@ def _generate(flow_specs: list[tuple[Job, list[PreparedRequest], int]]) -> list[
     return [_outcome(flow, ended, started, stop) for flow in flows]
 
 
-def _outcome(flow: _Flow, ended: str, started: float, stop: StopFlag) -> dict[str, Any]:
+def _outcome(flow: _Flow, ended: str, started: float, stop: RunSignals) -> dict[str, Any]:
     """The flow's attempts.json record: a flow whose results had all come back completed,
     even if the run was stopped while another one still ran."""
     writer, job = flow.writer, flow.job

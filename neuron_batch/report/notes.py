@@ -36,6 +36,22 @@ def outcome_line(report: dict[str, Any]) -> str:
     return "neuron-batch: " + " ".join(words) + (f" Run folder: {folder}" if folder else "")
 
 
+def interrupted_line(signal: str, phase: str, *, insisted: bool, completed: int | None,
+                     total: int | None, folder: Any) -> str:
+    """The one line of a run a signal stopped where no report was written (job/stop.py: before
+    the engine ran, or a second signal): where it stopped, what was done, how to go on."""
+    why = (f"Stopped at once by a second signal after {signal}" if insisted
+           else f"Stopped by {signal}")
+    if total is None:
+        done = "before any request ran; rerun with --resume to run them."
+    elif completed is not None and completed >= total:
+        done = f"all {_n(total)} requests done; rerun with --resume to write the report."
+    else:
+        done = (f"{_n(completed)} of {_n(total)} requests done, {_n(total - (completed or 0))} "
+                f"pending; rerun with --resume to finish them.")
+    return f"neuron-batch: {why} while {phase}: {done} Run folder: {folder}"
+
+
 def stop_sentence(report: dict[str, Any]) -> str | None:
     """Requests left pending by SIGTERM/SIGINT or --max-runtime."""
     requests = report.get("requests") or {}

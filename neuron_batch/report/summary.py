@@ -1,7 +1,10 @@
 """Present a run report (the dict `metrics.summarize()` returns, or the same read back from JSON).
 
-`format_summary()`: a plain-text summary for the terminal, at most 100 columns, no colours (it
-often ends up in CI logs and ticket comments). The Prometheus form is `prometheus.py`'s.
+`format_summary()`: a plain-text summary for the terminal, laid out in 100 columns, no colours
+(it often ends up in CI logs and ticket comments); a row that would pass them goes on under
+its first item, and only at a terminal is a line still too long (a long model path) cut, at
+the terminal's width (`terminal_width`): piped, every line is kept whole. The Prometheus
+form is `prometheus.py`'s.
 
 Pure Python; the functions only read the report, so an older report missing a section still
 formats (the section is shown empty).
@@ -19,6 +22,7 @@ from neuron_batch.report.decision_words import caching_lines, verdict_lines
 from neuron_batch.report.notes import notes
 from neuron_batch.report.prefix_cache import summary_words as prefix_cache_words
 from neuron_batch.runtime import runtime_of
+from neuron_batch.runtime_hints import graph_words
 
 MAX_WIDTH = 100
 
@@ -39,8 +43,9 @@ KV_BOUND_SHARE = 0.10
 
 # -- terminal summary ------------------------------------------------------------------------
 
-def format_summary(report: dict[str, Any]) -> str:
-    """A compact, aligned summary of a run report, one section per concern."""
+def format_summary(report: dict[str, Any], width: int | None = None) -> str:
+    """A compact, aligned summary of a run report, one section per concern; lines longer than
+    `width` (a terminal's, `terminal_width`; None: none) cut."""
     config = report.get("config", {})
     requests = report.get("requests", {})
     throughput = report.get("throughput", {})
@@ -58,20 +63,20 @@ def format_summary(report: dict[str, Any]) -> str:
     lines += _wrap_pairs([(key, shown[key]) for key in _CONFIG_KEYS if key in shown])
     lines.append("")
     skipped = requests.get("skipped")
-    lines.append(_row("Requests", [
+    lines += _rows("Requests", [
         f"{_int(requests.get('completed'))} completed of {_int(requests.get('total'))}",
         f"{_int(requests.get('failed'))} failed",
         f"{_int(skipped)} skipped" + (f" ({SKIPPED})" if skipped else ""),
-        *([f"{_int(requests['pending'])} pending"] if requests.get("pending") else [])]))
-    lines.append(_row("Throughput", [
+        *([f"{_int(requests['pending'])} pending"] if requests.get("pending") else [])])
+    lines += _rows("Throughput", [
         f"{_float(throughput.get('elapsed_s'), 2)} s elapsed",
         f"{_float(throughput.get('requests_per_s'), 2)} req/s",
         f"{_float(throughput.get('input_tokens_per_s'), 1)} in tok/s",
         f"{_float(throughput.get('output_tokens_per_s'), 1)} out tok/s",
-        f"{_float(throughput.get('total_tokens_per_s'), 1)} total tok/s"]))
-    lines.append(_row("Tokens", [f"{_int(tokens.get('input'))} input",
-                                 f"{_int(tokens.get('output'))} output",
-                                 f"{_int(tokens.get('total'))} total"]))
+        f"{_float(throughput.get('total_tokens_per_s'), 1)} total tok/s"])
+    lines += _rows("Tokens", [f"{_int(tokens.get('input'))} input",
+                              f"{_int(tokens.get('output'))} output",
+                              f"{_int(tokens.get('total'))} total"])
     prefix_words = prefix_cache_words(report.get("prefix_cache"))
     if prefix_words:
         lines += textwrap.wrap(prefix_words, MAX_WIDTH, initial_indent=f"{'Prefixes':<12}",
@@ -96,12 +101,8 @@ def format_summary(report: dict[str, Any]) -> str:
     attention_buckets = config.get("attention_buckets") or []
     runtime = runtime_of(config)
     lines.append(_kv_row(report))
-    if runtime.static_kv:
-        graphs = (f"{len(prefill_buckets)} context-encoding + {len(attention_buckets)} "
-                  f"token-generation buckets")
-    else:
-        graphs = (f"{len(prefill_buckets)} prefill buckets + {len(decode_buckets)} decode "
-                  f"buckets x {len(attention_buckets) + 1} context lengths")
+    graphs = graph_words(runtime, len(prefill_buckets), len(decode_buckets),
+                         len(attention_buckets), len(config.get("prefix_buckets") or []))
     startup = _startup_words(report)
     # (the start-up row breaks the estimate down: the graphs row then leaves it out)
     lines += _rows("Graphs", _graphs_words(config, graphs,
@@ -144,8 +145,19 @@ def format_summary(report: dict[str, Any]) -> str:
     verdict = verdict_lines(report, MAX_WIDTH)     # (last: what to run next time)
     if verdict:
         lines += ["", *verdict]
-    # Long model paths are the only thing that could overflow: cut rather than wrap tables.
-    return "\n".join(_clip(line) for line in lines) + "\n"
+    # Long model paths are the only thing that could still overflow: at a terminal cut rather
+    # than wrap tables; piped (a log, a file) nothing is cut.
+    return "\n".join(_clip(line, width) for line in lines) + "\n"
+
+
+def terminal_width(stream) -> int | None:
+    """The width `format_summary` cuts at for `stream`: the terminal's (at least the 100
+    columns the summary is laid out in), or None when it is not a terminal."""
+    import shutil
+
+    if not (hasattr(stream, "isatty") and stream.isatty()):
+        return None
+    return max(shutil.get_terminal_size().columns, MAX_WIDTH)
 
 
 def _cost_rows(report: dict[str, Any]) -> list[str]:
@@ -350,14 +362,16 @@ def _row(title: str, items: Sequence[str]) -> str:
 
 def _rows(title: str, items: Sequence[str]) -> list[str]:
     """`_row`, continued on lines of its own (under the first item) where it would pass
-    MAX_WIDTH."""
+    MAX_WIDTH; an item longer than a line goes on at its spaces."""
     lines = [_row(title, items[:1])]
     for item in items[1:]:
         if len(lines[-1]) + 3 + len(item) > MAX_WIDTH:
             lines.append(" " * 12 + item)
         else:
             lines[-1] += "   " + item
-    return lines
+    return [part for line in lines for part in
+            textwrap.wrap(line, MAX_WIDTH, subsequent_indent=" " * 12, break_long_words=False,
+                          break_on_hyphens=False) or [line]]
 
 
 def _wrap_pairs(pairs: Sequence[tuple[str, Any]]) -> list[str]:
@@ -373,8 +387,8 @@ def _wrap_pairs(pairs: Sequence[tuple[str, Any]]) -> list[str]:
     return lines
 
 
-def _clip(line: str) -> str:
-    return line if len(line) <= MAX_WIDTH else line[:MAX_WIDTH - 3] + "..."
+def _clip(line: str, width: int | None) -> str:
+    return line if width is None or len(line) <= width else line[:width - 3] + "..."
 
 
 def _int(value: Any) -> str:

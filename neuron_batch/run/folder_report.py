@@ -4,6 +4,7 @@ over the whole input; and `neuron-batch report DIR`."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from neuron_batch.errors import EXIT_FAILED, RunError
@@ -228,7 +229,7 @@ def _output_text(row: dict) -> str | None:
 
 def rerender(path: Path) -> str:
     """`neuron-batch report DIR`: the summary of a finished run again, from its files."""
-    from neuron_batch.report.summary import format_summary
+    from neuron_batch.report.summary import format_summary, terminal_width
 
     report_path = path / REPORT if path.is_dir() else path
     try:
@@ -237,4 +238,4 @@ def rerender(path: Path) -> str:
         raise RunError(f"{report_path}: no report here; is {path} a neuron-batch run "
                        f"folder?") from None
     report["output_dir"] = str(report_path.parent)     # where it is now, if it was moved
-    return format_summary(report)
+    return format_summary(report, terminal_width(sys.stdout))     # (the CLI prints it there)

@@ -11,6 +11,7 @@ and reports (`folder_report.py`).
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,17 @@ from neuron_batch.job.folder import (
 )
 from neuron_batch.job.job import Job, resolve_target
 from neuron_batch.job.resume_check import REQUEST_FIELDS, take_folder
+from neuron_batch.job.stop import (
+    READING,
+    REPORTING,
+    STARTING,
+    Interrupted,
+    RunSignals,
+    pause_point,
+)
 from neuron_batch.job.workload import Workload, load_workload
+from neuron_batch.report.notes import STOPPED, interrupted_line
+from neuron_batch.run.interrupted import record_early_stop, record_stop
 
 if TYPE_CHECKING:
     from neuron_batch.device.target import Target
@@ -60,10 +71,41 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
         workload: Workload | None = None) -> RunResult:
     settings = settings.validate()
     log = log or (lambda message: say(settings, message))
+    out_dir = Path(settings.output) if settings.output else default_output_dir(settings.inputs)
+    # One SIGTERM/SIGINT handler from the first input read to the report (job/stop.py): every
+    # phase ends with exit 4 (0 when all completed), attempts.json and one line.
+    with RunSignals() as signals:
+        started = time.time()
+        try:
+            pause_point(READING)
+            target, workload, settings, prefix_decision = _prepare(settings, workload, log)
+        except Interrupted as stop:
+            stop.line = record_early_stop(settings, out_dir, stop, started)
+            raise
+        folder = RunFolder(out_dir)
+        try:
+            folder.lock()
+        except OutputError as error:
+            raise RunError(str(error), error.exit_code) from None
+        job = Job(settings, workload, folder, log, target, prefix_caching=prefix_decision)
+        try:
+            return _run_locked(job, signals)
+        except OutputError as error:
+            raise RunError(str(error), error.exit_code) from None
+        finally:
+            if job.cluster is not None:
+                job.cluster.shutdown()
+            folder.unlock()
+
+
+def _prepare(settings: RunSettings, workload: Workload | None, log):
+    """The target, the workload (read and tokenized), the settings a run goes on with
+    (prefix caching and --split-at auto decided) and the prefix-caching decision, each checked
+    before the run folder is touched."""
     # A device that names its architecture resolves (and a layout that cannot load is
     # refused) before the inputs and the model are read; any other once the model is known.
     target = resolve_target(settings, None)
-    workload = workload or load_workload(settings, log)
+    workload = workload or load_workload(settings, log, target=target, resolve=resolve_target)
     if target is None:
         target = resolve_target(settings, workload.model.path)
     from neuron_batch.run.prefix_auto import settle
@@ -84,22 +126,7 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
 
     if runs_on_neuron(settings):
         check_neuron_host(settings, workload)
-
-    out_dir = Path(settings.output) if settings.output else default_output_dir(settings.inputs)
-    folder = RunFolder(out_dir)
-    try:
-        folder.lock()
-    except OutputError as error:
-        raise RunError(str(error), error.exit_code) from None
-    job = Job(settings, workload, folder, log, target, prefix_caching=prefix_decision)
-    try:
-        return _run_locked(job)
-    except OutputError as error:
-        raise RunError(str(error), error.exit_code) from None
-    finally:
-        if job.cluster is not None:
-            job.cluster.shutdown()
-        folder.unlock()
+    return target, workload, settings, prefix_decision
 
 
 def split_inputs(target: Target | None, model_path: str | None):
@@ -177,7 +204,7 @@ def check_sim_layout(settings: RunSettings, target: Target) -> None:
         raise RunError(f"--device sim: {error}") from None
 
 
-def _run_locked(job: Job) -> RunResult:
+def _run_locked(job: Job, signals: RunSignals) -> RunResult:
     from neuron_batch.job.generate import generate, resolved_device
     from neuron_batch.run.folder_report import build_report
     from neuron_batch.run.prefix_auto import MANIFEST_KEY
@@ -185,96 +212,97 @@ def _run_locked(job: Job) -> RunResult:
     settings, folder, log = job.settings, job.folder, job.log
     prepared, problems = job.workload.prepared, job.workload.problems
     ids = [r.record.id for r in prepared.requests]
-    # Before the folder is written to: a run of other input or settings is refused here.
-    start = take_folder(job, job.runtime.name)
-    if settings.uses_ray:
-        # Before the folder is written to: a bad address or a cluster too small fails here.
-        from neuron_batch.replicas.cluster import connect
+    started, written = time.time(), False
+    try:
+        # Before the folder is written to: a run of other input or settings is refused here.
+        start = take_folder(job, job.runtime.name)
+        if settings.uses_ray:
+            # Before the folder is written to: a bad address or a cluster too small fails here.
+            from neuron_batch.replicas.cluster import connect
 
-        job.cluster = connect(settings, log)
-    if start.moved is not None:
-        aside = folder.move_aside()
-        log(f"--restart: the previous run is now in {aside}"
-            + (f" ({start.moved.describe()})" if start.moved else ""))
-    if start.fresh:
-        folder.write_requests(REQUEST_FIELDS, start.rows)
-    folder.write_manifest({"settings": settings.to_dict(), "model": job.workload.model.name,
-                           "input_fingerprint": input_fingerprint(ids), "num_requests": len(ids),
-                           "num_skipped": len(problems), "input_kind": job.workload.input_kind,
-                           "checked_settings": start.checked,
-                           MANIFEST_KEY: job.prefix_caching.to_dict()
-                           if job.prefix_caching is not None else None})
-    write_skipped(folder.path, problems)
-    folder.load_done()
-    folder.open_outputs()
+            job.cluster = connect(settings, log)
+        # The folder is prepared whole before a signal stops the run: a --restart half moved
+        # aside would mix two runs.
+        signals.enter(STARTING, defer=True)
+        written = True
+        if start.moved is not None:
+            aside = folder.move_aside()
+            log(f"--restart: the previous run is now in {aside}"
+                + (f" ({start.moved.describe()})" if start.moved else ""))
+        if start.fresh:
+            folder.write_requests(REQUEST_FIELDS, start.rows)
+        folder.write_manifest({"settings": settings.to_dict(), "model": job.workload.model.name,
+                               "input_fingerprint": input_fingerprint(ids),
+                               "num_requests": len(ids), "num_skipped": len(problems),
+                               "input_kind": job.workload.input_kind,
+                               "checked_settings": start.checked,
+                               MANIFEST_KEY: job.prefix_caching.to_dict()
+                               if job.prefix_caching is not None else None})
+        write_skipped(folder.path, problems)
+        folder.load_done()
+        folder.open_outputs()
+    except Interrupted as stop:
+        if written or settings.resume or not folder.has_previous_run():
+            record_stop(folder, stop, started, 0)
+        stop.line = interrupted_line(stop.signal, stop.phase, insisted=stop.insisted,
+                                     completed=None, total=None, folder=folder.path)
+        raise
     pending = submission_order(settings, [r for r in prepared.requests
                                           if r.record.id not in folder.done_ids], job.target)
     attempts = folder.attempts()
     # After a kill -9 the killed attempt left records but no line in attempts.json: number past
     # it rather than overwrite its records.
     attempt = max([len(attempts), *folder.records_layout()]) + 1
-    if pending:
-        # (on Ray each replica finds its own device: the driver does not import vLLM)
-        device = settings.device if settings.uses_ray else resolved_device(job)
-        log(f"running {len(pending):,} of {len(ids):,} requests on "
-            f"{device_label(settings, device, job)} (output: {folder.path})")
-        try:
-            if settings.split_at is not None:
-                from neuron_batch.layout.split import placement_note, plan_parts
-                from neuron_batch.run.split import run_parts
-
-                slots, estimate = split_inputs(job.target, job.workload.model.path)
-                parts, placement = plan_parts(settings, pending, slots, estimate,
-                                              runtime=job.runtime)
-                if len(parts) == 2 and settings.uses_ray:
-                    log(f"parts {placement.mode}" + (
-                        f" (estimated {placement.estimated_s / 3600:.2f} h with the start-up; "
-                        f"in turn {placement.in_turn_s / 3600:.2f} h)"
-                        + placement_note(settings, pending, slots, estimate, placement)
-                        if placement.estimated_s is not None else ""))
-                outcomes = run_parts(job, parts, attempt, generate, placement)
-            elif settings.uses_ray:
-                from neuron_batch.replicas.pool import generate_replicas
-
-                outcomes = iter([generate_replicas(job, pending, attempt)])
-            else:
-                outcomes = iter([generate(job, pending, attempt)])
-            stopped = None
-            for outcome in outcomes:        # (a split run's parts, one at a time)
-                attempts.append(outcome)
+    done_before, recorded = len(folder.done_ids), len(attempts)
+    try:
+        signals.enter(STARTING)     # (a signal that came while the folder was prepared: now)
+        if pending:
+            # (on Ray each replica finds its own device: the driver does not import vLLM)
+            device = settings.device if settings.uses_ray else resolved_device(job)
+            log(f"running {len(pending):,} of {len(ids):,} requests on "
+                f"{device_label(settings, device, job)} (output: {folder.path})")
+            try:
+                outcome = _generate_all(job, pending, attempt, attempts, generate)
+            except RunError as error:  # keep a trace of the failed attempt next to its outputs
+                attempts.append({"attempt": attempt + len(attempts) - recorded,
+                                 "ended": "failed", "error": str(error)})
                 folder.write_attempts(attempts)
-                attempt = outcome["attempt"] + 1
-                if outcome.get("ended") in ("interrupted", "deadline"):
-                    stopped = outcome       # (side by side, the other part may end after it)
-            outcome = stopped or outcome
-        except RunError as error:  # keep a trace of the failed attempt next to its outputs
-            attempts.append({"attempt": attempt, "ended": "failed", "error": str(error)})
-            folder.write_attempts(attempts)
-            raise
-    else:
-        outcome = {"ended": "nothing to do"}
-        log(f"all {len(ids):,} requests already done in {folder.path}")
+                raise
+        else:
+            outcome = {"ended": "nothing to do"}
+            log(f"all {len(ids):,} requests already done in {folder.path}")
+        # A first signal from here lets the report be written (exit 4, or 0 when all completed)
+        signals.enter(REPORTING, defer=True)
+        pause_point(REPORTING)
+        report = build_report(job)
+        if outcome.get("ended") not in STOPPED and not (
+                report["requests"]["pending"] or report["requests"]["failed"]):
+            from neuron_batch.run.verdict import run_verdict
 
-    report = build_report(job)
-    if outcome.get("ended") not in ("interrupted", "deadline") and not (
-            report["requests"]["pending"] or report["requests"]["failed"]):
-        from neuron_batch.run.verdict import run_verdict
-
-        verdict = run_verdict(job, report["throughput"].get("elapsed_s"))
-        if verdict is not None:         # (none without a step model: the CPU)
-            report["verdict"] = verdict
-    write_json_atomic(folder.path / REPORT, report)
+            verdict = run_verdict(job, report["throughput"].get("elapsed_s"))
+            if verdict is not None:         # (none without a step model: the CPU)
+                report["verdict"] = verdict
+        write_json_atomic(folder.path / REPORT, report)
+    except Interrupted as stop:
+        if stop.phase != REPORTING:     # (an attempt that stopped at once returned no line)
+            finished = len(folder.done_ids) - done_before - sum(
+                a.get("requests_finished", 0) for a in attempts[recorded:])
+            record_stop(folder, stop, started, finished, attempt + len(attempts) - recorded)
+        stop.line = interrupted_line(stop.signal, stop.phase, insisted=stop.insisted,
+                                     completed=len(folder.done_ids), total=len(ids),
+                                     folder=folder.path)
+        raise
     if settings.metrics_textfile:
         from neuron_batch.report.prometheus import prometheus_text, write_text_atomic
 
         write_text_atomic(settings.metrics_textfile,
                           prometheus_text(report, labels={"output": str(folder.path)}))
     if not settings.quiet:
-        from neuron_batch.report.summary import format_summary
+        from neuron_batch.report.summary import format_summary, terminal_width
 
-        print(format_summary(report), flush=True)
+        print(format_summary(report, terminal_width(sys.stdout)), flush=True)
     code = EXIT_OK
-    if outcome.get("ended") in ("interrupted", "deadline"):
+    if outcome.get("ended") in STOPPED:
         code = EXIT_INTERRUPTED
     elif report["requests"]["skipped"] or report["requests"]["failed"]:
         code = EXIT_PARTIAL
@@ -284,6 +312,38 @@ def _run_locked(job: Job) -> RunResult:
 
         print(outcome_line(report), file=sys.stderr, flush=True)
     return RunResult(code, folder.path, report, problems)
+
+
+def _generate_all(job: Job, pending, attempt: int, attempts: list, generate) -> dict[str, Any]:
+    """Run `pending` (on one engine, on Ray's replicas, or a split's parts), each attempt's
+    line written to attempts.json as it ends; returns the one that says how the run ended."""
+    settings, log, folder = job.settings, job.log, job.folder
+    if settings.split_at is not None:
+        from neuron_batch.layout.split import placement_note, plan_parts
+        from neuron_batch.run.split import run_parts
+
+        slots, estimate = split_inputs(job.target, job.workload.model.path)
+        parts, placement = plan_parts(settings, pending, slots, estimate, runtime=job.runtime)
+        if len(parts) == 2 and settings.uses_ray:
+            log(f"parts {placement.mode}" + (
+                f" (estimated {placement.estimated_s / 3600:.2f} h with the start-up; "
+                f"in turn {placement.in_turn_s / 3600:.2f} h)"
+                + placement_note(settings, pending, slots, estimate, placement)
+                if placement.estimated_s is not None else ""))
+        outcomes = run_parts(job, parts, attempt, generate, placement)
+    elif settings.uses_ray:
+        from neuron_batch.replicas.pool import generate_replicas
+
+        outcomes = iter([generate_replicas(job, pending, attempt)])
+    else:
+        outcomes = iter([generate(job, pending, attempt)])
+    stopped = None
+    for outcome in outcomes:        # (a split run's parts, one at a time)
+        attempts.append(outcome)
+        folder.write_attempts(attempts)
+        if outcome.get("ended") in STOPPED:
+            stopped = outcome       # (side by side, the other part may end after it)
+    return stopped or outcome
 
 
 def device_label(settings: RunSettings, device: str, job: Job | None = None) -> str:

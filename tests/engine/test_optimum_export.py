@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from neuron_batch.config import RunSettings, SimOptions
-from neuron_batch.doctor_checks import FAIL, INFO, OK, WARN
-from neuron_batch.doctor_export import export_checks, export_facts, plugins_check
+from neuron_batch.doctor.export import export_checks, export_facts, plugins_check
+from neuron_batch.doctor.status import FAIL, INFO, OK, WARN
 from neuron_batch.engine.neuron_host import OPTIMUM_WORKER_CLS, host_setup
 from neuron_batch.engine.nxdi_plugin import NeuronHostError
 from neuron_batch.engine.optimum_export import (

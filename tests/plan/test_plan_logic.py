@@ -533,3 +533,31 @@ def test_a_split_layout_starts_up_on_its_own_instances_host():
     assert all(both[name].bound_s == option.bound_s for name, option in small.items())
     assert any(both[name].split.compile_s < option.split.compile_s
                for name, option in small.items())
+
+
+def test_the_left_out_line_names_each_placement_once_and_the_max_num_seqs_left_out():
+    """Two max_model_len candidates leave the same unpriced, uncompilable or too-small
+    placements out: the log names each once; a placement whose larger max_num_seqs do not
+    load says from which one up, not the whole layout."""
+    from neuron_batch.device.static_kv import static_slots
+    from neuron_batch.plan.words import left_out_line
+
+    excluded: list[str] = []
+    for length in (8192, 16384):
+        spec = PlanSpec(architecture="llama-3.1-8b", max_model_len=length,
+                        instances=("inf2.xlarge", "inf2.8xlarge", "trn2.48xlarge"),
+                        max_num_instances=1, seqs_values=(4, 16, 32, 64))
+        found, left_out = placements(spec)
+        excluded += [reason for reason in left_out if reason not in excluded]
+        build_options(spec, found, [1000] * 30, [64] * 30, seed=0, excluded=excluded)
+    line = left_out_line(excluded)
+    names = line.split(": ", 1)[1].split("; e.g. ")[0].split(", ")
+    assert len(names) == len(set(names)) and line.startswith(f"  left out ({len(names)}; ")
+    assert names.count("inf2.xlarge") == 1 and names.count("trn2.48xlarge") == 1
+    found, _ = placements(PlanSpec(architecture="llama-3.1-8b", instances=("inf2.8xlarge",),
+                                   max_model_len=8192))
+    tp2 = next(p for p in found if p.tp == 2)
+    fit = static_slots(tp2.target.instance, tp2.target.arch, 2, "bf16", 8192)
+    first = min(s for s in (4, 16, 32, 64) if s > fit)
+    assert f"inf2.8xlarge TP 2 at max_model_len 8192 (max_num_seqs {first} and up)" in names
+    assert "inf2.8xlarge TP 2 at max_model_len 8192" not in names

@@ -236,8 +236,10 @@ def test_sigterm_stops_the_replicas_and_resume_finishes(cluster, tmp_path, split
     proc = start_driver(args)
     wait_until(lambda: count_lines(out / "outputs.jsonl") >= 60, proc, "some outputs")
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=300) == 4
-    assert "rerun with --resume" in proc.stdout.read().decode()
+    code = proc.wait(timeout=300)
+    said = proc.stdout.read().decode()
+    assert code == 4, said[-3000:]
+    assert "rerun with --resume" in said
     assert 60 <= len(outputs(out)) < 600
     resumed = invoke([*args, "--resume", "-q"])
     assert resumed.exit_code == 0, resumed.output

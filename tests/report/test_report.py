@@ -120,9 +120,38 @@ def test_summary_of_an_empty_run_shows_dashes():
     assert "0 of 0 tokens real, - waste" in text
 
 
-def test_long_config_values_are_clipped_to_100_columns():
-    text = format_summary(small_report(model="org/" + "x" * 300))
+def test_long_config_values_are_clipped_at_a_terminal_and_kept_whole_when_piped():
+    report = small_report(model="org/" + "x" * 300)
+    text = format_summary(report, width=100)
     assert all(len(line) <= 100 for line in text.splitlines())
+    piped = format_summary(report)
+    assert "x" * 300 in piped and "..." not in piped
+
+
+def test_no_row_is_cut_when_its_figures_are_wide():
+    """The throughput row of a fast run passes 100 columns (`2,065.3 total t...` was cut):
+    it goes on under its first item, whole, at a terminal and piped."""
+    report = small_report()
+    report["throughput"] = {"elapsed_s": 123456.78, "requests_per_s": 12345.67,
+                            "input_tokens_per_s": 1234567.8, "output_tokens_per_s": 1234567.8,
+                            "total_tokens_per_s": 2469135.6}
+    for width in (None, 100):
+        text = format_summary(report, width=width)
+        assert "..." not in text and "2,469,135.6 total tok/s" in text
+        assert all(len(line) <= 100 for line in text.splitlines())
+
+
+def test_the_width_is_a_terminals_only(tmp_path):
+    from neuron_batch.report.summary import terminal_width
+
+    with open(tmp_path / "piped", "w") as piped:
+        assert terminal_width(piped) is None
+
+    class Terminal:
+        def isatty(self):
+            return True
+
+    assert terminal_width(Terminal()) >= 100
 
 
 # -- Prometheus --------------------------------------------------------------------------------
@@ -308,3 +337,16 @@ def test_prometheus_has_preemptions_and_kv_figures():
     assert "neuron_batch_preemptions_total 0" in text
     assert 'neuron_batch_kv_peak_blocks{kind="reserved"} 48' in text
     assert 'neuron_batch_kv_peak_blocks{kind="used"} 21' in text
+
+
+def test_the_graphs_row_adds_up_under_the_prefix_caching_grid():
+    """nxdi with prefix caching: a context-encoding graph per (prefill, prefix) cell, so
+    '36 to compile' reads 30 context-encoding (5 x 6, the grid) + 6 token-generation."""
+    report = small_report(model="m", device="sim", runtime="nxdi",
+                          prefill_buckets=[128, 256, 512, 1024, 2048],
+                          attention_buckets=[128, 256, 512, 1024, 2048, 4096],
+                          prefix_buckets=[0, 128, 512, 1024, 2048, 4096])
+    assert report["config"]["compiled_graphs"] == 36
+    text = " ".join(format_summary(report).split())
+    assert ("Graphs 36 to compile on Neuron (30 context-encoding (5 prefill x 6 prefix "
+            "buckets, NxDI's grid) + 6 token-generation buckets)") in text

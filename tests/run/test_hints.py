@@ -120,6 +120,24 @@ def test_too_long_prompts_end_with_the_one_max_model_len_that_fits_them_all(runs
     assert "input problem" not in again.output
 
 
+@pytest.mark.parametrize("instance", ["inf2.48xlarge", "inf2.xlarge"])
+def test_a_too_long_prompts_max_model_len_comes_with_the_layout_its_static_kv_needs(
+        runs, tmp_path, instance):
+    """On inf2.48xlarge the --max-model-len that holds a 120k prompt holds 7 slots, not the
+    default max_num_seqs: the hint names both; on inf2.xlarge no slot of it fits, so it names
+    where one does. Used as printed, the next run loads."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("ContextTokens,GeneratedTokens\n100,50\n120000,200\n2000,30\n")
+    args = ["run", str(trace), "--device", "sim", "--instance", instance,
+            "--architecture", "llama-3.1-8b", "-q"]
+    failed = runs.run(args)
+    assert failed.exit_code == 2
+    fix = hint(r"(--max-model-len \d+ --\S.*?) fits every request", failed.output)
+    assert "--max-num-seqs" in fix or "--tensor-parallel-size" in fix
+    again = runs.run(applied(args, fix))
+    assert again.exit_code == 0, again.output
+
+
 def test_no_max_model_len_fits_a_prompt_past_the_context_so_skip_is_the_hint(runs, tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("ContextTokens,GeneratedTokens\n100,5\n9000,5\n200,5\n")

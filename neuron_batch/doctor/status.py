@@ -1,5 +1,5 @@
-"""One line of `neuron-batch doctor`'s verdict, and its four statuses: shared by doctor.py and
-the checks it delegates (doctor_export.py). Pure."""
+"""One line of `neuron-batch doctor`'s verdict, and its four statuses: shared by its
+judgement (checks.py) and the checks it delegates (export.py). Pure."""
 
 from __future__ import annotations
 

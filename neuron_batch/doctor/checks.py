@@ -1,208 +1,22 @@
-"""`neuron-batch doctor`: what a person debugging an inf2 host needs, in one screen or as JSON.
-
-`gather()` looks at the host (package metadata, /dev, `neuron-ls`, the environment, the model
-cache, the results folder) and, in a child process so that a broken install cannot take the
-doctor down with it, asks vLLM which platform it picks. `diagnose()` (pure) turns what was
-found into checks, each ok / warn / fail; a run can start when none fails.
-"""
+"""`neuron-batch doctor`'s judgement (pure): what `facts.gather` found, turned into checks,
+each ok / warn / fail / info; a run can start when none fails."""
 
 from __future__ import annotations
 
-import glob
-import json
-import os
-import platform
-import shutil
-import subprocess
-import sys
-from collections.abc import Callable
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
-from neuron_batch import __version__
-from neuron_batch.config import RunSettings
-from neuron_batch.doctor_checks import FAIL, INFO, OK, WARN, Check
-from neuron_batch.doctor_export import export_checks, export_facts, plugins_check
+from neuron_batch.doctor.export import export_checks, plugins_check
+from neuron_batch.doctor.status import FAIL, INFO, OK, WARN, Check
 from neuron_batch.engine.neuron_host import is_neuron_platform
 from neuron_batch.runtime import default_runtime, runtime_of
-from neuron_batch.versions import (
-    describe_release,
-    installed_vllm,
-    neuron_plugin,
-    plugin_line_of,
-    release,
-    tested_release,
-    tested_versions,
-)
+from neuron_batch.versions import release
 
 #: Below this much free space in the results folder a run cannot be trusted to finish.
 MIN_FREE_BYTES = 100 << 20
 LOW_FREE_BYTES = 2 << 30
-PLATFORM_TIMEOUT_S = 180
-
-#: Run in a child interpreter: which platform vLLM picks (importing vLLM takes ~10 s).
-_PLATFORM_PROBE = r"""
-import json, sys
-try:
-    from vllm.platforms import current_platform as p
-    print(json.dumps({"class": type(p).__name__, "module": type(p).__module__,
-                      "device_type": getattr(p, "device_type", ""),
-                      "device_name": getattr(p, "device_name", "")}))
-except BaseException as error:
-    print(json.dumps({"error": f"{type(error).__name__}: {error}"}))
-"""
 
 
-# -- looking at the host ---------------------------------------------------------------------
-def probe_platform(python: str = sys.executable, timeout: float = PLATFORM_TIMEOUT_S
-                   ) -> dict[str, Any]:
-    """Which platform vLLM picks here, asked in a child process."""
-    try:
-        done = subprocess.run([python, "-c", _PLATFORM_PROBE], capture_output=True, text=True,
-                              timeout=timeout, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
-    except subprocess.TimeoutExpired:
-        return {"error": f"importing vLLM took over {timeout:.0f} s"}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        return {"error": f"the platform probe exited {done.returncode}: {tail[0]}"}
-    return json.loads(lines[-1])
-
-
-def parse_neuron_ls(text: str) -> dict[str, Any]:
-    """Devices and NeuronCores from `neuron-ls`' table (its JSON flags changed between Neuron
-    releases; the table's first two columns, device and cores, have not)."""
-    devices = []
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 2 and cells[0].isdigit() and cells[1].isdigit():
-            devices.append({"device": int(cells[0]), "cores": int(cells[1])})
-    return {"devices": devices, "neuron_cores": sum(d["cores"] for d in devices) if devices
-            else None}
-
-
-def run_neuron_ls(which: Callable[[str], str | None] = shutil.which) -> dict[str, Any] | None:
-    path = which("neuron-ls")
-    if path is None:
-        return None
-    try:
-        done = subprocess.run([path], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return {"path": path, "error": str(error), "devices": [], "neuron_cores": None}
-    parsed = parse_neuron_ls(done.stdout)
-    parsed.update(path=path, exit_code=done.returncode,
-                  error=None if done.returncode == 0 else (done.stderr.strip() or None))
-    return parsed
-
-
-def disk_state(folder: str | Path) -> dict[str, Any]:
-    """Free space and writability where run folders go (the nearest existing parent when the
-    folder does not exist yet)."""
-    path = Path(folder).expanduser().absolute()
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    usage = shutil.disk_usage(probe)
-    return {"path": str(path), "exists": path.exists(), "checked_at": str(probe),
-            "free_bytes": usage.free, "writable": os.access(probe, os.W_OK)}
-
-
-def neuron_runtime_facts(plugin_version: str | None, layout: RunSettings | None,
-                         distribution: str | None = None) -> dict[str, Any]:
-    """The Neuron runtime this host would run (from the installed plugin), NxDI's presence,
-    the compiled-artifacts folder, and, for a `layout` naming a model, whether its static KV
-    cache fits beside the weights (neuron_host.static_kv_fit), all before anything loads."""
-    from neuron_batch.engine.neuron_host import (
-        NXDI_DISTRIBUTION,
-        NeuronHostError,
-        host_hardware,
-        host_instance,
-        installed_version,
-        static_kv_fit,
-    )
-    from neuron_batch.engine.nxdi_plugin import layout_facts
-    from neuron_batch.versions import runtime_of_plugin
-
-    runtime = runtime_of_plugin(plugin_version, distribution)
-    settings = layout or RunSettings(inputs=("-",))
-    root = settings.compiled_artifacts
-    if root is None:
-        from neuron_batch.engine.models import default_cache_dir
-        from neuron_batch.engine.neuron_host import ARTIFACTS_DIRNAME
-
-        root = str(default_cache_dir() / ARTIFACTS_DIRNAME)
-    facts: dict[str, Any] = {
-        "runtime": runtime.name if runtime else None,
-        "runtime_summary": runtime.summary if runtime else None,
-        "nxdi": installed_version(NXDI_DISTRIBUTION),
-        "compiled_artifacts": root, "instance": host_instance(settings),
-        "static_kv": None,
-        "kv_layout": layout_facts(settings, runtime, plugin_version) if runtime else None,
-        "export": export_facts(layout, runtime),
-    }
-    if runtime is not None and layout is not None and layout.model:
-        check = {"model": layout.model, "max_num_seqs": layout.max_num_seqs,
-                 "max_model_len": layout.max_model_len,
-                 "tensor_parallel_size": layout.sim.tensor_parallel_size or 1,
-                 "weight_dtype": layout.sim.weight_dtype}
-        try:
-            fit = static_kv_fit(layout, runtime, layout.model, host_hardware(layout))
-            check.update(fits=None if fit is None else True,
-                         detail=None if fit is None else fit["derivation"])
-        except NeuronHostError as error:
-            check.update(fits=False, detail=str(error))
-        facts["static_kv"] = check
-    return facts
-
-
-def gather(*, results_dir: str | Path = "results", check_platform: bool = True,
-           dev_glob: Callable[[str], list[str]] = glob.glob,
-           which: Callable[[str], str | None] = shutil.which,
-           environ: dict[str, str] | None = None,
-           layout: RunSettings | None = None) -> dict[str, Any]:
-    """Everything doctor reports, as plain data (`layout`: the model and limits to check the
-    static KV cache of, from doctor's options)."""
-    from neuron_batch.engine.models import builtin_model_state
-
-    environ = dict(os.environ if environ is None else environ)
-    version, distribution = installed_vllm()
-    entry = tested_release(version) if version else None
-    plugin = plugin_facts()
-    facts: dict[str, Any] = {
-        "neuron_batch": {"version": __version__},
-        "python": {"version": platform.python_version(), "executable": sys.executable},
-        "vllm": {"version": version, "distribution": distribution,
-                 "tested": entry is not None,
-                 "tested_scope": entry.scope if entry else None,
-                 "tested_versions": tested_versions(),
-                 "runs_on": describe_release(version)},
-        "neuron_plugin": plugin,
-        "neuron_runtime": neuron_runtime_facts(plugin["version"], layout,
-                                               plugin.get("distribution")),
-        "platform": None,
-        "neuron": {
-            "devices": sorted(dev_glob("/dev/neuron*")),
-            "neuron_ls": run_neuron_ls(which),
-            "visible_cores": environ.get("NEURON_RT_VISIBLE_CORES"),
-        },
-        "builtin_model": builtin_model_state(),
-        "results": disk_state(results_dir),
-    }
-    if check_platform and version is not None:
-        facts["platform"] = probe_platform()
-    return facts
-
-
-def plugin_facts() -> dict[str, Any]:
-    """The installed plugin, and the line its release belongs to (the vLLM it pins, its SDK,
-    instances and runtime) when versions.NEURON_PLUGIN_RELEASES knows it."""
-    plugin = neuron_plugin()
-    line = plugin_line_of(plugin["version"], plugin.get("distribution"))
-    return {**plugin, "line": asdict(line) if line else None}
-
-
-# -- judging it (pure) ---------------------------------------------------------------------------
 def _size(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
@@ -221,7 +35,7 @@ def diagnose(facts: dict[str, Any]) -> list[Check]:
     if vllm["version"] is None:
         checks.append(Check("vllm", FAIL, "not installed",
                             "install it: `bash scripts/setup.sh` here; on inf2, AWS's vllm-neuron "
-                            "(README 'On an inf2 / trn1 host')"))
+                            "(docs/neuron-host.md)"))
     elif vllm["tested"]:
         runs_on = f"; {vllm['runs_on']}" if vllm.get("runs_on") else ""
         checks.append(Check("vllm", OK, f"{vllm['version']} ({vllm['distribution']})",
@@ -294,6 +108,8 @@ def diagnose(facts: dict[str, Any]) -> list[Check]:
     checks.append(Check("built-in model", WARN if model["state"] == "unavailable" else OK,
                         f"{model['state']} ({model['path']})", model.get("detail")))
 
+    checks += _model_checks(facts.get("model"))
+
     results = facts["results"]
     free = results["free_bytes"]
     if not results["writable"]:
@@ -308,6 +124,20 @@ def diagnose(facts: dict[str, Any]) -> list[Check]:
                         detail))
     facts["run_device"] = run_device
     return checks
+
+
+def _model_checks(model: dict[str, Any] | None) -> list[Check]:
+    """The --model given: a run cannot start on one that is not there or is not a model."""
+    if model is None:
+        return []
+    if model["error"]:
+        return [Check("model", FAIL, model["model"], model["error"])]
+    where = {"local": f"a model directory ({model['path']})",
+             "hub": "a Hugging Face id (a run downloads it: this host must reach the hub)",
+             "catalogue": f"the catalogue's {model['path']} shape (a run on the device needs "
+                          f"the model's directory)",
+             "built-in": "the built-in model"}.get(model["source"], model["source"])
+    return [Check("model", OK, model["model"], where)]
 
 
 def _runtime_checks(rt: dict[str, Any], plugin: bool, devices: bool) -> list[Check]:

@@ -1,0 +1,202 @@
+"""SIGTERM and SIGINT in every phase of a run end the same way (job/stop.py, docs/cron.md):
+exit 4 (0 when every request had completed), one line saying what was done and how to
+resume, and the attempt in attempts.json; a second signal stops at once. Real processes, the
+CPU engine and the simulated device; each is held at the phase's start by the test hook
+(NEURON_BATCH_TEST_PAUSE) so that the signal lands in that phase, not wherever a sleep ends.
+One small workload throughout: a request that ends after 2 tokens while the others need 40,
+so that "running" is reached with requests still in flight."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from neuron_batch.job.stop import (
+    PAUSE_ENV,
+    PAUSE_FILE_ENV,
+    READING,
+    REPORTING,
+    RUNNING,
+    STARTING,
+    Interrupted,
+    RunSignals,
+)
+
+ROWS = [{"id": f"r{i}", "prompt_len": 40 + 8 * i, "max_tokens": 2 if i == 0 else 40}
+        for i in range(6)]
+SIM = ["--device", "sim", "--instance", "inf2.8xlarge", "--architecture", "llama-3.1-8b",
+       "--max-model-len", "1024", "--max-num-seqs", "4"]
+CPU = ["--max-num-seqs", "4", "--max-num-batched-tokens", "256", "--max-model-len", "1024",
+       "--device", "cpu", "--ignore-eos"]
+
+
+def device_args(device, tiny_model):
+    return SIM if device == "sim" else ["--model", tiny_model, *CPU]
+
+
+def workload(tmp_path) -> str:
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    return str(path)
+
+
+def signalled_run(tmp_path, args, phase, signums, extra=()):
+    """Run `neuron-batch run`, held at `phase` until it has received `signums` (one after
+    the other); returns (exit code, stdout, stderr, the run folder)."""
+    out, marker = tmp_path / "run", tmp_path / "paused"
+    env = {**os.environ, PAUSE_ENV: f"{phase},{len(signums)}", PAUSE_FILE_ENV: str(marker)}
+    proc = subprocess.Popen([sys.executable, "-m", "neuron_batch.cli", "run", workload(tmp_path),
+                             *args, "-o", str(out), *extra], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 600
+    while not marker.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"never reached {phase!r}: {proc.communicate()}")
+        time.sleep(0.05)
+    for signum in signums:
+        proc.send_signal(signum)
+        if len(signums) > 1:       # the next one after the process has taken this one
+            time.sleep(0.5)
+    stdout, stderr = proc.communicate(timeout=600)
+    return proc.returncode, stdout, stderr, out
+
+
+def attempts(out: Path) -> list[dict]:
+    return json.loads((out / "attempts.json").read_text())
+
+
+# -- the handler itself, in this process ----------------------------------------------------
+
+def test_a_phase_that_does_not_wait_stops_at_once_and_a_waiting_one_at_its_end():
+    with RunSignals() as signals:
+        with pytest.raises(Interrupted) as stopped:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+        assert (stopped.value.signal, stopped.value.phase) == ("SIGTERM", READING)
+    with RunSignals() as signals:
+        signals.enter(RUNNING, defer=True)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        assert (signals.reason, signals.signal) == ("interrupted", "SIGINT")
+        with pytest.raises(Interrupted) as stopped:     # the next phase that does not wait
+            signals.enter(STARTING)
+        assert stopped.value.phase == STARTING and not stopped.value.insisted
+    with RunSignals() as signals:
+        signals.enter(REPORTING, defer=True)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        with pytest.raises(Interrupted) as stopped:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+        assert stopped.value.insisted and stopped.value.signal == "SIGINT"
+    # the handlers before the run are back
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_handler_taken_meanwhile_is_taken_back_at_the_next_phase():
+    """Ray's driver takes SIGTERM in ray.init, after the run's handler is in: the engine loop's
+    phase takes it back (a SIGTERM on --replicas aborted the driver, exit -6), and the run's
+    end puts back the handler from before the run, not Ray's."""
+    before = signal.getsignal(signal.SIGTERM)
+    with RunSignals() as signals:
+        signal.signal(signal.SIGTERM, lambda *_: os.abort())
+        signals.enter(RUNNING, defer=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert signals.reason == "interrupted"
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+# -- before the engine runs: stopped there and then ------------------------------------------
+
+@pytest.mark.parametrize("device", ["cpu", "sim"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("phase", [READING, STARTING])
+def test_a_signal_before_the_engine_runs_exits_4_with_the_attempt(tmp_path, tiny_model, device,
+                                                                  signum, phase):
+    if phase == STARTING:
+        pytest.importorskip("vllm")
+    code, stdout, stderr, out = signalled_run(tmp_path, device_args(device, tiny_model), phase,
+                                              [signum], ["-q"])
+    name = signal.Signals(signum).name
+    assert code == 4, stderr
+    assert stdout == ""
+    line, = stderr.splitlines()      # -q: only the line (no "Aborted!", no traceback)
+    assert line.startswith(f"neuron-batch: Stopped by {name} while {phase}: ")
+    assert "rerun with --resume" in line and line.endswith(f"Run folder: {out}")
+    if phase == STARTING:
+        assert "0 of 6 requests done, 6 pending" in line
+    attempt, = attempts(out)
+    assert attempt["ended"] == "interrupted" and attempt["attempt"] == 1
+    assert (attempt["signal"], attempt["phase"], attempt["requests_finished"]) == (name, phase, 0)
+
+
+def test_a_signal_while_reading_leaves_another_jobs_folder_alone(tmp_path):
+    """Before the folder is checked against this job, a run there is not written to."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.json").write_text("{}")
+    code, _, stderr, _ = signalled_run(tmp_path, SIM, READING, [signal.SIGTERM])
+    assert code == 4 and "Stopped by SIGTERM while reading the inputs" in stderr
+    assert not (out / "attempts.json").exists()
+
+
+# -- while requests run and while the report is written: the phase finishes first ------------
+
+@pytest.mark.parametrize(("device", "signum"), [("cpu", signal.SIGINT), ("sim", signal.SIGTERM)])
+def test_a_signal_while_running_keeps_what_finished_and_resume_finishes(tmp_path, tiny_model,
+                                                                        device, signum):
+    """(SIGTERM on the CPU and SIGINT on sim while running: test_run_cli.py and
+    report/test_summary_words.py.)"""
+    pytest.importorskip("vllm")
+    args = device_args(device, tiny_model)
+    code, stdout, stderr, out = signalled_run(tmp_path, args, RUNNING, [signum], ["-q"])
+    name = signal.Signals(signum).name
+    assert code == 4, stderr
+    assert stdout == ""
+    line, = stderr.splitlines()
+    assert line.startswith(f"neuron-batch: Stopped by {name}: 1 of 6 requests done, 5 pending; "
+                           f"rerun with --resume")
+    attempt, = attempts(out)
+    assert (attempt["ended"], attempt["signal"], attempt["requests_finished"]) == (
+        "interrupted", name, 1)
+    if device == "sim":
+        resumed = subprocess.run([sys.executable, "-m", "neuron_batch.cli", "run",
+                                  workload(tmp_path), *args, "-o", str(out), "--resume", "-q"],
+                                 capture_output=True, text=True, timeout=600)
+        assert (resumed.returncode, resumed.stdout, resumed.stderr) == (0, "", "")
+        ids = [json.loads(row)["id"] for row in (out / "outputs.jsonl").read_text().splitlines()]
+        assert sorted(ids) == [row["id"] for row in ROWS]
+        assert [a["ended"] for a in attempts(out)] == ["interrupted", "completed"]
+
+
+@pytest.mark.parametrize(("device", "signum"), [("cpu", signal.SIGTERM), ("sim", signal.SIGINT)])
+def test_a_signal_while_the_report_is_written_after_the_last_request_exits_0(
+        tmp_path, tiny_model, device, signum):
+    pytest.importorskip("vllm")
+    code, stdout, stderr, out = signalled_run(tmp_path, device_args(device, tiny_model),
+                                              REPORTING, [signum], ["-q"])
+    assert (code, stdout, stderr) == (0, "", "")      # quiet: silent on success
+    report = json.loads((out / "report.json").read_text())
+    assert report["requests"]["completed"] == 6
+    assert [a["ended"] for a in attempts(out)] == ["completed"]
+
+
+def test_a_second_signal_stops_at_once(tmp_path):
+    pytest.importorskip("vllm")
+    code, stdout, stderr, out = signalled_run(tmp_path, SIM, RUNNING,
+                                              [signal.SIGTERM, signal.SIGINT])
+    assert code == 4, stderr
+    assert stderr.splitlines()[-1].startswith(
+        "neuron-batch: Stopped at once by a second signal after SIGTERM while running: 1 of 6 "
+        "requests done, 5 pending; rerun with --resume to finish them.")
+    assert "Traceback" not in stderr and not (out / "report.json").exists()
+    attempt, = attempts(out)
+    assert (attempt["attempt"], attempt["ended"], attempt["insisted"],
+            attempt["requests_finished"]) == (1, "interrupted", True, 1)
