@@ -13,7 +13,6 @@ formats (the section is shown empty).
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Sequence
 from typing import Any
 
 from neuron_batch.inputs.skipped import SKIPPED
@@ -21,10 +20,20 @@ from neuron_batch.report.cost import compile_and_usd
 from neuron_batch.report.decision_words import caching_lines, verdict_lines
 from neuron_batch.report.notes import notes
 from neuron_batch.report.prefix_cache import summary_words as prefix_cache_words
+from neuron_batch.report.text_layout import (
+    MAX_WIDTH,
+    clip,
+    float_text,
+    int_text,
+    ms_text,
+    percent_text,
+    text_table,
+    title_row,
+    title_rows,
+    wrap_pairs,
+)
 from neuron_batch.runtime import runtime_of
 from neuron_batch.runtime_hints import graph_words
-
-MAX_WIDTH = 100
 
 _STATES = ("IDLE", "ACTIVE_PREFILL", "ACTIVE_DECODE")
 #: (label, report key) of each latency, and (column, quantile) of each percentile.
@@ -60,23 +69,23 @@ def format_summary(report: dict[str, Any], width: int | None = None) -> str:
     if config.get("device") in ("cpu", "cuda") and "runtime" in shown:
         # no Neuron runtime ran here: the scheduler padded to the shapes it compiles
         shown["runtime"] = f"shapes of {shown['runtime']}"
-    lines += _wrap_pairs([(key, shown[key]) for key in _CONFIG_KEYS if key in shown])
+    lines += wrap_pairs([(key, shown[key]) for key in _CONFIG_KEYS if key in shown])
     lines.append("")
     skipped = requests.get("skipped")
-    lines += _rows("Requests", [
-        f"{_int(requests.get('completed'))} completed of {_int(requests.get('total'))}",
-        f"{_int(requests.get('failed'))} failed",
-        f"{_int(skipped)} skipped" + (f" ({SKIPPED})" if skipped else ""),
-        *([f"{_int(requests['pending'])} pending"] if requests.get("pending") else [])])
-    lines += _rows("Throughput", [
-        f"{_float(throughput.get('elapsed_s'), 2)} s elapsed",
-        f"{_float(throughput.get('requests_per_s'), 2)} req/s",
-        f"{_float(throughput.get('input_tokens_per_s'), 1)} in tok/s",
-        f"{_float(throughput.get('output_tokens_per_s'), 1)} out tok/s",
-        f"{_float(throughput.get('total_tokens_per_s'), 1)} total tok/s"])
-    lines += _rows("Tokens", [f"{_int(tokens.get('input'))} input",
-                              f"{_int(tokens.get('output'))} output",
-                              f"{_int(tokens.get('total'))} total"])
+    lines += title_rows("Requests", [
+        f"{int_text(requests.get('completed'))} completed of {int_text(requests.get('total'))}",
+        f"{int_text(requests.get('failed'))} failed",
+        f"{int_text(skipped)} skipped" + (f" ({SKIPPED})" if skipped else ""),
+        *([f"{int_text(requests['pending'])} pending"] if requests.get("pending") else [])])
+    lines += title_rows("Throughput", [
+        f"{float_text(throughput.get('elapsed_s'), 2)} s elapsed",
+        f"{float_text(throughput.get('requests_per_s'), 2)} req/s",
+        f"{float_text(throughput.get('input_tokens_per_s'), 1)} in tok/s",
+        f"{float_text(throughput.get('output_tokens_per_s'), 1)} out tok/s",
+        f"{float_text(throughput.get('total_tokens_per_s'), 1)} total tok/s"])
+    lines += title_rows("Tokens", [f"{int_text(tokens.get('input'))} input",
+                              f"{int_text(tokens.get('output'))} output",
+                              f"{int_text(tokens.get('total'))} total"])
     prefix_words = prefix_cache_words(report.get("prefix_cache"))
     if prefix_words:
         lines += textwrap.wrap(prefix_words, MAX_WIDTH, initial_indent=f"{'Prefixes':<12}",
@@ -85,16 +94,16 @@ def format_summary(report: dict[str, Any], width: int | None = None) -> str:
     if report.get("cost"):
         lines += _cost_rows(report)
     elif report.get("cost_missing"):
-        lines.append(_row("Cost", [report["cost_missing"]]))
+        lines.append(title_row("Cost", [report["cost_missing"]]))
     profile = (config.get("sim") or {}).get("profile") or {}
     if profile.get("calibrated") is False:
-        lines.append(_row("Profile", [f"uncalibrated ({profile.get('name')}: derived from "
+        lines.append(title_row("Profile", [f"uncalibrated ({profile.get('name')}: derived from "
                                       f"hardware ratios, no published figures to fit)"]))
-    lines.append(_row("Steps", [f"{_int(steps.get('total'))} total",
-                                f"{_int(steps.get('prefill'))} prefill",
-                                f"{_int(steps.get('decode'))} decode",
-                                f"{_int(steps.get('empty'))} empty",
-                                f"{_int(report.get('preemptions'))} preempted"]))
+    lines.append(title_row("Steps", [f"{int_text(steps.get('total'))} total",
+                                f"{int_text(steps.get('prefill'))} prefill",
+                                f"{int_text(steps.get('decode'))} decode",
+                                f"{int_text(steps.get('empty'))} empty",
+                                f"{int_text(report.get('preemptions'))} preempted"]))
     # The configured lists are what was compiled; by_bucket may add buckets seen but not configured.
     prefill_buckets = config.get("prefill_buckets", padding.get("prefill", {}).get("by_bucket", {}))
     decode_buckets = config.get("decode_buckets", padding.get("decode", {}).get("by_bucket", {}))
@@ -105,10 +114,10 @@ def format_summary(report: dict[str, Any], width: int | None = None) -> str:
                          len(attention_buckets), len(config.get("prefix_buckets") or []))
     startup = _startup_words(report)
     # (the start-up row breaks the estimate down: the graphs row then leaves it out)
-    lines += _rows("Graphs", _graphs_words(config, graphs,
+    lines += title_rows("Graphs", _graphs_words(config, graphs,
                                            None if startup else compile_and_usd(report)[0]))
     if startup:
-        lines += _rows("Start-up", startup)
+        lines += title_rows("Start-up", startup)
     said = notes(report)
     if said:
         lines += ["", *(line for sentence in said for line in textwrap.wrap(sentence, MAX_WIDTH))]
@@ -141,13 +150,13 @@ def format_summary(report: dict[str, Any], width: int | None = None) -> str:
     if report.get("replicas"):
         lines += ["", *_replicas_section(report["replicas"])]
     if report.get("output_dir"):
-        lines += ["", _row("Run folder", [str(report["output_dir"])])]
+        lines += ["", title_row("Run folder", [str(report["output_dir"])])]
     verdict = verdict_lines(report, MAX_WIDTH)     # (last: what to run next time)
     if verdict:
         lines += ["", *verdict]
     # Long model paths are the only thing that could still overflow: at a terminal cut rather
     # than wrap tables; piped (a log, a file) nothing is cut.
-    return "\n".join(_clip(line, width) for line in lines) + "\n"
+    return "\n".join(clip(line, width) for line in lines) + "\n"
 
 
 def terminal_width(stream) -> int | None:
@@ -167,23 +176,23 @@ def _cost_rows(report: dict[str, Any]) -> list[str]:
     count = cost.get("num_instances") or 1
     where = f"{count} x {cost.get('instance')}" if count != 1 else str(cost.get("instance"))
     per_m = cost.get("usd_per_million_output_tokens")
-    amount = f"${_float(cost.get('usd'), 2)}"
+    amount = f"${float_text(cost.get('usd'), 2)}"
     compile_s, with_compile = compile_and_usd(report)
     if with_compile is not None:
-        amount += (f" run (+ ${_float(with_compile - cost['usd'], 2)} compile estimated, "
-                   f"{_float(compile_s / 60, 1)} min)")
-    return _rows("Cost", [
+        amount += (f" run (+ ${float_text(with_compile - cost['usd'], 2)} compile estimated, "
+                   f"{float_text(compile_s / 60, 1)} min)")
+    return title_rows("Cost", [
         amount,
-        f"{where} at ${_float(cost.get('price_per_hour_usd'), 4)}/h ({cost.get('pricing')})",
-        f"${_float(per_m, 3)} per M output tok" if per_m is not None else "no output tokens"])
+        f"{where} at ${float_text(cost.get('price_per_hour_usd'), 4)}/h ({cost.get('pricing')})",
+        f"${float_text(per_m, 3)} per M output tok" if per_m is not None else "no output tokens"])
 
 
 def _graphs_words(config: dict[str, Any], graphs: str, compile_s: float | None) -> list[str]:
     """Compiled on Neuron; elsewhere what Neuron would compile for this layout (nothing was)."""
-    count = _int(config.get("compiled_graphs"))
+    count = int_text(config.get("compiled_graphs"))
     if config.get("device") not in NOTHING_COMPILED:
         return [f"{count} compiled ({graphs})"]
-    estimate = [f"about {_float(compile_s / 60, 1)} min (estimated)"] if compile_s else []
+    estimate = [f"about {float_text(compile_s / 60, 1)} min (estimated)"] if compile_s else []
     return [f"{count} to compile on Neuron ({graphs})", *estimate]
 
 
@@ -214,9 +223,9 @@ def _startup_words(report: dict[str, Any]) -> list[str]:
 
 def _split_section(split: dict[str, Any]) -> list[str]:
     """The layouts of a --split-at run, one row a part, with the compile time of both."""
-    rows = [[part.get("part", ""), _int(part.get("max_model_len")),
-             _int(part.get("max_num_seqs")), _int(part.get("requests")),
-             _float(part.get("elapsed_s"), 1), _float(part.get("output_tokens_per_s"), 1)]
+    rows = [[part.get("part", ""), int_text(part.get("max_model_len")),
+             int_text(part.get("max_num_seqs")), int_text(part.get("requests")),
+             float_text(part.get("elapsed_s"), 1), float_text(part.get("output_tokens_per_s"), 1)]
             for part in split.get("parts", [])]
     compile_s = split.get("estimated_compile_s")
     replicas = max((len(part.get("replicas") or []) for part in split.get("parts", [])),
@@ -230,13 +239,13 @@ def _split_section(split: dict[str, Any]) -> list[str]:
         where = "one after the other" + (f", each across {replicas} replicas"
                                          if replicas > 1 else "")
         compiling = "starting both"
-    title = (f"Split at {_int(split.get('split_at'))} tokens: two layouts, {where}"
+    title = (f"Split at {int_text(split.get('split_at'))} tokens: two layouts, {where}"
              + (f" ({compiling}: about {compile_s / 60:,.0f} min, not in the elapsed time)"
                 if compile_s else ""))
     lists = [f"  {part.get('part', '')}: " + "; ".join(
                  f"{key} {','.join(map(str, values))}" for key, values in part["buckets"].items())
              for part in split.get("parts", []) if part.get("buckets")]
-    return [title, *_table(["part", "max_model_len", "max_num_seqs", "requests", "seconds",
+    return [title, *text_table(["part", "max_model_len", "max_num_seqs", "requests", "seconds",
                             "out tok/s"], rows), *lists]
 
 
@@ -244,25 +253,26 @@ def _latency_section(latency: dict[str, Any]) -> list[str]:
     rows = []
     for title, key in LATENCIES:
         figures = latency.get(key) or {}
-        rows.append([title] + [_ms(figures.get(name)) for name in ("mean", "p50", "p90", "p99")])
-    return ["Latency (ms)", *_table(["", "mean", "p50", "p90", "p99"], rows)]
+        rows.append([title] + [ms_text(figures.get(name))
+                               for name in ("mean", "p50", "p90", "p99")])
+    return ["Latency (ms)", *text_table(["", "mean", "p50", "p90", "p99"], rows)]
 
 
 def _padding_section(phase_report: dict[str, Any], *, phase: str, unit: str, noun: str,
                      count_key: str, actual_key: str, padded_key: str) -> list[str]:
     actual, padded = phase_report.get(actual_key, 0), phase_report.get(padded_key, 0)
-    title = (f"{phase} padding: {_int(actual)} of {_int(padded)} {unit} real, "
-             f"{_percent(phase_report.get('waste_fraction') if padded else None)} waste"
+    title = (f"{phase} padding: {int_text(actual)} of {int_text(padded)} {unit} real, "
+             f"{percent_text(phase_report.get('waste_fraction') if padded else None)} waste"
              + (f" (bucket: {phase_report['by']})" if phase_report.get("by") else ""))
     rows = []
     for bucket, row in phase_report.get("by_bucket", {}).items():
         count, row_actual, row_padded = (row.get(count_key, 0), row.get(actual_key, 0),
                                          row.get(padded_key, 0))
         waste = (row_padded - row_actual) / row_padded if row_padded else None
-        rows.append([bucket, _int(count), _int(row_actual), _int(row_padded), _percent(waste),
-                     "" if count else "unused"])
+        rows.append([bucket, int_text(count), int_text(row_actual), int_text(row_padded),
+                     percent_text(waste), "" if count else "unused"])
     headers = ["bucket", count_key, f"actual {noun}", f"padded {noun}", "waste", ""]
-    return [title, *_table(headers, rows, first_left=False)]
+    return [title, *text_table(headers, rows, first_left=False)]
 
 
 def _state_section(states: dict[str, Any], elapsed: float | None,
@@ -272,8 +282,9 @@ def _state_section(states: dict[str, Any], elapsed: float | None,
     for name in names:
         seconds = states[name].get("seconds", 0.0)
         share = seconds / elapsed if elapsed else None
-        rows.append([name, _float(seconds, 2), _percent(share), _int(states[name].get("steps"))])
-    return [title, *_table(["", "seconds", "share", "steps"], rows)]
+        rows.append([name, float_text(seconds, 2), percent_text(share),
+                     int_text(states[name].get("steps"))])
+    return [title, *text_table(["", "seconds", "share", "steps"], rows)]
 
 
 def _replicas_section(replicas: list[dict[str, Any]]) -> list[str]:
@@ -282,14 +293,14 @@ def _replicas_section(replicas: list[dict[str, Any]]) -> list[str]:
     for row in replicas:
         device = str(row.get("device") or "-").removeprefix("sim ")
         cells = [str(row.get("replica")), str(row.get("node") or "-")[:8], device[:25],
-                 _int(row.get("requests")), _int(row.get("output_tokens")),
-                 _float(row.get("elapsed_s"), 2), _float(row.get("output_tokens_per_s"), 1),
-                 _percent(row.get("busy_fraction"))]
-        rows.append(cells + ([_int(row.get("restarts"))] if restarts else []))
+                 int_text(row.get("requests")), int_text(row.get("output_tokens")),
+                 float_text(row.get("elapsed_s"), 2), float_text(row.get("output_tokens_per_s"), 1),
+                 percent_text(row.get("busy_fraction"))]
+        rows.append(cells + ([int_text(row.get("restarts"))] if restarts else []))
     headers = ["#", "node", "device", "requests", "out tokens", "seconds", "out tok/s", "busy"]
     headers += ["restarts"] if restarts else []
     return [f"Replicas ({len(replicas)}; busy = share of the time its engine was full)",
-            *_table(headers, rows)]
+            *text_table(headers, rows)]
 
 
 def _kv_row(report: dict[str, Any]) -> str:
@@ -298,14 +309,14 @@ def _kv_row(report: dict[str, Any]) -> str:
     usable = num_blocks - 1 if num_blocks else None
 
     def share(blocks: Any) -> str:
-        return f" ({_percent(blocks / usable)})" if usable and blocks is not None else ""
+        return f" ({percent_text(blocks / usable)})" if usable and blocks is not None else ""
 
-    return _row("KV blocks", [
-        _int(num_blocks),
-        f"peak reserved {_int(kv.get('peak_reserved_blocks'))}"
+    return title_row("KV blocks", [
+        int_text(num_blocks),
+        f"peak reserved {int_text(kv.get('peak_reserved_blocks'))}"
         f"{share(kv.get('peak_reserved_blocks'))}",
-        f"peak used {_int(kv.get('peak_used_blocks'))}{share(kv.get('peak_used_blocks'))}",
-        f"mean used {_percent(kv.get('mean_used_fraction'))}"])
+        f"peak used {int_text(kv.get('peak_used_blocks'))}{share(kv.get('peak_used_blocks'))}",
+        f"mean used {percent_text(kv.get('mean_used_fraction'))}"])
 
 
 def _kv_hint(report: dict[str, Any]) -> list[str]:
@@ -322,7 +333,7 @@ def _kv_hint(report: dict[str, Any]) -> list[str]:
     kv = report.get("kv") or {}
     used = kv.get("mean_used_fraction")
     text = (f"The KV rule limits this run: kv_saturated refused admission in "
-            f"{saturated / num_steps:.0%} of steps while the requests used {_percent(used)} of "
+            f"{saturated / num_steps:.0%} of steps while the requests used {percent_text(used)} of "
             f"the KV cache on average: every request is "
             f"reserved max_model_len. --kv-reserve request reserves each request's own prompt + "
             f"max_tokens and would lift it (still no preemption).")
@@ -330,78 +341,6 @@ def _kv_hint(report: dict[str, Any]) -> list[str]:
 
 
 def _blocked_section(blocked: dict[str, int]) -> list[str]:
-    rows = [[reason, _int(count)] for reason, count in blocked.items()]
+    rows = [[reason, int_text(count)] for reason, count in blocked.items()]
     return ["Admission blocked (refusals of the queue head)",
-            *_table(["reason", "count"], rows)]
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], *,
-           first_left: bool = True) -> list[str]:
-    """Indented columns: the first left-aligned (a name) unless told otherwise, the rest right;
-    an empty last header marks a free-text note column, left-aligned."""
-    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
-    note_column = len(headers) - 1 if headers and headers[-1] == "" else None
-
-    def render(cells: Sequence[str]) -> str:
-        parts = []
-        for index, (cell, width) in enumerate(zip(cells, widths)):
-            if index == note_column:
-                parts.append(str(cell))
-            elif index == 0 and first_left:
-                parts.append(str(cell).ljust(width))
-            else:
-                parts.append(str(cell).rjust(width))
-        return ("  " + "   ".join(parts)).rstrip()
-
-    return [render(headers), *(render(row) for row in rows)]
-
-
-def _row(title: str, items: Sequence[str]) -> str:
-    return f"{title:<12}" + "   ".join(items)
-
-
-def _rows(title: str, items: Sequence[str]) -> list[str]:
-    """`_row`, continued on lines of its own (under the first item) where it would pass
-    MAX_WIDTH; an item longer than a line goes on at its spaces."""
-    lines = [_row(title, items[:1])]
-    for item in items[1:]:
-        if len(lines[-1]) + 3 + len(item) > MAX_WIDTH:
-            lines.append(" " * 12 + item)
-        else:
-            lines[-1] += "   " + item
-    return [part for line in lines for part in
-            textwrap.wrap(line, MAX_WIDTH, subsequent_indent=" " * 12, break_long_words=False,
-                          break_on_hyphens=False) or [line]]
-
-
-def _wrap_pairs(pairs: Sequence[tuple[str, Any]]) -> list[str]:
-    lines, current = [], ""
-    for key, value in pairs:
-        item = f"{key}={value}"
-        if current and len(current) + 3 + len(item) > MAX_WIDTH:
-            lines.append(current)
-            current = ""
-        current = f"{current}   {item}" if current else item
-    if current:
-        lines.append(current)
-    return lines
-
-
-def _clip(line: str, width: int | None) -> str:
-    return line if width is None or len(line) <= width else line[:width - 3] + "..."
-
-
-def _int(value: Any) -> str:
-    return "-" if value is None else f"{int(value):,}"
-
-
-def _float(value: Any, digits: int) -> str:
-    return "-" if value is None else f"{float(value):,.{digits}f}"
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:,.1f}"
-
-
-def _percent(fraction: float | None) -> str:
-    return "-" if fraction is None else f"{fraction * 100:.1f}%"
+            *text_table(["reason", "count"], rows)]
