@@ -179,12 +179,13 @@ def test_the_start_up_says_where_the_graphs_came_from_and_how_long():
 
 
 def test_doctor_on_an_optimum_host_names_runtime_release_and_export(tmp_path, monkeypatch):
-    from neuron_batch import doctor
+    from neuron_batch.doctor import checks as doctor_checks
+    from neuron_batch.doctor import facts as doctor
 
     model = str(export_dir(tmp_path))           # (a local export: the hub is not asked)
     rt = doctor.neuron_runtime_facts("0.4.5", settings(model=model, tp=2), "optimum-neuron")
     assert rt["runtime"] == OPTIMUM_NEURON and rt["kv_layout"] is None
-    checks = {c.name: c for c in doctor._runtime_checks(rt, plugin=True, devices=True)}
+    checks = {c.name: c for c in doctor_checks._runtime_checks(rt, plugin=True, devices=True)}
     assert checks["neuron runtime"].value == OPTIMUM_NEURON
     assert checks["export"].status == OK and "local export" in checks["export"].value
     assert "NxD Inference" not in checks and "compiled artifacts" not in checks
