@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
 from neuron_batch.layout.bounds import ShareStats, replica_bound
+from neuron_batch.layout.step_estimate import block_chains
 from neuron_batch.plan.options import Option, PlanSpec
 from neuron_batch.prefix_grid import (
     default_prefill_buckets,
@@ -39,14 +40,9 @@ def shareable_tokens(prompts: Sequence[Sequence[int]], block: int = NEURON_BLOCK
     """Per prompt, the tokens of its leading whole `block`-token blocks that some other prompt
     starts with too (never the last token: vLLM computes at least one), by a chain of block
     hashes: linear in the tokens."""
-    chains: list[list[int]] = []
+    chains = block_chains(prompts, block)
     counts: Counter = Counter()
-    for ids in prompts:
-        chain, digest = [], 0
-        for start in range(0, len(ids) - len(ids) % block, block):
-            digest = hash((digest, tuple(ids[start:start + block])))
-            chain.append(digest)
-        chains.append(chain)
+    for chain in chains:
         counts.update(chain)
     out = []
     for ids, chain in zip(prompts, chains):
