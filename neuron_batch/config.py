@@ -307,7 +307,8 @@ class RunSettings:
         if self.runtime is None and self.device in (Device.NEURON, Device.AUTO):
             from neuron_batch.versions import neuron_plugin
             found = neuron_plugin()
-            plugin = (found["distribution"], found["version"]) if found["distribution"] else None
+            plugin = ((found.get("distribution"), found["version"])
+                      if found.get("distribution") or found["version"] else None)
         return decide_runtime(self.runtime, self.device, self._sim_family(), plugin)
 
     def bucket_lists(self) -> dict[str, list[int]]:

@@ -17,7 +17,7 @@ SWEEP = ["--device", "sim", "--instance", "inf2.8xlarge", "--architecture", "lla
          "--max-num-seqs", "8", "--max-prefill-buckets", "1", "--max-decode-buckets", "1",
          "--sweep-buckets", "-q"]
 # Figures that depend on the wall clock or the folder, not on the simulated run.
-VOLATILE = {"attempts", "output_dir", "wall_s", "reused", "started", "jobs"}
+VOLATILE = {"attempts", "output_dir", "wall_s", "wall_time_s", "reused", "started", "jobs"}
 
 
 def sweep(out, *extra):
