@@ -107,6 +107,34 @@ def prepend_in_order(queue: RequestQueue, requests: Sequence[Request]) -> None:
         queue.prepend_request(request)
 
 
+def take_skipped_waiting(scheduler: Scheduler) -> list[Request]:
+    """The requests the base scheduler keeps waiting in a queue of its own, taken out of it.
+    vLLM 0.21 to 0.29 put a request whose grammar is not compiled yet (and one waiting for
+    remote KV) in `skipped_waiting`, at `add_request` and when `schedule` skips it, and
+    schedule it from there later: past the Neuron scheduler's admission and its prefill/decode
+    separation. Other releases keep such requests in `waiting`: []."""
+    queue = getattr(scheduler, "skipped_waiting", None)
+    if not queue:
+        return []
+    taken = list(queue)
+    queue.remove_requests(taken)
+    return taken
+
+
+def gather_skipped_waiting(scheduler: Scheduler) -> None:
+    """Put the requests `take_skipped_waiting` finds back in `waiting`, in arrival order, so
+    that every request not running passes the Neuron scheduler's admission."""
+    if skipped := take_skipped_waiting(scheduler):
+        merged = by_arrival(scheduler.waiting, skipped)
+        scheduler.waiting.remove_requests(list(scheduler.waiting))
+        prepend_in_order(scheduler.waiting, merged)
+
+
+def by_arrival(*groups: Sequence[Request]) -> list[Request]:
+    """Requests of several queues in one FIFO order (a stable sort: ties keep their order)."""
+    return sorted((r for group in groups for r in group), key=lambda r: r.arrival_time)
+
+
 # -- running caps ----------------------------------------------------------------------------
 def lower_running_caps(scheduler: Scheduler, amount: int) -> None:
     """Lower (or, with a negative amount, restore) the base scheduler's running caps.

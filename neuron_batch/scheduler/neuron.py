@@ -31,9 +31,12 @@ from vllm.v1.request import Request
 
 from neuron_batch.runtime import runtime_of
 from neuron_batch.scheduler.compat import (
+    by_arrival,
     create_request_queue,
+    gather_skipped_waiting,
     lower_running_caps,
     prepend_in_order,
+    take_skipped_waiting,
 )
 from neuron_batch.scheduler.decode_first import DecodeFirst
 from neuron_batch.scheduler.kv_admission import KVAdmission
@@ -186,6 +189,7 @@ class NeuronScheduler(KVAdmission, MinTokensStop, DecodeFirst, Scheduler):
         t_start = self.recorder.clock()
         if self._kv_too_big:
             self._refuse_too_big()
+        gather_skipped_waiting(self)     # (vLLM 0.21-0.29: grammars not compiled yet)
         num_waiting = len(self.waiting)
 
         # Step 1: move waiting -> holdback. Swapping the queue objects is O(1), where draining
@@ -238,10 +242,12 @@ class NeuronScheduler(KVAdmission, MinTokensStop, DecodeFirst, Scheduler):
             # whatever the base left in waiting (unscheduled or preempted) ahead of the holdback.
             if hidden:
                 self.running = self.running + hidden
-            if self.waiting:
+            skipped = take_skipped_waiting(self)
+            if self.waiting or skipped:
                 left = list(self.waiting)
                 self.waiting.remove_requests(left)
-                prepend_in_order(self.holdback_queue, left)
+                prepend_in_order(self.holdback_queue, by_arrival(left, skipped) if skipped
+                                 else left)
             self.holdback_queue, self.waiting = self.waiting, self.holdback_queue
 
         if admitted is not None:

@@ -34,6 +34,9 @@ def settings_of(args: dict) -> RunSettings:
         if given.get(key) is not None:
             given[key] = tuple(given[key])
     tp = given.pop("tensor_parallel_size", None)
+    # A run settles --prefix-caching auto before the engine is built (run/prefix_auto.py); a
+    # case that names none runs as vLLM's default, on.
+    given.setdefault("prefix_caching", True)
     return RunSettings(inputs=("x.jsonl",), model=args["model"], device="neuron",
                        sim=SimOptions(tensor_parallel_size=tp), **given).validate()
 
@@ -118,9 +121,11 @@ def case_run(args: dict) -> dict:
     run = engine.Engine(kwargs, quiet=True)
     outputs: dict[str, list[int]] = {}
     for request in args["requests"]:
-        run.add(request["id"], request["prompt"], request["max_tokens"],
-                request.get("temperature", 0.0), None, request.get("seed", 0),
-                ignore_eos=True, detokenize=False)
+        temperature = request.get("temperature", 0.0)
+        run.add(request["id"], request["prompt"],
+                {"max_tokens": request["max_tokens"], "temperature": temperature, "stop": None,
+                 "seed": request.get("seed", 0) if temperature > 0 else None,
+                 "ignore_eos": True})
     for _ in range(args.get("max_steps", 100_000)):
         if not run.has_unfinished():
             break
