@@ -311,6 +311,11 @@ class RunSettings:
                       if found.get("distribution") or found["version"] else None)
         return decide_runtime(self.runtime, self.device, self._sim_family(), plugin)
 
+    def replace(self, **changes: Any) -> RunSettings:
+        """These settings with `changes` (setting name -> value): the one way code below the
+        CLI derives a variant (bench's grid, plan's options, a split's parts)."""
+        return replace(self, **changes)
+
     def bucket_lists(self) -> dict[str, list[int]]:
         """The bucket lists the user gave, by the plugin config key of their runtime (a
         one-value option, --max-context-length, as a list of one)."""
