@@ -78,13 +78,13 @@ def write_workloads(folder: Path, names: list[str]) -> dict[str, Path]:
 
 
 def settings_for(args, csv_path: Path, max_num_seqs: int, rule: str, out: Path):
-    from neuron_batch.config import RunSettings, SimOptions
+    from neuron_batch.settings import RunSettings
 
-    return RunSettings(
+    return RunSettings.of(
         inputs=(str(csv_path),), device="sim", max_num_seqs=max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         kv_reserve=rule, output=str(out), quiet=True, runtime=args.runtime,
-        sim=SimOptions(instance=args.instance, architecture=args.arch)).validate()
+        instance=args.instance, architecture=args.arch).validate()
 
 
 _WORKLOADS: dict[tuple, object] = {}

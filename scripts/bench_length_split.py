@@ -88,17 +88,17 @@ def compare_on(instance: str, tp: int, cuts: list[int], limit: int | None, promp
         format_comparison,
         run_candidates,
     )
-    from neuron_batch.config import RunSettings, SimOptions
+    from neuron_batch.settings import RunSettings
 
     longest = -(-max(lengths) // STEP) * STEP
-    base = RunSettings(
+    base = RunSettings.of(
         inputs=(str(TRACE),), device="sim", max_num_seqs=slots_at(instance, tp)(longest),
         max_model_len=longest, limit=limit, quiet=True, order="length",
-        sim=SimOptions(instance=instance, architecture=ARCH, tensor_parallel_size=tp))
+        instance=instance, architecture=ARCH, tensor_parallel_size=tp)
     candidates = comparison_candidates(base, out, cuts, prompt_lens, lengths)
     as_default = replace(candidates[0], name="single default",
                          params={**candidates[0].params, "order": "input"},
-                         settings=replace(candidates[0].settings, order="input",
+                         settings=candidates[0].settings.replace(order="input",
                                           output=str(out / "configs" / "single-default")))
     candidates = [as_default, *candidates[1:]]   # (fitted + longest first is the better one)
     outcomes = run_candidates(candidates, jobs=jobs, log=lambda m: print(m, flush=True))

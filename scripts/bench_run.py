@@ -29,12 +29,12 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from neuron_batch.config import RunSettings  # noqa: E402
 from neuron_batch.engine.engine import engine_kwargs  # noqa: E402
 from neuron_batch.engine.models import load_tokenizer, resolve_model  # noqa: E402
 from neuron_batch.inputs.load import load_prompts  # noqa: E402
 from neuron_batch.inputs.prepare import prepare_requests  # noqa: E402
 from neuron_batch.run.runner import run  # noqa: E402
+from neuron_batch.settings import RunSettings  # noqa: E402
 
 BUILTIN_PROMPTS = ROOT / "neuron_batch" / "data" / "example_prompts.jsonl"
 
@@ -100,7 +100,7 @@ def main() -> None:
         workdir = Path(tmp)
         prompts = make_input(args.copies, workdir)
         for repeat in range(args.repeats):
-            settings = RunSettings(inputs=(prompts,), device="cpu", max_tokens=args.max_tokens,
+            settings = RunSettings.of(inputs=(prompts,), device="cpu", max_tokens=args.max_tokens,
                                    max_num_seqs=args.max_num_seqs,
                                    output=str(workdir / f"run-{repeat}"), quiet=True)
             plain_s, plain_tokens = time_plain_generate(settings, workdir)

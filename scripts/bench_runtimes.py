@@ -46,15 +46,15 @@ LAYOUTS = {"inf2.8xlarge": (2, 6), "inf2.48xlarge": (24, 32), "trn2.48xlarge": (
 def bench_one(instance: str, args, out: Path) -> dict:
     from neuron_batch.bench.ranking import rank
     from neuron_batch.bench.sweep import SWEEP_JSON, run_sweep
-    from neuron_batch.config import CostOptions, RunSettings, SimOptions
+    from neuron_batch.settings import RunSettings
 
     tp, seqs = LAYOUTS[instance]
     price = args.trn2_price if instance.startswith("trn2") else None
-    base = RunSettings(
+    base = RunSettings.of(
         inputs=(str(TRACE),), device="sim", max_num_seqs=seqs, max_model_len=16384,
         max_num_batched_tokens=8192, limit=args.limit or None, quiet=True,
-        sim=SimOptions(instance=instance, architecture="llama-3.1-8b", tensor_parallel_size=tp),
-        cost=CostOptions(price_per_hour=price)).validate()
+        instance=instance, architecture="llama-3.1-8b", tensor_parallel_size=tp,
+        price_per_hour=price).validate()
     sweep_dir = out / instance
     started = time.monotonic()
     run_sweep(base, sweep_dir, seqs_values=[seqs], user_prefill=[], user_decode=[],

@@ -30,12 +30,12 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from neuron_batch.config import RunSettings  # noqa: E402
 from neuron_batch.engine.engine import Engine, engine_kwargs  # noqa: E402
 from neuron_batch.engine.models import load_tokenizer, resolve_model  # noqa: E402
 from neuron_batch.inputs.load import load_prompts  # noqa: E402
 from neuron_batch.inputs.prepare import prepare_requests  # noqa: E402
 from neuron_batch.inputs.request_fields import sampling_spec  # noqa: E402
+from neuron_batch.settings import RunSettings  # noqa: E402
 
 BUILTIN_PROMPTS = ROOT / "neuron_batch" / "data" / "example_prompts.jsonl"
 #: A small extraction schema, the kind a nightly batch job asks for.
@@ -70,7 +70,7 @@ def cpu_pairs(pairs: int, max_tokens: int, max_num_seqs: int, prompts: int | Non
     prepared = prepare_requests(loaded.records, tokenizer=tokenizer, tokenizer_name=model.name,
                                 vocab_size=len(tokenizer), max_model_len=2048,
                                 default_max_tokens=max_tokens)
-    settings = RunSettings(inputs=(str(BUILTIN_PROMPTS),), device="cpu", max_model_len=2048,
+    settings = RunSettings.of(inputs=(str(BUILTIN_PROMPTS),), device="cpu", max_model_len=2048,
                            max_num_seqs=max_num_seqs, max_tokens=max_tokens).validate()
     with tempfile.TemporaryDirectory() as tmp:
         kwargs = engine_kwargs(settings, "cpu", model.path, Path(tmp) / "records.jsonl",

@@ -22,7 +22,6 @@ import argparse
 import csv
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,19 +108,19 @@ def sweep() -> None:
 
 def estimates() -> None:
     """choose_cut on the whole trace, and the side-by-side placement on 3,000 requests."""
-    from neuron_batch.config import RunSettings, SimOptions
     from neuron_batch.inputs.prepare import in_order
     from neuron_batch.job.job import resolve_target
     from neuron_batch.layout.split import choose_cut, plan_parts
     from neuron_batch.run.runner import split_inputs
+    from neuron_batch.settings import RunSettings
 
     sys.path.insert(0, str(ROOT / "scripts"))
     from split_what_if import load
 
-    base = RunSettings(("rederive",), device="sim", max_model_len=14208, max_num_seqs=7,
-                       order="length", sim=SimOptions(instance="inf2.8xlarge",
+    base = RunSettings.of(("rederive",), device="sim", max_model_len=14208, max_num_seqs=7,
+                       order="length", instance="inf2.8xlarge",
                                                       tensor_parallel_size=2,
-                                                      architecture=ARCH)).validate()
+                                                      architecture=ARCH).validate()
     slots, estimate = split_inputs(resolve_target(base, None), None)
     requests = in_order(load(TRACE, None), "length")
     print("\n--split-at auto on the whole trace (inf2.8xlarge TP 2, 7 slots of 14,208):")
@@ -129,8 +128,8 @@ def estimates() -> None:
     for compiled in (False, True):
         print(f"  every layout {'compiled before' if compiled else 'compiled fresh'}: "
               + choose_cut(base, requests, slots, estimate.assuming(compiled))[1])
-    side = replace(base, split_at=2176, replicas=2, split_placement="auto",
-                   sim=replace(base.sim, num_instances=2)).validate()
+    side = base.replace(split_at=2176, replicas=2, split_placement="auto",
+                        num_instances=2).validate()
     first = in_order(load(TRACE, 3000), "length")
     slots, estimate = split_inputs(resolve_target(side, None), None)
     for compiled in (None, False, True):

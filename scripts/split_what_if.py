@@ -17,12 +17,10 @@ scripts/bench_length_split.py (single fitted layout 9.48 h against 9.53 h simula
 from __future__ import annotations
 
 import csv
-from dataclasses import replace
 from pathlib import Path
 
 import click
 
-from neuron_batch.config import RunSettings, SimOptions
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
 from neuron_batch.inputs.prepare import PreparedRequest, in_order
 from neuron_batch.inputs.records import PromptRecord
@@ -30,6 +28,7 @@ from neuron_batch.job.job import resolve_target
 from neuron_batch.layout.bounds import ShareStats, prefill_seconds
 from neuron_batch.layout.placement import BoundEstimate
 from neuron_batch.layout.split import MAX_SHORT_SLOTS, Part, fitted_to
+from neuron_batch.settings import RunSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "datasets" / "azure-llm-inference-conv-2023.csv"
@@ -57,10 +56,10 @@ def load(path: Path, limit: int | None) -> list[PreparedRequest]:
               help="A set of cuts to weigh (repeat; empty: the single layout). Default: a few.")
 def main(trace, limit, instance, tp, architecture, max_model_len, max_num_seqs, cuts):
     requests = in_order(load(trace, limit), "length")
-    base = RunSettings(("what-if",), device="sim", max_model_len=max_model_len,
+    base = RunSettings.of(("what-if",), device="sim", max_model_len=max_model_len,
                        max_num_seqs=max_num_seqs, order="length",
-                       sim=SimOptions(instance=instance, tensor_parallel_size=tp,
-                                      architecture=architecture)).validate()
+                       instance=instance, tensor_parallel_size=tp,
+                                      architecture=architecture).validate()
     target = resolve_target(base, None)
     estimate = BoundEstimate(target)
     runtime = target.runtime
@@ -69,10 +68,10 @@ def main(trace, limit, instance, tp, architecture, max_model_len, max_num_seqs, 
         members = [r for r in requests if low < r.length <= high]
         if not members:
             return 0.0, 0, 0
-        settings = replace(base, max_model_len=high)
+        settings = base.replace(max_model_len=high)
         slots = max_num_seqs if high == max_model_len else min(
             int(target.static_slots(high)), MAX_SHORT_SLOTS, len(members))
-        settings = replace(settings, max_num_seqs=slots).with_buckets(
+        settings = settings.replace(max_num_seqs=slots).with_buckets(
             runtime, *fitted_to(runtime, members, high)).validate()
         return estimate.seconds(Part("what-if", settings, members)), len(members), slots
 

@@ -20,27 +20,25 @@ from neuron_batch.choices import (
     WeightDtype,
 )
 from neuron_batch.cli import main
-from neuron_batch.config import (
-    CostOptions,
+from neuron_batch.settings import (
     RunSettings,
     SettingsError,
-    SimOptions,
 )
-from neuron_batch.job_file import load_config_file
+from neuron_batch.settings.job_file import load_config_file
 
 
 def test_every_choice_is_its_member_once_built():
-    settings = RunSettings(inputs=("x",), device="sim", kv_reserve="max-model-len",
+    settings = RunSettings.of(inputs=("x",), device="sim", kv_reserve="max-model-len",
                            order="length", on_error="skip", split_placement="in-turn",
-                           sim=SimOptions(weight_dtype="int8"),
-                           cost=CostOptions(pricing="reserved"))
+                           weight_dtype="int8",
+                           pricing="reserved")
     assert settings.device is Device.SIM
     assert settings.kv_reserve is KvReserve.MAX_MODEL_LEN
     assert settings.order is Order.LENGTH
     assert settings.on_error is OnError.SKIP
     assert settings.split_placement is PlacementMode.IN_TURN
-    assert settings.sim.weight_dtype is WeightDtype.INT8
-    assert settings.cost.pricing is Pricing.RESERVED
+    assert settings.weight_dtype is WeightDtype.INT8
+    assert settings.pricing is Pricing.RESERVED
     # members still equal the strings the rest of the code compares with
     assert settings.device == "sim" and settings.kv_reserve == "max_model_len"
 
@@ -52,13 +50,13 @@ def test_any_spelling_of_a_kv_rule_is_one_member(name, upper, pad):
     any case, the short names, surrounding blanks."""
     spelled = pad + "".join(c.upper() if u else c for c, u in zip(name, upper)) + pad
     expected = KvReserve.REQUEST if name.startswith("req") else KvReserve.MAX_MODEL_LEN
-    built = RunSettings(inputs=("x",), device="cpu", kv_reserve=spelled).validate()
+    built = RunSettings.of(inputs=("x",), device="cpu", kv_reserve=spelled).validate()
     assert built.kv_reserve is expected
 
 
 def test_a_library_caller_s_dashed_kv_rule_is_the_rule():
     """Issue 32's bug: the dashed spelling stayed a string that the plan bounds did not know."""
-    settings = RunSettings(inputs=("x",), kv_reserve="max-model-len", device="cpu").validate()
+    settings = RunSettings.of(inputs=("x",), kv_reserve="max-model-len", device="cpu").validate()
     assert settings.kv_reserve is KvReserve.MAX_MODEL_LEN
 
 
@@ -69,23 +67,23 @@ def test_a_library_caller_s_dashed_kv_rule_is_the_rule():
     ({"split_placement": "apart"},
      "--split-placement must be one of auto, in-turn, side-by-side, got 'apart'"),
     ({"kv_reserve": "all"}, "--kv-reserve must be one of request, max-model-len, got 'all'"),
-    ({"device": "sim", "cost": CostOptions(pricing="spot")},
+    ({"device": "sim", "pricing": "spot"},
      "--pricing must be one of on-demand, reserved, got 'spot'"),
 ])
 def test_a_value_that_is_no_choice_keeps_its_message(changes, message):
-    settings = RunSettings(inputs=("x",), **changes)      # built: refused only by validate()
+    settings = RunSettings.of(inputs=("x",), **changes)      # built: refused only by validate()
     with pytest.raises(SettingsError) as error:
         settings.validate()
     assert str(error.value) == message
 
 
 def test_run_json_and_reprs_read_as_plain_strings():
-    settings = RunSettings(inputs=("x",), device="sim", kv_reserve="max-model-len",
-                           dataset_split="validation", sim=SimOptions(weight_dtype="fp8"))
+    settings = RunSettings.of(inputs=("x",), device="sim", kv_reserve="max-model-len",
+                           dataset_split="validation", weight_dtype="fp8")
     saved = settings.to_dict()
     assert type(saved["device"]) is str and saved["device"] == "sim"
     assert type(saved["kv_reserve"]) is str and saved["kv_reserve"] == "max_model_len"
-    assert type(saved["sim"]["weight_dtype"]) is str and type(saved["cost"]["pricing"]) is str
+    assert type(saved["sim"]["weight_dtype"]) is str and type(saved["pricing"]) is str
     # the data set's split keeps the key run.json always had
     assert saved["split"] == "validation" and "dataset_split" not in saved
     def plain(value):

@@ -237,28 +237,28 @@ def test_an_nxdi_host_without_nxdi_or_room_for_its_kv_cannot_run():
 
 
 def test_doctor_checks_a_layout_against_the_static_kv_rule(monkeypatch, tmp_path):
-    from neuron_batch.config import CostOptions, RunSettings, SimOptions
+    from neuron_batch.settings import RunSettings
 
-    layout = RunSettings(inputs=("-",), model="llama-3.1-8b", max_num_seqs=32,
-                         max_model_len=16384, sim=SimOptions(tensor_parallel_size=2),
-                         cost=CostOptions(instance="inf2.xlarge"))
+    layout = RunSettings.of(inputs=("-",), model="llama-3.1-8b", max_num_seqs=32,
+                         max_model_len=16384, tensor_parallel_size=2,
+                         host_instance="inf2.xlarge")
     found = doctor.neuron_runtime_facts("0.2.0", layout)
     assert found["runtime"] == "nxdi" and found["instance"] == "inf2.xlarge"
     assert found["static_kv"]["fits"] is False
     assert "What fits" in found["static_kv"]["detail"]
-    small = RunSettings(inputs=("-",), model="llama-3.1-8b", max_num_seqs=4,
-                        max_model_len=4096, sim=SimOptions(tensor_parallel_size=2),
-                        cost=CostOptions(instance="inf2.xlarge"))
+    small = RunSettings.of(inputs=("-",), model="llama-3.1-8b", max_num_seqs=4,
+                        max_model_len=4096, tensor_parallel_size=2,
+                        host_instance="inf2.xlarge")
     assert doctor.neuron_runtime_facts("0.2.0", small)["static_kv"]["fits"] is True
     assert doctor.neuron_runtime_facts(None, small)["runtime"] is None
 
 
 def test_an_nxdi_host_says_whether_prefix_caching_is_on_its_layout_and_graph_count():
-    from neuron_batch.config import RunSettings
+    from neuron_batch.settings import RunSettings
 
     def layout(**changes):
         limits = {"max_num_seqs": 4, "max_model_len": 4096, "prefix_caching": True, **changes}
-        return doctor.neuron_runtime_facts("0.2.0", RunSettings(inputs=("-",), **limits)
+        return doctor.neuron_runtime_facts("0.2.0", RunSettings.of(inputs=("-",), **limits)
                                            )["kv_layout"]
 
     def check(kv_layout):

@@ -19,7 +19,7 @@ STAGES = (
     ("inputs", "scheduler"),                        # 1. prompts in; the Neuron scheduler
     ("device",),                                    # 2. the simulated Neuron device
     ("report",),                                    # 3. records -> report (pure)
-    ("config", "job_file"),                         # run settings, validated; job files
+    ("settings",),                                  # run settings: declared, validated; job files
     ("layout",),                                    # pure planning: buckets, bounds, splits
     ("engine",),                                    # the vLLM and model boundary
     ("job",),                                       # one run's folder, workload, engine loop

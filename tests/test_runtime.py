@@ -9,7 +9,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from neuron_batch.buckets import BucketError
-from neuron_batch.config import RunSettings, SettingsError, SimOptions
 from neuron_batch.device.cost_model import CapacityError
 from neuron_batch.device.hardware import get_instance
 from neuron_batch.device.static_kv import static_kv_capacity, static_slots
@@ -21,6 +20,7 @@ from neuron_batch.runtime import (
     get_runtime,
     nxdi_default_buckets,
 )
+from neuron_batch.settings import RunSettings, SettingsError
 from neuron_batch.versions import runtime_of_plugin
 
 GIB = 1 << 30
@@ -110,31 +110,31 @@ def test_nxdi_refuses_the_other_runtimes_flags_naming_them():
 
 
 def test_settings_resolve_the_runtime_once_and_refuse_what_does_not_apply():
-    sim = RunSettings(inputs=("x",), device="sim")
+    sim = RunSettings.of(inputs=("x",), device="sim")
     assert sim.resolve_runtime().name == NXDI             # inf2.8xlarge by default
-    trn2 = RunSettings(inputs=("x",), device="sim", sim=SimOptions(instance="trn2.48xlarge"))
+    trn2 = RunSettings.of(inputs=("x",), device="sim", instance="trn2.48xlarge")
     assert trn2.resolve_runtime().name == VLLM_NEURON
-    assert RunSettings(inputs=("x",), device="cpu").resolve_runtime().name == VLLM_NEURON
+    assert RunSettings.of(inputs=("x",), device="cpu").resolve_runtime().name == VLLM_NEURON
     with pytest.raises(SettingsError, match="--decode-buckets belong"):
-        RunSettings(inputs=("x",), device="sim", decode_buckets=(1, 8)).validate()
+        RunSettings.of(inputs=("x",), device="sim", decode_buckets=(1, 8)).validate()
     with pytest.raises(SettingsError, match="--kv-reserve does not apply under the nxdi"):
-        RunSettings(inputs=("x",), device="sim", kv_reserve="max_model_len").validate()
-    ok = RunSettings(inputs=("x",), device="sim", runtime="vllm-neuron", decode_buckets=(1, 8),
-                     sim=SimOptions(instance="trn2.48xlarge"))
+        RunSettings.of(inputs=("x",), device="sim", kv_reserve="max_model_len").validate()
+    ok = RunSettings.of(inputs=("x",), device="sim", runtime="vllm-neuron", decode_buckets=(1, 8),
+                     instance="trn2.48xlarge")
     assert ok.validate().buckets()[1] == [1, 8]
     # the Beta plugin ships for trn2/trn3 only: no figure for a layout inf2 cannot load
     with pytest.raises(SettingsError, match="--runtime vllm-neuron does not run on "
                                             "inf2.8xlarge: AWS ships it for trn2/trn3 only"):
-        RunSettings(inputs=("x",), device="sim", runtime="vllm-neuron").validate()
+        RunSettings.of(inputs=("x",), device="sim", runtime="vllm-neuron").validate()
     # NxDI runs on trn2 as well as inf2 and trn1
-    RunSettings(inputs=("x",), device="sim", runtime="nxdi",
-                sim=SimOptions(instance="trn2.48xlarge")).validate()
+    RunSettings.of(inputs=("x",), device="sim", runtime="nxdi",
+                instance="trn2.48xlarge").validate()
     # off the simulated device the runtime only shapes the schedule (the CPU's seed design)
-    RunSettings(inputs=("x",), device="cpu", runtime="vllm-neuron").validate()
+    RunSettings.of(inputs=("x",), device="cpu", runtime="vllm-neuron").validate()
 
 
 def test_with_buckets_sets_the_runtimes_own_fields():
-    base = RunSettings(inputs=("x",), device="sim", prefill_buckets=(128, 2048))
+    base = RunSettings.of(inputs=("x",), device="sim", prefill_buckets=(128, 2048))
     nxdi = base.with_buckets(get_runtime(NXDI), (512, 2048), None, (1024, 2048))
     assert nxdi.prefill_buckets is None and nxdi.runtime == NXDI
     assert nxdi.context_encoding_buckets == (512, 2048)

@@ -6,7 +6,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from neuron_batch.buckets import BucketError
-from neuron_batch.config import RunSettings, SettingsError, SimOptions
 from neuron_batch.runtime import (
     NXDI,
     OPTIMUM_NEURON,
@@ -16,6 +15,7 @@ from neuron_batch.runtime import (
     get_runtime,
     runtime_of,
 )
+from neuron_batch.settings import RunSettings, SettingsError
 
 OPTIMUM = get_runtime(OPTIMUM_NEURON)
 
@@ -104,23 +104,23 @@ def test_the_other_runtimes_refuse_its_option_naming_it():
 
 
 def test_settings_take_it_by_name_and_refuse_prefix_caching_and_other_instances():
-    base = RunSettings(inputs=("x",), device="sim", runtime="optimum-neuron",
+    base = RunSettings.of(inputs=("x",), device="sim", runtime="optimum-neuron",
                        prefix_caching=False, max_model_len=4096, max_context_length=1024)
     assert base.validate().resolve_runtime() is OPTIMUM
     assert base.shapes().prefill_buckets == (1024,)
     with pytest.raises(SettingsError, match="optimum-neuron runs without prefix caching.*"
                                             "--prefix-caching off"):
-        RunSettings(inputs=("x",), device="sim", runtime="optimum-neuron",
+        RunSettings.of(inputs=("x",), device="sim", runtime="optimum-neuron",
                     prefix_caching=True).validate()
     # auto (the default) is not refused: the run decides off (run/prefix_auto.py)
-    RunSettings(inputs=("x",), device="sim", runtime="optimum-neuron").validate()
+    RunSettings.of(inputs=("x",), device="sim", runtime="optimum-neuron").validate()
     with pytest.raises(SettingsError, match="does not run on trn2.48xlarge"):
-        RunSettings(inputs=("x",), device="sim", runtime="optimum-neuron",
-                    prefix_caching=False, sim=SimOptions(instance="trn2.48xlarge")).validate()
+        RunSettings.of(inputs=("x",), device="sim", runtime="optimum-neuron",
+                    prefix_caching=False, instance="trn2.48xlarge").validate()
     with pytest.raises(SettingsError, match="--max-context-length belong"):
-        RunSettings(inputs=("x",), device="sim", max_context_length=1024).validate()
+        RunSettings.of(inputs=("x",), device="sim", max_context_length=1024).validate()
     # bench and plan set its one value through the runtime's own option
-    swept = RunSettings(inputs=("x",), device="sim", prefix_caching=False,
+    swept = RunSettings.of(inputs=("x",), device="sim", prefix_caching=False,
                         context_encoding_buckets=(512, 2048)).with_buckets(OPTIMUM, [1024])
     assert swept.max_context_length == 1024 and swept.context_encoding_buckets is None
     assert swept.validate().shapes().prefill_buckets == (1024,)

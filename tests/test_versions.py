@@ -118,16 +118,18 @@ def test_the_installed_host_plugin_is_found_by_its_distribution_and_entry_point(
 
 
 def test_the_installed_plugin_decides_the_runtime_of_a_neuron_run(monkeypatch):
-    from neuron_batch.config import RunSettings
+    from neuron_batch.settings import RunSettings
 
     _installed(monkeypatch, {"optimum-neuron": "0.4.5"},
                {"optimum_neuron": "optimum.neuron.vllm.plugin:register"})
-    settings = RunSettings(inputs=("x",), device="neuron", prefix_caching=False)
+    settings = RunSettings.of(inputs=("x",), device="neuron", prefix_caching=False)
     assert settings.resolve_runtime().name == "optimum-neuron"
-    assert RunSettings(inputs=("x",), device="neuron", runtime="nxdi").resolve_runtime(
+    assert RunSettings.of(inputs=("x",), device="neuron", runtime="nxdi").resolve_runtime(
         ).name == NXDI                                   # --runtime overrides it
     _installed(monkeypatch, {"vllm-neuron": "0.2.0"}, {"neuron": "vllm_neuron:register"})
-    assert settings.resolve_runtime().name == NXDI
+    # (a settings object reads the plugin once: the next run's settings read it anew)
+    assert settings.resolve_runtime().name == "optimum-neuron"
+    assert settings.replace().resolve_runtime().name == NXDI
 
 
 @pytest.mark.parametrize("text", ["0.24.0", "0.24.0+neuron", "0.11.0", "0.32.0+cpu",

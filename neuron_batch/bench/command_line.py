@@ -1,35 +1,25 @@
 """RunSettings -> the `neuron-batch run ...` command line that gives them back, so every plan
-option can be reproduced by hand. Pure Python.
+option and sweep configuration can be reproduced by hand. Pure Python.
 
-The device, instance, architecture, TP, limits, max_num_seqs and buckets are always written
-(they are what a plan chose); any other setting only where it differs from the default.
+What is written comes from each setting's declaration (settings/declare.py `Written`): the
+device, limits and max_num_seqs always (what a plan or sweep chose), the simulated target on
+--device sim, every bucket list as the runtime resolved it, any other setting only where it
+differs from its default, and nothing of where and how a run reports.
 """
 
 from __future__ import annotations
 
 import shlex
-from dataclasses import fields
 from typing import Any
 
 from neuron_batch.choices import Choice
-from neuron_batch.config import (
-    BUCKET_FIELDS,
-    OPTION_NAMES,
-    CostOptions,
-    RunSettings,
-    SimOptions,
-)
 from neuron_batch.prefix_grid import PREFIX_BUCKETS_KEY
+from neuron_batch.settings import DECLARED, RunSettings
+from neuron_batch.settings.declare import Kind, Written
 
-#: RunSettings fields that say where and how a run reports, not what it runs.
-_NOT_WRITTEN = {"output", "resume", "quiet", "max_runtime", "metrics_textfile", "inputs",
-                "sim", "cost", "max_num_seqs", "shuffle", "seed", "limit"}
-_ALWAYS = ("device", "max_model_len", "max_num_batched_tokens")
-_ALWAYS_SIM = ("instance", "architecture", "tensor_parallel_size")
-
-
-def _flag(name: str) -> str:
-    return "--" + OPTION_NAMES.get(name, name).replace("_", "-")
+#: Written first, the target's before the layout's: what a plan or sweep chose; then the rest
+#: as declared.
+_FIRST = (Written.ALWAYS, Written.ALWAYS_SIM)
 
 
 def _value(value: Any) -> str:
@@ -42,56 +32,39 @@ def _value(value: Any) -> str:
 
 def run_command(settings: RunSettings, *, program: str = "neuron-batch run") -> str:
     """The command line for `settings`."""
-    defaults = RunSettings(inputs=settings.inputs)
+    defaults = RunSettings.of(inputs=settings.inputs)
     parts = [program, *(shlex.quote(i) for i in settings.inputs)]
-
-    def add(name: str, value: Any) -> None:
-        if value is None:
-            return
-        if value is True:
-            parts.append(_flag(name))
-        elif value is not False:
-            parts.extend([_flag(name), shlex.quote(_value(value))])
-
-    for name in _ALWAYS:
-        add(name, getattr(settings, name))
-    if settings.simulated:
-        for name in _ALWAYS_SIM:
-            add(name, getattr(settings.sim, name))
-        sim_defaults = SimOptions()
-        for f in fields(SimOptions):
-            if f.name not in _ALWAYS_SIM and getattr(settings.sim, f.name) != getattr(
-                    sim_defaults, f.name):
-                add(f.name, getattr(settings.sim, f.name))
-    add("max_num_seqs", settings.max_num_seqs)
-    # Every bucket list the runtime compiles, by its own flags (resolved defaults included, so
-    # the line reproduces the run whatever the defaults become).
-    # (NxDI's prefix list only when given: bench and plan sweep the other three, and the
-    # default is fixed by --max-model-len)
-    for key, values in settings.shapes().bucket_lists().items():
-        if key != PREFIX_BUCKETS_KEY or settings.prefix_buckets is not None:
-            add(BUCKET_FIELDS[key], values)
-    for f in fields(RunSettings):
-        if (f.name in _NOT_WRITTEN or f.name in _ALWAYS
-                or f.name in BUCKET_FIELDS.values()):   # (written above, resolved)
+    resolved = settings.shapes().bucket_lists()
+    ordered = sorted((d for d in DECLARED if d.flag is not None and "run" in d.setting.commands),
+                     key=lambda d: (d.setting.written not in _FIRST, d.group != "target"))
+    for d in ordered:
+        flag, written, kind = f"--{d.flag}", d.setting.written, d.setting.kind
+        value = getattr(settings, d.name)
+        if written is Written.NEVER or (written is Written.ALWAYS_SIM and not settings.simulated):
             continue
-        value = getattr(settings, f.name)
-        if f.name == "prefix_caching":      # as weighed (auto, the default: not written)
-            if value is not None:
-                parts.extend(["--prefix-caching", "on"] if value else ["--no-prefix-caching"])
-        elif value is False and getattr(defaults, f.name) is True:
-            parts.append("--no-" + _flag(f.name)[2:])      # (--no-prefix-caching)
-        elif value != getattr(defaults, f.name):
-            add(f.name, value)
-    cost_defaults = CostOptions()
-    for name in ("pricing", "price_per_hour"):
-        if getattr(settings.cost, name) != getattr(cost_defaults, name):
-            add(name, getattr(settings.cost, name))
-    if settings.shuffle:
-        parts.append("--shuffle")
-    if settings.shuffle or settings.seed != defaults.seed:
-        add("seed", settings.seed)
-    add("limit", settings.limit)
+        if written is Written.RESOLVED:
+            # (NxDI's prefix list only when given: bench and plan sweep the other three, and
+            # its default is fixed by --max-model-len)
+            key = d.setting.plugin_key
+            if key not in resolved or (key == PREFIX_BUCKETS_KEY and value is None):
+                continue
+            value = resolved[key][-1] if kind is Kind.INT else resolved[key]
+        elif written is Written.CHANGED and value == getattr(defaults, d.name):
+            continue
+        if value is None or (kind in (Kind.FLAG, Kind.SWITCH) and value is False
+                             and written is not Written.CHANGED):
+            continue
+        if kind is Kind.PREFIX_CACHING:     # (as weighed; auto, the default, is not written)
+            parts.extend([flag, "on"] if value else [f"--no-{d.flag}"])
+        elif kind is Kind.FLAG:
+            parts.append(flag)
+        elif kind is Kind.SWITCH:
+            parts.append(flag if value else f"--no-{d.flag}")
+        elif kind is Kind.MANY:
+            for item in value:
+                parts.extend([flag, shlex.quote(str(item))])
+        else:
+            parts.extend([flag, shlex.quote(_value(value))])
     return " ".join(parts)
 
 

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.config import RunSettings
 from neuron_batch.inputs.prefix import DEFAULT_BLOCK, shared_prefix_tokens
 from neuron_batch.scheduler.records import DECODE, PREFILL, read_records
+from neuron_batch.settings import RunSettings
 
 
 def job_bound(prompts: Sequence[Sequence[int]], block: int = DEFAULT_BLOCK) -> dict[str, int]:

@@ -12,10 +12,10 @@ fits), and when none is left the sweep is refused with the message `run` would g
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from neuron_batch.config import RunSettings
 from neuron_batch.errors import EXIT_USAGE, RunError
+from neuron_batch.settings import RunSettings
 
 
 @dataclass
@@ -41,7 +41,7 @@ def layout_check(base: RunSettings, workload=None) -> Callable[[RunSettings], No
     from neuron_batch.run.runner import check_neuron_host
 
     if base.simulated:
-        if not base.sim.architecture and workload is None:
+        if not base.architecture and workload is None:
             return None
         model_path = workload.model.path if workload is not None else None
         return lambda settings: resolve_target(settings, model_path) and None
@@ -61,7 +61,7 @@ def loadable(base: RunSettings, seqs_values: Sequence[int], kv_values: Sequence[
     for kv in kv_values:
         for seqs in seqs_values:
             try:
-                check(replace(base, max_num_seqs=seqs, kv_reserve=kv))
+                check(base.replace(max_num_seqs=seqs, kv_reserve=kv))
                 errors[kv, seqs] = None
             except RunError as error:
                 errors[kv, seqs] = str(error)

@@ -19,17 +19,16 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from neuron_batch.bench.ranking import compile_and_usd
 from neuron_batch.bench.sweep_grid import Candidate
-from neuron_batch.config import RunSettings
 from neuron_batch.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
 from neuron_batch.job.folder import write_json_atomic
 from neuron_batch.layout.split import fitted_buckets
 from neuron_batch.report.cost import per_million
+from neuron_batch.settings import RunSettings
 
 SPLIT_JSON = "split.json"
 SINGLE, FITTED = "single", "single fitted"
@@ -43,7 +42,7 @@ def comparison_candidates(base: RunSettings, out_dir: Path, cuts: Sequence[int],
 
     def make(name: str, settings: RunSettings, **params: Any) -> Candidate:
         folder = out_dir / "configs" / name.replace(" ", "-")
-        settings = replace(settings, output=str(folder), quiet=True, resume=True,
+        settings = settings.replace(output=str(folder), quiet=True, resume=True,
                            metrics_textfile=None).validate()
         return Candidate(name, {"runtime": runtime.name, "order": settings.order, **params},
                          settings)
@@ -52,7 +51,7 @@ def comparison_candidates(base: RunSettings, out_dir: Path, cuts: Sequence[int],
     fitted = fitted_buckets(runtime, prompt_lens, lengths, base.max_model_len)
     if any(fitted):
         out.append(make(FITTED, base.with_buckets(runtime, *fitted), split_at=None))
-    out += [make(f"split {cut}", replace(base, split_at=cut), split_at=cut) for cut in cuts]
+    out += [make(f"split {cut}", base.replace(split_at=cut), split_at=cut) for cut in cuts]
     return out
 
 
@@ -141,11 +140,11 @@ def run_split_compare(base: RunSettings, out_dir: Path, cuts: Sequence[int], *, 
         raise RunError(f"{out_dir} already holds a split comparison; pass --resume to continue "
                        f"it, or choose another --output")
     for cut in cuts:
-        replace(base, split_at=cut).validate()
+        base.replace(split_at=cut).validate()
     workload = load_workload(base, log, command="bench")
     requests = workload.prepared.requests
     for cut in cuts:
-        check_split(replace(base, split_at=cut), requests)
+        check_split(base.replace(split_at=cut), requests)
     out_dir.mkdir(parents=True, exist_ok=True)
     candidates = comparison_candidates(base, out_dir, cuts, workload.prompt_lengths(),
                                        [r.length for r in requests])

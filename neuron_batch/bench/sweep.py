@@ -28,7 +28,6 @@ import shlex
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -46,11 +45,11 @@ from neuron_batch.bench.sweep_grid import (  # noqa: F401  (re-exported)
 )
 from neuron_batch.bench.table import MAX_WIDTH, wrap
 from neuron_batch.choices import prefix_caching_word
-from neuron_batch.config import RunSettings
 from neuron_batch.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunError
 from neuron_batch.job.folder import REPORT, write_json_atomic
 from neuron_batch.job.workload import load_workload
 from neuron_batch.run.runner import run
+from neuron_batch.settings import RunSettings
 
 SWEEP_JSON, SWEEP_CSV = "sweep.json", "sweep.csv"
 
@@ -71,7 +70,7 @@ def run_candidate(settings: RunSettings) -> dict[str, Any]:
     try:
         key = (settings.inputs, settings.prompt_column, settings.dataset_split, settings.limit,
                settings.shuffle, settings.seed, settings.model, settings.max_model_len,
-               settings.max_tokens, settings.device, settings.sim.architecture)
+               settings.max_tokens, settings.device, settings.architecture)
         workload = _WORKER_WORKLOADS.get(key)
         if workload is None:
             workload = _WORKER_WORKLOADS[key] = load_workload(settings, lambda m: None,
@@ -258,7 +257,7 @@ def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
     simulated = base.simulated
     jobs = jobs if simulated else 1  # a real device runs one engine at a time
     meta = {"inputs": list(base.inputs), "device": base.device, "model": workload.model.name,
-            "sim": base.sim.__dict__ if simulated else None, "num_requests": len(lengths),
+            "sim": base.to_dict()["sim"] if simulated else None, "num_requests": len(lengths),
             "max_num_batched_tokens": base.max_num_batched_tokens,
             "max_model_len": base.max_model_len, "max_num_seqs_values": list(seqs_values),
             "runtime": base.resolve_runtime().name,
@@ -346,7 +345,7 @@ def run_repeats(base: RunSettings, bench_dir: Path, *, repeats: int, warmup: int
     results = []
     for i in range(warmup + repeats):
         label = f"warmup-{i + 1}" if i < warmup else f"repeat-{i - warmup + 1}"
-        settings = replace(base, output=str(bench_dir / label), quiet=True, resume=True,
+        settings = base.replace(output=str(bench_dir / label), quiet=True, resume=True,
                            metrics_textfile=None)
         outcome = run(settings, log=lambda m: None, workload=workload)
         tput = outcome.report["throughput"]["output_tokens_per_s"]

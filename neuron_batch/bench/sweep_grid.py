@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from neuron_batch.buckets import DECODE_CONTEXT_MULTIPLE, round_model_len
 from neuron_batch.choices import prefix_caching_word
-from neuron_batch.config import RunSettings
 from neuron_batch.layout.optimiser import plans_for_each_k, prefill_chunk_lengths
 from neuron_batch.scheduler.kv_reserve import SHORT_NAMES
 from neuron_batch.scheduler.records import DECODE, read_records
+from neuron_batch.settings import RunSettings
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def candidate(base: RunSettings, sweep_dir: Path, name: str, *, max_num_seqs: in
     second list is the token-generation one, given as `attention`."""
     kv_reserve = kv_reserve or base.kv_reserve
     runtime = base.resolve_runtime()
-    settings = replace(base, max_num_seqs=max_num_seqs, kv_reserve=kv_reserve,
+    settings = base.replace(max_num_seqs=max_num_seqs, kv_reserve=kv_reserve,
                        output=str(sweep_dir / "configs" / _slug(name)), quiet=True, resume=True,
                        metrics_textfile=None)
     settings = settings.with_buckets(runtime, prefill, decode, attention)
@@ -87,7 +87,7 @@ def prefix_variants(base: RunSettings, caching_values: Sequence[bool] | None = N
             suffix = ((f",PC={'on' if caching else 'off'}" if len(cachings) > 1 else "")
                       + (f",O={ORDER_SHORT.get(order.value, order.value)}"
                          if len(orders) > 1 else ""))
-            out.append((replace(base, prefix_caching=caching, order=order), suffix))
+            out.append((base.replace(prefix_caching=caching, order=order), suffix))
     return out
 
 
@@ -239,7 +239,7 @@ def export_candidates(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequen
                 if (cname, lname) == ("def", "def") or shape in seen or shape == (None, mml):
                     continue
                 seen.add(shape)
-                out.append(candidate(replace(base, max_model_len=length), sweep_dir,
+                out.append(candidate(base.replace(max_model_len=length), sweep_dir,
                                      f"P={cname},L={lname}" + suffix, max_num_seqs=seqs,
                                      prefill=None if shape[0] is None else [shape[0]],
                                      decode=None, kv_reserve=kv_reserve))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -11,14 +10,13 @@ import click
 from neuron_batch.cli.group import main
 from neuron_batch.cli.options import (
     EXIT_CODES_HELP,
-    cost_options,
-    engine_options,
     int_list,
-    kv_reserve_list,
     load_config_option,
     settings_from_options,
+    settings_options,
+    sweep_values,
 )
-from neuron_batch.config import DEFAULT_MAX_TOKENS, SettingsError, parse_buckets_option
+from neuron_batch.settings import SettingsError, parse_buckets_option
 
 
 def _orders(text: str | None) -> list[str] | None:
@@ -42,8 +40,7 @@ def _orders(text: str | None) -> list[str] | None:
 @click.argument("inputs", nargs=-1)
 @click.option("--config", type=click.Path(dir_okay=False), callback=load_config_option,
               is_eager=True, expose_value=False, help="A TOML job file (as for `run`).")
-@engine_options
-@cost_options
+@settings_options("bench")
 @click.option("--sweep-buckets", is_flag=True,
               help="Run the workload under many bucket configurations and rank them.")
 @click.option("--prefill-buckets-set", multiple=True, metavar="N,N,...",
@@ -76,13 +73,6 @@ def _orders(text: str | None) -> list[str] | None:
 @click.option("--jobs", type=int, default=None,
               help="Simulated configurations run in parallel on this many processes. "
                    "Default: the machine's cores.")
-@click.option("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, show_default=True)
-@click.option("--ignore-eos", is_flag=True, help="Generate exactly max-tokens (as on sim).")
-@click.option("--prompt-column", default="prompt", show_default=True)
-@click.option("--split", "dataset_split", default="train", show_default=True,
-              help="Data-set split to read.")
-@click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
-@click.option("--seed", type=int, default=0, show_default=True)
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Bench folder. Default: results/<timestamp>-bench-<input name>/.")
 @click.option("--resume", is_flag=True, help="Continue a sweep in --output.")
@@ -122,10 +112,12 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
     from neuron_batch.job.folder import default_output_dir
 
     try:
-        seqs_values = int_list(options.pop("max_num_seqs"), "--max-num-seqs")
-        kv_values = kv_reserve_list(options["kv_reserve"])
+        swept = sweep_values(options, "bench")
+        seqs_values, kv_values = swept["max_num_seqs"], swept["kv_reserve"]
         output, quiet = options.pop("output"), options.pop("quiet")
-        base = settings_from_options(inputs, seqs_values[0], {**options, "quiet": True})
+        base = settings_from_options(inputs, {**options, "max_num_seqs": str(seqs_values[0]),
+                                              "kv_reserve": kv_values[0], "quiet": True},
+                                     "bench")
         user_prefill = [parse_buckets_option(t, "--prefill-buckets-set") for t in
                         prefill_buckets_set]
         user_decode = [parse_buckets_option(t, "--decode-buckets-set") for t in
@@ -154,7 +146,7 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
                                 "combine with --sweep-buckets, --repeat or several "
                                 "--max-num-seqs / --kv-reserve values")
         for cut in cuts:
-            replace(base, split_at=cut).validate()
+            base.replace(split_at=cut).validate()
         if len(seqs_values) > 1 and not sweep_buckets:
             raise SettingsError("several --max-num-seqs values need --sweep-buckets")
         if len(kv_values) > 1 and not sweep_buckets:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 
 import click
 
 from neuron_batch.cli.group import main
-from neuron_batch.cli.options import weight_dtype_option
-from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_SEQS
+from neuron_batch.cli.options import setting_option
+from neuron_batch.settings import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_SEQS
 
 
 @main.command()
@@ -27,7 +26,7 @@ from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_SEQS
 @click.option("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN, show_default=True)
 @click.option("--tensor-parallel-size", type=int, default=None,
               help="NeuronCores the model is sharded over. Default: vLLM's (1).")
-@weight_dtype_option()
+@setting_option("weight_dtype")
 @click.option("--instance", default=None, envvar="NEURON_BATCH_INSTANCE",
               help="The instance type. Default: what the host says (EC2's DMI product name).")
 @click.option("--prefix-caching/--no-prefix-caching", default=None,
@@ -57,25 +56,18 @@ def doctor(as_json, results_dir, no_platform, model, max_num_seqs, max_model_len
 
     Exits 0 when a run can start, 1 (with the reasons) when it cannot.
     """
-    from neuron_batch.config import (
-        CostOptions,
-        RunSettings,
-        SettingsError,
-        SimOptions,
-        parse_buckets_option,
-    )
     from neuron_batch.doctor import format_text, gather, report
+    from neuron_batch.settings import RunSettings, SettingsError, parse_buckets_option
 
     if prefix_caching is None:      # (the runtime this host's plugin runs decides it)
-        prefix_caching = RunSettings(inputs=("-",)).resolve_runtime().prefix_caching
-    layout = RunSettings(inputs=("-",), model=model, max_num_seqs=max_num_seqs,
-                         max_model_len=max_model_len, compiled_artifacts=compiled_artifacts,
-                         prefix_caching=prefix_caching, block_size=block_size,
-                         sim=SimOptions(tensor_parallel_size=tensor_parallel_size,
-                                        weight_dtype=weight_dtype),
-                         cost=CostOptions(instance=instance))
+        prefix_caching = RunSettings.of(inputs=("-",)).resolve_runtime().prefix_caching
+    layout = RunSettings.of(inputs=("-",), model=model, max_num_seqs=max_num_seqs,
+                            max_model_len=max_model_len, compiled_artifacts=compiled_artifacts,
+                            prefix_caching=prefix_caching, block_size=block_size,
+                            tensor_parallel_size=tensor_parallel_size,
+                            weight_dtype=weight_dtype, host_instance=instance)
     try:
-        layout = replace(layout, prefix_buckets=parse_buckets_option(
+        layout = layout.replace(prefix_buckets=parse_buckets_option(
             prefix_buckets, "--prefix-buckets"))
         layout.validate()
     except SettingsError as error:

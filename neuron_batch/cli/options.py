@@ -1,36 +1,31 @@
-"""Options and helpers shared by the commands: the engine option bundle, `--config` job
-files, and turning parsed options into validated `RunSettings`."""
+"""The commands' options of the declared settings (settings/groups.py), `--config` job files,
+and turning parsed options into validated `RunSettings`: click's side of the declarations."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from neuron_batch.choices import (
     PREFIX_CACHING,
-    Device,
-    Order,
-    Pricing,
-    WeightDtype,
+    Choice,
     parse_prefix_caching,
     prefix_caching_word,
 )
-from neuron_batch.config import (
-    DEFAULT_MAX_MODEL_LEN,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    DEFAULT_MAX_NUM_SEQS,
+from neuron_batch.scheduler.kv_reserve import parse_kv_reserve
+from neuron_batch.settings import (
+    BY_NAME,
+    DECLARED,
     SPLIT_AUTO,
-    CostOptions,
     RunSettings,
     SettingsError,
-    SimOptions,
     parse_buckets_option,
 )
-from neuron_batch.device.hardware import INSTANCES
-from neuron_batch.job_file import load_config_file
-from neuron_batch.runtime import RUNTIME_NAMES
-from neuron_batch.scheduler.kv_reserve import parse_kv_reserve
+from neuron_batch.settings.declare import Declared, Kind, Scope
+from neuron_batch.settings.job_file import load_config_file
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -59,152 +54,111 @@ def load_config_option(ctx: click.Context, param: click.Parameter, value: str | 
 
 
 
-def engine_options(func):
-    """Options shared by every command that runs the engine."""
-    options = [
-        click.option("--model", envvar="NEURON_BATCH_MODEL", default=None,
-                     help="Local model directory or Hugging Face id. Default: the built-in "
-                          "SmolLM2-135M-Instruct (prepared once into the cache)."),
-        click.option("--device", type=click.Choice(Device.values()), default=Device.AUTO.value,
-                     envvar="NEURON_BATCH_DEVICE", show_default=True,
-                     help="auto picks what vLLM finds (cpu, cuda, neuron); sim is the simulated "
-                          "Neuron device."),
-        click.option("--max-num-seqs", default=str(DEFAULT_MAX_NUM_SEQS), show_default=True,
-                     help="Most requests decoding at once (the largest decode batch). `bench` "
-                          "takes a list to sweep, e.g. 8,16,32."),
-        click.option("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                     show_default=True, help="[vllm-neuron] Largest prefill chunk; longer "
-                     "prompts are prefilled in chunks of this size (nxdi prefills whole "
-                     "prompts)."),
-        click.option("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN,
-                     show_default=True, help="Longest prompt + output, in tokens."),
-        click.option("--runtime", type=click.Choice(RUNTIME_NAMES), default=None,
-                     envvar="NEURON_BATCH_RUNTIME",
-                     help="What Neuron compiles: nxdi (inf2/trn1, buckets), vllm-neuron "
-                          "(trn2/trn3, paged KV), optimum-neuron (inf2/trn1, an export's two "
-                          "graphs). Default: the instance's, the plugin's, else vllm-neuron."),
-        click.option("--context-encoding-buckets", default=None, metavar="N,N,...",
-                     help="[nxdi] Prefill buckets over whole prompt lengths, ascending, ending "
-                          "at max-model-len. Default: NxDI's, 128, 256, ... (from 512 with "
-                          "prefix caching, and token generation from 256)."),
-        click.option("--token-generation-buckets", default=None, metavar="N,N,...",
-                     help="[nxdi] Decode attention lengths, ascending, ending at "
-                          "max-model-len; each decode step attends the smallest above its "
-                          "longest sequence. Default: as --context-encoding-buckets."),
-        click.option("--prefill-buckets", default=None, metavar="N,N,...",
-                     help="[vllm-neuron] Prefill chunk token buckets, ascending, ending at "
-                          "min(max-num-batched-tokens, max-model-len). Default: 128, 256, ... "
-                          "then that max."),
-        click.option("--decode-buckets", default=None, metavar="N,N,...",
-                     help="[vllm-neuron] Decode batch-size buckets, ascending, ending at "
-                          "max-num-seqs. Default: 1, 2, 4, ... then max-num-seqs."),
-        click.option("--decode-context-buckets", default=None, metavar="N,N,...",
-                     help="[vllm-neuron] Decode KV context-length buckets (multiples of 128, "
-                          "below max-model-len): a decode step reads the smallest above its "
-                          "longest sequence instead of a whole max-model-len. Default: none."),
-        click.option("--max-context-length", type=int, default=None, metavar="N",
-                     help="[optimum-neuron] The export's context-encoding length: every "
-                          "prompt is padded to it, none may be longer. Default: max-model-len."),
-        click.option("--block-size", type=int, default=None,
-                     help="KV block size. Default 32 on Neuron and sim (nxdi takes 16 or 32; "
-                          "max-model-len with --no-prefix-caching); on the CPU vLLM's own."),
-        click.option("--prefix-caching", type=PrefixCachingType(), default="auto",
-                     is_flag=False, flag_value="on", show_default=True,
-                     help="vLLM's prefix cache. auto: on where the step model says shared "
-                          "blocks pay for it (docs/inputs-outputs.md)."),
-        click.option("--no-prefix-caching", is_flag=True, default=False,
-                     help="The same as --prefix-caching off."),
-        click.option("--prefix-buckets", default=None, metavar="N,N,...",
-                     help="[nxdi, prefix caching] Prefix buckets: multiples of the block size, "
-                          "ending at max-model-len (0 is always added). Default: 0, 512, 1024..."),
-        click.option("--compiled-artifacts", default=None, metavar="DIR",
-                     envvar="NEURON_BATCH_COMPILED_ARTIFACTS",
-                     help="Compiled graphs, a folder per hash of the compiled shapes (the "
-                          "same shapes load, others compile; on sim: count no compile). "
-                          "Default [neuron]: <cache>/neuron-compiled; [sim]: none."),
-        click.option("--compiled", is_flag=True, default=False,
-                     help="[sim] Count the graphs as compiled before (cached): the start-up "
-                          "is their load only. Default: compiled fresh."),
-        click.option("--kv-reserve", default="request", show_default=True, metavar="RULE",
-                     help="[vllm-neuron] KV admission: request reserves each request's prompt "
-                          "+ max_tokens, max-model-len a max_model_len each; `bench` takes "
-                          "both, comma-separated."),
-        click.option("--order", type=click.Choice(Order.values()), default=Order.INPUT.value,
-                     show_default=True,
-                     help="Submission order: as read, longest prompt + max_tokens first (under "
-                          "nxdi like lengths decoding together waste less), or shared prefixes "
-                          "together."),
-        click.option("--ignore-field", "ignore_field", multiple=True, metavar="NAME",
-                     help="Run JSON requests without this field (body.NAME in an OpenAI "
-                          "batch file) instead of refusing them: unknown fields and those the "
-                          "device cannot honour are refused otherwise. Repeatable."),
-        click.option("--instance", default="inf2.8xlarge", show_default=True,
-                     envvar="NEURON_BATCH_INSTANCE",
-                     help=f"[sim] {', '.join(INSTANCES)}."),
-        click.option("--architecture", default=None,
-                     help="[sim] Model architecture: a catalogue name (llama-3-8b, "
-                          "mistral-7b, ...) or a config.json. Default: the --model's."),
-        click.option("--tensor-parallel-size", type=int, default=None,
-                     help="NeuronCores to shard over. [sim] Default: all of the instance's. "
-                          "[neuron] Default: vLLM's (1); with --replicas, per replica."),
-        weight_dtype_option("[sim] Weight storage type."),
-        click.option("--cost-profile", default=None, envvar="NEURON_BATCH_COST_PROFILE",
-                     help="[sim] Step-time profile JSON (from `neuron-batch calibrate`). "
-                          "Default: the instance's built-in profile."),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
-
-def cost_options(func):
-    """--pricing and --price-per-hour: what the instances cost (run, bench, plan)."""
-    options = [
-        click.option("--pricing", type=click.Choice(Pricing.values()),
-                     default=Pricing.ON_DEMAND.value, show_default=True,
-                     help="Built-in hourly prices to use: AWS on-demand (us-east-1) or the "
-                          "reserved-instance effective rate (sources: docs/prices.md)."),
-        click.option("--price-per-hour", type=float, default=None, metavar="USD",
-                     help="Price of one instance-hour, overriding the built-in table (spot, "
-                          "negotiated, other regions; needed for an instance it lacks)."),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+#: The click type of each kind of value a setting takes (declare.py Kind); a kind absent here
+#: is text, parsed where the options become settings (bucket lists, KV rules) so the message
+#: names the option as `run` always has.
+_TYPES = {Kind.INT: int, Kind.FLOAT: float, Kind.FOLDER: click.Path(file_okay=False),
+          Kind.FILE: click.Path(dir_okay=False)}
 
 
-def weight_dtype_option(help: str | None = None):
-    """--weight-dtype: how the simulated model's weights are stored (run, bench, plan, doctor,
-    calibrate, buckets suggest)."""
-    return click.option("--weight-dtype", type=click.Choice(WeightDtype.values()),
-                        default=WeightDtype.BF16.value, show_default=True, help=help)
+def _option_of(d: Declared, help: str | None = None) -> Callable:
+    """The click option of declared setting `d`: its flag(s), type, default,
+    environment variable and help, its scope as a [sim]/[neuron] tag."""
+    s = d.setting
+    flag = f"--{d.flag}"
+    names = [flag] + ([s.short] if s.short else []) + [d.name]
+    text = help if help is not None else s.help
+    if s.scope in (Scope.SIM, Scope.NEURON):
+        text = f"[{s.scope.value}] {text}"
+    kwargs: dict[str, Any] = {"help": text, "envvar": s.envvar, "metavar": s.metavar}
+    default = d.default.value if isinstance(d.default, Choice) else d.default
+    if s.sweep:                     # a list in bench (swept), one value in run
+        kwargs.update(default=str(default), show_default=s.show_default)
+    elif s.kind is Kind.FLAG:
+        kwargs.update(is_flag=True, default=False)
+    elif s.kind is Kind.SWITCH:
+        names[0] = f"{flag}/--no-{d.flag}"
+        kwargs.update(default=default, show_default=False)
+    elif s.kind is Kind.MANY:
+        kwargs.update(multiple=True)
+    elif s.kind is Kind.CHOICE:
+        values = s.choices.values() if hasattr(s.choices, "values") else tuple(s.choices)
+        kwargs.update(type=click.Choice(values), default=default,
+                      show_default=s.show_default and default is not None)
+    elif s.kind is Kind.SPLIT_AT:
+        kwargs.update(type=SplitAt(), default=default)
+    elif s.kind is Kind.PREFIX_CACHING:
+        kwargs.update(type=PrefixCachingType(), default=prefix_caching_word(default),
+                      is_flag=False, flag_value="on", show_default=True)
+    else:
+        kwargs.update(type=_TYPES.get(s.kind), default=default,
+                      show_default=s.show_default and default is not None)
+    return click.option(*names, **kwargs)
 
 
-SIM_OPTIONS = ("instance", "architecture", "tensor_parallel_size", "weight_dtype",
-               "cost_profile", "compiled")
+def setting_option(name: str, help: str | None = None) -> Callable:
+    """One declared setting's option, for a command that takes it beside options of its own
+    (plan, doctor, calibrate), with that command's help where it means more there."""
+    return _option_of(BY_NAME[name], help)
 
 
-def settings_from_options(inputs, max_num_seqs: int, options: dict) -> RunSettings:
-    """RunSettings from a command's options (the ones RunSettings knows; buckets parsed)."""
-    sim = SimOptions(**{name: options.pop(name) for name in SIM_OPTIONS},
-                     num_instances=options.pop("num_instances", 1))  # `run` only
-    cost = CostOptions(pricing=options.pop("pricing", CostOptions.pricing),
-                       price_per_hour=options.pop("price_per_hour", None),
-                       instance=(sim.instance if _given("instance")
-                                 and options.get("device") != "sim" else None))
-    options["prefill_buckets"] = parse_buckets_option(options.get("prefill_buckets"),
-                                                      "--prefill-buckets")
-    for name in ("decode_buckets", "context_encoding_buckets", "token_generation_buckets",
-                 "decode_context_buckets", "prefix_buckets"):
-        options[name] = parse_buckets_option(options.get(name),
-                                             "--" + name.replace("_", "-"))
-    if "kv_reserve" in options:
-        options["kv_reserve"] = kv_reserve_list(options["kv_reserve"])[0]
-    if "prefix_caching" in options:
-        options["prefix_caching"] = prefix_caching_option(options["prefix_caching"],
-                                                          options.pop("no_prefix_caching", False))
-    options["ignore_field"] = tuple(options.get("ignore_field") or ())
-    settings = RunSettings(inputs=tuple(inputs) or (str(BUILTIN_PROMPTS),),
-                           max_num_seqs=max_num_seqs, sim=sim, cost=cost, **options).validate()
+def settings_options(command: str) -> Callable:
+    """Every declared setting `command` takes, group by group, as click options (decorator);
+    `--no-prefix-caching` beside `--prefix-caching` (the same as off)."""
+    options = []
+    for d in DECLARED:
+        if d.flag is None or command not in d.setting.commands:
+            continue
+        options.append(_option_of(d))
+        if d.setting.kind is Kind.PREFIX_CACHING:
+            options.append(click.option("--no-prefix-caching", is_flag=True, default=False,
+                                        help="The same as --prefix-caching off."))
+
+    def decorate(func):
+        for option in reversed(options):
+            func = option(func)
+        return func
+    return decorate
+
+
+def sweep_values(options: dict, command: str) -> dict[str, list]:
+    """The values of each setting bench may sweep (declared `sweep`), taken out of `options`:
+    a list each; in any other command one value each (several: SettingsError naming bench)."""
+    out = {}
+    for d in DECLARED:
+        if not d.setting.sweep or d.name not in options:
+            continue
+        text, flag = options.pop(d.name), f"--{d.flag}"
+        values = (kv_reserve_list(text) if d.setting.kind is Kind.KV_RULE
+                  else int_list(text, flag))
+        if len(values) > 1 and command != "bench":
+            raise SettingsError(f"{flag} takes one value in `{command}`; sweep several with "
+                                f"`neuron-batch bench`")
+        out[d.name] = values
+    return out
+
+
+def settings_from_options(inputs, options: dict, command: str = "run") -> RunSettings:
+    """RunSettings from a command's parsed options (the declared ones it takes): bucket lists
+    parsed, a swept setting's first value (bench sweeps the rest: `sweep_values` first), the
+    instance priced on a Neuron host where --instance was given; validated, and the device
+    checked before anything loads."""
+    values = {name: vals[0] for name, vals in sweep_values(options, command).items()}
+    for d in DECLARED:
+        if d.name not in options:
+            continue
+        value = options[d.name]
+        if d.setting.kind is Kind.BUCKETS:
+            value = parse_buckets_option(value, f"--{d.flag}")
+        elif d.setting.kind is Kind.MANY:
+            value = tuple(value or ())
+        elif d.setting.kind is Kind.PREFIX_CACHING:
+            value = prefix_caching_option(value, options.get("no_prefix_caching", False))
+        values[d.name] = value
+    if values.get("device") != "sim" and _given("instance"):
+        values["host_instance"] = values.get("instance")
+    values["inputs"] = tuple(inputs) or (str(BUILTIN_PROMPTS),)
+    settings = RunSettings.of(**values).validate()
     # Before any input, model or vLLM loads: say now if the device cannot work here.
     from neuron_batch.engine.engine import check_device_available
 

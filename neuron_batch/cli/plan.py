@@ -10,17 +10,15 @@ import click
 
 from neuron_batch.choices import Order, Pricing
 from neuron_batch.cli.group import main
-from neuron_batch.cli.options import int_list, load_config_option, weight_dtype_option
-from neuron_batch.config import (
+from neuron_batch.cli.options import int_list, load_config_option, setting_option
+from neuron_batch.device.hardware import DEFAULT_PLAN_INSTANCES
+from neuron_batch.settings import (
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_TOKENS,
-    CostOptions,
     RunSettings,
     SettingsError,
-    SimOptions,
 )
-from neuron_batch.device.hardware import DEFAULT_PLAN_INSTANCES
 
 
 def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, float]:
@@ -86,7 +84,7 @@ def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, floa
               help="Longest prompt + output, in tokens.")
 @click.option("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
               show_default=True, help="Largest prefill chunk.")
-@weight_dtype_option()
+@setting_option("weight_dtype")
 @click.option("--cost-profile", default=None, envvar="NEURON_BATCH_COST_PROFILE",
               help="Step-time profile JSON (from `neuron-batch calibrate`) for every instance.")
 @click.option("--model", envvar="NEURON_BATCH_MODEL", default=None,
@@ -162,11 +160,11 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
         weighed = runtime_list(runtimes)
         prices = parse_prices(price_per_hour, names)
         when = parse_deadline(deadline)
-        settings = RunSettings(
+        settings = RunSettings.of(
             inputs=tuple(inputs), device="sim", max_num_seqs=seqs[0],
-            sim=SimOptions(instance=names[0], architecture=architecture,
-                           weight_dtype=weight_dtype, cost_profile=cost_profile),
-            cost=CostOptions(pricing=pricing, price_per_hour=prices.get(names[0])),
+            instance=names[0], architecture=architecture,
+                           weight_dtype=weight_dtype, cost_profile=cost_profile,
+            pricing=pricing, price_per_hour=prices.get(names[0]),
             quiet=True, **options).validate()
         base, _ = plan_base(settings)
         spec = PlanSpec.from_settings(base, instances=names,

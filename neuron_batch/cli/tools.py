@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from neuron_batch.cli.group import main
-from neuron_batch.cli.options import weight_dtype_option
-from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_TOKENS
+from neuron_batch.cli.options import setting_option
+from neuron_batch.settings import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 
 @main.command()
@@ -26,7 +26,7 @@ from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_T
                    "RUN_DIRS; --published rows name their model).")
 @click.option("--tensor-parallel-size", type=int, default=None,
               help="NeuronCores the runs used. Default: all of the instance's.")
-@weight_dtype_option()
+@setting_option("weight_dtype")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
               help="Where to write the fitted profile (JSON), for --cost-profile.")
 def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size, weight_dtype,
@@ -199,7 +199,7 @@ def buckets():
               help="[--objective time] Catalogue name or config.json.")
 @click.option("--tensor-parallel-size", type=int, default=None,
               help="[--objective time] Default: all NeuronCores of the instance.")
-@weight_dtype_option()
+@setting_option("weight_dtype")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, prompt_column,
                     objective, instance, architecture, tensor_parallel_size, weight_dtype,

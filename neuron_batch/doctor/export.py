@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_batch.config import RunSettings
 from neuron_batch.doctor.status import FAIL, INFO, OK, WARN, Check
 from neuron_batch.engine.nxdi_plugin import NeuronHostError
 from neuron_batch.engine.optimum_export import check_export, find_export
 from neuron_batch.runtime import Runtime
+from neuron_batch.settings import RunSettings
 
 
 def export_facts(layout: RunSettings | None, runtime: Runtime | None) -> dict[str, Any] | None:

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch import __version__
-from neuron_batch.config import RunSettings
 from neuron_batch.doctor.export import export_facts
+from neuron_batch.settings import RunSettings
 from neuron_batch.versions import (
     describe_release,
     installed_vllm,
@@ -115,7 +115,7 @@ def neuron_runtime_facts(plugin_version: str | None, layout: RunSettings | None,
     from neuron_batch.versions import runtime_of_plugin
 
     runtime = runtime_of_plugin(plugin_version, distribution)
-    settings = layout or RunSettings(inputs=("-",))
+    settings = layout or RunSettings.of(inputs=("-",))
     root = settings.compiled_artifacts
     if root is None:
         from neuron_batch.engine.models import default_cache_dir
@@ -134,8 +134,8 @@ def neuron_runtime_facts(plugin_version: str | None, layout: RunSettings | None,
     if runtime is not None and layout is not None and layout.model:
         check = {"model": layout.model, "max_num_seqs": layout.max_num_seqs,
                  "max_model_len": layout.max_model_len,
-                 "tensor_parallel_size": layout.sim.tensor_parallel_size or 1,
-                 "weight_dtype": layout.sim.weight_dtype}
+                 "tensor_parallel_size": layout.tensor_parallel_size or 1,
+                 "weight_dtype": layout.weight_dtype}
         try:
             fit = static_kv_fit(layout, runtime, layout.model, host_hardware(layout))
             check.update(fits=None if fit is None else True,

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuron_batch.config import RunSettings, SettingsError
 from neuron_batch.device.target import TARGET_KEY
 from neuron_batch.device_sampling import HOST_SAMPLING_KEY
 from neuron_batch.scheduler import SCHEDULER_CLS
 from neuron_batch.scheduler.kv_reserve import parse_kv_reserve
+from neuron_batch.settings import RunSettings, SettingsError
 from neuron_batch.versions import (
     installed_vllm_version,
     neuron_plugin_missing_message,

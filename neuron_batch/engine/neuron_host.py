@@ -46,7 +46,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from neuron_batch.config import RunSettings
 from neuron_batch.device_sampling import JobSampling, job_sampling
 from neuron_batch.engine.nxdi_plugin import (
     NeuronHostError,
@@ -64,6 +63,7 @@ from neuron_batch.engine.optimum_export import (
 )
 from neuron_batch.engine.sampling import request_spec, spec_asks
 from neuron_batch.runtime import NXDI, RUNTIMES, Runtime
+from neuron_batch.settings import RunSettings
 
 if TYPE_CHECKING:
     from neuron_batch.device.hardware import Instance
@@ -143,7 +143,7 @@ def host_setup(settings: RunSettings, runtime: Runtime, *, model_path: str,
         return export_setup(settings, runtime, find_export(settings, model_path, hub_lookup))
     line = plugin_line(plugin_version)
     kwargs: dict[str, Any] = {}
-    tp = settings.sim.tensor_parallel_size
+    tp = settings.tensor_parallel_size
     if tp:
         kwargs["tensor_parallel_size"] = tp
     if runtime.host_block_size is None:         # NxDI: its layout and grid, per release
@@ -178,7 +178,7 @@ def export_setup(settings: RunSettings, runtime: Runtime, export: Export) -> Hos
     kwargs: dict[str, Any] = {"block_size": length, "enable_prefix_caching": False,
                               "worker_cls": OPTIMUM_WORKER_CLS,
                               "model_loader_extra_config": ALLOW_FRESH}
-    tp = settings.sim.tensor_parallel_size or export.tp_degree
+    tp = settings.tensor_parallel_size or export.tp_degree
     if tp:
         kwargs["tensor_parallel_size"] = tp
     # The plugin reads no section; our scheduler reads the context-encoding length from it.
@@ -277,8 +277,8 @@ def host_instance(settings: RunSettings, product_name: Path = DMI_PRODUCT_NAME) 
     when it is one the hardware table knows; None when unknown."""
     from neuron_batch.device.hardware import INSTANCES
 
-    if settings.cost.instance:
-        return settings.cost.instance
+    if settings.host_instance:
+        return settings.host_instance
     try:
         name = product_name.read_text(encoding="utf-8").strip().lower()
     except OSError:
@@ -314,7 +314,7 @@ def host_target(settings: RunSettings, runtime: Runtime, model_path: str,
 
     if instance is None:
         return None
-    sim = settings.sim
+    sim = settings.target
     try:
         return Target.resolve(
             instance=instance, arch=model_path, tp=sim.tensor_parallel_size or 1,

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_batch.buckets import BucketError
-from neuron_batch.config import RunSettings, SettingsError
 from neuron_batch.prefix_grid import (
     BLOCK_SIZES,
     grid_size,
 )
 from neuron_batch.runtime import Runtime
+from neuron_batch.settings import RunSettings, SettingsError
 from neuron_batch.versions import release
 
 CONTIGUOUS = "contiguous"

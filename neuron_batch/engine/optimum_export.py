@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.config import RunSettings
 from neuron_batch.engine.nxdi_plugin import NeuronHostError
+from neuron_batch.settings import RunSettings
 
 EXPORT_FILE = "neuron_config.json"
 LOCAL = "local export"
@@ -155,7 +155,7 @@ def find_export(settings: RunSettings, model_path: str,
     local = read_export(model_path)
     if local is not None:
         return local
-    tp = settings.sim.tensor_parallel_size
+    tp = settings.tensor_parallel_size
     seqs, length = settings.max_num_seqs, settings.max_model_len
     context = settings.max_context_length or length
     entries = lookup(model_path, seqs, length, tp)
@@ -169,7 +169,7 @@ def find_export(settings: RunSettings, model_path: str,
 def check_export(export: Export, settings: RunSettings) -> None:
     """NeuronHostError, before anything loads, when the run's settings differ from what the
     export compiled, naming the settings that would run it."""
-    tp = settings.sim.tensor_parallel_size
+    tp = settings.tensor_parallel_size
     wanted = {"--max-num-seqs": (settings.max_num_seqs, export.batch_size, "batch size"),
               "--max-model-len": (settings.max_model_len, export.sequence_length,
                                   "sequence length"),

@@ -12,8 +12,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from neuron_batch.config import RunSettings
 from neuron_batch.inputs.request_fields import sampling_spec
+from neuron_batch.settings import RunSettings
 
 
 def request_spec(request, settings: RunSettings) -> dict[str, Any]:

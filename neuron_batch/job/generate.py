@@ -10,7 +10,6 @@ import time
 from typing import Any
 
 from neuron_batch.choices import Device
-from neuron_batch.config import RunSettings
 from neuron_batch.engine.engine_log import ENGINE_LOG, engine_output_to
 from neuron_batch.engine.sampling import request_spec
 from neuron_batch.errors import EXIT_FAILED, RunError
@@ -19,6 +18,7 @@ from neuron_batch.job.folder import OutputError
 from neuron_batch.job.job import Job
 from neuron_batch.job.outputs import output_row
 from neuron_batch.job.stop import RUNNING, STARTING, RunSignals, deferring, enter, pause_point
+from neuron_batch.settings import RunSettings
 
 #: Engine errors kept in attempts.json (the count is always whole).
 MAX_ERRORS_KEPT = 20

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from neuron_batch.config import RunSettings
 from neuron_batch.errors import RunError
 from neuron_batch.job.folder import RunFolder
 from neuron_batch.job.workload import Workload
+from neuron_batch.settings import RunSettings
 
 if TYPE_CHECKING:
     from neuron_batch.device.target import Target
@@ -64,7 +64,7 @@ def resolve_target(settings: RunSettings, model_path: str | None) -> Target | No
     from neuron_batch.device.target import Target
     from neuron_batch.engine import neuron_host
 
-    sim = settings.sim
+    sim = settings.target
     if settings.simulated:
         arch = sim.architecture or model_path
         if arch is None:

@@ -3,8 +3,8 @@ itself: engine/sampling.py `request_spec`)."""
 
 from __future__ import annotations
 
-from neuron_batch.config import RunSettings
 from neuron_batch.inputs.records import InputProblem
+from neuron_batch.settings import RunSettings
 
 
 def spec_problems(records, settings: RunSettings) -> tuple[list, list[InputProblem]]:

@@ -2,11 +2,12 @@
 every request and every setting that shapes its outputs or figures is what the folder holds.
 
 A folder keeps, per request in input order, a short digest of what it asks for (REQUEST_FIELDS,
-in requests.json) and, in run.json, the CHECKED_SETTINGS. A resume compares both with this job
-before anything runs or is written: any difference is refused (exit 2), naming the requests and
-settings that changed, unless `--restart` moves the old run aside (folder.py `move_aside`).
+in requests.json) and, in run.json, the settings declared `checked` (settings/groups.py). A
+resume compares both with this job before anything runs or is written: any difference is refused
+(exit 2), naming the requests and settings that changed, unless `--restart` moves the old run
+aside (folder.py `move_aside`).
 
-Settings left out of CHECKED_SETTINGS, on purpose:
+Settings declared unchecked, on purpose:
 - per-request ones (--max-tokens, --temperature, --seed; --limit, --shuffle, --prompt-column,
   --split, the input files): what they do to a request is in its digest, so they are checked
   there, where the message can name the requests;
@@ -30,6 +31,7 @@ from typing import Any
 from neuron_batch.engine.sampling import request_spec
 from neuron_batch.errors import RunError
 from neuron_batch.job.folder import RunFolder, input_fingerprint
+from neuron_batch.settings import DECLARED
 
 #: A requests.json row: the id, then these. prompt, stop and sampling are digests (the prompt
 #: as given: text, messages, token ids or prompt_len with what it shares (a Mooncake line's
@@ -42,17 +44,6 @@ REQUEST_FIELDS = ("prompt", "max_tokens", "temperature", "seed", "stop", "sampli
 #: The spec's keys with a column of their own (the rest are digested into `sampling`).
 _OWN_COLUMNS = ("max_tokens", "temperature", "seed", "stop", "ignore_eos")
 
-#: Settings that change outputs or figures, by RunSettings field (sim.* only on --device sim).
-CHECKED_SETTINGS = ("model", "device", "runtime", "max_model_len", "max_num_seqs",
-                    "max_num_batched_tokens", "prefill_buckets", "decode_buckets",
-                    "context_encoding_buckets", "token_generation_buckets",
-                    "decode_context_buckets", "block_size", "kv_reserve", "ignore_eos",
-                    "order", "split_at", "prefix_caching", "max_context_length")
-SIM_SETTINGS = ("instance", "architecture", "tensor_parallel_size", "weight_dtype",
-                "cost_profile")
-#: Named beside changed ids: the settings that choose which requests a job holds, and in what
-#: order (their effect is what is checked, so they are reasons, not checks).
-SELECTING_SETTINGS = ("limit", "shuffle", "seed", "prompt_column", "split")
 SHOWN = 5           # requests named in a message; the rest are counted
 
 
@@ -100,14 +91,20 @@ def _digest(data: bytes) -> str:
 
 
 def checked_settings(settings: dict[str, Any], runtime: str | None) -> dict[str, Any]:
-    """CHECKED_SETTINGS of a RunSettings.to_dict() (JSON values), the runtime as given."""
-    values = {name: settings[name] for name in CHECKED_SETTINGS if name in settings}
+    """The checked settings of a RunSettings.to_dict() (JSON values), the runtime as given. A
+    setting declared in a table (the simulated target's `sim`) is compared on --device sim only,
+    as `sim.<key>`; one the dict lacks (run.json written before it existed) is left out."""
+    values: dict[str, Any] = {}
+    for d in DECLARED:
+        table = d.setting.table
+        if not d.setting.checked or (table and settings.get("device") != "sim"):
+            continue
+        where = (settings.get(table) or {}) if table else settings
+        if d.key in where:
+            values[f"{table}.{d.key}" if table else d.key] = where[d.key]
     if values.get("max_context_length") is None:    # (unset: as in folders made before it)
         values.pop("max_context_length", None)
     values["runtime"] = runtime
-    if settings.get("device") == "sim":
-        sim = settings.get("sim") or {}
-        values.update({f"sim.{name}": sim[name] for name in SIM_SETTINGS if name in sim})
     return json.loads(json.dumps(values))
 
 
@@ -182,7 +179,7 @@ def compare(folder: RunFolder, manifest: dict[str, Any] | None, rows: list[list[
     if changes.added or changes.removed or changes.reordered or changes.ids_differ:
         now_json = json.loads(json.dumps(now))
         changes.reasons = [f"{_option(name)} {_shown(old_settings[name])} -> "
-                           f"{_shown(now_json[name])}" for name in SELECTING_SETTINGS
+                           f"{_shown(now_json[name])}" for name in _SELECTING
                            if name in old_settings and old_settings[name] != now_json[name]]
     return changes, stored is not None
 
@@ -209,8 +206,13 @@ def _compare_requests(changes: Changes, stored: list[list[Any]], rows: list[list
         changes.reordered = [row[0] for row in stored] != [row[0] for row in rows]
 
 
-def _option(name: str) -> str:
-    return "--" + name.removeprefix("sim.").replace("_", "-")
+#: Named beside changed ids: the settings declared to choose which requests a job holds, and in
+#: what order (their effect is what is checked, so they are reasons, not checks).
+_SELECTING = tuple(d.key for d in DECLARED if d.setting.selects)
+
+
+def _option(key: str) -> str:
+    return "--" + key.rpartition(".")[2].replace("_", "-")
 
 
 def _shown(value: Any) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.config import RunSettings
+from neuron_batch.settings import RunSettings
 
 
 @dataclass
@@ -45,7 +45,7 @@ def layout_compiled(settings: RunSettings, target, model_path: str | None = None
     if target.simulated:
         from neuron_batch.device import compile_cache
 
-        if settings.sim.compiled:
+        if settings.compiled:
             return True
         return compile_cache.holds(settings.compiled_artifacts, target,
                                    settings.shapes(target.runtime))
@@ -154,4 +154,4 @@ def _device_of(job) -> tuple[Any, Any, str]:
         arch = architecture_of(job.workload.model.path)[0]
     except (OSError, ValueError):   # (ArchitectureError is one)
         arch = None
-    return inst, arch, job.settings.sim.weight_dtype
+    return inst, arch, job.settings.weight_dtype

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuron_batch.config import RunSettings
 from neuron_batch.errors import RunError
 from neuron_batch.inputs.load import describe_input, load_prompts
 from neuron_batch.inputs.prepare import max_model_len_fix, prepare_requests
 from neuron_batch.inputs.records import InputError, InputProblem
 from neuron_batch.inputs.request_paths import refusals, request_path
 from neuron_batch.job.request_spec import spec_problems
+from neuron_batch.settings import RunSettings
 
 if TYPE_CHECKING:
     from neuron_batch.device.target import Target
@@ -130,7 +130,7 @@ def _model_context(settings: RunSettings, model) -> dict[str, Any]:
 
     try:
         if settings.simulated:
-            arch = architecture_of(settings.sim.architecture or model.path)[0]
+            arch = architecture_of(settings.architecture or model.path)[0]
             return {"context": arch.max_position_embeddings, "context_name": arch.name}
         config = json.loads((Path(model.path) / "config.json").read_text())
         return {"context": int(config["max_position_embeddings"]), "context_name": model.name}

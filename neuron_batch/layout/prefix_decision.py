@@ -22,13 +22,13 @@ and the one the verdict after a run weighs (run/verdict.py). Pure Python.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from neuron_batch.choices import prefix_caching_word
-from neuron_batch.config import RunSettings
 from neuron_batch.inputs.prefix import shared_prefix_tokens
 from neuron_batch.layout.step_estimate import Estimate, block_chains, cache_hits, estimate
+from neuron_batch.settings import RunSettings
 
 #: Estimates closer than this share of the steps' time (without caching) are level: the cache
 #: (its graphs, its gather) is not worth it (bench's verdict on measured runs,
@@ -136,7 +136,7 @@ def weigh(settings: RunSettings, prompts: Sequence[Sequence[int]], output_lens: 
     engines = max(settings.replicas, 1)
     chains = block_chains(prompts, block)
     for caching, target, ready in zip((False, True), targets, compiled):
-        shapes = replace(settings, prefix_caching=caching).shapes(target.runtime)
+        shapes = settings.replace(prefix_caching=caching).shapes(target.runtime)
         hits = (cache_hits(lens, chains, block, capacity=target.pool_blocks)
                 if caching else None)
         chunk = settings.max_num_batched_tokens if target.runtime.chunked_prefill else None

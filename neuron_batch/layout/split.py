@@ -27,11 +27,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from neuron_batch.buckets import nxdi_default_buckets, round_model_len
-from neuron_batch.config import RunSettings
 from neuron_batch.errors import RunError
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.layout.optimiser import optimal_buckets
@@ -44,6 +43,7 @@ from neuron_batch.layout.placement import (
     choose,
 )
 from neuron_batch.runtime import Runtime
+from neuron_batch.settings import RunSettings
 
 SHORT, LONG = "short", "long"
 #: Cuts are multiples of this (the KV block granularity `plan` rounds max_model_len to).
@@ -161,18 +161,18 @@ def _best_cut(settings: RunSettings, requests: list[PreparedRequest], slots_at, 
     """(best cut or None, its estimated seconds, the single layout's) under `estimate`."""
     from bisect import bisect_right
 
-    single = Part(LONG, replace(settings, split_at=None, split_placement=AUTO).validate(),
+    single = Part(LONG, settings.replace(split_at=None, split_placement=AUTO).validate(),
                   list(requests))
     single_s = estimate.seconds(single) + (estimate.compile_of(single) or 0.0)
     ordered = sorted(r.length for r in requests)
 
     def slots(cut: int) -> int:
-        return short_layout_slots(replace(settings, split_at=cut), slots_at,
+        return short_layout_slots(settings.replace(split_at=cut), slots_at,
                                   bisect_right(ordered, cut))
 
     best, best_s, runtime = None, single_s, settings.resolve_runtime()
     for cut, _ in cut_candidates(ordered, slots, settings.max_model_len, CUT_STEP):
-        parts, placement = plan_parts(replace(settings, split_at=cut), requests, slots_at,
+        parts, placement = plan_parts(settings.replace(split_at=cut), requests, slots_at,
                                       estimate, runtime=runtime)
         total = placement.estimated_s if placement.estimated_s is not None else sum(
             estimate.seconds(p) + (estimate.compile_of(p) or 0.0) for p in parts)
@@ -205,10 +205,10 @@ def _compile_assumption(settings: RunSettings, requests, slots_at, estimate,
     """Which of the chosen layouts' start-ups count a compile (compiled fresh) and which a
     load only (compiled before: --compiled, or the artifacts folder holds them)."""
     if cut is None:
-        parts = [Part(LONG, replace(settings, split_at=None, split_placement=AUTO).validate(),
+        parts = [Part(LONG, settings.replace(split_at=None, split_placement=AUTO).validate(),
                       list(requests))]
     else:
-        parts = plan_parts(replace(settings, split_at=cut), requests, slots_at, estimate)[0]
+        parts = plan_parts(settings.replace(split_at=cut), requests, slots_at, estimate)[0]
     states = []
     for part in parts:
         loaded = estimate.compile_of(part) == estimate.assuming(True).compile_of(part)
@@ -263,10 +263,10 @@ def short_part(settings: RunSettings, requests: list[PreparedRequest], slots_at,
                engines: int, runtime: Runtime) -> Part:
     """The short layout for `requests` served by `engines` engines (its slots are capped at
     an engine's share), under the run's `runtime`."""
-    short = replace(settings, max_model_len=settings.split_at, split_at=None,
+    short = settings.replace(max_model_len=settings.split_at, split_at=None,
                     split_placement=AUTO)       # (a part is not split again)
-    short = replace(short, replicas=engines, max_num_seqs=short_layout_slots(
-        replace(settings, replicas=engines), slots_at, len(requests)))
+    short = short.replace(replicas=engines, max_num_seqs=short_layout_slots(
+        settings.replace(replicas=engines), slots_at, len(requests)))
     short = short.with_buckets(runtime, *fitted_to(runtime, requests, settings.split_at))
     return Part(SHORT, short.validate(), requests)
 
@@ -275,7 +275,7 @@ def long_part(settings: RunSettings, requests: list[PreparedRequest], engines: i
               runtime: Runtime) -> Part:
     """The long layout (--max-model-len, --max-num-seqs) for `requests` on `engines` engines,
     under the run's `runtime`."""
-    long = replace(settings, split_at=None, split_placement=AUTO, replicas=engines)
+    long = settings.replace(split_at=None, split_placement=AUTO, replicas=engines)
     if not any(settings.bucket_lists().values()):     # the user's lists win
         long = long.with_buckets(runtime, *fitted_to(runtime, requests, settings.max_model_len))
     return Part(LONG, long.validate(), requests)
@@ -302,10 +302,10 @@ def plan_parts(settings: RunSettings, pending: list[PreparedRequest], slots_at,
     def on(part: Part, engines: int) -> Part:
         """`part` on `engines` engines: its buckets stay (fitted to its requests, whoever
         serves them); the short layout's slots follow an engine's share."""
-        changed = replace(part.settings, replicas=engines)
+        changed = part.settings.replace(replicas=engines)
         if part.name == SHORT:
-            changed = replace(changed, max_num_seqs=short_layout_slots(
-                replace(settings, replicas=engines), slots_at, len(part.requests)))
+            changed = changed.replace(max_num_seqs=short_layout_slots(
+                settings.replace(replicas=engines), slots_at, len(part.requests)))
         return Part(part.name, changed.validate(), part.requests)
 
     def timed(part: Part) -> PartTime:

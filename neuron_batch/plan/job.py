@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_batch.bench.deadline import Deadline
 from neuron_batch.choices import KvReserve
-from neuron_batch.config import RunSettings
 from neuron_batch.plan.options import Option, PlanSpec
+from neuron_batch.settings import RunSettings
 
 PLAN_JSON = "plan.json"
 
@@ -37,36 +37,35 @@ def plan_base(settings: RunSettings) -> tuple[RunSettings, str]:
     """The settings every simulated replica starts from: the simulated device, one engine, the
     workload in a seeded random order (what the replica shares are cut from), and KV admission
     by each request's real need; and that admission rule."""
-    base = replace(settings, device="sim", shuffle=True, quiet=True, resume=True,
-                   metrics_textfile=None, max_runtime=None, replicas=1, ray=None,
-                   kv_reserve=KvReserve.REQUEST,
-                   sim=replace(settings.sim, num_instances=1))
+    base = settings.replace(device="sim", shuffle=True, quiet=True, resume=True,
+                            metrics_textfile=None, max_runtime=None, replicas=1, ray=None,
+                            kv_reserve=KvReserve.REQUEST, num_instances=1)
     return base, KvReserve.REQUEST
 
 
 def option_settings(base: RunSettings, option: Option, out_dir: Path | None) -> RunSettings:
     """One replica of `option` on its share: what the simulation runs and the command line
     reproduces."""
-    sim = replace(base.sim, instance=option.instance, tensor_parallel_size=option.tp)
-    settings = replace(base, sim=sim, max_num_seqs=option.max_num_seqs,
-                       max_model_len=option.max_model_len, limit=option.share_size,
-                       shuffle=True, output=None,
-                       split_at=option.split.cut if option.split else None,
-                       prefix_caching=option.prefix_caching, order=option.order or base.order)
+    settings = base.replace(instance=option.instance, tensor_parallel_size=option.tp,
+                            max_num_seqs=option.max_num_seqs,
+                            max_model_len=option.max_model_len, limit=option.share_size,
+                            shuffle=True, output=None,
+                            split_at=option.split.cut if option.split else None,
+                            prefix_caching=option.prefix_caching,
+                            order=option.order or base.order)
     settings = settings.with_buckets(option.runtime, option.prefill_buckets,
                                      option.decode_buckets, option.attention_buckets)
     if out_dir is None:
         return settings
-    return replace(settings, output=str(out_dir / "runs" / run_folder(option, settings)))
+    return settings.replace(output=str(out_dir / "runs" / run_folder(option, settings)))
 
 
 def layout_settings(base: RunSettings, option: Option) -> RunSettings:
     """The whole layout's run: every request (the plan's --limit, if any), every replica
     (`--replicas` engines over `--num-instances` instances)."""
     settings = option_settings(base, option, None)
-    return replace(settings, limit=base.limit, shuffle=base.limit is not None,
-                   replicas=option.total_replicas,
-                   sim=replace(settings.sim, num_instances=option.num_instances))
+    return settings.replace(limit=base.limit, shuffle=base.limit is not None,
+                            replicas=option.total_replicas, num_instances=option.num_instances)
 
 
 def run_folder(option: Option, settings: RunSettings) -> str:

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_batch.choices import KvReserve, Order, Pricing, WeightDtype, normalise
-from neuron_batch.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_TOKENS, RunSettings
 from neuron_batch.device.cost_model import StepCostModel
 from neuron_batch.device.hardware import DEFAULT_PLAN_INSTANCES
 from neuron_batch.device.target import NEURON_BLOCK_SIZE, Target
 from neuron_batch.report.cost import Price, usd
 from neuron_batch.runtime import Runtime
+from neuron_batch.settings import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_TOKENS, RunSettings
 
 DEFAULT_INSTANCES = DEFAULT_PLAN_INSTANCES
 DEFAULT_SEQS = (8, 16, 32, 64)
@@ -76,13 +76,13 @@ class PlanSpec:
         type, cost profile, limits, KV rule, pricing and runtime come from them, `grid` gives
         the plan's own fields (instances, max_num_instances, seqs_values, max_prefill_buckets,
         compiled, prices, splits). PlanError without an architecture."""
-        if settings.sim.architecture is None:
+        if settings.architecture is None:
             raise PlanError("plan needs the model's architecture (--architecture)")
-        return cls(architecture=settings.sim.architecture,
-                   weight_dtype=settings.sim.weight_dtype,
-                   cost_profile=settings.sim.cost_profile, max_model_len=settings.max_model_len,
+        return cls(architecture=settings.architecture,
+                   weight_dtype=settings.weight_dtype,
+                   cost_profile=settings.cost_profile, max_model_len=settings.max_model_len,
                    max_num_batched_tokens=settings.max_num_batched_tokens,
-                   kv_reserve=settings.kv_reserve, pricing=settings.cost.pricing,
+                   kv_reserve=settings.kv_reserve, pricing=settings.pricing,
                    runtime=settings.runtime, order=settings.order, **grid)
 
 

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.bench.deadline import format_hours
-from neuron_batch.config import RunSettings
 from neuron_batch.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
 from neuron_batch.plan.grid import (
     build_options,
@@ -43,6 +42,7 @@ from neuron_batch.plan.search import Search, dry_run
 from neuron_batch.plan.splits import split_options
 from neuron_batch.plan.tighten import Tightener, bound_is_exact
 from neuron_batch.plan.words import left_out_line
+from neuron_batch.settings import RunSettings
 
 #: CPU seconds a simulation costs per engine step and per output token, measured on the 2-core
 #: development machine (the whole conversation trace at max_num_seqs 32: 147 k steps, 4.1 M
@@ -99,9 +99,9 @@ def _run_share(settings: RunSettings, workload_limit: int | None) -> dict:
 
     key = (settings.inputs, settings.prompt_column, settings.dataset_split, settings.seed,
            workload_limit, settings.model, settings.max_model_len, settings.max_tokens,
-           settings.sim.architecture)
+           settings.architecture)
     if key not in _WORKLOADS:
-        _WORKLOADS[key] = load_workload(replace(settings, limit=workload_limit), lambda m: None,
+        _WORKLOADS[key] = load_workload(settings.replace(limit=workload_limit), lambda m: None,
                                         command="plan")
     full = _WORKLOADS[key]
     prepared = Prepared(full.prepared.requests[:settings.limit], full.prepared.problems,

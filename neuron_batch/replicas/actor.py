@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.config import RunSettings
+from neuron_batch.settings import RunSettings
 
 #: The one column of a batch going to a replica, and of its result coming back.
 REQUESTS_COLUMN = "requests"

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 
-from neuron_batch.config import RunSettings
 from neuron_batch.errors import EXIT_FAILED, RunError
+from neuron_batch.settings import RunSettings
 
 #: Ray releases this package is tested with: [low, high) as (major, minor).
 TESTED_RAY = ((2, 60), (2, 61))
@@ -179,7 +179,7 @@ def replica_resources(settings: RunSettings,
     if device == "cpu":
         return ReplicaResources("cpu")
     if device == "neuron":
-        tp = settings.sim.tensor_parallel_size or 1
+        tp = settings.tensor_parallel_size or 1
         return ReplicaResources("neuron", 1.0, {"neuron_cores": float(tp)})
     raise RunError(f"--replicas on device {device!r} is not supported (sim, cpu and neuron "
                    f"are); for several GPUs use vLLM's own data parallelism")

@@ -154,7 +154,7 @@ def _sim_devices(job: Job, firsts: list[int], total: int) -> list[list[str] | No
     from neuron_batch.device.replica_layout import replica_devices
 
     labels = replica_devices(job.target.instance, job.target.tp, total,
-                             job.settings.sim.num_instances)
+                             job.settings.num_instances)
     return [labels[first:end] for first, end in zip(firsts, [*firsts[1:], total])]
 
 

@@ -43,7 +43,7 @@ def build_report(job: Job) -> dict:
                                            else len(shapes.decode_buckets),
                                            num_graphs=shapes.num_graphs,
                                            compiled=compiled_before(job))
-        if settings.sim.architecture:  # the model simulated, not the one lending its tokenizer
+        if settings.architecture:  # the model simulated, not the one lending its tokenizer
             extra["model"] = f"{extra['sim']['arch']} (simulated)"
     total = len(prepared.requests) + len(problems)
     completed = len(folder.done_ids & {r.record.id for r in prepared.requests})
@@ -52,7 +52,7 @@ def build_report(job: Job) -> dict:
                      ray=next((a["ray"] for a in reversed(folder.attempts()) if a.get("ray")),
                               None))
         if "sim" in extra:
-            extra["sim"]["num_instances"] = settings.sim.num_instances
+            extra["sim"]["num_instances"] = settings.num_instances
         report = summarize_replicas(layout, attempts=folder.attempts(), done_ids=folder.done_ids,
                                     simulated=job.simulated, extra_config=extra, total=total,
                                     skipped=len(problems))
@@ -170,7 +170,7 @@ def _add_prefix_bound(report: dict, prepared, done_ids: set[str], settings) -> N
 
 def num_instances(settings) -> int:
     """Instances the run is billed for: the simulated layout's (--num-instances), else one."""
-    return int(settings.sim.num_instances) if settings.simulated else 1
+    return int(settings.num_instances) if settings.simulated else 1
 
 
 def _add_cost(report: dict, settings) -> None:

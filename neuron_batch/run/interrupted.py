@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.config import RunSettings
 from neuron_batch.job.folder import OutputError, RunFolder
 from neuron_batch.job.stop import Interrupted
 from neuron_batch.report.notes import interrupted_line
+from neuron_batch.settings import RunSettings
 
 
 def record_early_stop(settings: RunSettings, out_dir: Path, stop: Interrupted,

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from neuron_batch.choices import prefix_caching_word
-from neuron_batch.config import RunSettings
 from neuron_batch.inputs.prefix import DEFAULT_BLOCK
 from neuron_batch.job.folder import RunFolder
 from neuron_batch.job.job import resolve_target
 from neuron_batch.layout.prefix_decision import PrefixDecision, decide, forced, platform_off
+from neuron_batch.settings import RunSettings
 
 if TYPE_CHECKING:
     from neuron_batch.device.target import Target
@@ -55,7 +55,7 @@ def settle(settings: RunSettings, workload: Workload, target: Target | None,
                 f"decide {prefix_caching_word(decision.enable)}: {decision.reason}. "
                 f"--restart decides anew")
         decision = replace(kept, figures={**kept.figures, "tonight": decision.to_dict()})
-    settled = replace(settings, prefix_caching=decision.enable)
+    settled = settings.replace(prefix_caching=decision.enable)
     if target is not None or settings.simulated:
         target = resolve_target(settled, model_path)
     return settled, target, decision
@@ -67,11 +67,11 @@ def auto_decision(settings: RunSettings, requests, model_path: str | None) -> Pr
     from neuron_batch.job.startup import layout_compiled
 
     started = time.perf_counter()
-    targets = tuple(resolve_target(replace(settings, prefix_caching=c), model_path)
+    targets = tuple(resolve_target(settings.replace(prefix_caching=c), model_path)
                     for c in (False, True))
     known = None not in targets
     block = settings.block_size or (targets[0].block_size if known else None) or DEFAULT_BLOCK
-    compiled = tuple(layout_compiled(replace(settings, prefix_caching=c), t, model_path,
+    compiled = tuple(layout_compiled(settings.replace(prefix_caching=c), t, model_path,
                                      requests) if t is not None else False
                      for c, t in zip((False, True), targets))
     prompts, outputs = [r.prompt_token_ids for r in requests], [r.max_tokens for r in requests]

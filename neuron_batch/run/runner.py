@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuron_batch.config import SPLIT_AUTO, RunSettings
 from neuron_batch.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -49,6 +48,7 @@ from neuron_batch.job.stop import (
 from neuron_batch.job.workload import Workload, load_workload
 from neuron_batch.report.notes import STOPPED, interrupted_line
 from neuron_batch.run.interrupted import record_early_stop, record_stop
+from neuron_batch.settings import SPLIT_AUTO, RunSettings
 
 if TYPE_CHECKING:
     from neuron_batch.device.target import Target
@@ -149,7 +149,6 @@ def auto_split(settings: RunSettings, workload: Workload, target: Target | None,
     """`--split-at auto` resolved: the cut a --resume'd run chose before (run.json), else the
     one the step-time estimate gives the least time with compile (split.choose_cut), or no
     split when one layout is faster. Needs a step-time model (the run's `target`)."""
-    from dataclasses import replace
 
     from neuron_batch.layout.split import choose_cut
 
@@ -157,7 +156,7 @@ def auto_split(settings: RunSettings, workload: Workload, target: Target | None,
     if settings.resume and out_dir is not None:
         previous = ((RunFolder(out_dir).read_manifest() or {}).get("settings") or {})
         if "split_at" in previous and previous["split_at"] != SPLIT_AUTO:
-            return replace(settings, split_at=previous["split_at"])
+            return settings.replace(split_at=previous["split_at"])
     if target is None:
         raise RunError("--split-at auto weighs cuts with the step-time model of the simulated "
                        "device or of a Neuron host whose instance is known (--instance, or "
@@ -167,7 +166,7 @@ def auto_split(settings: RunSettings, workload: Workload, target: Target | None,
     cut, words = choose_cut(settings, submission_order(settings, workload.prepared.requests,
                                                        target), slots_at, estimate)
     log(words)
-    return replace(settings, split_at=cut)
+    return settings.replace(split_at=cut)
 
 
 def submission_order(settings: RunSettings, requests, target: Target | None) -> list:
@@ -199,7 +198,7 @@ def check_sim_layout(settings: RunSettings, target: Target) -> None:
     from neuron_batch.device.replica_layout import replica_devices
 
     try:
-        replica_devices(target.instance, target.tp, settings.replicas, settings.sim.num_instances)
+        replica_devices(target.instance, target.tp, settings.replicas, settings.num_instances)
     except ValueError as error:
         raise RunError(f"--device sim: {error}") from None
 
@@ -351,8 +350,8 @@ def device_label(settings: RunSettings, device: str, job: Job | None = None) -> 
     target = job.target if job is not None else None
     if target is not None and target.simulated:
         label = f"a simulated {target.instance.name}"
-        if settings.sim.num_instances > 1:
-            label = f"{settings.sim.num_instances} simulated {target.instance.name}"
+        if settings.num_instances > 1:
+            label = f"{settings.num_instances} simulated {target.instance.name}"
     elif device == "auto":
         label = "the device each replica finds (--device auto)"
     else:

@@ -17,14 +17,14 @@ from __future__ import annotations
 import shlex
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from neuron_batch.choices import Order, prefix_caching_word
-from neuron_batch.config import RunSettings
 from neuron_batch.inputs.prepare import in_order
 from neuron_batch.job.job import Job, resolve_target
 from neuron_batch.layout.step_estimate import block_chains, cache_hits, estimate
+from neuron_batch.settings import RunSettings
 
 #: An alternative must beat the run by more than this share of its steps' time to be named
 #: (the estimate matches
@@ -92,7 +92,7 @@ def _weigh_all(job: Job, settings: RunSettings, requests) -> dict[tuple, Weighed
     targets = {}
     for caching in (False, True):
         target = (job.target if bool(settings.prefix_caching) == caching
-                  else resolve_target(replace(settings, prefix_caching=caching), model_path))
+                  else resolve_target(settings.replace(prefix_caching=caching), model_path))
         if target is None:
             return {}
         targets[caching] = target
@@ -111,7 +111,7 @@ def _weigh_all(job: Job, settings: RunSettings, requests) -> dict[tuple, Weighed
                     laid = target.with_layout(settings.max_model_len, seqs, warn=False)
                 except ValueError:
                     continue
-                shaped = replace(settings, prefix_caching=caching, max_num_seqs=seqs)
+                shaped = settings.replace(prefix_caching=caching, max_num_seqs=seqs)
                 shapes = shaped.shapes(runtime)
                 hits = (cache_hits(lens, chains, block, capacity=laid.pool_blocks)
                         if caching else None)

@@ -8,11 +8,11 @@ from neuron_batch.bench.command_line import run_command
 from neuron_batch.bench.prefix_verdict import LEVEL_SHARE, prefix_verdict
 from neuron_batch.bench.ranking import rank_key
 from neuron_batch.bench.sweep_grid import prefix_variants
-from neuron_batch.config import RunSettings
+from neuron_batch.settings import RunSettings
 
 
 def settings(**kw) -> RunSettings:
-    return RunSettings(inputs=("x.jsonl",), device="sim", max_model_len=2048, **kw)
+    return RunSettings.of(inputs=("x.jsonl",), device="sim", max_model_len=2048, **kw)
 
 
 def test_variants_put_the_base_first_and_skip_caching_off_in_prefix_order():

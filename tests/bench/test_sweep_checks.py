@@ -5,21 +5,19 @@ configuration starts, by the check `run` makes; a sweep where nothing finished i
 from __future__ import annotations
 
 import shlex
-from dataclasses import replace
 
 import pytest
 
 from neuron_batch.bench.command_line import shell_lines
 from neuron_batch.bench.preflight import layout_check, loadable
 from neuron_batch.bench.sweep import check_finished, command_block
-from neuron_batch.config import RunSettings, SimOptions
 from neuron_batch.errors import EXIT_FAILED, EXIT_USAGE, RunError
 from neuron_batch.job.job import resolve_target
+from neuron_batch.settings import RunSettings
 
 # Llama-3.1-8B on inf2.8xlarge (TP 2) under nxdi: 6 static slots of 16,384 fit beside the weights.
-INF2 = RunSettings(inputs=("trace.csv",), device="sim", max_model_len=16384,
-                   sim=replace(SimOptions(), instance="inf2.8xlarge",
-                               architecture="llama-3.1-8b"))
+INF2 = RunSettings.of(inputs=("trace.csv",), device="sim", max_model_len=16384,
+                      instance="inf2.8xlarge", architecture="llama-3.1-8b")
 
 
 def test_values_that_cannot_load_are_left_out_saying_what_fits():
@@ -32,7 +30,7 @@ def test_values_that_cannot_load_are_left_out_saying_what_fits():
 
 def test_a_sweep_where_nothing_loads_is_refused_with_runs_message():
     with pytest.raises(RunError) as run_refusal:
-        resolve_target(replace(INF2, max_num_seqs=8), None)
+        resolve_target(INF2.replace(max_num_seqs=8), None)
     with pytest.raises(RunError) as refused:
         loadable(INF2, [8], ["request"], layout_check(INF2))
     assert refused.value.exit_code == EXIT_USAGE
@@ -60,8 +58,8 @@ def test_a_kv_rule_that_loads_nowhere_is_left_out():
 
 
 def test_no_check_where_run_has_none_before_the_engine():
-    assert layout_check(replace(INF2, device="cpu")) is None
-    no_arch = replace(INF2, sim=replace(INF2.sim, architecture=None))
+    assert layout_check(INF2.replace(device="cpu")) is None
+    no_arch = INF2.replace(architecture=None)
     assert layout_check(no_arch) is None       # (needs the workload's model)
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from neuron_batch.bench.command_line import run_command
 from neuron_batch.bench.sweep_grid import grid_candidates
-from neuron_batch.config import RunSettings
+from neuron_batch.settings import RunSettings
 
 
 def _grid(tmp_path: Path, **extra):
-    base = RunSettings(inputs=("t.csv",), device="sim", runtime="optimum-neuron",
+    base = RunSettings.of(inputs=("t.csv",), device="sim", runtime="optimum-neuron",
                        prefix_caching=False, max_model_len=8192).validate()
     return grid_candidates(base, tmp_path, seqs_values=[4, 8], prompt_lengths=[300, 2900, 700],
                            decode_hists={}, length_hists={4: Counter({3001: 2, 900: 5}),

@@ -278,11 +278,11 @@ def test_calibrate_reads_the_start_up_of_a_run_folder(tmp_path):
 
 
 def test_compiled_applies_to_the_simulated_device_only():
-    from neuron_batch.config import RunSettings, SettingsError, SimOptions
+    from neuron_batch.settings import RunSettings, SettingsError
 
-    RunSettings(("x",), device="sim", sim=SimOptions(compiled=True)).validate()
+    RunSettings.of(("x",), device="sim", compiled=True).validate()
     with pytest.raises(SettingsError, match="--compiled is for --device sim"):
-        RunSettings(("x",), device="cpu", sim=SimOptions(compiled=True)).validate()
+        RunSettings.of(("x",), device="cpu", compiled=True).validate()
 
 
 def test_the_summary_says_what_the_start_up_was():

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from neuron_batch.config import CostOptions, RunSettings, SimOptions
 from neuron_batch.device.cost_model import CapacityError
 from neuron_batch.device.hardware import get_instance
 from neuron_batch.device.target import TARGET_KEY, Target
 from neuron_batch.engine import neuron_host
 from neuron_batch.job.job import resolve_target
+from neuron_batch.settings import RunSettings
 
 #: A model's own config.json, not in the catalogue (Llama-3.1-8B's shapes, another name).
 OWN_CONFIG = {"_name_or_path": "my-model", "hidden_size": 4096, "intermediate_size": 14336,
@@ -62,20 +62,20 @@ def test_another_layout_keeps_the_objects_and_sizes_its_kv_as_a_fresh_resolve():
 
 
 def test_a_run_resolves_the_simulated_device_or_a_known_neuron_host():
-    sim = RunSettings(("x",), device="sim", max_model_len=4096, max_num_seqs=6,
-                      sim=SimOptions(instance="inf2.8xlarge", architecture="llama-3.1-8b",
-                                     tensor_parallel_size=2)).validate()
+    sim = RunSettings.of(("x",), device="sim", max_model_len=4096, max_num_seqs=6,
+                      instance="inf2.8xlarge", architecture="llama-3.1-8b",
+                                     tensor_parallel_size=2).validate()
     target = resolve_target(sim, None)
     assert target.simulated and (target.instance.name, target.tp) == ("inf2.8xlarge", 2)
     assert target.block_size == 32
-    host = RunSettings(("x",), device="neuron", runtime="nxdi", max_model_len=4096,
-                       max_num_seqs=6, sim=SimOptions(tensor_parallel_size=2),
-                       cost=CostOptions(instance="inf2.8xlarge")).validate()
+    host = RunSettings.of(("x",), device="neuron", runtime="nxdi", max_model_len=4096,
+                       max_num_seqs=6, tensor_parallel_size=2,
+                       host_instance="inf2.8xlarge").validate()
     twin = resolve_target(host, "llama-3.1-8b")
     assert not twin.simulated and twin.block_size == 4096     # NxDI's one block per slot
     assert twin.cost_model.decode_time(6, 6000) == target.cost_model.decode_time(6, 6000)
     assert twin.static_slots(2176) == target.static_slots(2176)
-    assert resolve_target(RunSettings(("x",), device="cpu").validate(), "m") is None
+    assert resolve_target(RunSettings.of(("x",), device="cpu").validate(), "m") is None
 
 
 def test_auto_asks_whether_this_is_a_neuron_host_once(monkeypatch):
@@ -87,7 +87,7 @@ def test_auto_asks_whether_this_is_a_neuron_host_once(monkeypatch):
                         lambda: {"version": "0.2.0", "entry_point": None})
     neuron_host.on_neuron_host.cache_clear()
     try:
-        auto = RunSettings(("x",), device="auto").validate()
+        auto = RunSettings.of(("x",), device="auto").validate()
         assert not neuron_host.runs_on_neuron(auto) and not neuron_host.runs_on_neuron(auto)
         assert globbed == ["/dev/neuron*"]
     finally:

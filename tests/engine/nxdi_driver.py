@@ -23,9 +23,9 @@ import nxdi_fakes  # noqa: E402
 nxdi_fakes.install()
 nxdi_fakes.fake_neuron_devices()
 
-from neuron_batch.config import RunSettings, SimOptions  # noqa: E402
 from neuron_batch.device_sampling import JobSampling  # noqa: E402
 from neuron_batch.engine import engine  # noqa: E402
+from neuron_batch.settings import RunSettings  # noqa: E402
 
 
 def settings_of(args: dict) -> RunSettings:
@@ -37,8 +37,8 @@ def settings_of(args: dict) -> RunSettings:
     # A run settles --prefix-caching auto before the engine is built (run/prefix_auto.py); a
     # case that names none runs as vLLM's default, on.
     given.setdefault("prefix_caching", True)
-    return RunSettings(inputs=("x.jsonl",), model=args["model"], device="neuron",
-                       sim=SimOptions(tensor_parallel_size=tp), **given).validate()
+    return RunSettings.of(inputs=("x.jsonl",), model=args["model"], device="neuron",
+                       tensor_parallel_size=tp, **given).validate()
 
 
 def kwargs_of(args: dict, settings: RunSettings, apply_env: bool = True) -> dict:

@@ -24,15 +24,15 @@ import optimum_fakes  # noqa: E402
 PAYLOAD = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
 optimum_fakes.install(PAYLOAD.get("hub_entries"))
 
-from neuron_batch.config import RunSettings, SettingsError, SimOptions  # noqa: E402
 from neuron_batch.engine import engine  # noqa: E402
+from neuron_batch.settings import RunSettings, SettingsError  # noqa: E402
 
 
 def settings_of(args: dict) -> RunSettings:
     given = dict(args.get("settings", {}))
     tp = given.pop("tensor_parallel_size", None)
-    return RunSettings(inputs=("x.jsonl",), model=args["model"], device="neuron",
-                       sim=SimOptions(tensor_parallel_size=tp), **given).validate()
+    return RunSettings.of(inputs=("x.jsonl",), model=args["model"], device="neuron",
+                       tensor_parallel_size=tp, **given).validate()
 
 
 def kwargs_of(args: dict, settings: RunSettings) -> dict:

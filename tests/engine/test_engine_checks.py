@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from neuron_batch.config import RunSettings, SettingsError
 from neuron_batch.engine import engine
+from neuron_batch.settings import RunSettings, SettingsError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,7 +70,7 @@ def test_under_quiet_the_warning_goes_where_engine_log_collects_it(monkeypatch, 
 
 # -- --device neuron -----------------------------------------------------------------------
 def neuron_kwargs(tmp_path, **settings):
-    run = RunSettings(inputs=("x.jsonl",), max_num_seqs=8, max_num_batched_tokens=1024,
+    run = RunSettings.of(inputs=("x.jsonl",), max_num_seqs=8, max_num_batched_tokens=1024,
                       max_model_len=2048, **settings).validate()
     return engine.engine_kwargs(run, "neuron", "/models/m", tmp_path / "r.jsonl", tmp_path,
                                 has_tokenizer=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from neuron_batch.config import CostOptions, RunSettings, SettingsError, SimOptions
 from neuron_batch.device.hardware import INSTANCES
 from neuron_batch.device_sampling import JobSampling
 from neuron_batch.engine import engine, neuron_host
@@ -14,6 +13,7 @@ from neuron_batch.engine.neuron_host import NeuronHostError, host_setup, plugin_
 from neuron_batch.engine.nxdi_plugin import block_layout_blocks
 from neuron_batch.prefix_grid import grid_size
 from neuron_batch.runtime import RUNTIMES, VLLM_NEURON
+from neuron_batch.settings import RunSettings, SettingsError
 
 NXDI = RUNTIMES["nxdi"]
 #: Keys the NxDI loader derives from vLLM's own settings: never in override_neuron_config.
@@ -26,7 +26,7 @@ def settings(**changes) -> RunSettings:
     base = dict(inputs=("x.jsonl",), runtime="nxdi", max_num_seqs=8, max_model_len=4352,
                 max_num_batched_tokens=512, prefix_caching=True)
     base.update(changes)
-    return RunSettings(**base).validate()
+    return RunSettings.of(**base).validate()
 
 
 #: A job whose requests sample with different temperatures.
@@ -66,7 +66,7 @@ def test_plugin_0_1_0_needs_the_null_block_added_by_us(tmp_path):
 
 
 def test_tensor_parallel_size_reaches_vllm(tmp_path):
-    done = setup(tmp_path, sim=SimOptions(tensor_parallel_size=2))
+    done = setup(tmp_path, tensor_parallel_size=2)
     assert done.kwargs["tensor_parallel_size"] == 2
 
 
@@ -218,7 +218,7 @@ def test_compiled_artifacts_are_keyed_by_every_compiled_shape(tmp_path):
                setup(tmp_path, prefix_caching=False),
                setup(tmp_path, max_num_seqs=4), setup(tmp_path, plugin="0.1.0"),
                setup(tmp_path, sampling=MIXED),
-               setup(tmp_path, sim=SimOptions(tensor_parallel_size=2))]
+               setup(tmp_path, tensor_parallel_size=2)]
     assert len({c.artifacts for c in changed} | {first.artifacts}) == len(changed) + 1
     (model / "config.json").write_text('{"hidden_size": 128}')
     assert setup(tmp_path).artifacts != first.artifacts
@@ -229,7 +229,7 @@ def test_compiled_artifacts_are_keyed_by_every_compiled_shape(tmp_path):
 
 def test_engine_kwargs_on_neuron_under_nxdi(monkeypatch, tmp_path):
     monkeypatch.setattr(engine, "neuron_plugin_missing_message", lambda: None)
-    run = settings(sim=SimOptions(tensor_parallel_size=2), compiled_artifacts=str(tmp_path))
+    run = settings(tensor_parallel_size=2, compiled_artifacts=str(tmp_path))
     kwargs = engine.engine_kwargs(run, "neuron", str(tmp_path / "m"), tmp_path / "r.jsonl",
                                   tmp_path, has_tokenizer=True)
     assert kwargs["scheduler_cls"] == "neuron_batch.scheduler.NeuronScheduler"
@@ -253,19 +253,19 @@ def test_neuron_is_told_by_the_platform_not_its_device_type():
 
 
 def test_a_host_s_instance_is_looked_up_once_and_an_unknown_one_refused():
-    assert neuron_host.host_hardware(settings(cost=CostOptions(instance="inf2.8xlarge"))) is \
+    assert neuron_host.host_hardware(settings(host_instance="inf2.8xlarge")) is \
         INSTANCES["inf2.8xlarge"]
     with pytest.raises(NeuronHostError, match="--device neuron: .*inf9.xlarge"):
-        neuron_host.host_hardware(settings(cost=CostOptions(instance="inf9.xlarge")))
+        neuron_host.host_hardware(settings(host_instance="inf9.xlarge"))
 
 
 def test_static_kv_that_does_not_fit_is_refused_with_what_would(tmp_path):
     # ../shared/notes/neuron-runtimes.md: Llama-3.1-8B bf16, 32 x 16384 on one inf2 chip.
     run = settings(max_num_seqs=32, max_model_len=16384,
-                   sim=SimOptions(tensor_parallel_size=2), cost=CostOptions(instance="inf2.xlarge"))
+                   tensor_parallel_size=2, host_instance="inf2.xlarge")
     with pytest.raises(NeuronHostError, match="cannot load under nxdi.*What fits"):
         neuron_host.static_kv_fit(run, NXDI, "llama-3.1-8b", INSTANCES["inf2.xlarge"])
-    small = settings(max_num_seqs=4, max_model_len=4096, sim=SimOptions(tensor_parallel_size=2))
+    small = settings(max_num_seqs=4, max_model_len=4096, tensor_parallel_size=2)
     fit = neuron_host.static_kv_fit(small, NXDI, "llama-3.1-8b", INSTANCES["inf2.xlarge"])
     assert fit["max_static_seqs"] >= 4
     assert neuron_host.static_kv_fit(small, NXDI, "llama-3.1-8b", None) is None
@@ -283,25 +283,25 @@ def test_a_split_s_short_layout_takes_the_slots_this_host_holds():
         return None if target is None else target.static_slots(run.max_model_len)
 
     run = settings(device="neuron", max_num_seqs=7, max_model_len=2176,
-                   sim=SimOptions(tensor_parallel_size=2),
-                   cost=CostOptions(instance="inf2.8xlarge"))
+                   tensor_parallel_size=2,
+                   host_instance="inf2.8xlarge")
     assert slots(run) == 52
     assert not resolve_target(run, "llama-3.1-8b").simulated
     too_big = settings(device="neuron", max_model_len=2176,
-                       sim=SimOptions(tensor_parallel_size=1),
-                       cost=CostOptions(instance="inf2.xlarge"))
+                       tensor_parallel_size=1,
+                       host_instance="inf2.xlarge")
     assert slots(too_big) is None
     assert slots(settings(device="neuron", runtime="vllm-neuron", max_num_seqs=7,
                           max_model_len=2176, max_num_batched_tokens=2048,
-                          sim=SimOptions(tensor_parallel_size=2),
-                          cost=CostOptions(instance="inf2.8xlarge"))) is None
+                          tensor_parallel_size=2,
+                          host_instance="inf2.8xlarge")) is None
 
 
 def test_the_host_instance_comes_from_the_option_or_the_dmi_name(tmp_path):
     dmi = tmp_path / "product_name"
     dmi.write_text("inf2.8xlarge\n")
     assert neuron_host.host_instance(settings(), dmi) == "inf2.8xlarge"
-    given = settings(cost=CostOptions(instance="inf2.48xlarge"))
+    given = settings(host_instance="inf2.48xlarge")
     assert neuron_host.host_instance(given, dmi) == "inf2.48xlarge"
     dmi.write_text("m5.large\n")
     assert neuron_host.host_instance(settings(), dmi) is None

@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neuron_batch.config import RunSettings, SimOptions
 from neuron_batch.doctor.export import export_checks, export_facts, plugins_check
 from neuron_batch.doctor.status import FAIL, INFO, OK, WARN
 from neuron_batch.engine.neuron_host import OPTIMUM_WORKER_CLS, host_setup
@@ -29,6 +28,7 @@ from neuron_batch.engine.optimum_export import (
 from neuron_batch.inputs.records import PromptRecord
 from neuron_batch.job.startup import startup_words
 from neuron_batch.runtime import OPTIMUM_NEURON, RUNTIMES
+from neuron_batch.settings import RunSettings
 
 RUNTIME = RUNTIMES[OPTIMUM_NEURON]
 
@@ -36,8 +36,8 @@ RUNTIME = RUNTIMES[OPTIMUM_NEURON]
 def settings(**given) -> RunSettings:
     tp = given.pop("tp", None)
     base = {"max_num_seqs": 4, "max_model_len": 512, "prefix_caching": False}
-    return RunSettings(inputs=("x.jsonl",), device="neuron", runtime=OPTIMUM_NEURON,
-                       sim=SimOptions(tensor_parallel_size=tp), **{**base, **given}).validate()
+    return RunSettings.of(inputs=("x.jsonl",), device="neuron", runtime=OPTIMUM_NEURON,
+                       tensor_parallel_size=tp, **{**base, **given}).validate()
 
 
 def export_dir(tmp_path: Path, **config) -> Path:

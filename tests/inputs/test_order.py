@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuron_batch.config import RunSettings, SettingsError
 from neuron_batch.inputs.prefix import prefix_order, shared_prefix_tokens
 from neuron_batch.inputs.prepare import PreparedRequest, in_order
 from neuron_batch.inputs.records import PromptRecord
+from neuron_batch.settings import RunSettings, SettingsError
 
 
 def request(index: int, prompt: int, max_tokens: int) -> PreparedRequest:
@@ -38,7 +38,7 @@ def test_length_order_is_a_stable_longest_first_permutation(sizes):
 
 def test_an_unknown_order_is_refused():
     with pytest.raises(SettingsError, match="--order must be one of input, length, prefix,"):
-        RunSettings(inputs=("x.jsonl",), order="shortest").validate()
+        RunSettings.of(inputs=("x.jsonl",), order="shortest").validate()
 
 
 def test_a_run_in_length_order_admits_the_longest_first(tmp_path: Path):
@@ -118,7 +118,7 @@ def test_prefix_order_groups_a_shared_instruction_and_ranks_groups_by_their_long
 
 
 def test_the_prefix_order_is_a_choice_of_run():
-    assert "prefix" in RunSettings(inputs=("x.jsonl",), order="prefix").validate().order
+    assert "prefix" in RunSettings.of(inputs=("x.jsonl",), order="prefix").validate().order
 
 
 def best_order_hits(prompts: list[list[int]], block: int) -> int:

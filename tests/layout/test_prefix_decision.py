@@ -5,30 +5,29 @@ the simulated device itself is in tests/run/test_prefix_auto.py."""
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuron_batch.config import RunSettings, SimOptions
 from neuron_batch.device.hardware import get_instance
 from neuron_batch.device.target import Target
 from neuron_batch.inputs.prefix import shared_prefix_tokens
 from neuron_batch.layout.prefix_decision import decide, forced
 from neuron_batch.layout.step_estimate import block_chains, cache_hits
+from neuron_batch.settings import RunSettings
 
 BLOCK = 32
 
 
 def sim_settings(instance="inf2.48xlarge", max_model_len=4096, max_num_seqs=8, **more):
-    return RunSettings(inputs=("x",), device="sim", max_model_len=max_model_len,
-                       max_num_seqs=max_num_seqs, sim=SimOptions(instance=instance,
-                                                                 architecture="llama-3.1-8b"),
+    return RunSettings.of(inputs=("x",), device="sim", max_model_len=max_model_len,
+                       max_num_seqs=max_num_seqs, instance=instance,
+                                                                 architecture="llama-3.1-8b",
                        **more).validate()
 
 
 def targets(settings):
-    return tuple(Target.resolve(instance=get_instance(settings.sim.instance),
+    return tuple(Target.resolve(instance=get_instance(settings.instance),
                                 arch="llama-3.1-8b", runtime=settings.resolve_runtime(),
                                 max_model_len=settings.max_model_len,
                                 max_num_seqs=settings.max_num_seqs, prefix_caching=caching)
@@ -56,13 +55,13 @@ def test_a_job_that_shares_nothing_runs_without_the_cache_everywhere():
 
 
 def test_the_cpu_turns_it_on_wherever_a_block_is_shared():
-    s = RunSettings(inputs=("x",), device="cpu").validate()
+    s = RunSettings.of(inputs=("x",), device="cpu").validate()
     decision = decide(s, shared_instruction(4, 64, 100), [8] * 4, block=BLOCK)
     assert decision.enable and "vLLM's CPU cache costs a hash per block" in decision.reason
 
 
 def test_a_neuron_host_without_a_step_model_weighs_the_share():
-    s = RunSettings(inputs=("x",), device="cpu").validate()
+    s = RunSettings.of(inputs=("x",), device="cpu").validate()
     much = decide(s, shared_instruction(8, 1024, 256), [8] * 8, block=BLOCK, neuron=True)
     little = decide(s, shared_instruction(8, 64, 2048), [8] * 8, block=BLOCK, neuron=True)
     assert much.enable and not little.enable
@@ -130,8 +129,8 @@ def test_trn2_pays_no_gather_and_compiles_no_more():
 
 
 def test_forced_is_as_asked():
-    assert forced(replace(sim_settings(), prefix_caching=True)).enable is True
-    off = forced(replace(sim_settings(), prefix_caching=False))
+    assert forced(sim_settings().replace(prefix_caching=True)).enable is True
+    off = forced(sim_settings().replace(prefix_caching=False))
     assert off.enable is False and off.asked == "off"
 
 

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuron_batch.config import RunSettings, SettingsError, SimOptions
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.inputs.records import PromptRecord
 from neuron_batch.layout.placement import (
@@ -24,6 +23,7 @@ from neuron_batch.layout.placement import (
     side_by_side_s,
 )
 from neuron_batch.layout.split import SHORT, plan_parts
+from neuron_batch.settings import RunSettings, SettingsError
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "datasets" / "azure-llm-inference-conv-2023.csv"
@@ -112,11 +112,11 @@ def test_the_choice_is_the_least_estimate_over_every_k(replicas, per_instance, w
 
 def test_side_by_side_needs_a_split_and_replicas():
     with pytest.raises(SettingsError, match="needs --split-at and --replicas 2"):
-        RunSettings(("x",), split_at=1024, replicas=1, split_placement=SIDE_BY_SIDE).validate()
+        RunSettings.of(("x",), split_at=1024, replicas=1, split_placement=SIDE_BY_SIDE).validate()
     with pytest.raises(SettingsError, match="needs --split-at"):
-        RunSettings(("x",), replicas=2, split_placement=SIDE_BY_SIDE).validate()
+        RunSettings.of(("x",), replicas=2, split_placement=SIDE_BY_SIDE).validate()
     with pytest.raises(SettingsError, match="--split-placement must be one of"):
-        RunSettings(("x",), split_placement="both").validate()
+        RunSettings.of(("x",), split_placement="both").validate()
 
 
 def trace_requests(n: int) -> list[PreparedRequest]:
@@ -131,11 +131,11 @@ def sim_plan(instance: str, tp: int, replicas: int, num_instances: int, placemen
     from neuron_batch.job.job import resolve_target
     from neuron_batch.run.runner import split_inputs
 
-    settings = RunSettings(("x",), device="sim", max_model_len=8192, max_num_seqs=8,
+    settings = RunSettings.of(("x",), device="sim", max_model_len=8192, max_num_seqs=8,
                            replicas=replicas, split_at=2048, split_placement=placement,
-                           sim=SimOptions(instance=instance, tensor_parallel_size=tp,
+                           instance=instance, tensor_parallel_size=tp,
                                           architecture="llama-3.1-8b",
-                                          num_instances=num_instances)).validate()
+                                          num_instances=num_instances).validate()
     return plan_parts(settings, trace_requests(400),
                       *split_inputs(resolve_target(settings, None), None))
 
@@ -165,11 +165,11 @@ def test_a_placement_that_rests_on_the_start_up_says_so():
     from neuron_batch.layout.split import placement_note
     from neuron_batch.run.runner import split_inputs
 
-    settings = RunSettings(("x",), device="sim", max_model_len=8192, max_num_seqs=8,
+    settings = RunSettings.of(("x",), device="sim", max_model_len=8192, max_num_seqs=8,
                            replicas=2, split_at=2048, split_placement=AUTO,
-                           sim=SimOptions(instance="inf2.8xlarge", tensor_parallel_size=2,
+                           instance="inf2.8xlarge", tensor_parallel_size=2,
                                           architecture="llama-3.1-8b",
-                                          num_instances=2)).validate()
+                                          num_instances=2).validate()
     slots, estimate = split_inputs(resolve_target(settings, None), None)
     requests = trace_requests(400)
     modes = {c: plan_parts(settings, requests, slots, estimate.assuming(c))[1].mode
@@ -205,14 +205,13 @@ def test_the_what_if_script_weighs_more_cuts_than_one():
 
 def sim_settings(**changes) -> RunSettings:
     base = dict(device="sim", max_model_len=14208, max_num_seqs=7, order="length",
-                sim=SimOptions(instance="inf2.8xlarge", tensor_parallel_size=2,
-                               architecture="llama-3.1-8b"))
-    return RunSettings(("x",), **{**base, **changes}).validate()
+                instance="inf2.8xlarge", tensor_parallel_size=2,
+                               architecture="llama-3.1-8b")
+    return RunSettings.of(("x",), **{**base, **changes}).validate()
 
 
 @pytest.mark.skipif(not TRACE.exists(), reason="the shipped trace is missing")
 def test_split_at_auto_takes_the_candidate_of_least_estimate():
-    from dataclasses import replace
 
     from neuron_batch.inputs.prepare import in_order
     from neuron_batch.job.job import resolve_target
@@ -228,7 +227,7 @@ def test_split_at_auto_takes_the_candidate_of_least_estimate():
         if at is None:
             single = Part("single", settings, requests)
             return estimate.seconds(single) + estimate.compile_of(single)
-        parts, _ = plan_parts(replace(settings, split_at=at), requests, slots, estimate)
+        parts, _ = plan_parts(settings.replace(split_at=at), requests, slots, estimate)
         return sum(estimate.seconds(p) + estimate.compile_of(p) for p in parts)
 
     lengths = sorted(r.length for r in requests)
@@ -238,7 +237,7 @@ def test_split_at_auto_takes_the_candidate_of_least_estimate():
     assert total(cut) < total(None)
     assert words.startswith(f"--split-at auto: {cut:,} (")
     # a paged runtime (trn2, vllm-neuron) never splits: its slots do not follow max_model_len
-    trn2 = sim_settings(sim=SimOptions(instance="trn2.3xlarge", architecture="llama-3.1-8b"),
+    trn2 = sim_settings(instance="trn2.3xlarge", architecture="llama-3.1-8b",
                         max_num_seqs=32, max_num_batched_tokens=4096)
     assert choose_cut(trn2, requests, None,
                       split_inputs(resolve_target(trn2, None), None)[1])[0] is None
@@ -255,10 +254,10 @@ def test_split_at_auto_keeps_a_resumed_run_s_cut_and_needs_the_simulated_device(
     settings = sim_settings(split_at="auto", resume=True, output=str(tmp_path))
     assert auto_split(settings, None, None, print).split_at == 2176
     with pytest.raises(RunError, match="--split-at auto weighs cuts with the step-time model"):
-        auto_split(RunSettings(("x",), device="cpu", split_at="auto").validate(),
+        auto_split(RunSettings.of(("x",), device="cpu", split_at="auto").validate(),
                    SimpleNamespace(model=None), None, print)
     with pytest.raises(SettingsError, match="--split-at takes a number of tokens or auto"):
-        RunSettings(("x",), split_at="half").validate()
+        RunSettings.of(("x",), split_at="half").validate()
 
 
 @pytest.mark.skipif(not TRACE.exists(), reason="the shipped trace is missing")
@@ -268,17 +267,16 @@ def test_split_at_auto_on_a_neuron_host_uses_its_instance_s_model(monkeypatch):
     model's shape, so auto chooses as it would on the simulated twin; unnamed, it cannot."""
     from types import SimpleNamespace
 
-    from neuron_batch.config import CostOptions
     from neuron_batch.errors import RunError
     from neuron_batch.job.job import resolve_target
     from neuron_batch.run.runner import auto_split
 
     workload = SimpleNamespace(model=SimpleNamespace(path="llama-3.1-8b", name="llama"),
                                prepared=SimpleNamespace(requests=trace_requests(1500)))
-    host = RunSettings(("x",), device="neuron", runtime="nxdi", max_model_len=14208,
+    host = RunSettings.of(("x",), device="neuron", runtime="nxdi", max_model_len=14208,
                        max_num_seqs=7, order="length", split_at="auto",
-                       sim=SimOptions(tensor_parallel_size=2),
-                       cost=CostOptions(instance="inf2.8xlarge")).validate()
+                       tensor_parallel_size=2,
+                       host_instance="inf2.8xlarge").validate()
     target = resolve_target(host, workload.model.path)
     assert (target.instance.name, target.tp, target.runtime.name) == ("inf2.8xlarge", 2, "nxdi")
     twin = sim_settings(split_at="auto")
@@ -288,7 +286,7 @@ def test_split_at_auto_on_a_neuron_host_uses_its_instance_s_model(monkeypatch):
         auto_split(twin, twin_workload, resolve_target(twin, None), print).split_at
     # a host that is not an instance the hardware table knows (no --instance, no EC2 name)
     monkeypatch.setattr("neuron_batch.engine.neuron_host.host_instance", lambda settings: None)
-    unnamed = RunSettings(("x",), device="neuron", runtime="nxdi", split_at="auto").validate()
+    unnamed = RunSettings.of(("x",), device="neuron", runtime="nxdi", split_at="auto").validate()
     assert resolve_target(unnamed, workload.model.path) is None
     with pytest.raises(RunError, match="whose instance is known"):
         auto_split(unnamed, workload, resolve_target(unnamed, workload.model.path), print)
@@ -299,9 +297,7 @@ def test_split_at_auto_on_a_neuron_host_counts_a_layout_in_its_artifacts_folder_
         tmp_path, monkeypatch):
     """(issue 29) On a Neuron host a layout whose artifacts folder (the one its run would use,
     engine/neuron_host.py) holds graphs starts with a load only; every other one compiles."""
-    from dataclasses import replace
 
-    from neuron_batch.config import CostOptions
     from neuron_batch.job.job import resolve_target
     from neuron_batch.job.startup import host_artifacts
     from neuron_batch.layout.split import Part
@@ -309,15 +305,15 @@ def test_split_at_auto_on_a_neuron_host_counts_a_layout_in_its_artifacts_folder_
 
     monkeypatch.setattr("neuron_batch.versions.neuron_plugin",
                         lambda: {"version": "0.2.0", "line": "0.2"})
-    host = RunSettings(("x",), device="neuron", runtime="nxdi", max_model_len=14208,
+    host = RunSettings.of(("x",), device="neuron", runtime="nxdi", max_model_len=14208,
                        max_num_seqs=7, order="length", compiled_artifacts=str(tmp_path),
-                       sim=SimOptions(tensor_parallel_size=2),
-                       cost=CostOptions(instance="inf2.8xlarge")).validate()
+                       tensor_parallel_size=2,
+                       host_instance="inf2.8xlarge").validate()
     target = resolve_target(host, "llama-3.1-8b")
     requests = trace_requests(300)
     _, estimate = split_inputs(target, "llama-3.1-8b")
     single = Part("single", host, requests)
-    other = Part("single", replace(host, max_num_seqs=4), requests)
+    other = Part("single", host.replace(max_num_seqs=4), requests)
     fresh, loaded = estimate.assuming(False), estimate.assuming(True)
     assert estimate.compile_of(single) == fresh.compile_of(single) > loaded.compile_of(single)
     folder = host_artifacts(host, target.runtime, "llama-3.1-8b", requests)

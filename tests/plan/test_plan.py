@@ -14,10 +14,10 @@ pytest.importorskip("vllm")
 
 from neuron_batch.bench.deadline import Deadline  # noqa: E402
 from neuron_batch.cli import main  # noqa: E402
-from neuron_batch.config import RunSettings, SimOptions  # noqa: E402
 from neuron_batch.plan.options import PlanSpec  # noqa: E402
 from neuron_batch.plan.run import PlanJob, plan_base, run_plan  # noqa: E402
 from neuron_batch.plan.search import objective_key  # noqa: E402
+from neuron_batch.settings import RunSettings  # noqa: E402
 
 TRACE = Path(__file__).resolve().parents[2] / "datasets" / "azure-llm-inference-conv-2023.csv"
 pytestmark = pytest.mark.skipif(not TRACE.exists(), reason="the trace copy is missing")
@@ -34,9 +34,9 @@ SPLIT_SPEC = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.xlarge",),
 
 def plan_job(out: Path, deadline_h: float, *, prune: bool, resume: bool,
              spec: PlanSpec = SPEC, order: str = "input", limit: int = 40) -> PlanJob:
-    settings = RunSettings(inputs=(str(TRACE),), device="sim", limit=limit,
+    settings = RunSettings.of(inputs=(str(TRACE),), device="sim", limit=limit,
                            max_model_len=spec.max_model_len, max_num_batched_tokens=2048,
-                           quiet=True, order=order, sim=SimOptions(architecture="llama-3.1-8b"))
+                           quiet=True, order=order, architecture="llama-3.1-8b")
     base, kv_reserve = plan_base(settings)
     spec = PlanSpec(**{**spec.__dict__, "kv_reserve": kv_reserve})
     return PlanJob(base, spec, Deadline(f"{deadline_h}h", deadline_h, None), out, jobs=1,

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from neuron_batch.bench.command_line import run_command
 from neuron_batch.bench.deadline import DeadlineError, format_hours, parse_deadline
 from neuron_batch.cli import main
-from neuron_batch.config import CostOptions, RunSettings, SimOptions
 from neuron_batch.layout.bounds import ShareStats, decode_steps_bound
 from neuron_batch.plan.grid import build_options, check_instances, placements
 from neuron_batch.plan.options import PlanError, PlanSpec
 from neuron_batch.plan.search import Search, bound_key, objective_key
+from neuron_batch.settings import RunSettings
 
 NOW = datetime(2026, 11, 30, 22, 15)
 
@@ -259,10 +259,10 @@ def test_either_spelling_of_the_max_model_len_rule_gives_the_same_plan_bound():
     compared with 'max_model_len', so a plan built from those settings silently took the
     weaker bound of no admission rule."""
     def bounds(spelling):
-        settings = RunSettings(inputs=("x",), device="sim", kv_reserve=spelling,
+        settings = RunSettings.of(inputs=("x",), device="sim", kv_reserve=spelling,
                                max_model_len=4096,
-                               sim=SimOptions(instance="trn2.3xlarge",
-                                              architecture="llama-3.1-8b")).validate()
+                               instance="trn2.3xlarge",
+                                              architecture="llama-3.1-8b").validate()
         spec = PlanSpec.from_settings(settings, instances=("trn2.3xlarge",),
                                       max_num_instances=1, seqs_values=(64,),
                                       prices={"trn2.3xlarge": 3.0})
@@ -274,12 +274,12 @@ def test_either_spelling_of_the_max_model_len_rule_gives_the_same_plan_bound():
 
 
 def test_a_plan_takes_the_settings_fields_from_the_settings():
-    settings = RunSettings(inputs=("x",), device="sim", max_model_len=8192,
+    settings = RunSettings.of(inputs=("x",), device="sim", max_model_len=8192,
                            max_num_batched_tokens=4096, kv_reserve="max-model-len",
                            runtime="vllm-neuron",
-                           sim=SimOptions(instance="trn2.3xlarge", architecture="llama-3.1-8b",
-                                          weight_dtype="fp8", cost_profile="p.json"),
-                           cost=CostOptions(pricing="reserved"))
+                           instance="trn2.3xlarge", architecture="llama-3.1-8b",
+                                          weight_dtype="fp8", cost_profile="p.json",
+                           pricing="reserved")
     spec = PlanSpec.from_settings(settings, instances=("trn2.3xlarge",), splits=False)
     assert (spec.architecture, spec.weight_dtype, spec.cost_profile, spec.max_model_len,
             spec.max_num_batched_tokens, spec.kv_reserve, spec.pricing, spec.runtime,
@@ -289,7 +289,7 @@ def test_a_plan_takes_the_settings_fields_from_the_settings():
     with pytest.raises(TypeError):      # a settings field is never given twice
         PlanSpec.from_settings(settings, max_model_len=2048)
     with pytest.raises(PlanError, match="--architecture"):
-        PlanSpec.from_settings(RunSettings(inputs=("x",), device="sim"))
+        PlanSpec.from_settings(RunSettings.of(inputs=("x",), device="sim"))
 
 
 def test_the_default_plan_instances_are_the_calibrated_ones_their_runtime_ships_for():
@@ -322,12 +322,12 @@ def test_the_command_line_gives_the_same_settings_back(monkeypatch, tmp_path, bu
 
     buckets = dict(buckets)
     instance = buckets.pop("instance")      # (each runtime on hardware AWS ships it for)
-    settings = RunSettings(inputs=("my trace.csv",), device="sim", max_num_seqs=16,
+    settings = RunSettings.of(inputs=("my trace.csv",), device="sim", max_num_seqs=16,
                            max_num_batched_tokens=4096, max_model_len=8192, **buckets,
                            max_tokens=99, shuffle=True, seed=7, limit=123,
-                           sim=SimOptions(instance=instance, architecture="llama-3-8b",
-                                          tensor_parallel_size=4, weight_dtype="int8"),
-                           cost=CostOptions(pricing="reserved"))
+                           instance=instance, architecture="llama-3-8b",
+                                          tensor_parallel_size=4, weight_dtype="int8",
+                           pricing="reserved")
     line = run_command(settings)
     assert line.startswith("neuron-batch run 'my trace.csv' --device sim")
     seen = {}
@@ -345,7 +345,7 @@ def test_the_command_line_gives_the_same_settings_back(monkeypatch, tmp_path, bu
     # the line spells out every compiled list, defaults included
     resolved = settings.with_buckets(settings.resolve_runtime(),
                                      *_lists(settings.shapes()))
-    assert RunSettings(**{**got.__dict__, **keep}) == RunSettings(**{**resolved.__dict__, **keep})
+    assert got.replace(**keep) == resolved.replace(**keep)
 
 
 def _lists(shapes):
@@ -387,9 +387,9 @@ def test_the_layout_line_runs_every_replica_over_the_instances(monkeypatch, tmp_
     found, _ = placements(spec)
     options = build_options(spec, found, [1000] * 40, [50] * 40, seed=3)
     option = next(o for o in options if o.name == "2x inf2.24xlarge 6xTP2 S16")
-    base, _ = plan_base(RunSettings(inputs=("t.csv",), max_model_len=4096,
+    base, _ = plan_base(RunSettings.of(inputs=("t.csv",), max_model_len=4096,
                                     max_num_batched_tokens=2048, limit=40, seed=3,
-                                    sim=SimOptions(architecture="llama-3.1-8b")))
+                                    architecture="llama-3.1-8b"))
     seen = []
     monkeypatch.setattr(runner, "run", lambda s: seen.append(s) or SimpleNamespace(exit_code=0))
     for run_settings in (option_settings(base, option, None), layout_settings(base, option)):
@@ -397,12 +397,12 @@ def test_the_layout_line_runs_every_replica_over_the_instances(monkeypatch, tmp_
         result = CliRunner().invoke(main, shlex.split(line)[1:] + ["-o", str(tmp_path)])
         assert result.exit_code == 0, result.output
     one, layout = seen
-    assert (one.replicas, one.sim.num_instances, one.limit, one.shuffle) == (1, 1, 4, True)
-    assert (layout.replicas, layout.sim.num_instances, layout.limit) == (12, 2, 40)
+    assert (one.replicas, one.num_instances, one.limit, one.shuffle) == (1, 1, 4, True)
+    assert (layout.replicas, layout.num_instances, layout.limit) == (12, 2, 40)
     assert one.kv_reserve == layout.kv_reserve == "request"
     # inf2 runs nxdi: the prefill buckets are context-encoding buckets, decode runs every slot
     assert one.runtime == layout.runtime == "nxdi"
-    assert (one.sim.tensor_parallel_size, one.context_encoding_buckets) == (
+    assert (one.tensor_parallel_size, one.context_encoding_buckets) == (
         2, option.prefill_buckets)
     assert one.token_generation_buckets == option.attention_buckets
     assert one.prefill_buckets is None and one.decode_buckets is None

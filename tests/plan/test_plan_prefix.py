@@ -33,9 +33,9 @@ def test_shareable_tokens_are_the_leading_blocks_another_prompt_starts_with(prom
 vllm = pytest.importorskip("vllm")
 
 from neuron_batch.bench.deadline import Deadline  # noqa: E402
-from neuron_batch.config import RunSettings, SimOptions  # noqa: E402
 from neuron_batch.plan.options import PlanSpec  # noqa: E402
 from neuron_batch.plan.run import PlanJob, plan_base, run_plan  # noqa: E402
+from neuron_batch.settings import RunSettings  # noqa: E402
 
 SPEC = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.8xlarge",), max_num_instances=1,
                 seqs_values=(4,), max_prefill_buckets=1, compiled=True, max_model_len=2048,
@@ -48,9 +48,9 @@ def write_job(path: Path, rows: list[dict]) -> Path:
 
 
 def plan(out: Path, job: Path, *, prune: bool) -> dict:
-    settings = RunSettings(inputs=(str(job),), device="sim", max_model_len=2048,
+    settings = RunSettings.of(inputs=(str(job),), device="sim", max_model_len=2048,
                            max_num_batched_tokens=2048, quiet=True,
-                           sim=SimOptions(architecture="llama-3.1-8b"))
+                           architecture="llama-3.1-8b")
     base, kv_reserve = plan_base(settings)
     spec = PlanSpec(**{**SPEC.__dict__, "kv_reserve": kv_reserve})
     job_ = PlanJob(base, spec, Deadline("10h", 10.0, None), out, jobs=1, resume=False,

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from neuron_batch.config import RunSettings
 from neuron_batch.plan.grid import build_options, placements
 from neuron_batch.plan.job import option_settings
 from neuron_batch.plan.options import PlanSpec
 from neuron_batch.plan.prefix import caching_options
+from neuron_batch.settings import RunSettings
 
 PROMPTS = [300, 2900, 700, 120, 1500, 64]
 OUTPUTS = [50, 40, 200, 30, 60, 100]
@@ -48,7 +48,7 @@ def test_an_optimum_option_is_its_exports_shape_and_runs_as_one():
         mml = option.max_model_len
         assert option.prefill_buckets == (min(2944, mml),)   # the longest prompt, rounded up
         assert option.attention_buckets == (mml,) and not option.prefix_caching
-        settings = option_settings(RunSettings(inputs=("t.csv",), device="sim"), option,
+        settings = option_settings(RunSettings.of(inputs=("t.csv",), device="sim"), option,
                                    Path("/tmp/x")).validate()
         shapes = settings.shapes()
         assert shapes.runtime.name == "optimum-neuron" and shapes.num_graphs == 2

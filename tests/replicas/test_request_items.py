@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from neuron_batch.config import RunSettings
 from neuron_batch.engine.sampling import request_spec
 from neuron_batch.inputs.records import PromptRecord
 from neuron_batch.replicas.actor import ReplicaWorker, decode_tokens
 from neuron_batch.replicas.pool import _request_item
+from neuron_batch.settings import RunSettings
 
 
 def test_a_replica_gets_the_requests_whole_spec():
@@ -19,7 +19,7 @@ def test_a_replica_gets_the_requests_whole_spec():
                           sampling={"n": 2, "logprobs": 1, "top_p": 0.9,
                                     "structured": {"json": {"type": "object"}}})
     request = SimpleNamespace(record=record, prompt_token_ids=[5, 6, 7], max_tokens=9)
-    settings = RunSettings(inputs=("in.jsonl",), device="cpu", seed=10)
+    settings = RunSettings.of(inputs=("in.jsonl",), device="cpu", seed=10)
     item = _request_item(request, settings)
     assert decode_tokens(item["tokens"]) == [5, 6, 7]
     assert json.loads(item["spec"]) == request_spec(request, settings) == {

@@ -2,11 +2,9 @@
 Pure Python: no engine runs here."""
 
 import math
-from dataclasses import replace
 
 import pytest
 
-from neuron_batch.config import CostOptions, RunSettings, SettingsError, SimOptions
 from neuron_batch.device.hardware import INSTANCES
 from neuron_batch.report.cost import (
     PRICES,
@@ -19,6 +17,7 @@ from neuron_batch.report.cost import (
     run_cost,
     usd,
 )
+from neuron_batch.settings import RunSettings, SettingsError
 
 
 def test_every_simulated_inf2_trn1_instance_and_trn1_2xlarge_has_both_prices():
@@ -69,22 +68,22 @@ def test_arithmetic():
 
 
 def test_settings_price_the_simulated_instance_or_a_given_host_instance():
-    sim = RunSettings(inputs=("x",), device="sim", sim=SimOptions(instance="inf2.xlarge"))
+    sim = RunSettings.of(inputs=("x",), device="sim", instance="inf2.xlarge")
     assert sim.price().per_hour_usd == 0.7582
     # on a real host, only an --instance the user gave is priced
-    assert RunSettings(inputs=("x",), device="neuron").price() is None
-    host = RunSettings(inputs=("x",), device="neuron",
-                       cost=CostOptions(pricing="reserved", instance="trn1.2xlarge"))
+    assert RunSettings.of(inputs=("x",), device="neuron").price() is None
+    host = RunSettings.of(inputs=("x",), device="neuron",
+                       pricing="reserved", host_instance="trn1.2xlarge")
     assert host.price().per_hour_usd == 0.512
-    cpu = RunSettings(inputs=("x",), device="cpu", cost=CostOptions(instance="nothing.known"))
+    cpu = RunSettings.of(inputs=("x",), device="cpu", host_instance="nothing.known")
     assert cpu.validate().price() is None
     # an instance without a built-in price runs without a cost; a bad price is still refused
-    trn2 = RunSettings(inputs=("x",), device="sim", sim=SimOptions(instance="trn2.48xlarge"))
+    trn2 = RunSettings.of(inputs=("x",), device="sim", instance="trn2.48xlarge")
     assert trn2.validate().price() is None
-    priced = replace(trn2, cost=CostOptions(price_per_hour=30.0))
+    priced = trn2.replace(price_per_hour=30.0)
     assert priced.validate().price().per_hour_usd == 30.0
     with pytest.raises(SettingsError, match="--price-per-hour"):
-        replace(trn2, cost=CostOptions(price_per_hour=-1.0)).validate()
+        trn2.replace(price_per_hour=-1.0).validate()
 
 
 def test_an_unpriced_instance_is_reported_without_a_cost_and_says_how_to_add_one():
@@ -110,7 +109,7 @@ def test_summary_shows_the_cost():
 def test_a_simulated_layout_is_billed_for_all_its_instances():
     from neuron_batch.run.folder_report import num_instances
 
-    layout = RunSettings(inputs=("x",), device="sim", replicas=6,
-                         sim=SimOptions(instance="inf2.48xlarge", num_instances=2))
+    layout = RunSettings.of(inputs=("x",), device="sim", replicas=6,
+                         instance="inf2.48xlarge", num_instances=2)
     assert num_instances(layout) == 2
-    assert num_instances(RunSettings(inputs=("x",), device="neuron")) == 1
+    assert num_instances(RunSettings.of(inputs=("x",), device="neuron")) == 1

@@ -15,7 +15,6 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from neuron_batch.cli import main
-from neuron_batch.config import RunSettings, SettingsError, SimOptions
 from neuron_batch.device.hardware import get_instance
 from neuron_batch.device.replica_layout import replica_devices
 from neuron_batch.device.target import SimError
@@ -44,6 +43,7 @@ from neuron_batch.replicas.pool import (
 )
 from neuron_batch.report.replicas import attempt_figures, busy_fraction, summarize_replicas
 from neuron_batch.scheduler.records import RequestRecord, StepRecord
+from neuron_batch.settings import RunSettings, SettingsError
 
 
 # -- the simulated layout -------------------------------------------------------------------------
@@ -85,12 +85,12 @@ def test_cli_refuses_a_layout_that_does_not_fit_before_ray_starts(tmp_path):
 
 def test_settings_validate_replicas_and_instances():
     with pytest.raises(SettingsError, match="--replicas"):
-        RunSettings(inputs=("x",), replicas=0).validate()
+        RunSettings.of(inputs=("x",), replicas=0).validate()
     with pytest.raises(SettingsError, match="--num-instances"):
-        RunSettings(inputs=("x",), sim=SimOptions(num_instances=0)).validate()
-    assert not RunSettings(inputs=("x",)).uses_ray
-    assert RunSettings(inputs=("x",), replicas=2).uses_ray
-    assert RunSettings(inputs=("x",), ray="local").uses_ray
+        RunSettings.of(inputs=("x",), num_instances=0).validate()
+    assert not RunSettings.of(inputs=("x",)).uses_ray
+    assert RunSettings.of(inputs=("x",), replicas=2).uses_ray
+    assert RunSettings.of(inputs=("x",), ray="local").uses_ray
 
 
 # -- before anything starts -------------------------------------------------------------------
@@ -106,18 +106,18 @@ def test_bad_ray_addresses_fail_at_once():
 
 
 def test_placement_per_device_and_what_fits():
-    settings = RunSettings(inputs=("x",), device="neuron", replicas=6,
-                           sim=SimOptions(tensor_parallel_size=4))
+    settings = RunSettings.of(inputs=("x",), device="neuron", replicas=6,
+                           tensor_parallel_size=4)
     neuron = replica_resources(settings, {"neuron_cores": 24.0, "CPU": 192.0})
     assert neuron.needs() == {"CPU": 1.0, "neuron_cores": 4.0}
     nodes = [{"Resources": {"CPU": 192.0, "neuron_cores": 24.0}},
              {"Resources": {"CPU": 32.0, "neuron_cores": 2.0}}]
     assert replicas_that_fit(nodes, neuron) == 6          # 4-core groups: none on the small node
-    auto = replica_resources(RunSettings(inputs=("x",)), {"CPU": 4.0})
+    auto = replica_resources(RunSettings.of(inputs=("x",)), {"CPU": 4.0})
     assert auto == ReplicaResources("cpu")
     assert replicas_that_fit([{"Resources": {"CPU": 1.0}}] * 2, ReplicaResources("sim")) == 2
     with pytest.raises(RunError, match="not supported"):
-        replica_resources(RunSettings(inputs=("x",), device="cuda"), {})
+        replica_resources(RunSettings.of(inputs=("x",), device="cuda"), {})
 
 
 def test_help_and_one_replica_do_not_import_ray(tmp_path):
@@ -347,11 +347,11 @@ def test_split_parts_on_replicas_add_up_to_the_run(tmp_path):
 def test_split_at_combines_with_replicas_and_caps_the_short_slots():
     from neuron_batch.layout.split import short_layout_slots
 
-    settings = RunSettings(inputs=("x",), device="sim", replicas=2, split_at=1024,
+    settings = RunSettings.of(inputs=("x",), device="sim", replicas=2, split_at=1024,
                            max_model_len=4096).validate()
     assert short_layout_slots(settings, lambda _: 60, 101) == 51     # ceil(101 / 2)
     assert short_layout_slots(settings, lambda _: 60, 400) == 60     # what fits
-    one = RunSettings(inputs=("x",), device="sim", split_at=1024, max_model_len=4096)
+    one = RunSettings.of(inputs=("x",), device="sim", split_at=1024, max_model_len=4096)
     assert short_layout_slots(one, lambda _: 60, 40) == 40
     # unknown (e.g. a Neuron host that cannot tell its instance): the --max-num-seqs given
     assert short_layout_slots(one, lambda _: None, 40) == one.max_num_seqs

@@ -18,9 +18,9 @@ from click.testing import CliRunner
 pytest.importorskip("vllm")
 
 from neuron_batch.cli import main  # noqa: E402
-from neuron_batch.config import RunSettings, SimOptions  # noqa: E402
 from neuron_batch.job.folder import RunFolder  # noqa: E402
 from neuron_batch.job.resume_check import checked_settings, compare  # noqa: E402
+from neuron_batch.settings import RunSettings  # noqa: E402
 
 SIM = ["--device", "sim", "--instance", "inf2.8xlarge", "--architecture", "llama-3.1-8b",
        "--max-model-len", "2048"]
@@ -255,19 +255,19 @@ def test_how_a_run_is_spread_watched_or_priced_is_not_a_change(night):
     folder = RunFolder(out)
     manifest = folder.read_manifest()
     stored = folder.read_requests()
-    sim = SimOptions(instance="inf2.8xlarge", architecture="llama-3.1-8b")
+    sim = dict(instance="inf2.8xlarge", architecture="llama-3.1-8b")
     # (prefix caching as the folder decided it: a resumed auto run takes that decision before
     # the check, run/prefix_auto.py)
     base = dict(inputs=(str(night / "prompts.jsonl"),), device="sim", max_model_len=2048,
-                sim=sim, output=str(out),
+                **sim, output=str(out),
                 prefix_caching=manifest["settings"]["prefix_caching"])
-    same = RunSettings(**base, replicas=3, ray="local", quiet=True, max_runtime=60.0,
+    same = RunSettings.of(**base, replicas=3, ray="local", quiet=True, max_runtime=60.0,
                        resume=True, restart=True, metrics_textfile="m.prom",
                        split_placement="in-turn", compiled_artifacts="/tmp/graphs")
     runtime = manifest["checked_settings"]["runtime"]
     rows = [[*row] for row in stored]
     assert not compare(folder, manifest, rows, same, runtime)[0]
-    other = RunSettings(**base, ignore_eos=True)
+    other = RunSettings.of(**base, ignore_eos=True)
     changes, checked = compare(folder, manifest, rows, other, runtime)
     assert checked and changes.settings == ["--ignore-eos off -> on"]
     assert checked_settings(other.to_dict(), runtime)["sim.instance"] == "inf2.8xlarge"

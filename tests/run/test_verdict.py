@@ -30,17 +30,17 @@ def weighed(order="input", caching=True, seqs=8):
      "neuron-batch run in.jsonl --max-num-seqs 8 -q --order length --prefix-caching off"),
 ])
 def test_the_command_is_this_runs_own_with_the_changes(argv, expected):
-    from neuron_batch.config import RunSettings
+    from neuron_batch.settings import RunSettings
 
-    settings = RunSettings(inputs=("in.jsonl",))
+    settings = RunSettings.of(inputs=("in.jsonl",))
     assert command_with(argv, settings, weighed("prefix", True),
                         weighed("length", False)) == expected
 
 
 def test_without_an_invocation_it_names_the_inputs_and_the_changes():
-    from neuron_batch.config import RunSettings
+    from neuron_batch.settings import RunSettings
 
-    command = command_with(None, RunSettings(inputs=("a b.csv",)), weighed(seqs=8),
+    command = command_with(None, RunSettings.of(inputs=("a b.csv",)), weighed(seqs=8),
                            weighed(seqs=16))
     assert command == "neuron-batch run 'a b.csv' ... --max-num-seqs 16"
 

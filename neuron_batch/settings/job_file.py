@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.config import OPTION_NAMES, CostOptions, RunSettings, SettingsError, SimOptions
 from neuron_batch.errors import did_you_mean
+from neuron_batch.settings.run_settings import DECLARED, SettingsError
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a job file (TOML). Keys are option names with dashes or underscores; a [sim] table
-    holds the simulated device's options. Returns setting name (the option's click parameter:
-    underscored, `dataset_split` for `split`) -> value."""
+    """Read a job file (TOML). Keys are the declared settings' option names, with dashes or
+    underscores; a setting declared in a table (the simulated target's [sim]) may be given in
+    it or at the top. Returns setting name (the option's click parameter: `dataset_split` for
+    `split`) -> value."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -25,21 +25,21 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise SettingsError(f"{path}: no such config file") from None
     except tomllib.TOMLDecodeError as error:
         raise SettingsError(f"{path}: not valid TOML: {error}") from None
-    known = {OPTION_NAMES.get(f.name, f.name)
-             for f in (*fields(RunSettings), *fields(SimOptions), *fields(CostOptions))}
+    by_key = {d.key: d.name for d in DECLARED if d.setting.in_job_file}
+    known = set(by_key)
+    tables = {d.setting.table for d in DECLARED if d.setting.table}
     flat: dict[str, Any] = {}
     written: dict[str, tuple[str | None, str]] = {}  # flat key -> (its table, key as written)
     for key, value in data.items():
-        sim = key == "sim" and isinstance(value, dict)      # its keys are flat settings too
-        for name, item in (value.items() if sim else [(key, value)]):
+        table = key in tables and isinstance(value, dict)  # its keys are flat settings too
+        for name, item in (value.items() if table else [(key, value)]):
             flat[name.replace("-", "_")] = item
-            written[name.replace("-", "_")] = ("sim" if sim else None, name)
+            written[name.replace("-", "_")] = (key if table else None, name)
     unknown = [k for k in flat if k not in known]
     if unknown:
         raise SettingsError("; ".join(_unknown_key(path, text, *written[k], known)
                                       for k in unknown))
-    by_option = {option: name for name, option in OPTION_NAMES.items()}
-    return {by_option.get(key, key): value for key, value in flat.items()}
+    return {by_key[key]: value for key, value in flat.items()}
 
 
 def _unknown_key(path: Path, text: str, table: str | None, key: str, known: set[str]) -> str:

@@ -1,0 +1,336 @@
+"""A run's settings: one group per concern (groups.py), read by name, validated and resolved once
+where options become settings. No vLLM import.
+
+The CLI, a `--config job.toml` file and environment variables all end up here as a frozen
+`RunSettings`; the runner and the engine builder only read it. Every setting is read by its
+name whichever group declares it (`settings.max_num_seqs`, `settings.instance`): names are
+unique across the groups, which this module checks when it is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from neuron_batch.buckets import BucketError, parse_bucket_list, round_model_len
+from neuron_batch.choices import (
+    Choice,
+    Device,
+    KvReserve,
+    parse_prefix_caching,
+)
+from neuron_batch.prefix_grid import BLOCK_SIZES
+from neuron_batch.report.cost import Price, PricingError, has_builtin_price, price_for
+from neuron_batch.runtime import RUNTIMES, VLLM_NEURON, Runtime, RuntimeNameError, Shapes
+from neuron_batch.runtime_choice import decide_runtime
+from neuron_batch.settings.declare import Declared, declared_in
+from neuron_batch.settings.groups import (
+    GROUPS,
+    SPLIT_AUTO,
+    ControlSettings,
+    JobSettings,
+    LayoutSettings,
+    TargetSettings,
+)
+
+if TYPE_CHECKING:
+    from neuron_batch.device.hardware import Instance
+
+
+class SettingsError(ValueError):
+    """A setting that cannot work; the message names the setting and what is allowed."""
+
+
+#: Every declared setting, group by group, in declaration order.
+DECLARED: tuple[Declared, ...] = tuple(d for group, cls in GROUPS.items()
+                                       for d in declared_in(group, cls))
+BY_NAME: dict[str, Declared] = {d.name: d for d in DECLARED}
+if len(BY_NAME) != len(DECLARED) or set(BY_NAME) & set(GROUPS):
+    raise TypeError("a setting's name is declared twice, or names a group: settings are read "
+                    "by name, whichever group holds them")
+#: The setting of each bucket list, by its key in the Neuron plugin's config (runtime.py).
+BUCKET_FIELDS: dict[str, str] = {d.setting.plugin_key: d.name for d in DECLARED
+                                 if d.setting.plugin_key}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a run's settings come to on their target, resolved once (`RunSettings.resolved`):
+    the runtime it follows, the shapes it compiles, the instance it is billed for and that
+    instance's price (None: no instance named, or no price known)."""
+
+    runtime: Runtime
+    shapes: Shapes
+    priced_instance: str | None
+    price: Price | None
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    job: JobSettings = field(default_factory=JobSettings)
+    layout: LayoutSettings = field(default_factory=LayoutSettings)
+    target: TargetSettings = field(default_factory=TargetSettings)
+    control: ControlSettings = field(default_factory=ControlSettings)
+
+    @classmethod
+    def of(cls, inputs: Sequence[str] | None = None, **values: Any) -> RunSettings:
+        """Settings from setting names (`RunSettings.of(("a.jsonl",), max_num_seqs=16,
+        device="sim")`), every other one at its default; TypeError naming an unknown name."""
+        if inputs is not None:
+            values["inputs"] = inputs
+        return cls().replace(**values)
+
+    def replace(self, **changes: Any) -> RunSettings:
+        """These settings with `changes` (setting name -> value), each into its group: the one
+        way code derives a variant (bench's grid, plan's options, a split's parts)."""
+        by_group: dict[str, dict[str, Any]] = {}
+        for name, value in changes.items():
+            declared = BY_NAME.get(name)
+            if declared is None:
+                raise TypeError(f"RunSettings has no setting {name!r}")
+            by_group.setdefault(declared.group, {})[name] = value
+        return replace(self, **{group: replace(getattr(self, group), **values)
+                                for group, values in by_group.items()})
+
+    def validate(self) -> RunSettings:
+        """These settings, checked: SettingsError naming the setting and what is allowed.
+        Resolves them on their target (`resolved`), so a run checks and resolves once."""
+        try:
+            parse_prefix_caching(self.prefix_caching)
+        except ValueError as error:
+            raise SettingsError(str(error)) from None
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_tokens"):
+            _positive(name.replace("_", "-"), getattr(self, name))
+        if self.block_size is not None:
+            _positive("block-size", self.block_size)
+        if self.limit is not None and self.limit < 0:
+            raise SettingsError(f"--limit must be 0 or more, got {self.limit}")
+        if self.max_runtime is not None and self.max_runtime <= 0:
+            raise SettingsError(f"--max-runtime must be a positive number of seconds, "
+                                f"got {self.max_runtime}")
+        _positive("replicas", self.replicas)
+        for name in ("order", "split_placement", "device", "on_error"):
+            kind = BY_NAME[name].setting.choices
+            if getattr(self, name) not in kind.values():
+                raise SettingsError(f"--{name.replace('_', '-')} must be one of "
+                                    f"{', '.join(kind.values())}, got {getattr(self, name)!r}")
+        self._check_split()
+        _positive("num-instances", self.num_instances)
+        if self.compiled and not self.simulated:
+            raise SettingsError("--compiled is for --device sim; a Neuron host finds its graphs "
+                                "itself (--compiled-artifacts, the compile cache)")
+        if self.ray is not None and not str(self.ray).strip():
+            raise SettingsError("--ray needs a cluster address (host:port, auto or local)")
+        if self.temperature < 0:
+            raise SettingsError(f"--temperature must be 0 or more, got {self.temperature}")
+        try:
+            KvReserve.parse(self.kv_reserve, "kv-reserve")
+        except ValueError as error:
+            raise SettingsError(f"--{error}") from None
+        self.resolved      # noqa: B018  (the runtime, shapes and price, or SettingsError)
+        return self
+
+    def _check_split(self) -> None:
+        if isinstance(self.split_at, str) and self.split_at != SPLIT_AUTO:
+            raise SettingsError(f"--split-at takes a number of tokens or auto, got "
+                                f"{self.split_at!r}")
+        if self.split_at is not None and self.split_at != SPLIT_AUTO:
+            _positive("split-at", self.split_at)
+            if self.split_at >= self.max_model_len:
+                raise SettingsError(
+                    f"--split-at {self.split_at:,} must be below --max-model-len "
+                    f"{self.max_model_len:,} (the long layout's); requests up to "
+                    f"{self.split_at:,} tokens run in a layout of that length, the rest in the "
+                    f"long one: give a smaller cut, or --max-model-len "
+                    f"{round_model_len(self.split_at + 1)}")
+        if self.split_placement == "side-by-side" and (self.split_at is None
+                                                       or self.replicas < 2):
+            raise SettingsError("--split-placement side-by-side runs the two parts of "
+                                "--split-at N on separate replicas at once: it needs --split-at "
+                                f"and --replicas 2 or more (got --replicas {self.replicas})")
+
+    @cached_property
+    def resolved(self) -> Resolved:
+        """The runtime, shapes and price of these settings, resolved once per settings object
+        (they are frozen); SettingsError where one cannot be."""
+        try:
+            price = self.price()
+        except PricingError as error:
+            raise SettingsError(str(error)) from None
+        try:
+            runtime = self.resolve_runtime()
+        except RuntimeNameError as error:
+            raise SettingsError(str(error)) from None
+        self._check_runtime_runs_here(runtime)
+        if runtime.static_kv and self.kv_reserve == KvReserve.MAX_MODEL_LEN:
+            paged = RUNTIMES[VLLM_NEURON]
+            family = self._sim_family()     # (name the paged runtime only where it runs)
+            raise SettingsError(
+                f"--kv-reserve does not apply under the {runtime.name} runtime: its static KV "
+                f"cache holds max_num_seqs x max_model_len by construction, so KV never limits "
+                f"admission (max_num_seqs does); drop --kv-reserve"
+                + (f", or choose --runtime {paged.name}"
+                   if family is None or family in paged.runs_on else ""))
+        if self.prefix_caching and not runtime.prefix_caching:
+            raise SettingsError(
+                f"--runtime {runtime.name} runs without prefix caching (its platform turns it "
+                f"off and sets the KV block to max_model_len): leave --prefix-caching auto or give "
+                f"--prefix-caching off")
+        try:
+            shapes = self.shapes(runtime)    # (the lists, --prefix-buckets by prefix_grid's rules)
+        except BucketError as error:
+            raise SettingsError(str(error)) from None
+        return Resolved(runtime, shapes, self.priced_instance(), price)
+
+    @property
+    def simulated(self) -> bool:
+        """--device sim: the simulated Neuron device (the one test of the device's name)."""
+        return self.device == Device.SIM
+
+    @property
+    def uses_ray(self) -> bool:
+        """More than one engine, or --ray given: the run goes through Ray (replicas/pool.py);
+        otherwise it is the single-engine path, which never imports Ray."""
+        return self.replicas > 1 or self.ray is not None
+
+    def _check_runtime_runs_here(self, runtime: Runtime) -> None:
+        """On the simulated device, a runtime AWS does not ship for the instance is refused:
+        none of its layouts loads there, so no figure of it would be true."""
+        family = self._sim_family()
+        if family is None:
+            return          # (not simulated, or the simulated device names the instance)
+        refused = runtime.not_shipped_for(self.instance, family)
+        if refused:
+            raise SettingsError(refused)
+
+    def sim_instance(self) -> Instance:
+        """The simulated instance (--instance) as the hardware table's Instance; HardwareError
+        naming the choices when the table lacks it."""
+        from neuron_batch.device.hardware import get_instance
+        return get_instance(self.instance)
+
+    def _sim_family(self) -> str | None:
+        """The simulated instance's family (which runtimes run there, so which a hint may
+        name); None when not simulated or the instance is unknown (resolve_target says so)."""
+        if not self.simulated:
+            return None
+        from neuron_batch.device.hardware import HardwareError
+        try:
+            return self.sim_instance().family
+        except HardwareError:
+            return None
+
+    def resolve_runtime(self) -> Runtime:
+        """The Neuron runtime this run follows: `--runtime`; else the simulated instance's (nxdi
+        on inf2/trn1, vllm-neuron on trn2); on a Neuron host the installed plugin's line;
+        elsewhere the seed design's. Read once per settings object (`decide_runtime`): the
+        plugin's version is read here, so no answer outlives the settings it was read for."""
+        cached = self.__dict__.get("_runtime")
+        if cached is None:
+            plugin = None
+            if self.runtime is None and self.device in (Device.NEURON, Device.AUTO):
+                from neuron_batch.versions import neuron_plugin
+                found = neuron_plugin()
+                plugin = ((found.get("distribution"), found["version"])
+                          if found.get("distribution") or found["version"] else None)
+            cached = decide_runtime(self.runtime, self.device, self._sim_family(), plugin)
+            self.__dict__["_runtime"] = cached      # (frozen: a cache, not a setting)
+        return cached
+
+    def bucket_lists(self) -> dict[str, list[int]]:
+        """The bucket lists the user gave, by the plugin config key of their runtime (a
+        one-value option, --max-context-length, as a list of one)."""
+        return {key: (list(value) if isinstance(value, (list, tuple)) else [value])
+                for key, name in BUCKET_FIELDS.items()
+                if (value := getattr(self, name)) is not None}
+
+    def with_buckets(self, runtime: Runtime, prefill: Sequence[int] | None,
+                     decode: Sequence[int] | None = None,
+                     attention: Sequence[int] | None = None) -> RunSettings:
+        """These settings under `runtime` with its three bucket lists (None or empty: the
+        runtime's default), every other runtime's list cleared: how bench and plan set the
+        lists they sweep without naming the runtime's flags."""
+        lists = {o.key: v for o, v in ((runtime.prefill, prefill), (runtime.decode, decode),
+                                       (runtime.attention, attention))
+                 if o is not None and v}
+        single = {o.key for o in runtime.bucket_options if o.single}
+        return self.replace(runtime=runtime.name, **{
+            name: (None if key not in lists else
+                   list(lists[key])[-1] if key in single else tuple(lists[key]))
+            for key, name in BUCKET_FIELDS.items()})
+
+    def shapes(self, runtime: Runtime | None = None) -> Shapes:
+        """The compiled shapes of this run under `runtime` (default: resolve_runtime());
+        BucketError for a list the runtime refuses, or one of the other runtime."""
+        runtime = runtime or self.resolve_runtime()
+        return runtime.shapes(self.bucket_lists(), max_num_seqs=self.max_num_seqs,
+                              max_num_batched_tokens=self.max_num_batched_tokens,
+                              max_model_len=self.max_model_len, family=self._sim_family(),
+                              prefix_caching=bool(self.prefix_caching),
+                              block_size=self.block_size or BLOCK_SIZES[-1])
+
+    def buckets(self) -> tuple[list[int], list[int]]:
+        """(prefill, decode) buckets this run uses, validated against the limits."""
+        shapes = self.shapes()
+        return list(shapes.prefill_buckets), list(shapes.decode_buckets)
+
+    def priced_instance(self) -> str | None:
+        """The instance the run is billed for: the simulated one, or the --instance given on a
+        Neuron host; None when unknown (no cost is reported then)."""
+        if self.simulated:
+            return self.instance
+        if self.device in (Device.NEURON, Device.AUTO):
+            return self.host_instance
+        return None
+
+    def price(self) -> Price | None:
+        """The hourly price of `priced_instance()`, or None: no instance named, or one without
+        a built-in price and no --price-per-hour (the run still runs; the report has no cost
+        and says how to add one). PricingError for a bad --pricing / --price-per-hour."""
+        instance = self.priced_instance()
+        if instance is None or (self.price_per_hour is None
+                                and not has_builtin_price(instance)):
+            return None
+        return price_for(instance, self.pricing, self.price_per_hour)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every setting as plain data by its key (choices as their strings), a declared
+        table's settings under it: as run.json keeps them."""
+        out: dict[str, Any] = {}
+        for d in DECLARED:
+            value = getattr(self, d.name)
+            value = value.value if isinstance(value, Choice) else value
+            value = list(value) if isinstance(value, tuple) else value
+            (out.setdefault(d.setting.table, {}) if d.setting.table else out)[d.key] = value
+        return out
+
+
+def _read(name: str, group: str) -> property:
+    return property(lambda self: getattr(getattr(self, group), name),
+                    doc=BY_NAME[name].setting.help)
+
+
+for _declared in DECLARED:          # settings.max_num_seqs reads settings.layout.max_num_seqs
+    setattr(RunSettings, _declared.name, _read(_declared.name, _declared.group))
+del _declared
+
+
+def _positive(name: str, value: int) -> None:
+    if value is None or value <= 0:
+        raise SettingsError(f"--{name} must be a positive whole number, got {value}")
+
+
+def parse_buckets_option(text: str | None, option: str) -> tuple[int, ...] | None:
+    if text is None or text == "":
+        return None
+    try:
+        return tuple(parse_bucket_list(text, name=option))
+    except BucketError as error:
+        raise SettingsError(str(error)) from None
+
+
+def group_fields() -> dict[str, tuple[str, ...]]:
+    """Each group's setting names (docs, tests)."""
+    return {group: tuple(f.name for f in fields(cls)) for group, cls in GROUPS.items()}
