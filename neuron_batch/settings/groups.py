@@ -57,7 +57,7 @@ class JobSettings:
         help="Generate exactly max-tokens per request, as benchmarks do (always so on --device "
              "sim, which does not sample).")
     ignore_field: tuple[str, ...] = setting(
-        (), kind=Kind.MANY, metavar="NAME", commands=_RUN,
+        (), kind=Kind.MANY, metavar="NAME",
         help="Run JSON requests without this field (body.NAME in an OpenAI batch file) instead "
              "of refusing them: unknown fields and those the device cannot honour are refused "
              "otherwise. Repeatable.")
