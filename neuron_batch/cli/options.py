@@ -68,7 +68,7 @@ def _option_of(d: Declared, help: str | None = None) -> Callable:
     flag = f"--{d.flag}"
     names = [flag] + ([s.short] if s.short else []) + [d.name]
     text = help if help is not None else s.help
-    if s.scope in (Scope.SIM, Scope.NEURON):
+    if s.scope in (Scope.SIM, Scope.NEURON) and help is None:   # (a command's own help knows)
         text = f"[{s.scope.value}] {text}"
     kwargs: dict[str, Any] = {"help": text, "envvar": s.envvar, "metavar": s.metavar}
     default = d.default.value if isinstance(d.default, Choice) else d.default
@@ -97,8 +97,9 @@ def _option_of(d: Declared, help: str | None = None) -> Callable:
 
 
 def setting_option(name: str, help: str | None = None) -> Callable:
-    """One declared setting's option, for a command that takes it beside options of its own
-    (plan, doctor, calibrate), with that command's help where it means more there."""
+    """One declared setting's option (its flag, type, default, environment variable), for a
+    command that takes it beside options of its own (plan, doctor, calibrate), with that
+    command's help where it means something else there."""
     return _option_of(BY_NAME[name], help)
 
 

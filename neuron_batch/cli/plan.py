@@ -8,17 +8,10 @@ from pathlib import Path
 
 import click
 
-from neuron_batch.choices import Order, Pricing
 from neuron_batch.cli.group import main
 from neuron_batch.cli.options import int_list, load_config_option, setting_option
 from neuron_batch.device.hardware import DEFAULT_PLAN_INSTANCES
-from neuron_batch.settings import (
-    DEFAULT_MAX_MODEL_LEN,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    DEFAULT_MAX_TOKENS,
-    RunSettings,
-    SettingsError,
-)
+from neuron_batch.settings import RunSettings, SettingsError
 
 
 def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, float]:
@@ -69,10 +62,8 @@ def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, floa
               help="Also weigh the job split by length (`run --split-at N`, nxdi) at every "
                    "cut where the short layout's slots change; chosen only when cheaper, or "
                    "alone on time.")
-@click.option("--order", type=click.Choice(Order.values()), default=Order.INPUT.value,
-              show_default=True,
-              help="The order each replica submits its requests in (`run --order`); "
-                   "length: longest first, which under nxdi wastes less attention.")
+@setting_option("order", help="The order each replica submits its requests in (`run --order`); "
+                              "length: longest first, which under nxdi wastes less attention.")
 @click.option("--runtimes", default=None, metavar="R,R",
               help="Runtimes to weigh side by side where they run, e.g. nxdi,optimum-neuron "
                    "on inf2. Default: each instance's own (nxdi on inf2/trn1).")
@@ -80,30 +71,23 @@ def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, floa
               help="The graphs are compiled already (an earlier run's artifacts or compile "
                    "cache): the start-up counts their load only, and hosts too small to "
                    "compile the model are weighed too.")
-@click.option("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN, show_default=True,
-              help="Longest prompt + output, in tokens.")
-@click.option("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-              show_default=True, help="Largest prefill chunk.")
-@setting_option("weight_dtype")
-@click.option("--cost-profile", default=None, envvar="NEURON_BATCH_COST_PROFILE",
-              help="Step-time profile JSON (from `neuron-batch calibrate`) for every instance.")
-@click.option("--model", envvar="NEURON_BATCH_MODEL", default=None,
-              help="Whose tokenizer counts text prompts. Default: the built-in model's.")
-@click.option("--pricing", type=click.Choice(Pricing.values()), default=Pricing.ON_DEMAND.value,
-              show_default=True, help="Built-in hourly prices: AWS on-demand (us-east-1) or the "
-                                      "reserved-instance effective rate (docs/prices.md).")
+@setting_option("max_model_len")
+@setting_option("max_num_batched_tokens", help="Largest prefill chunk.")
+@setting_option("weight_dtype", help="Weight storage type.")
+@setting_option("cost_profile", help="Step-time profile JSON (from `neuron-batch calibrate`) for "
+                                     "every instance.")
+@setting_option("model", help="Whose tokenizer counts text prompts. Default: the built-in "
+                              "model's.")
+@setting_option("pricing", help="Built-in hourly prices: AWS on-demand (us-east-1) or the "
+                                "reserved-instance effective rate (docs/prices.md).")
 @click.option("--price-per-hour", default=None, metavar="USD|I=USD,...",
               help="Hourly prices overriding the built-in table (spot, negotiated): one number "
                    "when --instances names one type, else instance=USD pairs.")
-@click.option("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, show_default=True,
-              help="Output tokens per request where the input gives none.")
-@click.option("--prompt-column", default="prompt", show_default=True)
-@click.option("--split", "dataset_split", default="train", show_default=True,
-              help="Data-set split to read.")
-@click.option("--limit", type=int, default=None,
-              help="Plan for N requests drawn at random (seeded) from the input.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seed of the random split of the requests over replicas.")
+@setting_option("max_tokens")
+@setting_option("prompt_column")
+@setting_option("dataset_split")
+@setting_option("limit", help="Plan for N requests drawn at random (seeded) from the input.")
+@setting_option("seed", help="Seed of the random split of the requests over replicas.")
 @click.option("--jobs", type=int, default=None,
               help="Simulations run in parallel on this many processes. Default: the cores.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
@@ -162,9 +146,8 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
         when = parse_deadline(deadline)
         settings = RunSettings.of(
             inputs=tuple(inputs), device="sim", max_num_seqs=seqs[0],
-            instance=names[0], architecture=architecture,
-                           weight_dtype=weight_dtype, cost_profile=cost_profile,
-            pricing=pricing, price_per_hour=prices.get(names[0]),
+            instance=names[0], architecture=architecture, weight_dtype=weight_dtype,
+            cost_profile=cost_profile, pricing=pricing, price_per_hour=prices.get(names[0]),
             quiet=True, **options).validate()
         base, _ = plan_base(settings)
         spec = PlanSpec.from_settings(base, instances=names,

@@ -96,7 +96,11 @@ class RunSettings:
 
     def validate(self) -> RunSettings:
         """These settings, checked: SettingsError naming the setting and what is allowed.
-        Resolves them on their target (`resolved`), so a run checks and resolves once."""
+        Resolves them on their target (`resolved`); settings checked before return at once (the
+        runner takes what the command line validated, and validates only what it was handed
+        unchecked: bench's and plan's variants)."""
+        if "resolved" in self.__dict__:
+            return self
         try:
             parse_prefix_caching(self.prefix_caching)
         except ValueError as error:
