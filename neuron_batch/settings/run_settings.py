@@ -99,7 +99,7 @@ class RunSettings:
         Resolves them on their target (`resolved`); settings checked before return at once (the
         runner takes what the command line validated, and validates only what it was handed
         unchecked: bench's and plan's variants)."""
-        if "resolved" in self.__dict__:
+        if self.__dict__.get("_validated"):
             return self
         try:
             parse_prefix_caching(self.prefix_caching)
@@ -134,6 +134,7 @@ class RunSettings:
         except ValueError as error:
             raise SettingsError(f"--{error}") from None
         self.resolved      # noqa: B018  (the runtime, shapes and price, or SettingsError)
+        self.__dict__["_validated"] = True      # (frozen: a mark, not a setting)
         return self
 
     def _check_split(self) -> None:
