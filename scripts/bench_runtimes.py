@@ -46,6 +46,7 @@ LAYOUTS = {"inf2.8xlarge": (2, 6), "inf2.48xlarge": (24, 32), "trn2.48xlarge": (
 def bench_one(instance: str, args, out: Path) -> dict:
     from neuron_batch.bench.ranking import rank
     from neuron_batch.bench.sweep import SWEEP_JSON, run_sweep
+    from neuron_batch.bench.sweep_spec import SweepSpec
     from neuron_batch.settings import RunSettings
 
     tp, seqs = LAYOUTS[instance]
@@ -57,10 +58,11 @@ def bench_one(instance: str, args, out: Path) -> dict:
         price_per_hour=price).validate()
     sweep_dir = out / instance
     started = time.monotonic()
-    run_sweep(base, sweep_dir, seqs_values=[seqs], user_prefill=[], user_decode=[],
-              max_prefill_buckets=args.max_buckets, max_decode_buckets=args.max_buckets,
-              jobs=args.jobs, resume=True, log=lambda m: print(f"  {instance}: {m}",
-                                                            file=sys.stderr, flush=True))
+    spec = SweepSpec(base, seqs_values=(seqs,), sweep_buckets=True,
+                     max_prefill_buckets=args.max_buckets, max_decode_buckets=args.max_buckets,
+                     jobs=args.jobs, resume=True)
+    run_sweep(spec, sweep_dir, log=lambda m: print(f"  {instance}: {m}", file=sys.stderr,
+                                                   flush=True))
     data = json.loads((sweep_dir / SWEEP_JSON).read_text(encoding="utf-8"))
     rows = rank(data["configurations"])
     default = next(r for r in rows if r["name"] == "default")

@@ -24,6 +24,7 @@ from typing import Any
 
 from neuron_batch.bench.ranking import compile_and_usd
 from neuron_batch.bench.sweep_grid import Candidate
+from neuron_batch.bench.sweep_spec import SweepSpec
 from neuron_batch.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
 from neuron_batch.job.folder import write_json_atomic
 from neuron_batch.layout.split import fitted_buckets
@@ -131,16 +132,17 @@ def format_comparison(rows: list[dict[str, Any]], verdict: dict[str, Any]) -> st
     return "\n".join(lines)
 
 
-def run_split_compare(base: RunSettings, out_dir: Path, cuts: Sequence[int], *, jobs: int,
-                      resume: bool, log: Callable[[str], None]) -> int:
+def run_split_compare(spec: SweepSpec, out_dir: Path, *, log: Callable[[str], None]) -> int:
+    """The spec's base against a split at each of its cuts (its mode SPLIT_COMPARE), written
+    to `out_dir`. Each cut was validated with the spec; here each is checked against the
+    workload's requests, which only the inputs tell."""
     from neuron_batch.job.workload import load_workload
     from neuron_batch.layout.split import check_split
 
-    if (out_dir / SPLIT_JSON).exists() and not resume:
+    base, cuts = spec.base, spec.cuts
+    if (out_dir / SPLIT_JSON).exists() and not spec.resume:
         raise RunError(f"{out_dir} already holds a split comparison; pass --resume to continue "
                        f"it, or choose another --output")
-    for cut in cuts:
-        base.replace(split_at=cut).validate()
     workload = load_workload(base, log, command="bench")
     requests = workload.prepared.requests
     for cut in cuts:
@@ -151,7 +153,7 @@ def run_split_compare(base: RunSettings, out_dir: Path, cuts: Sequence[int], *, 
     log(f"{len(candidates)} configurations: {', '.join(c.name for c in candidates)}")
     started = time.monotonic()
     try:
-        outcomes = run_candidates(candidates, jobs=jobs if base.simulated else 1, log=log)
+        outcomes = run_candidates(candidates, jobs=spec.workers, log=log)
     except KeyboardInterrupt:
         log(f"interrupted: finished configurations are kept in {out_dir}; --resume continues")
         return EXIT_INTERRUPTED

@@ -23,7 +23,6 @@ simulated device is deterministic, so the results equal a serial run's.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +42,7 @@ from neuron_batch.bench.sweep_grid import (  # noqa: F401  (re-exported)
     grid_candidates,
     prefix_variants,
 )
+from neuron_batch.bench.sweep_spec import SweepSpec, default_jobs  # noqa: F401  (cli/plan.py)
 from neuron_batch.bench.table import MAX_WIDTH, wrap
 from neuron_batch.choices import prefix_caching_word
 from neuron_batch.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunError
@@ -230,19 +230,16 @@ def command_block(entries: Sequence[dict[str, Any]], recommendation: dict[str, A
     return (["", *notes] if notes else []) + lines
 
 
-def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
-              user_prefill: Sequence[Sequence[int]], user_decode: Sequence[Sequence[int]],
-              max_prefill_buckets: int, max_decode_buckets: int, jobs: int, resume: bool,
-              log: Callable[[str], None], rank_by: str = "throughput",
-              kv_values: Sequence[str] | None = None,
-              caching_values: Sequence[bool] | None = None,
-              order_values: Sequence[str] | None = None) -> int:
+def run_sweep(spec: SweepSpec, sweep_dir: Path, *, log: Callable[[str], None]) -> int:
+    """The sweep `spec` asks for (its mode SWEEP), written to `sweep_dir`: EXIT_OK, or
+    EXIT_INTERRUPTED after Ctrl-C with what finished kept; RunError when nothing finished."""
+    base, resume = spec.base, spec.resume
     if (sweep_dir / SWEEP_JSON).exists() and not resume:
         raise RunError(f"{sweep_dir} already holds a sweep; pass --resume to continue it, or "
                        f"choose another --output")
     # A layout that cannot load is refused before anything runs, as `run` refuses it: before
     # the inputs are read where the check needs no model.
-    kv_values = list(kv_values or [base.kv_reserve])
+    seqs_values, kv_values = list(spec.seqs_values), list(spec.kv_values)
     check = layout_check(base)
     fits = loadable(base, seqs_values, kv_values, check) if check else None
     workload = load_workload(base, log, command="bench")
@@ -253,9 +250,9 @@ def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
     seqs_values, kv_values = fits.seqs_values, fits.kv_values
     sweep_dir.mkdir(parents=True, exist_ok=True)
     lengths = workload.prompt_lengths()
-    variants = prefix_variants(base, caching_values, order_values)
+    variants = prefix_variants(base, spec.caching_values, spec.order_values)
     simulated = base.simulated
-    jobs = jobs if simulated else 1  # a real device runs one engine at a time
+    jobs = spec.workers
     meta = {"inputs": list(base.inputs), "device": base.device, "model": workload.model.name,
             "sim": base.to_dict()["sim"] if simulated else None, "num_requests": len(lengths),
             "max_num_batched_tokens": base.max_num_batched_tokens,
@@ -266,7 +263,7 @@ def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
                 prefix_caching_word(v.prefix_caching) for v, _ in variants)),
             "order_values": list(dict.fromkeys(v.order.value for v, _ in variants)),
             "prefix_cache": _job_bound(workload, base),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs": jobs, "rank_by": rank_by}
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs": jobs, "rank_by": spec.rank_by}
     sweep = Sweep(sweep_dir, jobs=jobs, log=log, prompt_lengths=lengths, meta=meta)
     if resume:
         sweep.entries.update(load_previous(sweep_dir))
@@ -292,9 +289,11 @@ def run_sweep(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
                                     prompt_lengths=lengths,
                                     decode_hists={k: v[0] for k, v in observed.items()},
                                     length_hists={k: v[1] for k, v in observed.items()},
-                                    user_prefill=user_prefill, user_decode=user_decode,
-                                    max_prefill_buckets=max_prefill_buckets,
-                                    max_decode_buckets=max_decode_buckets, kv_values=kv_values,
+                                    user_prefill=spec.user_prefill,
+                                    user_decode=spec.user_decode,
+                                    max_prefill_buckets=spec.max_prefill_buckets,
+                                    max_decode_buckets=spec.max_decode_buckets,
+                                    kv_values=kv_values,
                                     variant=variant)
         remaining = [c for c in grid if c.name not in sweep.entries]
         # phase one ran min(jobs, n) configurations at a time
@@ -335,11 +334,12 @@ def check_finished(entries: Sequence[dict[str, Any]]) -> None:
     raise RunError(f"none of the {len(entries)} configurations finished{why}", EXIT_FAILED)
 
 
-def run_repeats(base: RunSettings, bench_dir: Path, *, repeats: int, warmup: int,
-                log: Callable[[str], None]) -> int:
-    """One configuration, `warmup` discarded runs then `repeats` measured ones: the spread."""
+def run_repeats(spec: SweepSpec, bench_dir: Path, *, log: Callable[[str], None]) -> int:
+    """One configuration (the spec's base), its warm-up runs discarded then its repeats
+    measured: the spread."""
     import statistics
 
+    base, repeats, warmup = spec.base, spec.repeats, spec.warmup_runs
     bench_dir.mkdir(parents=True, exist_ok=True)
     workload = load_workload(base, log, command="bench")
     results = []
@@ -363,8 +363,3 @@ def run_repeats(base: RunSettings, bench_dir: Path, *, repeats: int, warmup: int
           f"{spread['median']:,.1f}, min {spread['min']:,.1f}, max {spread['max']:,.1f} "
           f"(spread {spread['relative_spread']:.1%})", flush=True)
     return EXIT_OK
-
-
-def default_jobs() -> int:
-    return max(1, (os.cpu_count() or 1))
-

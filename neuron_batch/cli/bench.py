@@ -16,24 +16,7 @@ from neuron_batch.cli.options import (
     settings_options,
     sweep_values,
 )
-from neuron_batch.settings import SettingsError, parse_buckets_option
-
-
-def _orders(text: str | None) -> list[str] | None:
-    """--sweep-order input,prefix -> ["input", "prefix"]; SettingsError naming a bad one."""
-    from neuron_batch.choices import Order
-
-    if text is None:
-        return None
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names:
-        raise SettingsError(f"--sweep-order: no order in {text!r}; use "
-                            f"{', '.join(Order.values())}")
-    for name in names:
-        if Order.lookup(name) is None:
-            raise SettingsError(f"--sweep-order: {name!r} is not an order; use "
-                                f"{', '.join(Order.values())}")
-    return list(dict.fromkeys(names))
+from neuron_batch.settings import SettingsError
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -107,10 +90,11 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
     cheapest. It exits 1 when no configuration finished. `--device sim` is the planning tool:
     simulated configurations run in parallel.
     """
-    from neuron_batch.bench.sweep import default_jobs, run_repeats, run_sweep
+    from neuron_batch.bench.sweep_spec import BenchMode, SweepSpec
     from neuron_batch.errors import RunError
     from neuron_batch.job.folder import default_output_dir
 
+    # Options -> the spec; every rule between them is the spec's (bench/sweep_spec.py).
     try:
         swept = sweep_values(options, "bench")
         seqs_values, kv_values = swept["max_num_seqs"], swept["kv_reserve"]
@@ -118,65 +102,29 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
         base = settings_from_options(inputs, {**options, "max_num_seqs": str(seqs_values[0]),
                                               "kv_reserve": kv_values[0], "quiet": True},
                                      "bench")
-        user_prefill = [parse_buckets_option(t, "--prefill-buckets-set") for t in
-                        prefill_buckets_set]
-        user_decode = [parse_buckets_option(t, "--decode-buckets-set") for t in
-                       decode_buckets_set]
-        for buckets in user_prefill:     # (the runtime's own prefill option)
-            base.with_buckets(base.resolve_runtime(), buckets).validate()
-        # The swept decode list: nxdi's token-generation sets end at max_model_len, the
-        # Beta plugin's batch sets at a max_num_seqs.
-        static = base.resolve_runtime().static_kv
-        ends, what = (([base.max_model_len], "--max-model-len") if static
-                      else (seqs_values, "one of --max-num-seqs"))
-        for buckets in user_decode:
-            if buckets[-1] not in ends:
-                raise SettingsError(f"--decode-buckets-set {','.join(map(str, buckets))}: the "
-                                    f"last bucket must be {what} "
-                                    f"{','.join(map(str, ends))}")
-        caching_values = [True, False] if sweep_prefix_caching else None
-        order_values = _orders(sweep_order)
-        if (caching_values or order_values) and not sweep_buckets:
-            raise SettingsError("--sweep-prefix-caching and --sweep-order need --sweep-buckets "
-                                "(add --max-prefill-buckets 0 --max-decode-buckets 0 to "
-                                "compare only these)")
-        cuts = int_list(split_cuts, "--split-at") if split_cuts else []
-        if cuts and (sweep_buckets or repeat or len(seqs_values) > 1 or len(kv_values) > 1):
-            raise SettingsError("--split-at compares one layout with its splits; it does not "
-                                "combine with --sweep-buckets, --repeat or several "
-                                "--max-num-seqs / --kv-reserve values")
-        for cut in cuts:
-            base.replace(split_at=cut).validate()
-        if len(seqs_values) > 1 and not sweep_buckets:
-            raise SettingsError("several --max-num-seqs values need --sweep-buckets")
-        if len(kv_values) > 1 and not sweep_buckets:
-            raise SettingsError("several --kv-reserve rules need --sweep-buckets (add "
-                                "--max-prefill-buckets 0 --max-decode-buckets 0 to compare "
-                                "only the rules)")
+        spec = SweepSpec.build(
+            base, seqs_values=seqs_values, kv_values=kv_values, sweep_buckets=sweep_buckets,
+            prefill_sets=prefill_buckets_set, decode_sets=decode_buckets_set,
+            max_prefill_buckets=max_prefill_buckets, max_decode_buckets=max_decode_buckets,
+            sweep_prefix_caching=sweep_prefix_caching, sweep_order=sweep_order,
+            cuts=int_list(split_cuts, "--split-at") if split_cuts else (), repeat=repeat,
+            warmup=warmup, rank_by=rank_by, jobs=jobs, resume=resume)
     except SettingsError as error:
         raise click.UsageError(str(error)) from None
     log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
-    name = Path(base.inputs[0]).stem if not base.inputs[0].startswith("hf:") else "hf"
-    out_dir = Path(output) if output else default_output_dir((f"bench-{name}",))
+    out_dir = Path(output) if output else default_output_dir((spec.folder_name,))
     try:
-        if cuts:
+        if spec.mode is BenchMode.SPLIT_COMPARE:
             from neuron_batch.bench.split_compare import run_split_compare
 
-            code = run_split_compare(base, out_dir, cuts, jobs=jobs or default_jobs(),
-                                     resume=resume, log=log)
-        elif sweep_buckets:
-            code = run_sweep(base, out_dir, seqs_values=seqs_values, user_prefill=user_prefill,
-                             user_decode=user_decode, max_prefill_buckets=max_prefill_buckets,
-                             max_decode_buckets=max_decode_buckets,
-                             jobs=jobs or default_jobs(), resume=resume, log=log,
-                             rank_by=rank_by, kv_values=kv_values,
-                             caching_values=caching_values, order_values=order_values)
+            code = run_split_compare(spec, out_dir, log=log)
         else:
-            code = run_repeats(base, out_dir, repeats=repeat or 1, warmup=warmup if repeat else 0,
-                               log=log)
+            from neuron_batch.bench.sweep import run_repeats, run_sweep
+
+            runner = run_sweep if spec.mode is BenchMode.SWEEP else run_repeats
+            code = runner(spec, out_dir, log=log)
     except RunError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(error.exit_code)
     log(f"results in {out_dir}")
     sys.exit(code)
-
