@@ -42,7 +42,7 @@ from neuron_batch.bench.sweep_grid import (  # noqa: F401  (re-exported)
     grid_candidates,
     prefix_variants,
 )
-from neuron_batch.bench.sweep_spec import SweepSpec, default_jobs  # noqa: F401  (cli/plan.py)
+from neuron_batch.bench.sweep_spec import SweepSpec
 from neuron_batch.bench.table import MAX_WIDTH, wrap
 from neuron_batch.choices import prefix_caching_word
 from neuron_batch.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunError

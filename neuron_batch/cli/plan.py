@@ -115,7 +115,7 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
     cost against completion time.
     """
     from neuron_batch.bench.deadline import DeadlineError, parse_deadline
-    from neuron_batch.bench.sweep import default_jobs
+    from neuron_batch.bench.sweep_spec import default_jobs
     from neuron_batch.errors import RunError
     from neuron_batch.job.folder import default_output_dir
     from neuron_batch.plan.grid import check_instances, placements
