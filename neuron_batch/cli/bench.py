@@ -96,12 +96,10 @@ def bench(inputs, sweep_buckets, prefill_buckets_set, decode_buckets_set, max_pr
 
     # Options -> the spec; every rule between them is the spec's (bench/sweep_spec.py).
     try:
-        swept = sweep_values(options, "bench")
+        swept = sweep_values(dict(options), "bench")    # (the base takes each first value)
         seqs_values, kv_values = swept["max_num_seqs"], swept["kv_reserve"]
         output, quiet = options.pop("output"), options.pop("quiet")
-        base = settings_from_options(inputs, {**options, "max_num_seqs": str(seqs_values[0]),
-                                              "kv_reserve": kv_values[0], "quiet": True},
-                                     "bench")
+        base = settings_from_options(inputs, {**options, "quiet": True}, "bench")
         spec = SweepSpec.build(
             base, seqs_values=seqs_values, kv_values=kv_values, sweep_buckets=sweep_buckets,
             prefill_sets=prefill_buckets_set, decode_sets=decode_buckets_set,
