@@ -1,9 +1,9 @@
 """Rank the configurations of a bucket sweep, and find the throughput / compile-cost Pareto front.
 
 Input: the sweep entries, each a dict
-`{"name", "params", "status": "done" | "failed", "error", "report"}` where `report` is the run
-report `metrics.summarize()` produced (or None when the run failed). On the simulated device
-`report["config"]["sim"]` is the simulated target's description; its
+`{"name", "params", "status": "done" | "failed", "error", "report"}` where `report` is the run's
+report.json (or None when the run failed), read here as a `Report`. On the simulated device
+`report.config.sim` is the simulated target's description; its
 `compile.estimated_compile_s` is the compile cost when every configuration has it. Pure Python.
 """
 
@@ -15,6 +15,8 @@ from typing import Any
 
 from neuron_batch.bench.words import COST_COMPILE_S, as_number
 from neuron_batch.report.cost import compile_and_usd
+from neuron_batch.report.model import KvFigures, RunConfig, as_report
+from neuron_batch.report.schema import or_none, present
 from neuron_batch.scheduler.records import BLOCK_REASONS
 
 #: Scheduler states, in report order.
@@ -68,64 +70,68 @@ def cost_key_of(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
-    report = entry["report"]
+    report = as_report(entry["report"])     # (sweep.json holds the report's JSON)
     params = dict(entry.get("params") or {})
-    config = report.get("config") or {}
-    throughput = report.get("throughput") or {}
-    padding = report.get("padding") or {}
-    latency = report.get("latency") or {}
+    config = report.section("config")
+    throughput = report.section("throughput")
+    padding = report.section("padding")
+    latency = report.section("latency")
 
-    prefill = configured_buckets(config.get("prefill_buckets"), params.get("prefill_buckets"))
-    decode = configured_buckets(config.get("decode_buckets"), params.get("decode_buckets"))
-    graphs = config.get("compiled_graphs")
+    prefill = configured_buckets(or_none(config.prefill_buckets), params.get("prefill_buckets"))
+    decode = configured_buckets(or_none(config.decode_buckets), params.get("decode_buckets"))
+    graphs = or_none(config.compiled_graphs)
     if graphs is None:
         graphs = len(prefill) + len(decode)
-    output_tps = float(throughput.get("output_tokens_per_s") or 0.0)
+    output_tps = float(throughput.output_tokens_per_s or 0.0)
 
-    states = report.get("states") or {}
-    seconds = {state: float((states.get(state) or {}).get("seconds") or 0.0) for state in STATES}
+    states = report.states or {}
+    seconds = {state: float(states[state].seconds or 0.0) if state in states else 0.0
+               for state in STATES}
     for state, figures in states.items():   # a state this module does not know stays visible
-        seconds.setdefault(state, float((figures or {}).get("seconds") or 0.0))
+        seconds.setdefault(state, float((figures.seconds if figures else 0.0) or 0.0))
     total = sum(seconds.values())
     if total <= 0:
-        total = float(throughput.get("elapsed_s") or 0.0)
+        total = float(throughput.elapsed_s or 0.0)
     shares = {state: (value / total if total > 0 else None) for state, value in seconds.items()}
 
     blocked = {reason: 0 for reason in BLOCK_REASONS}
     blocked.update({reason: int(count or 0)
-                    for reason, count in (report.get("admission_blocked") or {}).items()})
+                    for reason, count in report.section("admission_blocked").counts().items()})
 
     def quantile(kind: str, name: str) -> float | None:
-        return (latency.get(kind) or {}).get(name)
+        figures = getattr(latency, kind)
+        return or_none(getattr(figures, name)) if figures else None
 
     compile_s, with_compile = compile_and_usd(report)
-    cost = report.get("cost") or {}
-    run_usd = cost.get("usd")
+    cost = report.section("cost")
+
+    def setting(name: str) -> Any:     # the report's, else the swept setting
+        value = getattr(config, name)
+        return value if present(value) else params.get(name)
 
     return {
         "rank": None,
         "name": str(entry.get("name")),
         "params": params,
-        "runtime": config.get("runtime") or params.get("runtime"),
+        "runtime": config.runtime or params.get("runtime"),
         "prefill_buckets": prefill,
         "decode_buckets": decode,
-        "attention_buckets": list(config.get("attention_buckets") or []),
-        "max_num_seqs": config.get("max_num_seqs", params.get("max_num_seqs")),
-        "max_num_batched_tokens": config.get("max_num_batched_tokens",
-                                             params.get("max_num_batched_tokens")),
+        "attention_buckets": list(config.attention_buckets or []),
+        "max_num_seqs": setting("max_num_seqs"),
+        "max_num_batched_tokens": setting("max_num_batched_tokens"),
         "compiled_graphs": int(graphs),
         "estimated_compile_s": compile_s,
         # the start-up counted only a load: the graphs were compiled before (None: unknown)
-        "compiled_before": ((config.get("sim") or {}).get("compile") or {}).get("compiled"),
+        "compiled_before": ((config.sim or {}).get("compile") or {}).get("compiled"),
         "output_tokens_per_s": output_tps,
-        "total_tokens_per_s": float(throughput.get("total_tokens_per_s") or 0.0),
-        "elapsed_s": throughput.get("elapsed_s"),
-        "steps": (report.get("steps") or {}).get("total"),
-        "prefill_waste": (padding.get("prefill") or {}).get("waste_fraction"),
-        "decode_waste": (padding.get("decode") or {}).get("waste_fraction"),
+        "total_tokens_per_s": float(throughput.total_tokens_per_s or 0.0),
+        "elapsed_s": or_none(throughput.elapsed_s),
+        "steps": or_none(report.section("steps").total),
+        "prefill_waste": or_none(padding.phase("prefill").waste_fraction),
+        "decode_waste": or_none(padding.phase("decode").waste_fraction),
         # decode KV attended but not held (nxdi: idle slots and the token-generation bucket;
         # vllm-neuron: max_model_len or the context-length bucket per padded request)
-        "attention_waste": (padding.get("attention") or {}).get("waste_fraction"),
+        "attention_waste": or_none(padding.phase("attention").waste_fraction),
         "state_seconds": seconds,
         "state_shares": shares,
         "admission_blocked": blocked,
@@ -134,45 +140,45 @@ def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
         "tpot_p50_s": quantile("tpot_s", "p50"),
         "tpot_p99_s": quantile("tpot_s", "p99"),
         "throughput_per_graph": output_tps / graphs if graphs else None,
-        COST_USD: run_usd,
+        COST_USD: or_none(cost.usd),
         COST_USD_WITH_COMPILE: with_compile,
-        "usd_per_million_output_tokens": cost.get("usd_per_million_output_tokens"),
+        "usd_per_million_output_tokens": or_none(cost.usd_per_million_output_tokens),
         # KV admission: the rule, and what it reserved and the requests held (fractions of
         # the usable blocks); None in reports from before these figures existed.
-        "kv_reserve": config.get("kv_reserve") or params.get("kv_reserve"),
-        "preemptions": report.get("preemptions"),
-        **_kv_fractions(report.get("kv") or {}),
+        "kv_reserve": config.kv_reserve or params.get("kv_reserve"),
+        "preemptions": or_none(report.preemptions),
+        **_kv_fractions(report.section("kv")),
         **_prefix_fields(entry, config),
     }
 
 
-def _prefix_fields(entry: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+def _prefix_fields(entry: Mapping[str, Any], config: RunConfig) -> dict[str, Any]:
     """Prefix caching and order of a configuration, and what the cache did (bench/prefix.py,
     from the run's records; None in sweeps from before these figures existed)."""
     figures = entry.get("prefix") or {}
     params = entry.get("params") or {}
-    caching = config.get("enable_prefix_caching")
+    caching = or_none(config.enable_prefix_caching)
     if caching is None and params.get("prefix_caching") is not None:
         caching = params["prefix_caching"] == "on"
-    out = {"prefix_caching": caching, "order": config.get("order") or params.get("order"),
-           "prefix_buckets": list(config.get("prefix_buckets") or [])}
+    out = {"prefix_caching": caching, "order": config.order or params.get("order"),
+           "prefix_buckets": list(config.prefix_buckets or [])}
     for key in ("prompt_tokens", "hit_tokens", "hit_fraction", "recomputed_tokens",
                 "prefill_s", "decode_s", "gather_s"):
         out[key] = figures.get(key)
     return out
 
 
-def _kv_fractions(kv: Mapping[str, Any]) -> dict[str, float | None]:
-    num_blocks = kv.get("num_blocks")
+def _kv_fractions(kv: KvFigures) -> dict[str, float | None]:
+    num_blocks = or_none(kv.num_blocks)
     usable = num_blocks - 1 if num_blocks and num_blocks > 1 else None
 
-    def share(key: str) -> float | None:
-        value = kv.get(key)
+    def share(value: Any) -> float | None:
+        value = or_none(value)
         return value / usable if usable and value is not None else None
 
-    return {"kv_peak_reserved_fraction": share("peak_reserved_blocks"),
-            "kv_peak_used_fraction": share("peak_used_blocks"),
-            "kv_mean_used_fraction": kv.get("mean_used_fraction")}
+    return {"kv_peak_reserved_fraction": share(kv.peak_reserved_blocks),
+            "kv_peak_used_fraction": share(kv.peak_used_blocks),
+            "kv_mean_used_fraction": or_none(kv.mean_used_fraction)}
 
 
 def configured_buckets(configured: Any, param: Any) -> list[int]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,8 @@ from neuron_batch.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
 from neuron_batch.job.folder import write_json_atomic
 from neuron_batch.layout.split import fitted_buckets
 from neuron_batch.report.cost import per_million
+from neuron_batch.report.model import Report, as_report
+from neuron_batch.report.schema import or_none
 from neuron_batch.settings import RunSettings
 
 SPLIT_JSON = "split.json"
@@ -67,30 +69,34 @@ def run_candidates(candidates: Sequence[Candidate], *, jobs: int,
         outcomes[c.name] = outcome
         report = outcome.get("report")
         log(f"[{len(outcomes)}/{len(candidates)}] {c.name}: " + (
-            f"{report['throughput']['output_tokens_per_s']:,.1f} out tok/s" if report
+            f"{as_report(report).throughput.output_tokens_per_s:,.1f} out tok/s" if report
             else f"FAILED: {outcome.get('error')}"))
 
     run_all(candidates, jobs=jobs, record=record)
     return outcomes
 
 
-def figures(name: str, params: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+def figures(name: str, params: dict[str, Any],
+            report: Report | Mapping[str, Any]) -> dict[str, Any]:
     """One row: throughput, run and compile time, USD per million output tokens."""
-    split = report.get("split") or {}
+    report = as_report(report)      # (an outcome holds the report's JSON)
+    split = report.split or {}
     compile_s, usd_with_compile = compile_and_usd(report)
-    cost = report.get("cost") or {}
-    elapsed = report["throughput"]["elapsed_s"]
+    elapsed = report.throughput.elapsed_s
     with_compile = (None if usd_with_compile is None
-                    else per_million(usd_with_compile, report["tokens"]["output"]))
+                    else per_million(usd_with_compile, report.tokens.output))
     layouts = [{k: p.get(k) for k in ("part", "max_model_len", "max_num_seqs", "requests",
                                       "output_tokens_per_s", "buckets")}
                for p in split.get("parts", [])]
-    return {"name": name, **params, "output_tokens_per_s": report["throughput"][
-                "output_tokens_per_s"], "elapsed_s": elapsed, "estimated_compile_s": compile_s,
-            "usd_per_million_output_tokens": cost.get("usd_per_million_output_tokens"),
+    config = report.section("config")
+    return {"name": name, **params,
+            "output_tokens_per_s": report.throughput.output_tokens_per_s,
+            "elapsed_s": elapsed, "estimated_compile_s": compile_s,
+            "usd_per_million_output_tokens": or_none(
+                report.section("cost").usd_per_million_output_tokens),
             "usd_per_million_with_compile": with_compile, "parts": layouts,
-            "max_model_len": (report.get("config") or {}).get("max_model_len"),
-            "max_num_seqs": (report.get("config") or {}).get("max_num_seqs")}
+            "max_model_len": or_none(config.max_model_len),
+            "max_num_seqs": or_none(config.max_num_seqs)}
 
 
 def compare(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -48,6 +48,8 @@ from neuron_batch.choices import prefix_caching_word
 from neuron_batch.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunError
 from neuron_batch.job.folder import REPORT, write_json_atomic
 from neuron_batch.job.workload import load_workload
+from neuron_batch.report.model import Report
+from neuron_batch.report.schema import present
 from neuron_batch.run.runner import run
 from neuron_batch.settings import RunSettings
 
@@ -65,7 +67,7 @@ def run_candidate(settings: RunSettings) -> dict[str, Any]:
     out_dir = Path(settings.output)
     finished = finished_report(out_dir)
     if finished is not None:
-        return {"status": "done", "error": None, "report": finished, "wall_s": 0.0,
+        return {"status": "done", "error": None, "report": finished.to_dict(), "wall_s": 0.0,
                 "reused": True}
     try:
         key = (settings.inputs, settings.prompt_column, settings.dataset_split, settings.limit,
@@ -77,7 +79,9 @@ def run_candidate(settings: RunSettings) -> dict[str, Any]:
                                                               command="bench")
         result = run(settings, log=lambda m: None, workload=workload)
         status = "done" if result.exit_code == EXIT_OK else f"exit {result.exit_code}"
-        return {"status": status, "error": None, "report": result.report,
+        # (the entry is sweep.json's: the report as its JSON, read back typed by ranking.py)
+        report = result.report.to_dict() if result.report is not None else None
+        return {"status": status, "error": None, "report": report,
                 "wall_s": round(time.monotonic() - started, 3), "reused": False}
     except RunError as error:
         return {"status": "failed", "error": str(error), "report": None,
@@ -110,13 +114,14 @@ def run_all(candidates: Sequence[Candidate], *, jobs: int,
             raise
 
 
-def finished_report(out_dir: Path) -> dict | None:
+def finished_report(out_dir: Path) -> Report | None:
     """The report of a finished run in `out_dir` (every request done), else None."""
     try:
-        report = json.loads((out_dir / REPORT).read_text(encoding="utf-8"))
+        report = Report.from_dict(json.loads((out_dir / REPORT).read_text(encoding="utf-8")))
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    return report if report.get("requests", {}).get("pending", 1) == 0 else None
+    pending = report.section("requests").pending
+    return report if present(pending) and pending == 0 else None
 
 
 class Sweep:
@@ -348,11 +353,11 @@ def run_repeats(spec: SweepSpec, bench_dir: Path, *, log: Callable[[str], None])
         settings = base.replace(output=str(bench_dir / label), quiet=True, resume=True,
                            metrics_textfile=None)
         outcome = run(settings, log=lambda m: None, workload=workload)
-        tput = outcome.report["throughput"]["output_tokens_per_s"]
+        tput = outcome.report.throughput.output_tokens_per_s
         log(f"{label}: {tput:,.1f} output tok/s")
         if i >= warmup:
             results.append({"run": label, "output_tokens_per_s": tput,
-                            "elapsed_s": outcome.report["throughput"]["elapsed_s"]})
+                            "elapsed_s": outcome.report.throughput.elapsed_s})
     values = [r["output_tokens_per_s"] for r in results]
     spread = {"median": statistics.median(values), "min": min(values), "max": max(values),
               "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,

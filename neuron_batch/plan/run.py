@@ -42,6 +42,8 @@ from neuron_batch.plan.search import Search, dry_run
 from neuron_batch.plan.splits import split_options
 from neuron_batch.plan.tighten import Tightener, bound_is_exact
 from neuron_batch.plan.words import left_out_line
+from neuron_batch.report.model import Report
+from neuron_batch.report.schema import or_none
 from neuron_batch.settings import RunSettings
 
 #: CPU seconds a simulation costs per engine step and per output token, measured on the 2-core
@@ -75,24 +77,25 @@ def simulate_share(settings: RunSettings, workload_limit: int | None) -> dict[st
     except Exception as error:  # one failed simulation must not end the plan
         return {"status": "failed", "error": f"{type(error).__name__}: {error}",
                 "replica_s": None, "wall_s": round(time.monotonic() - started, 1)}
-    throughput, steps = report["throughput"], report.get("steps") or {}
+    throughput = report.throughput
     prefix = None
     if settings.prefix_caching:     # what the cache served, from the run's records
         from neuron_batch.bench.prefix import run_figures
 
         prefix = run_figures(settings.output, settings)
-    return {"status": "done", "error": None, "replica_s": throughput["elapsed_s"],
+    return {"status": "done", "error": None, "replica_s": throughput.elapsed_s,
             "prefix": prefix,
-            "output_tokens": report["tokens"]["output"],
-            "replica_output_tokens_per_s": throughput["output_tokens_per_s"],
-            "num_requests": report["requests"]["completed"], "steps": steps.get("total"),
+            "output_tokens": report.tokens.output,
+            "replica_output_tokens_per_s": throughput.output_tokens_per_s,
+            "num_requests": report.requests.completed,
+            "steps": or_none(report.section("steps").total),
             "run_dir": settings.output, "reused": reused,
-            "split_parts": (report.get("split") or {}).get("parts"),
+            "split_parts": (report.split or {}).get("parts"),
             "wall_s": round(time.monotonic() - started, 1),
             "cpu_s": round(time.process_time() - cpu, 1)}
 
 
-def _run_share(settings: RunSettings, workload_limit: int | None) -> dict:
+def _run_share(settings: RunSettings, workload_limit: int | None) -> Report:
     from neuron_batch.inputs.prepare import Prepared
     from neuron_batch.job.workload import Workload, load_workload
     from neuron_batch.run.runner import run

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_batch.choices import Pricing
+from neuron_batch.report.model import Report, as_report
+from neuron_batch.report.schema import or_none
 
 ON_DEMAND, RESERVED = Pricing.ON_DEMAND, Pricing.RESERVED
 PRICINGS = Pricing.values()
@@ -131,13 +133,14 @@ def run_cost(price: Price, *, elapsed_s: float, output_tokens: int, total_tokens
     }
 
 
-def report_cost(report: Mapping[str, Any], price: Price, num_instances: int = 1
+def report_cost(report: Report | Mapping[str, Any], price: Price, num_instances: int = 1
                 ) -> dict[str, Any]:
     """`run_cost` from a run report's throughput and token figures."""
-    tokens = report.get("tokens") or {}
-    return run_cost(price, elapsed_s=(report.get("throughput") or {}).get("elapsed_s") or 0.0,
-                    output_tokens=tokens.get("output") or 0,
-                    total_tokens=tokens.get("total") or 0, num_instances=num_instances)
+    report = as_report(report)
+    tokens = report.section("tokens")
+    return run_cost(price, elapsed_s=report.section("throughput").elapsed_s or 0.0,
+                    output_tokens=tokens.output or 0,
+                    total_tokens=tokens.total or 0, num_instances=num_instances)
 
 
 # -- compile ------------------------------------------------------------------------------
@@ -145,19 +148,20 @@ def report_cost(report: Mapping[str, Any], price: Price, num_instances: int = 1
 COMPILE_S = "estimated_compile_s"
 
 
-def compile_and_usd(report: Mapping[str, Any]) -> tuple[float | None, float | None]:
+def compile_and_usd(report: Report | Mapping[str, Any]) -> tuple[float | None, float | None]:
     """(estimated compile seconds, run + compile USD) of a run's report; a run split by
     length (layout/split.py) compiles both its layouts. The compile is billed on every
     instance: each compiles before it runs."""
-    compile_s = (report.get("split") or {}).get(COMPILE_S)
+    report = as_report(report)
+    compile_s = (report.split or {}).get(COMPILE_S)
     if compile_s is None:
-        compile_s = _estimated_compile_s(report.get("config") or {})
-    cost = report.get("cost") or {}
-    run_usd = cost.get("usd")
-    if run_usd is None or compile_s is None or not cost.get("price_per_hour_usd"):
+        compile_s = _estimated_compile_s(report.section("config").to_dict())
+    cost = report.section("cost")
+    run_usd = or_none(cost.usd)
+    if run_usd is None or compile_s is None or not cost.price_per_hour_usd:
         return compile_s, None
-    return compile_s, run_usd + (compile_s / 3600.0 * cost["price_per_hour_usd"]
-                                 * (cost.get("num_instances") or 1))
+    return compile_s, run_usd + (compile_s / 3600.0 * cost.price_per_hour_usd
+                                 * (cost.num_instances or 1))
 
 
 def _estimated_compile_s(config: Mapping[str, Any]) -> float | None:

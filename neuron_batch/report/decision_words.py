@@ -6,15 +6,16 @@ with the command). Pure Python; they read the report only."""
 from __future__ import annotations
 
 import textwrap
-from typing import Any
+
+from neuron_batch.report.model import Report
 
 INDENT = 12
 
 
-def caching_lines(report: dict[str, Any], width: int) -> list[str]:
+def caching_lines(report: Report, width: int) -> list[str]:
     """"Caching     auto: off, the prompts share no KV block ..." (nothing for an older
     report)."""
-    decision = report.get("prefix_caching")
+    decision = report.prefix_caching
     if not isinstance(decision, dict) or "enable" not in decision:
         return []
     state = "on" if decision["enable"] else "off"
@@ -24,10 +25,10 @@ def caching_lines(report: dict[str, Any], width: int) -> list[str]:
     return _wrapped("Caching", words, width)
 
 
-def verdict_lines(report: dict[str, Any], width: int) -> list[str]:
+def verdict_lines(report: Report, width: int) -> list[str]:
     """The verdict's sentences and commands (the summary's last lines); nothing when no
     alternative beats the run by more than noise."""
-    verdict = report.get("verdict")
+    verdict = report.verdict
     if not isinstance(verdict, dict) or not verdict.get("lines"):
         return []
     out = []

@@ -191,7 +191,8 @@ class PrefixCache(Section):
     bound_fraction: Any = section_field()
 
     def with_bound(self, bound_tokens: int | None) -> None:
-        """Set the bound and its share of the prompt tokens (as prefix_cache.with_bound)."""
+        """Set the bound and its share of the prompt tokens (None: unknown); the run's folder
+        knows the prompts' tokens where the records do not (run/folder_report.py)."""
         prompt = or_none(self.prompt_tokens) or 0
         self.bound_tokens = bound_tokens
         self.bound_fraction = (bound_tokens / prompt if bound_tokens is not None and prompt
@@ -294,6 +295,8 @@ class Attempt(Section):
     requests_failed: Any = section_field()
     errors: Any = section_field()
     signal: Any = section_field()
+    #: the --max-runtime a "deadline" attempt reached
+    max_runtime_s: Any = section_field()
     error: Any = section_field()
     startup: Startup = typed(Startup)
     #: a --split-at attempt's part and layout (run/split.py)

@@ -9,30 +9,35 @@ a silent exit 4 looks like a success. Pure Python; reads the report only, so
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from neuron_batch.inputs.skipped import SKIPPED
+from neuron_batch.report.model import STOPPED, Ended, Report, as_report
+from neuron_batch.report.schema import or_none
 
-#: How an attempt that did not run to the end says so in attempts.json.
-STOPPED = ("interrupted", "deadline")
 #: Empty outputs at or above this share of the completed ones get a hint. The built-in instruct
 #: model leaves 12 of the 24 built-in prompts empty given as plain text and 1 of 24 (a question
 #: answered by its end token) given as chat messages: a quarter lies well between.
 EMPTY_SHARE = 0.25
 
+__all__ = ["STOPPED", "notes", "outcome_line", "interrupted_line"]
 
-def notes(report: dict[str, Any]) -> list[str]:
+
+def notes(report: Report | Mapping[str, Any]) -> list[str]:
     """Every sentence that applies, the most urgent first."""
+    report = as_report(report)
     return [s for s in (stop_sentence(report), skipped_sentence(report),
                         failed_sentence(report), clamped_sentence(report),
                         empty_sentence(report), asked_sentence(report)) if s]
 
 
-def outcome_line(report: dict[str, Any]) -> str:
+def outcome_line(report: Report | Mapping[str, Any]) -> str:
     """One line for a run that did not finish (exit 3 or 4): why, and how to finish it."""
+    report = as_report(report)
     words = [s for s in (stop_sentence(report), skipped_sentence(report),
                          failed_sentence(report)) if s] or ["the run did not finish."]
-    folder = report.get("output_dir")
+    folder = or_none(report.output_dir)
     return "neuron-batch: " + " ".join(words) + (f" Run folder: {folder}" if folder else "")
 
 
@@ -52,27 +57,26 @@ def interrupted_line(signal: str, phase: str, *, insisted: bool, completed: int 
     return f"neuron-batch: {why} while {phase}: {done} Run folder: {folder}"
 
 
-def stop_sentence(report: dict[str, Any]) -> str | None:
+def stop_sentence(report: Report) -> str | None:
     """Requests left pending by SIGTERM/SIGINT or --max-runtime."""
-    requests = report.get("requests") or {}
-    pending = requests.get("pending") or 0
+    requests = report.section("requests")
+    pending = requests.pending or 0
     if pending <= 0:
         return None
-    attempt = next((a for a in reversed(report.get("attempts") or [])
-                    if a.get("ended") in STOPPED), {})
-    if attempt.get("ended") == "deadline":
-        limit = attempt.get("max_runtime_s")
+    attempt = next((a for a in reversed(report.attempts or []) if a.ended in STOPPED), None)
+    if attempt is not None and attempt.ended == Ended.DEADLINE:
+        limit = or_none(attempt.max_runtime_s)
         why = "Stopped at --max-runtime" + (f" ({limit:g} s)" if limit is not None else "")
-    elif attempt.get("signal"):
-        why = f"Stopped by {attempt['signal']}"
+    elif attempt is not None and attempt.signal:
+        why = f"Stopped by {attempt.signal}"
     else:
         why = "Stopped before the end"
-    return (f"{why}: {_n(requests.get('completed'))} of {_n(requests.get('total'))} requests "
+    return (f"{why}: {_n(requests.completed)} of {_n(requests.total)} requests "
             f"done, {_n(pending)} pending; rerun with --resume to finish them.")
 
 
-def skipped_sentence(report: dict[str, Any]) -> str | None:
-    skipped = (report.get("requests") or {}).get("skipped") or 0
+def skipped_sentence(report: Report) -> str | None:
+    skipped = report.section("requests").skipped or 0
     if not skipped:
         return None
     return (f"{_n(skipped)} input line(s) skipped (--on-error skip), each with its file, line, "
@@ -80,22 +84,22 @@ def skipped_sentence(report: dict[str, Any]) -> str | None:
             f"(another --output).")
 
 
-def failed_sentence(report: dict[str, Any]) -> str | None:
-    failed = (report.get("requests") or {}).get("failed") or 0
+def failed_sentence(report: Report) -> str | None:
+    failed = report.section("requests").failed or 0
     if not failed:
         return None
     return (f"{_n(failed)} request(s) failed in the engine (the errors are in attempts.json); "
             f"--resume runs them again.")
 
 
-def clamped_sentence(report: dict[str, Any]) -> str | None:
+def clamped_sentence(report: Report) -> str | None:
     """max_tokens past the end of the context is cut (prepare.py): how many, and to what."""
-    requests = report.get("requests") or {}
-    clamped = requests.get("max_tokens_clamped") or 0
+    requests = report.section("requests")
+    clamped = requests.max_tokens_clamped or 0
     if not clamped:
         return None
-    max_model_len = (report.get("config") or {}).get("max_model_len")
-    to = requests.get("max_tokens_clamped_to") or {}
+    max_model_len = or_none(report.section("config").max_model_len)
+    to = requests.max_tokens_clamped_to or {}
     low, high = to.get("min"), to.get("max")
     amount = ("" if low is None else f" to {_n(low)}" if low == high
               else f" to {_n(low)}-{_n(high)}")
@@ -104,10 +108,10 @@ def clamped_sentence(report: dict[str, Any]) -> str | None:
             f"anyway); raise --max-model-len for more.")
 
 
-def empty_sentence(report: dict[str, Any]) -> str | None:
+def empty_sentence(report: Report) -> str | None:
     """Many outputs empty: say so, and the usual cause (an instruct model given plain text)."""
-    requests = report.get("requests") or {}
-    empty, completed = requests.get("empty_outputs") or 0, requests.get("completed") or 0
+    requests = report.section("requests")
+    empty, completed = requests.empty_outputs or 0, requests.completed or 0
     if empty < 2 or empty < EMPTY_SHARE * completed:
         return None
     return (f"{_n(empty)} of {_n(completed)} outputs are empty: the model ended them at once. An "
@@ -116,9 +120,9 @@ def empty_sentence(report: dict[str, Any]) -> str | None:
             f"or OpenAI /v1/chat/completions lines.")
 
 
-def asked_sentence(report: dict[str, Any]) -> str | None:
+def asked_sentence(report: Report) -> str | None:
     """What the requests asked for beyond their tokens (request_paths.asked_counts)."""
-    asked = (report.get("requests") or {}).get("asked")
+    asked = report.section("requests").asked
     if not asked:
         return None
     parts = []

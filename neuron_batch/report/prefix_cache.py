@@ -13,9 +13,11 @@ caching on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from neuron_batch.report.model import PrefixCache
+from neuron_batch.report.schema import or_none
 from neuron_batch.scheduler.records import PREFILL, RequestRecord, StepRecord
 
 
@@ -25,19 +27,12 @@ def prefix_cache_section(steps: Iterable[StepRecord], completed: Sequence[Reques
     prompt = sum(r.num_prompt_tokens for r in completed)
     hits = sum(r.num_cached_tokens for r in completed)
     recomputed = sum(s.recomputed_tokens for s in steps if s.kind == PREFILL)
-    section = {"enabled": bool(enabled), "prompt_tokens": prompt, "hit_tokens": hits,
-               "hit_fraction": hits / prompt if prompt else 0.0,
-               "recomputed_tokens": recomputed, "computed_tokens": prompt - hits + recomputed}
-    return with_bound(section, bound_tokens)
-
-
-def with_bound(section: dict[str, Any], bound_tokens: int | None) -> dict[str, Any]:
-    """`section` with `bound_tokens` and its share of the prompt tokens (None: unknown)."""
-    prompt = section.get("prompt_tokens") or 0
-    section["bound_tokens"] = bound_tokens
-    section["bound_fraction"] = (bound_tokens / prompt if bound_tokens is not None and prompt
-                                 else None)
-    return section
+    section = PrefixCache(enabled=bool(enabled), prompt_tokens=prompt, hit_tokens=hits,
+                          hit_fraction=hits / prompt if prompt else 0.0,
+                          recomputed_tokens=recomputed,
+                          computed_tokens=prompt - hits + recomputed)
+    section.with_bound(bound_tokens)
+    return section.to_dict()
 
 
 def has_prefix_buckets(steps: Iterable[StepRecord]) -> bool:
@@ -78,26 +73,28 @@ def grid_padding(steps: Iterable[StepRecord]) -> dict[str, Any]:
     }
 
 
-def summary_words(section: dict[str, Any] | None) -> str | None:
+def summary_words(section: PrefixCache | Mapping[str, Any] | None) -> str | None:
     """The summary's prefix-cache line (None when caching was off and nothing is shared), e.g.
     "37.1% of prompt tokens served from the prefix cache (bound 41.0%); 1,234,567 tokens
     computed"."""
     if not section:
         return None
-    bound = section.get("bound_fraction")
-    if not section.get("enabled"):
-        if not section.get("bound_tokens"):
+    if not isinstance(section, PrefixCache):
+        section = PrefixCache.from_dict(dict(section))
+    bound = or_none(section.bound_fraction)
+    if not section.enabled:
+        if not section.bound_tokens:
             return None
         # (no flag named: off may be --no-prefix-caching or a layout without it)
         return (f"prefix caching off; an unbounded cache could serve {_percent(bound)} of "
                 f"prompt tokens")
-    words = (f"{_percent(section.get('hit_fraction'))} of prompt tokens served from the prefix "
-             f"cache")
+    words = (f"{_percent(or_none(section.hit_fraction))} of prompt tokens served from the "
+             f"prefix cache")
     if bound is not None:
         words += f" (bound {_percent(bound)})"
-    words += f"; {section.get('computed_tokens', 0):,} tokens computed"
-    if section.get("recomputed_tokens"):
-        words += f" ({section['recomputed_tokens']:,} of them cached, computed again)"
+    words += f"; {section.computed_tokens or 0:,} tokens computed"
+    if section.recomputed_tokens:
+        words += f" ({section.recomputed_tokens:,} of them cached, computed again)"
     return words
 
 

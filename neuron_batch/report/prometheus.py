@@ -10,9 +10,12 @@ import re
 import stat
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from neuron_batch.report.model import Distribution, PaddingPhase, Report, as_report
+from neuron_batch.report.schema import Section, or_none, present
 from neuron_batch.report.summary import LATENCIES, PERCENTILES
 
 # -- Prometheus ------------------------------------------------------------------------------
@@ -24,7 +27,7 @@ METRIC_LABELS = frozenset({"status", "kind", "phase", "bucket", "state", "reason
                            "replica"})
 
 
-def prometheus_text(report: dict[str, Any], *, job: str = "neuron_batch",
+def prometheus_text(report: Report | Mapping[str, Any], *, job: str = "neuron_batch",
                     labels: dict[str, str] | None = None,
                     timestamp: float | None = None) -> str:
     """The report's headline figures in Prometheus text format (version 0.0.4).
@@ -36,7 +39,7 @@ def prometheus_text(report: dict[str, Any], *, job: str = "neuron_batch",
     Counts over the run are `counter`s (a new run resets them); the rest are gauges.
     """
     prefix = _metric_prefix(job)
-    families = _families(report, time.time() if timestamp is None else timestamp)
+    families = _families(as_report(report), time.time() if timestamp is None else timestamp)
     common = dict(labels or {})
     for name in common:
         if not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
@@ -59,70 +62,80 @@ def prometheus_text(report: dict[str, Any], *, job: str = "neuron_batch",
     return "\n".join(lines) + "\n"
 
 
-def _families(report: dict[str, Any], timestamp: float) -> list[tuple[str, str, str, list]]:
-    """(name, type, help, [(labels, value)]) per metric family; None values are left out."""
-    requests = report.get("requests", {})
-    throughput = report.get("throughput", {})
-    padding = report.get("padding", {})
-    latency = report.get("latency", {})
-    kv = report.get("kv") or {}
-    replicas = report.get("replicas") or []
-    prefix = report.get("prefix_cache") or {}
+def _families(report: Report, timestamp: float) -> list[tuple[str, str, str, list]]:
+    """(name, type, help, [(labels, value)]) per metric family; None (and absent) values are
+    left out."""
+    requests = report.section("requests")
+    throughput = report.section("throughput")
+    padding = report.section("padding")
+    latency = report.section("latency")
+    kv = report.section("kv")
+    tokens = report.section("tokens")
+    steps = report.section("steps")
+    replicas = report.replicas or []
+    prefix = report.section("prefix_cache")
     # Every time of a simulated run is the virtual clock's, not the time the run took.
-    simulated = (report.get("config") or {}).get("device") == "sim"
+    simulated = report.section("config").device == "sim"
     seconds = "simulated seconds" if simulated else "wall seconds"
     per_second = "per simulated second" if simulated else "per second"
 
     def samples(label: str, values: dict[str, Any]) -> list:
-        return [({label: key}, value) for key, value in values.items() if value is not None]
+        return [({label: key}, value) for key, value in values.items()
+                if or_none(value) is not None]
 
     def single(value: Any) -> list:
-        return [] if value is None else [({}, value)]
+        return [] if or_none(value) is None else [({}, value)]
+
+    def figures_of(section: Section, keys: tuple[str, ...]) -> dict[str, Any]:
+        return {key: getattr(section, key) for key in keys}
 
     bucket_steps = []
-    for phase, count_key in (("prefill", "chunks"), ("decode", "steps")):
-        for bucket, row in padding.get(phase, {}).get("by_bucket", {}).items():
-            bucket_steps.append(({"phase": phase, "bucket": bucket}, row.get(count_key, 0)))
+    for phase in ("prefill", "decode"):
+        count_key = PaddingPhase.KINDS[phase][0]
+        for bucket, row in padding.phase(phase).rows().items():
+            bucket_steps.append(({"phase": phase, "bucket": bucket},
+                                 or_none(getattr(row, count_key)) or 0))
     latency_quantiles, latency_means = [], []
     for _, key in LATENCIES:
         kind = key.removesuffix("_s")
-        figures = latency.get(key) or {}
+        figures = getattr(latency, key) or Distribution()
         for name, quantile in PERCENTILES:
-            if figures.get(name) is not None:
-                latency_quantiles.append(({"kind": kind, "quantile": quantile}, figures[name]))
-        if figures.get("mean") is not None:
-            latency_means.append(({"kind": kind}, figures["mean"]))
+            if or_none(getattr(figures, name)) is not None:
+                latency_quantiles.append(({"kind": kind, "quantile": quantile},
+                                          getattr(figures, name)))
+        if or_none(figures.mean) is not None:
+            latency_means.append(({"kind": kind}, figures.mean))
+    enabled = prefix.enabled
 
     return [
         ("requests_total", "counter", "Requests of the last run by outcome.",
-         samples("status", {k: requests.get(k) for k in ("completed", "failed", "skipped")})),
+         samples("status", figures_of(requests, ("completed", "failed", "skipped")))),
         ("elapsed_seconds", "gauge", f"Elapsed time of the last run, in {seconds}.",
-         single(throughput.get("elapsed_s"))),
+         single(throughput.elapsed_s)),
         ("throughput_requests_per_second", "gauge", f"Completed requests {per_second}.",
-         single(throughput.get("requests_per_s"))),
+         single(throughput.requests_per_s)),
         ("throughput_input_tokens_per_second", "gauge", f"Prompt tokens {per_second}.",
-         single(throughput.get("input_tokens_per_s"))),
+         single(throughput.input_tokens_per_s)),
         ("throughput_output_tokens_per_second", "gauge", f"Generated tokens {per_second}.",
-         single(throughput.get("output_tokens_per_s"))),
+         single(throughput.output_tokens_per_s)),
         ("throughput_total_tokens_per_second", "gauge",
          f"Prompt plus generated tokens {per_second}.",
-         single(throughput.get("total_tokens_per_s"))),
+         single(throughput.total_tokens_per_s)),
         ("tokens_total", "counter", "Tokens of completed requests by kind.",
-         samples("kind", {k: report.get("tokens", {}).get(k) for k in ("input", "output")})),
+         samples("kind", figures_of(tokens, ("input", "output")))),
         ("steps_total", "counter", "Scheduler steps by kind.",
-         samples("kind", {k: report.get("steps", {}).get(k)
-                          for k in ("prefill", "decode", "empty")})),
+         samples("kind", figures_of(steps, ("prefill", "decode", "empty")))),
         ("padding_waste_ratio", "gauge", "Share of padded work that was padding, by phase.",
-         samples("phase", {phase: padding.get(phase, {}).get("waste_fraction")
+         samples("phase", {phase: padding.phase(phase).waste_fraction
                            for phase in ("prefill", "decode")})),
         ("bucket_steps_total", "counter",
          "Steps per compiled bucket (prefill chunks, decode batches); 0 means an unused graph.",
          bucket_steps),
         ("state_seconds", "gauge", f"Time the scheduler spent in each state, in {seconds}.",
-         samples("state", {name: figures.get("seconds")
-                           for name, figures in report.get("states", {}).items()})),
+         samples("state", {name: figures.seconds
+                           for name, figures in (report.states or {}).items()})),
         ("admission_blocked_total", "counter", "Admission refusals of the queue head, by reason.",
-         samples("reason", report.get("admission_blocked", {}))),
+         samples("reason", report.section("admission_blocked").counts())),
         ("latency_seconds", "gauge",
          f"Request latency quantiles (ttft, tpot, e2e), in {seconds}.",
          latency_quantiles),
@@ -130,28 +143,27 @@ def _families(report: dict[str, Any], timestamp: float) -> list[tuple[str, str, 
          latency_means),
         ("compiled_graphs", "gauge",
          "Graphs the run's layout compiles on Neuron (prefill + decode buckets).",
-         single(report.get("config", {}).get("compiled_graphs"))),
+         single(report.section("config").compiled_graphs)),
         ("preemptions_total", "counter",
          "Requests vLLM preempted (Neuron cannot preempt: should stay 0).",
-         single(report.get("preemptions"))),
+         single(report.preemptions)),
         ("kv_peak_blocks", "gauge",
          "Most KV blocks reserved by the admission rule / really held by requests at once.",
-         samples("kind", {"reserved": kv.get("peak_reserved_blocks"),
-                          "used": kv.get("peak_used_blocks")})),
+         samples("kind", {"reserved": kv.peak_reserved_blocks, "used": kv.peak_used_blocks})),
         ("kv_mean_used_ratio", "gauge", "Mean share of the usable KV blocks held by requests.",
-         single(kv.get("mean_used_fraction"))),
+         single(kv.mean_used_fraction)),
         ("prefix_cache_enabled", "gauge", "1 when the last run had prefix caching on.",
-         single(None if "enabled" not in prefix else int(bool(prefix["enabled"])))),
+         single(int(bool(enabled)) if present(enabled) else None)),
         ("prefix_cache_tokens", "gauge",
          "Prompt tokens of the last run, served by the prefix cache (hit), computed by the device "
          "(computed) and at most servable by an unbounded cache (bound).",
-         samples("kind", {kind: prefix.get(f"{kind}_tokens")
+         samples("kind", {kind: getattr(prefix, f"{kind}_tokens")
                           for kind in ("prompt", "hit", "computed", "bound")})),
         ("prefix_cache_hit_ratio", "gauge", "Share of prompt tokens served by the prefix cache.",
-         single(prefix.get("hit_fraction"))),
+         single(prefix.hit_fraction)),
         ("prefix_cache_bound_ratio", "gauge",
          "Share of prompt tokens an unbounded prefix cache could serve.",
-         single(prefix.get("bound_fraction"))),
+         single(prefix.bound_fraction)),
         ("last_run_timestamp_seconds", "gauge", "When the last run's report was written.",
          single(timestamp)),
         ("replica_output_tokens_per_second", "gauge",

@@ -101,6 +101,12 @@ class Section:
         section._order = tuple(data)
         return section
 
+    def __bool__(self) -> bool:
+        """False for a section with no key, as its empty JSON object was: `if report.cost:`
+        reads as it did on the dict."""
+        return bool(self.extra) or any(getattr(self, name) is not ABSENT
+                                       for name, _ in self._names())
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON object: the keys read, in the order read, then any set since (declaration
         order), then unknown keys added since; absent fields left out."""

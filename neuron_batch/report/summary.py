@@ -1,4 +1,4 @@
-"""Present a run report (the dict `metrics.summarize()` returns, or the same read back from JSON).
+"""Present a run report (a `Report`, or its JSON read back: typed on the way in).
 
 `format_summary()`: a plain-text summary for the terminal, laid out in 100 columns, no colours
 (it often ends up in CI logs and ticket comments); a row that would pass them goes on under
@@ -13,13 +13,25 @@ formats (the section is shown empty).
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Mapping
 from typing import Any
 
 from neuron_batch.inputs.skipped import SKIPPED
 from neuron_batch.report.cost import compile_and_usd
 from neuron_batch.report.decision_words import caching_lines, verdict_lines
+from neuron_batch.report.model import (
+    Distribution,
+    Latency,
+    PaddingPhase,
+    Report,
+    RunConfig,
+    Startup,
+    StateTime,
+    as_report,
+)
 from neuron_batch.report.notes import notes
 from neuron_batch.report.prefix_cache import summary_words as prefix_cache_words
+from neuron_batch.report.schema import or_none, present
 from neuron_batch.report.text_layout import (
     MAX_WIDTH,
     clip,
@@ -52,66 +64,70 @@ KV_BOUND_SHARE = 0.10
 
 # -- terminal summary ------------------------------------------------------------------------
 
-def format_summary(report: dict[str, Any], width: int | None = None) -> str:
+def format_summary(report: Report | Mapping[str, Any], width: int | None = None) -> str:
     """A compact, aligned summary of a run report, one section per concern; lines longer than
     `width` (a terminal's, `terminal_width`; None: none) cut."""
-    config = report.get("config", {})
-    requests = report.get("requests", {})
-    throughput = report.get("throughput", {})
-    tokens = report.get("tokens", {})
-    steps = report.get("steps", {})
-    padding = report.get("padding", {})
+    report = as_report(report)
+    config = report.section("config")
+    requests = report.section("requests")
+    throughput = report.section("throughput")
+    tokens = report.section("tokens")
+    steps = report.section("steps")
+    padding = report.section("padding")
 
     lines = ["neuron-batch run summary"]
-    shown = dict(config)
-    if "kv_reserve" in shown and runtime_of(config).static_kv:
+    shown = config.to_dict()
+    runtime = runtime_of(config.to_dict())
+    if "kv_reserve" in shown and runtime.static_kv:
         shown["kv_reserve"] = "n/a (static KV cache)"    # the rule never binds under nxdi
-    if config.get("device") in ("cpu", "cuda") and "runtime" in shown:
+    if config.device in ("cpu", "cuda") and "runtime" in shown:
         # no Neuron runtime ran here: the scheduler padded to the shapes it compiles
         shown["runtime"] = f"shapes of {shown['runtime']}"
     lines += wrap_pairs([(key, shown[key]) for key in _CONFIG_KEYS if key in shown])
     lines.append("")
-    skipped = requests.get("skipped")
+    skipped = or_none(requests.skipped)
     lines += title_rows("Requests", [
-        f"{int_text(requests.get('completed'))} completed of {int_text(requests.get('total'))}",
-        f"{int_text(requests.get('failed'))} failed",
+        f"{int_text(or_none(requests.completed))} completed of "
+        f"{int_text(or_none(requests.total))}",
+        f"{int_text(or_none(requests.failed))} failed",
         f"{int_text(skipped)} skipped" + (f" ({SKIPPED})" if skipped else ""),
-        *([f"{int_text(requests['pending'])} pending"] if requests.get("pending") else [])])
+        *([f"{int_text(requests.pending)} pending"] if requests.pending else [])])
     lines += title_rows("Throughput", [
-        f"{float_text(throughput.get('elapsed_s'), 2)} s elapsed",
-        f"{float_text(throughput.get('requests_per_s'), 2)} req/s",
-        f"{float_text(throughput.get('input_tokens_per_s'), 1)} in tok/s",
-        f"{float_text(throughput.get('output_tokens_per_s'), 1)} out tok/s",
-        f"{float_text(throughput.get('total_tokens_per_s'), 1)} total tok/s"])
-    lines += title_rows("Tokens", [f"{int_text(tokens.get('input'))} input",
-                              f"{int_text(tokens.get('output'))} output",
-                              f"{int_text(tokens.get('total'))} total"])
-    prefix_words = prefix_cache_words(report.get("prefix_cache"))
+        f"{float_text(or_none(throughput.elapsed_s), 2)} s elapsed",
+        f"{float_text(or_none(throughput.requests_per_s), 2)} req/s",
+        f"{float_text(or_none(throughput.input_tokens_per_s), 1)} in tok/s",
+        f"{float_text(or_none(throughput.output_tokens_per_s), 1)} out tok/s",
+        f"{float_text(or_none(throughput.total_tokens_per_s), 1)} total tok/s"])
+    lines += title_rows("Tokens", [f"{int_text(or_none(tokens.input))} input",
+                                   f"{int_text(or_none(tokens.output))} output",
+                                   f"{int_text(or_none(tokens.total))} total"])
+    prefix_words = prefix_cache_words(report.prefix_cache or None)
     if prefix_words:
         lines += textwrap.wrap(prefix_words, MAX_WIDTH, initial_indent=f"{'Prefixes':<12}",
                                subsequent_indent=" " * 12, break_on_hyphens=False)
     lines += caching_lines(report, MAX_WIDTH)
-    if report.get("cost"):
+    if report.cost:
         lines += _cost_rows(report)
-    elif report.get("cost_missing"):
-        lines.append(title_row("Cost", [report["cost_missing"]]))
-    profile = (config.get("sim") or {}).get("profile") or {}
+    elif report.cost_missing:
+        lines.append(title_row("Cost", [report.cost_missing]))
+    profile = (config.sim or {}).get("profile") or {}
     if profile.get("calibrated") is False:
         lines.append(title_row("Profile", [f"uncalibrated ({profile.get('name')}: derived from "
                                       f"hardware ratios, no published figures to fit)"]))
-    lines.append(title_row("Steps", [f"{int_text(steps.get('total'))} total",
-                                f"{int_text(steps.get('prefill'))} prefill",
-                                f"{int_text(steps.get('decode'))} decode",
-                                f"{int_text(steps.get('empty'))} empty",
-                                f"{int_text(report.get('preemptions'))} preempted"]))
+    lines.append(title_row("Steps", [f"{int_text(or_none(steps.total))} total",
+                                f"{int_text(or_none(steps.prefill))} prefill",
+                                f"{int_text(or_none(steps.decode))} decode",
+                                f"{int_text(or_none(steps.empty))} empty",
+                                f"{int_text(or_none(report.preemptions))} preempted"]))
     # The configured lists are what was compiled; by_bucket may add buckets seen but not configured.
-    prefill_buckets = config.get("prefill_buckets", padding.get("prefill", {}).get("by_bucket", {}))
-    decode_buckets = config.get("decode_buckets", padding.get("decode", {}).get("by_bucket", {}))
-    attention_buckets = config.get("attention_buckets") or []
-    runtime = runtime_of(config)
+    prefill_buckets = (config.prefill_buckets if present(config.prefill_buckets)
+                       else padding.phase("prefill").rows())
+    decode_buckets = (config.decode_buckets if present(config.decode_buckets)
+                      else padding.phase("decode").rows())
+    attention_buckets = config.attention_buckets or []
     lines.append(_kv_row(report))
     graphs = graph_words(runtime, len(prefill_buckets), len(decode_buckets),
-                         len(attention_buckets), len(config.get("prefix_buckets") or []))
+                         len(attention_buckets), len(config.prefix_buckets or []))
     startup = _startup_words(report)
     # (the start-up row breaks the estimate down: the graphs row then leaves it out)
     lines += title_rows("Graphs", _graphs_words(config, graphs,
@@ -122,35 +138,31 @@ def format_summary(report: dict[str, Any], width: int | None = None) -> str:
     if said:
         lines += ["", *(line for sentence in said for line in textwrap.wrap(sentence, MAX_WIDTH))]
 
-    lines += ["", *_latency_section(report.get("latency", {}))]
-    lines += ["", *_padding_section(padding.get("prefill", {}), phase="Prefill",
-                                    unit="tokens", noun="tokens", count_key="chunks",
-                                    actual_key="actual_tokens", padded_key="padded_tokens")]
-    lines += ["", *_padding_section(padding.get("decode", {}), phase="Decode",
-                                    unit="sequence slots", noun="seqs", count_key="steps",
-                                    actual_key="actual_seqs", padded_key="padded_seqs")]
-    if padding.get("attention"):
+    lines += ["", *_latency_section(report.section("latency"))]
+    lines += ["", *_padding_section(padding.phase("prefill"), phase="Prefill",
+                                    unit="tokens", noun="tokens", kind="prefill")]
+    lines += ["", *_padding_section(padding.phase("decode"), phase="Decode",
+                                    unit="sequence slots", noun="seqs", kind="decode")]
+    if padding.attention:
         # What decode attended: NxDI's token-generation buckets over every slot, or the Beta
         # plugin's max_model_len / context-length bucket per padded request.
-        lines += ["", *_padding_section(padding["attention"], phase="Decode attention",
-                                        unit="KV tokens attended", noun="KV",
-                                        count_key="steps", actual_key="kv_held_tokens",
-                                        padded_key="kv_attended_tokens")]
-    if report.get("split"):
-        lines += ["", *_split_section(report["split"])]
-    states = report.get("states", {})
-    if report.get("replicas"):
+        lines += ["", *_padding_section(padding.attention, phase="Decode attention",
+                                        unit="KV tokens attended", noun="KV", kind="attention")]
+    if report.split:
+        lines += ["", *_split_section(report.split)]
+    states = report.states or {}
+    if report.replicas:
         # Replica-seconds: shares of the replicas' summed time, not of the run's elapsed time.
-        state_total = sum(row.get("seconds", 0.0) for row in states.values())
+        state_total = sum(or_none(row.seconds) or 0.0 for row in states.values())
         lines += ["", *_state_section(states, state_total, "Time per state (all replicas)")]
     else:
-        lines += ["", *_state_section(states, throughput.get("elapsed_s"))]
-    lines += ["", *_blocked_section(report.get("admission_blocked", {}))]
+        lines += ["", *_state_section(states, or_none(throughput.elapsed_s))]
+    lines += ["", *_blocked_section(report.section("admission_blocked").counts())]
     lines += _kv_hint(report)
-    if report.get("replicas"):
-        lines += ["", *_replicas_section(report["replicas"])]
-    if report.get("output_dir"):
-        lines += ["", title_row("Run folder", [str(report["output_dir"])])]
+    if report.replicas:
+        lines += ["", *_replicas_section(report.replicas)]
+    if report.output_dir:
+        lines += ["", title_row("Run folder", [str(report.output_dir)])]
     verdict = verdict_lines(report, MAX_WIDTH)     # (last: what to run next time)
     if verdict:
         lines += ["", *verdict]
@@ -169,44 +181,47 @@ def terminal_width(stream) -> int | None:
     return max(shutil.get_terminal_size().columns, MAX_WIDTH)
 
 
-def _cost_rows(report: dict[str, Any]) -> list[str]:
+def _cost_rows(report: Report) -> list[str]:
     """What the run cost, on which instances, at which price; beside it the estimated compile
     (simulated runs), which the run's cost leaves out."""
-    cost = report["cost"]
-    count = cost.get("num_instances") or 1
-    where = f"{count} x {cost.get('instance')}" if count != 1 else str(cost.get("instance"))
-    per_m = cost.get("usd_per_million_output_tokens")
-    amount = f"${float_text(cost.get('usd'), 2)}"
+    cost = report.cost
+    count = cost.num_instances or 1
+    instance = or_none(cost.instance)
+    where = f"{count} x {instance}" if count != 1 else str(instance)
+    per_m = or_none(cost.usd_per_million_output_tokens)
+    amount = f"${float_text(or_none(cost.usd), 2)}"
     compile_s, with_compile = compile_and_usd(report)
     if with_compile is not None:
-        amount += (f" run (+ ${float_text(with_compile - cost['usd'], 2)} compile estimated, "
+        amount += (f" run (+ ${float_text(with_compile - cost.usd, 2)} compile estimated, "
                    f"{float_text(compile_s / 60, 1)} min)")
     return title_rows("Cost", [
         amount,
-        f"{where} at ${float_text(cost.get('price_per_hour_usd'), 4)}/h ({cost.get('pricing')})",
+        f"{where} at ${float_text(or_none(cost.price_per_hour_usd), 4)}/h "
+        f"({or_none(cost.pricing)})",
         f"${float_text(per_m, 3)} per M output tok" if per_m is not None else "no output tokens"])
 
 
-def _graphs_words(config: dict[str, Any], graphs: str, compile_s: float | None) -> list[str]:
+def _graphs_words(config: RunConfig, graphs: str, compile_s: float | None) -> list[str]:
     """Compiled on Neuron; elsewhere what Neuron would compile for this layout (nothing was)."""
-    count = int_text(config.get("compiled_graphs"))
-    if config.get("device") not in NOTHING_COMPILED:
+    count = int_text(or_none(config.compiled_graphs))
+    if config.device not in NOTHING_COMPILED:
         return [f"{count} compiled ({graphs})"]
     estimate = [f"about {float_text(compile_s / 60, 1)} min (estimated)"] if compile_s else []
     return [f"{count} to compile on Neuron ({graphs})", *estimate]
 
 
-def _startup_words(report: dict[str, Any]) -> list[str]:
+def _startup_words(report: Report) -> list[str]:
     """The engine's start-up, as row items: estimated on the simulated device (compiled fresh,
     or loaded only), measured on a Neuron host (and whether the graphs came from the cache)."""
-    measured = next((a["startup"] for a in reversed(report.get("attempts") or [])
-                     if (a.get("startup") or {}).get("measured_s") is not None), None)
+    measured = next((a.startup for a in reversed(report.attempts or [])
+                     if isinstance(a.startup, Startup) and present(a.startup.measured_s)
+                     and a.startup.measured_s is not None), None)
     if measured is not None:
-        reused = ["the artifacts folder held them"] if measured.get("artifacts_reused") else []
-        return [f"{measured['measured_s']:,.0f} s measured",
-                f"{measured.get('cached_graphs', 0)} graph(s) from the compile cache, "
-                f"{measured.get('compiled_graphs', 0)} compiled", *reused]
-    compile_ = ((report.get("config") or {}).get("sim") or {}).get("compile") or {}
+        reused = ["the artifacts folder held them"] if measured.artifacts_reused else []
+        return [f"{measured.measured_s:,.0f} s measured",
+                f"{measured.cached_graphs or 0} graph(s) from the compile cache, "
+                f"{measured.compiled_graphs or 0} compiled", *reused]
+    compile_ = (report.section("config").sim or {}).get("compile") or {}
     parts = compile_.get("startup")
     if not parts:
         return []
@@ -249,25 +264,25 @@ def _split_section(split: dict[str, Any]) -> list[str]:
                             "out tok/s"], rows), *lists]
 
 
-def _latency_section(latency: dict[str, Any]) -> list[str]:
+def _latency_section(latency: Latency) -> list[str]:
     rows = []
     for title, key in LATENCIES:
-        figures = latency.get(key) or {}
-        rows.append([title] + [ms_text(figures.get(name))
+        figures = getattr(latency, key) or Distribution()
+        rows.append([title] + [ms_text(or_none(getattr(figures, name)))
                                for name in ("mean", "p50", "p90", "p99")])
     return ["Latency (ms)", *text_table(["", "mean", "p50", "p90", "p99"], rows)]
 
 
-def _padding_section(phase_report: dict[str, Any], *, phase: str, unit: str, noun: str,
-                     count_key: str, actual_key: str, padded_key: str) -> list[str]:
-    actual, padded = phase_report.get(actual_key, 0), phase_report.get(padded_key, 0)
+def _padding_section(table: PaddingPhase, *, phase: str, unit: str, noun: str,
+                     kind: str) -> list[str]:
+    count_key, actual_key, padded_key = PaddingPhase.KINDS[kind]
+    actual, padded = table.totals(kind)
     title = (f"{phase} padding: {int_text(actual)} of {int_text(padded)} {unit} real, "
-             f"{percent_text(phase_report.get('waste_fraction') if padded else None)} waste"
-             + (f" (bucket: {phase_report['by']})" if phase_report.get("by") else ""))
+             f"{percent_text(or_none(table.waste_fraction) if padded else None)} waste"
+             + (f" (bucket: {table.by})" if table.by else ""))
     rows = []
-    for bucket, row in phase_report.get("by_bucket", {}).items():
-        count, row_actual, row_padded = (row.get(count_key, 0), row.get(actual_key, 0),
-                                         row.get(padded_key, 0))
+    for bucket, row in table.rows().items():
+        count, row_actual, row_padded = row.figures(count_key, actual_key, padded_key)
         waste = (row_padded - row_actual) / row_padded if row_padded else None
         rows.append([bucket, int_text(count), int_text(row_actual), int_text(row_padded),
                      percent_text(waste), "" if count else "unused"])
@@ -275,15 +290,15 @@ def _padding_section(phase_report: dict[str, Any], *, phase: str, unit: str, nou
     return [title, *text_table(headers, rows, first_left=False)]
 
 
-def _state_section(states: dict[str, Any], elapsed: float | None,
+def _state_section(states: dict[str, StateTime], elapsed: float | None,
                    title: str = "Time per state") -> list[str]:
     rows = []
     names = [s for s in _STATES if s in states] + [s for s in states if s not in _STATES]
     for name in names:
-        seconds = states[name].get("seconds", 0.0)
+        seconds = or_none(states[name].seconds) or 0.0
         share = seconds / elapsed if elapsed else None
         rows.append([name, float_text(seconds, 2), percent_text(share),
-                     int_text(states[name].get("steps"))])
+                     int_text(or_none(states[name].steps))])
     return [title, *text_table(["", "seconds", "share", "steps"], rows)]
 
 
@@ -303,35 +318,34 @@ def _replicas_section(replicas: list[dict[str, Any]]) -> list[str]:
             *text_table(headers, rows)]
 
 
-def _kv_row(report: dict[str, Any]) -> str:
-    kv = report.get("kv") or {}
-    num_blocks = kv.get("num_blocks")
+def _kv_row(report: Report) -> str:
+    kv = report.section("kv")
+    num_blocks = or_none(kv.num_blocks)
     usable = num_blocks - 1 if num_blocks else None
+    reserved, used = or_none(kv.peak_reserved_blocks), or_none(kv.peak_used_blocks)
 
     def share(blocks: Any) -> str:
         return f" ({percent_text(blocks / usable)})" if usable and blocks is not None else ""
 
     return title_row("KV blocks", [
         int_text(num_blocks),
-        f"peak reserved {int_text(kv.get('peak_reserved_blocks'))}"
-        f"{share(kv.get('peak_reserved_blocks'))}",
-        f"peak used {int_text(kv.get('peak_used_blocks'))}{share(kv.get('peak_used_blocks'))}",
-        f"mean used {percent_text(kv.get('mean_used_fraction'))}"])
+        f"peak reserved {int_text(reserved)}{share(reserved)}",
+        f"peak used {int_text(used)}{share(used)}",
+        f"mean used {percent_text(or_none(kv.mean_used_fraction))}"])
 
 
-def _kv_hint(report: dict[str, Any]) -> list[str]:
+def _kv_hint(report: Report) -> list[str]:
     """Under kv_reserve=max_model_len, when kv_saturated is what holds the run back, say that
     reserving each request's own need would lift it."""
-    if (report.get("config") or {}).get("kv_reserve") != "max_model_len":
+    if report.section("config").kv_reserve != "max_model_len":
         return []
-    blocked = report.get("admission_blocked") or {}
+    blocked = report.section("admission_blocked").counts()
     saturated = blocked.get("kv_saturated", 0)
-    num_steps = (report.get("steps") or {}).get("total") or 0
+    num_steps = report.section("steps").total or 0
     if not num_steps or saturated < KV_BOUND_SHARE * num_steps or saturated < max(
             blocked.values(), default=0):
         return []
-    kv = report.get("kv") or {}
-    used = kv.get("mean_used_fraction")
+    used = or_none(report.section("kv").mean_used_fraction)
     text = (f"The KV rule limits this run: kv_saturated refused admission in "
             f"{saturated / num_steps:.0%} of steps while the requests used {percent_text(used)} of "
             f"the KV cache on average: every request is "

@@ -12,10 +12,14 @@ from neuron_batch.inputs.request_paths import asked_counts
 from neuron_batch.job.folder import REPORT, RunFolder
 from neuron_batch.job.job import Job
 from neuron_batch.prefix_grid import grid_size
+from neuron_batch.report.model import Attempt, Cost, PrefixCache, Report, Tokens
+from neuron_batch.report.schema import or_none
 
 
-def build_report(job: Job) -> dict:
-    """The report over the whole input, from every attempt's records and the outputs file."""
+def build_report(job: Job) -> Report:
+    """The report over the whole input, from every attempt's records and the outputs file:
+    the records' figures (`summarize`), then what only the folder knows (outputs, attempts,
+    cost), each a typed step on the report."""
     from neuron_batch.report.metrics import summarize
     from neuron_batch.report.replicas import has_replicas, summarize_replicas
     from neuron_batch.scheduler.records import concat_attempts, read_records
@@ -53,7 +57,7 @@ def build_report(job: Job) -> dict:
                               None))
         if "sim" in extra:
             extra["sim"]["num_instances"] = settings.num_instances
-        report = summarize_replicas(layout, attempts=folder.attempts(), done_ids=folder.done_ids,
+        figures = summarize_replicas(layout, attempts=folder.attempts(), done_ids=folder.done_ids,
                                     simulated=job.simulated, extra_config=extra, total=total,
                                     skipped=len(problems))
     else:
@@ -63,28 +67,31 @@ def build_report(job: Job) -> dict:
         # Abandoned (aborted) or failed requests are not completed work: leave them out.
         records.requests = [r for r in records.requests
                             if r.finish_reason not in ("abort", "error")]
-        report = summarize(records, extra_config=extra, total=total, skipped=len(problems),
+        figures = summarize(records, extra_config=extra, total=total, skipped=len(problems),
                            failed=0)
+    report = Report.new(figures)
     _tokens_from_outputs(report, folder)
     _add_prefix_bound(report, prepared, folder.done_ids, settings)
-    report["prefix_caching"] = (job.prefix_caching.to_dict() if job.prefix_caching is not None
-                                else (folder.read_manifest() or {}).get("prefix_caching"))
-    report["requests"]["completed"] = completed
-    report["requests"]["failed"] = failed
-    report["requests"]["pending"] = len(prepared.requests) - completed - failed
+    report.prefix_caching = (job.prefix_caching.to_dict() if job.prefix_caching is not None
+                             else (folder.read_manifest() or {}).get("prefix_caching"))
+    requests = report.requests
+    requests.completed = completed
+    requests.failed = failed
+    requests.pending = len(prepared.requests) - completed - failed
     clamped = [r.max_tokens for r in prepared.requests if r.max_tokens_clamped]
-    report["requests"]["max_tokens_clamped"] = len(clamped)
+    requests.max_tokens_clamped = len(clamped)
     asked = asked_counts(r.record for r in prepared.requests)
     if asked is not None:   # (only then: a plain run's report is as it was)
-        report["requests"]["asked"] = asked
+        requests.asked = asked
     # what they were cut to (max_model_len - prompt), so the summary can say it
-    report["requests"]["max_tokens_clamped_to"] = (
-        {"min": min(clamped), "max": max(clamped)} if clamped else None)
+    requests.max_tokens_clamped_to = ({"min": min(clamped), "max": max(clamped)} if clamped
+                                      else None)
     _add_cost(report, settings)
-    report["attempts"] = folder.attempts()
-    if any("part" in a for a in report["attempts"]):
-        report["split"] = split_section(report["attempts"], folder, settings, job.simulated)
-    report["output_dir"] = str(folder.path)
+    attempts = folder.attempts()
+    report.attempts = [Attempt.from_dict(a) for a in attempts]
+    if any("part" in a for a in attempts):
+        report.split = split_section(attempts, folder, settings, job.simulated)
+    report.output_dir = str(folder.path)
     return report
 
 
@@ -129,8 +136,8 @@ def split_section(attempts: list[dict], folder, settings, simulated: bool) -> di
             elapsed, output_tokens = figures["elapsed_s"], figures["output_tokens"]
             extra = {"replicas": figures["replicas"]}
         else:
-            one = summarize(read_records(entry))
-            elapsed, output_tokens = one["throughput"]["elapsed_s"], one["tokens"]["output"]
+            one = Report.new(summarize(read_records(entry)))
+            elapsed, output_tokens = one.throughput.elapsed_s, one.tokens.output
         parts.append({**attempt["part"], "attempt": attempt["attempt"],
                       "ended": attempt.get("ended"), "elapsed_s": elapsed,
                       "output_tokens": output_tokens,
@@ -154,18 +161,16 @@ def split_section(attempts: list[dict], folder, settings, simulated: bool) -> di
     return out
 
 
-def _add_prefix_bound(report: dict, prepared, done_ids: set[str], settings) -> None:
+def _add_prefix_bound(report: Report, prepared, done_ids: set[str], settings) -> None:
     """`prefix_cache.bound_tokens`: what an unbounded cache could serve the completed requests'
     prompts, in whole blocks of the run's KV block (report/prefix_cache.py)."""
     from neuron_batch.inputs.prefix import DEFAULT_BLOCK, shared_prefix_tokens
-    from neuron_batch.report.prefix_cache import with_bound
 
-    section = report.get("prefix_cache")
-    if section is None:
+    if not isinstance(report.prefix_cache, PrefixCache):
         return
-    block = report["config"].get("block_size") or settings.block_size or DEFAULT_BLOCK
+    block = or_none(report.config.block_size) or settings.block_size or DEFAULT_BLOCK
     prompts = [r.prompt_token_ids for r in prepared.requests if r.record.id in done_ids]
-    with_bound(section, shared_prefix_tokens(prompts, block))
+    report.prefix_cache.with_bound(shared_prefix_tokens(prompts, block))
 
 
 def num_instances(settings) -> int:
@@ -173,21 +178,24 @@ def num_instances(settings) -> int:
     return int(settings.num_instances) if settings.simulated else 1
 
 
-def _add_cost(report: dict, settings) -> None:
+def _add_cost(report: Report, settings) -> None:
     """`cost` whenever the instance is known: run time x price x instances (report/cost.py)."""
-    from neuron_batch.report.cost import no_price_message, report_cost
+    from neuron_batch.report.cost import no_price_message, run_cost
 
-    device = report["config"].get("device")
+    device = or_none(report.config.device)
     if settings.device == "auto" and device != "neuron":
         return      # resolved to a machine that is not a Neuron host: nothing to price
     price = settings.price()
     if price is not None:
-        report["cost"] = report_cost(report, price, num_instances(settings))
+        report.cost = Cost.from_dict(run_cost(
+            price, elapsed_s=report.throughput.elapsed_s or 0.0,
+            output_tokens=report.tokens.output or 0, total_tokens=report.tokens.total or 0,
+            num_instances=num_instances(settings)))
     elif settings.priced_instance() is not None:
-        report["cost_missing"] = no_price_message(settings.priced_instance())
+        report.cost_missing = no_price_message(settings.priced_instance())
 
 
-def _tokens_from_outputs(report: dict, folder: RunFolder) -> None:
+def _tokens_from_outputs(report: Report, folder: RunFolder) -> None:
     """Token totals and rates from outputs.jsonl, the record of what finished: scheduler records
     of an attempt killed with -9 may lack its last fraction of a second."""
     input_tokens = output_tokens = empty = 0
@@ -202,19 +210,20 @@ def _tokens_from_outputs(report: dict, folder: RunFolder) -> None:
             input_tokens += row["num_prompt_tokens"]
             output_tokens += row["num_output_tokens"]
     total = input_tokens + output_tokens
-    report["tokens"] = {"input": input_tokens, "output": output_tokens, "total": total}
+    report.tokens = Tokens(input=input_tokens, output=output_tokens, total=total)
     # blank outputs (text only: the simulated device writes none), for the summary's hint
-    report["requests"]["empty_outputs"] = empty
-    elapsed = report["throughput"]["elapsed_s"]
+    report.requests.empty_outputs = empty
+    throughput = report.throughput
+    elapsed = throughput.elapsed_s
 
     def rate(amount: float) -> float:
         return amount / elapsed if elapsed > 0 else 0.0
 
-    report["throughput"].update(input_tokens_per_s=rate(input_tokens),
-                                output_tokens_per_s=rate(output_tokens),
-                                total_tokens_per_s=rate(total))
-    report["total_num_tokens"] = total
-    report["tokens_per_second"] = rate(total)
+    throughput.input_tokens_per_s = rate(input_tokens)
+    throughput.output_tokens_per_s = rate(output_tokens)
+    throughput.total_tokens_per_s = rate(total)
+    report.total_num_tokens = total
+    report.tokens_per_second = rate(total)
 
 
 def _output_text(row: dict) -> str | None:
@@ -237,5 +246,6 @@ def rerender(path: Path) -> str:
     except FileNotFoundError:
         raise RunError(f"{report_path}: no report here; is {path} a neuron-batch run "
                        f"folder?") from None
-    report["output_dir"] = str(report_path.parent)     # where it is now, if it was moved
+    report = Report.from_dict(report)   # (an older folder's report reads too: model.py)
+    report.output_dir = str(report_path.parent)     # where it is now, if it was moved
     return format_summary(report, terminal_width(sys.stdout))     # (the CLI prints it there)

@@ -46,7 +46,9 @@ from neuron_batch.job.stop import (
     pause_point,
 )
 from neuron_batch.job.workload import Workload, load_workload
-from neuron_batch.report.notes import STOPPED, interrupted_line
+from neuron_batch.report.model import STOPPED, Report
+from neuron_batch.report.notes import interrupted_line
+from neuron_batch.report.schema import or_none
 from neuron_batch.run.interrupted import record_early_stop, record_stop
 from neuron_batch.settings import SPLIT_AUTO, RunSettings
 
@@ -58,7 +60,7 @@ if TYPE_CHECKING:
 class RunResult:
     exit_code: int
     output_dir: Path
-    report: dict[str, Any] | None = None
+    report: Report | None = None
     problems: list[InputProblem] = field(default_factory=list)
 
 
@@ -275,13 +277,13 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
         pause_point(REPORTING)
         report = build_report(job)
         if outcome.get("ended") not in STOPPED and not (
-                report["requests"]["pending"] or report["requests"]["failed"]):
+                report.requests.pending or report.requests.failed):
             from neuron_batch.run.verdict import run_verdict
 
-            verdict = run_verdict(job, report["throughput"].get("elapsed_s"))
+            verdict = run_verdict(job, or_none(report.throughput.elapsed_s))
             if verdict is not None:         # (none without a step model: the CPU)
-                report["verdict"] = verdict
-        write_json_atomic(folder.path / REPORT, report)
+                report.verdict = verdict
+        write_json_atomic(folder.path / REPORT, report.to_dict())
     except Interrupted as stop:
         if stop.phase != REPORTING:     # (an attempt that stopped at once returned no line)
             finished = len(folder.done_ids) - done_before - sum(
@@ -303,7 +305,7 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
     code = EXIT_OK
     if outcome.get("ended") in STOPPED:
         code = EXIT_INTERRUPTED
-    elif report["requests"]["skipped"] or report["requests"]["failed"]:
+    elif report.requests.skipped or report.requests.failed:
         code = EXIT_PARTIAL
     if settings.quiet and code != EXIT_OK:
         # Not a success: cron must not mail silence. One line, why and how to finish.

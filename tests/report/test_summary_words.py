@@ -161,6 +161,7 @@ def test_skipped_rows_split_the_source_into_file_and_line(tmp_path):
 
 def test_empty_outputs_are_counted_from_the_outputs_file(tmp_path):
     from neuron_batch.job.folder import RunFolder
+    from neuron_batch.report.model import Report
     from neuron_batch.run.folder_report import _tokens_from_outputs
 
     rows = [{"id": "a", "output": "", "num_prompt_tokens": 3, "num_output_tokens": 1},
@@ -171,10 +172,10 @@ def test_empty_outputs_are_counted_from_the_outputs_file(tmp_path):
                 "choices": [{"message": {"content": ""}}],
                 "usage": {"prompt_tokens": 2, "completion_tokens": 1}}}}]
     (tmp_path / "outputs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    report = {"requests": {}, "throughput": {"elapsed_s": 1.0}}
+    report = Report.from_dict({"requests": {}, "throughput": {"elapsed_s": 1.0}})
     _tokens_from_outputs(report, RunFolder(tmp_path))
     # blank text counts; no text (the simulated device writes none) does not
-    assert report["requests"]["empty_outputs"] == 3
+    assert report.requests.empty_outputs == 3
 
 
 # -- runs ---------------------------------------------------------------------------------------
