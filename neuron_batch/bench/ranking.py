@@ -15,7 +15,7 @@ from typing import Any
 
 from neuron_batch.bench.words import COST_COMPILE_S, as_number
 from neuron_batch.report.cost import compile_and_usd
-from neuron_batch.report.model import KvFigures, RunConfig, as_report
+from neuron_batch.report.model import KvFigures, ReportConfig, as_report
 from neuron_batch.report.schema import or_none, present
 from neuron_batch.scheduler.records import BLOCK_REASONS
 
@@ -152,7 +152,7 @@ def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _prefix_fields(entry: Mapping[str, Any], config: RunConfig) -> dict[str, Any]:
+def _prefix_fields(entry: Mapping[str, Any], config: ReportConfig) -> dict[str, Any]:
     """Prefix caching and order of a configuration, and what the cache did (bench/prefix.py,
     from the run's records; None in sweeps from before these figures existed)."""
     figures = entry.get("prefix") or {}

@@ -42,7 +42,7 @@ STOPPED = (Ended.INTERRUPTED, Ended.DEADLINE)
 
 
 @dataclass
-class RunConfig(Section):
+class ReportConfig(Section):
     """What ran: the scheduler's configuration and the run's settings (`config`)."""
 
     model: Any = section_field()
@@ -71,10 +71,6 @@ class RunConfig(Section):
     replicas: Any = section_field()
     ray: Any = section_field()
     compiled_graphs: Any = section_field()
-
-    def as_mapping(self) -> dict[str, Any]:
-        """The JSON object, for code that looks settings up by name (runtime_of)."""
-        return self.to_dict()
 
 
 @dataclass
@@ -314,7 +310,7 @@ class Report(Section):
     total_num_tokens: Any = section_field()
     requests_per_second: Any = section_field()
     tokens_per_second: Any = section_field()
-    config: RunConfig = typed(RunConfig)
+    config: ReportConfig = typed(ReportConfig)
     requests: Requests = typed(Requests)
     throughput: Throughput = typed(Throughput)
     tokens: Tokens = typed(Tokens)

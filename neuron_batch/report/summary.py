@@ -24,7 +24,7 @@ from neuron_batch.report.model import (
     Latency,
     PaddingPhase,
     Report,
-    RunConfig,
+    ReportConfig,
     Startup,
     StateTime,
     as_report,
@@ -201,7 +201,7 @@ def _cost_rows(report: Report) -> list[str]:
         f"${float_text(per_m, 3)} per M output tok" if per_m is not None else "no output tokens"])
 
 
-def _graphs_words(config: RunConfig, graphs: str, compile_s: float | None) -> list[str]:
+def _graphs_words(config: ReportConfig, graphs: str, compile_s: float | None) -> list[str]:
     """Compiled on Neuron; elsewhere what Neuron would compile for this layout (nothing was)."""
     count = int_text(or_none(config.compiled_graphs))
     if config.device not in NOTHING_COMPILED:

@@ -109,6 +109,33 @@ def test_report_prints_the_same_summary_again(cpu_run):
     assert again.exit_code == 0 and "Prefill padding" in again.output
 
 
+def test_the_report_reads_back_typed_as_it_was_written(cpu_run):
+    from neuron_batch.report.model import SCHEMA_VERSION, Report
+
+    out, _ = cpu_run
+    text = (out / "report.json").read_text()
+    data = json.loads(text)
+    assert list(data)[0] == "schema_version" and data["schema_version"] == SCHEMA_VERSION
+    # key for key, in order
+    assert json.dumps(Report.from_dict(data).to_dict()) == json.dumps(data)
+
+
+def test_report_reads_an_older_folder(cpu_run, tmp_path):
+    """A folder an older version wrote (no schema_version, no prefix-cache, cost or attempts
+    sections) still prints its summary."""
+    out, _ = cpu_run
+    data = json.loads((out / "report.json").read_text())
+    for key in ("schema_version", "prefix_cache", "prefix_caching", "attempts", "kv", "cost",
+                "latency"):
+        data.pop(key, None)
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "report.json").write_text(json.dumps(data))
+    again = invoke(["report", str(old)])
+    assert again.exit_code == 0, again.output
+    assert "10 completed of 10" in again.output and str(old) in again.output
+
+
 def test_bad_input_stops_before_the_model_loads(tiny_model, tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt_len": 30}\n{"prompt_len": \n{"prompt": ""}\n')
