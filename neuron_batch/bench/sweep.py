@@ -48,7 +48,7 @@ from neuron_batch.choices import prefix_caching_word
 from neuron_batch.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunError
 from neuron_batch.job.folder import REPORT, write_json_atomic
 from neuron_batch.job.workload import load_workload
-from neuron_batch.report.model import Report
+from neuron_batch.report.model import Report, as_report
 from neuron_batch.report.schema import present
 from neuron_batch.run.runner import run
 from neuron_batch.settings import RunSettings
@@ -151,7 +151,7 @@ class Sweep:
         self.entries[c.name] = entry
         count = len(self.entries)
         if entry["report"] is not None:
-            tput = entry["report"]["throughput"]["output_tokens_per_s"]
+            tput = as_report(entry["report"]).throughput.output_tokens_per_s
             how = "reused" if outcome.get("reused") else f"{outcome['wall_s']:.1f} s"
             self.log(f"[{count}] {c.name}: {tput:,.1f} output tok/s ({how})")
         else:
