@@ -180,17 +180,14 @@ def num_instances(settings) -> int:
 
 def _add_cost(report: Report, settings) -> None:
     """`cost` whenever the instance is known: run time x price x instances (report/cost.py)."""
-    from neuron_batch.report.cost import no_price_message, run_cost
+    from neuron_batch.report.cost import no_price_message, report_cost
 
     device = or_none(report.config.device)
     if settings.device == "auto" and device != "neuron":
         return      # resolved to a machine that is not a Neuron host: nothing to price
     price = settings.price()
     if price is not None:
-        report.cost = Cost.from_dict(run_cost(
-            price, elapsed_s=report.throughput.elapsed_s or 0.0,
-            output_tokens=report.tokens.output or 0, total_tokens=report.tokens.total or 0,
-            num_instances=num_instances(settings)))
+        report.cost = Cost.from_dict(report_cost(report, price, num_instances(settings)))
     elif settings.priced_instance() is not None:
         report.cost_missing = no_price_message(settings.priced_instance())
 
