@@ -109,18 +109,18 @@ def run_one(settings) -> dict:
     steps = [s for p in sorted(Path(settings.output).glob("records-*.jsonl"))
              for s in read_records(p).steps]
     return {
-        "output_tokens_per_s": report["throughput"]["output_tokens_per_s"],
-        "elapsed_s": report["throughput"]["elapsed_s"],
-        "prefill_s": report["states"]["ACTIVE_PREFILL"]["seconds"],
-        "completed": report["requests"]["completed"],
-        "failed": report["requests"]["failed"],
-        "preemptions": report["preemptions"],
-        "kv": report["kv"],
-        "kv_saturated": report["admission_blocked"]["kv_saturated"],
-        "steps": report["steps"]["total"],
+        "output_tokens_per_s": report.throughput.output_tokens_per_s,
+        "elapsed_s": report.throughput.elapsed_s,
+        "prefill_s": report.states["ACTIVE_PREFILL"].seconds,
+        "completed": report.requests.completed,
+        "failed": report.requests.failed,
+        "preemptions": report.preemptions,
+        "kv": report.kv.to_dict(),
+        "kv_saturated": report.admission_blocked.kv_saturated,
+        "steps": report.steps.total,
         "max_running": max((s.num_running for s in steps), default=0),
-        "ttft_p50_s": report["latency"]["ttft_s"]["p50"],
-        "tpot_p50_s": report["latency"]["tpot_s"]["p50"],
+        "ttft_p50_s": report.latency.ttft_s.p50,
+        "tpot_p50_s": report.latency.tpot_s.p50,
         "wall_s": wall,
     }
 

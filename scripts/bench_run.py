@@ -60,7 +60,7 @@ def make_input(copies: int, workdir: Path) -> str:
 def time_neuron_batch(settings: RunSettings) -> tuple[float, int]:
     result = run(settings, log=lambda message: None)
     report = result.report
-    return report["throughput"]["elapsed_s"], report["tokens"]["output"]
+    return report.throughput.elapsed_s, report.tokens.output
 
 
 def time_plain_generate(settings: RunSettings, workdir: Path) -> tuple[float, int]:
