@@ -133,8 +133,8 @@ def sweep_values(options: dict, command: str) -> dict[str, list]:
         values = (kv_reserve_list(text) if d.setting.kind is Kind.KV_RULE
                   else int_list(text, flag))
         if len(values) > 1 and command != "bench":
-            raise SettingsError(f"{flag} takes one value in `{command}`; sweep several with "
-                                f"`neuron-batch bench`")
+            raise SettingsError(f"{flag} takes one value in `{command}`; compare several with "
+                                f"`neuron-batch bench {flag} {text}`")
         out[d.name] = values
     return out
 
