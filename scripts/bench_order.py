@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Speed of `--order prefix` (inputs/prefix.py) on a real trace, against `--order length`.
+"""Speed of `--order prefix` (inputs/shared_prefix.py) on a real trace, against `--order length`.
 
 Reads a Mooncake trace (default: the whole one in ../shared/datasets, else the slice in
 datasets/), makes every prompt's token ids as a run does (inputs/prepare.py), then times
@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from neuron_batch.inputs.load import load_prompts
-from neuron_batch.inputs.prefix import shared_prefix_tokens
 from neuron_batch.inputs.prepare import in_order, prepare_requests
+from neuron_batch.inputs.shared_prefix import shared_prefix_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = (ROOT.parent / "shared" / "datasets" / "mooncake-conversation-trace.jsonl",

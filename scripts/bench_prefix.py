@@ -80,8 +80,8 @@ def synthetic_job(out: Path, count: int, shared: bool) -> Path:
 def bound_fraction(path: Path) -> tuple[int, int]:
     """(prompt tokens, the most an unbounded cache of 32-token blocks serves) of a job."""
     from neuron_batch.inputs.load import load_prompts
-    from neuron_batch.inputs.prefix import shared_prefix_tokens
     from neuron_batch.inputs.prepare import prepare_requests
+    from neuron_batch.inputs.shared_prefix import shared_prefix_tokens
 
     records = load_prompts([path]).records
     prompts = [r.prompt_token_ids for r in prepare_requests(

@@ -23,7 +23,7 @@ import click
 
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
 from neuron_batch.inputs.prepare import PreparedRequest, in_order
-from neuron_batch.inputs.records import PromptRecord
+from neuron_batch.inputs.prompt_records import PromptRecord
 from neuron_batch.job.job import resolve_target
 from neuron_batch.layout.bounds import ShareStats, prefill_seconds
 from neuron_batch.layout.placement import BoundEstimate

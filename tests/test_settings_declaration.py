@@ -15,8 +15,8 @@ import pytest
 
 from neuron_batch.settings import DECLARED, RunSettings
 from neuron_batch.settings.declare import Kind, Written
+from neuron_batch.settings.docs_table import BEGIN, END, settings_table
 from neuron_batch.settings.groups import GROUPS
-from neuron_batch.settings.table import BEGIN, END, settings_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,4 +126,4 @@ def test_the_docs_table_is_the_declarations():
     page = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
     held = page[page.index(BEGIN) + len(BEGIN):page.index(END)].strip("\n") + "\n"
     assert held == settings_table(), ("docs/settings.md is out of date: regenerate its table "
-                                      "with `python -m neuron_batch.settings.table`")
+                                      "with `python -m neuron_batch.settings.docs_table`")

@@ -1,5 +1,5 @@
 """The sweep's verdict on prefix caching and the submission order: whether to enable the cache
-for this job on this layout, and why, in the runs' own figures (bench/prefix.py: hits from the
+for this job on this layout, and why, in the runs' own figures (bench/cache_effect.py: hits from the
 records, prefill and decode time as the device charged it, the decode-time block-KV gather),
 and which order pays best. Pure Python.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from neuron_batch.bench.words import as_number, fmt_pct, fmt_relative, fmt_seconds, fmt_tps
+from neuron_batch.bench.number_words import as_number, fmt_pct, fmt_relative, fmt_seconds, fmt_tps
 
 #: Throughputs closer than this are level: the cache (its graphs, its gather) is not worth it.
 LEVEL_SHARE = 0.005
@@ -18,7 +18,7 @@ LEVEL_SHARE = 0.005
 def prefix_verdict(ordered: Sequence[dict[str, Any]],
                    bound: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """Whether to run with prefix caching, and in which order, from rows fastest first and the
-    job's bound ({"prompt_tokens", "bound_tokens"}, bench/prefix.py `job_bound`; None:
+    job's bound ({"prompt_tokens", "bound_tokens"}, bench/cache_effect.py `job_bound`; None:
     unknown). None unless the rows hold caching on and off, or several orders.
 
     Returns {"enable" (True / False; None when caching was not swept), "pick" (the row to

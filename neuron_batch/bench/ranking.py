@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from neuron_batch.bench.words import COST_COMPILE_S, as_number
+from neuron_batch.bench.number_words import COST_COMPILE_S, as_number
 from neuron_batch.report.cost import compile_and_usd
 from neuron_batch.report.model import KvFigures, ReportConfig, as_report
 from neuron_batch.report.schema import or_none, present
@@ -153,7 +153,7 @@ def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _prefix_fields(entry: Mapping[str, Any], config: ReportConfig) -> dict[str, Any]:
-    """Prefix caching and order of a configuration, and what the cache did (bench/prefix.py,
+    """Prefix caching and order of a configuration, and what the cache did (bench/cache_effect.py,
     from the run's records; None in sweeps from before these figures existed)."""
     figures = entry.get("prefix") or {}
     params = entry.get("params") or {}

@@ -141,7 +141,7 @@ class Sweep:
                 record=self._record)
 
     def _record(self, c: Candidate, outcome: dict[str, Any]) -> None:
-        from neuron_batch.bench.prefix import run_figures
+        from neuron_batch.bench.cache_effect import run_figures
 
         entry = {"name": c.name, "params": c.params, **outcome,
                  "command": run_command(c.settings)}
@@ -162,9 +162,9 @@ class Sweep:
         return sorted(self.entries.values(), key=lambda e: e["name"])
 
     def write(self) -> dict[str, Any]:
-        from neuron_batch.bench.export import sweep_json, write_csv
         from neuron_batch.bench.ranking import rank
-        from neuron_batch.bench.verdict import recommend
+        from neuron_batch.bench.recommendation import recommend
+        from neuron_batch.bench.sweep_files import sweep_json, write_csv
 
         entries = self.ordered_entries()
         by = self.meta.get("rank_by", "throughput")
@@ -188,8 +188,8 @@ def load_previous(sweep_dir: Path) -> dict[str, dict[str, Any]]:
 def render(sweep_dir: Path, *, plots: bool = True) -> str:
     """The ranked table and recommendation of a sweep (also `neuron-batch report DIR`)."""
     from neuron_batch.bench.ranking import pareto_front, rank
+    from neuron_batch.bench.recommendation import recommend
     from neuron_batch.bench.table import format_table
-    from neuron_batch.bench.verdict import recommend
 
     data = json.loads((sweep_dir / SWEEP_JSON).read_text(encoding="utf-8"))
     entries, meta = data["configurations"], data.get("meta") or {}
@@ -320,10 +320,10 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, *, log: Callable[[str], None]) -
 
 
 def _job_bound(workload, base: RunSettings) -> dict[str, int]:
-    """The job's prompt tokens and what an unbounded prefix cache could serve (bench/prefix.py),
-    over the run's KV blocks."""
-    from neuron_batch.bench.prefix import job_bound
-    from neuron_batch.inputs.prefix import DEFAULT_BLOCK
+    """The job's prompt tokens and what an unbounded prefix cache could serve
+    (bench/cache_effect.py), over the run's KV blocks."""
+    from neuron_batch.bench.cache_effect import job_bound
+    from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK
 
     return job_bound([r.prompt_token_ids for r in workload.prepared.requests],
                      base.block_size or DEFAULT_BLOCK)

@@ -1,6 +1,6 @@
 """What `neuron-batch bench` was asked to do (SweepSpec): the run settings every configuration
 starts from, and the bench's own fields, validated together once, as `plan` has its PlanSpec
-(plan/options.py). The CLI only maps its options onto `SweepSpec.build`; the runners
+(plan/candidates.py). The CLI only maps its options onto `SweepSpec.build`; the runners
 (sweep.py `run_sweep` / `run_repeats`, split_compare.py `run_split_compare`) take the spec.
 Pure: no vLLM, no click, so the rules are tested in milliseconds."""
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from neuron_batch.bench.number_words import abbreviate_buckets, as_number
 from neuron_batch.bench.ranking import (
     COST_COMPILE_S,
     COST_USD,
@@ -20,7 +21,6 @@ from neuron_batch.bench.ranking import (
     DEFAULT_NAME,
     rank_key,
 )
-from neuron_batch.bench.words import abbreviate_buckets, as_number
 from neuron_batch.runtime import runtime_of
 
 #: Widest any line of the table (and of what follows it) may get.

@@ -118,8 +118,8 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
     from neuron_batch.bench.sweep_spec import default_jobs
     from neuron_batch.errors import RunError
     from neuron_batch.job.folder import default_output_dir
+    from neuron_batch.plan.candidates import PlanError, PlanSpec
     from neuron_batch.plan.grid import check_instances, placements
-    from neuron_batch.plan.options import PlanError, PlanSpec
     from neuron_batch.runtime import RuntimeNameError, get_runtime
 
     def runtime_list(text: str | None) -> tuple[str, ...]:
@@ -130,7 +130,7 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
         except RuntimeNameError as error:
             raise SettingsError(str(error).replace("--runtime ", "--runtimes: each ")) from None
 
-    from neuron_batch.plan.run import PlanJob, plan_base, run_plan
+    from neuron_batch.plan.planner import PlanJob, plan_base, run_plan
     from neuron_batch.report.cost import PricingError
 
     try:

@@ -217,7 +217,7 @@ def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, 
 
     from neuron_batch.bench.suggest import suggest_prefill
     from neuron_batch.inputs.load import load_prompts
-    from neuron_batch.inputs.records import InputError
+    from neuron_batch.inputs.prompt_records import InputError
 
     if max_buckets < 1:
         raise click.BadParameter("must be at least 1", param_hint="--max-buckets")

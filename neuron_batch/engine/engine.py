@@ -80,7 +80,7 @@ class Finished:
     finish_reason: str | None
     num_prompt_tokens: int
     stop_reason: str | int | None = None   # with finish_reason "error": why (e.g. too big)
-    # Every completion as plain data (engine/sampling.py plain_choices) where a request asked
+    # Every completion as plain data (engine/sampling_params.py plain_choices) where a request asked
     # for n > 1 or logprobs; None: the fields above are its one completion.
     choices: list[dict[str, Any]] | None = None
 
@@ -232,8 +232,8 @@ class Engine:
 
     def add(self, request_id: str, prompt_token_ids: list[int], spec: dict[str, Any]) -> None:
         """Submit one request: `spec` is what it asks for (inputs.request_fields.sampling_spec),
-        made into SamplingParams in engine/sampling.py, the one place."""
-        from neuron_batch.engine.sampling import sampling_params
+        made into SamplingParams in engine/sampling_params.py, the one place."""
+        from neuron_batch.engine.sampling_params import sampling_params
 
         try:
             params = sampling_params(spec, detokenize=self._detokenize)
@@ -261,7 +261,7 @@ class Engine:
             completion = out.outputs[0]
             choices = None
             if out.request_id in self._full:
-                from neuron_batch.engine.sampling import plain_choices
+                from neuron_batch.engine.sampling_params import plain_choices
 
                 choices = plain_choices(out, self._detokenize, self._full.pop(out.request_id))
             yield Finished(

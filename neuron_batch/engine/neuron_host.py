@@ -61,7 +61,7 @@ from neuron_batch.engine.optimum_export import (
     check_prompts,
     find_export,
 )
-from neuron_batch.engine.sampling import request_spec, spec_asks
+from neuron_batch.engine.sampling_params import request_spec, spec_asks
 from neuron_batch.runtime import NXDI, RUNTIMES, Runtime
 from neuron_batch.settings import RunSettings
 
@@ -93,7 +93,7 @@ class HostSetup:
 
 
 def request_params(settings: RunSettings, request) -> SimpleNamespace:
-    """A prepared request's SamplingParams as the engine will build them (engine/sampling.py:
+    """A prepared request's SamplingParams as the engine will build them (engine/sampling_params.py:
     its spec, read attribute by attribute), before any engine exists."""
     return spec_asks(request_spec(request, settings))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from neuron_batch.inputs.records import (
+from neuron_batch.inputs.prompt_records import (
     PROMPT_FIELDS,
     FieldError,
     PromptRecord,

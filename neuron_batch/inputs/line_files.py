@@ -13,7 +13,7 @@ from typing import Any
 
 from neuron_batch.inputs.json_requests import record_from_batch_request, record_from_object
 from neuron_batch.inputs.mooncake import is_mooncake, record_from_mooncake
-from neuron_batch.inputs.records import (
+from neuron_batch.inputs.prompt_records import (
     FieldError,
     InputError,
     InputProblem,

@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from neuron_batch.inputs.line_files import read_json_lines, read_text
-from neuron_batch.inputs.records import (
+from neuron_batch.inputs.prompt_records import (
     InputError,
     InputProblem,
     LoadedPrompts,

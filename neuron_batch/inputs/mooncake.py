@@ -10,7 +10,7 @@ left of `input_length`. inputs/prepare.py turns each id into the same tokens in 
 
 from __future__ import annotations
 
-from neuron_batch.inputs.records import (
+from neuron_batch.inputs.prompt_records import (
     FieldError,
     PromptRecord,
     check_id,

@@ -16,8 +16,8 @@ from typing import Any
 
 from neuron_batch.buckets import round_model_len
 from neuron_batch.inputs.mooncake import MAX_HASH_ID, MOONCAKE_BLOCK
-from neuron_batch.inputs.prefix import DEFAULT_BLOCK, prefix_order
-from neuron_batch.inputs.records import InputProblem, PromptRecord
+from neuron_batch.inputs.prompt_records import InputProblem, PromptRecord
+from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK, prefix_order
 
 # Synthetic prompts draw from a fixed pseudo-random pool; each request starts at its own offset,
 # so no two requests share a first KV block and prefix caching does not flatter the figures:
@@ -46,7 +46,7 @@ def in_order(requests: Sequence[PreparedRequest], order: str, *,
              block_size: int = DEFAULT_BLOCK, by_length: bool = False) -> list[PreparedRequest]:
     """`requests` as `run --order` submits them: as read ("input"), longest first ("length":
     prompt + max_tokens, ties in input order), or grouped by the prefixes they share
-    ("prefix": inputs/prefix.py `prefix_order` over KV blocks of `block_size` tokens, its
+    ("prefix": inputs/shared_prefix.py `prefix_order` over KV blocks of `block_size` tokens, its
     branches longest first when `by_length`). Under NxDI every decode step attends the bucket of
     the longest running request, so running requests of like lengths together cuts the
     attention padding; longest first also leaves short requests, not a long one, to drain at

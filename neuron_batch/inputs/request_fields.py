@@ -12,7 +12,7 @@ know is refused, naming it (a typo is the likelier cause than a field to ignore)
 `temperature`, `max_tokens` and `stop` stay on the record itself (everything sizes a run by
 them); the rest go into `PromptRecord.sampling`, a dict under SamplingParams' own names, only
 the fields given. `sampling_spec` merges it with the run's defaults into the one dict
-engine/sampling.py turns into `SamplingParams`. Pure Python.
+engine/sampling_params.py turns into `SamplingParams`. Pure Python.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Collection
 from typing import Any
 
 from neuron_batch.errors import did_you_mean
-from neuron_batch.inputs.records import (
+from neuron_batch.inputs.prompt_records import (
     FieldError,
     PromptRecord,
     check_int,

@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from neuron_batch.inputs.records import InputProblem
+from neuron_batch.inputs.prompt_records import InputProblem
 
 SKIPPED = "skipped.jsonl"
 

@@ -4,7 +4,7 @@ before anything runs.
 
 The one form is a dict with exactly one key, as vLLM's `StructuredOutputsParams` (older
 releases `GuidedDecodingParams`) takes it: {"json": schema}, {"json_object": True},
-{"regex": str}, {"choice": [str, ...]} or {"grammar": str}. engine/sampling.py turns it into
+{"regex": str}, {"choice": [str, ...]} or {"grammar": str}. engine/sampling_params.py turns it into
 the installed vLLM's class (scheduler/compat.py). Pure: a JSON schema is checked with
 `jsonschema` when it is installed (vLLM depends on it), imported only when a schema is given.
 """
@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any
 
-from neuron_batch.inputs.records import FieldError, describe_value
+from neuron_batch.inputs.prompt_records import FieldError, describe_value
 
 #: vLLM's structured-output kinds (its StructuredOutputsParams fields), in the one form.
 KINDS = ("json", "json_object", "regex", "choice", "grammar")

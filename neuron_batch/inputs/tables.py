@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.inputs.records import (
+from neuron_batch.inputs.prompt_records import (
     PROMPT_FIELDS,
     FieldError,
     InputError,

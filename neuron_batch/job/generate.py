@@ -11,7 +11,7 @@ from typing import Any
 
 from neuron_batch.choices import Device
 from neuron_batch.engine.engine_log import ENGINE_LOG, engine_output_to
-from neuron_batch.engine.sampling import request_spec
+from neuron_batch.engine.sampling_params import request_spec
 from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.job.folder import OutputError

@@ -100,7 +100,7 @@ def _token_text(token: str | None, token_id: int) -> str:
 
 
 def chat_logprobs(logprobs: list[dict[str, Any]]) -> dict[str, list]:
-    """The chat API's logprobs object from engine/sampling.py's plain ones."""
+    """The chat API's logprobs object from engine/sampling_params.py's plain ones."""
     def entry(token: str | None, token_id: int, logprob: float) -> dict[str, Any]:
         text = _token_text(token, token_id)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}

@@ -1,9 +1,9 @@
 """The requests whose spec the engine would refuse once the run's defaults are in (the spec
-itself: engine/sampling.py `request_spec`)."""
+itself: engine/sampling_params.py `request_spec`)."""
 
 from __future__ import annotations
 
-from neuron_batch.inputs.records import InputProblem
+from neuron_batch.inputs.prompt_records import InputProblem
 from neuron_batch.settings import RunSettings
 
 

@@ -28,7 +28,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_batch.engine.sampling import request_spec
+from neuron_batch.engine.sampling_params import request_spec
 from neuron_batch.errors import RunError
 from neuron_batch.job.folder import RunFolder, input_fingerprint
 from neuron_batch.settings import DECLARED

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from neuron_batch.errors import RunError
 from neuron_batch.inputs.load import describe_input, load_prompts
 from neuron_batch.inputs.prepare import max_model_len_fix, prepare_requests
-from neuron_batch.inputs.records import InputError, InputProblem
+from neuron_batch.inputs.prompt_records import InputError, InputProblem
 from neuron_batch.inputs.request_paths import refusals, request_path
 from neuron_batch.job.request_spec import spec_problems
 from neuron_batch.settings import RunSettings

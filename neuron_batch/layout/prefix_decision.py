@@ -3,7 +3,7 @@ why, decided once before anything loads. The one decision run makes (run/prefix_
 and the one the verdict after a run weighs (run/verdict.py). Pure Python.
 
 - Nothing shared (an unbounded cache of the run's blocks would serve no prompt token,
-  inputs/prefix.py `shared_prefix_tokens`): off, everywhere. Caching would only cost.
+  inputs/shared_prefix.py `shared_prefix_tokens`): off, everywhere. Caching would only cost.
 - A device with a step-time model (the simulated one, a Neuron host whose instance is known):
   the job's steps on it with caching and without (layout/step_estimate.py: the hits in the
   submission order against the pool, NxDI's prefill x prefix grid, NeuronCore-v2's gather of
@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from neuron_batch.choices import prefix_caching_word
-from neuron_batch.inputs.prefix import shared_prefix_tokens
+from neuron_batch.inputs.shared_prefix import shared_prefix_tokens
 from neuron_batch.layout.step_estimate import Estimate, block_chains, cache_hits, estimate
 from neuron_batch.settings import RunSettings
 

@@ -1,5 +1,5 @@
 """`run --split-at N`, the rules: which requests each of two compiled layouts serves, its slots
-and buckets, and which cut and placement an estimate prefers (run/split.py runs the parts).
+and buckets, and which cut and placement an estimate prefers (run/split_parts.py runs the parts).
 
 Under NxDI (inf2, trn1) the KV cache is static: `max_num_seqs` slots of `max_model_len` each, so
 one long request sizes every slot for itself. A batch job knows every request's length before

@@ -48,14 +48,14 @@ from neuron_batch.device.hardware import (
 from neuron_batch.device.target import NEURON_BLOCK_SIZE, Target, context_hint
 from neuron_batch.errors import did_you_mean
 from neuron_batch.layout.bounds import ShareStats, replica_bound
-from neuron_batch.plan.buckets import BucketChooser
-from neuron_batch.plan.options import (
+from neuron_batch.plan.candidates import (
     DecodePart,
     InstanceFit,
     Option,
     PlanError,
     PlanSpec,
 )
+from neuron_batch.plan.option_buckets import BucketChooser
 from neuron_batch.report.cost import (
     PricingError,
     has_builtin_price,

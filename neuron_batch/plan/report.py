@@ -14,10 +14,10 @@ from typing import Any
 
 from neuron_batch.bench.command_line import run_command
 from neuron_batch.bench.deadline import format_hours
-from neuron_batch.bench.export import _jsonable
+from neuron_batch.bench.sweep_files import _jsonable
 from neuron_batch.job.folder import write_json_atomic
-from neuron_batch.plan.job import PLAN_JSON, PlanJob, layout_settings, option_settings
-from neuron_batch.plan.options import Option
+from neuron_batch.plan.candidates import Option
+from neuron_batch.plan.plan_job import PLAN_JSON, PlanJob, layout_settings, option_settings
 from neuron_batch.plan.search import objective_key
 from neuron_batch.plan.words import late_words, recommendation_words
 from neuron_batch.report.cost import per_million

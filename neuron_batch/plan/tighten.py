@@ -27,7 +27,7 @@ from neuron_batch.layout.bounds import (
     prefill_seconds,
 )
 from neuron_batch.layout.split import fitted_buckets
-from neuron_batch.plan.options import DecodePart, Option, PlanSpec
+from neuron_batch.plan.candidates import DecodePart, Option, PlanSpec
 
 #: The submission orders a share is replayed in (PlanSpec.in_order): prefix order groups the
 #: requests by their tokens, which the bounds do not see, and the schedule of another order is

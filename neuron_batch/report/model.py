@@ -295,7 +295,7 @@ class Attempt(Section):
     max_runtime_s: Any = section_field()
     error: Any = section_field()
     startup: Startup = typed(Startup)
-    #: a --split-at attempt's part and layout (run/split.py)
+    #: a --split-at attempt's part and layout (run/split_parts.py)
     part: Any = section_field()
 
 

@@ -6,7 +6,7 @@ cache served (each request's `num_cached_tokens`); `hit_fraction`; `recomputed_t
 tokens the device computed again anyway (nxdi moves a prefix into the prefill bucket's spare
 room); `computed_tokens` = prompt - hits + recomputed, what the device prefilled;
 `bound_tokens`, the most an unbounded cache could serve these prompts (every shared whole KV
-block computed once: inputs/prefix.py `shared_prefix_tokens`, from the prompts' token ids,
+block computed once: inputs/shared_prefix.py `shared_prefix_tokens`, from the prompts' token ids,
 added where the run knows them), and `bound_fraction`; `enabled`, whether the run had prefix
 caching on.
 """

@@ -164,7 +164,7 @@ def split_section(attempts: list[dict], folder, settings, simulated: bool) -> di
 def _add_prefix_bound(report: Report, prepared, done_ids: set[str], settings) -> None:
     """`prefix_cache.bound_tokens`: what an unbounded cache could serve the completed requests'
     prompts, in whole blocks of the run's KV block (report/prefix_cache.py)."""
-    from neuron_batch.inputs.prefix import DEFAULT_BLOCK, shared_prefix_tokens
+    from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK, shared_prefix_tokens
 
     if not isinstance(report.prefix_cache, PrefixCache):
         return

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from neuron_batch.choices import prefix_caching_word
-from neuron_batch.inputs.prefix import DEFAULT_BLOCK
+from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK
 from neuron_batch.job.folder import RunFolder
 from neuron_batch.job.job import resolve_target
 from neuron_batch.layout.prefix_decision import PrefixDecision, decide, forced, platform_off

@@ -23,9 +23,9 @@ from neuron_batch.errors import (
     EXIT_PARTIAL,
     RunError,
 )
-from neuron_batch.inputs.prefix import DEFAULT_BLOCK
 from neuron_batch.inputs.prepare import in_order
-from neuron_batch.inputs.records import InputProblem
+from neuron_batch.inputs.prompt_records import InputProblem
+from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK
 from neuron_batch.inputs.skipped import write_skipped
 from neuron_batch.job.folder import (
     REPORT,
@@ -321,7 +321,7 @@ def _generate_all(job: Job, pending, attempt: int, attempts: list, generate) -> 
     settings, log, folder = job.settings, job.log, job.folder
     if settings.split_at is not None:
         from neuron_batch.layout.split import placement_note, plan_parts
-        from neuron_batch.run.split import run_parts
+        from neuron_batch.run.split_parts import run_parts
 
         slots, estimate = split_inputs(job.target, job.workload.model.path)
         parts, placement = plan_parts(settings, pending, slots, estimate, runtime=job.runtime)

@@ -13,7 +13,7 @@ pytest.importorskip("matplotlib")
 
 from neuron_batch.bench import plots  # noqa: E402
 from neuron_batch.bench.ranking import pareto_front, rank  # noqa: E402
-from neuron_batch.bench.verdict import recommend  # noqa: E402
+from neuron_batch.bench.recommendation import recommend  # noqa: E402
 from neuron_batch.runtime import get_runtime  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -143,8 +143,8 @@ def test_nothing_finished(tmp_path):
 def test_imports_stay_light_and_pyplot_is_never_used(tmp_path):
     code = (
         "import sys\n"
-        "import neuron_batch.bench.verdict, neuron_batch.bench.table\n"
-        "import neuron_batch.bench.export, neuron_batch.bench.plots\n"
+        "import neuron_batch.bench.recommendation, neuron_batch.bench.table\n"
+        "import neuron_batch.bench.sweep_files, neuron_batch.bench.plots\n"
         "assert 'matplotlib' not in sys.modules, 'matplotlib imported at module level'\n"
         "from neuron_batch.bench.plots import plot_padding_waste\n"
         f"plot_padding_waste([], {str(tmp_path / 'x.png')!r})\n"

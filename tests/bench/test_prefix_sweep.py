@@ -32,7 +32,7 @@ def bench(out: Path, job: Path, *extra: str):
 
 
 def from_records(run_dir: Path) -> dict:
-    """What the run's records say, read here independently of bench/prefix.py."""
+    """What the run's records say, read here independently of bench/cache_effect.py."""
     prompt = hits = 0
     prefill_s = decode_s = 0.0
     for path in run_dir.glob("records-*.jsonl"):

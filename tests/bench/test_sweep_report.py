@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuron_batch.bench.export import sweep_json, write_csv
+from neuron_batch.bench.number_words import abbreviate_buckets
 from neuron_batch.bench.ranking import COST_COMPILE_S, COST_GRAPHS, dominates, pareto_front, rank
+from neuron_batch.bench.recommendation import recommend
+from neuron_batch.bench.sweep_files import sweep_json, write_csv
 from neuron_batch.bench.table import MAX_WIDTH, format_table
-from neuron_batch.bench.verdict import recommend
-from neuron_batch.bench.words import abbreviate_buckets
 from neuron_batch.report.metrics import summarize
 from neuron_batch.scheduler.records import (
     BLOCK_REASONS,

@@ -316,7 +316,7 @@ def test_a_run_is_refused_before_anything_loads(monkeypatch, tmp_path):
 
     monkeypatch.setattr("neuron_batch.versions.neuron_plugin",
                         lambda: {"version": "0.1.0", "entry_point": "vllm_neuron:register"})
-    from neuron_batch.inputs.records import PromptRecord
+    from neuron_batch.inputs.prompt_records import PromptRecord
 
     record = lambda t: SimpleNamespace(  # noqa: E731  (a prepared request)
         record=PromptRecord(0, "a", "x.jsonl:1", prompt="Hi", temperature=t), max_tokens=8)

@@ -25,7 +25,7 @@ from neuron_batch.engine.optimum_export import (
     find_export,
     read_export,
 )
-from neuron_batch.inputs.records import PromptRecord
+from neuron_batch.inputs.prompt_records import PromptRecord
 from neuron_batch.job.startup import startup_words
 from neuron_batch.runtime import OPTIMUM_NEURON, RUNTIMES
 from neuron_batch.settings import RunSettings

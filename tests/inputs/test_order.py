@@ -1,6 +1,6 @@
 """`run --order length`: requests submitted longest (prompt + max_tokens) first, every one
 once; the scheduler still admits them first come, first served. `--order prefix`: requests that
-share a prefix of whole KV blocks together (inputs/prefix.py), and the bound on what a prefix
+share a prefix of whole KV blocks together (inputs/shared_prefix.py), and the bound on what a prefix
 cache can serve."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuron_batch.inputs.prefix import prefix_order, shared_prefix_tokens
 from neuron_batch.inputs.prepare import PreparedRequest, in_order
-from neuron_batch.inputs.records import PromptRecord
+from neuron_batch.inputs.prompt_records import PromptRecord
+from neuron_batch.inputs.shared_prefix import prefix_order, shared_prefix_tokens
 from neuron_batch.settings import RunSettings, SettingsError
 
 
@@ -63,7 +63,7 @@ def test_a_run_in_length_order_admits_the_longest_first(tmp_path: Path):
 
 
 # ---------------------------------------------------------------------------------------------
-# --order prefix (inputs/prefix.py)
+# --order prefix (inputs/shared_prefix.py)
 
 def blocks_in_common(a: list[int], b: list[int], block: int) -> int:
     """Leading blocks two prompts share, a last partial block counting only when the same."""

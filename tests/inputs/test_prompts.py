@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from neuron_batch.inputs.load import describe_input, load_prompts
-from neuron_batch.inputs.records import InputError, InputProblem, LoadedPrompts, PromptRecord
+from neuron_batch.inputs.prompt_records import InputError, InputProblem, LoadedPrompts, PromptRecord
 
 AZURE_TRACE = Path(__file__).resolve().parents[2] / "datasets" / "azure-llm-inference-conv-2023.csv"
 HI = [{"role": "user", "content": "Hi"}]

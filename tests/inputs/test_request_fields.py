@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from neuron_batch.inputs.load import load_prompts
-from neuron_batch.inputs.records import PromptRecord
+from neuron_batch.inputs.prompt_records import PromptRecord
 from neuron_batch.inputs.request_fields import MAX_LOGPROBS, REQUEST_FIELDS, sampling_spec
 from neuron_batch.inputs.request_paths import (
     FEATURES,

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from neuron_batch.inputs.load import describe_input, load_prompts
 from neuron_batch.inputs.prepare import SyntheticTokens, prepare_requests
-from neuron_batch.inputs.records import PromptRecord
+from neuron_batch.inputs.prompt_records import PromptRecord
 
 REPO = Path(__file__).resolve().parents[2]
 MOONCAKE_SLICE = REPO / "datasets" / "mooncake-conversation-trace-300.jsonl"

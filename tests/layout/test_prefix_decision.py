@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from neuron_batch.device.hardware import get_instance
 from neuron_batch.device.target import Target
-from neuron_batch.inputs.prefix import shared_prefix_tokens
+from neuron_batch.inputs.shared_prefix import shared_prefix_tokens
 from neuron_batch.layout.prefix_decision import decide, forced
 from neuron_batch.layout.step_estimate import block_chains, cache_hits
 from neuron_batch.settings import RunSettings

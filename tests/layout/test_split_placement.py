@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuron_batch.inputs.prepare import PreparedRequest
-from neuron_batch.inputs.records import PromptRecord
+from neuron_batch.inputs.prompt_records import PromptRecord
 from neuron_batch.layout.placement import (
     AUTO,
     IN_TURN,

@@ -14,8 +14,8 @@ pytest.importorskip("vllm")
 
 from neuron_batch.bench.deadline import Deadline  # noqa: E402
 from neuron_batch.cli import main  # noqa: E402
-from neuron_batch.plan.options import PlanSpec  # noqa: E402
-from neuron_batch.plan.run import PlanJob, plan_base, run_plan  # noqa: E402
+from neuron_batch.plan.candidates import PlanSpec  # noqa: E402
+from neuron_batch.plan.planner import PlanJob, plan_base, run_plan  # noqa: E402
 from neuron_batch.plan.search import objective_key  # noqa: E402
 from neuron_batch.settings import RunSettings  # noqa: E402
 

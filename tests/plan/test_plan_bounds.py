@@ -16,15 +16,15 @@ from hypothesis import strategies as st
 from neuron_batch.buckets import bucket_for, nxdi_default_buckets
 from neuron_batch.device.hardware import get_instance
 from neuron_batch.device.target import Target
-from neuron_batch.inputs.prefix import prefix_order
+from neuron_batch.inputs.shared_prefix import prefix_order
 from neuron_batch.layout.bounds import (
     ShareStats,
     fifo_starts,
     ordered_decode_bound,
     prefill_seconds,
 )
+from neuron_batch.plan.candidates import PlanSpec
 from neuron_batch.plan.grid import build_options, placements
-from neuron_batch.plan.options import PlanSpec
 from neuron_batch.plan.search import Search, objective_key
 from neuron_batch.plan.splits import split_options
 from neuron_batch.plan.tighten import Tightener

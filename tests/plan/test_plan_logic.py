@@ -15,8 +15,8 @@ from neuron_batch.bench.command_line import run_command
 from neuron_batch.bench.deadline import DeadlineError, format_hours, parse_deadline
 from neuron_batch.cli import main
 from neuron_batch.layout.bounds import ShareStats, decode_steps_bound
+from neuron_batch.plan.candidates import PlanError, PlanSpec
 from neuron_batch.plan.grid import build_options, check_instances, placements
-from neuron_batch.plan.options import PlanError, PlanSpec
 from neuron_batch.plan.search import Search, bound_key, objective_key
 from neuron_batch.settings import RunSettings
 
@@ -294,7 +294,7 @@ def test_a_plan_takes_the_settings_fields_from_the_settings():
 
 def test_the_default_plan_instances_are_the_calibrated_ones_their_runtime_ships_for():
     from neuron_batch.device.hardware import INSTANCES
-    from neuron_batch.plan.options import DEFAULT_INSTANCES
+    from neuron_batch.plan.candidates import DEFAULT_INSTANCES
     from neuron_batch.runtime import default_runtime
 
     assert DEFAULT_INSTANCES == ("inf2.xlarge", "inf2.8xlarge", "inf2.24xlarge",
@@ -379,7 +379,7 @@ def test_the_layout_line_runs_every_replica_over_the_instances(monkeypatch, tmp_
     import shlex
 
     import neuron_batch.run.runner as runner
-    from neuron_batch.plan.run import layout_settings, option_settings, plan_base
+    from neuron_batch.plan.planner import layout_settings, option_settings, plan_base
 
     spec = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.24xlarge",),
                     max_num_instances=2, seqs_values=(16,), max_model_len=4096,

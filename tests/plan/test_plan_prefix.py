@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neuron_batch.plan.prefix import shareable_tokens
+from neuron_batch.plan.prefix_options import shareable_tokens
 
 
 @given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=12), min_size=1, max_size=8),
@@ -33,8 +33,8 @@ def test_shareable_tokens_are_the_leading_blocks_another_prompt_starts_with(prom
 vllm = pytest.importorskip("vllm")
 
 from neuron_batch.bench.deadline import Deadline  # noqa: E402
-from neuron_batch.plan.options import PlanSpec  # noqa: E402
-from neuron_batch.plan.run import PlanJob, plan_base, run_plan  # noqa: E402
+from neuron_batch.plan.candidates import PlanSpec  # noqa: E402
+from neuron_batch.plan.planner import PlanJob, plan_base, run_plan  # noqa: E402
 from neuron_batch.settings import RunSettings  # noqa: E402
 
 SPEC = PlanSpec(architecture="llama-3.1-8b", instances=("inf2.8xlarge",), max_num_instances=1,

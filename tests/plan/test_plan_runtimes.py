@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from neuron_batch.plan.candidates import PlanSpec
 from neuron_batch.plan.grid import build_options, placements
-from neuron_batch.plan.job import option_settings
-from neuron_batch.plan.options import PlanSpec
-from neuron_batch.plan.prefix import caching_options
+from neuron_batch.plan.plan_job import option_settings
+from neuron_batch.plan.prefix_options import caching_options
 from neuron_batch.settings import RunSettings
 
 PROMPTS = [300, 2900, 700, 120, 1500, 64]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from neuron_batch.engine.sampling import request_spec
-from neuron_batch.inputs.records import PromptRecord
+from neuron_batch.engine.sampling_params import request_spec
+from neuron_batch.inputs.prompt_records import PromptRecord
 from neuron_batch.replicas.actor import ReplicaWorker, decode_tokens
 from neuron_batch.replicas.pool import _request_item
 from neuron_batch.settings import RunSettings

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_batch.inputs.records import InputProblem
+from neuron_batch.inputs.prompt_records import InputProblem
 from neuron_batch.inputs.skipped import SKIPPED, skipped_row, write_skipped
 from neuron_batch.report.notes import outcome_line
 from neuron_batch.report.prometheus import prometheus_text

@@ -1,7 +1,7 @@
 """What prefix caching did in one run, from its records: prompt tokens served from vLLM's
 prefix cache, the time its prefills and decodes took, and of the decodes the block-KV gather
 NxDI pays on NeuronCore-v2 (the cost model's share of each recorded step). Also what an
-unbounded cache could serve the whole job (inputs/prefix.py `shared_prefix_tokens`). Read by
+unbounded cache could serve the whole job (inputs/shared_prefix.py `shared_prefix_tokens`). Read by
 the sweep (one `prefix` dict per configuration) and by plan. Pure Python (no vLLM).
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.inputs.prefix import DEFAULT_BLOCK, shared_prefix_tokens
+from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK, shared_prefix_tokens
 from neuron_batch.scheduler.records import DECODE, PREFILL, read_records
 from neuron_batch.settings import RunSettings
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
 from neuron_batch.layout.bounds import ShareStats, replica_bound
 from neuron_batch.layout.step_estimate import block_chains
-from neuron_batch.plan.options import Option, PlanSpec
+from neuron_batch.plan.candidates import Option, PlanSpec
 from neuron_batch.prefix_grid import (
     default_prefill_buckets,
     default_prefix_buckets,

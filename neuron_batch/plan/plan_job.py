@@ -11,7 +11,7 @@ from pathlib import Path
 
 from neuron_batch.bench.deadline import Deadline
 from neuron_batch.choices import KvReserve
-from neuron_batch.plan.options import Option, PlanSpec
+from neuron_batch.plan.candidates import Option, PlanSpec
 from neuron_batch.settings import RunSettings
 
 PLAN_JSON = "plan.json"

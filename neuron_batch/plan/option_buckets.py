@@ -12,7 +12,7 @@ from neuron_batch.buckets import round_model_len
 from neuron_batch.layout.optimiser import plans_for_each_k, prefill_chunk_lengths
 
 if TYPE_CHECKING:   # (grid.py builds the chooser; only the types come from there)
-    from neuron_batch.plan.options import InstanceFit, PlanSpec
+    from neuron_batch.plan.candidates import InstanceFit, PlanSpec
 
 
 class BucketChooser:

@@ -22,12 +22,13 @@ from typing import Any
 
 from neuron_batch.bench.deadline import format_hours
 from neuron_batch.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
+from neuron_batch.plan.candidates import Option, PlanError
 from neuron_batch.plan.grid import (
     build_options,
     model_len_candidates,
     placements,
 )
-from neuron_batch.plan.job import (  # noqa: F401  (re-exported)
+from neuron_batch.plan.plan_job import (  # noqa: F401  (re-exported)
     PLAN_JSON,
     PlanJob,
     layout_settings,
@@ -35,8 +36,7 @@ from neuron_batch.plan.job import (  # noqa: F401  (re-exported)
     plan_base,
     run_folder,
 )
-from neuron_batch.plan.options import Option, PlanError
-from neuron_batch.plan.prefix import CACHING_SUFFIX, caching_options, shareable_tokens
+from neuron_batch.plan.prefix_options import CACHING_SUFFIX, caching_options, shareable_tokens
 from neuron_batch.plan.report import PlanWriter
 from neuron_batch.plan.search import Search, dry_run
 from neuron_batch.plan.splits import split_options
@@ -80,7 +80,7 @@ def simulate_share(settings: RunSettings, workload_limit: int | None) -> dict[st
     throughput = report.throughput
     prefix = None
     if settings.prefix_caching:     # what the cache served, from the run's records
-        from neuron_batch.bench.prefix import run_figures
+        from neuron_batch.bench.cache_effect import run_figures
 
         prefix = run_figures(settings.output, settings)
     return {"status": "done", "error": None, "replica_s": throughput.elapsed_s,
@@ -188,9 +188,9 @@ def run_plan(job: PlanJob) -> int:
 
 
 def _prefix_caching(job: PlanJob, requests) -> dict[str, int]:
-    """What the job's prompts share (bench/prefix.py `job_bound`), said in the log: whether
+    """What the job's prompts share (bench/cache_effect.py `job_bound`), said in the log: whether
     each option is also weighed with prefix caching on."""
-    from neuron_batch.bench.prefix import job_bound
+    from neuron_batch.bench.cache_effect import job_bound
 
     bound = job_bound([r.prompt_token_ids for r in requests])
     if bound["bound_tokens"]:

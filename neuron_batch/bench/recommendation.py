@@ -7,6 +7,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from neuron_batch.bench.number_words import (
+    as_number,
+    bucket_words,
+    compile_pair,
+    compile_words,
+    fmt_pct,
+    fmt_relative,
+    fmt_share_of,
+    fmt_tps,
+)
 from neuron_batch.bench.prefix_verdict import prefix_verdict
 from neuron_batch.bench.ranking import (
     COST_USD,
@@ -16,16 +26,6 @@ from neuron_batch.bench.ranking import (
     dominates,
     pareto_front,
     rank_key,
-)
-from neuron_batch.bench.words import (
-    as_number,
-    bucket_words,
-    compile_pair,
-    compile_words,
-    fmt_pct,
-    fmt_relative,
-    fmt_share_of,
-    fmt_tps,
 )
 
 #: Admission blocked in fewer than this share of the steps counts as rarely blocked.

@@ -1,5 +1,5 @@
 """The settings table of docs/settings.md, written from the declarations (groups.py): a new
-setting appears there as it does on the command line. `python -m neuron_batch.settings.table`
+setting appears there as it does on the command line. `python -m neuron_batch.settings.docs_table`
 prints it; tests/test_settings_declaration.py checks the page holds it. Pure."""
 
 from __future__ import annotations

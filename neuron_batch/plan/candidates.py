@@ -183,7 +183,7 @@ class Option:
     decode_parts: tuple[DecodePart, ...] = ()   # how its decode was bounded, to tighten
     tightened: bool = False             # its decode bound tightened already (tighten.py)
     result: dict[str, Any] | None = field(default=None, repr=False)
-    prefix_caching: bool = False        # vLLM's prefix cache on (plan/prefix.py)
+    prefix_caching: bool = False        # vLLM's prefix cache on (plan/prefix_options.py)
     order: str | None = None            # its submission order; None: the plan's --order
 
     @property
