@@ -99,7 +99,8 @@ class LayoutSettings:
         help="Local model directory or Hugging Face id. Default: the built-in "
              "SmolLM2-135M-Instruct (prepared once into the cache).")
     max_num_seqs: int = setting(
-        DEFAULT_MAX_NUM_SEQS, kind=Kind.INT, checked=True, sweep=True, written=Written.ALWAYS,
+        DEFAULT_MAX_NUM_SEQS, kind=Kind.INT, metavar="N", checked=True, sweep=True,
+        written=Written.ALWAYS,
         help="Most requests decoding at once (the largest decode batch). `bench` takes a list "
              "to sweep, e.g. 8,16,32.")
     max_num_batched_tokens: int = setting(
