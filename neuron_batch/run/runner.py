@@ -46,7 +46,7 @@ from neuron_batch.job.stop import (
     pause_point,
 )
 from neuron_batch.job.workload import Workload, load_workload
-from neuron_batch.report.model import STOPPED, Report
+from neuron_batch.report.model import STOPPED, Ended, Report
 from neuron_batch.report.notes import interrupted_line
 from neuron_batch.report.schema import or_none
 from neuron_batch.run.interrupted import record_early_stop, record_stop
@@ -275,6 +275,14 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
         # A first signal from here lets the report be written (exit 4, or 0 when all completed)
         signals.enter(REPORTING, defer=True)
         pause_point(REPORTING)
+        if outcome.get("ended") in STOPPED and not folder.records_layout():
+            # Stopped before any engine recorded a step (--max-runtime while Ray's replicas
+            # still load): nothing to report yet, and nothing lost; --resume runs it all.
+            if settings.quiet:
+                why = "--max-runtime reached" if outcome["ended"] == Ended.DEADLINE else "stopped"
+                print(f"neuron-batch: {why} before any request ran; rerun with --resume to run "
+                      f"{folder.path}", file=sys.stderr, flush=True)
+            return RunResult(EXIT_INTERRUPTED, folder.path, None, problems)
         report = build_report(job)
         if outcome.get("ended") not in STOPPED and not (
                 report.requests.pending or report.requests.failed):

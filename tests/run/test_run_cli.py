@@ -251,6 +251,30 @@ def _wait_for_lines(path, count, proc, timeout=600):
     raise AssertionError("no outputs appeared")
 
 
+def test_a_stop_before_any_step_is_recorded_exits_4_and_resumes(tiny_model, tmp_path,
+                                                                monkeypatch):
+    """--max-runtime can end a run before any engine recorded a step (Ray's replicas still
+    loading): no report to build, nothing lost; exit 4, one line under --quiet, --resume runs
+    every request."""
+    import neuron_batch.run.runner as runner
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(3)))
+    out = tmp_path / "run"
+    args = ["run", str(prompts), "--model", tiny_model, "--device", "sim", "--max-tokens", "4",
+            "-o", str(out)]
+    real = runner._generate_all
+    monkeypatch.setattr(runner, "_generate_all", lambda *a: {"ended": "deadline"})
+    stopped = CliRunner().invoke(main, [*args, "-q"])
+    assert stopped.exit_code == 4, stopped.output
+    assert "--max-runtime reached before any request ran" in stopped.output
+    assert not (out / "report.json").exists()
+    monkeypatch.setattr(runner, "_generate_all", real)
+    resumed = CliRunner().invoke(main, [*args, "-q", "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert len((out / "outputs.jsonl").read_text().splitlines()) == 3
+
+
 @pytest.mark.parametrize("how", ["kill9", "sigterm"])
 def test_a_killed_run_resumes_without_loss_or_duplicates(tiny_model, tmp_path, how):
     path = write_jsonl(tmp_path / "p.jsonl", token_prompts(60, max_tokens=60))
