@@ -26,7 +26,6 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as error:
         raise SettingsError(f"{path}: not valid TOML: {error}") from None
     by_key = {d.key: d.name for d in DECLARED if d.setting.in_job_file}
-    known = set(by_key)
     tables = {d.setting.table for d in DECLARED if d.setting.table}
     flat: dict[str, Any] = {}
     written: dict[str, tuple[str | None, str]] = {}  # flat key -> (its table, key as written)
@@ -35,9 +34,9 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         for name, item in (value.items() if table else [(key, value)]):
             flat[name.replace("-", "_")] = item
             written[name.replace("-", "_")] = (key if table else None, name)
-    unknown = [k for k in flat if k not in known]
+    unknown = [k for k in flat if k not in by_key]
     if unknown:
-        raise SettingsError("; ".join(_unknown_key(path, text, *written[k], known)
+        raise SettingsError("; ".join(_unknown_key(path, text, *written[k], set(by_key))
                                       for k in unknown))
     return {by_key[key]: value for key, value in flat.items()}
 

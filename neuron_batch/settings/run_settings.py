@@ -10,7 +10,7 @@ unique across the groups, which this module checks when it is imported.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -232,17 +232,17 @@ class RunSettings:
         on inf2/trn1, vllm-neuron on trn2); on a Neuron host the installed plugin's line;
         elsewhere the seed design's. Read once per settings object (`decide_runtime`): the
         plugin's version is read here, so no answer outlives the settings it was read for."""
-        cached = self.__dict__.get("_runtime")
-        if cached is None:
-            plugin = None
-            if self.runtime is None and self.device in (Device.NEURON, Device.AUTO):
-                from neuron_batch.versions import neuron_plugin
-                found = neuron_plugin()
-                plugin = ((found.get("distribution"), found["version"])
-                          if found.get("distribution") or found["version"] else None)
-            cached = decide_runtime(self.runtime, self.device, self._sim_family(), plugin)
-            self.__dict__["_runtime"] = cached      # (frozen: a cache, not a setting)
-        return cached
+        return self._runtime
+
+    @cached_property
+    def _runtime(self) -> Runtime:
+        plugin = None
+        if self.runtime is None and self.device in (Device.NEURON, Device.AUTO):
+            from neuron_batch.versions import neuron_plugin
+            found = neuron_plugin()
+            plugin = ((found.get("distribution"), found["version"])
+                      if found.get("distribution") or found["version"] else None)
+        return decide_runtime(self.runtime, self.device, self._sim_family(), plugin)
 
     def bucket_lists(self) -> dict[str, list[int]]:
         """The bucket lists the user gave, by the plugin config key of their runtime (a
@@ -269,6 +269,8 @@ class RunSettings:
     def shapes(self, runtime: Runtime | None = None) -> Shapes:
         """The compiled shapes of this run under `runtime` (default: resolve_runtime());
         BucketError for a list the runtime refuses, or one of the other runtime."""
+        if runtime is None and "resolved" in self.__dict__:    # (validated: resolved once)
+            return self.resolved.shapes
         runtime = runtime or self.resolve_runtime()
         return runtime.shapes(self.bucket_lists(), max_num_seqs=self.max_num_seqs,
                               max_num_batched_tokens=self.max_num_batched_tokens,
@@ -294,6 +296,8 @@ class RunSettings:
         """The hourly price of `priced_instance()`, or None: no instance named, or one without
         a built-in price and no --price-per-hour (the run still runs; the report has no cost
         and says how to add one). PricingError for a bad --pricing / --price-per-hour."""
+        if "resolved" in self.__dict__:                         # (validated: resolved once)
+            return self.resolved.price
         instance = self.priced_instance()
         if instance is None or (self.price_per_hour is None
                                 and not has_builtin_price(instance)):
@@ -335,7 +339,3 @@ def parse_buckets_option(text: str | None, option: str) -> tuple[int, ...] | Non
     except BucketError as error:
         raise SettingsError(str(error)) from None
 
-
-def group_fields() -> dict[str, tuple[str, ...]]:
-    """Each group's setting names (docs, tests)."""
-    return {group: tuple(f.name for f in fields(cls)) for group, cls in GROUPS.items()}
