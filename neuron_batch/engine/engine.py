@@ -83,6 +83,7 @@ class Finished:
     # Every completion as plain data (engine/sampling_params.py plain_choices) where a request asked
     # for n > 1 or logprobs; None: the fields above are its one completion.
     choices: list[dict[str, Any]] | None = None
+    num_cached_tokens: int = 0      # the prompt's tokens vLLM's prefix cache held
 
 
 def detect_device() -> str:
@@ -101,12 +102,14 @@ def detect_device() -> str:
 
 def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_path: Path,
                   workdir: Path, has_tokenizer: bool,
-                  target: Target | None = None, sampling: JobSampling | None = None
-                  ) -> dict[str, Any]:
+                  target: Target | None = None, sampling: JobSampling | None = None,
+                  tokenizer: str | None = None) -> dict[str, Any]:
     """Keyword arguments for vllm.LLM for this run and device (`target`: the run's device,
     resolved once by the runner (job.resolve_target); required when device is "sim", where
     it is the simulated one; `sampling`: what the job's requests ask of the sampler, which
-    decides whether a Neuron device samples on the host). On Neuron,
+    decides whether a Neuron device samples on the host; `tokenizer`: the tokenizer the
+    simulated device detokenizes its tokens with, where a request asks for stop strings, which
+    vLLM matches in the text). On Neuron,
     `additional_config["neuron_batch"]["process_env"]` is environment `Engine` sets before
     vLLM starts."""
     kv_reserve = parse_kv_reserve(settings.kv_reserve)
@@ -138,7 +141,9 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
         sim_additional = sim_kwargs.pop("additional_config", {})
         neuron_batch.update(sim_additional.get("neuron_batch", {}))
         kwargs.update(sim_kwargs)
-        kwargs["skip_tokenizer_init"] = True
+        kwargs["skip_tokenizer_init"] = tokenizer is None
+        if tokenizer is not None:
+            kwargs["tokenizer"] = tokenizer
     else:
         # vLLM's prefix cache, on by default as vLLM has it (the simulated device sets its own;
         # a Neuron host's contiguous KV turns it off below: engine/neuron_host.py).
@@ -269,7 +274,8 @@ class Engine:
                 text=completion.text if self._detokenize else None,
                 finish_reason=completion.finish_reason,
                 num_prompt_tokens=len(out.prompt_token_ids or ()),
-                stop_reason=completion.stop_reason, choices=choices)
+                stop_reason=completion.stop_reason, choices=choices,
+                num_cached_tokens=out.num_cached_tokens or 0)
 
     def close(self) -> None:
         """Shut the engine core down so the scheduler flushes its records."""

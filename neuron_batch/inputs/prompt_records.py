@@ -79,6 +79,11 @@ class InputProblem:
     # long), for the one fix of them all. Neither is part of what the problem says.
     read_order: int = field(default=-1, compare=False)
     too_long: bool = field(default=False, compare=False)
+    # The request's own id where the line gave one (`custom_id`/`id`), for its error record
+    # (job/outputs.py): a consumer joins the error file to its input by it. And what kind of
+    # problem it is, as the error record's `code` (None: "invalid_request").
+    custom_id: str | None = field(default=None, compare=False)
+    code: str | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         if self.field is None:
@@ -261,5 +266,5 @@ class ParsedInput:
     items: list[Item]
 
 
-def field_problem(source: str, error: FieldError) -> InputProblem:
-    return InputProblem(source, error.field, error.message)
+def field_problem(source: str, error: FieldError, custom_id: str | None = None) -> InputProblem:
+    return InputProblem(source, error.field, error.message, custom_id=custom_id)

@@ -4,10 +4,10 @@ OpenAI batch body, checked before anything runs, and kept as plain data.
 Every field vLLM's `SamplingParams` takes for offline generation is honoured: `n`,
 `temperature`, `top_p`, `top_k`, `min_p`, `seed`, the three penalties, `logit_bias`,
 `logprobs` (chat: `logprobs: true` and `top_logprobs: k`; completions and JSON lines: an
-integer k), `stop`, `stop_token_ids`, `min_tokens`, `ignore_eos`, `max_tokens` /
-`max_completion_tokens`, and structured outputs (structured.py). A field this module does not
-know is refused, naming it (a typo is the likelier cause than a field to ignore), unless
-`--ignore-field NAME` drops it; nothing is dropped silently.
+integer k), `stop`, `stop_token_ids`, `include_stop_str_in_output`, `min_tokens`,
+`ignore_eos`, `max_tokens` / `max_completion_tokens`, and structured outputs (structured.py).
+A field this module does not know is refused, naming it (a typo is the likelier cause than a
+field to ignore), unless `--ignore-field NAME` drops it; nothing is dropped silently.
 
 `temperature`, `max_tokens` and `stop` stay on the record itself (everything sizes a run by
 them); the rest go into `PromptRecord.sampling`, a dict under SamplingParams' own names, only
@@ -40,12 +40,14 @@ SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)
 #: The fields that go into `PromptRecord.sampling`, by SamplingParams' names.
 SAMPLING_KEYS = ("n", "top_p", "top_k", "min_p", "seed", "presence_penalty",
                  "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs",
-                 "stop_token_ids", "min_tokens", "ignore_eos", "structured")
+                 "stop_token_ids", "include_stop_str_in_output", "min_tokens", "ignore_eos",
+                 "structured")
 #: Request fields read here, and what they are (the words of an unknown field's message).
 REQUEST_FIELDS = ("max_tokens", "max_completion_tokens", "temperature", "stop", "n", "top_p",
                   "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
                   "repetition_penalty", "logit_bias", "logprobs", "top_logprobs",
-                  "stop_token_ids", "min_tokens", "ignore_eos", *STRUCTURED_FIELDS)
+                  "stop_token_ids", "include_stop_str_in_output", "min_tokens", "ignore_eos",
+                  *STRUCTURED_FIELDS)
 
 
 def read_request_fields(obj: dict, record: PromptRecord, *, prefix: str = "",
@@ -96,11 +98,12 @@ def read_request_fields(obj: dict, record: PromptRecord, *, prefix: str = "",
         if record.max_tokens is not None and sampling["min_tokens"] > record.max_tokens:
             raise FieldError(prefix + "min_tokens", f"{sampling['min_tokens']} is more than "
                                                     f"max_tokens ({record.max_tokens})")
-    if get("ignore_eos") is not None:
-        if not isinstance(get("ignore_eos"), bool):
-            raise FieldError(prefix + "ignore_eos",
-                             f"expected true or false, got {describe_value(get('ignore_eos'))}")
-        sampling["ignore_eos"] = get("ignore_eos")
+    for name in ("ignore_eos", "include_stop_str_in_output"):
+        if get(name) is not None:
+            if not isinstance(get(name), bool):
+                raise FieldError(prefix + name,
+                                 f"expected true or false, got {describe_value(get(name))}")
+            sampling[name] = get(name)
     structured = read_structured(obj, prefix)
     if structured is not None:
         sampling["structured"] = structured

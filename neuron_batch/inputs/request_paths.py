@@ -18,8 +18,9 @@ for, per path"):
   grammar bitmask, builds its sampling metadata with `generators={}` (no per-request seed) and
   empty logits processors ("min_p, logits_bias, min_length ... not supported yet"), and passes
   penalties only to its CPU sampler, which an export with on-device sampling never runs. So it
-  honours n, top_p, top_k, stop_token_ids and ignore_eos (vLLM's engine around the runner does
-  those) and refuses the rest; so does the simulated device under it.
+  honours n, top_p, top_k, stop_token_ids, include_stop_str_in_output and ignore_eos (vLLM's
+  engine around the runner does those, as it matches stop strings) and refuses the rest; so
+  does the simulated device under it.
 
 To change what a path does, change its entry here: nothing else tests a path's name. Pure.
 """
@@ -40,6 +41,7 @@ FEATURES: Mapping[str, str] = MappingProxyType({
     "seed": "a per-request seed", "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty", "repetition_penalty": "repetition_penalty",
     "logit_bias": "logit_bias", "logprobs": "logprobs", "stop_token_ids": "stop_token_ids",
+    "include_stop_str_in_output": "include_stop_str_in_output",
     "min_tokens": "min_tokens", "ignore_eos": "ignore_eos",
     "structured": "structured outputs"})
 
@@ -80,12 +82,14 @@ PATHS: Mapping[tuple[str, str | None], RequestPath] = MappingProxyType({
         _everything(structured="on device (the grammar bitmask as the forward's logit mask)")),
     ("neuron", OPTIMUM_NEURON): RequestPath(
         "Hugging Face's optimum-neuron plugin (--device neuron, runtime optimum-neuron)",
-        _only("n", "top_p", "top_k", "stop_token_ids", "ignore_eos")),
+        _only("n", "top_p", "top_k", "stop_token_ids", "include_stop_str_in_output",
+              "ignore_eos")),
     # The simulated device models its runtime: what optimum-neuron's host refuses, its
     # simulation refuses too (a plan made on it must hold on the host).
     ("sim", OPTIMUM_NEURON): RequestPath(
         "the simulated device under optimum-neuron (--device sim --runtime optimum-neuron)",
-        _only("n", "top_p", "top_k", "stop_token_ids", "ignore_eos")),
+        _only("n", "top_p", "top_k", "stop_token_ids", "include_stop_str_in_output",
+              "ignore_eos")),
 })
 
 
@@ -148,5 +152,33 @@ def refusals(records: Iterable[PromptRecord], path: RequestPath,
             f"{FEATURES[refused]} cannot run on {path.name}"
             + (f"; it runs on {' and '.join(others)}" if others else "")
             + f"; or pass --ignore-field {where} to run the request without it",
-            record.read_order))
+            record.read_order, custom_id=record.id, code="unsupported_field"))
+    return kept, problems
+
+
+def stop_refusals(records: Iterable[PromptRecord], *, has_tokenizer: bool, simulated: bool,
+                  on_ray: bool) -> tuple[list[PromptRecord], list[InputProblem]]:
+    """(the records whose stop strings the run can match, a problem for each it cannot).
+
+    vLLM matches stop strings in the detokenized text: a run needs a tokenizer for them. The
+    simulated device detokenizes its tokens with the run's tokenizer (the model's, or the
+    built-in one standing in) on one engine; its Ray replicas do not. Refused before anything
+    loads, naming the line and field, rather than failing the attempt in vLLM."""
+    if has_tokenizer and not (simulated and on_ray):
+        return list(records), []
+    why = ("the simulated device's Ray replicas do not detokenize; run it without --replicas"
+           if has_tokenizer else
+           "the model has no tokenizer, so its tokens never become text to match; give the "
+           "model's tokenizer files, or stop_token_ids instead")
+    kept, problems = [], []
+    for record in records:
+        if not record.stop:
+            kept.append(record)
+            continue
+        where = (record.sampling_fields or {}).get("stop") or (
+            "body.stop" if record.openai is not None else "stop")
+        problems.append(InputProblem(
+            record.source, where, f"stop strings are matched in the text, but {why}; or pass "
+            f"--ignore-field {where} to run the request without them", record.read_order,
+            custom_id=record.id, code="unsupported_field"))
     return kept, problems

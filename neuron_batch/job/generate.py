@@ -11,12 +11,11 @@ from typing import Any
 
 from neuron_batch.choices import Device
 from neuron_batch.engine.engine_log import ENGINE_LOG, engine_output_to
-from neuron_batch.engine.sampling_params import request_spec
+from neuron_batch.engine.sampling_params import request_spec, sim_tokenizer
 from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.job.folder import OutputError
 from neuron_batch.job.job import Job
-from neuron_batch.job.outputs import output_row
 from neuron_batch.job.stop import RUNNING, STARTING, RunSignals, deferring, enter, pause_point
 from neuron_batch.settings import RunSettings
 
@@ -80,7 +79,8 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
     workdir.mkdir(exist_ok=True)
     kwargs = engine_kwargs(settings, device, model.path, folder.records_path(attempt), workdir,
                            has_tokenizer=model.has_tokenizer and not simulated, target=job.target,
-                           sampling=job_sampling_of(settings, pending))
+                           sampling=job_sampling_of(settings, pending),
+                           tokenizer=sim_tokenizer(job, pending))
     started = time.time()
     on_neuron = simulated or device == "neuron"
     if on_neuron:
@@ -99,19 +99,28 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
     if on_neuron and (said := startup_words(startup)):
         log(said)
     by_id: dict[str, PreparedRequest] = {}
+    refused: list[str] = []
     try:
         for request in pending:
+            try:
+                engine.add(request.record.id, request.prompt_token_ids,
+                           request_spec(request, settings))
+            except RequestRefused as error:
+                # What the checks at read time missed (vLLM's own, per request): under
+                # --on-error skip that request's error record, else named and nothing run.
+                if settings.on_error != "skip":
+                    raise
+                refused.append(job.outputs.refused(request, error))
+                log(f"error: {refused[-1]}")
+                continue
             by_id[request.record.id] = request
-            engine.add(request.record.id, request.prompt_token_ids,
-                       request_spec(request, settings))
     except RequestRefused as error:
-        # What the checks at read time missed (vLLM's own, per request): named, nothing run.
         engine.close()
         raise RunError(f"{request.record.source}: vLLM refused the request: {error}") from None
     deadline = (runtime_clock() + settings.max_runtime) if settings.max_runtime else None
     bar = progress_bar(settings, len(pending))
     finished = output_tokens = 0
-    errors: list[str] = []   # requests the engine finished with an error (e.g. too big for KV)
+    errors: list[str] = refused  # requests refused or finished with an error (too big for KV)
     ended = "completed"
     try:
         with deferring(RUNNING) as stop:
@@ -131,12 +140,11 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
                     if done.finish_reason == "abort":
                         continue
                     if done.finish_reason == "error":
-                        errors.append(str(done.stop_reason or f"request {done.request_id} "
-                                                                 f"failed in the engine"))
+                        errors.append(job.outputs.failed(by_id[done.request_id], done))
                         log(f"error: {errors[-1]}")
                         continue
                     request = by_id[done.request_id]
-                    folder.append_output(output_row(request, done, model.name, simulated))
+                    job.outputs.response(request, done)
                     folder.done_ids.add(done.request_id)
                     finished += 1
                     if finished == 1:

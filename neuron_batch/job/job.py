@@ -41,6 +41,9 @@ class Job:
     # What the run does with vLLM's prefix cache and why (layout/prefix_decision.py
     # PrefixDecision; run/prefix_auto.py settles it); None for a folder's report alone.
     prefix_caching: PrefixDecision | None = None
+    # Where each request ends, for this attempt (job/outputs.py RunOutputs: outputs.jsonl,
+    # errors.jsonl, batch.json); set by the runner once the folder is taken.
+    outputs: Any = None
 
     @property
     def simulated(self) -> bool:

@@ -1,22 +1,66 @@
-"""A finished request -> its line of outputs.jsonl, in the shape its input's users parse.
+"""Where every request of a run ends, in the shape its input's users parse: a response line in
+outputs.jsonl, or an error record in errors.jsonl; and batch.json's counts of both
+(job/batch_object.py). The one place a run writes them (`RunOutputs`).
 
 - OpenAI batch input: OpenAI's batch output line (as `vllm run-batch` writes it): `id`,
   `custom_id`, `response` {`status_code`, `request_id`, `body`: a chat.completion or
   text_completion with `choices[n]`, each with its `finish_reason` and `logprobs`, and
-  `usage`}, `error`. Chat logprobs as the chat API has them (`content[]` of `token`,
-  `logprob`, `bytes`, `top_logprobs[]`); completions logprobs in that API's legacy shape
-  (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`).
+  `usage`}, `error`. The body's `model` is the model that ran, by its served name
+  (--served-model-name, else the model's directory or catalogue name), not the name the
+  request gave. Chat logprobs as the chat API has them (`content[]` of `token`, `logprob`,
+  `bytes`, `top_logprobs[]`); completions logprobs in that API's legacy shape (`tokens`,
+  `token_logprobs`, `top_logprobs`, `text_offset`).
 - Anything else: a JSON object with the request's id, index, prompt, `output`,
   `finish_reason` and token counts; with n > 1 or logprobs also `choices[n]` (each its
   `output`, `finish_reason`, token count and `logprobs` in the chat shape) and `usage`.
+
+An error record (OpenAI's error file layout; `vllm run-batch` puts the same `error` in its
+one output file instead): a line refused before anything ran (its fields, a prompt over
+max_model_len: the problems `--on-error skip` skipped), a request vLLM refused when it was
+added, or one the engine finished with an error. OpenAI's shape: `id`, `custom_id`,
+`response` {`status_code` 400 or 500, `request_id`, `body` {`error`}}, `error` {`code`,
+`message`, `param`, `file`, `line`}; other inputs: `id` and `error`. Every input line ends in
+exactly one record once an attempt has run to its end.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import time
-from typing import Any
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
+from neuron_batch.engine.models import BUILTIN_SERVED_NAME
 from neuron_batch.inputs.prepare import PreparedRequest
+from neuron_batch.inputs.prompt_records import InputProblem, PromptRecord
+from neuron_batch.inputs.skipped import source_position
+from neuron_batch.job.batch_object import BatchFile
+from neuron_batch.job.folder import OutputError
+
+if TYPE_CHECKING:
+    from neuron_batch.job.job import Job
+
+ERRORS = "errors.jsonl"
+
+#: Error codes (`error.code`) and the HTTP status each answers with.
+INVALID_REQUEST = "invalid_request"             # a field refused, a line that is not a request
+UNSUPPORTED_FIELD = "unsupported_field"         # a field this run's path cannot honour
+CONTEXT_LENGTH = "context_length_exceeded"      # a prompt over max_model_len
+ENGINE_REFUSED = "engine_refused"               # vLLM's own checks refused it when added
+ENGINE_ERROR = "engine_error"                   # the engine finished it with an error
+STATUS = {INVALID_REQUEST: 400, UNSUPPORTED_FIELD: 400, CONTEXT_LENGTH: 400,
+          ENGINE_REFUSED: 400, ENGINE_ERROR: 500}
+
+
+def served_name(job: Job) -> str:
+    """The model name a run's responses say: --served-model-name, else the model's directory
+    or hub name (the built-in one's own name, without the words that say it is built in)."""
+    model = job.workload.model
+    if job.settings.served_model_name:
+        return job.settings.served_model_name
+    return BUILTIN_SERVED_NAME if model.source == "builtin" else model.name
 
 
 def output_row(request: PreparedRequest, done, model_name: str, simulated: bool) -> dict:
@@ -49,13 +93,19 @@ def output_row(request: PreparedRequest, done, model_name: str, simulated: bool)
     return row
 
 
-def usage(request: PreparedRequest, done) -> dict[str, int]:
-    """OpenAI's usage: the prompt once, the completion tokens of every choice."""
+def usage(request: PreparedRequest, done) -> dict[str, Any]:
+    """OpenAI's usage: the prompt once, the completion tokens of every choice, and how many of
+    the prompt's tokens vLLM's prefix cache held."""
     prompt = len(request.prompt_token_ids)
     completion = sum(len(c["token_ids"]) for c in done.choices) if done.choices else len(
         done.token_ids)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens(done)}}
+
+
+def cached_tokens(done) -> int:
+    return getattr(done, "num_cached_tokens", None) or 0
 
 
 def _choices(done) -> list[dict[str, Any]]:
@@ -86,8 +136,7 @@ def openai_row(request: PreparedRequest, done, model_name: str) -> dict:
         choices.append(item)
     body = {"id": f"cmpl-{record.id}", "object": "chat.completion" if chat else
             "text_completion", "created": int(time.time()),
-            "model": record.openai.get("model") or model_name, "choices": choices,
-            "usage": usage(request, done)}
+            "model": model_name, "choices": choices, "usage": usage(request, done)}
     return {"id": f"batch_req_{record.index}", "custom_id": record.id,
             "response": {"status_code": 200, "request_id": record.id, "body": body},
             "error": None}
@@ -122,3 +171,151 @@ def completion_logprobs(logprobs: list[dict[str, Any]]) -> dict[str, list]:
             "top_logprobs": [{_token_text(tok, tid): lp for tid, tok, lp in item["top"]}
                              for item in logprobs],
             "text_offset": offsets}
+
+
+# ---------------------------------------------------------------------------------------------
+# Error records
+
+
+def error_row(*, custom_id: str | None, key: str, code: str, message: str,
+              param: str | None, file: str | None, line: int | str | None,
+              openai: bool) -> dict[str, Any]:
+    """One error record: OpenAI's error-file line (`openai`), else `id` and `error`."""
+    error = {"code": code, "message": message, "param": param, "file": file, "line": line}
+    if not openai:
+        return {"id": custom_id, "error": error}
+    status = STATUS.get(code, 400)
+    body = {"error": {"message": message,
+                      "type": "invalid_request_error" if status < 500 else "server_error",
+                      "param": param, "code": code}}
+    return {"id": f"batch_req_{key}", "custom_id": custom_id,
+            "response": {"status_code": status, "request_id": custom_id, "body": body},
+            "error": error}
+
+
+def problem_error_row(problem: InputProblem, openai: bool) -> dict[str, Any]:
+    """The error record of a line refused before anything ran."""
+    file, line = source_position(problem)
+    code = CONTEXT_LENGTH if problem.too_long else problem.code or INVALID_REQUEST
+    return error_row(custom_id=problem.custom_id, key=f"line_{problem.read_order}", code=code,
+                     message=str(problem), param=problem.field, file=file, line=line,
+                     openai=openai)
+
+
+def request_error_row(record: PromptRecord, code: str, message: str) -> dict[str, Any]:
+    """The error record of a request vLLM refused or failed."""
+    file, _, where = record.source.rpartition(":")
+    line = int(where) if where.isdigit() else (where or None)
+    return error_row(custom_id=record.id, key=str(record.index), code=code,
+                     message=message, param=None, file=file or None,
+                     line=line, openai=record.openai is not None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run's writer
+
+
+class RunOutputs:
+    """Writes where each request of an attempt ends: its response (outputs.jsonl, through the
+    run folder, flushed at once), or its error record (errors.jsonl); and batch.json's counts.
+
+    errors.jsonl is rewritten when an attempt starts with the lines refused before anything
+    ran (a --resume runs the requests an engine failed again), then appended to; it is removed
+    while it would be empty (OpenAI's `error_file_id` is null then)."""
+
+    def __init__(self, job: Job, batch: BatchFile):
+        self.folder = job.folder
+        self.model_name = served_name(job)
+        self.simulated = job.simulated
+        self.batch = batch
+        self.errors_path = job.folder.path / ERRORS
+        self._errors: IO[str] | None = None
+
+    @classmethod
+    def begin(cls, job: Job, done_rows: Sequence[dict[str, Any]],
+              problems: Sequence[InputProblem]) -> RunOutputs:
+        """An attempt's writer: the error records of `problems` written, batch.json current
+        with the outputs already written (`done_rows`: a --resume's)."""
+        records = [request.record for request in job.workload.prepared.requests]
+        openai = job.workload.input_kind == "openai-batch"
+        rows = [problem_error_row(problem, openai) for problem in problems]
+        path = job.folder.path / ERRORS
+        if rows:
+            tmp = path.with_name(f".{path.name}.tmp")
+            _guard(tmp, lambda: tmp.write_text(
+                "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows),
+                encoding="utf-8"))
+            tmp.replace(path)
+        else:
+            path.unlink(missing_ok=True)
+        settings = job.settings
+        batch = BatchFile(job.folder.path, path, total=len(records) + len(problems),
+                          inputs=settings.inputs or ("(built-in prompts)",),
+                          endpoint=_endpoint(records), model=served_name(job),
+                          max_runtime_s=settings.max_runtime)
+        batch.start(done_rows, failed=len(rows))
+        return cls(job, batch)
+
+    def response(self, request: PreparedRequest, done) -> None:
+        """A finished request's response line (run folder: outputs.jsonl)."""
+        row = output_row(request, done, self.model_name, self.simulated)
+        self.folder.append_output(row)
+        completion = (sum(len(c["token_ids"]) for c in done.choices) if done.choices
+                      else len(done.token_ids))
+        self.batch.completed(len(request.prompt_token_ids), completion, cached_tokens(done))
+
+    def refused(self, request: PreparedRequest, error: Exception) -> str:
+        """vLLM refused `request` when it was added: its error record; returns the words."""
+        message = f"vLLM refused the request: {error}"
+        self.error(request.record, ENGINE_REFUSED, message)
+        return f"{request.record.source}: {message}"
+
+    def failed(self, request: PreparedRequest, done) -> str:
+        """The engine finished `request` with an error (e.g. too big for the KV cache): its
+        error record; returns the words."""
+        message = str(done.stop_reason or f"request {done.request_id} failed in the engine")
+        self.error(request.record, ENGINE_ERROR, message)
+        return message
+
+    def error(self, record: PromptRecord, code: str, message: str) -> None:
+        """A request's error record (vLLM refused or failed it)."""
+        row = request_error_row(record, code, message)
+        if self._errors is None:
+            self._errors = open(self.errors_path, "a", encoding="utf-8")
+
+        def write() -> None:
+            assert self._errors is not None
+            self._errors.write(json.dumps(row, ensure_ascii=False) + "\n")
+            self._errors.flush()
+        _guard(self.errors_path, write)
+        self.batch.failed()
+
+    def end(self, ended: str) -> None:
+        """The attempt ended (attempts.json's word for how): the files closed, batch.json
+        says so."""
+        self.close()
+        self.batch.end(ended)
+
+    def close(self) -> None:
+        if self._errors is not None:
+            self._errors.close()
+            self._errors = None
+
+
+def _endpoint(records: Iterable[PromptRecord]) -> str | None:
+    """The OpenAI URL every request of the run was sent to, None for other inputs (or a
+    mix)."""
+    urls = {(record.openai or {}).get("url") for record in records}
+    return urls.pop() if len(urls) == 1 else None
+
+
+def _guard(path: Path, write) -> None:
+    """`write()`, a full disk an OutputError (the run stops; what is written is kept)."""
+    try:
+        write()
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise OutputError(f"{path}: the disk is full; finished outputs are kept in "
+                              f"outputs.jsonl; free space and rerun with --resume",
+                              exit_code=1) from None
+        raise

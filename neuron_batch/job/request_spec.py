@@ -21,7 +21,8 @@ def spec_problems(records, settings: RunSettings) -> tuple[list, list[InputProbl
             problems.append(InputProblem(
                 record.source, where, f"{n} samples need sampling, but the request decodes "
                 f"greedily (temperature 0{source}), which gives one answer: give it a "
-                "temperature above 0 (or pass --temperature), or n 1", record.read_order))
+                "temperature above 0 (or pass --temperature), or n 1", record.read_order,
+                custom_id=record.id))
             continue
         kept.append(record)
     return kept, problems

@@ -14,7 +14,8 @@ from neuron_batch.errors import RunError
 from neuron_batch.inputs.load import describe_input, load_prompts
 from neuron_batch.inputs.prepare import max_model_len_fix, prepare_requests
 from neuron_batch.inputs.prompt_records import InputError, InputProblem
-from neuron_batch.inputs.request_paths import refusals, request_path
+from neuron_batch.inputs.request_paths import refusals, request_path, stop_refusals
+from neuron_batch.inputs.skipped import name_problems
 from neuron_batch.job.request_spec import spec_problems
 from neuron_batch.settings import RunSettings
 
@@ -62,10 +63,15 @@ def load_workload(settings: RunSettings, log: Callable[[str], None], *,
     loaded.problems += refused + unsampled
     log(describe_input(loaded))
     model, tokenizer, tokenizer_name, vocab_size = _model_and_tokenizer(settings, log)
+    loaded.records, unmatched = stop_refusals(
+        loaded.records, has_tokenizer=tokenizer is not None, simulated=settings.simulated,
+        on_ray=settings.uses_ray)
+    loaded.problems += unmatched
     prepared = prepare_requests(loaded.records, tokenizer=tokenizer, tokenizer_name=tokenizer_name,
                                 vocab_size=vocab_size, max_model_len=settings.max_model_len,
                                 default_max_tokens=settings.max_tokens,
                                 longest_prompt_graph=_longest_prompt_graph(settings))
+    name_problems(prepared.problems, loaded.records)
     # Problems are found while reading and while tokenizing (after --shuffle): in line order.
     problems = sorted(loaded.problems + prepared.problems, key=lambda p: p.read_order)
     if problems:

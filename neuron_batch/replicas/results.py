@@ -16,6 +16,7 @@ import json
 import queue
 import threading
 import time
+from types import SimpleNamespace
 from typing import IO, Any
 
 from neuron_batch.engine.engine import Finished
@@ -23,7 +24,6 @@ from neuron_batch.errors import EXIT_FAILED
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.job.folder import OutputError, RunFolder
 from neuron_batch.job.job import Job
-from neuron_batch.job.outputs import output_row
 from neuron_batch.replicas.actor import RESULT_COLUMN, decode_tokens, unpack
 
 #: Seconds to wait for Ray Data's threads after its execution is shut down (they poll every
@@ -117,7 +117,7 @@ class ResultWriter:
         self.side_by_side = side_by_side
         self.attempt = attempt
         self.by_id = by_id
-        self.model_name = job.workload.model.name
+        self.outputs = job.outputs          # (job/outputs.py: outputs, error records, batch)
         self.simulated = job.simulated
         self.sim_devices = sim_devices
         self.finished = self.output_tokens = self.duplicates = 0
@@ -151,8 +151,8 @@ class ResultWriter:
                 continue
             if columns["finish_reason"][i] == "error":   # e.g. too big for the KV cache
                 self._failed.add(request_id)
-                self.errors.append(columns["stop_reason"][i]
-                                   or f"request {request_id} failed in the engine")
+                self.errors.append(self.outputs.failed(request, SimpleNamespace(
+                    request_id=request_id, stop_reason=columns["stop_reason"][i])))
                 log(f"error: {self.errors[-1]}")
                 continue
             token_ids = decode_tokens(columns["token_ids"][i])
@@ -160,7 +160,7 @@ class ResultWriter:
                             columns["finish_reason"][i], columns["num_prompt_tokens"][i],
                             columns["stop_reason"][i],
                             json.loads(columns["choices"][i]) if columns["choices"][i] else None)
-            folder.append_output(output_row(request, done, self.model_name, self.simulated))
+            self.outputs.response(request, done)
             folder.done_ids.add(request_id)
             if columns["request_line"][i]:
                 handle.write(columns["request_line"][i] + "\n")

@@ -36,6 +36,7 @@ from neuron_batch.job.folder import (
     write_json_atomic,
 )
 from neuron_batch.job.job import Job, resolve_target
+from neuron_batch.job.outputs import RunOutputs
 from neuron_batch.job.resume_check import REQUEST_FIELDS, take_folder
 from neuron_batch.job.stop import (
     READING,
@@ -240,7 +241,7 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
                                MANIFEST_KEY: job.prefix_caching.to_dict()
                                if job.prefix_caching is not None else None})
         write_skipped(folder.path, problems)
-        folder.load_done()
+        job.outputs = RunOutputs.begin(job, folder.load_done(), problems)
         folder.open_outputs()
     except Interrupted as stop:
         if written or settings.resume or not folder.has_previous_run():
@@ -265,6 +266,7 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
             try:
                 outcome = _generate_all(job, pending, attempt, attempts, generate)
             except RunError as error:  # keep a trace of the failed attempt next to its outputs
+                job.outputs.end("failed")
                 attempts.append({"attempt": attempt + len(attempts) - recorded,
                                  "ended": "failed", "error": str(error)})
                 folder.write_attempts(attempts)
@@ -272,6 +274,7 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
         else:
             outcome = {"ended": "nothing to do"}
             log(f"all {len(ids):,} requests already done in {folder.path}")
+        job.outputs.end(outcome["ended"])
         # A first signal from here lets the report be written (exit 4, or 0 when all completed)
         signals.enter(REPORTING, defer=True)
         pause_point(REPORTING)
@@ -293,6 +296,8 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
                 report.verdict = verdict
         write_json_atomic(folder.path / REPORT, report.to_dict())
     except Interrupted as stop:
+        if job.outputs is not None and stop.phase != REPORTING:
+            job.outputs.end("interrupted")
         if stop.phase != REPORTING:     # (an attempt that stopped at once returned no line)
             finished = len(folder.done_ids) - done_before - sum(
                 a.get("requests_finished", 0) for a in attempts[recorded:])

@@ -61,6 +61,10 @@ class JobSettings:
         help="Run JSON requests without this field (body.NAME in an OpenAI batch file) instead "
              "of refusing them: unknown fields and those the device cannot honour are refused "
              "otherwise. Repeatable.")
+    served_model_name: str | None = setting(
+        None, written=Written.NEVER, commands=_RUN,
+        help="The model name each output's response says (an OpenAI batch body's `model` "
+             "is not echoed). Default: the model's directory or catalogue name.")
     prompt_column: str = setting(
         "prompt", selects=True, help="CSV/Parquet/data-set column holding the prompt.")
     dataset_split: str = setting(

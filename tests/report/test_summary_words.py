@@ -149,8 +149,10 @@ def test_the_quiet_line_is_one_line_with_why_and_how_to_finish():
 # -- skipped.jsonl ------------------------------------------------------------------------------
 
 def test_skipped_rows_split_the_source_into_file_and_line(tmp_path):
-    assert skipped_row(InputProblem("/in/a.jsonl:12", "prompt", "expected a string")) == {
-        "file": "/in/a.jsonl", "line": 12, "field": "prompt", "reason": "expected a string"}
+    assert skipped_row(InputProblem("/in/a.jsonl:12", "prompt", "expected a string",
+                                    custom_id="r-12")) == {
+        "file": "/in/a.jsonl", "line": 12, "custom_id": "r-12", "field": "prompt",
+        "reason": "expected a string"}
     assert skipped_row(InputProblem("t.csv:row 4", None, "bad"))["line"] == "row 4"
     path = write_skipped(tmp_path, [InputProblem("a:1", "x", "r1"), InputProblem("a:3", None,
                                                                                   "r2")])
@@ -202,7 +204,7 @@ def test_skipped_lines_are_kept_and_quiet_prints_one_line(tmp_path):
     assert quiet.stdout == "" and len(quiet.stderr.splitlines()) == 1
     assert SKIPPED in quiet.stderr and str(out) in quiet.stderr
     kept = [json.loads(line) for line in (out / SKIPPED).read_text().splitlines()]
-    assert kept == [{"file": path, "line": 2, "field": "prompt",
+    assert kept == [{"file": path, "line": 2, "custom_id": None, "field": "prompt",
                      "reason": "expected a string, got 5 (integer)"}]
     report = json.loads((out / "report.json").read_text())
     assert report["requests"]["max_tokens_clamped"] == 1
