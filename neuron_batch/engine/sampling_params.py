@@ -12,7 +12,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from neuron_batch.inputs.request_fields import sampling_spec
+from neuron_batch.inputs.request_fields import default_temperature, sampling_spec
 from neuron_batch.settings import RunSettings
 
 
@@ -25,7 +25,8 @@ def request_spec(request, settings: RunSettings) -> dict[str, Any]:
     (which does not sample its tokens)."""
     record = request.record
     return sampling_spec(record, max_tokens=request.max_tokens,
-                         temperature=settings.temperature, seed=settings.seed + record.index,
+                         temperature=default_temperature(record, settings.temperature),
+                         seed=settings.seed + record.index,
                          ignore_eos=settings.simulated or settings.ignore_eos)
 
 

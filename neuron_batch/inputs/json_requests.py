@@ -40,6 +40,24 @@ BODY_FIELDS = ("model", "user", "stream")
 LINE_FIELDS = (*PROMPT_FIELDS, "id", "custom_id", "prefix_id", "prefix_len")
 
 
+#: Chat fields for tool calling: a chat completions body takes them, but only vLLM's OpenAI
+#: server turns a model's output into `tool_calls` (its --tool-call-parser for the model's
+#: own format; vllm/entrypoints/openai/tool_parsers), which an offline batch does not run.
+#: Refused for that reason, by name (rather than as an unknown field).
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
+
+
+def refuse_tools(obj: dict, prefix: str, ignored: Collection[str]) -> None:
+    """FieldError for the first tool-calling field `obj` gives (see TOOL_FIELDS)."""
+    for name in TOOL_FIELDS:
+        if obj.get(name) is not None and name not in ignored and prefix + name not in ignored:
+            raise FieldError(prefix + name, "tool calling is not run here: vLLM parses a "
+                             "model's tool calls only in its OpenAI server (vllm serve with "
+                             "--tool-call-parser for the model), not in an offline batch; run "
+                             f"it there, or pass --ignore-field {prefix + name} to run the "
+                             "request as plain chat")
+
+
 def request_id(obj: dict) -> str | None:
     """The id a request line gives itself (`custom_id`, else `id`), as its error record names it
     even when the line is refused; None where it gives none usable."""
@@ -65,6 +83,7 @@ def record_from_object(obj: dict, source: str, ignored: Collection[str] = ()
                                    f"'prompt_token_ids', 'prompt_len' (keys found: {keys})")
         raise FieldError(given[1], f"conflicts with '{given[0]}': give only one of "
                                    "'prompt', 'messages', 'prompt_token_ids', 'prompt_len'")
+    refuse_tools(obj, "", ignored)
     check_known(obj, (*LINE_FIELDS, *REQUEST_FIELDS), "", ignored, "a JSON line")
     record = PromptRecord(index=-1, id="", source=source)
     set_prompt(record, given[0], obj[given[0]], given[0])
@@ -113,6 +132,8 @@ def record_from_batch_request(obj: dict, source: str, ignored: Collection[str] =
     else:
         record.messages = check_messages(body.get("messages"), "body.messages")
         record.prompt_field = "body.messages"
+    if chat:
+        refuse_tools(body, "body.", ignored)
     check_known(body, ("messages" if chat else "prompt", *BODY_FIELDS, *REQUEST_FIELDS),
                 "body.", ignored, f"a {'chat ' if chat else ''}completions body")
     if body.get("stream") not in (None, False):

@@ -104,7 +104,8 @@ def load_prompts(inputs: Sequence[str | Path], *, prompt_column: str = "prompt",
                 problems.append(_duplicate_id_problem(record, id_field, given_id, first_source))
                 continue
             first_source_by_id[record.id] = record.source
-            if record.max_tokens is None:
+            if record.max_tokens is None and record.openai is None:
+                # (an OpenAI batch line without max_tokens runs up to the context, as there)
                 record.max_tokens = default_max_tokens
             records.append(record)
 

@@ -174,7 +174,8 @@ def prepare_requests(records: Sequence[PromptRecord], *, tokenizer: Any, tokeniz
             problems.append(InputProblem(record.source, field, "the prompt is empty after "
                                          "tokenization", record.read_order))
             continue
-        max_tokens = record.max_tokens or default_max_tokens
+        max_tokens = record.max_tokens or (max(max_model_len - len(ids), 1)   # up to the context
+                                           if record.openai is not None else default_max_tokens)
         longest_prompt = max(longest_prompt, len(ids))
         longest_request = max(longest_request, len(ids) + max_tokens)
         if len(ids) >= max_model_len:

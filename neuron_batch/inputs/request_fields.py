@@ -17,7 +17,9 @@ engine/sampling_params.py turns into `SamplingParams`. Pure Python.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import json
+from collections.abc import Callable, Collection, Iterable
+from pathlib import Path
 from typing import Any
 
 from neuron_batch.errors import did_you_mean
@@ -48,6 +50,77 @@ REQUEST_FIELDS = ("max_tokens", "max_completion_tokens", "temperature", "stop", 
                   "repetition_penalty", "logit_bias", "logprobs", "top_logprobs",
                   "stop_token_ids", "include_stop_str_in_output", "min_tokens", "ignore_eos",
                   *STRUCTURED_FIELDS)
+
+
+#: What a line runs with where it gives no temperature, by its format (--temperature, where
+#: given, for every format): other inputs decode greedily, as this tool always documented;
+#: an OpenAI batch line gets what OpenAI's API gives (temperature and top_p 1), or where the
+#: model's generation_config.json sets sampling fields, those, as vLLM's server does.
+PLAIN_TEMPERATURE = 0.0
+OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0}
+#: The generation_config.json fields vLLM takes as a request's defaults, by SamplingParams'
+#: names (vLLM's ModelConfig.get_diff_sampling_param; max_new_tokens is not taken here: an
+#: OpenAI line without max_tokens runs up to the context).
+GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                          "presence_penalty", "frequency_penalty")
+
+
+def default_temperature(record: PromptRecord, run_temperature: float | None) -> float:
+    """The temperature `record` runs with: its own, else --temperature, else its format's."""
+    if record.temperature is not None:
+        return record.temperature
+    if run_temperature is not None:
+        return run_temperature
+    # (an OpenAI line is given the model's own default once it is known: apply_openai_defaults)
+    return OPENAI_DEFAULTS["temperature"] if record.openai is not None else PLAIN_TEMPERATURE
+
+
+def openai_defaults(model_path: str | None) -> tuple[dict[str, float], str]:
+    """(what an OpenAI line runs with where its body says nothing, where that comes from)."""
+    generation: dict[str, Any] = {}
+    if model_path is not None:
+        try:
+            generation = json.loads((Path(model_path) / "generation_config.json").read_text())
+        except (OSError, ValueError):
+            generation = {}
+    own = {key: generation[key] for key in GENERATION_CONFIG_KEYS
+           if isinstance(generation.get(key), (int, float))
+           and not isinstance(generation.get(key), bool)}
+    if own:
+        return {**OPENAI_DEFAULTS, **own}, "the model's generation_config.json"
+    return dict(OPENAI_DEFAULTS), "OpenAI's"
+
+
+def apply_openai_defaults(records: Iterable[PromptRecord], defaults: dict[str, float], *,
+                          run_temperature: float | None, honours: Callable[[str], bool]
+                          ) -> int:
+    """Give each OpenAI batch record the fields its body left out, from `defaults`
+    (`openai_defaults`); --temperature (`run_temperature`), where given, wins over the
+    default temperature. A field the run's path does not honour is left out (a default is
+    not a request). Returns how many records took a default."""
+    took = 0
+    for record in records:
+        if record.openai is None:
+            continue
+        before = (record.temperature, dict(record.sampling or {}))
+        if record.temperature is None and run_temperature is None:
+            record.temperature = float(defaults["temperature"])
+        sampling = dict(record.sampling or {})
+        for key, value in defaults.items():
+            if key == "temperature" or key in sampling or not honours(key):
+                continue
+            if key == "top_p" and value == 1.0:
+                continue        # (vLLM's own default: nothing to say)
+            sampling[key] = value
+        record.sampling = sampling or None
+        took += (record.temperature, dict(record.sampling or {})) != before
+    return took
+
+
+def defaults_words(defaults: dict[str, float], source: str) -> str:
+    """The defaults an OpenAI line took, for the run's log and its report."""
+    fields = ", ".join(f"{key} {value:g}" for key, value in defaults.items())
+    return f"{fields} ({source} defaults)"
 
 
 def read_request_fields(obj: dict, record: PromptRecord, *, prefix: str = "",

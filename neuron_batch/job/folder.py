@@ -196,7 +196,8 @@ class RunFolder:
                 continue
             row = json.loads(line)
             rows.append(row)
-            self.done_ids.add(str(row.get(id_key) if id_key in row else row.get("custom_id")))
+            # (an OpenAI batch line's `id` is its batch_req_N: its request is its custom_id)
+            self.done_ids.add(str(row["custom_id"] if "custom_id" in row else row.get(id_key)))
         return rows
 
     def read_outputs(self) -> list[dict[str, Any]]:

@@ -303,10 +303,10 @@ class RunOutputs:
 
 
 def _endpoint(records: Iterable[PromptRecord]) -> str | None:
-    """The OpenAI URL every request of the run was sent to, None for other inputs (or a
-    mix)."""
-    urls = {(record.openai or {}).get("url") for record in records}
-    return urls.pop() if len(urls) == 1 else None
+    """The OpenAI URL the run's requests were sent to (OpenAI takes one a batch; a file here
+    may mix them: then each, comma-separated), None for other inputs."""
+    urls = {record.openai["url"] for record in records if record.openai is not None}
+    return ",".join(sorted(urls)) or None
 
 
 def _guard(path: Path, write) -> None:

@@ -16,7 +16,7 @@ from neuron_batch.inputs.prepare import max_model_len_fix, prepare_requests
 from neuron_batch.inputs.prompt_records import InputError, InputProblem
 from neuron_batch.inputs.request_paths import refusals, request_path, stop_refusals
 from neuron_batch.inputs.skipped import name_problems
-from neuron_batch.job.request_spec import spec_problems
+from neuron_batch.job.request_spec import format_defaults, spec_problems
 from neuron_batch.settings import RunSettings
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ def load_workload(settings: RunSettings, log: Callable[[str], None], *,
         loaded.records, has_tokenizer=tokenizer is not None, simulated=settings.simulated,
         on_ray=settings.uses_ray)
     loaded.problems += unmatched
+    format_defaults(loaded.records, settings, model.path, path, log)
     prepared = prepare_requests(loaded.records, tokenizer=tokenizer, tokenizer_name=tokenizer_name,
                                 vocab_size=vocab_size, max_model_len=settings.max_model_len,
                                 default_max_tokens=settings.max_tokens,

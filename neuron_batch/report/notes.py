@@ -88,8 +88,8 @@ def failed_sentence(report: Report) -> str | None:
     failed = report.section("requests").failed or 0
     if not failed:
         return None
-    return (f"{_n(failed)} request(s) failed in the engine (the errors are in attempts.json); "
-            f"--resume runs them again.")
+    return (f"{_n(failed)} request(s) failed in the engine (their errors are in errors.jsonl "
+            f"and attempts.json); --resume runs them again.")
 
 
 def clamped_sentence(report: Report) -> str | None:

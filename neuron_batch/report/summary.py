@@ -53,7 +53,7 @@ LATENCIES = (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("E2E", "e2e_s"))
 PERCENTILES = (("p50", "0.5"), ("p90", "0.9"), ("p99", "0.99"))
 _CONFIG_KEYS = ("model", "device", "runtime", "scheduler_cls", "max_num_seqs",
                 "max_num_batched_tokens", "max_model_len", "block_size", "num_kv_blocks",
-                "max_kv_concurrent", "kv_reserve", "order")
+                "max_kv_concurrent", "kv_reserve", "order", "defaults")
 #: Devices that compile nothing: the CPU (and a GPU) follow the shapes a Neuron runtime would
 #: compile, and the simulated device estimates what compiling them would take.
 NOTHING_COMPILED = ("cpu", "cuda", "sim")

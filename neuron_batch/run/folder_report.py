@@ -11,6 +11,7 @@ from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.inputs.request_paths import asked_counts
 from neuron_batch.job.folder import REPORT, RunFolder
 from neuron_batch.job.job import Job
+from neuron_batch.job.request_spec import report_defaults
 from neuron_batch.prefix_grid import grid_size
 from neuron_batch.report.model import Attempt, Cost, PrefixCache, Report, Tokens
 from neuron_batch.report.schema import or_none
@@ -35,7 +36,8 @@ def build_report(job: Job) -> Report:
     devices = [a.get("device") for a in folder.attempts() if a.get("device")]
     extra = {"model": model.name, "device": devices[-1] if devices else settings.device,
              "tokenizer": prepared.tokenizer_name, "max_tokens": settings.max_tokens,
-             "temperature": settings.temperature, "inputs": list(settings.inputs),
+             **report_defaults(settings, [r.record for r in prepared.requests], model.path),
+             "inputs": list(settings.inputs),
              "order": settings.order}
     if job.simulated:
         shapes = settings.shapes(job.target.runtime)

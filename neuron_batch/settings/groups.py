@@ -49,9 +49,11 @@ class JobSettings:
     max_tokens: int = setting(
         DEFAULT_MAX_TOKENS, kind=Kind.INT,
         help="Output tokens per request where the input gives none.")
-    temperature: float = setting(
-        0.0, kind=Kind.FLOAT, commands=_RUN,
-        help="Sampling temperature where the input gives none (0 = greedy).")
+    temperature: float | None = setting(
+        None, kind=Kind.FLOAT, commands=_RUN,
+        help="Sampling temperature where the input gives none (0 = greedy). Default: the "
+             "input format's: OpenAI batch lines 1 (or the model's generation_config.json), "
+             "other inputs 0.")
     ignore_eos: bool = setting(
         False, kind=Kind.FLAG, checked=True,
         help="Generate exactly max-tokens per request, as benchmarks do (always so on --device "

@@ -127,7 +127,7 @@ class RunSettings:
                                 "itself (--compiled-artifacts, the compile cache)")
         if self.ray is not None and not str(self.ray).strip():
             raise SettingsError("--ray needs a cluster address (host:port, auto or local)")
-        if self.temperature < 0:
+        if self.temperature is not None and self.temperature < 0:
             raise SettingsError(f"--temperature must be 0 or more, got {self.temperature}")
         try:
             KvReserve.parse(self.kv_reserve, "kv-reserve")
