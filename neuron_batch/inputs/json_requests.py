@@ -1,5 +1,6 @@
 """One JSON request -> one `PromptRecord`: a JSON line's object, or a request of an OpenAI batch
-file (`/v1/chat/completions` or `/v1/completions`, its `body` as those APIs take it).
+file (`/v1/chat/completions`, `/v1/completions` or `/v1/responses` (responses_body.py), its
+`body` as those APIs take it).
 
 Every field is read or refused (request_fields.py): a field neither format knows is named by
 line and field, unless `--ignore-field` drops it (`ignored`).
@@ -27,8 +28,20 @@ from neuron_batch.inputs.request_fields import (
     drop_ignored,
     read_request_fields,
 )
+from neuron_batch.inputs.responses_body import (
+    RESPONSES_FIELDS,
+    RESPONSES_URL,
+    read_responses_body,
+)
 
-OPENAI_BATCH_URLS = ("/v1/completions", "/v1/chat/completions")
+OPENAI_BATCH_URLS = ("/v1/completions", "/v1/chat/completions", RESPONSES_URL)
+#: Endpoints OpenAI's Batch API takes that are not run here, and why (their lines are refused
+#: for that reason, not as an unknown URL).
+NOT_RUN_URLS = {
+    "/v1/embeddings": "embeddings need vLLM's pooling runner on an embedding model, which "
+                      "neuron-batch does not drive (its scheduler and the simulated device "
+                      "model generation); run them with `vllm run-batch`",
+    "/v1/moderations": "moderation is OpenAI's own classifier, not a model run here"}
 #: The keys of an OpenAI batch request line.
 BATCH_LINE_FIELDS = ("custom_id", "method", "url", "body")
 #: Body fields besides the prompt and the request's own: the model name (kept for the output)
@@ -113,6 +126,8 @@ def record_from_batch_request(obj: dict, source: str, ignored: Collection[str] =
     if method != "POST":
         raise FieldError("method", f'expected "POST", got {describe_value(method)}')
     url = obj.get("url")
+    if url in NOT_RUN_URLS:
+        raise FieldError("url", f"{url} is not run here: {NOT_RUN_URLS[url]}")
     if url not in OPENAI_BATCH_URLS:
         raise FieldError("url", f"expected one of {', '.join(OPENAI_BATCH_URLS)}, "
                                 f"got {describe_value(url)}")
@@ -122,7 +137,11 @@ def record_from_batch_request(obj: dict, source: str, ignored: Collection[str] =
     chat = url == "/v1/chat/completions"
     body = drop_ignored(body, "body.", ignored)
     record = PromptRecord(index=-1, id=custom_id, source=source)
-    if not chat:
+    if url == RESPONSES_URL:
+        refuse_tools(body, "body.", ignored)
+        check_known(body, RESPONSES_FIELDS, "body.", ignored, "a responses body")
+        read_responses_body(body, record)
+    elif not chat:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], str):
             record.prompt_token_ids = check_token_ids(prompt, "body.prompt")
@@ -134,12 +153,14 @@ def record_from_batch_request(obj: dict, source: str, ignored: Collection[str] =
         record.prompt_field = "body.messages"
     if chat:
         refuse_tools(body, "body.", ignored)
-    check_known(body, ("messages" if chat else "prompt", *BODY_FIELDS, *REQUEST_FIELDS),
-                "body.", ignored, f"a {'chat ' if chat else ''}completions body")
+    if url != RESPONSES_URL:
+        check_known(body, ("messages" if chat else "prompt", *BODY_FIELDS, *REQUEST_FIELDS),
+                    "body.", ignored, f"a {'chat ' if chat else ''}completions body")
+        read_request_fields(body, record, prefix="body.",
+                            style="chat" if chat else "completions")
     if body.get("stream") not in (None, False):
         raise FieldError("body.stream", "a batch request's output is written whole; "
                                         "drop stream or set it false")
-    read_request_fields(body, record, prefix="body.", style="chat" if chat else "completions")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise FieldError("body.model", f"expected a string, got {describe_value(model)}")

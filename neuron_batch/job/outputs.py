@@ -118,6 +118,8 @@ def _choices(done) -> list[dict[str, Any]]:
 def openai_row(request: PreparedRequest, done, model_name: str) -> dict:
     """A line of the OpenAI batch output format, as `vllm run-batch` writes it."""
     record = request.record
+    if record.openai.get("url") == "/v1/responses":
+        return _batch_line(record, responses_body(request, done, model_name))
     chat = record.openai.get("url", "").endswith("/chat/completions")
     choices = []
     for choice in _choices(done):
@@ -137,9 +139,39 @@ def openai_row(request: PreparedRequest, done, model_name: str) -> dict:
     body = {"id": f"cmpl-{record.id}", "object": "chat.completion" if chat else
             "text_completion", "created": int(time.time()),
             "model": model_name, "choices": choices, "usage": usage(request, done)}
+    return _batch_line(record, body)
+
+
+def _batch_line(record: PromptRecord, body: dict) -> dict:
     return {"id": f"batch_req_{record.index}", "custom_id": record.id,
             "response": {"status_code": 200, "request_id": record.id, "body": body},
             "error": None}
+
+
+def responses_body(request: PreparedRequest, done, model_name: str) -> dict:
+    """The Responses API's response object: one assistant message of output_text; status
+    incomplete (reason max_output_tokens) where the output hit its length."""
+    record = request.record
+    text = done.text or ""
+    counts = usage(request, done)
+    cut = done.finish_reason == "length"
+    sampling = record.sampling or {}
+    return {"id": f"resp_{record.id}", "object": "response", "created_at": int(time.time()),
+            "status": "incomplete" if cut else "completed", "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+            "instructions": None, "max_output_tokens": record.max_tokens, "model": model_name,
+            "output": [{"type": "message", "id": f"msg_{record.id}",
+                        "status": "incomplete" if cut else "completed", "role": "assistant",
+                        "content": [{"type": "output_text", "text": text,
+                                     "annotations": []}]}],
+            "parallel_tool_calls": False, "temperature": record.temperature,
+            "tool_choice": "none", "tools": [], "top_p": sampling.get("top_p", 1.0),
+            "usage": {"input_tokens": counts["prompt_tokens"],
+                      "input_tokens_details": {**counts["prompt_tokens_details"],
+                                               "cache_write_tokens": 0},
+                      "output_tokens": counts["completion_tokens"],
+                      "output_tokens_details": {"reasoning_tokens": 0},
+                      "total_tokens": counts["total_tokens"]}}
 
 
 def _token_text(token: str | None, token_id: int) -> str:

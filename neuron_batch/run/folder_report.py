@@ -9,6 +9,7 @@ from pathlib import Path
 
 from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.inputs.request_paths import asked_counts
+from neuron_batch.job.batch_object import row_usage
 from neuron_batch.job.folder import REPORT, RunFolder
 from neuron_batch.job.job import Job
 from neuron_batch.job.request_spec import report_defaults
@@ -201,13 +202,9 @@ def _tokens_from_outputs(report: Report, folder: RunFolder) -> None:
     for row in folder.read_outputs():
         text = _output_text(row)
         empty += text is not None and not text.strip()
-        usage = (row.get("response") or {}).get("body", {}).get("usage")
-        if usage is not None:
-            input_tokens += usage["prompt_tokens"]
-            output_tokens += usage["completion_tokens"]
-        else:
-            input_tokens += row["num_prompt_tokens"]
-            output_tokens += row["num_output_tokens"]
+        prompt, completion, _ = row_usage(row)   # (of each shape a response line has)
+        input_tokens += prompt
+        output_tokens += completion
     total = input_tokens + output_tokens
     report.tokens = Tokens(input=input_tokens, output=output_tokens, total=total)
     # blank outputs (text only: the simulated device writes none), for the summary's hint
@@ -229,6 +226,10 @@ def _output_text(row: dict) -> str | None:
     """An outputs.jsonl line's generated text: `output`, or the OpenAI batch format's choice."""
     if "response" not in row:
         return row.get("output")
+    body = (row.get("response") or {}).get("body") or {}
+    if body.get("object") == "response":     # the Responses API's: its message's text
+        parts = [part for item in body.get("output") or [] for part in item.get("content") or []]
+        return "".join(part.get("text") or "" for part in parts) if parts else None
     choices = ((row.get("response") or {}).get("body") or {}).get("choices") or [{}]
     choice = choices[0]
     return (choice.get("message") or {}).get("content") if "message" in choice \

@@ -215,3 +215,40 @@ def test_usage_is_read_back_from_either_row_shape(rows):
                                                 "completion_tokens": completion}}}}
                if openai else {"num_prompt_tokens": prompt, "num_output_tokens": completion})
         assert row_usage(row) == (prompt, completion, 0)
+
+
+# -- /v1/responses ---------------------------------------------------------------------------------
+
+def responses(**body) -> dict:
+    return {"custom_id": "r", "method": "POST", "url": "/v1/responses",
+            "body": {"model": "gpt-4.1", **body}}
+
+
+def test_a_responses_body_becomes_a_chat_prompt_with_its_fields():
+    record = batch_record(responses(
+        instructions="Be brief.", input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "Hi "}, {"type": "input_text", "text": "there"}]}],
+        max_output_tokens=12, temperature=0.2, top_p=0.5,
+        text={"format": {"type": "json_schema", "name": "x", "strict": True,
+                         "schema": {"type": "object"}}}))
+    assert record.messages == [{"role": "system", "content": "Be brief."},
+                               {"role": "user", "content": "Hi there"}]
+    assert (record.max_tokens, record.temperature) == (12, 0.2)
+    assert record.sampling == {"top_p": 0.5, "structured": {"json": {"type": "object"}}}
+    assert batch_record(responses(input="Hi")).messages == [{"role": "user", "content": "Hi"}]
+    assert batch_record(responses(input="Hi", text={"format": {"type": "text"}})).sampling is None
+
+
+@pytest.mark.parametrize("body,field,words", [
+    ({"input": "Hi", "max_tokens": 5}, "body.max_tokens", "not a field a responses body"),
+    ({"input": "Hi", "tools": [{"type": "web_search"}]}, "body.tools", "tool-call-parser"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "body.input[0].content[0]", "only text parts"),
+    ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x"}}},
+     "body.text.format.schema", "missing"),
+    ({"input": ""}, "body.input", "empty input"),
+])
+def test_a_responses_body_is_refused_by_field(body, field, words):
+    with pytest.raises(FieldError) as refused:
+        batch_record(responses(**body))
+    assert refused.value.field == field and words in refused.value.message

@@ -35,6 +35,10 @@ def invoke(args):
     return CliRunner().invoke(main, args, catch_exceptions=False)
 
 
+COLOUR = {"type": "object", "properties": {"colour": {"enum": ["red", "blue"]}},
+          "required": ["colour"], "additionalProperties": False}
+
+
 def line(custom_id: str, url: str = "/v1/chat/completions", **body) -> dict:
     if url == "/v1/chat/completions" and "prompt" not in body:
         body.setdefault("messages", [{"role": "user", "content": "Name a colour."}])
@@ -55,6 +59,14 @@ ROUND_TRIP = [
     (line("too-long", messages=[{"role": "user", "content": "word " * 400}], max_tokens=4),
      "context_length_exceeded"),
     (line("bias", max_tokens=4, logit_bias={"99999999": 5}), "engine_refused"),
+    (line("responses", "/v1/responses", instructions="Answer in JSON.",
+          input=[{"role": "user", "content": [{"type": "input_text", "text": "Sky colour?"}]}],
+          max_output_tokens=30, temperature=0,
+          text={"format": {"type": "json_schema", "name": "c", "schema": COLOUR}}), "ok"),
+    (line("responses-short", "/v1/responses", input="Tell me a story.", max_output_tokens=3),
+     "ok"),
+    (line("responses-chat-field", "/v1/responses", input="Hi", max_tokens=3),
+     "invalid_request"),
 ]
 
 
@@ -74,6 +86,7 @@ def test_the_default_refuses_the_bad_lines_before_anything_runs(round_trip):
     refused = round_trip["refused"]
     assert refused.exit_code == 2
     assert "field 'url'" in refused.output and "field 'body.tools'" in refused.output
+    assert "field 'body.max_tokens'" in refused.output
     assert not (round_trip["out"].parent / "refused" / "outputs.jsonl").exists()
 
 
@@ -96,7 +109,7 @@ def test_every_line_ends_in_exactly_one_record_joined_by_custom_id(round_trip):
     # skipped.jsonl names the lines refused before anything ran, by custom_id too
     skipped = read_jsonl(out / "skipped.jsonl")
     assert {row["custom_id"] for row in skipped} == {
-        "moderation", "tools", "wrong-endpoint", "too-long"}
+        "moderation", "tools", "wrong-endpoint", "too-long", "responses-chat-field"}
 
 
 def test_the_outputs_parse_as_openais_and_vllms_types(round_trip):
@@ -105,9 +118,13 @@ def test_the_outputs_parse_as_openais_and_vllms_types(round_trip):
     from vllm.entrypoints.launchers.run_batch import BatchRequestOutput
 
     out = round_trip["out"]
+    from openai.types.responses import Response
+
     for row in read_jsonl(out / "outputs.jsonl"):
         body = row["response"]["body"]
-        if body["object"] == "chat.completion":
+        if body["object"] == "response":
+            Response.model_validate(body)
+        elif body["object"] == "chat.completion":
             BatchRequestOutput.model_validate(row)
             ChatCompletion.model_validate(body)
         else:
@@ -126,6 +143,23 @@ def test_openai_lines_sample_by_default_and_stop_where_asked(round_trip):
     assert stopped["text"].endswith(",") and stopped["text"].count(",") == 1
 
 
+def test_responses_lines_are_answered_in_the_responses_shape(round_trip):
+    outputs = {row["custom_id"]: row["response"]["body"]
+               for row in read_jsonl(round_trip["out"] / "outputs.jsonl")}
+    answer = outputs["responses"]
+    assert (answer["object"], answer["status"], answer["model"]) == ("response", "completed",
+                                                                     SERVED)
+    (message,) = answer["output"]
+    assert json.loads(message["content"][0]["text"])["colour"] in ("red", "blue")
+    short = outputs["responses-short"]
+    assert short["status"] == "incomplete"
+    assert short["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert short["usage"]["output_tokens"] == 3
+    errors = {row["custom_id"]: row for row in read_jsonl(round_trip["out"] / "errors.jsonl")}
+    assert errors["responses-chat-field"]["error"]["param"] == "body.max_tokens"
+    assert "a responses body" in errors["responses-chat-field"]["error"]["message"]
+
+
 def test_batch_json_counts_what_the_files_hold(round_trip):
     from openai.types import Batch
 
@@ -135,13 +169,15 @@ def test_batch_json_counts_what_the_files_hold(round_trip):
     outputs, errors = read_jsonl(out / "outputs.jsonl"), read_jsonl(out / "errors.jsonl")
     assert batch["status"] == "completed" and batch["completed_at"] >= batch["created_at"]
     # (the file mixes chat and completions lines, which OpenAI takes in two batches)
-    assert batch["endpoint"] == "/v1/chat/completions,/v1/completions"
+    assert batch["endpoint"] == "/v1/chat/completions,/v1/completions,/v1/responses"
     assert batch["model"] == SERVED
     assert batch["request_counts"] == {"total": len(ROUND_TRIP), "completed": len(outputs),
                                        "failed": len(errors)}
     usage = [row["response"]["body"]["usage"] for row in outputs]
-    assert batch["usage"]["input_tokens"] == sum(u["prompt_tokens"] for u in usage)
-    assert batch["usage"]["output_tokens"] == sum(u["completion_tokens"] for u in usage)
+    assert batch["usage"]["input_tokens"] == sum(u.get("prompt_tokens", u.get("input_tokens"))
+                                                 for u in usage)
+    assert batch["usage"]["output_tokens"] == sum(
+        u.get("completion_tokens", u.get("output_tokens")) for u in usage)
     assert (batch["output_file_id"], batch["error_file_id"]) == ("outputs.jsonl", "errors.jsonl")
     report = json.loads((out / "report.json").read_text())
     assert "OpenAI's defaults" in report["config"]["defaults"]
