@@ -156,6 +156,9 @@ def test_sim_replicas_on_two_nodes(cluster, node_ids, tmp_path):
     assert [r["device"] for r in replicas] == ["sim inf2.48xlarge#0 cores 0-3",
                                                "sim inf2.48xlarge#0 cores 4-7"]
     assert "Replicas (2" in result.output                     # the terminal table
+    batch = json.loads((out / "batch.json").read_text())      # written as the replicas finish
+    assert batch["request_counts"] == {"total": 300, "completed": 300, "failed": 0}
+    assert batch["usage"]["output_tokens"] == report["tokens"]["output"]
 
 
 def test_cpu_replicas_with_the_builtin_model(cluster, node_ids, tmp_path):

@@ -166,6 +166,10 @@ def test_a_signal_while_running_keeps_what_finished_and_resume_finishes(tmp_path
     attempt, = attempts(out)
     assert (attempt["ended"], attempt["signal"], attempt["requests_finished"]) == (
         "interrupted", name, 1)
+    # batch.json, OpenAI's Batch object, says so too (issue 47)
+    batch = json.loads((out / "batch.json").read_text())
+    assert batch["status"] == "cancelled" and batch["cancelled_at"] is not None
+    assert batch["request_counts"] == {"total": 6, "completed": 1, "failed": 0}
     if device == "sim":
         resumed = subprocess.run([sys.executable, "-m", "neuron_batch.cli", "run",
                                   workload(tmp_path), *args, "-o", str(out), "--resume", "-q"],
@@ -174,6 +178,11 @@ def test_a_signal_while_running_keeps_what_finished_and_resume_finishes(tmp_path
         ids = [json.loads(row)["id"] for row in (out / "outputs.jsonl").read_text().splitlines()]
         assert sorted(ids) == [row["id"] for row in ROWS]
         assert [a["ended"] for a in attempts(out)] == ["interrupted", "completed"]
+        resumed_batch = json.loads((out / "batch.json").read_text())
+        assert (resumed_batch["id"], resumed_batch["created_at"]) == (batch["id"],
+                                                                      batch["created_at"])
+        assert resumed_batch["status"] == "completed"
+        assert resumed_batch["request_counts"] == {"total": 6, "completed": 6, "failed": 0}
 
 
 @pytest.mark.parametrize(("device", "signum"), [("cpu", signal.SIGTERM), ("sim", signal.SIGINT)])
