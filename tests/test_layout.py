@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "neuron_batch"
 #: Each entry is a subpackage or a top-level module of neuron_batch.
 STAGES = (
     # shared, pure
-    ("errors", "buckets", "prefix_grid", "choices", "runtime_hints", "runtime_shapes", "runtime",
+    ("errors", "storage", "buckets", "prefix_grid", "choices", "runtime_hints", "runtime_shapes", "runtime",
      "versions", "runtime_choice",
      "device_sampling"),
     ("inputs", "scheduler"),                        # 1. prompts in; the Neuron scheduler
