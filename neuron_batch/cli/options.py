@@ -88,7 +88,7 @@ def _option_of(d: Declared, help: str | None = None) -> Callable:
     elif s.kind is Kind.SPLIT_AT:
         kwargs.update(type=SplitAt(), default=default)
     elif s.kind is Kind.PREFIX_CACHING:
-        kwargs.update(type=PrefixCachingType(), default=prefix_caching_word(default),
+        kwargs.update(type=PrefixCachingType(), default=prefix_caching_word(d.default),
                       is_flag=False, flag_value="on", show_default=True)
     else:
         kwargs.update(type=_TYPES.get(s.kind), default=default,

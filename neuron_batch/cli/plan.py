@@ -31,10 +31,12 @@ def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, floa
             raise SettingsError(f"--price-per-hour names {name!r}, which is not in --instances "
                                 f"({', '.join(instances)})")
         try:
-            out[name] = check_price_per_hour(float(value))
+            price = check_price_per_hour(float(value))
         except ValueError:
             raise SettingsError(f"--price-per-hour {part!r}: the price must be a positive "
                                 f"number of USD") from None
+        assert price is not None        # (a number went in)
+        out[name] = price
     return out
 
 

@@ -97,7 +97,8 @@ def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size,
     save_profile(profile, output)
     model = StepCostModel(profile, instance, architecture, tp, weight_dtype=weight_dtype,
                           runtime=runtime)
-    errors = sorted(abs(model.step_time(s) / (s.t_end - s.t_start) - 1) for s in steps)
+    errors = sorted(abs(model.step_time(s) / ((s.t_end or s.t_start) - s.t_start) - 1)
+                    for s in steps)        # (every step kept has its end)
     click.echo(f"fitted {len(steps):,} steps from {len(run_dirs)} run(s): median step-time "
                f"error {errors[len(errors) // 2]:.1%}, p90 {errors[int(len(errors) * 0.9)]:.1%}")
     click.echo(f"compile section: from {startup[1]}" if startup is not None else

@@ -108,10 +108,13 @@ def _least_squares(residuals: Callable[[CostProfile], list[float]], base: CostPr
     for overrides in STARTS:
         start = base.replace(**{k: v for k, v in overrides.items() if k in names})
         x0 = [fit.encode(n, getattr(start, n)) for n in names]
-        x, cost = fit.least_squares(
-            lambda x, start=start: residuals(_with(start, names, x, tie_kv)), x0)
+        def start_residuals(x: list[float], start: CostProfile = start) -> list[float]:
+            return residuals(_with(start, names, x, tie_kv))
+
+        x, cost = fit.least_squares(start_residuals, x0)
         if best is None or cost < best[1] * (1 - TIE_TOLERANCE):
             best = (_with(start, names, x, tie_kv), cost)
+    assert best is not None, "STARTS holds at least one start"
     return best[0]
 
 
@@ -203,14 +206,6 @@ def leave_one_instance_out(csv_path: str | Path | None = None,
                            rows: Iterable[PublishedRow] | None = None) -> list[dict[str, Any]]:
     """Each instance family's rows predicted by a fit to the other family's rows."""
     return cross_validate(lambda r: r.family, csv_path, rows)
-
-
-def holdout(select_fit: Callable[[PublishedRow], bool], csv_path: str | Path | None = None,
-            rows: Iterable[PublishedRow] | None = None) -> tuple[CostProfile, list[dict[str, Any]]]:
-    """Fit on the rows `select_fit` keeps; return the fit and the evaluation of the others."""
-    pool = list(rows) if rows is not None else read_published(csv_path)
-    profile = fit_published(rows=pool, select=select_fit)
-    return profile, evaluate_rows(profile, [r for r in pool if not select_fit(r)])
 
 
 # -- profiles for every instance -------------------------------------------------------------

@@ -17,7 +17,7 @@ MIN_FREE_BYTES = 100 << 20
 LOW_FREE_BYTES = 2 << 30
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

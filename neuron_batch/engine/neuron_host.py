@@ -129,7 +129,7 @@ def host_sampling(runtime: Runtime, line: PluginLine, sampling: JobSampling | No
             f"(vLLM 0.11.0) samples these on the CPU; the CPU engine (--device cpu) and trn2 "
             f"under the vllm-neuron runtime do structured outputs too. Or drop the fields and "
             f"give every request the same temperature")
-    return dict(path.host_config)
+    return dict(path.host_config or ())
 
 
 def host_setup(settings: RunSettings, runtime: Runtime, *, model_path: str,
@@ -232,9 +232,11 @@ def _default_root() -> Path:
     return default_cache_dir() / ARTIFACTS_DIRNAME
 
 
-def installed_version(distribution: str) -> str | None:
+def installed_version(distribution: str | None) -> str | None:
     import importlib.metadata as metadata
 
+    if distribution is None:        # (a runtime that loads no package of its own)
+        return None
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:

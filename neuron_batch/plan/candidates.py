@@ -132,7 +132,7 @@ class InstanceFit:
         return self.runtime.shapes({}, max_num_seqs=1, max_num_batched_tokens=mml,
                                    max_model_len=mml).attention_buckets
 
-    def hardware_key(self) -> tuple:
+    def hardware_key(self) -> tuple[Any, ...]:
         """What the simulated device's timing and KV size depend on besides the settings: two
         placements with equal keys simulate identically (inf2.xlarge and inf2.8xlarge have the
         same chip; inf2.24xlarge and inf2.48xlarge the same chips and links)."""
@@ -176,7 +176,7 @@ class Option:
     bound_s: float              # lower bound on one replica's run time (seconds)
     bound_steps: int
     share_output_tokens: int
-    sim_key: tuple
+    sim_key: tuple[Any, ...]
     split: SplitLayout | None = None    # a job split by length (splits.py): its short layout
     skip_reason: str | None = None      # set when another option provably does as well
     pruned_by: str | None = None        # the best option when this one was pruned

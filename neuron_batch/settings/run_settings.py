@@ -67,8 +67,19 @@ class Resolved:
     price: Price | None
 
 
+if TYPE_CHECKING:
+    # The type checker's view: every declared setting is RunSettings' own attribute, typed as
+    # its group declares it (at run time they are the properties made below, from DECLARED,
+    # which a checker cannot follow). Its __init__ takes only the four groups: `of` and
+    # `replace` are the ways settings are made.
+    class _EverySetting(JobSettings, LayoutSettings, TargetSettings, ControlSettings):
+        pass
+else:
+    _EverySetting = object
+
+
 @dataclass(frozen=True)
-class RunSettings:
+class RunSettings(_EverySetting):
     job: JobSettings = field(default_factory=JobSettings)
     layout: LayoutSettings = field(default_factory=LayoutSettings)
     target: TargetSettings = field(default_factory=TargetSettings)
@@ -141,15 +152,16 @@ class RunSettings:
         if isinstance(self.split_at, str) and self.split_at != SPLIT_AUTO:
             raise SettingsError(f"--split-at takes a number of tokens or auto, got "
                                 f"{self.split_at!r}")
-        if self.split_at is not None and self.split_at != SPLIT_AUTO:
-            _positive("split-at", self.split_at)
-            if self.split_at >= self.max_model_len:
+        cut = self.split_at
+        if isinstance(cut, int):
+            _positive("split-at", cut)
+            if cut >= self.max_model_len:
                 raise SettingsError(
-                    f"--split-at {self.split_at:,} must be below --max-model-len "
+                    f"--split-at {cut:,} must be below --max-model-len "
                     f"{self.max_model_len:,} (the long layout's); requests up to "
-                    f"{self.split_at:,} tokens run in a layout of that length, the rest in the "
+                    f"{cut:,} tokens run in a layout of that length, the rest in the "
                     f"long one: give a smaller cut, or --max-model-len "
-                    f"{round_model_len(self.split_at + 1)}")
+                    f"{round_model_len(cut + 1)}")
         if self.split_placement == "side-by-side" and (self.split_at is None
                                                        or self.replicas < 2):
             raise SettingsError("--split-placement side-by-side runs the two parts of "
