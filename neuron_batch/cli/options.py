@@ -61,15 +61,18 @@ _TYPES = {Kind.INT: int, Kind.FLOAT: float, Kind.FOLDER: click.Path(file_okay=Fa
           Kind.FILE: click.Path(dir_okay=False)}
 
 
-def _option_of(d: Declared, help: str | None = None) -> Callable:
+def _option_of(d: Declared, help: str | None = None, command: str | None = None
+               ) -> Callable[[Any], Any]:
     """The click option of declared setting `d`: its flag(s), type, default,
-    environment variable and help, its scope as a [sim]/[neuron] tag."""
+    environment variable and help, its scope as a [sim]/[neuron] tag; in `command`, the help
+    it declares for that command (which says the default there)."""
     s = d.setting
     flag = f"--{d.flag}"
     names = [flag] + ([s.short] if s.short else []) + [d.name]
-    text = help if help is not None else s.help
-    if s.scope in (Scope.SIM, Scope.NEURON) and help is None:   # (a command's own help knows)
-        text = f"[{s.scope.value}] {text}"
+    own = dict(s.help_in).get(command or "") if help is None else None
+    text = help if help is not None else own if own is not None else s.help
+    if s.scope in (Scope.SIM, Scope.NEURON) and help is None and own is None:
+        text = f"[{s.scope.value}] {text}"      # (a command's own help knows)
     kwargs: dict[str, Any] = {"help": text, "envvar": s.envvar, "metavar": s.metavar}
     default = d.default.value if isinstance(d.default, Choice) else d.default
     if s.sweep:                     # a list in bench (swept), one value in run
@@ -93,6 +96,8 @@ def _option_of(d: Declared, help: str | None = None) -> Callable:
     else:
         kwargs.update(type=_TYPES.get(s.kind), default=default,
                       show_default=s.show_default and default is not None)
+    if own is not None:             # (the command's help says its default)
+        kwargs["show_default"] = False
     return click.option(*names, **kwargs)
 
 
@@ -110,7 +115,7 @@ def settings_options(command: str) -> Callable:
     for d in DECLARED:
         if d.flag is None or command not in d.setting.commands:
             continue
-        options.append(_option_of(d))
+        options.append(_option_of(d, command=command))
         if d.setting.kind is Kind.PREFIX_CACHING:
             options.append(click.option("--no-prefix-caching", is_flag=True, default=False,
                                         help="The same as --prefix-caching off."))

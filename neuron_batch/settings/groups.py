@@ -35,6 +35,8 @@ DEFAULT_INSTANCE = "inf2.8xlarge"
 SPLIT_AUTO = "auto"
 
 _RUN = frozenset({"run"})
+#: The layout settings `doctor` checks a run's layout with, beside run and bench.
+_DOCTOR = frozenset({"run", "bench", "doctor"})
 
 
 @dataclass(frozen=True)
@@ -95,11 +97,14 @@ class LayoutSettings:
     the order requests are submitted in."""
 
     model: str | None = setting(
-        None, envvar="NEURON_BATCH_MODEL", checked=True,
+        None, commands=_DOCTOR, envvar="NEURON_BATCH_MODEL", checked=True,
+        help_in=(("doctor", "Check that this model's layout loads here: a local directory with "
+                            "config.json, or a catalogue name such as llama-3.1-8b."),),
         help="Local model directory or Hugging Face id. Default: the built-in "
              "SmolLM2-135M-Instruct (prepared once into the cache).")
     max_num_seqs: int = setting(
         DEFAULT_MAX_NUM_SEQS, kind=Kind.INT, metavar="N", checked=True, sweep=True,
+        commands=_DOCTOR,
         written=Written.ALWAYS,
         help="Most requests decoding at once (the largest decode batch). `bench` takes a list "
              "to sweep, e.g. 8,16,32.")
@@ -109,6 +114,7 @@ class LayoutSettings:
              "this size (nxdi prefills whole prompts).")
     max_model_len: int = setting(
         DEFAULT_MAX_MODEL_LEN, kind=Kind.INT, checked=True, written=Written.ALWAYS,
+        commands=_DOCTOR,
         help="Longest prompt + output, in tokens.")
     context_encoding_buckets: tuple[int, ...] | None = setting(
         None, kind=Kind.BUCKETS, metavar="N,N,...", checked=True, written=Written.RESOLVED,
@@ -144,21 +150,25 @@ class LayoutSettings:
         help="[optimum-neuron] The export's context-encoding length: every prompt is padded "
              "to it, none may be longer. Default: max-model-len.")
     block_size: int | None = setting(
-        None, kind=Kind.INT, checked=True,
+        None, commands=_DOCTOR, kind=Kind.INT, checked=True,
         help="KV block size. Default 32 on Neuron and sim (nxdi takes 16 or 32; max-model-len "
              "with --no-prefix-caching); on the CPU vLLM's own.")
     #: None: auto, decided once per run where it pays (layout/prefix_decision.py).
     prefix_caching: bool | None = setting(
-        None, kind=Kind.PREFIX_CACHING, checked=True,
+        None, commands=_DOCTOR, kind=Kind.PREFIX_CACHING, checked=True,
+        help_in=(("doctor", "[nxdi] The KV layout to describe: NxDI's block layout and (prefill, "
+                            "prefix) grid, or the contiguous one. Default: the runtime's."),),
         help="vLLM's prefix cache. auto: on where the step model says shared blocks pay for it "
              "(docs/inputs-outputs.md).")
     prefix_buckets: tuple[int, ...] | None = setting(
         None, kind=Kind.BUCKETS, metavar="N,N,...", checked=True, written=Written.RESOLVED,
+        commands=_DOCTOR,
         plugin_key="prefix_buckets",
         help="[nxdi, prefix caching] Prefix buckets: multiples of the block size, ending at "
              "max-model-len (0 is always added). Default: 0, 512, 1024...")
     kv_reserve: KvReserve = setting(
         KvReserve.REQUEST, kind=Kind.KV_RULE, metavar="RULE", checked=True, sweep=True,
+        commands=_DOCTOR,
         help="[vllm-neuron] KV admission: request reserves each request's prompt + max_tokens, "
              "max-model-len a max_model_len each; `bench` takes both, comma-separated.")
     order: Order = setting(
@@ -197,12 +207,15 @@ class TargetSettings:
              "device.")
     runtime: str | None = setting(
         None, kind=Kind.CHOICE, choices=RUNTIME_NAMES, envvar="NEURON_BATCH_RUNTIME",
+        commands=_DOCTOR,
         checked=True,
         help="What Neuron compiles: nxdi (inf2/trn1, buckets), vllm-neuron (trn2/trn3, paged "
              "KV), optimum-neuron (inf2/trn1, an export's two graphs). Default: the instance's, "
              "the plugin's, else vllm-neuron.")
     instance: str = setting(
         DEFAULT_INSTANCE, envvar="NEURON_BATCH_INSTANCE", scope=Scope.SIM, table="sim",
+        commands=_DOCTOR, help_in=(("doctor", "This host's instance type. Default: what the "
+                                              "host says (EC2's DMI product name)."),),
         checked=True, written=Written.ALWAYS_SIM,
         help=f"{', '.join(INSTANCES)}.")
     #: The host's instance type on a real Neuron device, priced: --instance where it was given
@@ -215,13 +228,16 @@ class TargetSettings:
         help="Model architecture: a catalogue name (llama-3-8b, mistral-7b, ...) or a "
              "config.json. Default: the --model's.")
     tensor_parallel_size: int | None = setting(
-        None, kind=Kind.INT, scope=Scope.TARGET, table="sim", checked=True,
+        None, commands=_DOCTOR, kind=Kind.INT, scope=Scope.TARGET, table="sim", checked=True,
         written=Written.ALWAYS_SIM,
+        help_in=(("doctor", "NeuronCores the model is sharded over. Default: vLLM's (1)."),),
         help="NeuronCores to shard over. [sim] Default: all of the instance's. [neuron] "
              "Default: vLLM's (1); with --replicas, per replica.")
     weight_dtype: WeightDtype = setting(
         WeightDtype.BF16, kind=Kind.CHOICE, choices=WeightDtype, scope=Scope.SIM, table="sim",
-        checked=True, help="Weight storage type.")
+        commands=_DOCTOR,
+        checked=True, help="Weight storage type.",
+        help_in=(("doctor", "Weight storage type. Default: bf16."),))
     cost_profile: str | None = setting(
         None, envvar="NEURON_BATCH_COST_PROFILE", scope=Scope.SIM, table="sim", checked=True,
         help="Step-time profile JSON (from `neuron-batch calibrate`). Default: the instance's "
@@ -234,7 +250,9 @@ class TargetSettings:
         help="Count the graphs as compiled before (cached): the start-up is their load only. "
              "Default: compiled fresh.")
     compiled_artifacts: str | None = setting(
-        None, metavar="DIR", envvar="NEURON_BATCH_COMPILED_ARTIFACTS",
+        None, commands=_DOCTOR, metavar="DIR", envvar="NEURON_BATCH_COMPILED_ARTIFACTS",
+        help_in=(("doctor", "Where `run` keeps compiled graphs. Default: "
+                            "<cache>/neuron-compiled."),),
         help="Compiled graphs, a folder per hash of the compiled shapes (the same shapes load, "
              "others compile; on sim: count no compile). Default [neuron]: "
              "<cache>/neuron-compiled; [sim]: none.")

@@ -183,7 +183,7 @@ class RunSettings(_EverySetting):
         self._check_runtime_runs_here(runtime)
         if runtime.static_kv and self.kv_reserve == KvReserve.MAX_MODEL_LEN:
             paged = RUNTIMES[VLLM_NEURON]
-            family = self._sim_family()     # (name the paged runtime only where it runs)
+            family = self._named_family()   # (name the paged runtime only where it runs)
             raise SettingsError(
                 f"--kv-reserve does not apply under the {runtime.name} runtime: its static KV "
                 f"cache holds max_num_seqs x max_model_len by construction, so KV never limits "
@@ -213,12 +213,16 @@ class RunSettings(_EverySetting):
         return self.replicas > 1 or self.ray is not None
 
     def _check_runtime_runs_here(self, runtime: Runtime) -> None:
-        """On the simulated device, a runtime AWS does not ship for the instance is refused:
-        none of its layouts loads there, so no figure of it would be true."""
-        family = self._sim_family()
+        """A runtime AWS does not ship for the instance named (the simulated one, or a Neuron
+        host's --instance with --runtime given) is refused: none of its layouts loads there, so
+        no figure of it would be true (layout/device_fit.py asks it again of an instance found
+        later). Off the simulated device the runtime decided without --runtime is the
+        plugin's, or on a host without one the seed's, which only shapes the scheduling."""
+        family = self._named_family() if self.simulated or self.runtime else None
         if family is None:
-            return          # (not simulated, or the simulated device names the instance)
-        refused = runtime.not_shipped_for(self.instance, family)
+            return          # (no instance named, or one resolve_target names as unknown)
+        named = self.instance if self.simulated else self.host_instance
+        refused = runtime.not_shipped_for(str(named), family)
         if refused:
             raise SettingsError(refused)
 
@@ -238,6 +242,15 @@ class RunSettings(_EverySetting):
             return self.sim_instance().family
         except HardwareError:
             return None
+
+    def _named_family(self) -> str | None:
+        """The family of the instance these settings name: the simulated one, or a Neuron
+        host's --instance (doctor's too); None when none is named or it is unknown."""
+        if self.simulated:
+            return self._sim_family()
+        from neuron_batch.device.hardware import INSTANCES
+        host = INSTANCES.get(self.host_instance or "")
+        return host.family if host is not None else None
 
     def resolve_runtime(self) -> Runtime:
         """The Neuron runtime this run follows: `--runtime`; else the simulated instance's (nxdi
