@@ -49,6 +49,19 @@ def load_config_option(ctx: click.Context, param: click.Parameter, value: str | 
             parse_prefix_caching(settings["prefix_caching"], f"{value}: prefix-caching")
     except (SettingsError, ValueError) as error:
         raise click.BadParameter(str(error), ctx=ctx, param=param) from None
+    taken = {p.name for p in ctx.command.params}
+    refused = [name for name in settings if name not in taken]
+    if refused:
+        from neuron_batch.cli.command import commands_taking
+
+        words = []
+        for name in refused:
+            takers = commands_taking(ctx, param=name)
+            key = BY_NAME[name].key.replace("_", "-")
+            words.append(f"{key!r} is no option of `{ctx.info_name}`"
+                         + (f" ({', '.join(f'`{t}`' for t in takers)} "
+                            f"take{'s' if len(takers) == 1 else ''} it)" if takers else ""))
+        raise click.BadParameter(f"{value}: " + "; ".join(words), ctx=ctx, param=param)
     ctx.default_map = {**(ctx.default_map or {}), **settings}
     return value
 
