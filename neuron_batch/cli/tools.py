@@ -161,7 +161,7 @@ def _calibrate_published(path: str, instance: str | None, output: str) -> None:
             instance = _device(instance)[0].name
         # Start from the built-in profile: what the table cannot set stays AWS-calibrated.
         start = load_profile(instance or rows[0].instance)
-        profile = fit_published(rows=rows, instance=instance, start=start)
+        profile = fit_published(rows=rows, instance=instance, start=start, table=path)
     except ValueError as error:
         raise click.UsageError(str(error)) from None
     save_profile(profile, output)
@@ -201,10 +201,12 @@ def buckets():
 @click.option("--tensor-parallel-size", type=int, default=None,
               help="[--objective time] Default: all NeuronCores of the instance.")
 @setting_option("weight_dtype")
+@setting_option("runtime", help="The runtime whose prefill buckets to suggest (nxdi prefills "
+                                "whole prompts, vllm-neuron chunks). Default: --instance's.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, prompt_column,
                     objective, instance, architecture, tensor_parallel_size, weight_dtype,
-                    as_json):
+                    runtime, as_json):
     """The prefill bucket set of at most --max-buckets buckets that pads the workload's
     prompts least (exact optimum, by dynamic programming), against the default powers of two.
 
@@ -222,6 +224,16 @@ def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, 
 
     if max_buckets < 1:
         raise click.BadParameter("must be at least 1", param_hint="--max-buckets")
+    from neuron_batch.runtime import RuntimeNameError
+    from neuron_batch.runtime_choice import simulated_runtime
+
+    try:
+        follows = simulated_runtime(runtime, _device(instance, None)[0].family)
+    except (ValueError, RuntimeNameError) as error:
+        raise click.UsageError(str(error)) from None
+    if follows.prefill.single:
+        raise click.UsageError(f"{follows.name} compiles one context-encoding length "
+                               f"({follows.prefill.flag}): there is no bucket list to suggest")
     try:
         loaded = load_prompts(inputs, prompt_column=prompt_column)
     except InputError as error:
@@ -248,15 +260,17 @@ def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, 
         candidates = range(1, min(max_num_batched_tokens, max_model_len) + 1)
     result = suggest_prefill(lengths, max_buckets=max_buckets,
                              max_num_batched_tokens=max_num_batched_tokens,
-                             max_model_len=max_model_len, cost=cost, candidates=candidates)
+                             max_model_len=max_model_len, cost=cost, candidates=candidates,
+                             runtime=follows)
     result["objective"] = objective
     if as_json:
         click.echo(json.dumps(result))
         return
     default = result["default"]
     click.echo(f"{len(lengths):,} prompts -> {result['num_chunks']:,} prefill chunks "
-               f"(max_num_batched_tokens {max_num_batched_tokens:,})")
-    click.echo(f"suggested ({len(result['buckets'])} buckets): "
+               + (f"(max_num_batched_tokens {max_num_batched_tokens:,})"
+                  if follows.chunked_prefill else f"(whole prompts under {follows.name})"))
+    click.echo(f"suggested ({len(result['buckets'])} buckets): {result['flag']} "
                f"{','.join(map(str, result['buckets']))}")
     click.echo(f"  padded tokens {result['padded_tokens']:,} for {result['actual_tokens']:,} "
                f"actual: waste {result['waste_fraction']:.1%}")

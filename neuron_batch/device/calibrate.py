@@ -131,10 +131,12 @@ def _select_rows(csv_path: str | Path | None, rows: Iterable[PublishedRow] | Non
 def fit_published(csv_path: str | Path | None = None, instance: str | None = None,
                   select: Callable[[PublishedRow], bool] | None = None,
                   attended: bool | str = DEFAULT_ATTENDED, start: CostProfile | None = None,
-                  rows: Iterable[PublishedRow] | None = None) -> CostProfile:
+                  rows: Iterable[PublishedRow] | None = None,
+                  table: str | None = None) -> CostProfile:
     """Fit FIT_PARAMS to published rows: those of `rows` (default: the CSV at csv_path, or
     the sixteen embedded rows) on `instance` (default: all) that `select` keeps. The
-    returned profile is named after `instance`, else the first row's instance."""
+    returned profile is named after `instance`, else the first row's instance; its source
+    names the table (`table`, else csv_path; neither: the embedded rows, AWS's)."""
     chosen = _select_rows(csv_path, rows, instance, select)
     if not chosen:
         raise ValueError(f"no published rows{f' for {instance}' if instance else ''} to fit")
@@ -156,9 +158,11 @@ def fit_published(csv_path: str | Path | None = None, instance: str | None = Non
     families = sorted({r.instance for r in chosen})
     held = [] if "quantized_weight_bytes" in names else [
         f"quantized_weight_bytes held at {base.quantized_weight_bytes:g} (no int8/fp8 row)"]
+    table = table or (str(csv_path) if csv_path is not None else None)
+    origin = ("(AWS Neuron SDK 2.18 performance tables, transformers-neuronx, static batching)"
+              if table is None else f"(the rows of {table}, static batching)")
     return fitted.replace(source=(
-        f"fit to {len(chosen)} published rows on {', '.join(families)} (AWS Neuron SDK 2.18 "
-        f"performance tables, transformers-neuronx, static batching)"
+        f"fit to {len(chosen)} published rows on {', '.join(families)} {origin}"
         + (f"; {'; '.join(held)}" if held else "")))
 
 
