@@ -8,7 +8,6 @@ import click
 
 from neuron_batch.cli.group import main
 from neuron_batch.cli.options import setting_option
-from neuron_batch.settings import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 
 @main.command()
@@ -24,8 +23,8 @@ from neuron_batch.settings import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED
 @click.option("--architecture", default=None,
               help="The model's architecture: a catalogue name or its config.json (required with "
                    "RUN_DIRS; --published rows name their model).")
-@click.option("--tensor-parallel-size", type=int, default=None,
-              help="NeuronCores the runs used. Default: all of the instance's.")
+@setting_option("tensor_parallel_size", help="NeuronCores the runs used. Default: all of the "
+                                             "instance's.")
 @setting_option("weight_dtype")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
               help="Where to write the fitted profile (JSON), for --cost-profile.")
@@ -186,20 +185,21 @@ def buckets():
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--max-buckets", type=int, default=4, show_default=True,
               help="Most prefill buckets (compiled graphs) to allow.")
-@click.option("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-              show_default=True)
-@click.option("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN, show_default=True)
-@click.option("--prompt-column", default="prompt", show_default=True)
+@setting_option("max_num_batched_tokens", help="Prompts are cut into prefill chunks of this "
+                                               "size (vllm-neuron; nxdi prefills them whole).")
+@setting_option("max_model_len", help="Longest prompt + output, in tokens; longer prompts are "
+                                      "left out.")
+@setting_option("prompt_column")
 @click.option("--objective", type=click.Choice(["tokens", "time"]), default="tokens",
               show_default=True,
               help="Minimise padded prefill tokens, or modelled prefill time on the simulated "
                    "device's cost model (--instance, --architecture).")
-@click.option("--instance", default="inf2.8xlarge", show_default=True,
-              help="[--objective time] The instance whose cost model prices a bucket.")
+@setting_option("instance", help="The instance whose runtime takes the buckets and, with "
+                                 "--objective time, whose cost model prices one.")
 @click.option("--architecture", default="llama-3.1-8b", show_default=True,
               help="[--objective time] Catalogue name or config.json.")
-@click.option("--tensor-parallel-size", type=int, default=None,
-              help="[--objective time] Default: all NeuronCores of the instance.")
+@setting_option("tensor_parallel_size", help="[--objective time] Default: all NeuronCores of "
+                                             "the instance.")
 @setting_option("weight_dtype")
 @setting_option("runtime", help="The runtime whose prefill buckets to suggest (nxdi prefills "
                                 "whole prompts, vllm-neuron chunks). Default: --instance's.")
