@@ -49,10 +49,10 @@ class JobSettings:
         help="Input files (.jsonl, OpenAI batch .jsonl, .csv, .parquet, .txt), data-set folders "
              "or hf:NAME[:CONFIG] data sets; none: the built-in prompts.")
     max_tokens: int = setting(
-        DEFAULT_MAX_TOKENS, kind=Kind.INT,
+        DEFAULT_MAX_TOKENS, bound="positive", kind=Kind.INT,
         help="Output tokens per request where the input gives none.")
     temperature: float = setting(
-        0.0, kind=Kind.FLOAT, commands=_RUN,
+        0.0, bound="non-negative", kind=Kind.FLOAT, commands=_RUN,
         help="Sampling temperature where the input gives none (0 = greedy).")
     ignore_eos: bool = setting(
         False, kind=Kind.FLAG, checked=True,
@@ -68,7 +68,8 @@ class JobSettings:
     dataset_split: str = setting(
         "train", option="split", selects=True, help="Data-set split to read.")
     limit: int | None = setting(
-        None, kind=Kind.INT, selects=True, help="Run only the first N prompts.")
+        None, kind=Kind.INT, selects=True, bound="non-negative",
+        help="Run only the first N prompts.")
     shuffle: bool = setting(
         False, kind=Kind.SWITCH, selects=True, commands=_RUN,
         help="Shuffle prompts (before --limit).")
@@ -104,16 +105,19 @@ class LayoutSettings:
              "SmolLM2-135M-Instruct (prepared once into the cache).")
     max_num_seqs: int = setting(
         DEFAULT_MAX_NUM_SEQS, kind=Kind.INT, metavar="N", checked=True, sweep=True,
+        bound="positive",
         commands=_DOCTOR,
         written=Written.ALWAYS,
         help="Most requests decoding at once (the largest decode batch). `bench` takes a list "
              "to sweep, e.g. 8,16,32.")
     max_num_batched_tokens: int = setting(
         DEFAULT_MAX_NUM_BATCHED_TOKENS, kind=Kind.INT, checked=True, written=Written.ALWAYS,
+        bound="positive",
         help="[vllm-neuron] Largest prefill chunk; longer prompts are prefilled in chunks of "
              "this size (nxdi prefills whole prompts).")
     max_model_len: int = setting(
         DEFAULT_MAX_MODEL_LEN, kind=Kind.INT, checked=True, written=Written.ALWAYS,
+        bound="positive",
         commands=_DOCTOR,
         help="Longest prompt + output, in tokens.")
     context_encoding_buckets: tuple[int, ...] | None = setting(
@@ -150,7 +154,7 @@ class LayoutSettings:
         help="[optimum-neuron] The export's context-encoding length: every prompt is padded "
              "to it, none may be longer. Default: max-model-len.")
     block_size: int | None = setting(
-        None, commands=_DOCTOR, kind=Kind.INT, checked=True,
+        None, bound="positive", commands=_DOCTOR, kind=Kind.INT, checked=True,
         help="KV block size. Default 32 on Neuron and sim (nxdi takes 16 or 32; max-model-len "
              "with --no-prefix-caching); on the CPU vLLM's own.")
     #: None: auto, decided once per run where it pays (layout/prefix_decision.py).
@@ -243,7 +247,7 @@ class TargetSettings:
         help="Step-time profile JSON (from `neuron-batch calibrate`). Default: the instance's "
              "built-in profile.")
     num_instances: int = setting(
-        1, kind=Kind.INT, scope=Scope.SIM, table="sim", commands=_RUN,
+        1, bound="positive", kind=Kind.INT, scope=Scope.SIM, table="sim", commands=_RUN,
         help="Instances of --instance the --replicas engines are spread over.")
     compiled: bool = setting(
         False, kind=Kind.FLAG, scope=Scope.SIM, table="sim", show_default=False,
@@ -289,9 +293,10 @@ class ControlSettings:
         show_default=False, help="No progress bar or summary (for cron).")
     max_runtime: float | None = setting(
         None, kind=Kind.FLOAT, metavar="SECONDS", written=Written.NEVER, commands=_RUN,
+        bound="positive",
         help="Stop cleanly after this long (exit 4; --resume continues).")
     replicas: int = setting(
-        1, kind=Kind.INT, commands=_RUN,
+        1, bound="positive", kind=Kind.INT, commands=_RUN,
         help="Engines sharing the prompts (data parallel), each with these settings; more than "
              "1 runs on Ray, local or --ray's (needs neuron-batch[ray]).")
     ray: str | None = setting(

@@ -25,7 +25,7 @@ from neuron_batch.prefix_grid import BLOCK_SIZES
 from neuron_batch.report.cost import Price, PricingError, has_builtin_price, price_for
 from neuron_batch.runtime import RUNTIMES, VLLM_NEURON, Runtime, RuntimeNameError, Shapes
 from neuron_batch.runtime_choice import decide_runtime
-from neuron_batch.settings.declare import Declared, declared_in
+from neuron_batch.settings.declare import Declared, Kind, declared_in
 from neuron_batch.settings.groups import (
     GROUPS,
     SPLIT_AUTO,
@@ -116,30 +116,14 @@ class RunSettings(_EverySetting):
             parse_prefix_caching(self.prefix_caching)
         except ValueError as error:
             raise SettingsError(str(error)) from None
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_tokens"):
-            _positive(name.replace("_", "-"), getattr(self, name))
-        if self.block_size is not None:
-            _positive("block-size", self.block_size)
-        if self.limit is not None and self.limit < 0:
-            raise SettingsError(f"--limit must be 0 or more, got {self.limit}")
-        if self.max_runtime is not None and self.max_runtime <= 0:
-            raise SettingsError(f"--max-runtime must be a positive number of seconds, "
-                                f"got {self.max_runtime}")
-        _positive("replicas", self.replicas)
-        for name in ("order", "split_placement", "device", "on_error"):
-            kind = BY_NAME[name].setting.choices
-            if getattr(self, name) not in kind.values():
-                raise SettingsError(f"--{name.replace('_', '-')} must be one of "
-                                    f"{', '.join(kind.values())}, got {getattr(self, name)!r}")
+        for d in DECLARED:              # each number's range, each choice's values
+            _check_declared(d, getattr(self, d.name))
         self._check_split()
-        _positive("num-instances", self.num_instances)
         if self.compiled and not self.simulated:
             raise SettingsError("--compiled is for --device sim; a Neuron host finds its graphs "
                                 "itself (--compiled-artifacts, the compile cache)")
         if self.ray is not None and not str(self.ray).strip():
             raise SettingsError("--ray needs a cluster address (host:port, auto or local)")
-        if self.temperature < 0:
-            raise SettingsError(f"--temperature must be 0 or more, got {self.temperature}")
         try:
             KvReserve.parse(self.kv_reserve, "kv-reserve")
         except ValueError as error:
@@ -349,6 +333,24 @@ def _read(name: str, group: str) -> property:
 for _declared in DECLARED:          # settings.max_num_seqs reads settings.layout.max_num_seqs
     setattr(RunSettings, _declared.name, _read(_declared.name, _declared.group))
 del _declared
+
+
+def _check_declared(d: Declared, value: Any) -> None:
+    """SettingsError where `value` is outside the declared range (`bound`) of setting `d`, or
+    no value of its declared choices (a Choice enumeration's)."""
+    s, flag = d.setting, f"--{d.flag or d.name.replace('_', '-')}"
+    if s.bound is not None and not (value is None and d.default is None):
+        whole = s.kind is Kind.INT
+        if s.bound == "positive" and (value is None or value <= 0):
+            unit = f" of {s.metavar.lower()}" if s.metavar and not whole else ""
+            raise SettingsError(f"{flag} must be a positive {'whole ' if whole else ''}"
+                                f"number{unit}, got {value}")
+        if s.bound == "non-negative" and (value is None or value < 0):
+            raise SettingsError(f"{flag} must be 0 or more, got {value}")
+    if s.kind is Kind.CHOICE and isinstance(s.choices, type) and issubclass(s.choices, Choice) \
+            and value not in s.choices.values() and not (value is None and d.default is None):
+        raise SettingsError(f"{flag} must be one of {', '.join(s.choices.values())}, "
+                            f"got {value!r}")
 
 
 def _positive(name: str, value: int) -> None:
