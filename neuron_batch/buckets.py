@@ -63,10 +63,10 @@ def validate_buckets(buckets: Sequence[int], maximum: int, *, name: str,
     is wrong and give a valid list to use instead.
     """
     buckets = list(buckets)
-    suggestion = fitting_buckets(buckets, maximum)
-    if name.startswith("--"):
-        # An option's error suggests the option as it is typed, so it can be pasted back.
-        suggestion = f"{name} {','.join(map(str, suggestion))}"
+    fitting = fitting_buckets(buckets, maximum)
+    # An option's error suggests the option as it is typed, so it can be pasted back.
+    suggestion: str | list[int] = (f"{name} {','.join(map(str, fitting))}"
+                                   if name.startswith("--") else fitting)
     if not buckets:
         raise BucketError(f"{name} is empty; it needs at least one bucket, e.g. {suggestion}")
     for value in buckets:

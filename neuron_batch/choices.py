@@ -40,7 +40,8 @@ class Choice(StrEnum):
         """The member `value` names (a member, its value or its command-line spelling), or
         None when it names none."""
         try:
-            return cls(value)
+            # (a member, its value or a spelling: the enumeration's own lookup decides)
+            return cls(value)   # type: ignore[arg-type]
         except (ValueError, TypeError):
             return None
 

@@ -97,11 +97,6 @@ class GridCell:
     recomputed: int         # cached tokens moved into the prefill bucket and computed again
     prefix_tokens: int      # cached tokens read from the KV cache (padded to prefix_bucket)
 
-    @property
-    def num_graph_tokens(self) -> int:
-        """Tokens the graph's shape covers: the prefill bucket plus the prefix bucket."""
-        return self.prefill_bucket + self.prefix_bucket
-
 
 def grid_cell(new_tokens: int, cached_tokens: int, prefill_buckets: Sequence[int],
               prefix_buckets: Sequence[int]) -> GridCell:

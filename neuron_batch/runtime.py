@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from neuron_batch import device_sampling, prefix_grid
 from neuron_batch.buckets import (
@@ -63,6 +64,10 @@ RUNTIME_NAMES = (NXDI, VLLM_NEURON, OPTIMUM_NEURON)
 #: the smallest `kv_segment_size` it takes (../shared/notes/neuron-runtimes.md, Beta plugin
 #: prefix caching). An assumption: the plugin ties it to the token buckets, not one size.
 KV_SEGMENT_SIZE = 512
+
+
+#: The KV block a runtime's shapes assume where none is given (the largest NxDI takes).
+_DEFAULT_BLOCK_SIZE = prefix_grid.BLOCK_SIZES[-1]
 
 
 @dataclass(frozen=True)
@@ -136,7 +141,7 @@ class Runtime:
     def shapes(self, bucket_lists: Mapping[str, Sequence[int] | None] | None, *,
                max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
                family: str | None = None, prefix_caching: bool = False,
-               block_size: int = prefix_grid.BLOCK_SIZES[-1]) -> Shapes:
+               block_size: int = _DEFAULT_BLOCK_SIZE) -> Shapes:
         """The shapes for these limits and the user's lists (by config key; a missing or None
         list takes the runtime's default). BucketError, naming the flag, for a list the
         plugin would refuse or that leaves a step without a graph; for a list of the other
@@ -183,14 +188,14 @@ class Runtime:
                              default_prefill_buckets(max_num_batched_tokens, max_model_len))
         decode = self._list(given, self.decode, max_num_seqs,
                             default_decode_buckets(max_num_seqs))
-        context = given.get(self.attention.key)
-        attention = [] if context is None else validate_context_buckets(
-            list(context), max_model_len, self.attention.flag)
+        given_context = given.get(self.attention.key)
+        attention = [] if given_context is None else validate_context_buckets(
+            list(given_context), max_model_len, self.attention.flag)
         return Shapes(self, max_num_seqs, max_model_len, tuple(prefill), tuple(decode),
                       tuple(attention))
 
     @staticmethod
-    def bucket_lists_in(section: Mapping[str, object] | None) -> dict[str, object]:
+    def bucket_lists_in(section: Mapping[str, Any] | None) -> dict[str, Any]:
         """The bucket lists of a plugin config section, by key: its other keys (KV layout,
         sampling) are the plugin's. Lists of either runtime are kept, so that `shapes` still
         refuses the other runtime's."""
@@ -199,11 +204,12 @@ class Runtime:
         return {k: v for k, v in (section or {}).items() if k in keys}
 
     @staticmethod
-    def _list(given: Mapping[str, Sequence[int] | None], option: BucketOption, maximum: int,
-              default: list[int]) -> list[int]:
-        value = given.get(option.key)
+    def _list(given: Mapping[str, Sequence[int] | None], option: BucketOption | None,
+              maximum: int, default: list[int]) -> list[int]:
+        value = None if option is None else given.get(option.key)
         if value is None:
             return default
+        assert option is not None
         if option.single:
             return option.one_value(list(value), maximum)
         return validate_buckets(list(value), maximum, name=option.flag, max_name=option.maximum)
@@ -395,4 +401,4 @@ def runtime_of(record: Mapping[str, object] | None) -> Runtime:
     """The runtime a record names in "runtime" (a report's config, a sweep or plan row, the
     scheduler's config section, a serialised Target; none: `default_runtime()`)."""
     name = (record or {}).get("runtime")
-    return get_runtime(name) if name else default_runtime()
+    return get_runtime(str(name)) if name else default_runtime()

@@ -39,9 +39,9 @@ def foreign_message(runtime: Any, other: Any, given: Mapping[str, Sequence[int]]
         if option and own is None:
             why = dict(runtime.fixed_words).get(role, "it compiles no such list")
             instead.append(f"drop {option.flag} ({runtime.name} {why})")
-        elif option and fitted:
+        elif option and own is not None and fitted:
             instead.append(f"use {own.flag} {','.join(map(str, fitted))} ({own.what})")
-        elif option:
+        elif option and own is not None:
             instead.append(f"drop {option.flag} ({own.flag} is opt-in and none of these "
                            f"values is below max_model_len {max_model_len})")
     text = (f"{', '.join(named)} belong(s) to the {other.name} runtime "

@@ -52,3 +52,34 @@ def test_the_count_sees_a_long_help():
 
     counted = help_lines(planted, "planted")
     assert counted["short"] == 1 and counted["a_rather_long_option_name_indeed"] > MOST_LINES
+
+
+def test_run_help_lists_a_short_common_section_then_the_settings_by_concern():
+    from neuron_batch.settings import DECLARED
+
+    ctx = click.Context(main.commands["run"], info_name="run", terminal_width=WIDTH,
+                        max_content_width=WIDTH)
+    text = main.commands["run"].get_help(ctx)
+    titles = [line for line in text.splitlines() if line.endswith(":") and
+              not line.startswith(" ")]
+    assert titles[:5] == ["Common options:", "Input and output:", "Engine layout:",
+                          "Device:", "Run control:"], titles
+    common = text.split("Common options:")[1].split("Input and output:")[0]
+    assert "--max-num-seqs" in common and "--kv-reserve" not in common
+    assert len(common.strip().splitlines()) < 40          # (short: a first run's options)
+    for d in DECLARED:                                    # every option once, in one section
+        if d.flag and "run" in d.setting.commands:
+            assert text.count(f"--{d.flag} ") + text.count(f"--{d.flag}\n") >= 1, d.flag
+
+
+def test_an_option_or_job_file_key_a_command_lacks_names_the_commands_that_take_it(tmp_path):
+    from click.testing import CliRunner
+
+    flag = CliRunner().invoke(main, ["report", str(tmp_path), "--device", "sim"])
+    assert flag.exit_code == 2
+    assert "No such option: --device; `bench` and `run` take it" in flag.output
+    job = tmp_path / "job.toml"
+    job.write_text("max-num-seqs = 4\nmax-runtime = 60\n")
+    keyed = CliRunner().invoke(main, ["bench", "x.jsonl", "--config", str(job)])
+    assert keyed.exit_code == 2
+    assert "'max-runtime' is no option of `bench` (`run` takes it)" in keyed.output

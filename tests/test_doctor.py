@@ -2,6 +2,7 @@
 (pure, from made-up facts)."""
 
 import dataclasses
+import itertools
 import json
 import subprocess
 import sys
@@ -200,7 +201,7 @@ def test_gather_reads_the_host_through_its_hooks(tmp_path):
 def nxdi_runtime(**changes):
     base = {"runtime": "nxdi", "runtime_summary": "vLLM on NxD Inference, inf2/trn1",
             "nxdi": "0.6.10598", "compiled_artifacts": "/c/neuron-compiled",
-            "instance": "inf2.xlarge", "static_kv": None}
+            "instance": "inf2.xlarge"}
     base.update(changes)
     return base
 
@@ -218,20 +219,21 @@ def test_an_nxdi_host_is_neuron_although_its_platform_says_cpu():
     assert rep["run_device"] == "neuron" and rep["can_run"] is True
     text = doctor.format_text(rep)
     for shown in ("neuron runtime", "nxdi", "NxD Inference", "installed (0.6.10598)",
-                  "compiled artifacts", "/c/neuron-compiled", "static KV", "not checked"):
+                  "compiled artifacts", "/c/neuron-compiled", "layout", "not checked"):
         assert shown in text
 
 
 def test_an_nxdi_host_without_nxdi_or_room_for_its_kv_cannot_run():
     kv = {"model": "llama-3.1-8b", "max_num_seqs": 32, "max_model_len": 16384,
-          "tensor_parallel_size": 2, "weight_dtype": "bf16", "fits": False,
+          "tensor_parallel_size": 2, "weight_dtype": "bf16", "runtime": "nxdi",
+          "instance": "inf2.xlarge", "fits": False,
           "detail": "cannot load under nxdi ... What fits: --max-num-seqs 6"}
     rep = doctor.report(facts(
         neuron_plugin={"version": "0.2.0", "entry_point": "vllm_neuron:register"},
-        neuron_runtime=nxdi_runtime(nxdi=None, static_kv=kv),
+        neuron_runtime=nxdi_runtime(nxdi=None), layout_fit=kv,
         neuron={"devices": ["/dev/neuron0"], "neuron_ls": None, "visible_cores": None}))
     assert statuses(rep)["NxD Inference"] == "fail"
-    assert statuses(rep)["static KV"] == "fail"
+    assert statuses(rep)["layout"] == "fail"
     assert rep["can_run"] is False
     assert any("--max-num-seqs 6" in p for p in rep["problems"])
 
@@ -242,14 +244,19 @@ def test_doctor_checks_a_layout_against_the_static_kv_rule(monkeypatch, tmp_path
     layout = RunSettings.of(inputs=("-",), model="llama-3.1-8b", max_num_seqs=32,
                          max_model_len=16384, tensor_parallel_size=2,
                          host_instance="inf2.xlarge")
+    from neuron_batch.doctor.facts import layout_fit_facts
+    from neuron_batch.runtime import RUNTIMES
+
     found = doctor.neuron_runtime_facts("0.2.0", layout)
     assert found["runtime"] == "nxdi" and found["instance"] == "inf2.xlarge"
-    assert found["static_kv"]["fits"] is False
-    assert "What fits" in found["static_kv"]["detail"]
+    fit = layout_fit_facts(layout, RUNTIMES["nxdi"])
+    assert fit["fits"] is False and "What fits" in fit["detail"]
     small = RunSettings.of(inputs=("-",), model="llama-3.1-8b", max_num_seqs=4,
                         max_model_len=4096, tensor_parallel_size=2,
                         host_instance="inf2.xlarge")
-    assert doctor.neuron_runtime_facts("0.2.0", small)["static_kv"]["fits"] is True
+    assert layout_fit_facts(small, RUNTIMES["nxdi"])["fits"] is True
+    # no plugin here: the instance's runtime (nxdi on inf2), as the simulated device's
+    assert layout_fit_facts(small, None)["runtime"] == "nxdi"
     assert doctor.neuron_runtime_facts(None, small)["runtime"] is None
 
 
@@ -307,3 +314,78 @@ def test_a_model_that_is_not_there_or_not_a_model_stops_a_run(tmp_path, tiny_mod
         line = next(line for line in result.output.splitlines() if " model " in line
                     and "built-in" not in line)
         assert line.split()[:3] == ["ok", "model", model] and words in result.output
+
+
+# -- doctor refuses what run refuses ----------------------------------------------------------
+#: A grid of layouts a new user might ask about: instances of each family, from one request to
+#: many, a context from short to past the model's, under each runtime.
+FIT_GRID = list(itertools.product(
+    ("inf2.xlarge", "inf2.8xlarge", "inf2.48xlarge", "trn1.32xlarge", "trn2.3xlarge"),
+    (1, 8, 32, 256), (2048, 16384, 131072, 262144), ("nxdi", "vllm-neuron", "optimum-neuron"),
+    ("request", "max-model-len")))
+
+
+def _refusal(check) -> str | None:
+    """What a check refuses with (the layout's words, without the device it names), or None."""
+    from neuron_batch.errors import RunError
+    from neuron_batch.settings import SettingsError
+
+    try:
+        check()
+    except (SettingsError, RunError) as error:
+        return str(error).replace("--device sim: ", "").replace("--device neuron: ", "")
+    return None
+
+
+def test_doctor_refuses_exactly_what_run_refuses_on_a_grid_of_layouts():
+    """`doctor --model M --instance I --runtime R ...` and `run --device sim` with the same
+    layout (TP given: each device has its own default) agree on every point of the grid, in
+    the same words; both ask layout/device_fit.py."""
+    from neuron_batch.device.hardware import INSTANCES
+    from neuron_batch.doctor.facts import layout_fit_facts
+    from neuron_batch.job.job import resolve_target
+    from neuron_batch.settings import RunSettings
+
+    refused = 0
+    for instance, seqs, model_len, runtime, reserve in FIT_GRID:
+        layout = {"max_num_seqs": seqs, "max_model_len": model_len, "runtime": runtime,
+                  "tensor_parallel_size": INSTANCES[instance].num_cores,
+                  "kv_reserve": reserve}
+        sim = RunSettings.of(("-",), device="sim", instance=instance,
+                             architecture="llama-3.1-8b", **layout)
+        run_says = _refusal(lambda sim=sim: resolve_target(sim.validate(), None))
+
+        def doctor_check(instance=instance, layout=layout):
+            host = RunSettings.of(("-",), model="llama-3.1-8b", host_instance=instance,
+                                  **layout).validate()
+            fit = layout_fit_facts(host, None)
+            assert fit is not None and fit["fits"] is not None, fit
+            if not fit["fits"]:
+                from neuron_batch.settings import SettingsError
+                raise SettingsError(fit["detail"])
+
+        doctor_says = _refusal(doctor_check)
+        assert doctor_says == run_says, (instance, seqs, model_len, runtime, reserve)
+        refused += run_says is not None
+    # (the grid is not vacuous: it holds layouts of both kinds)
+    assert 0 < refused < len(FIT_GRID)
+
+
+def test_doctor_says_a_run_cannot_start_where_run_refuses_the_layout(tmp_path):
+    """The issue's case: 32 x 16384 of Llama-3.1-8B on inf2.xlarge is 64 GiB of static KV in
+    32 GiB of HBM; doctor exits 1 naming what fits, with or without a Neuron plugin here."""
+    from click.testing import CliRunner
+
+    from neuron_batch.cli import main
+
+    result = CliRunner().invoke(main, [
+        "doctor", "--no-platform", "-o", str(tmp_path), "--model", "llama-3.1-8b",
+        "--instance", "inf2.xlarge", "--max-num-seqs", "32", "--max-model-len", "16384",
+        "--tensor-parallel-size", "2"])
+    assert result.exit_code == 1, result.output
+    assert "a run cannot start here" in result.output and "What fits" in result.output
+    fits = CliRunner().invoke(main, [
+        "doctor", "--no-platform", "-o", str(tmp_path), "--model", "llama-3.1-8b",
+        "--instance", "inf2.xlarge", "--max-num-seqs", "4", "--max-model-len", "4096",
+        "--tensor-parallel-size", "2", "--runtime", "nxdi"])
+    assert "layout" in fits.output and "loads" in fits.output, fits.output

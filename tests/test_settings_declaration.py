@@ -127,3 +127,26 @@ def test_the_docs_table_is_the_declarations():
     held = page[page.index(BEGIN) + len(BEGIN):page.index(END)].strip("\n") + "\n"
     assert held == settings_table(), ("docs/settings.md is out of date: regenerate its table "
                                       "with `python -m neuron_batch.settings.docs_table`")
+
+
+def test_every_declared_range_and_choice_is_what_validate_refuses():
+    """Issue 49: the range and choice rules are the declarations' (`bound`, `choices`), not a
+    list of names in validate: each declared bound refuses the value just outside it, naming
+    the flag, and accepts the edge."""
+    from neuron_batch.choices import Choice
+    from neuron_batch.settings import SettingsError
+
+    bounded = [d for d in DECLARED if d.setting.bound]
+    assert {d.name for d in bounded} >= {"max_num_seqs", "max_model_len", "limit",
+                                         "max_runtime", "replicas", "temperature"}
+    for d in bounded:
+        outside, edge = ((0, 1) if d.setting.bound == "positive" else (-1, 0))
+        with pytest.raises(SettingsError, match=f"^--{d.flag} must be "):
+            RunSettings.of(("x",), **{d.name: outside}).validate()
+        if d.name not in ("max_model_len", "max_num_batched_tokens"):   # (1 token: too short)
+            RunSettings.of(("x",), **{d.name: edge}).validate()
+    for d in DECLARED:
+        if d.setting.kind is Kind.CHOICE and isinstance(d.setting.choices, type) \
+                and issubclass(d.setting.choices, Choice):
+            with pytest.raises(SettingsError, match=f"^--{d.flag} must be one of "):
+                RunSettings.of(("x",), **{d.name: "no-such-value"}).validate()

@@ -71,7 +71,7 @@ def run_command(settings: RunSettings, *, program: str = "neuron-batch run") -> 
 def shell_lines(command: str, width: int, indent: str = "  ") -> list[str]:
     """`command` as lines of at most `width` that a shell reads as the one command: broken
     between options with a trailing backslash, continuation lines indented further."""
-    words = []          # an option and its value stay on one line
+    words: list[str] = []   # an option and its value stay on one line
     for word in (shlex.quote(word) for word in shlex.split(command)):
         if words and words[-1].startswith("--") and " " not in words[-1] \
                 and not word.startswith("--"):

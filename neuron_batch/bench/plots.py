@@ -256,7 +256,7 @@ def _share(fraction: float) -> str:
 
 def _as_buckets(buckets: Sequence[int] | str) -> list[int]:
     if isinstance(buckets, str):
-        buckets = [part for part in buckets.replace(" ", ",").split(",") if part]
+        return sorted(int(part) for part in buckets.replace(" ", ",").split(",") if part)
     return sorted(int(b) for b in buckets)
 
 
@@ -267,7 +267,7 @@ def default_bucket_sets(rows: Sequence[Mapping[str, Any]],
     per graph and the cheapest Pareto configuration (each once, at most `MAX_BUCKET_SETS`)."""
     if not rows:
         return {}
-    recommendation = recommendation or recommend(list(rows))
+    recommendation = recommendation or recommend([dict(row) for row in rows])
     by_name = {row["name"]: row for row in rows}
     wanted = [recommendation.get("fastest"), DEFAULT_NAME, recommendation.get("best_per_graph"),
               *(recommendation.get("pareto") or [])[:1]]

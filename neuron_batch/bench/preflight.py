@@ -44,7 +44,9 @@ def layout_check(base: RunSettings, workload=None) -> Callable[[RunSettings], No
         if not base.architecture and workload is None:
             return None
         model_path = workload.model.path if workload is not None else None
-        return lambda settings: resolve_target(settings, model_path) and None
+        def check_target(settings: RunSettings) -> None:
+            resolve_target(settings, model_path)
+        return check_target
     if workload is not None and runs_on_neuron(base):
         return lambda settings: check_neuron_host(settings, workload)
     return None
@@ -72,8 +74,9 @@ def loadable(base: RunSettings, seqs_values: Sequence[int], kv_values: Sequence[
         several = len(seqs_values) * len(kv_values) > 1
         raise RunError((f"no layout of this sweep can load; the first: {first}" if several
                         else str(first)), EXIT_USAGE)
-    left_out = [{"option": "--kv-reserve", "value": kv, "error": errors[kv, seqs_values[0]]}
-                for kv in kv_values if kv not in kv_ok]
+    left_out: list[dict[str, object]] = [
+        {"option": "--kv-reserve", "value": kv, "error": errors[kv, seqs_values[0]]}
+        for kv in kv_values if kv not in kv_ok]
     left_out += [{"option": "--max-num-seqs", "value": s,
                   "error": next(errors[kv, s] for kv in kv_ok if errors[kv, s] is not None)}
                  for s in seqs_values if s not in seqs_ok]

@@ -218,7 +218,7 @@ def _preemption_words(*rows: dict[str, Any]) -> str:
     counts = [row.get("preemptions") for row in rows]
     if any(count is None for count in counts):
         return ""
-    total = sum(counts)
+    total = sum(count or 0 for count in counts)
     return ", with no preemption under either rule" if total == 0 else (
         f"; vLLM preempted {total:,} requests, which Neuron cannot do")
 

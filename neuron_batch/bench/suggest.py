@@ -18,6 +18,7 @@ from neuron_batch.layout.optimiser import (
     prefill_chunk_lengths,
     size_histogram,
 )
+from neuron_batch.runtime import Runtime
 
 
 def _summary(plan: BucketPlan, unit: str) -> dict:
@@ -36,21 +37,32 @@ def _summary(plan: BucketPlan, unit: str) -> dict:
 
 def suggest_prefill(prompt_lengths: Iterable[int], *, max_buckets: int,
                     max_num_batched_tokens: int, max_model_len: int, cost: Cost | None = None,
-                    candidates: Iterable[int] | None = None) -> dict:
-    """Best prefill buckets for a workload's prompt lengths, next to the default buckets.
+                    candidates: Iterable[int] | None = None,
+                    runtime: Runtime | None = None) -> dict:
+    """Best prefill buckets for a workload's prompt lengths under `runtime` (None: the
+    chunked prefill of vllm-neuron), next to its default buckets: a runtime that prefills
+    whole prompts (nxdi) buckets the prompts, not chunks of max_num_batched_tokens.
 
     Returns {"buckets", "actual_tokens", "padded_tokens", "waste_fraction", "cost",
-    "default": {same keys for default_prefill_buckets}, "num_chunks", "max_buckets"}.
+    "default": {same keys for the runtime's default list}, "num_chunks", "max_buckets",
+    "runtime", "flag" (the option that takes the list)}.
     """
+    if runtime is not None and not runtime.chunked_prefill:
+        max_num_batched_tokens = max_model_len      # (whole prompts: one chunk each)
     chunks = prefill_chunk_lengths(prompt_lengths, max_num_batched_tokens, max_model_len)
     maximum = effective_max_prefill_tokens(max_num_batched_tokens, max_model_len)
     plan = optimal_buckets(chunks, max_buckets, maximum, cost=cost, candidates=candidates)
-    default = evaluate(chunks, default_prefill_buckets(max_num_batched_tokens, max_model_len),
-                       cost=cost)
+    defaults = (default_prefill_buckets(max_num_batched_tokens, max_model_len) if runtime is None
+                else list(runtime.shapes({}, max_num_seqs=1,
+                                         max_num_batched_tokens=max_num_batched_tokens,
+                                         max_model_len=max_model_len).prefill_buckets))
+    default = evaluate(chunks, defaults, cost=cost)
     out = _summary(plan, "tokens")
     out["default"] = _summary(default, "tokens")
     out["num_chunks"] = sum(chunks.values())
     out["max_buckets"] = max_buckets
+    out["runtime"] = runtime.name if runtime is not None else None
+    out["flag"] = runtime.prefill.flag if runtime is not None else "--prefill-buckets"
     return out
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from neuron_batch.bench.command_line import run_command, shell_lines
 from neuron_batch.bench.preflight import Loadable, layout_check, loadable
@@ -48,7 +48,7 @@ from neuron_batch.choices import prefix_caching_word
 from neuron_batch.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunError
 from neuron_batch.job.folder import REPORT, write_json_atomic
 from neuron_batch.job.workload import load_workload
-from neuron_batch.report.model import Report, as_report
+from neuron_batch.report.model import Report, Requests, as_report
 from neuron_batch.report.schema import present
 from neuron_batch.run.runner import run
 from neuron_batch.settings import RunSettings
@@ -58,13 +58,20 @@ SWEEP_JSON, SWEEP_CSV = "sweep.json", "sweep.csv"
 
 # -- running configurations -------------------------------------------------------------------
 
-_WORKER_WORKLOADS: dict[tuple, Any] = {}
+_WORKER_WORKLOADS: dict[tuple[Any, ...], Any] = {}
+
+
+def run_folder(settings: RunSettings) -> Path:
+    """A configuration's run folder (every candidate is given its own before it runs)."""
+    if settings.output is None:
+        raise ValueError("a bench configuration runs in its own folder: none was given")
+    return Path(settings.output)
 
 
 def run_candidate(settings: RunSettings) -> dict[str, Any]:
     """Run one configuration (in this process or a worker); never raises."""
     started = time.monotonic()
-    out_dir = Path(settings.output)
+    out_dir = run_folder(settings)
     finished = finished_report(out_dir)
     if finished is not None:
         return {"status": "done", "error": None, "report": finished.to_dict(), "wall_s": 0.0,
@@ -120,7 +127,7 @@ def finished_report(out_dir: Path) -> Report | None:
         report = Report.from_dict(json.loads((out_dir / REPORT).read_text(encoding="utf-8")))
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    pending = report.section("requests").pending
+    pending = cast(Requests, report.section("requests")).pending
     return report if present(pending) and pending == 0 else None
 
 
@@ -147,7 +154,7 @@ class Sweep:
                  "command": run_command(c.settings)}
         if entry.get("report") is not None:
             # what prefix caching did, from the run's records (the verdict weighs it)
-            entry["prefix"] = run_figures(c.settings.output, c.settings)
+            entry["prefix"] = run_figures(run_folder(c.settings), c.settings)
         self.entries[c.name] = entry
         count = len(self.entries)
         if entry["report"] is not None:
@@ -224,9 +231,10 @@ def command_block(entries: Sequence[dict[str, Any]], recommendation: dict[str, A
         picks.append(("the cheapest", cheapest))
     lines = []
     for what, name in picks:
-        if commands.get(name):
+        command = commands.get(name)
+        if command:
             lines += ["", f"To run {what}, {name}:",
-                      *shell_lines(commands[name], MAX_WIDTH, indent="  ")]
+                      *shell_lines(command, MAX_WIDTH, indent="  ")]
     notes = []      # (before the commands: the summary ends with a line to copy)
     if lines and "--limit" in shlex.split(commands.get(fastest) or ""):
         notes.append("(as measured, on the sweep's --limit; drop it to run the whole input)")
@@ -287,7 +295,7 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, *, log: Callable[[str], None]) -
         grid = []
         for vbase, variant in variants:
             observed = {(c.settings.max_num_seqs, c.settings.kv_reserve):
-                        decode_histograms(Path(c.settings.output)) for c in phase_one
+                        decode_histograms(run_folder(c.settings)) for c in phase_one
                         if (c.settings.prefix_caching, c.settings.order)
                         == (vbase.prefix_caching, vbase.order)}
             grid += grid_candidates(vbase, sweep_dir, seqs_values=seqs_values,
@@ -353,6 +361,8 @@ def run_repeats(spec: SweepSpec, bench_dir: Path, *, log: Callable[[str], None])
         settings = base.replace(output=str(bench_dir / label), quiet=True, resume=True,
                            metrics_textfile=None)
         outcome = run(settings, log=lambda m: None, workload=workload)
+        if outcome.report is None:
+            raise RunError(f"{label} ended without a report (exit {outcome.exit_code})")
         tput = outcome.report.throughput.output_tokens_per_s
         log(f"{label}: {tput:,.1f} output tok/s")
         if i >= warmup:

@@ -68,8 +68,9 @@ def csv_rows(entries: Sequence[Mapping[str, Any]], by: str = "throughput"
         record["command"] = entry.get("command") or ""
         for name in params:
             record[f"param_{name}"] = _csv_value(entry_params.get(name))
-        row = ranked.get(str(entry.get("name"))) if entry.get("status") == "done" else None
-        if row is not None:
+        done = ranked.get(str(entry.get("name"))) if entry.get("status") == "done" else None
+        if done is not None:
+            row = done
             record.update({key: _csv_value(row.get(key)) for key in (
                 "rank", "output_tokens_per_s", "total_tokens_per_s", "throughput_per_graph",
                 "elapsed_s", "prefill_waste", "decode_waste", "attention_waste", "ttft_p50_s",

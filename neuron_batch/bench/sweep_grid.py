@@ -64,7 +64,7 @@ def candidate(base: RunSettings, sweep_dir: Path, name: str, *, max_num_seqs: in
 ORDER_SHORT = {"input": "in", "length": "len", "prefix": "pfx"}
 
 
-def prefix_variants(base: RunSettings, caching_values: Sequence[bool] | None = None,
+def prefix_variants(base: RunSettings, caching_values: Sequence[bool | None] | None = None,
                     order_values: Sequence[str] | None = None) -> list[tuple[RunSettings, str]]:
     """The (prefix caching, order) pairs a sweep runs, each as (the base settings under it,
     the ",PC=on,O=pfx" part of its names: only the dimensions that vary). Caching off in
@@ -73,12 +73,12 @@ def prefix_variants(base: RunSettings, caching_values: Sequence[bool] | None = N
     sweep's baseline)."""
     from neuron_batch.choices import Order
 
-    cachings = list(dict.fromkeys(caching_values or [base.prefix_caching]))
+    cachings: list[bool | None] = list(dict.fromkeys(caching_values or [base.prefix_caching]))
     orders = [Order.parse(o, "--sweep-order") for o in (order_values or [base.order])]
     orders = list(dict.fromkeys(orders))
     cachings.sort(key=lambda c: c != base.prefix_caching)
     orders.sort(key=lambda o: o != base.order)
-    out = []
+    out: list[tuple[RunSettings, str]] = []
     for caching in cachings:
         for order in orders:
             if (not caching and order is Order.PREFIX and len(cachings) > 1
@@ -105,7 +105,7 @@ def default_candidates(base: RunSettings, sweep_dir: Path, seqs_values: Sequence
     ends every name (`prefix_variants`)."""
     kv_values = list(kv_values or [base.kv_reserve])
     second = _second_letter(base.resolve_runtime())
-    out = []
+    out: list[Candidate] = []
     for kv_reserve in kv_values:
         for seqs in seqs_values:
             # (S names a non-default row, unless the variant does and S does not vary)
@@ -192,11 +192,11 @@ def grid_candidates(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence
         if not runtime.static_kv and max_decode_buckets > 0 and lengths:
             # The Beta plugin's decode context-length buckets (multiples of 128 below
             # max_model_len; the max_model_len graph is always there), with the default P, D.
-            rounded = Counter()
+            rounded: Counter[int] = Counter()
             for length, count in lengths.items():
                 rounded[min(-(-length // DECODE_CONTEXT_MULTIPLE) * DECODE_CONTEXT_MULTIPLE,
                             mml)] += count
-            context_sets = {}
+            context_sets: dict[str, Any] = {}
             for k, plan in enumerate(plans_for_each_k(rounded, max_decode_buckets + 1, mml), 1):
                 inner = tuple(b for b in plan.buckets if b < mml)
                 if inner and inner not in context_sets.values():

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
 from neuron_batch.cli.group import main
-from neuron_batch.cli.options import setting_option
-from neuron_batch.settings import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_SEQS
+from neuron_batch.cli.options import settings_from_options, settings_options
 
 
 @main.command()
@@ -19,31 +19,8 @@ from neuron_batch.settings import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_SEQS
               help="Where run folders go (its free space is checked).")
 @click.option("--no-platform", is_flag=True,
               help="Do not import vLLM to see which platform it picks (saves ~10 s).")
-@click.option("--model", default=None, envvar="NEURON_BATCH_MODEL",
-              help="[Neuron] Check this model's static KV cache (a local directory with "
-                   "config.json, or a catalogue name such as llama-3.1-8b).")
-@click.option("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS, show_default=True)
-@click.option("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN, show_default=True)
-@click.option("--tensor-parallel-size", type=int, default=None,
-              help="NeuronCores the model is sharded over. Default: vLLM's (1).")
-@setting_option("weight_dtype")
-@click.option("--instance", default=None, envvar="NEURON_BATCH_INSTANCE",
-              help="The instance type. Default: what the host says (EC2's DMI product name).")
-@click.option("--prefix-caching/--no-prefix-caching", default=None,
-              help="[nxdi] The KV layout to describe: NxDI's block layout and (prefill, "
-                   "prefix) grid, or the contiguous one. Default: the runtime's (off on "
-                   "optimum-neuron).")
-@click.option("--prefix-buckets", default=None, metavar="N,N,...",
-              help="[nxdi] Prefix buckets, as `run` takes them. Default: NxDI's.")
-@click.option("--block-size", type=int, default=None,
-              help="[nxdi] KV block size, as `run` takes it. Default: 32 (max-model-len "
-                   "without prefix caching).")
-@click.option("--compiled-artifacts", default=None, metavar="DIR",
-              envvar="NEURON_BATCH_COMPILED_ARTIFACTS",
-              help="Where `run` keeps compiled graphs. Default: <cache>/neuron-compiled.")
-def doctor(as_json, results_dir, no_platform, model, max_num_seqs, max_model_len,
-           tensor_parallel_size, weight_dtype, instance, prefix_caching, prefix_buckets,
-           block_size, compiled_artifacts):
+@settings_options("doctor")
+def doctor(as_json: bool, results_dir: str, no_platform: bool, **options: Any) -> None:
     """Check this host: neuron-batch, Python and vLLM versions (against the tested releases),
     the Neuron plugin (AWS's vllm-neuron or Hugging Face's optimum-neuron), the Neuron runtime
     it runs (nxdi, vllm-neuron or optimum-neuron), NxD Inference, the compiled-artifacts
@@ -51,27 +28,25 @@ def doctor(as_json, results_dir, no_platform, model, max_num_seqs, max_model_len
     free space for results. On an NxDI host: whether prefix caching is on, the KV layout and
     the graphs it compiles; on optimum-neuron, with --model, the export a run would load (local
     export, hub cache or compiled fresh; batch size, sequence length, TP) and whether it
-    matches; with --model, whether max-num-seqs x max-model-len of static KV fits beside the
-    weights, before anything loads.
+    matches; with --model, whether the layout loads here (max-num-seqs x max-model-len of KV
+    beside the weights, under --runtime on --instance), checked as `run` checks it, before
+    anything loads.
 
     Exits 0 when a run can start, 1 (with the reasons) when it cannot.
     """
     from neuron_batch.doctor import format_text, gather, report
-    from neuron_batch.settings import RunSettings, SettingsError, parse_buckets_option
+    from neuron_batch.doctor.facts import unplugged_runtime
+    from neuron_batch.settings import SettingsError
 
-    if prefix_caching is None:      # (the runtime this host's plugin runs decides it)
-        prefix_caching = RunSettings.of(inputs=("-",)).resolve_runtime().prefix_caching
-    layout = RunSettings.of(inputs=("-",), model=model, max_num_seqs=max_num_seqs,
-                            max_model_len=max_model_len, compiled_artifacts=compiled_artifacts,
-                            prefix_caching=prefix_caching, block_size=block_size,
-                            tensor_parallel_size=tensor_parallel_size,
-                            weight_dtype=weight_dtype, host_instance=instance)
+    # No Neuron plugin here: the --instance named says the runtime, as on --device sim.
+    options["runtime"] = options.get("runtime") or unplugged_runtime(options.get("instance"))
     try:
-        layout = layout.replace(prefix_buckets=parse_buckets_option(
-            prefix_buckets, "--prefix-buckets"))
-        layout.validate()
+        layout = settings_from_options((), options, "doctor")
+        if layout.prefix_caching is None:   # (the runtime this host's plugin runs decides it)
+            layout = layout.replace(
+                prefix_caching=layout.resolve_runtime().prefix_caching).validate()
     except SettingsError as error:
-        raise click.BadParameter(str(error)) from None
+        raise click.UsageError(str(error)) from None
     if not as_json and not no_platform:
         click.echo("(asking vLLM which platform it picks: about 10 s)", err=True)
     rep = report(gather(results_dir=results_dir, check_platform=not no_platform,

@@ -5,9 +5,11 @@ from __future__ import annotations
 import click
 
 from neuron_batch import __version__
+from neuron_batch.cli.command import SettingsGroup
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=SettingsGroup,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="neuron-batch")
 def main() -> None:
     """Offline batch inference and bucket benchmarking for LLMs on AWS Inferentia2 /

@@ -49,6 +49,19 @@ def load_config_option(ctx: click.Context, param: click.Parameter, value: str | 
             parse_prefix_caching(settings["prefix_caching"], f"{value}: prefix-caching")
     except (SettingsError, ValueError) as error:
         raise click.BadParameter(str(error), ctx=ctx, param=param) from None
+    taken = {p.name for p in ctx.command.params}
+    refused = [name for name in settings if name not in taken]
+    if refused:
+        from neuron_batch.cli.command import commands_taking
+
+        words = []
+        for name in refused:
+            takers = commands_taking(ctx, param=name)
+            key = BY_NAME[name].key.replace("_", "-")
+            words.append(f"{key!r} is no option of `{ctx.info_name}`"
+                         + (f" ({', '.join(f'`{t}`' for t in takers)} "
+                            f"take{'s' if len(takers) == 1 else ''} it)" if takers else ""))
+        raise click.BadParameter(f"{value}: " + "; ".join(words), ctx=ctx, param=param)
     ctx.default_map = {**(ctx.default_map or {}), **settings}
     return value
 
@@ -61,15 +74,18 @@ _TYPES = {Kind.INT: int, Kind.FLOAT: float, Kind.FOLDER: click.Path(file_okay=Fa
           Kind.FILE: click.Path(dir_okay=False)}
 
 
-def _option_of(d: Declared, help: str | None = None) -> Callable:
+def _option_of(d: Declared, help: str | None = None, command: str | None = None
+               ) -> Callable[[Any], Any]:
     """The click option of declared setting `d`: its flag(s), type, default,
-    environment variable and help, its scope as a [sim]/[neuron] tag."""
+    environment variable and help, its scope as a [sim]/[neuron] tag; in `command`, the help
+    it declares for that command (which says the default there)."""
     s = d.setting
     flag = f"--{d.flag}"
     names = [flag] + ([s.short] if s.short else []) + [d.name]
-    text = help if help is not None else s.help
-    if s.scope in (Scope.SIM, Scope.NEURON) and help is None:   # (a command's own help knows)
-        text = f"[{s.scope.value}] {text}"
+    own = dict(s.help_in).get(command or "") if help is None else None
+    text = help if help is not None else own if own is not None else s.help
+    if s.scope in (Scope.SIM, Scope.NEURON) and help is None and own is None:
+        text = f"[{s.scope.value}] {text}"      # (a command's own help knows)
     kwargs: dict[str, Any] = {"help": text, "envvar": s.envvar, "metavar": s.metavar}
     default = d.default.value if isinstance(d.default, Choice) else d.default
     if s.sweep:                     # a list in bench (swept), one value in run
@@ -88,11 +104,13 @@ def _option_of(d: Declared, help: str | None = None) -> Callable:
     elif s.kind is Kind.SPLIT_AT:
         kwargs.update(type=SplitAt(), default=default)
     elif s.kind is Kind.PREFIX_CACHING:
-        kwargs.update(type=PrefixCachingType(), default=prefix_caching_word(default),
+        kwargs.update(type=PrefixCachingType(), default=prefix_caching_word(d.default),
                       is_flag=False, flag_value="on", show_default=True)
     else:
         kwargs.update(type=_TYPES.get(s.kind), default=default,
                       show_default=s.show_default and default is not None)
+    if own is not None:             # (the command's help says its default)
+        kwargs["show_default"] = False
     return click.option(*names, **kwargs)
 
 
@@ -110,7 +128,7 @@ def settings_options(command: str) -> Callable:
     for d in DECLARED:
         if d.flag is None or command not in d.setting.commands:
             continue
-        options.append(_option_of(d))
+        options.append(_option_of(d, command=command))
         if d.setting.kind is Kind.PREFIX_CACHING:
             options.append(click.option("--no-prefix-caching", is_flag=True, default=False,
                                         help="The same as --prefix-caching off."))

@@ -31,10 +31,12 @@ def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, floa
             raise SettingsError(f"--price-per-hour names {name!r}, which is not in --instances "
                                 f"({', '.join(instances)})")
         try:
-            out[name] = check_price_per_hour(float(value))
+            price = check_price_per_hour(float(value))
         except ValueError:
             raise SettingsError(f"--price-per-hour {part!r}: the price must be a positive "
                                 f"number of USD") from None
+        assert price is not None        # (a number went in)
+        out[name] = price
     return out
 
 
@@ -42,9 +44,8 @@ def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, floa
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--config", type=click.Path(dir_okay=False), callback=load_config_option,
               is_eager=True, expose_value=False, help="A TOML job file (as for `run`).")
-@click.option("--architecture", required=True,
-              help="Model architecture: a catalogue name (llama-3.1-8b, mistral-7b, ...) or a "
-                   "config.json.")
+@setting_option("architecture", help="Model architecture: a catalogue name (llama-3.1-8b, "
+                                     "mistral-7b, ...) or a config.json. Required.")
 @click.option("--deadline", required=True,
               help="When the job must be done: a duration (6h, 90m, 1h30m) or a moment "
                    "(06:00 = the next 6 a.m., 2026-12-01T06:00).")
@@ -67,10 +68,9 @@ def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, floa
 @click.option("--runtimes", default=None, metavar="R,R",
               help="Runtimes to weigh side by side where they run, e.g. nxdi,optimum-neuron "
                    "on inf2. Default: each instance's own (nxdi on inf2/trn1).")
-@click.option("--compiled", is_flag=True,
-              help="The graphs are compiled already (an earlier run's artifacts or compile "
-                   "cache): the start-up counts their load only, and hosts too small to "
-                   "compile the model are weighed too.")
+@setting_option("compiled", help="The graphs are compiled already (an earlier run's artifacts "
+                                 "or compile cache): the start-up counts their load only, and "
+                                 "hosts too small to compile the model are weighed too.")
 @setting_option("max_model_len")
 @setting_option("max_num_batched_tokens", help="Largest prefill chunk.")
 @setting_option("weight_dtype", help="Weight storage type.")
@@ -93,9 +93,8 @@ def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, floa
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Where plan.json, plan.csv, the plot and the simulated runs go. Default: "
                    "results/<timestamp>-plan-<input name>/.")
-@click.option("--resume", is_flag=True, help="Continue a plan in --output (finished "
-                                               "simulations are reused).")
-@click.option("-q", "--quiet", is_flag=True, help="Only the final table and recommendation.")
+@setting_option("resume", help="Continue a plan in --output (finished simulations are reused).")
+@setting_option("quiet", help="Only the final table and recommendation.")
 def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_seqs,
          max_prefill_buckets, splits, runtimes, compiled, weight_dtype, cost_profile, pricing,
          price_per_hour, jobs, output, resume, quiet, **options):
@@ -121,6 +120,10 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
     from neuron_batch.plan.candidates import PlanError, PlanSpec
     from neuron_batch.plan.grid import check_instances, placements
     from neuron_batch.runtime import RuntimeNameError, get_runtime
+
+    if not architecture:
+        raise click.UsageError("Missing option '--architecture': the model's shape to plan for "
+                               "(a catalogue name such as llama-3.1-8b, or a config.json)")
 
     def runtime_list(text: str | None) -> tuple[str, ...]:
         """--runtimes nxdi,optimum-neuron -> their names, each looked up where it enters."""

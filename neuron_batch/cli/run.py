@@ -52,6 +52,29 @@ def run(inputs, **options):
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(result.exit_code)
 
+def _unreported_run(folder: Path) -> str | None:
+    """Why a run folder holds no report (its run failed or stopped before writing one, as its
+    attempts.json says), or None: it has one, or it is no run folder."""
+    import json
+
+    from neuron_batch.job.folder import ATTEMPTS, MANIFEST, REPORT
+
+    if not folder.is_dir() or (folder / REPORT).exists() or not (
+            (folder / ATTEMPTS).exists() or (folder / MANIFEST).exists()):
+        return None
+    try:
+        attempts = json.loads((folder / ATTEMPTS).read_text(encoding="utf-8"))
+        last = attempts[-1] if isinstance(attempts, list) and attempts else {}
+    except (OSError, ValueError):
+        last = {}
+    ended = last.get("ended") or "did not finish"
+    why = f": {last['error']}" if last.get("error") else ""
+    return (f"{folder} is a run folder without a report: its attempt "
+            f"{last.get('attempt', '?')} {ended} before writing one{why}. "
+            f"`neuron-batch run --resume -o {folder}` with the same inputs and settings "
+            f"finishes it")
+
+
 @main.command()
 @click.argument("path", type=click.Path(exists=True))
 def report(path):
@@ -76,6 +99,8 @@ def report(path):
 
             click.echo(rerender_plan(Path(path)))
             return
+        if no_report := _unreported_run(Path(path)):
+            raise RunError(no_report)
         click.echo(rerender(Path(path)))
     except RunError as error:
         click.echo(f"error: {error}", err=True)

@@ -8,7 +8,6 @@ import click
 
 from neuron_batch.cli.group import main
 from neuron_batch.cli.options import setting_option
-from neuron_batch.settings import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 
 @main.command()
@@ -24,8 +23,8 @@ from neuron_batch.settings import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED
 @click.option("--architecture", default=None,
               help="The model's architecture: a catalogue name or its config.json (required with "
                    "RUN_DIRS; --published rows name their model).")
-@click.option("--tensor-parallel-size", type=int, default=None,
-              help="NeuronCores the runs used. Default: all of the instance's.")
+@setting_option("tensor_parallel_size", help="NeuronCores the runs used. Default: all of the "
+                                             "instance's.")
 @setting_option("weight_dtype")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
               help="Where to write the fitted profile (JSON), for --cost-profile.")
@@ -97,7 +96,8 @@ def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size,
     save_profile(profile, output)
     model = StepCostModel(profile, instance, architecture, tp, weight_dtype=weight_dtype,
                           runtime=runtime)
-    errors = sorted(abs(model.step_time(s) / (s.t_end - s.t_start) - 1) for s in steps)
+    errors = sorted(abs(model.step_time(s) / ((s.t_end or s.t_start) - s.t_start) - 1)
+                    for s in steps)        # (every step kept has its end)
     click.echo(f"fitted {len(steps):,} steps from {len(run_dirs)} run(s): median step-time "
                f"error {errors[len(errors) // 2]:.1%}, p90 {errors[int(len(errors) * 0.9)]:.1%}")
     click.echo(f"compile section: from {startup[1]}" if startup is not None else
@@ -160,7 +160,7 @@ def _calibrate_published(path: str, instance: str | None, output: str) -> None:
             instance = _device(instance)[0].name
         # Start from the built-in profile: what the table cannot set stays AWS-calibrated.
         start = load_profile(instance or rows[0].instance)
-        profile = fit_published(rows=rows, instance=instance, start=start)
+        profile = fit_published(rows=rows, instance=instance, start=start, table=path)
     except ValueError as error:
         raise click.UsageError(str(error)) from None
     save_profile(profile, output)
@@ -185,25 +185,28 @@ def buckets():
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--max-buckets", type=int, default=4, show_default=True,
               help="Most prefill buckets (compiled graphs) to allow.")
-@click.option("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-              show_default=True)
-@click.option("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN, show_default=True)
-@click.option("--prompt-column", default="prompt", show_default=True)
+@setting_option("max_num_batched_tokens", help="Prompts are cut into prefill chunks of this "
+                                               "size (vllm-neuron; nxdi prefills them whole).")
+@setting_option("max_model_len", help="Longest prompt + output, in tokens; longer prompts are "
+                                      "left out.")
+@setting_option("prompt_column")
 @click.option("--objective", type=click.Choice(["tokens", "time"]), default="tokens",
               show_default=True,
               help="Minimise padded prefill tokens, or modelled prefill time on the simulated "
                    "device's cost model (--instance, --architecture).")
-@click.option("--instance", default="inf2.8xlarge", show_default=True,
-              help="[--objective time] The instance whose cost model prices a bucket.")
+@setting_option("instance", help="The instance whose runtime takes the buckets and, with "
+                                 "--objective time, whose cost model prices one.")
 @click.option("--architecture", default="llama-3.1-8b", show_default=True,
               help="[--objective time] Catalogue name or config.json.")
-@click.option("--tensor-parallel-size", type=int, default=None,
-              help="[--objective time] Default: all NeuronCores of the instance.")
+@setting_option("tensor_parallel_size", help="[--objective time] Default: all NeuronCores of "
+                                             "the instance.")
 @setting_option("weight_dtype")
+@setting_option("runtime", help="The runtime whose prefill buckets to suggest (nxdi prefills "
+                                "whole prompts, vllm-neuron chunks). Default: --instance's.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, prompt_column,
                     objective, instance, architecture, tensor_parallel_size, weight_dtype,
-                    as_json):
+                    runtime, as_json):
     """The prefill bucket set of at most --max-buckets buckets that pads the workload's
     prompts least (exact optimum, by dynamic programming), against the default powers of two.
 
@@ -221,6 +224,16 @@ def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, 
 
     if max_buckets < 1:
         raise click.BadParameter("must be at least 1", param_hint="--max-buckets")
+    from neuron_batch.runtime import RuntimeNameError
+    from neuron_batch.runtime_choice import simulated_runtime
+
+    try:
+        follows = simulated_runtime(runtime, _device(instance, None)[0].family)
+    except (ValueError, RuntimeNameError) as error:
+        raise click.UsageError(str(error)) from None
+    if follows.prefill.single:
+        raise click.UsageError(f"{follows.name} compiles one context-encoding length "
+                               f"({follows.prefill.flag}): there is no bucket list to suggest")
     try:
         loaded = load_prompts(inputs, prompt_column=prompt_column)
     except InputError as error:
@@ -247,15 +260,17 @@ def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, 
         candidates = range(1, min(max_num_batched_tokens, max_model_len) + 1)
     result = suggest_prefill(lengths, max_buckets=max_buckets,
                              max_num_batched_tokens=max_num_batched_tokens,
-                             max_model_len=max_model_len, cost=cost, candidates=candidates)
+                             max_model_len=max_model_len, cost=cost, candidates=candidates,
+                             runtime=follows)
     result["objective"] = objective
     if as_json:
         click.echo(json.dumps(result))
         return
     default = result["default"]
     click.echo(f"{len(lengths):,} prompts -> {result['num_chunks']:,} prefill chunks "
-               f"(max_num_batched_tokens {max_num_batched_tokens:,})")
-    click.echo(f"suggested ({len(result['buckets'])} buckets): "
+               + (f"(max_num_batched_tokens {max_num_batched_tokens:,})"
+                  if follows.chunked_prefill else f"(whole prompts under {follows.name})"))
+    click.echo(f"suggested ({len(result['buckets'])} buckets): {result['flag']} "
                f"{','.join(map(str, result['buckets']))}")
     click.echo(f"  padded tokens {result['padded_tokens']:,} for {result['actual_tokens']:,} "
                f"actual: waste {result['waste_fraction']:.1%}")

@@ -108,10 +108,13 @@ def _least_squares(residuals: Callable[[CostProfile], list[float]], base: CostPr
     for overrides in STARTS:
         start = base.replace(**{k: v for k, v in overrides.items() if k in names})
         x0 = [fit.encode(n, getattr(start, n)) for n in names]
-        x, cost = fit.least_squares(
-            lambda x, start=start: residuals(_with(start, names, x, tie_kv)), x0)
+        def start_residuals(x: list[float], start: CostProfile = start) -> list[float]:
+            return residuals(_with(start, names, x, tie_kv))
+
+        x, cost = fit.least_squares(start_residuals, x0)
         if best is None or cost < best[1] * (1 - TIE_TOLERANCE):
             best = (_with(start, names, x, tie_kv), cost)
+    assert best is not None, "STARTS holds at least one start"
     return best[0]
 
 
@@ -128,10 +131,12 @@ def _select_rows(csv_path: str | Path | None, rows: Iterable[PublishedRow] | Non
 def fit_published(csv_path: str | Path | None = None, instance: str | None = None,
                   select: Callable[[PublishedRow], bool] | None = None,
                   attended: bool | str = DEFAULT_ATTENDED, start: CostProfile | None = None,
-                  rows: Iterable[PublishedRow] | None = None) -> CostProfile:
+                  rows: Iterable[PublishedRow] | None = None,
+                  table: str | None = None) -> CostProfile:
     """Fit FIT_PARAMS to published rows: those of `rows` (default: the CSV at csv_path, or
     the sixteen embedded rows) on `instance` (default: all) that `select` keeps. The
-    returned profile is named after `instance`, else the first row's instance."""
+    returned profile is named after `instance`, else the first row's instance; its source
+    names the table (`table`, else csv_path; neither: the embedded rows, AWS's)."""
     chosen = _select_rows(csv_path, rows, instance, select)
     if not chosen:
         raise ValueError(f"no published rows{f' for {instance}' if instance else ''} to fit")
@@ -153,9 +158,11 @@ def fit_published(csv_path: str | Path | None = None, instance: str | None = Non
     families = sorted({r.instance for r in chosen})
     held = [] if "quantized_weight_bytes" in names else [
         f"quantized_weight_bytes held at {base.quantized_weight_bytes:g} (no int8/fp8 row)"]
+    table = table or (str(csv_path) if csv_path is not None else None)
+    origin = ("(AWS Neuron SDK 2.18 performance tables, transformers-neuronx, static batching)"
+              if table is None else f"(the rows of {table}, static batching)")
     return fitted.replace(source=(
-        f"fit to {len(chosen)} published rows on {', '.join(families)} (AWS Neuron SDK 2.18 "
-        f"performance tables, transformers-neuronx, static batching)"
+        f"fit to {len(chosen)} published rows on {', '.join(families)} {origin}"
         + (f"; {'; '.join(held)}" if held else "")))
 
 
@@ -203,14 +210,6 @@ def leave_one_instance_out(csv_path: str | Path | None = None,
                            rows: Iterable[PublishedRow] | None = None) -> list[dict[str, Any]]:
     """Each instance family's rows predicted by a fit to the other family's rows."""
     return cross_validate(lambda r: r.family, csv_path, rows)
-
-
-def holdout(select_fit: Callable[[PublishedRow], bool], csv_path: str | Path | None = None,
-            rows: Iterable[PublishedRow] | None = None) -> tuple[CostProfile, list[dict[str, Any]]]:
-    """Fit on the rows `select_fit` keeps; return the fit and the evaluation of the others."""
-    pool = list(rows) if rows is not None else read_published(csv_path)
-    profile = fit_published(rows=pool, select=select_fit)
-    return profile, evaluate_rows(profile, [r for r in pool if not select_fit(r)])
 
 
 # -- profiles for every instance -------------------------------------------------------------

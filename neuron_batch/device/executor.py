@@ -252,9 +252,9 @@ class NeuronSimExecutor(Executor):
         if prefill_padded:
             # NeuronScheduler says what the prefill's attention reads (the grid cell's prefix
             # bucket, whole segments): Shapes.prefill_step.
-            read = getattr(so, "prefill_kv_read", None)
-            seconds += self._prefill_time(prefill_padded,
-                                          prefill_context if read is None else read)
+            prefill_read = getattr(so, "prefill_kv_read", None)
+            seconds += self._prefill_time(prefill_padded, prefill_context
+                                          if prefill_read is None else prefill_read)
         self.clock.now += seconds
         if self._asks or self.sampling.host:
             rows = [r for r, got in zip(req_ids, sampled) if got]

@@ -160,7 +160,7 @@ def decode_groups(row: PublishedRow,
     read by the median step. Step k (k = 1 .. output_len-1) holds input_len + k tokens; what
     the graph reads of them is `attended`, one of ATTENDED_MODES (True: "pow2", False:
     "held")."""
-    mode = {True: "pow2", False: "held"}.get(attended, attended)
+    mode = attended if isinstance(attended, str) else "pow2" if attended else "held"
     if mode not in ATTENDED_MODES:
         raise ValueError(f"attended mode must be one of {ATTENDED_MODES}, got {mode!r}")
     counts: dict[int, int] = {}

@@ -31,6 +31,6 @@ def replica_devices(inst: Instance, tp: int, replicas: int, num_instances: int) 
     labels = []
     for k in range(replicas):
         first = (k % per_instance) * tp
-        cores = f"core {first}" if tp == 1 else f"cores {first}-{first + tp - 1}"
-        labels.append(f"sim {inst.name}#{k // per_instance} {cores}")
+        span = f"core {first}" if tp == 1 else f"cores {first}-{first + tp - 1}"
+        labels.append(f"sim {inst.name}#{k // per_instance} {span}")
     return labels

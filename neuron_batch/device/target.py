@@ -45,6 +45,7 @@ from neuron_batch.scheduler import SCHEDULER_CLS
 from neuron_batch.scheduler.kv_reserve import (
     DEFAULT_KV_RESERVE,
     MAX_MODEL_LEN,
+    KvReserve,
     parse_kv_reserve,
     small_cache_warning,
 )
@@ -90,7 +91,7 @@ class Target:
     kv_cap_fraction: float
     max_model_len: int
     max_num_seqs: int | None        # the static cache's slots (None: as many as fit, to plan)
-    kv_reserve: str                 # the scheduler's KV admission rule
+    kv_reserve: KvReserve           # the scheduler's KV admission rule
     block_size: int                 # KV block: 32 simulated; a Neuron host's own layout
     kv: dict[str, Any]              # the KV cache of this layout (static or paged)
     cost_model: StepCostModel = field(repr=False, compare=False)

@@ -39,9 +39,6 @@ class VirtualClock:
         self.now += seconds
         return self.now
 
-    def reset(self, start: float = 0.0) -> None:
-        self.now = float(start)
-
     def __repr__(self) -> str:
         return f"VirtualClock(now={self.now!r})"
 
@@ -72,10 +69,6 @@ def release_engine_clock(name: str) -> None:
 def virtual_now() -> float:
     """Current simulated time of the engine started last in this process."""
     return _current.now
-
-
-def current_clock() -> VirtualClock:
-    return _current
 
 
 def __getattr__(name: str) -> VirtualClock:

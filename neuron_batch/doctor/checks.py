@@ -17,7 +17,7 @@ MIN_FREE_BYTES = 100 << 20
 LOW_FREE_BYTES = 2 << 30
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -109,6 +109,7 @@ def diagnose(facts: dict[str, Any]) -> list[Check]:
                         f"{model['state']} ({model['path']})", model.get("detail")))
 
     checks += _model_checks(facts.get("model"))
+    checks += _layout_checks(facts.get("layout_fit"), neuron=installed or bool(devices))
 
     results = facts["results"]
     free = results["free_bytes"]
@@ -165,25 +166,28 @@ def _runtime_checks(rt: dict[str, Any], plugin: bool, devices: bool) -> list[Che
     if layout := rt.get("kv_layout"):       # prefix caching, the layout, the graph count
         checks.append(Check("KV layout", FAIL if layout["error"] else INFO, layout["words"],
                             layout["error"] or layout["why"]))
-    kv = rt.get("static_kv")
-    if kv is None:
-        if runtime is not None and runtime.static_kv:
-            checks.append(Check("static KV", INFO, "not checked",
-                                "give --model (and --max-num-seqs, --max-model-len, "
-                                "--tensor-parallel-size, --instance off EC2) to check that "
-                                "max_num_seqs x max_model_len of KV fits beside the weights"))
-        return checks
-    what = (f"{kv['max_num_seqs']} x {kv['max_model_len']} of {kv['model']} at TP "
-            f"{kv['tensor_parallel_size']} ({kv['weight_dtype']})")
-    if kv["fits"] is None:
-        checks.append(Check("static KV", INFO, f"{what}: not checked",
-                            "instance or model shape unknown: give --instance, and --model as "
-                            "a local directory with config.json or a catalogue name"))
-    elif kv["fits"]:
-        checks.append(Check("static KV", OK, f"{what}: fits", kv["detail"]))
-    else:
-        checks.append(Check("static KV", FAIL, f"{what}: does not fit", kv["detail"]))
     return checks
+
+
+def _layout_checks(fit: dict[str, Any] | None, *, neuron: bool) -> list[Check]:
+    """Whether the --model's layout loads here, as `run` checks it (layout/device_fit.py):
+    the runtime ships for the instance, the weights and the KV cache fit, the context holds
+    max_model_len. Without --model, on a Neuron host, how to ask."""
+    if fit is None:
+        return [] if not neuron else [Check("layout", INFO, "not checked",
+                      "give --model (and --max-num-seqs, --max-model-len, "
+                      "--tensor-parallel-size, --runtime, --instance off EC2) to check that the "
+                      "layout loads: its KV cache beside the weights")]
+    what = (f"{fit['max_num_seqs']} x {fit['max_model_len']} of {fit['model']} at TP "
+            f"{fit['tensor_parallel_size']} ({fit['weight_dtype']})"
+            + (f" under {fit['runtime']} on {fit['instance']}" if fit.get("instance") else ""))
+    if fit["fits"] is None:
+        return [Check("layout", INFO, f"{what}: not checked",
+                      "instance or model shape unknown: give --instance, and --model as a "
+                      "local directory with config.json or a catalogue name")]
+    if fit["fits"]:
+        return [Check("layout", OK, f"{what}: loads", fit["detail"])]
+    return [Check("layout", FAIL, f"{what}: does not load", fit["detail"])]
 
 
 def _release_or_none(version: str) -> tuple[int, ...] | None:

@@ -28,12 +28,12 @@ def export_facts(layout: RunSettings | None, runtime: Runtime | None) -> dict[st
         export = find_export(layout, layout.model)
     except NeuronHostError as error:        # (an export folder that cannot be read)
         return {"export": None, "error": str(error)}
+    refusal = None
     try:
         check_export(export, layout)
-        error = None
     except NeuronHostError as refused:
-        error = str(refused)
-    return {"export": export.describe(), "error": error}
+        refusal = str(refused)
+    return {"export": export.describe(), "error": refusal}
 
 
 def export_checks(facts: dict[str, Any] | None) -> list[Check]:

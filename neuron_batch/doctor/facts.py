@@ -19,12 +19,14 @@ from typing import Any
 
 from neuron_batch import __version__
 from neuron_batch.doctor.export import export_facts
+from neuron_batch.runtime import Runtime
 from neuron_batch.settings import RunSettings
 from neuron_batch.versions import (
     describe_release,
     installed_vllm,
     neuron_plugin,
     plugin_line_of,
+    runtime_of_plugin,
     tested_release,
     tested_versions,
 )
@@ -101,19 +103,14 @@ def disk_state(folder: str | Path) -> dict[str, Any]:
 def neuron_runtime_facts(plugin_version: str | None, layout: RunSettings | None,
                          distribution: str | None = None) -> dict[str, Any]:
     """The Neuron runtime this host would run (from the installed plugin), NxDI's presence,
-    the compiled-artifacts folder, and, for a `layout` naming a model, whether its static KV
-    cache fits beside the weights (neuron_host.static_kv_fit), all before anything loads."""
+    the compiled-artifacts folder, the KV layout and an export's facts, all before anything
+    loads (whether a layout loads is `layout_fit_facts`)."""
     from neuron_batch.engine.neuron_host import (
         NXDI_DISTRIBUTION,
-        NeuronHostError,
-        host_hardware,
         host_instance,
         installed_version,
-        static_kv_fit,
     )
     from neuron_batch.engine.nxdi_plugin import layout_facts
-    from neuron_batch.versions import runtime_of_plugin
-
     runtime = runtime_of_plugin(plugin_version, distribution)
     settings = layout or RunSettings.of(inputs=("-",))
     root = settings.compiled_artifacts
@@ -122,28 +119,64 @@ def neuron_runtime_facts(plugin_version: str | None, layout: RunSettings | None,
         from neuron_batch.engine.neuron_host import ARTIFACTS_DIRNAME
 
         root = str(default_cache_dir() / ARTIFACTS_DIRNAME)
-    facts: dict[str, Any] = {
+    return {
         "runtime": runtime.name if runtime else None,
         "runtime_summary": runtime.summary if runtime else None,
         "nxdi": installed_version(NXDI_DISTRIBUTION),
         "compiled_artifacts": root, "instance": host_instance(settings),
-        "static_kv": None,
         "kv_layout": layout_facts(settings, runtime, plugin_version) if runtime else None,
         "export": export_facts(layout, runtime),
     }
-    if runtime is not None and layout is not None and layout.model:
-        check = {"model": layout.model, "max_num_seqs": layout.max_num_seqs,
-                 "max_model_len": layout.max_model_len,
-                 "tensor_parallel_size": layout.tensor_parallel_size or 1,
-                 "weight_dtype": layout.weight_dtype}
-        try:
-            fit = static_kv_fit(layout, runtime, layout.model, host_hardware(layout))
-            check.update(fits=None if fit is None else True,
-                         detail=None if fit is None else fit["derivation"])
-        except NeuronHostError as error:
-            check.update(fits=False, detail=str(error))
-        facts["static_kv"] = check
-    return facts
+
+
+def unplugged_runtime(instance: str | None) -> str | None:
+    """The runtime a layout on `instance` is checked under on a host without a Neuron plugin
+    (whose plugin would say): the instance family's, as the simulated device decides; None
+    when a plugin is installed or the instance is unknown."""
+    from neuron_batch.device.hardware import INSTANCES
+    from neuron_batch.runtime import default_runtime
+
+    plugin = neuron_plugin()
+    if runtime_of_plugin(plugin["version"], plugin.get("distribution")) is not None:
+        return None
+    known = INSTANCES.get((instance or "").strip().lower())
+    return default_runtime(known.family).name if known is not None else None
+
+
+def layout_fit_facts(layout: RunSettings | None, plugin_runtime: Runtime | None
+                     ) -> dict[str, Any] | None:
+    """For a `layout` naming a model: whether it loads on this host's instance (--instance,
+    else EC2's name) under the runtime a run here follows (--runtime; else the installed
+    plugin's; else the instance family's, as on --device sim), asked as `run` asks it
+    (neuron_host.layout_fit, layout/device_fit.py): `fits` True, False (with why and what
+    would fit) or None (the instance or the model's shape unknown). None without a model."""
+    from neuron_batch.engine.neuron_host import NeuronHostError, host_hardware, layout_fit
+    from neuron_batch.runtime import default_runtime, get_runtime
+
+    if layout is None or not layout.model:
+        return None
+    check: dict[str, Any] = {
+        "model": layout.model, "max_num_seqs": layout.max_num_seqs,
+        "max_model_len": layout.max_model_len,
+        "tensor_parallel_size": layout.tensor_parallel_size or 1,
+        "weight_dtype": str(layout.weight_dtype), "runtime": None, "instance": None,
+        "fits": None, "detail": None}
+    try:
+        instance = host_hardware(layout)
+    except NeuronHostError as error:
+        return {**check, "fits": False, "detail": str(error)}
+    runtime = (get_runtime(layout.runtime) if layout.runtime else plugin_runtime
+               or (default_runtime(instance.family) if instance is not None else None))
+    check.update(runtime=runtime.name if runtime else None,
+                 instance=instance.name if instance else None)
+    if runtime is None or instance is None:
+        return check
+    try:
+        fit = layout_fit(layout, runtime, layout.model, instance)
+    except NeuronHostError as error:
+        return {**check, "fits": False, "detail": str(error)}
+    return {**check, "fits": None if fit is None else True,
+            "detail": None if fit is None else fit["derivation"]}
 
 
 def gather(*, results_dir: str | Path = "results", check_platform: bool = True,
@@ -170,6 +203,8 @@ def gather(*, results_dir: str | Path = "results", check_platform: bool = True,
         "neuron_plugin": plugin,
         "neuron_runtime": neuron_runtime_facts(plugin["version"], layout,
                                                plugin.get("distribution")),
+        "layout_fit": layout_fit_facts(layout, runtime_of_plugin(plugin["version"],
+                                                                 plugin.get("distribution"))),
         "platform": None,
         "neuron": {
             "devices": sorted(dev_glob("/dev/neuron*")),

@@ -52,9 +52,9 @@ def engine_output_to(log_path: Path, preload: Callable[[], object] | None = None
         if preload is not None:
             preload()
     except BaseException:
-        for fd, copy in saved.items():
-            os.dup2(copy, fd)
-            os.close(copy)
+        for fd, saved_fd in saved.items():
+            os.dup2(saved_fd, fd)
+            os.close(saved_fd)
         log.close()
         raise
     swapped: dict[str, IO[str]] = {}
@@ -82,9 +82,9 @@ def engine_output_to(log_path: Path, preload: Callable[[], object] | None = None
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
-        for fd, copy in saved.items():
-            os.dup2(copy, fd)
-            os.close(copy)
+        for fd, saved_fd in saved.items():
+            os.dup2(saved_fd, fd)
+            os.close(saved_fd)
         for name, stream in swapped.items():
             setattr(sys, name, stream)
         for stream in own_streams:

@@ -129,7 +129,7 @@ def host_sampling(runtime: Runtime, line: PluginLine, sampling: JobSampling | No
             f"(vLLM 0.11.0) samples these on the CPU; the CPU engine (--device cpu) and trn2 "
             f"under the vllm-neuron runtime do structured outputs too. Or drop the fields and "
             f"give every request the same temperature")
-    return dict(path.host_config)
+    return dict(path.host_config or ())
 
 
 def host_setup(settings: RunSettings, runtime: Runtime, *, model_path: str,
@@ -232,9 +232,11 @@ def _default_root() -> Path:
     return default_cache_dir() / ARTIFACTS_DIRNAME
 
 
-def installed_version(distribution: str) -> str | None:
+def installed_version(distribution: str | None) -> str | None:
     import importlib.metadata as metadata
 
+    if distribution is None:        # (a runtime that loads no package of its own)
+        return None
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
@@ -306,36 +308,24 @@ def host_target(settings: RunSettings, runtime: Runtime, model_path: str,
     host's own KV block (one of max_model_len per slot under NxDI's contiguous layout). The
     step-time model and the static slots of a split come from it. None when it cannot be told
     (unknown instance or model shape); NeuronHostError with what would fit when its layout
-    cannot load (a static KV cache beside the weights, a TP degree the instance lacks)."""
-    from neuron_batch.device.architectures import ArchitectureError
-    from neuron_batch.device.cost_model import CapacityError
-    from neuron_batch.device.hardware import HardwareError
-    from neuron_batch.device.target import Target
+    cannot load (layout/device_fit.py: the one check of run and doctor, on sim as here)."""
+    from neuron_batch.layout.device_fit import LayoutRefused, device_target
 
     if instance is None:
         return None
-    sim = settings.target
     try:
-        return Target.resolve(
-            instance=instance, arch=model_path, tp=sim.tensor_parallel_size or 1,
-            weight_dtype=sim.weight_dtype, profile=sim.cost_profile, runtime=runtime,
-            max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
-            kv_reserve=settings.kv_reserve,
-            block_size=runtime.host_block_size or settings.max_model_len, simulated=False)
-    except (CapacityError, HardwareError) as error:
+        return device_target(settings, instance, model_path, runtime, simulated=False)
+    except LayoutRefused as error:
         raise NeuronHostError(f"--device neuron: {error}") from None
-    except (ArchitectureError, OSError, ValueError):    # (a shape or profile not known here)
+    except (ValueError, OSError):       # (a model shape or cost profile not known here)
         return None
 
 
-def static_kv_fit(settings: RunSettings, runtime: Runtime, model_path: str,
-                  instance: Instance | None) -> dict[str, Any] | None:
-    """Whether max_num_seqs slots of max_model_len of static KV fit beside the weights at the
-    run's TP: the host target's KV figures (`static_kv_capacity`'s), None when it cannot be
-    told (paged runtime, unknown instance or model shape); NeuronHostError with what would fit
-    when it does not."""
-    if not runtime.static_kv:
-        return None
+def layout_fit(settings: RunSettings, runtime: Runtime, model_path: str,
+               instance: Instance | None) -> dict[str, Any] | None:
+    """Whether the run's layout loads on this host: its KV figures (a static cache's slots
+    beside the weights, or the paged pool), None when it cannot be told (unknown instance or
+    model shape); NeuronHostError with what would fit when it does not load."""
     target = host_target(settings, runtime, model_path, instance)
     return None if target is None else target.kv
 
@@ -344,11 +334,11 @@ def check_host(settings: RunSettings, runtime: Runtime, model_path: str, request
                plugin_version: str | None) -> HostSetup:
     """Every check of a Neuron run that needs no device, before anything loads: the plugin's
     settings (host_setup; under optimum-neuron the export it loads, and no prompt longer
-    than its context-encoding graph) and the static KV cache beside the weights."""
+    than its context-encoding graph) and whether the layout loads (`layout_fit`)."""
     setup = host_setup(settings, runtime, model_path=model_path, plugin_version=plugin_version,
                        sampling=job_sampling_of(settings, requests),
                        nxdi_version=installed_version(NXDI_DISTRIBUTION))
     if setup.export is not None:
         check_prompts(setup.export, requests)
-    static_kv_fit(settings, runtime, model_path, host_hardware(settings))
+    layout_fit(settings, runtime, model_path, host_hardware(settings))
     return setup

@@ -93,13 +93,13 @@ def read_export(model_path: str | Path) -> Export | None:
     if not isinstance(data, dict):
         raise NeuronHostError(f"{path}: a neuron config is a JSON object")
 
-    def number(name: str, default: int | None = None) -> int | None:
-        value = data.get(name, default)
-        if value is None and default is None and name not in data:
+    def number(name: str, default: int | None = None) -> int:
+        value = data.get(name)
+        value = default if value is None else value     # (null: as missing)
+        if value is None:
             raise NeuronHostError(f"{path}: field '{name}' is missing (an optimum-neuron "
                                   f"export has it)")
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                  or value < 1):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise NeuronHostError(f"{path}: field '{name}' must be a positive whole number, "
                                   f"got {value!r}")
         return value
@@ -107,7 +107,7 @@ def read_export(model_path: str | Path) -> Export | None:
     sequence_length = number("sequence_length")
     dtype = data.get("torch_dtype")
     return Export(LOCAL, str(Path(model_path)), number("batch_size"), sequence_length,
-                  number("max_context_length", sequence_length) or sequence_length,
+                  number("max_context_length", sequence_length),
                   number("tp_degree", 1), None if dtype is None else str(dtype),
                   bool(data.get("continuous_batching", False)),
                   bool(data.get("on_device_sampling", False)))

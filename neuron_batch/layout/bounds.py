@@ -61,7 +61,7 @@ class ShareStats:
     decode_tokens: int          # sum(o - 1): tokens produced by decode steps
     context_sum: int            # X: KV tokens held, summed over every decode participation
     reserve_request_area: int   # sum(blocks(p + o) * (o - 1)), for the "request" rule
-    chunks: Counter             # (chunk tokens, prior tokens) -> how many prefill steps
+    chunks: Counter[tuple[int, int]]  # (chunk tokens, prior tokens) -> how many prefill steps
 
     @classmethod
     def of(cls, prompt_lens: Sequence[int], output_lens: Sequence[int], *,
@@ -87,12 +87,11 @@ class ShareStats:
         every request of both."""
         return ShareStats(*self._counts_plus(other), self.chunks + other.chunks)
 
-    def _counts_plus(self, other: ShareStats) -> tuple[int, ...]:
-        return tuple(a + b for a, b in zip(
-            (self.num_requests, self.output_tokens, self.input_tokens, self.decode_tokens,
-             self.context_sum, self.reserve_request_area),
-            (other.num_requests, other.output_tokens, other.input_tokens, other.decode_tokens,
-             other.context_sum, other.reserve_request_area)))
+    def _counts_plus(self, other: ShareStats) -> tuple[int, int, int, int, int, int]:
+        return (self.num_requests + other.num_requests, self.output_tokens + other.output_tokens,
+                self.input_tokens + other.input_tokens, self.decode_tokens + other.decode_tokens,
+                self.context_sum + other.context_sum,
+                self.reserve_request_area + other.reserve_request_area)
 
     @classmethod
     def running_sums(cls, groups: Sequence[ShareStats]) -> list[ShareStats]:

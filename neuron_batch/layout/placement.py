@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from neuron_batch.choices import PlacementMode
 
@@ -45,11 +46,12 @@ class SplitPlacement:
     compile_s: float | None = None      # compile wall time of this placement
     parts_s: tuple[float, float] | None = None   # each part's estimated run time, placed so
 
-    def describe(self, replicas: int) -> dict:
-        out = {"mode": self.mode, "short_replicas": self.short_replicas,
+    def describe(self, replicas: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"mode": self.mode, "short_replicas": self.short_replicas,
                "long_replicas": replicas - self.short_replicas if self.mode == SIDE_BY_SIDE
                else replicas}
-        if self.estimated_s is not None:
+        if (self.estimated_s is not None and self.in_turn_s is not None
+                and self.compile_s is not None and self.parts_s is not None):   # (all or none)
             out.update(estimated_s=round(self.estimated_s, 1),
                        estimated_in_turn_s=round(self.in_turn_s, 1),
                        compile_wall_s=round(self.compile_s, 1),
@@ -72,15 +74,20 @@ def compile_wall_s(short_replicas: int, replicas: int, per_instance: int,
     return worst
 
 
+def _seconds(part: PartTime, engines: int) -> float:
+    assert part.seconds_on is not None, "placed by the estimate only where both parts have one"
+    return part.seconds_on(engines)
+
+
 def in_turn_s(replicas: int, short: PartTime, long: PartTime) -> float:
-    return short.compile_s + long.compile_s + short.seconds_on(replicas) + \
-        long.seconds_on(replicas)
+    return short.compile_s + long.compile_s + _seconds(short, replicas) + \
+        _seconds(long, replicas)
 
 
 def side_by_side_s(k: int, replicas: int, per_instance: int, short: PartTime,
                    long: PartTime) -> float:
     return compile_wall_s(k, replicas, per_instance, short.compile_s, long.compile_s) + \
-        max(short.seconds_on(k), long.seconds_on(replicas - k))
+        max(_seconds(short, k), _seconds(long, replicas - k))
 
 
 def choose(mode: str, replicas: int, per_instance: int, short: PartTime | None,
@@ -103,11 +110,11 @@ def choose(mode: str, replicas: int, per_instance: int, short: PartTime | None,
     turn = in_turn_s(replicas, short, long)
     if mode == AUTO and turn <= side:
         return SplitPlacement(IN_TURN, replicas, turn, turn, short.compile_s + long.compile_s,
-                         (short.seconds_on(replicas), long.seconds_on(replicas)))
+                         (_seconds(short, replicas), _seconds(long, replicas)))
     return SplitPlacement(SIDE_BY_SIDE, best, side, turn,
                      compile_wall_s(best, replicas, per_instance, short.compile_s,
                                     long.compile_s),
-                     (short.seconds_on(best), long.seconds_on(replicas - best)))
+                     (_seconds(short, best), _seconds(long, replicas - best)))
 
 
 class BoundEstimate:

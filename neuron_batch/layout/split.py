@@ -26,7 +26,7 @@ chunks and batch sizes, not over what a split sorts by. No vLLM import here.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +89,7 @@ def fitted_buckets(runtime: Runtime, prompt_lens: Sequence[int], lengths: Sequen
             tuple(optimal_buckets(reach, count, max_model_len).buckets))
 
 
-def fitted_count(sizes: Sequence[int], count: int, maximum: int) -> int:
+def fitted_count(sizes: Collection[int], count: int, maximum: int) -> int:
     """How many buckets `fitted_buckets` gives for these sizes, without solving: the
     optimiser's least-padding list of at most `count` buckets (ties: fewer) has one per
     distinct size below `maximum` plus `maximum`, or `count` when that is fewer (each further
@@ -217,12 +217,21 @@ def _compile_assumption(settings: RunSettings, requests, slots_at, estimate,
     return "start-up counted: " + ", ".join(states)
 
 
+def resolved_cut(settings: RunSettings) -> int:
+    """The run's --split-at as tokens: a part is planned only once `auto` is resolved to its
+    cut (a bug otherwise, not a user's error)."""
+    cut = settings.split_at
+    if not isinstance(cut, int):
+        raise TypeError(f"--split-at {cut!r} is planned before it is resolved to tokens")
+    return cut
+
+
 def check_split(settings: RunSettings, requests: list[PreparedRequest]) -> None:
     """RunError (exit 2, nothing run) for a cut no request fits under, or a request longer than
     every layout (named: a batch job never cuts one short)."""
     if not requests:
         return
-    split_at = settings.split_at
+    split_at = resolved_cut(settings)
     shortest = min(r.length for r in requests)
     if split_at < shortest:
         raise RunError(f"--split-at {split_at:,} is below the shortest request (prompt + "
@@ -252,7 +261,7 @@ def short_layout_slots(settings: RunSettings, slots_at, num_requests: int) -> in
     still reads its KV): the part's, or with --replicas R about a replica's share of them,
     ceil(requests / R); when that cannot be told (`slots_at` None, or it says None), the
     --max-num-seqs given."""
-    slots = slots_at(settings.split_at) if slots_at is not None else None
+    slots = slots_at(resolved_cut(settings)) if slots_at is not None else None
     if not slots:
         return settings.max_num_seqs
     per_engine = -(-num_requests // settings.replicas) if settings.uses_ray else num_requests
@@ -263,11 +272,12 @@ def short_part(settings: RunSettings, requests: list[PreparedRequest], slots_at,
                engines: int, runtime: Runtime) -> Part:
     """The short layout for `requests` served by `engines` engines (its slots are capped at
     an engine's share), under the run's `runtime`."""
-    short = settings.replace(max_model_len=settings.split_at, split_at=None,
-                    split_placement=AUTO)       # (a part is not split again)
+    cut = resolved_cut(settings)
+    short = settings.replace(max_model_len=cut, split_at=None,
+                             split_placement=AUTO)       # (a part is not split again)
     short = short.replace(replicas=engines, max_num_seqs=short_layout_slots(
         settings.replace(replicas=engines), slots_at, len(requests)))
-    short = short.with_buckets(runtime, *fitted_to(runtime, requests, settings.split_at))
+    short = short.with_buckets(runtime, *fitted_to(runtime, requests, cut))
     return Part(SHORT, short.validate(), requests)
 
 
@@ -291,8 +301,9 @@ def plan_parts(settings: RunSettings, pending: list[PreparedRequest], slots_at,
     placement.BoundEstimate, or None when the device has no step-time model. `runtime`: the
     run's (default: the one `settings` decided)."""
     runtime = runtime or settings.resolve_runtime()
-    short = [r for r in pending if r.length <= settings.split_at]
-    long = [r for r in pending if r.length > settings.split_at]
+    cut = resolved_cut(settings)
+    short = [r for r in pending if r.length <= cut]
+    long = [r for r in pending if r.length > cut]
     replicas = settings.replicas
     parts = ([short_part(settings, short, slots_at, replicas, runtime)] if short else []) + \
         ([long_part(settings, long, replicas, runtime)] if long else [])

@@ -5,7 +5,7 @@ a split option's short layout (SplitLayout). Data only; grid.py builds them."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from neuron_batch.choices import KvReserve, Order, Pricing, WeightDtype, normalise
@@ -14,7 +14,7 @@ from neuron_batch.device.hardware import DEFAULT_PLAN_INSTANCES
 from neuron_batch.device.target import NEURON_BLOCK_SIZE, Target
 from neuron_batch.report.cost import Price, usd
 from neuron_batch.runtime import Runtime
-from neuron_batch.settings import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_TOKENS, RunSettings
+from neuron_batch.settings import BY_NAME, RunSettings
 
 DEFAULT_INSTANCES = DEFAULT_PLAN_INSTANCES
 DEFAULT_SEQS = (8, 16, 32, 64)
@@ -30,7 +30,8 @@ class PlanError(ValueError):
 @dataclass(frozen=True)
 class PlanSpec:
     """What the user asked to plan over: the grid's own fields, and those of the run settings
-    every option starts from (`from_settings`)."""
+    every option starts from (`from_settings`: each field named as a declared setting is that
+    setting, its default the declared one)."""
 
     architecture: str
     instances: tuple[str, ...] = DEFAULT_INSTANCES
@@ -38,19 +39,21 @@ class PlanSpec:
     seqs_values: tuple[int, ...] = DEFAULT_SEQS
     max_prefill_buckets: int = DEFAULT_MAX_PREFILL_BUCKETS
     compiled: bool = False
-    weight_dtype: WeightDtype = WeightDtype.BF16
-    cost_profile: str | None = None
-    max_model_len: int = DEFAULT_MAX_MODEL_LEN
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
-    kv_reserve: KvReserve = KvReserve.MAX_MODEL_LEN
-    pricing: Pricing = Pricing.ON_DEMAND
+    weight_dtype: WeightDtype = BY_NAME["weight_dtype"].default
+    cost_profile: str | None = BY_NAME["cost_profile"].default
+    max_model_len: int = BY_NAME["max_model_len"].default
+    max_num_batched_tokens: int = BY_NAME["max_num_batched_tokens"].default
+    kv_reserve: KvReserve = BY_NAME["kv_reserve"].default
+    pricing: Pricing = BY_NAME["pricing"].default
     prices: dict[str, float] = field(default_factory=dict)   # instance -> USD/h overrides
-    runtime: str | None = None      # None: each instance's own (nxdi inf2/trn1, vllm-neuron trn2)
+    #: None: each instance's own (nxdi inf2/trn1, vllm-neuron trn2)
+    runtime: str | None = BY_NAME["runtime"].default
     #: Several runtimes weighed side by side on each instance that runs them (`--runtimes`,
     #: e.g. nxdi,optimum-neuron on inf2); empty: `runtime` alone.
     runtimes: tuple[str, ...] = ()
     splits: bool = True             # also weigh jobs split by length (static-KV runtimes)
-    order: Order = Order.INPUT      # how each replica submits its share (`run --order`)
+    #: how each replica submits its share (`run --order`)
+    order: Order = BY_NAME["order"].default
 
     def __post_init__(self) -> None:
         normalise(self, {"weight_dtype": WeightDtype, "kv_reserve": KvReserve,
@@ -78,12 +81,13 @@ class PlanSpec:
         compiled, prices, splits). PlanError without an architecture."""
         if settings.architecture is None:
             raise PlanError("plan needs the model's architecture (--architecture)")
-        return cls(architecture=settings.architecture,
-                   weight_dtype=settings.weight_dtype,
-                   cost_profile=settings.cost_profile, max_model_len=settings.max_model_len,
-                   max_num_batched_tokens=settings.max_num_batched_tokens,
-                   kv_reserve=settings.kv_reserve, pricing=settings.pricing,
-                   runtime=settings.runtime, order=settings.order, **grid)
+        return cls(**{name: getattr(settings, name) for name in SETTINGS_FIELDS}, **grid)
+
+
+#: PlanSpec's fields that are run settings: `from_settings` copies them by name (`compiled`
+#: is plan's own --compiled, every option's start-up, given with the grid).
+SETTINGS_FIELDS = tuple(f.name for f in fields(PlanSpec)
+                        if f.name in BY_NAME and f.name != "compiled")
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,7 @@ class InstanceFit:
         return self.runtime.shapes({}, max_num_seqs=1, max_num_batched_tokens=mml,
                                    max_model_len=mml).attention_buckets
 
-    def hardware_key(self) -> tuple:
+    def hardware_key(self) -> tuple[Any, ...]:
         """What the simulated device's timing and KV size depend on besides the settings: two
         placements with equal keys simulate identically (inf2.xlarge and inf2.8xlarge have the
         same chip; inf2.24xlarge and inf2.48xlarge the same chips and links)."""
@@ -176,7 +180,7 @@ class Option:
     bound_s: float              # lower bound on one replica's run time (seconds)
     bound_steps: int
     share_output_tokens: int
-    sim_key: tuple
+    sim_key: tuple[Any, ...]
     split: SplitLayout | None = None    # a job split by length (splits.py): its short layout
     skip_reason: str | None = None      # set when another option provably does as well
     pruned_by: str | None = None        # the best option when this one was pruned

@@ -31,8 +31,8 @@ Choices made here, and why:
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from neuron_batch.buckets import round_model_len
 from neuron_batch.choices import KvReserve
@@ -181,7 +181,7 @@ def build_options(spec: PlanSpec, placements_: Sequence[InstanceFit], prompt_len
     of T replicas is the first ceil(n / T) requests. A max_num_seqs whose static KV cache does
     not load on a placement is not an option; why goes to `excluded`."""
     chooser = BucketChooser(prompt_lens, spec)
-    stats_by_size: dict[tuple, ShareStats] = {}
+    stats_by_size: dict[tuple[Any, ...], ShareStats] = {}
     options: list[Option] = []
     for placement in placements_:
         mml = placement.max_model_len
@@ -259,7 +259,7 @@ def mark_same_schedule(options: list[Option], spec: PlanSpec) -> None:
     if spec.kv_reserve != KvReserve.MAX_MODEL_LEN:
         return
     blocks_per_seq = -(-spec.max_model_len // NEURON_BLOCK_SIZE)
-    groups: dict[tuple, list[Option]] = {}
+    groups: dict[tuple[Any, ...], list[Option]] = {}
     for option in options:
         if option.runtime.static_kv or option.max_model_len != spec.max_model_len:
             continue     # static slots: max_num_seqs is what runs at once
@@ -274,7 +274,3 @@ def mark_same_schedule(options: list[Option], spec: PlanSpec) -> None:
                 fit = (option.placement.num_blocks - 1) // blocks_per_seq
                 option.skip_reason = (f"same schedule as {keep.name} (the KV cache holds only "
                                       f"{fit} requests at max_model_len), more decode padding")
-
-
-def grid_counts(options: Sequence[Option]) -> Counter:
-    return Counter(o.instance for o in options)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from neuron_batch.buckets import round_model_len
 from neuron_batch.layout.optimiser import plans_for_each_k, prefill_chunk_lengths
@@ -23,8 +23,8 @@ class BucketChooser:
     def __init__(self, prompt_lens: Sequence[int], spec: PlanSpec):
         self.spec = spec
         self.prompt_lens = prompt_lens
-        self._chunks: dict[tuple, Counter] = {}
-        self._plans: dict[tuple, list] = {}
+        self._chunks: dict[tuple[Any, ...], Counter[Any]] = {}
+        self._plans: dict[tuple[Any, ...], list[Any]] = {}
 
     def limits(self, placement: InstanceFit) -> tuple[int, int]:
         """(max_num_batched_tokens as the runtime uses it, the largest prefill bucket)."""
@@ -32,7 +32,7 @@ class BucketChooser:
         budget = self.spec.max_num_batched_tokens if placement.runtime.chunked_prefill else mml
         return budget, min(budget, mml)
 
-    def plans(self, placement: InstanceFit) -> list:
+    def plans(self, placement: InstanceFit) -> list[Any]:
         key = placement.hardware_key()
         if key not in self._plans:
             budget, maximum = self.limits(placement)
@@ -52,12 +52,13 @@ class BucketChooser:
         if placement.runtime.prefill.single:
             longest = round_model_len(max(self.prompt_lens, default=1))
             return (min(longest, placement.max_model_len),), self.compile_s(placement, 1)
-        best = None
+        best: tuple[float, tuple[int, ...], float] | None = None
         for plan in self.plans(placement):
             compile_s = self.compile_s(placement, len(plan.buckets))
             score = compile_s + plan.cost / total_replicas
             if best is None or score < best[0] - 1e-9:
                 best = (score, tuple(plan.buckets), compile_s)
+        assert best is not None, "plans_for_each_k gives at least one plan"
         return best[1], best[2]
 
     def compile_s(self, placement: InstanceFit, num_prefill: int) -> float:

@@ -13,12 +13,12 @@ processes, skipping every option whose bounds cannot beat the best simulated so 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from neuron_batch.bench.deadline import format_hours
 from neuron_batch.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
@@ -42,9 +42,12 @@ from neuron_batch.plan.search import Search, dry_run
 from neuron_batch.plan.splits import split_options
 from neuron_batch.plan.tighten import Tightener, bound_is_exact
 from neuron_batch.plan.words import left_out_line
-from neuron_batch.report.model import Report
+from neuron_batch.report.model import Report, StepCounts
 from neuron_batch.report.schema import or_none
 from neuron_batch.settings import RunSettings
+
+if TYPE_CHECKING:
+    from neuron_batch.inputs.prepare import PreparedRequest
 
 #: CPU seconds a simulation costs per engine step and per output token, measured on the 2-core
 #: development machine (the whole conversation trace at max_num_seqs 32: 147 k steps, 4.1 M
@@ -60,7 +63,7 @@ ESTIMATE_SLACK = 1.1
 
 # -- one simulation, in a worker process ------------------------------------------------------
 
-_WORKLOADS: dict[tuple, Any] = {}
+_WORKLOADS: dict[tuple[Any, ...], Any] = {}
 
 
 def simulate_share(settings: RunSettings, workload_limit: int | None) -> dict[str, Any]:
@@ -69,6 +72,7 @@ def simulate_share(settings: RunSettings, workload_limit: int | None) -> dict[st
     from neuron_batch.bench.sweep import finished_report
 
     started, cpu = time.monotonic(), time.process_time()
+    assert settings.output is not None, "plan_job gives every simulation its folder"
     report = finished_report(Path(settings.output))
     reused = report is not None
     try:
@@ -88,7 +92,7 @@ def simulate_share(settings: RunSettings, workload_limit: int | None) -> dict[st
             "output_tokens": report.tokens.output,
             "replica_output_tokens_per_s": throughput.output_tokens_per_s,
             "num_requests": report.requests.completed,
-            "steps": or_none(report.section("steps").total),
+            "steps": or_none(cast(StepCounts, report.section("steps")).total),
             "run_dir": settings.output, "reused": reused,
             "split_parts": (report.split or {}).get("parts"),
             "wall_s": round(time.monotonic() - started, 1),
@@ -113,21 +117,22 @@ def _run_share(settings: RunSettings, workload_limit: int | None) -> Report:
     result = run(settings, log=lambda m: None, workload=share)
     if result.exit_code != EXIT_OK:
         raise RunError(f"the simulated run ended with exit code {result.exit_code}")
+    assert result.report is not None, "a run that exits 0 has its report"
     return result.report
 
 
 class _InlinePool:
     """The pool interface, running each job at once in this process (--jobs 1)."""
 
-    def submit(self, fn, *args) -> Future:
-        future: Future = Future()
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
         future.set_result(fn(*args))
         return future
 
-    def __enter__(self):
+    def __enter__(self) -> _InlinePool:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         return None
 
 
@@ -187,7 +192,7 @@ def run_plan(job: PlanJob) -> int:
     return EXIT_OK
 
 
-def _prefix_caching(job: PlanJob, requests) -> dict[str, int]:
+def _prefix_caching(job: PlanJob, requests: Sequence[PreparedRequest]) -> dict[str, int]:
     """What the job's prompts share (bench/cache_effect.py `job_bound`), said in the log: whether
     each option is also weighed with prefix caching on."""
     from neuron_batch.bench.cache_effect import job_bound
@@ -250,11 +255,11 @@ def _minutes(options: list[Option], jobs: int, load_s: float) -> str:
     return f"about {seconds / 60:.0f} min" if seconds >= 90 else f"about {seconds:.0f} s"
 
 
-def _search(job: PlanJob, options: list[Option], writer, tighten: Tightener) -> None:
+def _search(job: PlanJob, options: list[Option], writer: PlanWriter, tighten: Tightener) -> None:
     search = Search(options, job.deadline.hours, prune=job.prune, tighten=tighten)
     pool = (_InlinePool() if job.jobs == 1 else
             ProcessPoolExecutor(max_workers=job.jobs, mp_context=get_context("spawn")))
-    futures: dict[Future, Option] = {}
+    futures: dict[Future[Any], Option] = {}
     count = 0
     with pool:
         try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
 from neuron_batch.layout.bounds import ShareStats, replica_bound
@@ -41,7 +42,7 @@ def shareable_tokens(prompts: Sequence[Sequence[int]], block: int = NEURON_BLOCK
     starts with too (never the last token: vLLM computes at least one), by a chain of block
     hashes: linear in the tokens."""
     chains = block_chains(prompts, block)
-    counts: Counter = Counter()
+    counts: Counter[int] = Counter()
     for chain in chains:
         counts.update(chain)
     out = []
@@ -61,7 +62,7 @@ def caching_options(spec: PlanSpec, singles: Sequence[Option], prompt_lens: Sequ
     bounds over the prompts less what they share (`shared`, from `shareable_tokens`, in the
     workload's order)."""
     reduced = [max(p - s, 1) for p, s in zip(prompt_lens, shared)]
-    stats: dict[tuple, ShareStats] = {}
+    stats: dict[tuple[Any, ...], ShareStats] = {}
     out = []
     for single in singles:
         if (single.skip_reason or single.split or single.prefix_caching

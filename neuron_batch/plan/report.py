@@ -66,7 +66,8 @@ class PlanWriter:
         done = [o for o in self.options if o.result and o.result.get("replica_s") is not None]
         return sorted(done, key=lambda o: (self.key(o), o.name))
 
-    def key(self, option: Option) -> tuple:
+    def key(self, option: Option) -> tuple[Any, ...]:
+        assert option.result is not None, "ranked: simulated options only"
         seconds = option.result["replica_s"]
         return objective_key(option.hours_for(seconds), option.usd_for(seconds),
                              self.job.deadline.hours)
@@ -169,7 +170,7 @@ def rerender_plan(folder: Path) -> str:
     return format_plan(json.loads((folder / PLAN_JSON).read_text(encoding="utf-8")))
 
 
-def write_csv(data: dict[str, Any], path) -> None:
+def write_csv(data: dict[str, Any], path: str | Path) -> None:
     rows = data["options"] + data["not_simulated"]
     with open(path, "w", encoding="utf-8", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS, extrasaction="ignore")
@@ -206,7 +207,7 @@ def format_plan(data: dict[str, Any]) -> str:
                  f"{r['usd_per_million_output_tokens']:,.2f}",
                  "meets" if r["meets_deadline"] else f"{late_words(-r['hours_to_spare'])} late"]
                 for r in rows]
-        headers = _HEADERS
+        headers: tuple[str, ...] = _HEADERS
         if any(r.get("prefix_caching") for r in rows):     # weighed on and off: say which
             headers = (*_HEADERS, "cache")
             for cells, r in zip(body, rows):
@@ -219,7 +220,7 @@ def format_plan(data: dict[str, Any]) -> str:
         widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(headers)]
         left = {1, 3, 6, 11, 12, 13}
 
-        def line(cells):
+        def line(cells: Sequence[str]) -> str:
             return ("  " + "  ".join(c.ljust(w) if i in left else c.rjust(w)
                                      for i, (c, w) in enumerate(zip(cells, widths)))).rstrip()
         lines += [line(headers), *(line(b) for b in body)]

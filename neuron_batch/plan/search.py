@@ -28,21 +28,22 @@ SPECULATION_SLACK = 1.05
 BOUND_SLACK = 1e-9
 
 
-def objective_key(hours: float, usd: float, deadline_h: float) -> tuple:
+def objective_key(hours: float, usd: float, deadline_h: float) -> tuple[Any, ...]:
     """Smaller is better: meeting the deadline first, then cost and time (or time and cost)."""
     if hours <= deadline_h:
         return (0, usd, hours)
     return (1, hours, usd)
 
 
-def bound_key(hours_lb: float, usd_lb: float, deadline_h: float) -> tuple:
+def bound_key(hours_lb: float, usd_lb: float, deadline_h: float) -> tuple[Any, ...]:
     """The smallest key an option with these lower bounds could reach. If its real figures
     meet the deadline, so does the bound, and (0, usd_lb, hours_lb) <= (0, usd, hours); if not,
     the bound key is (0, ...) or (1, hours_lb, usd_lb), both <= (1, hours, usd)."""
     return objective_key(hours_lb * (1 - BOUND_SLACK), usd_lb * (1 - BOUND_SLACK), deadline_h)
 
 
-def cannot_beat(hours_lb: float, usd_lb: float, best: tuple | None, deadline_h: float) -> bool:
+def cannot_beat(hours_lb: float, usd_lb: float, best: tuple[Any, ...] | None,
+                deadline_h: float) -> bool:
     """True when an option bounded below by (hours_lb, usd_lb) cannot do better than `best`
     (an objective key; None: nothing simulated yet)."""
     return best is not None and bound_key(hours_lb, usd_lb, deadline_h) >= best
@@ -61,9 +62,9 @@ class Search:
         # it heads the queue unpruned, until it says no, before it is simulated
         self.tighten = tighten
         self.queue = sorted((o for o in options if o.skip_reason is None), key=self._key)
-        self.results: dict[tuple, dict[str, Any]] = {}     # sim_key -> result
-        self.running: dict[tuple, list[Any]] = {}          # sim_key -> options waiting on it
-        self.best: tuple | None = None
+        self.results: dict[tuple[Any, ...], dict[str, Any]] = {}     # sim_key -> result
+        self.running: dict[tuple[Any, ...], list[Any]] = {}   # sim_key -> options waiting on it
+        self.best: tuple[Any, ...] | None = None
         self.best_option: Any = None
         self.pruned: list[Any] = []
 
@@ -96,10 +97,10 @@ class Search:
             return option
         return None
 
-    def _key(self, option: Any) -> tuple:
+    def _key(self, option: Any) -> tuple[Any, ...]:
         return bound_key(option.hours_bound, option.usd_bound, self.deadline_h), option.name
 
-    def _hoped_best(self) -> tuple | None:
+    def _hoped_best(self) -> tuple[Any, ...] | None:
         """The best key once the running simulations end, if they take SPECULATION_SLACK
         times their bounds."""
         hoped = [self.best] if self.best is not None else []
@@ -141,7 +142,7 @@ def dry_run(options: Sequence[Any], deadline_h: float, *,
     stay lower bounds)."""
     slack_of = slack if callable(slack) else (lambda option, value=slack: value)
     class _Shadow:
-        def __init__(self, option):
+        def __init__(self, option: Any) -> None:
             self.option, self.name, self.sim_key = option, option.name, option.sim_key
             self.skip_reason, self.result = option.skip_reason, None
             self.hours_for, self.usd_for = option.hours_for, option.usd_for

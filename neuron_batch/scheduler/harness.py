@@ -32,7 +32,7 @@ from neuron_batch.runtime import Runtime, default_runtime
 from neuron_batch.scheduler import compat
 
 #: A small llama-shaped architecture: only its shape matters to the scheduler.
-TINY_LLAMA_CONFIG = {
+TINY_LLAMA_CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
     "hidden_size": 256,
@@ -77,7 +77,7 @@ def make_scheduler(
     runtime: Runtime | None = None,
     tokenizer: str | None = None,
     vocab_size: int | None = None,
-):
+) -> Any:
     """A scheduler of `scheduler_cls` over a KV cache of `num_blocks` blocks. `kv_reserve`
     ("request" or "max_model_len") is put into `neuron_batch_config`; None: the default.
     `runtime` (runtime.py's RUNTIMES; None: the scheduler's default, vllm-neuron) sets
@@ -126,7 +126,7 @@ _request_ids = itertools.count()
 
 def make_request(prompt_len: int, max_tokens: int, *, req_id: str | None = None,
                  prompt_token_ids: Sequence[int] | None = None, block_size: int = 32,
-                 ignore_eos: bool = True, structured: dict | None = None) -> Request:
+                 ignore_eos: bool = True, structured: dict[str, Any] | None = None) -> Request:
     """A request of `prompt_len` tokens that generates up to `max_tokens` tokens; `structured`
     (a structured-output form, inputs/structured.py) constrains it (its grammar is compiled
     when `drive` adds it) and lets EOS end it."""
@@ -170,7 +170,7 @@ def fake_model_output(scheduler_output: SchedulerOutput, requests: dict[str, Req
                                       sampled_token_ids=sampled)
 
 
-def lowest_allowed(row) -> int:
+def lowest_allowed(row: Any) -> int:
     """The lowest token id a grammar bitmask row allows (32 tokens a 32-bit word, bit j of
     word k is token 32k + j)."""
     words = np.asarray(row).astype(np.int64) & 0xFFFFFFFF
@@ -199,7 +199,7 @@ class DriveResult:
     num_steps: int = 0
 
 
-def drive(scheduler, requests: Iterable[Request] = (), *, max_steps: int = 100_000,
+def drive(scheduler: Any, requests: Iterable[Request] = (), *, max_steps: int = 100_000,
           arrivals: dict[int, list[Request]] | None = None, keep_outputs: bool = True,
           overlap: bool = False,
           on_step: Callable[[SchedulerOutput], None] | None = None) -> DriveResult:

@@ -10,7 +10,7 @@ The rules themselves (and why prompt + max_tokens is enough) are in kv_reserve.p
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
@@ -35,10 +35,18 @@ logger = logging.getLogger("neuron_batch.scheduler.neuron")
 KV_RESERVE_KEY = "kv_reserve"
 
 
-class KVAdmission:
+if TYPE_CHECKING:
+    # The checker sees the mixin on vLLM's Scheduler, whose attributes it reads and whose
+    # methods it extends (vLLM is not read by mypy: Any; tests/scheduler drive the real one).
+    from vllm.v1.core.sched.scheduler import Scheduler as _Scheduler
+else:
+    _Scheduler = object
+
+
+class KVAdmission(_Scheduler):
     """KV admission for NeuronScheduler (which supplies vLLM's Scheduler attributes)."""
 
-    def _setup_kv_admission(self, own: dict[str, Any], vllm_config, kv_cache_config,
+    def _setup_kv_admission(self, own: dict[str, Any], vllm_config: Any, kv_cache_config: Any,
                             block_size: int) -> None:
         try:
             self.kv_reserve = parse_kv_reserve(own.get(KV_RESERVE_KEY, DEFAULT_KV_RESERVE))
@@ -63,7 +71,7 @@ class KVAdmission:
         self._kv_too_big: list[tuple[Request, str]] = []
         self._kv_refused: list[tuple[Request, str]] = []
 
-    def _kv_cache_groups(self, vllm_config, kv_cache_config,
+    def _kv_cache_groups(self, vllm_config: Any, kv_cache_config: Any,
                          block_size: int) -> list[tuple[int, int]]:
         """(block size, blocks a max_model_len request holds) for each KV cache group that
         allocates from the block pool: every group takes its own blocks for a request."""

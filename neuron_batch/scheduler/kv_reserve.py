@@ -37,7 +37,8 @@ DEFAULT_KV_RESERVE = REQUEST
 #: The rules as the command line and job files spell them.
 CLI_NAMES = {rule: rule.cli for rule in KvReserve}
 #: Short names for sweep configuration names (K=req, K=mml).
-SHORT_NAMES = {rule: rule.short for rule in KvReserve}
+#: A rule's short name by its name (a StrEnum member is its name too).
+SHORT_NAMES: dict[str, str] = {rule: rule.short for rule in KvReserve}
 
 
 def parse_kv_reserve(value: str) -> KvReserve:

@@ -14,14 +14,22 @@ then vLLM's own update runs with nothing in front of it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.v1.request import Request, RequestStatus
 
 _UPDATE = "_update_request_with_output"
 
 
-class MinTokensStop:
+if TYPE_CHECKING:
+    # The checker sees the mixin on vLLM's Scheduler, whose attributes it reads and whose
+    # methods it extends (vLLM is not read by mypy: Any; tests/scheduler drive the real one).
+    from vllm.v1.core.sched.scheduler import Scheduler as _Scheduler
+else:
+    _Scheduler = object
+
+
+class MinTokensStop(_Scheduler):
     """Mixin for a vLLM Scheduler: no EOS / stop-token stop before min_tokens outputs."""
 
     def add_request(self, request: Request) -> None:
@@ -39,11 +47,13 @@ class MinTokensStop:
         return _UPDATE in self.__dict__
 
     def _update_holding_min_tokens(self, request: Request, new_token_ids: list[int],
-                                   *args: Any, **kwargs: Any):
+                                   *args: Any, **kwargs: Any) -> tuple[list[int], bool]:
         params = request.sampling_params
         # Fast path: the next token may already stop it.
         if params is None or params.min_tokens <= request.num_output_tokens + 1:
-            return super()._update_request_with_output(request, new_token_ids, *args, **kwargs)
+            done: tuple[list[int], bool] = super()._update_request_with_output(
+                request, new_token_ids, *args, **kwargs)
+            return done
         kept: list[int] = []
         for token in new_token_ids:
             if request.num_output_tokens + 1 >= params.min_tokens:

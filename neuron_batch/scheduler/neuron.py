@@ -75,7 +75,12 @@ RUNTIME_KEY = "runtime"             # "nxdi" or "vllm-neuron" (runtime.py; defau
 class NeuronScheduler(KVAdmission, MinTokensStop, DecodeFirst, Scheduler):
     """vLLM's scheduler with Neuron's admission control, prefill/decode separation and padding."""
 
-    def __init__(self, vllm_config, kv_cache_config, structured_output_manager,
+    # vLLM's queues, swapped each step with the holdback queue (vLLM is Any to the checker)
+    waiting: Any
+    holdback_queue: Any
+    running: list[Request]
+
+    def __init__(self, vllm_config: Any, kv_cache_config: Any, structured_output_manager: Any,
                  *args: Any, **kwargs: Any) -> None:
         # (vLLM 0.13 and later pass block_size, 0.11 and earlier do not: see compat.py)
         super().__init__(vllm_config, kv_cache_config, structured_output_manager,
@@ -84,7 +89,7 @@ class NeuronScheduler(KVAdmission, MinTokensStop, DecodeFirst, Scheduler):
         additional = vllm_config.additional_config or {}
         own = additional.get("neuron_batch") or {}
 
-        self.max_num_seqs = self.scheduler_config.max_num_seqs
+        self.max_num_seqs: int = self.scheduler_config.max_num_seqs
         # Hard-coded as in the AWS plugin: Neuron prefills one request per step.
         self.max_prefills_per_batch = 1
         # Requests kept out of the base scheduler's sight this step (the design's holdback).
@@ -157,10 +162,6 @@ class NeuronScheduler(KVAdmission, MinTokensStop, DecodeFirst, Scheduler):
     def has_prefill_in_running(self) -> bool:
         """True if any running request is still in its prefill phase."""
         return any(r.num_computed_tokens < r.num_prompt_tokens for r in self.running)
-
-    @staticmethod
-    def _is_prefill_request(request: Request) -> bool:
-        return request.num_computed_tokens < request.num_prompt_tokens
 
     def admission_refusal(self, request: Request | None = None,
                           prefill_in_running: bool | None = None) -> str | None:
@@ -270,7 +271,8 @@ class NeuronScheduler(KVAdmission, MinTokensStop, DecodeFirst, Scheduler):
         cached_computed = output.scheduled_cached_reqs.num_computed_tokens
         if only_decodes and not output.scheduled_new_reqs:
             # schedule() saw only decodes go in: nothing to classify, one sum in C.
-            prefill_ids, prefill_tokens = (), 0
+            prefill_ids: dict[str, int] = {}
+            prefill_tokens = 0
             num_decode, context_tokens = len(cached_computed), sum(cached_computed)
         else:
             prefill_ids, prefill_tokens, num_decode, context_tokens = split_prefills(
@@ -340,7 +342,7 @@ class NeuronScheduler(KVAdmission, MinTokensStop, DecodeFirst, Scheduler):
                 step.context_tokens = sum(prefill_ids.values())
 
     # -- outputs and request life ------------------------------------------------------------
-    def update_from_output(self, scheduler_output, model_runner_output):
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         if self._decode_first:
             self._finish_decode_first(scheduler_output)
         # (with what the simulated device charged for the step's sampling)
@@ -373,7 +375,7 @@ class NeuronScheduler(KVAdmission, MinTokensStop, DecodeFirst, Scheduler):
             self.recorder.request_asks(request.request_id, request.sampling_params)
         self._refuse_if_never_fits(request)
 
-    def _free_request(self, request: Request, *args: Any, **kwargs: Any):
+    def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         now = self._update_time if self._update_time is not None else self.recorder.clock()
         reason = request.get_finished_reason()
         self.recorder.request_finished(request.request_id, request.num_output_tokens,
@@ -381,7 +383,7 @@ class NeuronScheduler(KVAdmission, MinTokensStop, DecodeFirst, Scheduler):
         self._kv_release(request, finished=True)   # at once, also when EOS or a stop ends it
         return super()._free_request(request, *args, **kwargs)
 
-    def _preempt_request(self, request: Request, *args: Any, **kwargs: Any):
+    def _preempt_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         # Never expected (admission keeps every reservation inside the cache); if vLLM does
         # preempt, the request gives its blocks back and reserves again when re-admitted.
         self._kv_release(request, finished=False)

@@ -88,6 +88,12 @@ class Setting:
     #: The commands that take it as an option.
     commands: frozenset[str] = frozenset({"run", "bench"})
     show_default: bool = True
+    #: The range of a number: "positive" (above 0) or "non-negative" (0 or more); validate
+    #: refuses a value outside it (and None, unless None is the default).
+    bound: str | None = None
+    #: (command, help) where a command reads it otherwise (doctor: the host's instance, not the
+    #: simulated one); that help says the default there.
+    help_in: tuple[tuple[str, str], ...] = ()
 
     def flag(self, name: str) -> str | None:
         """The option's name as the command line spells it, without dashes."""

@@ -35,6 +35,8 @@ DEFAULT_INSTANCE = "inf2.8xlarge"
 SPLIT_AUTO = "auto"
 
 _RUN = frozenset({"run"})
+#: The layout settings `doctor` checks a run's layout with, beside run and bench.
+_DOCTOR = frozenset({"run", "bench", "doctor"})
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,10 @@ class JobSettings:
         help="Input files (.jsonl, OpenAI batch .jsonl, .csv, .parquet, .txt), data-set folders "
              "or hf:NAME[:CONFIG] data sets; none: the built-in prompts.")
     max_tokens: int = setting(
-        DEFAULT_MAX_TOKENS, kind=Kind.INT,
+        DEFAULT_MAX_TOKENS, bound="positive", kind=Kind.INT,
         help="Output tokens per request where the input gives none.")
     temperature: float | None = setting(
-        None, kind=Kind.FLOAT, commands=_RUN,
+        None, bound="non-negative", kind=Kind.FLOAT, commands=_RUN,
         help="Sampling temperature where the input gives none (0 = greedy). Default: the "
              "input format's: OpenAI batch lines 1 (or the model's generation_config.json), "
              "other inputs 0.")
@@ -72,7 +74,8 @@ class JobSettings:
     dataset_split: str = setting(
         "train", option="split", selects=True, help="Data-set split to read.")
     limit: int | None = setting(
-        None, kind=Kind.INT, selects=True, help="Run only the first N prompts.")
+        None, kind=Kind.INT, selects=True, bound="non-negative",
+        help="Run only the first N prompts.")
     shuffle: bool = setting(
         False, kind=Kind.SWITCH, selects=True, commands=_RUN,
         help="Shuffle prompts (before --limit).")
@@ -101,20 +104,27 @@ class LayoutSettings:
     the order requests are submitted in."""
 
     model: str | None = setting(
-        None, envvar="NEURON_BATCH_MODEL", checked=True,
+        None, commands=_DOCTOR, envvar="NEURON_BATCH_MODEL", checked=True,
+        help_in=(("doctor", "Check that this model's layout loads here: a local directory with "
+                            "config.json, or a catalogue name such as llama-3.1-8b."),),
         help="Local model directory or Hugging Face id. Default: the built-in "
              "SmolLM2-135M-Instruct (prepared once into the cache).")
     max_num_seqs: int = setting(
         DEFAULT_MAX_NUM_SEQS, kind=Kind.INT, metavar="N", checked=True, sweep=True,
+        bound="positive",
+        commands=_DOCTOR,
         written=Written.ALWAYS,
         help="Most requests decoding at once (the largest decode batch). `bench` takes a list "
              "to sweep, e.g. 8,16,32.")
     max_num_batched_tokens: int = setting(
         DEFAULT_MAX_NUM_BATCHED_TOKENS, kind=Kind.INT, checked=True, written=Written.ALWAYS,
+        bound="positive",
         help="[vllm-neuron] Largest prefill chunk; longer prompts are prefilled in chunks of "
              "this size (nxdi prefills whole prompts).")
     max_model_len: int = setting(
         DEFAULT_MAX_MODEL_LEN, kind=Kind.INT, checked=True, written=Written.ALWAYS,
+        bound="positive",
+        commands=_DOCTOR,
         help="Longest prompt + output, in tokens.")
     context_encoding_buckets: tuple[int, ...] | None = setting(
         None, kind=Kind.BUCKETS, metavar="N,N,...", checked=True, written=Written.RESOLVED,
@@ -150,21 +160,25 @@ class LayoutSettings:
         help="[optimum-neuron] The export's context-encoding length: every prompt is padded "
              "to it, none may be longer. Default: max-model-len.")
     block_size: int | None = setting(
-        None, kind=Kind.INT, checked=True,
+        None, bound="positive", commands=_DOCTOR, kind=Kind.INT, checked=True,
         help="KV block size. Default 32 on Neuron and sim (nxdi takes 16 or 32; max-model-len "
              "with --no-prefix-caching); on the CPU vLLM's own.")
     #: None: auto, decided once per run where it pays (layout/prefix_decision.py).
     prefix_caching: bool | None = setting(
-        None, kind=Kind.PREFIX_CACHING, checked=True,
+        None, commands=_DOCTOR, kind=Kind.PREFIX_CACHING, checked=True,
+        help_in=(("doctor", "[nxdi] The KV layout to describe: NxDI's block layout and (prefill, "
+                            "prefix) grid, or the contiguous one. Default: the runtime's."),),
         help="vLLM's prefix cache. auto: on where the step model says shared blocks pay for it "
              "(docs/inputs-outputs.md).")
     prefix_buckets: tuple[int, ...] | None = setting(
         None, kind=Kind.BUCKETS, metavar="N,N,...", checked=True, written=Written.RESOLVED,
+        commands=_DOCTOR,
         plugin_key="prefix_buckets",
         help="[nxdi, prefix caching] Prefix buckets: multiples of the block size, ending at "
              "max-model-len (0 is always added). Default: 0, 512, 1024...")
     kv_reserve: KvReserve = setting(
         KvReserve.REQUEST, kind=Kind.KV_RULE, metavar="RULE", checked=True, sweep=True,
+        commands=_DOCTOR,
         help="[vllm-neuron] KV admission: request reserves each request's prompt + max_tokens, "
              "max-model-len a max_model_len each; `bench` takes both, comma-separated.")
     order: Order = setting(
@@ -203,12 +217,15 @@ class TargetSettings:
              "device.")
     runtime: str | None = setting(
         None, kind=Kind.CHOICE, choices=RUNTIME_NAMES, envvar="NEURON_BATCH_RUNTIME",
+        commands=_DOCTOR,
         checked=True,
         help="What Neuron compiles: nxdi (inf2/trn1, buckets), vllm-neuron (trn2/trn3, paged "
              "KV), optimum-neuron (inf2/trn1, an export's two graphs). Default: the instance's, "
              "the plugin's, else vllm-neuron.")
     instance: str = setting(
         DEFAULT_INSTANCE, envvar="NEURON_BATCH_INSTANCE", scope=Scope.SIM, table="sim",
+        commands=_DOCTOR, help_in=(("doctor", "This host's instance type. Default: what the "
+                                              "host says (EC2's DMI product name)."),),
         checked=True, written=Written.ALWAYS_SIM,
         help=f"{', '.join(INSTANCES)}.")
     #: The host's instance type on a real Neuron device, priced: --instance where it was given
@@ -221,26 +238,31 @@ class TargetSettings:
         help="Model architecture: a catalogue name (llama-3-8b, mistral-7b, ...) or a "
              "config.json. Default: the --model's.")
     tensor_parallel_size: int | None = setting(
-        None, kind=Kind.INT, scope=Scope.TARGET, table="sim", checked=True,
+        None, commands=_DOCTOR, kind=Kind.INT, scope=Scope.TARGET, table="sim", checked=True,
         written=Written.ALWAYS_SIM,
+        help_in=(("doctor", "NeuronCores the model is sharded over. Default: vLLM's (1)."),),
         help="NeuronCores to shard over. [sim] Default: all of the instance's. [neuron] "
              "Default: vLLM's (1); with --replicas, per replica.")
     weight_dtype: WeightDtype = setting(
         WeightDtype.BF16, kind=Kind.CHOICE, choices=WeightDtype, scope=Scope.SIM, table="sim",
-        checked=True, help="Weight storage type.")
+        commands=_DOCTOR,
+        checked=True, help="Weight storage type.",
+        help_in=(("doctor", "Weight storage type. Default: bf16."),))
     cost_profile: str | None = setting(
         None, envvar="NEURON_BATCH_COST_PROFILE", scope=Scope.SIM, table="sim", checked=True,
         help="Step-time profile JSON (from `neuron-batch calibrate`). Default: the instance's "
              "built-in profile.")
     num_instances: int = setting(
-        1, kind=Kind.INT, scope=Scope.SIM, table="sim", commands=_RUN,
+        1, bound="positive", kind=Kind.INT, scope=Scope.SIM, table="sim", commands=_RUN,
         help="Instances of --instance the --replicas engines are spread over.")
     compiled: bool = setting(
         False, kind=Kind.FLAG, scope=Scope.SIM, table="sim", show_default=False,
         help="Count the graphs as compiled before (cached): the start-up is their load only. "
              "Default: compiled fresh.")
     compiled_artifacts: str | None = setting(
-        None, metavar="DIR", envvar="NEURON_BATCH_COMPILED_ARTIFACTS",
+        None, commands=_DOCTOR, metavar="DIR", envvar="NEURON_BATCH_COMPILED_ARTIFACTS",
+        help_in=(("doctor", "Where `run` keeps compiled graphs. Default: "
+                            "<cache>/neuron-compiled."),),
         help="Compiled graphs, a folder per hash of the compiled shapes (the same shapes load, "
              "others compile; on sim: count no compile). Default [neuron]: "
              "<cache>/neuron-compiled; [sim]: none.")
@@ -277,9 +299,10 @@ class ControlSettings:
         show_default=False, help="No progress bar or summary (for cron).")
     max_runtime: float | None = setting(
         None, kind=Kind.FLOAT, metavar="SECONDS", written=Written.NEVER, commands=_RUN,
+        bound="positive",
         help="Stop cleanly after this long (exit 4; --resume continues).")
     replicas: int = setting(
-        1, kind=Kind.INT, commands=_RUN,
+        1, bound="positive", kind=Kind.INT, commands=_RUN,
         help="Engines sharing the prompts (data parallel), each with these settings; more than "
              "1 runs on Ray, local or --ray's (needs neuron-batch[ray]).")
     ray: str | None = setting(

@@ -25,7 +25,7 @@ from neuron_batch.prefix_grid import BLOCK_SIZES
 from neuron_batch.report.cost import Price, PricingError, has_builtin_price, price_for
 from neuron_batch.runtime import RUNTIMES, VLLM_NEURON, Runtime, RuntimeNameError, Shapes
 from neuron_batch.runtime_choice import decide_runtime
-from neuron_batch.settings.declare import Declared, declared_in
+from neuron_batch.settings.declare import Declared, Kind, declared_in
 from neuron_batch.settings.groups import (
     GROUPS,
     SPLIT_AUTO,
@@ -67,8 +67,19 @@ class Resolved:
     price: Price | None
 
 
+if TYPE_CHECKING:
+    # The type checker's view: every declared setting is RunSettings' own attribute, typed as
+    # its group declares it (at run time they are the properties made below, from DECLARED,
+    # which a checker cannot follow). Its __init__ takes only the four groups: `of` and
+    # `replace` are the ways settings are made.
+    class _EverySetting(JobSettings, LayoutSettings, TargetSettings, ControlSettings):
+        pass
+else:
+    _EverySetting = object
+
+
 @dataclass(frozen=True)
-class RunSettings:
+class RunSettings(_EverySetting):
     job: JobSettings = field(default_factory=JobSettings)
     layout: LayoutSettings = field(default_factory=LayoutSettings)
     target: TargetSettings = field(default_factory=TargetSettings)
@@ -105,30 +116,14 @@ class RunSettings:
             parse_prefix_caching(self.prefix_caching)
         except ValueError as error:
             raise SettingsError(str(error)) from None
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_tokens"):
-            _positive(name.replace("_", "-"), getattr(self, name))
-        if self.block_size is not None:
-            _positive("block-size", self.block_size)
-        if self.limit is not None and self.limit < 0:
-            raise SettingsError(f"--limit must be 0 or more, got {self.limit}")
-        if self.max_runtime is not None and self.max_runtime <= 0:
-            raise SettingsError(f"--max-runtime must be a positive number of seconds, "
-                                f"got {self.max_runtime}")
-        _positive("replicas", self.replicas)
-        for name in ("order", "split_placement", "device", "on_error"):
-            kind = BY_NAME[name].setting.choices
-            if getattr(self, name) not in kind.values():
-                raise SettingsError(f"--{name.replace('_', '-')} must be one of "
-                                    f"{', '.join(kind.values())}, got {getattr(self, name)!r}")
+        for d in DECLARED:              # each number's range, each choice's values
+            _check_declared(d, getattr(self, d.name))
         self._check_split()
-        _positive("num-instances", self.num_instances)
         if self.compiled and not self.simulated:
             raise SettingsError("--compiled is for --device sim; a Neuron host finds its graphs "
                                 "itself (--compiled-artifacts, the compile cache)")
         if self.ray is not None and not str(self.ray).strip():
             raise SettingsError("--ray needs a cluster address (host:port, auto or local)")
-        if self.temperature is not None and self.temperature < 0:
-            raise SettingsError(f"--temperature must be 0 or more, got {self.temperature}")
         try:
             KvReserve.parse(self.kv_reserve, "kv-reserve")
         except ValueError as error:
@@ -141,15 +136,16 @@ class RunSettings:
         if isinstance(self.split_at, str) and self.split_at != SPLIT_AUTO:
             raise SettingsError(f"--split-at takes a number of tokens or auto, got "
                                 f"{self.split_at!r}")
-        if self.split_at is not None and self.split_at != SPLIT_AUTO:
-            _positive("split-at", self.split_at)
-            if self.split_at >= self.max_model_len:
+        cut = self.split_at
+        if isinstance(cut, int):
+            _positive("split-at", cut)
+            if cut >= self.max_model_len:
                 raise SettingsError(
-                    f"--split-at {self.split_at:,} must be below --max-model-len "
+                    f"--split-at {cut:,} must be below --max-model-len "
                     f"{self.max_model_len:,} (the long layout's); requests up to "
-                    f"{self.split_at:,} tokens run in a layout of that length, the rest in the "
+                    f"{cut:,} tokens run in a layout of that length, the rest in the "
                     f"long one: give a smaller cut, or --max-model-len "
-                    f"{round_model_len(self.split_at + 1)}")
+                    f"{round_model_len(cut + 1)}")
         if self.split_placement == "side-by-side" and (self.split_at is None
                                                        or self.replicas < 2):
             raise SettingsError("--split-placement side-by-side runs the two parts of "
@@ -171,7 +167,7 @@ class RunSettings:
         self._check_runtime_runs_here(runtime)
         if runtime.static_kv and self.kv_reserve == KvReserve.MAX_MODEL_LEN:
             paged = RUNTIMES[VLLM_NEURON]
-            family = self._sim_family()     # (name the paged runtime only where it runs)
+            family = self._named_family()   # (name the paged runtime only where it runs)
             raise SettingsError(
                 f"--kv-reserve does not apply under the {runtime.name} runtime: its static KV "
                 f"cache holds max_num_seqs x max_model_len by construction, so KV never limits "
@@ -201,12 +197,16 @@ class RunSettings:
         return self.replicas > 1 or self.ray is not None
 
     def _check_runtime_runs_here(self, runtime: Runtime) -> None:
-        """On the simulated device, a runtime AWS does not ship for the instance is refused:
-        none of its layouts loads there, so no figure of it would be true."""
-        family = self._sim_family()
+        """A runtime AWS does not ship for the instance named (the simulated one, or a Neuron
+        host's --instance with --runtime given) is refused: none of its layouts loads there, so
+        no figure of it would be true (layout/device_fit.py asks it again of an instance found
+        later). Off the simulated device the runtime decided without --runtime is the
+        plugin's, or on a host without one the seed's, which only shapes the scheduling."""
+        family = self._named_family() if self.simulated or self.runtime else None
         if family is None:
-            return          # (not simulated, or the simulated device names the instance)
-        refused = runtime.not_shipped_for(self.instance, family)
+            return          # (no instance named, or one resolve_target names as unknown)
+        named = self.instance if self.simulated else self.host_instance
+        refused = runtime.not_shipped_for(str(named), family)
         if refused:
             raise SettingsError(refused)
 
@@ -226,6 +226,15 @@ class RunSettings:
             return self.sim_instance().family
         except HardwareError:
             return None
+
+    def _named_family(self) -> str | None:
+        """The family of the instance these settings name: the simulated one, or a Neuron
+        host's --instance (doctor's too); None when none is named or it is unknown."""
+        if self.simulated:
+            return self._sim_family()
+        from neuron_batch.device.hardware import INSTANCES
+        host = INSTANCES.get(self.host_instance or "")
+        return host.family if host is not None else None
 
     def resolve_runtime(self) -> Runtime:
         """The Neuron runtime this run follows: `--runtime`; else the simulated instance's (nxdi
@@ -324,6 +333,24 @@ def _read(name: str, group: str) -> property:
 for _declared in DECLARED:          # settings.max_num_seqs reads settings.layout.max_num_seqs
     setattr(RunSettings, _declared.name, _read(_declared.name, _declared.group))
 del _declared
+
+
+def _check_declared(d: Declared, value: Any) -> None:
+    """SettingsError where `value` is outside the declared range (`bound`) of setting `d`, or
+    no value of its declared choices (a Choice enumeration's)."""
+    s, flag = d.setting, f"--{d.flag or d.name.replace('_', '-')}"
+    if s.bound is not None and not (value is None and d.default is None):
+        whole = s.kind is Kind.INT
+        if s.bound == "positive" and (value is None or value <= 0):
+            unit = f" of {s.metavar.lower()}" if s.metavar and not whole else ""
+            raise SettingsError(f"{flag} must be a positive {'whole ' if whole else ''}"
+                                f"number{unit}, got {value}")
+        if s.bound == "non-negative" and (value is None or value < 0):
+            raise SettingsError(f"{flag} must be 0 or more, got {value}")
+    if s.kind is Kind.CHOICE and isinstance(s.choices, type) and issubclass(s.choices, Choice) \
+            and value not in s.choices.values() and not (value is None and d.default is None):
+        raise SettingsError(f"{flag} must be one of {', '.join(s.choices.values())}, "
+                            f"got {value!r}")
 
 
 def _positive(name: str, value: int) -> None:

@@ -88,13 +88,21 @@ def test_interrupted_sweep_resumes_to_the_same_results(serial, tmp_path):
 
 
 def test_buckets_suggest_prints_json(tmp_path):
-    result = CliRunner().invoke(main, ["buckets", "suggest", str(TRACE), "--max-buckets", "3",
-                                       "--max-num-batched-tokens", "8192",
-                                       "--max-model-len", "16384", "--json"])
+    """In the runtime's own terms (issue 49: an inf2 instance's suggestion was vllm-neuron's
+    chunks and flag): chunks of --max-num-batched-tokens on trn2, whole prompts for
+    --context-encoding-buckets on inf2 (nxdi)."""
+    args = ["buckets", "suggest", str(TRACE), "--max-buckets", "3",
+            "--max-num-batched-tokens", "8192", "--max-model-len", "16384", "--json"]
+    result = CliRunner().invoke(main, [*args, "--instance", "trn2.3xlarge"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert len(data["buckets"]) <= 3 and data["buckets"][-1] == 8192
     assert data["padded_tokens"] >= data["actual_tokens"] > 0
+    assert (data["runtime"], data["flag"]) == ("vllm-neuron", "--prefill-buckets")
+    nxdi = json.loads(CliRunner().invoke(main, args).output)      # (inf2.8xlarge: nxdi)
+    assert (nxdi["runtime"], nxdi["flag"]) == ("nxdi", "--context-encoding-buckets")
+    assert nxdi["buckets"][-1] == 16384 and nxdi["num_chunks"] <= data["num_chunks"]
+    assert nxdi["default"]["buckets"] == [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 
 
 def test_repeat_reports_the_spread(tmp_path):

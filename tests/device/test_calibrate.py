@@ -351,6 +351,8 @@ def test_calibrate_cli_fits_a_published_table(tmp_path):
     assert "fitted 8 published row(s)" in result.output and str(out) in result.output
     profile = load_profile(out)
     assert profile.instance == "inf2.48xlarge" and "fit to 8 published rows" in profile.source
+    # a user's table is named as theirs, not as AWS's figures (issue 49)
+    assert str(table) in profile.source and "AWS" not in profile.source
     worst = max_abs_errors(evaluate_published(profile, rows=read_published(table)))
     assert worst["tpot"] < 0.15 and worst["throughput"] < 0.15
 

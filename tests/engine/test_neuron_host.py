@@ -259,18 +259,24 @@ def test_a_host_s_instance_is_looked_up_once_and_an_unknown_one_refused():
         neuron_host.host_hardware(settings(host_instance="inf9.xlarge"))
 
 
-def test_static_kv_that_does_not_fit_is_refused_with_what_would(tmp_path):
+def test_a_layout_that_does_not_load_is_refused_with_what_would(tmp_path):
     # ../shared/notes/neuron-runtimes.md: Llama-3.1-8B bf16, 32 x 16384 on one inf2 chip.
     run = settings(max_num_seqs=32, max_model_len=16384,
                    tensor_parallel_size=2, host_instance="inf2.xlarge")
     with pytest.raises(NeuronHostError, match="cannot load under nxdi.*What fits"):
-        neuron_host.static_kv_fit(run, NXDI, "llama-3.1-8b", INSTANCES["inf2.xlarge"])
+        neuron_host.layout_fit(run, NXDI, "llama-3.1-8b", INSTANCES["inf2.xlarge"])
     small = settings(max_num_seqs=4, max_model_len=4096, tensor_parallel_size=2)
-    fit = neuron_host.static_kv_fit(small, NXDI, "llama-3.1-8b", INSTANCES["inf2.xlarge"])
+    fit = neuron_host.layout_fit(small, NXDI, "llama-3.1-8b", INSTANCES["inf2.xlarge"])
     assert fit["max_static_seqs"] >= 4
-    assert neuron_host.static_kv_fit(small, NXDI, "llama-3.1-8b", None) is None
-    assert neuron_host.static_kv_fit(small, RUNTIMES["vllm-neuron"], "llama-3.1-8b",
-                                     INSTANCES["inf2.xlarge"]) is None
+    assert neuron_host.layout_fit(small, NXDI, "llama-3.1-8b", None) is None
+    # a paged runtime's pool is checked too; one AWS does not ship for the instance is refused
+    paged = neuron_host.layout_fit(small.replace(tensor_parallel_size=4),
+                                   RUNTIMES["vllm-neuron"], "llama-3.1-8b",
+                                   INSTANCES["trn2.3xlarge"])
+    assert paged["num_blocks"] > 0 and "max_static_seqs" not in paged
+    with pytest.raises(NeuronHostError, match="does not run on inf2.xlarge"):
+        neuron_host.layout_fit(small, RUNTIMES["vllm-neuron"], "llama-3.1-8b",
+                               INSTANCES["inf2.xlarge"])
 
 
 def test_a_split_s_short_layout_takes_the_slots_this_host_holds():
@@ -293,8 +299,10 @@ def test_a_split_s_short_layout_takes_the_slots_this_host_holds():
     assert slots(too_big) is None
     assert slots(settings(device="neuron", runtime="vllm-neuron", max_num_seqs=7,
                           max_model_len=2176, max_num_batched_tokens=2048,
-                          tensor_parallel_size=2,
-                          host_instance="inf2.8xlarge")) is None
+                          tensor_parallel_size=4,
+                          host_instance="trn2.3xlarge")) is None
+    with pytest.raises(SettingsError, match="does not run on inf2.8xlarge"):
+        settings(device="neuron", runtime="vllm-neuron", host_instance="inf2.8xlarge")
 
 
 def test_the_host_instance_comes_from_the_option_or_the_dmi_name(tmp_path):

@@ -292,6 +292,18 @@ def test_a_plan_takes_the_settings_fields_from_the_settings():
         PlanSpec.from_settings(RunSettings.of(inputs=("x",), device="sim"))
 
 
+def test_a_plan_s_settings_default_as_run_s():
+    """Issue 49: PlanSpec's kv_reserve defaulted to max_model_len where run's is request;
+    every field of PlanSpec that is a run setting now defaults as the declaration says."""
+    from neuron_batch.plan.candidates import SETTINGS_FIELDS
+
+    spec, run = PlanSpec(architecture="llama-3.1-8b"), RunSettings()
+    assert len(SETTINGS_FIELDS) == 9 and "kv_reserve" in SETTINGS_FIELDS
+    assert {n: getattr(spec, n) for n in SETTINGS_FIELDS if n != "architecture"} == \
+        {n: getattr(run, n) for n in SETTINGS_FIELDS if n != "architecture"}
+    assert spec.kv_reserve == "request"
+
+
 def test_the_default_plan_instances_are_the_calibrated_ones_their_runtime_ships_for():
     from neuron_batch.device.hardware import INSTANCES
     from neuron_batch.plan.candidates import DEFAULT_INSTANCES

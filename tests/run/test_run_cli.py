@@ -401,3 +401,22 @@ def test_kv_reserve_is_checked_before_anything_runs(tmp_path):
     # inf2 runs nxdi, whose static cache the rule cannot govern: said before anything runs
     static = invoke(["run", path, "--device", "sim", "--kv-reserve", "max-model-len"])
     assert static.exit_code == 2 and "does not apply under the nxdi runtime" in static.output
+
+
+def test_report_of_a_run_folder_without_a_report_says_what_happened(tmp_path):
+    """Issue 49: `report` on a run that failed before its report asked whether the folder was
+    a run folder; it says the run failed, why, and how to finish it."""
+    import json
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "run.json").write_text("{}")
+    (folder / "attempts.json").write_text(json.dumps(
+        [{"attempt": 1, "ended": "failed", "error": "engine core died"}]))
+    result = CliRunner().invoke(main, ["report", str(folder)])
+    assert result.exit_code != 0
+    assert "is a run folder without a report" in result.output
+    assert "1 failed before writing one: engine core died" in result.output
+    assert "--resume" in result.output and "is it a neuron-batch run folder" not in result.output
+    elsewhere = CliRunner().invoke(main, ["report", str(tmp_path)])
+    assert "a neuron-batch run folder?" in elsewhere.output
