@@ -13,8 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "neuron_batch"
 #: Each entry is a subpackage or a top-level module of neuron_batch.
 STAGES = (
     # shared, pure
-    ("errors", "storage", "buckets", "prefix_grid", "choices", "runtime_hints", "runtime_shapes", "runtime",
-     "versions", "runtime_choice",
+    ("errors", "storage", "buckets", "prefix_grid", "choices", "runtime_hints", "runtime_shapes",
+     "runtime", "versions", "runtime_choice",
      "device_sampling"),
     ("inputs", "scheduler"),                        # 1. prompts in; the Neuron scheduler
     ("device",),                                    # 2. the simulated Neuron device
