@@ -1,0 +1,228 @@
+"""A run's records as the report reads them (`RunRecords`): the scheduler's settings, the
+steps' aggregates, the admission counts and the finished requests as columns. Pure Python.
+
+The aggregates come from the records' summary line (scheduler/aggregates.py), so the steps are
+not read again: a records file's step blocks are skipped unparsed. A file without them (records
+written before issue 46, or an attempt killed before it closed its file) gets them by one pass
+over its steps, as the report was built before. Requests stay as compact columns (what exact
+latency percentiles, the prefix-cache hits and the replicas' once-per-request rule need),
+about 40 bytes a request in memory.
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from neuron_batch.scheduler.aggregates import Aggregates, StepTiler, system_empty_checker
+from neuron_batch.scheduler.record_blocks import REQUEST_COLUMNS, decode
+from neuron_batch.scheduler.records import (
+    NOT_COMPLETED,
+    RequestRecord,
+    RunConfig,
+    blocked_from_steps,
+    iter_records,
+)
+
+_NAN = float("nan")
+_FLOATS = ("arrival", "admitted", "first_token", "finished")
+_INTS = ("num_prompt_tokens", "num_output_tokens", "num_cached_tokens", "constrained",
+         "logprobs")
+_TEXTS = ("req_id", "finish_reason", "sample_of")
+
+
+@dataclass
+class RequestColumns:
+    """Finished requests by column: floats (NaN: None) and integers in arrays, strings in
+    lists (None: absent)."""
+
+    req_id: list[str] = field(default_factory=list)
+    finish_reason: list[str | None] = field(default_factory=list)
+    sample_of: list[str | None] = field(default_factory=list)
+    arrival: array = field(default_factory=lambda: array("d"))
+    admitted: array = field(default_factory=lambda: array("d"))
+    first_token: array = field(default_factory=lambda: array("d"))
+    finished: array = field(default_factory=lambda: array("d"))
+    num_prompt_tokens: array = field(default_factory=lambda: array("q"))
+    num_output_tokens: array = field(default_factory=lambda: array("q"))
+    num_cached_tokens: array = field(default_factory=lambda: array("q"))
+    constrained: array = field(default_factory=lambda: array("q"))
+    logprobs: array = field(default_factory=lambda: array("q"))
+
+    def __len__(self) -> int:
+        return len(self.req_id)
+
+    def add(self, record: RequestRecord) -> None:
+        for name in _FLOATS:
+            value = getattr(record, name)
+            getattr(self, name).append(_NAN if value is None else value)
+        for name in _INTS:
+            getattr(self, name).append(int(getattr(record, name)))
+        for name in _TEXTS:
+            getattr(self, name).append(getattr(record, name))
+
+    def add_block(self, line: dict[str, Any]) -> None:
+        decoded = decode(line, REQUEST_COLUMNS)
+        n = int(line["n"])
+        for name in _FLOATS:
+            getattr(self, name).extend(decoded.get(name, array("d", [_NAN] * n)))
+        for name in _INTS:
+            getattr(self, name).extend(decoded.get(name, array("q", [0] * n)))
+        self.req_id.extend(decoded.get("req_id", [""] * n))
+        for name in ("finish_reason", "sample_of"):
+            getattr(self, name).extend(v or None for v in decoded.get(name, [""] * n))
+
+    def take(self, keep: Iterable[int]) -> RequestColumns:
+        """The rows at the indices `keep`, in that order."""
+        keep = list(keep)
+        out = RequestColumns()
+        for name in (*_FLOATS, *_INTS, *_TEXTS):
+            column = getattr(self, name)
+            picked = [column[i] for i in keep]
+            if isinstance(column, array):
+                getattr(out, name).extend(picked)
+            else:
+                setattr(out, name, picked)
+        return out
+
+    def completed(self) -> RequestColumns:
+        """The requests that are completed work (not aborted, not failed)."""
+        return self.take(i for i, (reason, finished) in
+                         enumerate(zip(self.finish_reason, self.finished))
+                         if reason not in NOT_COMPLETED and finished == finished)
+
+    def extend(self, other: RequestColumns) -> None:
+        for name in (*_FLOATS, *_INTS, *_TEXTS):
+            getattr(self, name).extend(getattr(other, name))
+
+
+@dataclass
+class RunRecords:
+    """One records file (one engine over one attempt), or several merged."""
+
+    config: RunConfig | None
+    aggregates: Aggregates
+    blocked: dict[str, int]
+    requests: RequestColumns
+    meta: list[dict[str, Any]] = field(default_factory=list)   # the driver's replica lines
+
+    @property
+    def empty(self) -> bool:
+        return not self.aggregates.num_steps and not len(self.requests)
+
+
+def load(path: str | Path) -> RunRecords:
+    """A records file as the report reads it (see the module text)."""
+    path = Path(path)
+    if _has_summary(path):
+        return _load_summarised(path)
+    return _rebuild(path)
+
+
+def _has_summary(path: Path) -> bool:
+    """Whether the file's last line is a summary with aggregates (the file was closed)."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        handle.seek(max(size - 65536, 0))
+        tail = handle.read().rstrip(b"\n")
+    last = tail.rsplit(b"\n", 1)[-1]
+    if b'"type":"summary"' not in last or b'"aggregates"' not in last:
+        return False
+    try:
+        json.loads(last)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def _load_summarised(path: Path) -> RunRecords:
+    config, aggregates, blocked, meta = None, Aggregates(), None, []
+    requests = RequestColumns()
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith('{"type":"steps"'):
+                continue    # (the summary holds what the report needs of them)
+            line = line.strip()
+            if not line:
+                continue
+            obj = json.loads(line)
+            kind = obj.pop("type", None)
+            if kind == "requests":
+                requests.add_block(obj)
+            elif kind == "config":
+                config = RunConfig(**{k: v for k, v in obj.items()
+                                      if k in RunConfig.__dataclass_fields__})
+            elif kind == "summary":
+                aggregates = Aggregates.from_dict(obj["aggregates"])
+                blocked = obj.get("admission_blocked")
+            elif kind == "replica":
+                meta.append(obj)
+    return RunRecords(config, aggregates, dict(blocked or {}), requests, meta)
+
+
+def _rebuild(path: Path) -> RunRecords:
+    """One pass over a file's steps: records before issue 46, or a file cut short."""
+    config, steps, meta, blocked = None, [], [], None
+    requests = RequestColumns()
+    for kind, record in iter_records(path):
+        if kind == "step":
+            steps.append(record)
+        elif kind == "request":
+            requests.add(record)
+        elif kind == "config":
+            config = record
+        elif kind == "summary":
+            blocked = record.get("admission_blocked")
+        elif kind == "replica":
+            meta.append(record)
+    steps.sort(key=lambda s: s.step)
+    kept = requests.completed()
+    return RunRecords(config, aggregates_of(steps, kept, config),
+                      blocked if blocked is not None else blocked_from_steps(steps), requests,
+                      meta)
+
+
+def aggregates_of(steps: list, requests: RequestColumns, config: RunConfig | None,
+                  start: float | None = None) -> Aggregates:
+    """The aggregates of steps in memory (in step order) with the requests that count; the
+    window as report/metrics.py counts it (from `start`, default the first arrival)."""
+    aggregates = Aggregates()
+    arrivals = list(requests.arrival)
+    finishes = [None if f != f else f for f in requests.finished]
+    if start is None:
+        start = min(arrivals) if arrivals else min((s.t_start for s in steps), default=0.0)
+    tiler = StepTiler(aggregates, system_empty_checker(arrivals, finishes),
+                      config.max_num_seqs if config is not None else None, start=start)
+    for step in steps:
+        tiler.add(step)
+    ends = [s.t_start if s.t_end is None else s.t_end for s in steps]
+    end = max(start, max(ends, default=start), max((f for f in finishes if f is not None),
+                                                   default=start))
+    tiler.close(float(start), float(end))
+    return aggregates
+
+
+def concat(parts: list[RunRecords]) -> RunRecords:
+    """Successive attempts of one engine (a run resumed, a replica restarted) as one: the
+    aggregates add up (time per state, steps, padding), the requests join, and the window is
+    their elapsed times end to end (the pause between attempts does not count)."""
+    meta = [m for p in parts for m in p.meta]     # (a restart's line, its file empty or not)
+    parts = [p for p in parts if not p.empty] or parts[:1]
+    if len(parts) == 1:
+        parts[0].meta = meta
+        return parts[0]
+    aggregates, requests = Aggregates(), RequestColumns()
+    blocked: dict[str, int] = {}
+    for part in parts:
+        aggregates.merge(part.aggregates)
+        requests.extend(part.requests)
+        for reason, count in part.blocked.items():
+            blocked[reason] = blocked.get(reason, 0) + count
+    aggregates.start = 0.0
+    aggregates.end = sum(p.aggregates.elapsed for p in parts)
+    config = next((p.config for p in reversed(parts) if p.config is not None), None)
+    return RunRecords(config, aggregates, blocked, requests, meta)

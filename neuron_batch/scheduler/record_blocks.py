@@ -1,0 +1,204 @@
+"""The compact form of step and request records on disk: blocks of records as columns, packed,
+compressed and written as one JSON line each (`{"type": "steps" | "requests", "n": ...,
+"data": ...}`). Pure Python (zlib, base64, array).
+
+Why this form (docs/development.md, "Records on disk"): a records file must stay a stream of
+JSON lines, because a `--replicas` actor tails it and ships its lines to the driver, which
+writes them into the run folder (replicas/actor.py, results.py) and a file cut short by a kill
+must read up to its last whole line. Within a line, a block of records is stored by column:
+integers as differences from the record before (a decode step's counters barely move),
+floats as their eight bytes, every column's bytes split into byte planes (the high bytes of
+neighbouring values are alike), then zlib and base85 (a quarter more than binary). Step
+records leave out their request ids (no reader needs them; they are most of a JSON step line).
+
+Columns are named in the block's `cols`, so a later version may add one and an older reader
+skips what it does not know; a column a block lacks reads as its default.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import zlib
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+#: Codes of the few strings a step column holds (index + 1; 0 is None).
+STATES = ("IDLE", "ACTIVE_PREFILL", "ACTIVE_DECODE")
+KINDS = ("prefill", "decode", "empty")
+BLOCKED = ("at_capacity", "prefill_in_running", "prefill_batch_full", "kv_saturated")
+
+#: Step columns: (field, type). "i" an integer (0 when None never happens), "n" an integer or
+#: None (stored + 1, 0 None), "f" a float, "g" a float or None (NaN None), "c:<table>" a
+#: string from a table (unknown strings: the block's `extra` list).
+STEP_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("step", "i"), ("state", "c"), ("kind", "c"), ("num_tokens", "i"),
+    ("num_tokens_padded", "i"), ("num_seqs", "i"), ("num_seqs_padded", "i"), ("bucket", "n"),
+    ("context_tokens", "i"), ("blocked", "c"), ("num_waiting", "i"), ("num_running", "i"),
+    ("kv_usage", "f"), ("t_start", "f"), ("t_end", "g"), ("kv_reserved_blocks", "i"),
+    ("num_preempted", "i"), ("attended_len", "n"), ("longest_len", "n"),
+    ("cached_tokens", "i"), ("recomputed_tokens", "i"), ("prefix_bucket", "n"),
+    ("sampling_s", "f"),
+)
+_STEP_TABLES = {"state": STATES, "kind": KINDS, "blocked": BLOCKED}
+
+#: Request columns; "s" a string column (`req_id`, `finish_reason`, `sample_of`: None is "").
+REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("req_id", "s"), ("num_prompt_tokens", "i"), ("arrival", "f"), ("admitted", "g"),
+    ("first_token", "g"), ("finished", "g"), ("num_output_tokens", "i"),
+    ("num_cached_tokens", "i"), ("finish_reason", "s"), ("constrained", "i"),
+    ("logprobs", "i"), ("sample_of", "s"),
+)
+
+_NAN = float("nan")
+_LITTLE = sys.byteorder == "little"
+
+
+def _planes(raw: bytes, width: int = 8) -> bytes:
+    return b"".join(raw[i::width] for i in range(width))
+
+
+def _unplanes(raw: bytes, width: int = 8) -> bytes:
+    n = len(raw) // width
+    out = bytearray(len(raw))
+    for i in range(width):
+        out[i::width] = raw[i * n:(i + 1) * n]
+    return bytes(out)
+
+
+def _ints(values: Sequence[int]) -> bytes:
+    deltas = array("q", values)
+    for i in range(len(deltas) - 1, 0, -1):
+        deltas[i] -= deltas[i - 1]
+    if not _LITTLE:
+        deltas.byteswap()
+    return _planes(deltas.tobytes())
+
+
+def _from_ints(raw: bytes) -> array:
+    values = array("q")
+    values.frombytes(_unplanes(raw))
+    if not _LITTLE:
+        values.byteswap()
+    for i in range(1, len(values)):
+        values[i] += values[i - 1]
+    return values
+
+
+def _floats(values: Sequence[float]) -> bytes:
+    packed = array("d", values)
+    if not _LITTLE:
+        packed.byteswap()
+    return _planes(packed.tobytes())
+
+
+def _from_floats(raw: bytes) -> array:
+    values = array("d")
+    values.frombytes(_unplanes(raw))
+    if not _LITTLE:
+        values.byteswap()
+    return values
+
+
+def encode(kind: str, columns: tuple[tuple[str, str], ...], records: Sequence[Any]) -> str:
+    """One JSON line holding `records` (objects with the columns as attributes)."""
+    sizes, parts, extra = [], [], []
+    extra_index: dict[str, int] = {}
+    for name, type_ in columns:
+        values = [getattr(r, name) for r in records]
+        if type_ == "i":
+            raw = _ints([int(v) for v in values])
+        elif type_ == "n":
+            raw = _ints([0 if v is None else int(v) + 1 for v in values])
+        elif type_ == "f":
+            raw = _floats(values)
+        elif type_ == "g":
+            raw = _floats([_NAN if v is None else v for v in values])
+        elif type_ == "c":
+            table = _STEP_TABLES[name]
+            codes = []
+            for v in values:
+                if v is None:
+                    codes.append(0)
+                elif v in table:
+                    codes.append(table.index(v) + 1)
+                else:   # a string the table does not know (a newer state, reason): kept
+                    if v not in extra_index:
+                        extra_index[v] = len(extra)
+                        extra.append(v)
+                    codes.append(-1 - extra_index[v])
+            raw = _ints(codes)
+        else:           # "s": lengths, then the UTF-8 text
+            texts = [("" if v is None else str(v)).encode("utf-8") for v in values]
+            raw = _ints([len(t) for t in texts]) + b"".join(texts)
+        sizes.append(len(raw))
+        parts.append(raw)
+    data = base64.b85encode(zlib.compress(b"".join(parts), 6)).decode("ascii")
+    line: dict[str, Any] = {"type": kind, "n": len(records), "cols": [n for n, _ in columns],
+                            "sizes": sizes, "data": data}
+    if extra:
+        line["extra"] = extra
+    return json.dumps(line, separators=(",", ":"))
+
+
+def decode(line: dict[str, Any], columns: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """A block line (parsed) -> {column: values}: array('q') of integers, array('d') of floats
+    (NaN: None), lists of strings or None for the code and string columns. A column the block
+    lacks is absent."""
+    n = int(line["n"])
+    raw = zlib.decompress(base64.b85decode(line["data"]))
+    types = dict(columns)
+    extra = line.get("extra") or []
+    out: dict[str, Any] = {}
+    offset = 0
+    for name, size in zip(line["cols"], line["sizes"]):
+        chunk = raw[offset:offset + size]
+        offset += size
+        type_ = types.get(name)
+        if type_ is None:
+            continue    # a column of a later version
+        if type_ in ("i", "n"):
+            out[name] = _from_ints(chunk)
+        elif type_ in ("f", "g"):
+            out[name] = _from_floats(chunk)
+        elif type_ == "c":
+            table = _STEP_TABLES[name]
+            out[name] = [None if c == 0 else table[c - 1] if c > 0 else extra[-1 - c]
+                         for c in _from_ints(chunk)]
+        else:
+            lengths = _from_ints(chunk[:8 * n])
+            text = chunk[8 * n:]
+            values, at = [], 0
+            for length in lengths:
+                values.append(text[at:at + length].decode("utf-8"))
+                at += length
+            out[name] = values
+    return out
+
+
+def rows(line: dict[str, Any], columns: tuple[tuple[str, str], ...],
+         defaults: dict[str, Any]) -> list[dict[str, Any]]:
+    """A block line -> one dict per record, None restored, absent columns at `defaults`."""
+    decoded = decode(line, columns)
+    n = int(line["n"])
+    out: list[dict[str, Any]] = [{} for _ in range(n)]
+    for name, type_ in columns:
+        values = decoded.get(name)
+        if values is None:
+            if name in defaults:
+                for row in out:
+                    row[name] = defaults[name]
+            continue
+        if type_ == "n":
+            values = [None if v == 0 else v - 1 for v in values]
+        elif type_ == "g":
+            values = [None if v != v else v for v in values]
+        elif type_ == "s" and name != "req_id":
+            values = [v or None for v in values]
+        elif type_ == "i" and name in ("constrained", "logprobs"):
+            values = [bool(v) for v in values]
+        for row, value in zip(out, values):
+            row[name] = value
+    return out
