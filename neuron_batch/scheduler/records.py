@@ -199,7 +199,7 @@ class Recorder:
     _in_system: InSystem = field(default_factory=InSystem)
     _tiler: StepTiler | None = None
     _finished_step: StepRecord | None = None    # the latest finished step, not yet tiled
-    _first_arrival: float | None = None         # of requests that finished as completed
+    _first_arrival: float | None = None
     _last_finish: float | None = None
     _closed: bool = False
 
@@ -254,6 +254,8 @@ class Recorder:
         now = self.clock()
         self.requests[req_id] = RequestRecord(req_id, num_prompt_tokens, now)
         self._in_system.arrive(now)
+        if self._first_arrival is None or now < self._first_arrival:
+            self._first_arrival = now
 
     def request_asks(self, req_id: str, sampling_params: Any) -> None:
         """Note what a request's SamplingParams ask of the sampler (nothing for most)."""
@@ -275,9 +277,7 @@ class Recorder:
         record.num_output_tokens = num_output_tokens
         record.finish_reason = finish_reason
         self._in_system.finish(max(now, record.arrival))
-        if finish_reason not in NOT_COMPLETED:   # (the report's window: completed work)
-            self._first_arrival = (record.arrival if self._first_arrival is None
-                                   else min(self._first_arrival, record.arrival))
+        if finish_reason not in NOT_COMPLETED:   # (the report's window ends with completed work)
             self._last_finish = now if self._last_finish is None else max(self._last_finish, now)
         if self._file is not None:
             self._requests_out.append(record)
@@ -332,8 +332,8 @@ class Recorder:
         self._file = None
 
     def window(self) -> tuple[float, float]:
-        """(start, end) of the run as the report counts it: the first completed request's
-        arrival (else the first step) to the last step end or completed request's finish."""
+        """(start, end) of the run as the report counts it: the first request's arrival (else
+        the first step) to the last step end or completed request's finish."""
         agg = self.aggregates
         start = self._first_arrival
         if start is None:
