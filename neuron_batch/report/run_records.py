@@ -90,10 +90,11 @@ class RequestColumns:
         return out
 
     def completed(self) -> RequestColumns:
-        """The requests that are completed work (not aborted, not failed)."""
-        return self.take(i for i, (reason, finished) in
-                         enumerate(zip(self.finish_reason, self.finished))
-                         if reason not in NOT_COMPLETED and finished == finished)
+        """The requests that are completed work (not aborted, not failed): these columns
+        themselves where every request is."""
+        keep = [i for i, (reason, finished) in enumerate(zip(self.finish_reason, self.finished))
+                if reason not in NOT_COMPLETED and finished == finished]
+        return self if len(keep) == len(self) else self.take(keep)
 
     def extend(self, other: RequestColumns) -> None:
         for name in (*_FLOATS, *_INTS, *_TEXTS):
