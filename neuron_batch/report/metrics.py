@@ -199,11 +199,11 @@ def summarize_run(run: RunRecords, *, elapsed_s: float | None = None,
 
 
 def _floats(column) -> np.ndarray:
-    return np.frombuffer(column, dtype=np.float64) if len(column) else np.zeros(0)
+    return np.asarray(column, dtype=np.float64)
 
 
 def _ints(column) -> np.ndarray:
-    return np.frombuffer(column, dtype=np.int64) if len(column) else np.zeros(0, np.int64)
+    return np.asarray(column, dtype=np.int64)
 
 
 def _latency_columns(requests: RunRecordsRequests, done: np.ndarray

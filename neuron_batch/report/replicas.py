@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from neuron_batch.report.metrics import summarize_run
 from neuron_batch.report.run_records import RequestColumns, RunRecords, concat, load
 from neuron_batch.scheduler.aggregates import Aggregates
@@ -132,12 +134,8 @@ def attempt_figures(layout: dict[int, Path | dict[int, list[Path]]], *,
 
 def _done(requests: RequestColumns) -> tuple[int, int]:
     """(finished requests, their output tokens)."""
-    count = tokens = 0
-    for finished, output in zip(requests.finished, requests.num_output_tokens):
-        if finished == finished:
-            count += 1
-            tokens += output
-    return count, tokens
+    done = ~np.isnan(requests.finished)
+    return int(done.sum()), int(requests.num_output_tokens[done].sum())
 
 
 def _attempt_units(layout: dict[int, Path | dict[int, list[Path]]], attempts: list[dict[str, Any]],

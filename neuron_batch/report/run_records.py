@@ -12,11 +12,12 @@ about 40 bytes a request in memory.
 from __future__ import annotations
 
 import json
-from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from neuron_batch.scheduler.aggregates import Aggregates, StepTiler, system_empty_checker
 from neuron_batch.scheduler.record_blocks import REQUEST_COLUMNS, decode
@@ -37,21 +38,22 @@ _TEXTS = ("req_id", "finish_reason", "sample_of")
 
 @dataclass
 class RequestColumns:
-    """Finished requests by column: floats (NaN: None) and integers in arrays, strings in
-    lists (None: absent)."""
+    """Finished requests by column: floats (NaN: None) and integers in numpy arrays, strings
+    in lists (None: absent). Built with `add`/`add_block`, then `done()`."""
 
     req_id: list[str] = field(default_factory=list)
     finish_reason: list[str | None] = field(default_factory=list)
     sample_of: list[str | None] = field(default_factory=list)
-    arrival: array = field(default_factory=lambda: array("d"))
-    admitted: array = field(default_factory=lambda: array("d"))
-    first_token: array = field(default_factory=lambda: array("d"))
-    finished: array = field(default_factory=lambda: array("d"))
-    num_prompt_tokens: array = field(default_factory=lambda: array("q"))
-    num_output_tokens: array = field(default_factory=lambda: array("q"))
-    num_cached_tokens: array = field(default_factory=lambda: array("q"))
-    constrained: array = field(default_factory=lambda: array("q"))
-    logprobs: array = field(default_factory=lambda: array("q"))
+    arrival: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    admitted: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    first_token: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    finished: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    num_prompt_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    num_output_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    num_cached_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    constrained: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    logprobs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    _chunks: dict[str, list] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.req_id)
@@ -59,9 +61,9 @@ class RequestColumns:
     def add(self, record: RequestRecord) -> None:
         for name in _FLOATS:
             value = getattr(record, name)
-            getattr(self, name).append(_NAN if value is None else value)
+            self._chunks.setdefault(name, []).append([_NAN if value is None else value])
         for name in _INTS:
-            getattr(self, name).append(int(getattr(record, name)))
+            self._chunks.setdefault(name, []).append([int(getattr(record, name))])
         for name in _TEXTS:
             getattr(self, name).append(getattr(record, name))
 
@@ -69,35 +71,48 @@ class RequestColumns:
         decoded = decode(line, REQUEST_COLUMNS)
         n = int(line["n"])
         for name in _FLOATS:
-            getattr(self, name).extend(decoded.get(name, array("d", [_NAN] * n)))
+            self._chunks.setdefault(name, []).append(decoded.get(name, np.full(n, _NAN)))
         for name in _INTS:
-            getattr(self, name).extend(decoded.get(name, array("q", [0] * n)))
+            self._chunks.setdefault(name, []).append(decoded.get(name, np.zeros(n, np.int64)))
         self.req_id.extend(decoded.get("req_id", [""] * n))
         for name in ("finish_reason", "sample_of"):
             getattr(self, name).extend(v or None for v in decoded.get(name, [""] * n))
 
-    def take(self, keep: Iterable[int]) -> RequestColumns:
+    def done(self) -> RequestColumns:
+        """Join the chunks added into the columns (returns self)."""
+        for name, chunks in self._chunks.items():
+            dtype = np.float64 if name in _FLOATS else np.int64
+            joined = [np.asarray(c, dtype=dtype) for c in chunks]
+            setattr(self, name, np.concatenate([getattr(self, name), *joined]))
+        self._chunks = {}
+        return self
+
+    def take(self, keep: Iterable[int] | np.ndarray) -> RequestColumns:
         """The rows at the indices `keep`, in that order."""
-        keep = list(keep)
+        keep = np.asarray(list(keep) if not isinstance(keep, np.ndarray) else keep,
+                          dtype=np.int64)
         out = RequestColumns()
-        for name in (*_FLOATS, *_INTS, *_TEXTS):
+        for name in (*_FLOATS, *_INTS):
+            setattr(out, name, getattr(self, name)[keep])
+        picked = keep.tolist()
+        for name in _TEXTS:
             column = getattr(self, name)
-            picked = [column[i] for i in keep]
-            if isinstance(column, array):
-                getattr(out, name).extend(picked)
-            else:
-                setattr(out, name, picked)
+            setattr(out, name, [column[i] for i in picked])
         return out
 
     def completed(self) -> RequestColumns:
         """The requests that are completed work (not aborted, not failed): these columns
         themselves where every request is."""
-        keep = [i for i, (reason, finished) in enumerate(zip(self.finish_reason, self.finished))
-                if reason not in NOT_COMPLETED and finished == finished]
-        return self if len(keep) == len(self) else self.take(keep)
+        bad = [i for i, reason in enumerate(self.finish_reason) if reason in NOT_COMPLETED]
+        ok = ~np.isnan(self.finished)
+        if bad:
+            ok[bad] = False
+        return self if ok.all() else self.take(np.flatnonzero(ok))
 
     def extend(self, other: RequestColumns) -> None:
-        for name in (*_FLOATS, *_INTS, *_TEXTS):
+        for name in (*_FLOATS, *_INTS):
+            setattr(self, name, np.concatenate([getattr(self, name), getattr(other, name)]))
+        for name in _TEXTS:
             getattr(self, name).extend(getattr(other, name))
 
 
@@ -162,7 +177,7 @@ def _load_summarised(path: Path) -> RunRecords:
                 blocked = obj.get("admission_blocked")
             elif kind == "replica":
                 meta.append(obj)
-    return RunRecords(config, aggregates, dict(blocked or {}), requests, meta)
+    return RunRecords(config, aggregates, dict(blocked or {}), requests.done(), meta)
 
 
 def _rebuild(path: Path) -> RunRecords:
@@ -181,6 +196,7 @@ def _rebuild(path: Path) -> RunRecords:
         elif kind == "replica":
             meta.append(record)
     steps.sort(key=lambda s: s.step)
+    requests.done()
     kept = requests.completed()
     return RunRecords(config, aggregates_of(steps, kept, config),
                       blocked if blocked is not None else blocked_from_steps(steps), requests,
@@ -192,8 +208,8 @@ def aggregates_of(steps: list, requests: RequestColumns, config: RunConfig | Non
     """The aggregates of steps in memory (in step order) with the requests that count; the
     window as report/metrics.py counts it (from `start`, default the first arrival)."""
     aggregates = Aggregates()
-    arrivals = list(requests.arrival)
-    finishes = [None if f != f else f for f in requests.finished]
+    arrivals = requests.arrival.tolist()
+    finishes = [None if f != f else f for f in requests.finished.tolist()]
     if start is None:
         start = min(arrivals) if arrivals else min((s.t_start for s in steps), default=0.0)
     tiler = StepTiler(aggregates, system_empty_checker(arrivals, finishes),

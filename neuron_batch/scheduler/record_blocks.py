@@ -1,6 +1,6 @@
 """The compact form of step and request records on disk: blocks of records as columns, packed,
 compressed and written as one JSON line each (`{"type": "steps" | "requests", "n": ...,
-"data": ...}`). Pure Python (bz2, base64, array).
+"data": ...}`). Pure (bz2, base64, numpy).
 
 Why this form (docs/development.md, "Records on disk"): a records file must stay a stream of
 JSON lines, because a `--replicas` actor tails it and ships its lines to the driver, which
@@ -22,11 +22,11 @@ from __future__ import annotations
 import base64
 import bz2
 import json
-import sys
 import zlib
-from array import array
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 #: Codes of the few strings a step column holds (index + 1; 0 is None).
 STATES = ("IDLE", "ACTIVE_PREFILL", "ACTIVE_DECODE")
@@ -58,90 +58,62 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 _NAN = float("nan")
-_LITTLE = sys.byteorder == "little"
 
 
-def _planes(raw: bytes, width: int = 8) -> bytes:
-    return b"".join(raw[i::width] for i in range(width))
+def _planes(words: np.ndarray) -> bytes:
+    """64-bit words (little-endian) as their byte planes: every word's lowest byte, then
+    every word's next byte, ..."""
+    return words.astype("<i8").view(np.uint8).reshape(-1, 8).T.tobytes()
 
 
-def _unplanes(raw: bytes, width: int = 8) -> bytes:
-    n = len(raw) // width
-    out = bytearray(len(raw))
-    for i in range(width):
-        out[i::width] = raw[i * n:(i + 1) * n]
-    return bytes(out)
+def _unplanes(raw: bytes) -> np.ndarray:
+    planes = np.frombuffer(raw, dtype=np.uint8).reshape(8, -1)
+    return np.ascontiguousarray(planes.T).view("<i8").reshape(-1).astype(np.int64)
 
 
 def _ints(values: Sequence[int]) -> bytes:
-    deltas = array("q", values)
-    for i in range(len(deltas) - 1, 0, -1):
-        deltas[i] -= deltas[i - 1]
-    if not _LITTLE:
-        deltas.byteswap()
-    return _planes(deltas.tobytes())
+    words = np.asarray(values, dtype=np.int64)
+    return _planes(np.diff(words, prepend=0))
 
 
-def _from_ints(raw: bytes) -> array:
-    values = array("q")
-    values.frombytes(_unplanes(raw))
-    if not _LITTLE:
-        values.byteswap()
-    for i in range(1, len(values)):
-        values[i] += values[i - 1]
-    return values
+def _from_ints(raw: bytes) -> np.ndarray:
+    return np.cumsum(_unplanes(raw))
+
+
+def _xor_chain(values: Sequence[float]) -> np.ndarray:
+    # Each float's bits XOR the one's before (as Gorilla does): neighbouring times share their
+    # sign, exponent and high mantissa bits, which become zero bytes. Lossless.
+    bits = np.asarray(values, dtype=np.float64).view(np.int64)
+    return np.bitwise_xor(bits, np.concatenate(([0], bits[:-1]))) if len(bits) else bits
+
+
+def _unchain(words: np.ndarray) -> np.ndarray:
+    if not len(words):
+        return np.zeros(0)
+    return np.bitwise_xor.accumulate(words).view(np.float64)
 
 
 def _floats(values: Sequence[float]) -> bytes:
-    # Each float's bits XOR the one's before (as Gorilla does): neighbouring times share their
-    # sign, exponent and high mantissa bits, which become zero bytes. Lossless.
-    bits = array("q")
-    bits.frombytes(array("d", values).tobytes())
-    for i in range(len(bits) - 1, 0, -1):
-        bits[i] ^= bits[i - 1]
-    if not _LITTLE:
-        bits.byteswap()
-    return _planes(bits.tobytes())
+    return _planes(_xor_chain(values))
 
 
-def _from_floats(raw: bytes) -> array:
-    bits = array("q")
-    bits.frombytes(_unplanes(raw))
-    if not _LITTLE:
-        bits.byteswap()
-    for i in range(1, len(bits)):
-        bits[i] ^= bits[i - 1]
-    values = array("d")
-    values.frombytes(bits.tobytes())
-    return values
+def _from_floats(raw: bytes) -> np.ndarray:
+    return _unchain(_unplanes(raw))
 
 
 def _times(values: Sequence[float], width: int) -> bytes:
     """Row-major times (`width` a row), each XOR the time before it in that order, then split
     back into one column per field, each in byte planes."""
-    bits = array("q")
-    bits.frombytes(array("d", values).tobytes())
-    for i in range(len(bits) - 1, 0, -1):
-        bits[i] ^= bits[i - 1]
-    if not _LITTLE:
-        bits.byteswap()
-    return b"".join(_planes(bits[j::width].tobytes()) for j in range(width))
+    chained = _xor_chain(values)
+    return b"".join(_planes(chained[j::width]) for j in range(width))
 
 
-def _from_times(raw: bytes, width: int) -> array:
+def _from_times(raw: bytes, width: int) -> np.ndarray:
     n = len(raw) // 8 // width
-    bits = array("q", bytes(8 * n * width))
+    words = np.empty(n * width, dtype=np.int64)
     for j in range(width):
-        column = array("q")
-        column.frombytes(_unplanes(raw[8 * n * j:8 * n * (j + 1)]))
-        bits[j::width] = column
-    if not _LITTLE:
-        bits.byteswap()
-    for i in range(1, len(bits)):
-        bits[i] ^= bits[i - 1]
-    values = array("d")
-    values.frombytes(bits.tobytes())
-    return values
+        words[j::width] = _unplanes(raw[8 * n * j:8 * n * (j + 1)])
+    return _unchain(words)
 
 
 def encode(kind: str, columns: tuple[tuple[str, str], ...], records: Sequence[Any]) -> str:
@@ -191,7 +163,7 @@ def encode(kind: str, columns: tuple[tuple[str, str], ...], records: Sequence[An
 
 
 def decode(line: dict[str, Any], columns: tuple[tuple[str, str], ...]) -> dict[str, Any]:
-    """A block line (parsed) -> {field: values}: array('q') of integers, array('d') of floats
+    """A block line (parsed) -> {field: values}: numpy arrays of integers (int64) and floats
     (times: NaN for None), lists of strings or None for the code and string columns. A column
     the block lacks is absent."""
     n = int(line["n"])
@@ -219,15 +191,11 @@ def decode(line: dict[str, Any], columns: tuple[tuple[str, str], ...]) -> dict[s
         elif type_ == "c":
             table = _STEP_TABLES[name]
             out[name] = [None if c == 0 else table[c - 1] if c > 0 else extra[-1 - c]
-                         for c in _from_ints(chunk)]
+                         for c in _from_ints(chunk).tolist()]
         else:
-            lengths = _from_ints(chunk[:8 * n])
+            ends = np.cumsum(_from_ints(chunk[:8 * n])).tolist()
             text = chunk[8 * n:]
-            values, at = [], 0
-            for length in lengths:
-                values.append(text[at:at + length].decode("utf-8"))
-                at += length
-            out[name] = values
+            out[name] = [text[a:b].decode("utf-8") for a, b in zip([0, *ends], ends)]
     return out
 
 
@@ -246,6 +214,8 @@ def rows(line: dict[str, Any], columns: tuple[tuple[str, str], ...],
                 for row in out:
                     row[name] = defaults[name]
             continue
+        if isinstance(values, np.ndarray):
+            values = values.tolist()
         if type_ == "n":
             values = [None if v == 0 else v - 1 for v in values]
         elif type_ == "g":
