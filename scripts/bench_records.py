@@ -177,13 +177,15 @@ def main() -> int:
                   + (f" (old {old_s:6.3f} s, {old_s / new_s:5.1f}x faster)" if old_s else "")
                   + f"  recorder {spent / steps * 1e6:5.1f} us/step")
     small, large = (rows[n] for n in args.sizes)
+    step_ratio = (large["new_s"] / large["steps"]) / (small["new_s"] / small["steps"])
     scale = args.sizes[1] / args.sizes[0]
     print(f"report build time per request, {args.sizes[1]:,} / {args.sizes[0]:,}: "
           f"{large['new_s'] / small['new_s'] / scale:.2f} (new)"
           + (f", {large['old_s'] / small['old_s'] / scale:.2f} (old)" if large["old_s"] else "")
-          + f"; per step: {large['new_s'] / large['steps'] / (small['new_s'] / small['steps']):.2f}")
+          + f"; per step: {step_ratio:.2f}")
+    per_request = [rows[n]["new_bytes"] / n for n in args.sizes]
     print(f"records bytes per request, {args.sizes[1]:,} / {args.sizes[0]:,}: "
-          f"{large['new_bytes'] / args.sizes[1] / (small['new_bytes'] / args.sizes[0]):.2f}")
+          f"{per_request[1] / per_request[0]:.2f}")
     return 0
 
 
