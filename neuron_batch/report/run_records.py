@@ -12,6 +12,7 @@ about 40 bytes a request in memory.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,52 +133,47 @@ class RunRecords:
 
 
 def load(path: str | Path) -> RunRecords:
-    """A records file as the report reads it (see the module text)."""
+    """A records file as the report reads it (see the module text): its summary's aggregates,
+    else those of its last checkpoint where that holds every step in the file (a replica's
+    records: scheduler/records.py `Recorder.flush`), else one pass over its steps."""
     path = Path(path)
-    if _has_summary(path):
-        return _load_summarised(path)
-    return _rebuild(path)
-
-
-def _has_summary(path: Path) -> bool:
-    """Whether the file's last line is a summary with aggregates (the file was closed)."""
-    size = path.stat().st_size
-    with open(path, "rb") as handle:
-        handle.seek(max(size - 65536, 0))
-        tail = handle.read().rstrip(b"\n")
-    last = tail.rsplit(b"\n", 1)[-1]
-    if b'"type":"summary"' not in last or b'"aggregates"' not in last:
-        return False
-    try:
-        json.loads(last)
-    except json.JSONDecodeError:
-        return False
-    return True
-
-
-def _load_summarised(path: Path) -> RunRecords:
-    config, aggregates, blocked, meta = None, Aggregates(), None, []
+    config, final, steps_in_file, meta = None, None, 0, []
     requests = RequestColumns()
     with open(path, encoding="utf-8") as handle:
         for line in handle:
             if line.startswith('{"type":"steps"'):
-                continue    # (the summary holds what the report needs of them)
+                # (the aggregates hold what the report needs of them: only their count read)
+                steps_in_file += int(_BLOCK_COUNT.match(line).group(1))
+                continue
             line = line.strip()
             if not line:
                 continue
-            obj = json.loads(line)
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                break       # a torn last line from a killed process
             kind = obj.pop("type", None)
             if kind == "requests":
                 requests.add_block(obj)
             elif kind == "config":
                 config = RunConfig(**{k: v for k, v in obj.items()
                                       if k in RunConfig.__dataclass_fields__})
-            elif kind == "summary":
-                aggregates = Aggregates.from_dict(obj["aggregates"])
-                blocked = obj.get("admission_blocked")
+            elif kind in ("summary", "checkpoint") and "aggregates" in obj:
+                final = obj
+                final["type"] = kind
             elif kind == "replica":
                 meta.append(obj)
-    return RunRecords(config, aggregates, dict(blocked or {}), requests.done(), meta)
+            elif kind == "step":
+                steps_in_file += 1
+    if final is not None:
+        aggregates = Aggregates.from_dict(final["aggregates"])
+        if final["type"] == "summary" or aggregates.num_steps == steps_in_file:
+            return RunRecords(config, aggregates, dict(final.get("admission_blocked") or {}),
+                              requests.done(), meta)
+    return _rebuild(path)
+
+
+_BLOCK_COUNT = re.compile(r'\{"type":"steps","n":(\d+),')
 
 
 def _rebuild(path: Path) -> RunRecords:

@@ -290,6 +290,13 @@ class StepTiler:
         self._cursor: float | None = None
         self._start = start
 
+    def copy_onto(self, aggregates: Aggregates) -> StepTiler:
+        """A tiler in this one's place (the step it holds, where its spans reached) feeding
+        `aggregates` (a copy of this one's): to close a copy without closing this."""
+        copy = StepTiler(aggregates, self.empty_at, self.max_num_seqs, self._start)
+        copy._held, copy._cursor = self._held, self._cursor
+        return copy
+
     def add(self, step: Any) -> None:
         """The next finished step (its `t_end` None: its output never came back)."""
         agg = self.aggregates

@@ -9,6 +9,8 @@ what each holds:
 - `{"type": "steps", ...}`        a block of finished steps (`StepRecord`, without request ids),
                                   by column, compressed (record_blocks.py).
 - `{"type": "requests", ...}`     a block of finished requests (`RequestRecord`), the same way.
+- `{"type": "checkpoint", ...}`   what the summary would say now, where the replicas' actor
+                                  flushes the file before shipping it (`Recorder.flush`).
 - `{"type": "summary", ...}`      last line, written at shutdown: admission refusals per reason
                                   and the steps' running aggregates (aggregates.py), what the
                                   report reads instead of the steps.
@@ -202,6 +204,7 @@ class Recorder:
     _first_arrival: float | None = None
     _last_finish: float | None = None
     _closed: bool = False
+    _checkpointed: int = 0                      # finished steps the last checkpoint held
 
     def start(self, config: RunConfig) -> None:
         self.config = config
@@ -287,11 +290,40 @@ class Recorder:
     def _maybe_flush(self) -> None:
         if (len(self._steps_out) + len(self._requests_out) >= self.flush_every
                 or time.monotonic() - self._last_flush >= self.flush_seconds):
-            self.flush()
+            self._write_blocks()
 
     def flush(self) -> None:
-        """Write the records waiting for their block (the replicas' actor calls this before
-        it reads the file)."""
+        """Write the records waiting for their block, and where steps finished since the last
+        call a `checkpoint` line: the aggregates as a summary would hold them now. The
+        replicas' actor calls this before it reads the file and ships what it holds; the
+        scheduler's own summary line, written at shutdown, never reaches the driver, so a
+        replica's records end with the checkpoint of its last finished request."""
+        self._write_blocks()
+        if self._file is None or self._tiler is None:
+            return
+        finished = self.aggregates.num_steps + (self._finished_step is not None)
+        if finished == self._checkpointed:
+            return
+        self._checkpointed = finished
+        self._file.write(json.dumps({"type": "checkpoint",
+                                     "admission_blocked": dict(self.blocked_counts),
+                                     "num_steps": self.num_steps,
+                                     "aggregates": self._closed_copy().to_dict()},
+                                    separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def _closed_copy(self) -> Aggregates:
+        """The aggregates as `close` would leave them if the run ended now (steps in flight
+        left out: a later checkpoint or the summary has them)."""
+        copy = Aggregates.from_dict(self.aggregates.to_dict())
+        tiler = self._tiler.copy_onto(copy)
+        if self._finished_step is not None:
+            tiler.add(self._finished_step)
+        start, end = self._window_of(copy)
+        tiler.close(start, end)
+        return copy
+
+    def _write_blocks(self) -> None:
         if self._file is not None:
             lines = []
             if self._steps_out:
@@ -322,7 +354,7 @@ class Recorder:
         self._tiler.close(start, end)
         if self._file is None:
             return
-        self.flush()
+        self._write_blocks()
         self._file.write(json.dumps({"type": "summary",
                                      "admission_blocked": dict(self.blocked_counts),
                                      "num_steps": self.num_steps,
@@ -334,7 +366,9 @@ class Recorder:
     def window(self) -> tuple[float, float]:
         """(start, end) of the run as the report counts it: the first request's arrival (else
         the first step) to the last step end or completed request's finish."""
-        agg = self.aggregates
+        return self._window_of(self.aggregates)
+
+    def _window_of(self, agg: Aggregates) -> tuple[float, float]:
         start = self._first_arrival
         if start is None:
             start = agg.first_start if agg.first_start is not None else 0.0

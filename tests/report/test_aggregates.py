@@ -291,3 +291,32 @@ def test_memory_is_set_by_the_work_in_flight(tmp_path):
     run = load(tmp_path / "records-1.jsonl")
     assert summarize_run(run)["requests"]["completed"] == 10_000
     assert run.aggregates.num_steps == 10_000
+
+
+def test_a_replicas_records_end_with_a_checkpoint_that_stands_for_the_summary(tmp_path,
+                                                                              monkeypatch):
+    """A replica's actor flushes the recorder before it ships the file's lines, and the summary
+    written at shutdown never reaches the driver: the last checkpoint says what it would."""
+    stream = ([("arrive", "r0", 0.0, 5), ("arrive", "r1", 0.5, 7), ("arrive", "r2", 6.0, 3)],
+              [(StepRecord(i, "ACTIVE_DECODE", "decode", [], 2, 2, 2, 2, 2, 10, None, i % 2, 2,
+                           0.5, 0.0), 0.7, 0.4 * (i % 3), i % 4 == 1) for i in range(12)],
+              [3, 7, 11], False)
+    path = tmp_path / "records-1-r0.jsonl"
+    flushes = []
+    original = Recorder.request_finished
+
+    def finished_then_flushed(self, *args, **kwargs):     # as the actor does after a batch
+        original(self, *args, **kwargs)
+        if self.path is not None:
+            self.flush()
+            flushes.append(path.read_text())
+
+    monkeypatch.setattr(Recorder, "request_finished", finished_then_flushed)
+    drive(stream, path)
+    shipped = flushes[-1]
+    assert json.loads(shipped.splitlines()[-1])["type"] == "checkpoint"
+    whole = load(path)
+    path.write_text(shipped)
+    monkeypatch.setattr("neuron_batch.report.run_records._rebuild", None)   # (not called)
+    from_checkpoint = load(path)
+    close(summarize_run(from_checkpoint), summarize_run(whole))
