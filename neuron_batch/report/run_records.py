@@ -138,6 +138,7 @@ def load(path: str | Path) -> RunRecords:
     records: scheduler/records.py `Recorder.flush`), else one pass over its steps."""
     path = Path(path)
     config, final, steps_in_file, meta = None, None, 0, []
+    tables: dict[str, Any] = {}     # the checkpoints' table changes, added up
     requests = RequestColumns()
     with open(path, encoding="utf-8") as handle:
         for line in handle:
@@ -158,7 +159,11 @@ def load(path: str | Path) -> RunRecords:
             elif kind == "config":
                 config = RunConfig(**{k: v for k, v in obj.items()
                                       if k in RunConfig.__dataclass_fields__})
-            elif kind in ("summary", "checkpoint") and "aggregates" in obj:
+            elif kind == "summary" and "aggregates" in obj:
+                final = obj
+                final["type"] = kind
+            elif kind == "checkpoint":
+                Aggregates.add_tables(tables, obj.get("tables") or {})
                 final = obj
                 final["type"] = kind
             elif kind == "replica":
@@ -166,7 +171,9 @@ def load(path: str | Path) -> RunRecords:
             elif kind == "step":
                 steps_in_file += 1
     if final is not None:
-        aggregates = Aggregates.from_dict(final["aggregates"])
+        whole = final["aggregates"]
+        aggregates = Aggregates.from_dict(whole if final["type"] == "summary"
+                                          else {**whole, **tables})
         if final["type"] == "summary" or aggregates.num_steps == steps_in_file:
             return RunRecords(config, aggregates, dict(final.get("admission_blocked") or {}),
                               requests.done(), meta)

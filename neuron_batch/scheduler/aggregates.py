@@ -217,6 +217,58 @@ class Aggregates:
         self.end = _max(self.end, other.end)
         return self
 
+    # -- checkpoints: the tables as changes, the rest whole ---------------------------------------
+    TABLES = ("kinds", "state_steps", "prefill", "decode", "attention", "grid")
+
+    def tables(self) -> dict[str, Any]:
+        """The tables (counts that only grow) as `to_dict` writes them."""
+        whole = self.to_dict()
+        return {name: whole[name] for name in self.TABLES}
+
+    def tables_since(self, before: dict[str, Any]) -> dict[str, Any]:
+        """The tables' changes since `before` (a `tables()`): only the rows that moved."""
+        now = self.tables()
+        out: dict[str, Any] = {}
+        for name in self.TABLES:
+            if name == "grid":
+                old = {(r[0], r[1]): r[2:] for r in before.get(name, [])}
+                rows = [[p, q, *[a - b for a, b in zip(row, old.get((p, q), [0] * len(row)))]]
+                        for p, q, *row in now[name]]
+                out[name] = [r for r in rows if any(r[2:])]
+                continue
+            old = before.get(name, {})
+            changed = {}
+            for key, value in now[name].items():
+                if isinstance(value, list):
+                    delta = [a - b for a, b in zip(value, old.get(key, [0] * len(value)))]
+                    if any(delta):
+                        changed[key] = delta
+                elif value != old.get(key, 0):
+                    changed[key] = value - old.get(key, 0)
+            out[name] = changed
+        return out
+
+    @staticmethod
+    def add_tables(total: dict[str, Any], change: dict[str, Any]) -> None:
+        """Add a `tables_since` change into `total` (tables as `to_dict` writes them)."""
+        for name in Aggregates.TABLES:
+            if name == "grid":
+                cells = {(r[0], r[1]): list(r[2:]) for r in total.get(name, [])}
+                for p, q, *row in change.get(name, []):
+                    mine = cells.setdefault((p, q), [0] * len(row))
+                    for i, value in enumerate(row):
+                        mine[i] += value
+                total[name] = [[p, q, *row] for (p, q), row in sorted(cells.items())]
+                continue
+            table = total.setdefault(name, {})
+            for key, value in change.get(name, {}).items():
+                if isinstance(value, list):
+                    mine = table.setdefault(key, [0] * len(value))
+                    for i, item in enumerate(value):
+                        mine[i] += item
+                else:
+                    table[key] = table.get(key, 0) + value
+
     # -- the summary line ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -10,7 +10,8 @@ integers as differences from the record before (a decode step's counters barely 
 floats as their bits XOR the value before (neighbouring times share their high bits), every
 column's bytes split into byte planes (so those zero bytes run together), then bz2 and base85
 (a quarter more than binary). bz2 over zlib: a quarter fewer bytes on the simulated
-runs' blocks (scripts/bench_records.py) for about 10 us a step, once per block. Step
+runs' blocks (scripts/bench_records.py) for about 10 us a step, once per block; a small block
+(a replica's batch) takes zlib where that is smaller (`codec` says which). Step
 records leave out their request ids (no reader needs them; they are most of a JSON step line).
 
 Columns are named in the block's `cols`, so a later version may add one and an older reader
@@ -154,9 +155,15 @@ def encode(kind: str, columns: tuple[tuple[str, str], ...], records: Sequence[An
             raw = _ints([len(t) for t in texts]) + b"".join(texts)
         sizes.append(len(raw))
         parts.append(raw)
-    data = base64.b85encode(bz2.compress(b"".join(parts), 9)).decode("ascii")
-    line: dict[str, Any] = {"type": kind, "n": len(records), "codec": "bz2",
-                            "cols": [n for n, _ in columns], "sizes": sizes, "data": data}
+    raw = b"".join(parts)
+    codec, packed = "bz2", bz2.compress(raw, 9)
+    if len(raw) < 65536:     # (a small block, a replica's batch: zlib's lesser overhead may win)
+        small = zlib.compress(raw, 9)
+        if len(small) < len(packed):
+            codec, packed = "zlib", small
+    line: dict[str, Any] = {"type": kind, "n": len(records), "codec": codec,
+                            "cols": [n for n, _ in columns], "sizes": sizes,
+                            "data": base64.b85encode(packed).decode("ascii")}
     if extra:
         line["extra"] = extra
     return json.dumps(line, separators=(",", ":"))

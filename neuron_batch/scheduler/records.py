@@ -205,6 +205,7 @@ class Recorder:
     _last_finish: float | None = None
     _closed: bool = False
     _checkpointed: int = 0                      # finished steps the last checkpoint held
+    _tables_checkpointed: dict = field(default_factory=dict)    # its tables
 
     def start(self, config: RunConfig) -> None:
         self.config = config
@@ -305,10 +306,16 @@ class Recorder:
         if finished == self._checkpointed:
             return
         self._checkpointed = finished
+        closed = self._closed_copy()
+        # (the tables as their changes since the last checkpoint, which the reader adds up:
+        # a checkpoint costs a few rows, not every bucket's)
+        whole = {k: v for k, v in closed.to_dict().items() if k not in Aggregates.TABLES}
+        change = closed.tables_since(self._tables_checkpointed)
+        self._tables_checkpointed = closed.tables()
         self._file.write(json.dumps({"type": "checkpoint",
                                      "admission_blocked": dict(self.blocked_counts),
-                                     "num_steps": self.num_steps,
-                                     "aggregates": self._closed_copy().to_dict()},
+                                     "num_steps": self.num_steps, "aggregates": whole,
+                                     "tables": change},
                                     separators=(",", ":")) + "\n")
         self._file.flush()
 
