@@ -223,7 +223,7 @@ class Aggregates:
     def tables(self) -> dict[str, Any]:
         """The tables (counts that only grow) as `to_dict` writes them."""
         whole = self.to_dict()
-        return {name: whole[name] for name in self.TABLES}
+        return {name: whole.get(name, [] if name == "grid" else {}) for name in self.TABLES}
 
     def tables_since(self, before: dict[str, Any]) -> dict[str, Any]:
         """The tables' changes since `before` (a `tables()`): only the rows that moved."""
@@ -271,7 +271,7 @@ class Aggregates:
 
     # -- the summary line ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "num_steps": self.num_steps, "kinds": dict(self.kinds),
             "prefill": _table_to_dict(self.prefill), "decode": _table_to_dict(self.decode),
             "attention": _table_to_dict(self.attention),
@@ -286,6 +286,9 @@ class Aggregates:
             "first_start": self.first_start, "last_end": self.last_end,
             "start": self.start, "end": self.end,
         }
+        if not self.grid_used:  # (the grid repeats the prefill table: only where it differs)
+            del out["grid"]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Aggregates:
