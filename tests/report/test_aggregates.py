@@ -320,3 +320,19 @@ def test_a_replicas_records_end_with_a_checkpoint_that_stands_for_the_summary(tm
     monkeypatch.setattr("neuron_batch.report.run_records._rebuild", None)   # (not called)
     from_checkpoint = load(path)
     close(summarize_run(from_checkpoint), summarize_run(whole))
+
+
+def test_a_folder_resumed_across_the_format_change_reports_both_attempts(tmp_path):
+    """Attempt 1 written before issue 46 (a JSON line per record), attempt 2 after: the
+    report adds them up as it adds up two attempts of one format."""
+    stream = ([("arrive", "r0", 0.0, 5), ("arrive", "r1", 0.0, 9)],
+              [(StepRecord(i, "ACTIVE_DECODE", "decode", [], 2, 2, 2, 2, 2, 10, None, 0, 2,
+                           0.5, 0.0), 1.0, 0.0, False) for i in range(6)], [2, 5], False)
+    _, reference = drive(stream, tmp_path / "records-2.jsonl")
+    write_old_format(tmp_path / "records-1.jsonl", reference)
+    old, new = load(tmp_path / "records-1.jsonl"), load(tmp_path / "records-2.jsonl")
+    close(summarize_run(old), summarize_run(new))
+    both = summarize_run(concat([old, new]))
+    assert both["steps"]["total"] == 12
+    assert both["requests"]["completed"] == 4
+    assert both["throughput"]["elapsed_s"] == pytest.approx(12.0)
