@@ -1,10 +1,11 @@
 """A run's records as the report reads them (`RunRecords`): the scheduler's settings, the
 steps' aggregates, the admission counts and the finished requests as columns. Pure Python.
 
-The aggregates come from the records' summary line (scheduler/aggregates.py), so the steps are
-not read again: a records file's step blocks are skipped unparsed. A file without them (records
-written before issue 46, or an attempt killed before it closed its file) gets them by one pass
-over its steps, as the report was built before. Requests stay as compact columns (what exact
+The aggregates come from the records' summary line (scheduler/aggregates.py), or on a
+replica's records, which never get one, from its checkpoints, so the steps are not read again:
+a records file's step blocks are skipped unparsed. A file without them (records written before
+issue 46, or an attempt killed before it closed its file) gets them by one pass over its
+steps, as the report was built before. Requests stay as compact columns (what exact
 latency percentiles, the prefix-cache hits and the replicas' once-per-request rule need),
 about 40 bytes a request in memory.
 """
