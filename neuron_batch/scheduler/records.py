@@ -246,6 +246,8 @@ class Recorder:
     def _step_done(self, record: StepRecord) -> None:
         # The step before this one is final now: its following step (this one) has started
         # where it will stay, and the requests it finished are counted.
+        if self._tiler is None:     # (a recorder never started: no settings to read)
+            self._tiler = StepTiler(self.aggregates, self._in_system.empty_at)
         if self._finished_step is not None:
             self._tiler.add(self._finished_step)
         self._finished_step = record
@@ -352,7 +354,7 @@ class Recorder:
         self._closed = True
         while self._unfinished_steps:  # steps whose output never came back (shutdown mid-step)
             self._step_done(self._unfinished_steps.popleft())
-        if self._tiler is None:      # (never started)
+        if self._tiler is None:      # (never started, no step)
             self._tiler = StepTiler(self.aggregates, self._in_system.empty_at)
         if self._finished_step is not None:
             self._tiler.add(self._finished_step)
