@@ -336,9 +336,11 @@ class StepTiler:
     """
 
     def __init__(self, aggregates: Aggregates, empty_at: Callable[[float], bool],
-                 max_num_seqs: int | None = None, start: float | None = None):
+                 max_num_seqs: int | None = None, start: float | None = None,
+                 fold: Callable[[float], None] | None = None):
         self.aggregates = aggregates
         self.empty_at = empty_at
+        self.fold = fold
         self.max_num_seqs = max_num_seqs
         self._held: Any = None
         # (`start`, where known before the steps: the first span begins no earlier)
@@ -348,7 +350,7 @@ class StepTiler:
     def copy_onto(self, aggregates: Aggregates) -> StepTiler:
         """A tiler in this one's place (the step it holds, where its spans reached) feeding
         `aggregates` (a copy of this one's): to close a copy without closing this."""
-        copy = StepTiler(aggregates, self.empty_at, self.max_num_seqs, self._start)
+        copy = StepTiler(aggregates, self.empty_at, self.max_num_seqs, self._start, self.fold)
         copy._held, copy._cursor = self._held, self._cursor
         return copy
 
@@ -399,6 +401,8 @@ class StepTiler:
         if span_end > work_end:
             tail = _IDLE if self.empty_at(done) else state
             seconds[tail] = seconds.get(tail, 0.0) + (span_end - work_end)
+        if self.fold is not None:   # (no later step asks before the span's start)
+            self.fold(cursor)
         if self.max_num_seqs is not None and (
                 step.num_waiting > 0 or step.num_running >= self.max_num_seqs):
             # (a replica's busy_fraction: from the step's start to the next one's)
@@ -425,6 +429,12 @@ class InSystem:
         self.finishes.append(t)
 
     def empty_at(self, t: float) -> bool:
+        self.fold(t)
+        return self.arrived - self.finished <= 0
+
+    def fold(self, t: float) -> None:
+        """Count the events up to t (StepTiler folds up to each span's start even where no
+        step asks, so a run whose steps leave no idle tail still keeps no events)."""
         arrivals, finishes = self.arrivals, self.finishes
         while arrivals and arrivals[0] <= t:
             arrivals.popleft()
@@ -432,7 +442,6 @@ class InSystem:
         while finishes and finishes[0] <= t:
             finishes.popleft()
             self.finished += 1
-        return self.arrived - self.finished <= 0
 
 
 def system_empty_checker(arrivals: Iterable[float], finishes: Iterable[float | None]

@@ -209,7 +209,8 @@ class Recorder:
 
     def start(self, config: RunConfig) -> None:
         self.config = config
-        self._tiler = StepTiler(self.aggregates, self._in_system.empty_at, config.max_num_seqs)
+        self._tiler = StepTiler(self.aggregates, self._in_system.empty_at, config.max_num_seqs,
+                                fold=self._in_system.fold)
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "w", encoding="utf-8")
@@ -247,7 +248,8 @@ class Recorder:
         # The step before this one is final now: its following step (this one) has started
         # where it will stay, and the requests it finished are counted.
         if self._tiler is None:     # (a recorder never started: no settings to read)
-            self._tiler = StepTiler(self.aggregates, self._in_system.empty_at)
+            self._tiler = StepTiler(self.aggregates, self._in_system.empty_at,
+                                    fold=self._in_system.fold)
         if self._finished_step is not None:
             self._tiler.add(self._finished_step)
         self._finished_step = record
