@@ -17,8 +17,9 @@ schedule() and update_from_output().
 
 `--async` also compares NeuronAsyncScheduler with vLLM's AsyncScheduler, driven as vLLM's
 async engine drives them: step N+1 is scheduled before step N's output is applied.
-Our scheduler records every step in memory by default; `--with-records-file` adds a third
-variant that also streams the records to a JSONL file in a temporary directory.
+Our scheduler's recorder keeps the steps in flight and aggregates the rest by default;
+`--with-records-file` adds a third variant that also streams the records (compressed blocks)
+to a file in a temporary directory.
 `--clock cpu` times with `time.thread_time` (leaves out time spent descheduled) instead of
 `time.perf_counter`. On a busy machine quote medians and ratios, not single runs.
 

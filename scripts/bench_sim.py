@@ -106,7 +106,7 @@ def run_engine(llm, workload):
     if tokens != expected:
         raise RuntimeError(f"engine generated {tokens} tokens, expected {expected}")
     return wall, {"sim_elapsed_s": clock.now - sim_start, "output_tokens": tokens,
-                  "steps": len(engine_core(llm).scheduler.recorder.steps), "cpu_s": cpu}
+                  "steps": engine_core(llm).scheduler.recorder.num_steps, "cpu_s": cpu}
 
 
 def run_bare(args, max_num_seqs, num_blocks, workload, *, block_hasher=True):
@@ -140,7 +140,7 @@ def run_bare(args, max_num_seqs, num_blocks, workload, *, block_hasher=True):
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     if len(result.finished) != len(workload):
         raise RuntimeError("bare loop left requests unfinished")
-    return wall, {"steps": len(scheduler.recorder.steps), "cpu_s": cpu}
+    return wall, {"steps": scheduler.recorder.num_steps, "cpu_s": cpu}
 
 
 # -- the measurements ------------------------------------------------------------------------------

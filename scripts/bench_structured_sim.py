@@ -60,6 +60,7 @@ def run_once(requests, constrained: bool, max_num_seqs: int, workdir: Path) -> d
     from neuron_batch.device_sampling import HOST_SAMPLING_KEY, job_sampling
     from neuron_batch.report.sampling import sampling_section
     from neuron_batch.runtime import RUNTIMES
+    from neuron_batch.scheduler.records import KEEP_RECORDS_ENV
 
     runtime = RUNTIMES["nxdi"]
     params = [SamplingParams(max_tokens=out, ignore_eos=True, detokenize=False,
@@ -73,6 +74,7 @@ def run_once(requests, constrained: bool, max_num_seqs: int, workdir: Path) -> d
     host = bool(runtime.sampling.host_reasons(job_sampling(params)))
     kwargs["additional_config"]["neuron_batch"][HOST_SAMPLING_KEY] = host
     started = time.perf_counter()
+    os.environ[KEEP_RECORDS_ENV] = "1"     # (this small run's steps, read back below)
     llm = LLM(**kwargs)
     try:
         prompts = [{"prompt_token_ids": [1000 + (i * 37 + j) % 30000 for j in range(p)]}

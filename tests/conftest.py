@@ -6,6 +6,10 @@ import os
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Scheduler tests read every step and request of their (small) runs back from the recorder;
+# a real run keeps only those in flight (scheduler/records.py Recorder.keep). Tests of the
+# bounded recorder build theirs with keep=False.
+os.environ.setdefault("NEURON_BATCH_RECORDS_IN_MEMORY", "1")
 
 
 import json  # noqa: E402

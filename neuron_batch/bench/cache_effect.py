@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK, shared_prefix_tokens
-from neuron_batch.scheduler.records import DECODE, PREFILL, read_records
+from neuron_batch.scheduler.records import DECODE, PREFILL, iter_records
 from neuron_batch.settings import RunSettings
 
 
@@ -36,10 +36,13 @@ def run_figures(run_dir: str | Path, settings: RunSettings) -> dict[str, Any] | 
     prompt = hits = recomputed = 0
     prefill_s = decode_s = gather_s = 0.0
     for path in paths:
-        records = read_records(path)
-        prompt += sum(r.num_prompt_tokens for r in records.requests)
-        hits += sum(r.num_cached_tokens for r in records.requests)
-        for step in records.steps:
+        for kind, record in iter_records(path):     # (streamed: the steps are never all held)
+            if kind == "request":
+                prompt += record.num_prompt_tokens
+                hits += record.num_cached_tokens
+            if kind != "step":
+                continue
+            step = record
             took = (step.t_end - step.t_start) if step.t_end is not None else 0.0
             if step.kind == PREFILL:
                 prefill_s += took

@@ -15,7 +15,7 @@ from neuron_batch.buckets import DECODE_CONTEXT_MULTIPLE, round_model_len
 from neuron_batch.choices import prefix_caching_word
 from neuron_batch.layout.optimiser import plans_for_each_k, prefill_chunk_lengths
 from neuron_batch.scheduler.kv_reserve import SHORT_NAMES
-from neuron_batch.scheduler.records import DECODE, read_records
+from neuron_batch.scheduler.records import DECODE, iter_steps
 from neuron_batch.settings import RunSettings
 
 
@@ -276,7 +276,7 @@ def decode_histograms(run_dir: Path) -> tuple[Counter, Counter]:
     sizes: Counter = Counter()
     lengths: Counter = Counter()
     for path in sorted(run_dir.glob("records-*.jsonl")):
-        for step in read_records(path).steps:
+        for step in iter_steps(path):
             if step.kind == DECODE:
                 sizes[step.num_seqs] += 1
                 if step.longest_len is not None:

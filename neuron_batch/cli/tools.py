@@ -57,7 +57,7 @@ def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size,
     from neuron_batch.device.cost_model import StepCostModel, save_profile
     from neuron_batch.device.hardware import default_tp
     from neuron_batch.runtime import runtime_of
-    from neuron_batch.scheduler.records import read_records
+    from neuron_batch.scheduler.records import iter_records
 
     steps = []
     runtimes, caching = set(), set()     # (prefix caching: block KV a decode gathers first)
@@ -67,13 +67,13 @@ def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size,
             raise click.UsageError(f"{run_dir}: no records-N.jsonl here; is it a neuron-batch "
                                    f"run folder?")
         for path in paths:
-            records = read_records(path)
-            if records.config is not None:
-                runtimes.add(records.config.runtime)
-                caching.add(bool(records.config.enable_prefix_caching))
-            steps += [s for s in records.steps
-                      if s.kind in ("prefill", "decode") and s.t_end is not None
-                      and s.t_end > s.t_start]
+            for kind, record in iter_records(path):     # (streamed: timed steps kept only)
+                if kind == "config":
+                    runtimes.add(record.runtime)
+                    caching.add(bool(record.enable_prefix_caching))
+                elif (kind == "step" and record.kind in ("prefill", "decode")
+                      and record.t_end is not None and record.t_end > record.t_start):
+                    steps.append(record)
     if len(runtimes) > 1:
         raise click.UsageError(f"the runs mix runtimes ({', '.join(sorted(runtimes))}): "
                                f"their steps read different KV; calibrate each on its own")

@@ -1,8 +1,11 @@
 """Turn scheduler records into the run report: throughput, padding waste, time per state.
 
-Pure Python (no vLLM, no numpy) so that a 200k-step run is summarized in well under a second
-and the tests run in milliseconds. `summarize()` returns a JSON-ready dict; `summary.py` formats
-it for the terminal, `prometheus.py` for Prometheus.
+Pure Python (no vLLM; numpy for the requests' columns). Two ways in, one report dict:
+`summarize_run()` from records read back (report/run_records.py: the steps' running aggregates
+and the requests as columns, no pass over the steps: what a run's report is built from), and
+`summarize()` from records in memory, a full pass over every step (tests, small tools; the
+reference the aggregates are tested against). `summary.py` formats the dict for the terminal,
+`prometheus.py` for Prometheus.
 
 The time accounting (`states`) tiles the interval [start, start + elapsed] with step spans, so
 the seconds per state always add up to the elapsed time, whatever gaps or overlaps the clock
@@ -12,19 +15,25 @@ shows (async scheduling plans step N+1 before step N's output returns).
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from typing import Any
 
+import numpy as np
+
 from neuron_batch.report.prefix_cache import (
     grid_padding,
+    grid_table,
     has_prefix_buckets,
+    prefix_cache_figures,
     prefix_cache_section,
 )
-from neuron_batch.report.sampling import sampling_section
+from neuron_batch.report.run_records import RequestColumns as RunRecordsRequests
+from neuron_batch.report.run_records import RunRecords
+from neuron_batch.report.sampling import sampling_figures, sampling_section
 from neuron_batch.runtime import runtime_of
+from neuron_batch.scheduler.aggregates import Aggregates, system_empty_checker
 from neuron_batch.scheduler.records import (
     BLOCK_REASONS,
     DECODE,
@@ -111,6 +120,150 @@ def summarize(records: Records, *, elapsed_s: float | None = None, start: float 
     if sampling is not None:    # (only where a request asked or the device charged)
         report["sampling"] = sampling
     return report
+
+
+def summarize_run(run: RunRecords, *, elapsed_s: float | None = None,
+                  extra_config: dict | None = None, total: int | None = None,
+                  failed: int | None = None, skipped: int | None = None) -> dict[str, Any]:
+    """The report dictionary of records read back (report/run_records.py): the same figures
+    as `summarize`, from the steps' running aggregates and the requests' columns, without a
+    pass over the steps. `run.requests` are the requests that count (the caller filters);
+    `elapsed_s` None: the aggregates' window."""
+    agg = run.aggregates
+    requests = run.requests
+    elapsed = agg.elapsed if elapsed_s is None else float(elapsed_s)
+    finished = _floats(requests.finished)
+    done = ~np.isnan(finished)
+    prompt = _ints(requests.num_prompt_tokens)[done]
+    outputs = _ints(requests.num_output_tokens)[done]
+    input_tokens, output_tokens = int(prompt.sum()), int(outputs.sum())
+    total_tokens = input_tokens + output_tokens
+    num_completed = int(done.sum())
+
+    config = asdict(run.config) if run.config is not None else {}
+    config.update(extra_config or {})
+    prefill_buckets = list(config.get("prefill_buckets") or [])
+    decode_buckets = list(config.get("decode_buckets") or [])
+    attention_buckets = list(config.get("attention_buckets") or [])
+    config["compiled_graphs"] = runtime_of(config).num_graphs(
+        len(prefill_buckets), len(decode_buckets), len(attention_buckets),
+        len(config.get("prefix_buckets") or []))
+
+    padding = padding_tables(agg, prefill_buckets, decode_buckets, attention_buckets)
+    if agg.grid_used:       # nxdi with prefix caching: by (prefill, prefix) cell
+        padding["prefill"] = grid_table(agg.grid)
+    num_blocks = run.config.num_kv_blocks if run.config is not None else None
+    usable = num_blocks - 1 if num_blocks else 0
+    report = {
+        "elapsed_time": elapsed,
+        "num_requests": num_completed,
+        "total_num_tokens": total_tokens,
+        "requests_per_second": _rate(num_completed, elapsed),
+        "tokens_per_second": _rate(total_tokens, elapsed),
+        "config": config,
+        "requests": {
+            "total": num_completed if total is None else total,
+            "completed": num_completed,
+            "failed": 0 if failed is None else failed,
+            "skipped": 0 if skipped is None else skipped,
+        },
+        "throughput": {
+            "elapsed_s": elapsed,
+            "requests_per_s": _rate(num_completed, elapsed),
+            "input_tokens_per_s": _rate(input_tokens, elapsed),
+            "output_tokens_per_s": _rate(output_tokens, elapsed),
+            "total_tokens_per_s": _rate(total_tokens, elapsed),
+        },
+        "tokens": {"input": input_tokens, "output": output_tokens, "total": total_tokens},
+        "padding": padding,
+        "prefix_cache": prefix_cache_figures(
+            input_tokens, int(_ints(requests.num_cached_tokens)[done].sum()),
+            agg.recomputed_tokens, bool(config.get("enable_prefix_caching"))),
+        "states": agg.states(),
+        "admission_blocked": _blocked(run.blocked),
+        "preemptions": agg.preemptions,
+        "kv": {"num_blocks": num_blocks, "peak_reserved_blocks": agg.kv_peak_reserved,
+               "peak_used_blocks": round(agg.kv_peak_usage * usable),
+               "mean_used_fraction": agg.kv_mean()},
+        "latency": _latency_columns(requests, done),
+        "steps": {"total": agg.num_steps,
+                  **{kind: agg.kinds.get(kind, 0) for kind in (PREFILL, DECODE, EMPTY)}},
+    }
+    sampling = sampling_figures(
+        agg.sampling_s, agg.step_s, int(_ints(requests.constrained).astype(bool).sum()),
+        int(_ints(requests.logprobs).astype(bool).sum()),
+        Counter(p for p in requests.sample_of if p is not None), runtime_of(config).sampling)
+    if sampling is not None:
+        report["sampling"] = sampling
+    return report
+
+
+def _floats(column) -> np.ndarray:
+    return np.asarray(column, dtype=np.float64)
+
+
+def _ints(column) -> np.ndarray:
+    return np.asarray(column, dtype=np.int64)
+
+
+def _latency_columns(requests: RunRecordsRequests, done: np.ndarray
+                     ) -> dict[str, dict[str, float | None]]:
+    """`latency_summary` on columns: the same values, the percentiles from the two order
+    statistics each interpolates between (np.partition, no full sort)."""
+    arrival = _floats(requests.arrival)[done]
+    finished = _floats(requests.finished)[done]
+    first = _floats(requests.first_token)[done]
+    outputs = _ints(requests.num_output_tokens)[done]
+    has_first = ~np.isnan(first)
+    many = has_first & (outputs >= 2)
+    tpot = (finished[many] - first[many]) / (outputs[many] - 1)
+    return {"ttft_s": _distribution_array(first[has_first] - arrival[has_first]),
+            "tpot_s": _distribution_array(tpot), "e2e_s": _distribution_array(finished - arrival)}
+
+
+def _distribution_array(values: np.ndarray) -> dict[str, float | None]:
+    n = len(values)
+    if not n:
+        return {"mean": None, **{key: None for key, _ in LATENCY_PERCENTILES}}
+    result: dict[str, float | None] = {"mean": math.fsum(values.tolist()) / n}
+    ranks = sorted({r for _, fraction in LATENCY_PERCENTILES
+                    for r in _ranks(n, fraction)})
+    ordered = dict(zip(ranks, np.partition(values, ranks)[ranks].tolist()))
+    for key, fraction in LATENCY_PERCENTILES:
+        position = fraction * (n - 1)
+        lower, upper = _ranks(n, fraction)
+        weight = position - lower
+        result[key] = ordered[lower] + (ordered[upper] - ordered[lower]) * weight
+    return result
+
+
+def _ranks(n: int, fraction: float) -> tuple[int, int]:
+    lower = math.floor(fraction * (n - 1))
+    return lower, min(lower + 1, n - 1)
+
+
+def padding_tables(agg: Aggregates, prefill_buckets: Sequence[int],
+                   decode_buckets: Sequence[int], attention_buckets: Sequence[int] = ()
+                   ) -> dict[str, Any]:
+    """`padding_summary` from the aggregates' tables (every configured bucket a row)."""
+    tables = []
+    for configured, counted in ((prefill_buckets, agg.prefill), (decode_buckets, agg.decode),
+                                (attention_buckets, agg.attention)):
+        table = {b: [0, 0, 0] for b in configured}
+        for bucket, row in counted.items():
+            mine = table.setdefault(bucket, [0, 0, 0])
+            for i in range(3):
+                mine[i] += row[i]
+        tables.append(table)
+    prefill, decode, attention = tables
+    summary = {
+        "prefill": _padding_phase(prefill, "chunks", "actual_tokens", "padded_tokens"),
+        "decode": _padding_phase(decode, "steps", "actual_seqs", "padded_seqs"),
+    }
+    if any(row[0] for row in attention.values()):
+        summary["attention"] = _padding_phase(attention, "steps", "kv_held_tokens",
+                                              "kv_attended_tokens")
+    return summary
 
 
 # -- time window -----------------------------------------------------------------------------
@@ -289,29 +442,7 @@ def time_per_state(steps: Sequence[StepRecord], requests: Sequence[RequestRecord
 
 
 def _system_empty_checker(requests: Sequence[RequestRecord]) -> Callable[[float], bool]:
-    """A function t -> True when every request that had arrived by t had finished by t.
-
-    Requests that never finished stay in the system for good. The answer only changes at an
-    arrival or a finish, and successive queries (step ends) mostly fall between the same two
-    events, so the last interval's answer is cached; a miss costs two bisections.
-    """
-    arrivals = sorted(r.arrival for r in requests)
-    # A finish stamped before its arrival (clock skew) would unbalance the counts: clamp it.
-    finishes = sorted(max(r.finished, r.arrival) for r in requests if r.finished is not None)
-    cached = [math.inf, -math.inf, False]  # [low, high, answer] valid for low <= t < high
-
-    def system_empty_at(t: float) -> bool:
-        if cached[0] <= t < cached[1]:
-            return cached[2]
-        arrived, finished = bisect_right(arrivals, t), bisect_right(finishes, t)
-        low = max(arrivals[arrived - 1] if arrived else -math.inf,
-                  finishes[finished - 1] if finished else -math.inf)
-        high = min(arrivals[arrived] if arrived < len(arrivals) else math.inf,
-                   finishes[finished] if finished < len(finishes) else math.inf)
-        cached[:] = low, high, arrived - finished <= 0
-        return cached[2]
-
-    return system_empty_at
+    return system_empty_checker([r.arrival for r in requests], [r.finished for r in requests])
 
 
 # -- latency ---------------------------------------------------------------------------------

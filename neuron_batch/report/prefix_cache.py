@@ -24,9 +24,16 @@ from neuron_batch.scheduler.records import PREFILL, RequestRecord, StepRecord
 def prefix_cache_section(steps: Iterable[StepRecord], completed: Sequence[RequestRecord],
                          enabled: bool, bound_tokens: int | None = None) -> dict[str, Any]:
     """The `prefix_cache` section of a run's records (`bound_tokens` None: not known here)."""
-    prompt = sum(r.num_prompt_tokens for r in completed)
-    hits = sum(r.num_cached_tokens for r in completed)
-    recomputed = sum(s.recomputed_tokens for s in steps if s.kind == PREFILL)
+    return prefix_cache_figures(sum(r.num_prompt_tokens for r in completed),
+                                sum(r.num_cached_tokens for r in completed),
+                                sum(s.recomputed_tokens for s in steps if s.kind == PREFILL),
+                                enabled, bound_tokens)
+
+
+def prefix_cache_figures(prompt: int, hits: int, recomputed: int, enabled: bool,
+                         bound_tokens: int | None = None) -> dict[str, Any]:
+    """The section from its sums (the completed requests' prompt and hit tokens, the prefill
+    steps' recomputed tokens)."""
     section = PrefixCache(enabled=bool(enabled), prompt_tokens=prompt, hit_tokens=hits,
                           hit_fraction=hits / prompt if prompt else 0.0,
                           recomputed_tokens=recomputed,
@@ -60,6 +67,12 @@ def grid_padding(steps: Iterable[StepRecord]) -> dict[str, Any]:
         row[1] += step.num_tokens
         row[2] += step.num_tokens_padded
         row[3] += step.recomputed_tokens
+    return grid_table(cells)
+
+
+def grid_table(cells: Mapping[tuple[int, int], Sequence[int]]) -> dict[str, Any]:
+    """The table from its cells: (prefill bucket, prefix bucket) -> [prefills, new tokens,
+    tokens computed, cached tokens computed again]."""
     actual = sum(row[1] for row in cells.values())
     padded = sum(row[2] for row in cells.values())
     return {

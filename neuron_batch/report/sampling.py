@@ -18,14 +18,21 @@ def sampling_section(steps: Sequence[StepRecord], requests: Sequence[RequestReco
     """The section; `path`: the run's runtime's (`Runtime.sampling`), for the graphs its
     plugin compiles more for constrained requests (Beta/GA: one, ~8.4 s; not in the elapsed
     time nor yet in the start-up estimate)."""
-    charged = sum(s.sampling_s for s in steps)
-    constrained = sum(1 for r in requests if r.constrained)
-    logprobs = sum(1 for r in requests if r.logprobs)
-    children = Counter(r.sample_of for r in requests if r.sample_of is not None)
+    return sampling_figures(
+        sum(s.sampling_s for s in steps),
+        sum(s.t_end - s.t_start for s in steps if s.t_end is not None),
+        sum(1 for r in requests if r.constrained), sum(1 for r in requests if r.logprobs),
+        Counter(r.sample_of for r in requests if r.sample_of is not None), path)
+
+
+def sampling_figures(charged: float, step_s: float, constrained: int, logprobs: int,
+                     children: Counter, path: SamplingPath | None = None
+                     ) -> dict[str, Any] | None:
+    """The section from its sums: the steps' sampling and step seconds, the requests that
+    asked for a grammar or logprobs, the children per fanned-out request."""
     sampled = sum(1 for count in children.values() if count > 1)
     if not (charged or constrained or logprobs or sampled):
         return None
-    step_s = sum(s.t_end - s.t_start for s in steps if s.t_end is not None)
     return {
         "constrained_requests": constrained,
         "n_sampled_requests": sampled,

@@ -22,9 +22,9 @@ def build_report(job: Job) -> Report:
     """The report over the whole input, from every attempt's records and the outputs file:
     the records' figures (`summarize`), then what only the folder knows (outputs, attempts,
     cost), each a typed step on the report."""
-    from neuron_batch.report.metrics import summarize
+    from neuron_batch.report.metrics import summarize_run
     from neuron_batch.report.replicas import has_replicas, summarize_replicas
-    from neuron_batch.scheduler.records import concat_attempts, read_records
+    from neuron_batch.report.run_records import concat, load
 
     folder, settings = job.folder, job.settings
     model, prepared, problems = job.workload.model, job.workload.prepared, job.workload.problems
@@ -64,14 +64,11 @@ def build_report(job: Job) -> Report:
                                     simulated=job.simulated, extra_config=extra, total=total,
                                     skipped=len(problems))
     else:
-        attempts = [read_records(p) for p in folder.records_paths()]
-        attempts = [a for a in attempts if a.steps or a.requests] or attempts
-        records = concat_attempts(attempts)
+        records = concat([load(p) for p in folder.records_paths()])
         # Abandoned (aborted) or failed requests are not completed work: leave them out.
-        records.requests = [r for r in records.requests
-                            if r.finish_reason not in ("abort", "error")]
-        figures = summarize(records, extra_config=extra, total=total, skipped=len(problems),
-                           failed=0)
+        records.requests = records.requests.completed()
+        figures = summarize_run(records, extra_config=extra, total=total,
+                                skipped=len(problems), failed=0)
     report = Report.new(figures)
     _tokens_from_outputs(report, folder)
     _add_prefix_bound(report, prepared, folder.done_ids, settings)
@@ -117,9 +114,9 @@ def split_section(attempts: list[dict], folder, settings, simulated: bool) -> di
     last output), its output tokens summed, and per replica its requests and time; so the
     parts' elapsed times add up to the run's, as without replicas, or side by side
     (`placement`) the longer one is the run's."""
-    from neuron_batch.report.metrics import summarize
+    from neuron_batch.report.metrics import summarize_run
     from neuron_batch.report.replicas import attempt_figures, has_replicas
-    from neuron_batch.scheduler.records import read_records
+    from neuron_batch.report.run_records import load
 
     layout = folder.records_layout()
     on_replicas = {}
@@ -139,7 +136,7 @@ def split_section(attempts: list[dict], folder, settings, simulated: bool) -> di
             elapsed, output_tokens = figures["elapsed_s"], figures["output_tokens"]
             extra = {"replicas": figures["replicas"]}
         else:
-            one = Report.new(summarize(read_records(entry)))
+            one = Report.new(summarize_run(load(entry)))
             elapsed, output_tokens = one.throughput.elapsed_s, one.tokens.output
         parts.append({**attempt["part"], "attempt": attempt["attempt"],
                       "ended": attempt.get("ended"), "elapsed_s": elapsed,

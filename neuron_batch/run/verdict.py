@@ -9,7 +9,9 @@ run's requests, no second run: each alternative's steps plus the start-up its gr
 against the same estimate of the run as it ran, so the estimate's own error cancels. The
 figure applies that ratio to the measured run time. Only for a run with a step model (the
 simulated device, a Neuron host whose instance is known) that finished every request in one
-layout (a split run's parts have their own).
+layout (a split run's parts have their own). A job of more than SAMPLE requests is weighed on a
+sample of them (`weighed_sample`: whole groups sharing a first KV block), its steps' time scaled
+up, so the verdict costs the same at any size (report.json's verdict says `sampled`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +28,11 @@ from neuron_batch.inputs.prepare import in_order
 from neuron_batch.job.job import Job, resolve_target
 from neuron_batch.layout.step_estimate import block_chains, cache_hits, estimate
 from neuron_batch.settings import RunSettings
+
+#: The most requests the verdict weighs; a larger job is weighed on a sample of about this
+#: many (`weighed_sample`), so its cost is bounded whatever the job's size (issue 46: 20 s, a
+#: tenth of the run, at 100k requests before).
+SAMPLE = 5_000
 
 #: An alternative must beat the run by more than this share of its steps' time to be named
 #: (the estimate matches
@@ -65,7 +73,9 @@ def run_verdict(job: Job, elapsed_s: float | None, argv: list[str] | None = None
     requests = job.workload.prepared.requests
     if not requests:
         return None
-    weighed = _weigh_all(job, settings, requests)
+    block = settings.block_size or job.target.block_size
+    sample, scale_up = weighed_sample(requests, block)
+    weighed = _weigh_all(job, settings, sample, scale_up)
     if not weighed:
         return None
     ran = weighed.get((str(settings.order), bool(settings.prefix_caching),
@@ -82,12 +92,37 @@ def run_verdict(job: Job, elapsed_s: float | None, argv: list[str] | None = None
     if best is not ran and ran.total_s - best.total_s > MARGIN * (ran.prefill_s + ran.decode_s):
         lines.append({"text": _better_words(best, ran, scale),
                       "command": command_with(argv, settings, ran, best)})
-    return {"lines": lines, "wall_time_s": round(time.perf_counter() - started, 3),
-            "weighed": [{**w.__dict__, "total_s": w.total_s} for w in weighed.values()]}
+    out = {"lines": lines, "wall_time_s": round(time.perf_counter() - started, 3),
+           "weighed": [{**w.__dict__, "total_s": w.total_s} for w in weighed.values()]}
+    if len(sample) < len(requests):
+        out["sampled"] = {"requests": len(sample), "of": len(requests)}
+    return out
 
 
-def _weigh_all(job: Job, settings: RunSettings, requests) -> dict[tuple, Weighed]:
-    """Every (order, caching, max_num_seqs) the verdict weighs, on the step model."""
+def weighed_sample(requests: Sequence, block: int, most: int = SAMPLE) -> tuple[list, float]:
+    """(the requests the verdict weighs, what their steps' time is multiplied by to stand
+    for the job's): every request up to `most`; beyond, whole groups of requests that share
+    their first KV block (a prompt shorter than a block is a group of its own), picked by the
+    group's hash, 1 in round(n / most), so the sample keeps the prefix sharing the cache
+    would find; where one group is most of the job (a system prompt every request shares),
+    every k-th request instead, which keeps the lengths but not that group's sharing."""
+    n = len(requests)
+    if n <= most:
+        return list(requests), 1.0
+    every = max(round(n / most), 2)
+    picked = [r for i, r in enumerate(requests)
+              if hash(tuple(r.prompt_token_ids[:block]) if len(r.prompt_token_ids) >= block
+                      else i) % every == 0]
+    if not picked or len(picked) > 2 * most:
+        picked = list(requests[::every])
+    return picked, n / len(picked)
+
+
+def _weigh_all(job: Job, settings: RunSettings, requests, scale_up: float = 1.0
+               ) -> dict[tuple, Weighed]:
+    """Every (order, caching, max_num_seqs) the verdict weighs, on the step model; `requests`
+    a sample standing for `scale_up` times as many (`weighed_sample`): their steps' time is
+    scaled up, and the prefix cache they share is the pool's share of them."""
     model_path = job.workload.model.path
     targets = {}
     for caching in (False, True):
@@ -100,11 +135,14 @@ def _weigh_all(job: Job, settings: RunSettings, requests) -> dict[tuple, Weighed
     runtime = targets[False].runtime
     orders = {o.value: in_order(requests, o.value, block_size=block, by_length=runtime.static_kv)
               for o in Order}
+    # (a prompt's block hashes do not depend on the order: computed once)
+    chain_of = dict(zip(map(id, requests),
+                        block_chains([r.prompt_token_ids for r in requests], block)))
     out = {}
     for order, ordered in orders.items():
         lens = [len(r.prompt_token_ids) for r in ordered]
         outs = [r.max_tokens for r in ordered]
-        chains = block_chains([r.prompt_token_ids for r in ordered], block)
+        chains = [chain_of[id(r)] for r in ordered]
         for caching, target in targets.items():
             for seqs in _slots(settings, target):
                 try:
@@ -113,15 +151,16 @@ def _weigh_all(job: Job, settings: RunSettings, requests) -> dict[tuple, Weighed
                     continue
                 shaped = settings.replace(prefix_caching=caching, max_num_seqs=seqs)
                 shapes = shaped.shapes(runtime)
-                hits = (cache_hits(lens, chains, block, capacity=laid.pool_blocks)
-                        if caching else None)
+                pool = max(round(laid.pool_blocks / scale_up), 1)
+                hits = cache_hits(lens, chains, block, capacity=pool) if caching else None
                 chunk = settings.max_num_batched_tokens if runtime.chunked_prefill else None
                 steps = estimate(laid.cost_model, shapes, lens, outs, hits, chunk)
                 engines = max(settings.replicas, 1)
                 start = laid.compile_s(shapes, compiled=_compiled(job, shaped, laid)) or 0.0
                 out[(order, caching, seqs)] = Weighed(order, caching, seqs,
-                                                      steps.prefill_s / engines,
-                                                      steps.decode_s / engines, start)
+                                                      steps.prefill_s * scale_up / engines,
+                                                      steps.decode_s * scale_up / engines,
+                                                      start)
     return out
 
 

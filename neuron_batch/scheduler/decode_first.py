@@ -49,12 +49,12 @@ class DecodeFirst(_Scheduler):
         bucket, attended = self.shapes.decode(num_decode, longest)
         recorder = self.recorder
         recorder.add_step(StepRecord(  # arguments in STEP_FIELDS_FILLED order
-            len(recorder.steps), _DECODING, DECODE,
+            recorder.num_steps, _DECODING, DECODE,
             list(output.scheduled_cached_reqs.req_ids), num_decode, num_decode, num_decode,
             bucket, bucket, sum(cached_computed), blocked, num_waiting, len(self.running),
             self.kv_cache_manager.usage, t_start, None, self.kv_reserved_blocks, 0, attended,
             longest + 1))
-        self._decode_first.add(recorder.steps[-1].step)
+        self._decode_first.add(recorder.last_step.step)
         return bucket, attended
 
     def _finish_decode_first(self, scheduler_output: Any) -> None:

@@ -1,30 +1,42 @@
 """What the Neuron scheduler records about a run, and how the records are stored.
 
 Pure Python (no vLLM import) so that reports, metrics and the cost-model calibration can read
-records in milliseconds. The scheduler fills a `Recorder`; a run may also stream the records
-to a JSON-lines file (one object a line, `"type"` says which kind):
+records in milliseconds. The scheduler fills a `Recorder`, which keeps only the steps and
+requests in flight and may stream the rest to a records file, JSON lines whose `"type"` says
+what each holds:
 
 - `{"type": "config", ...}`       first line: the scheduler settings the run used (`RunConfig`).
-- `{"type": "step", ...}`         one per `schedule()` call that scheduled work (`StepRecord`).
-- `{"type": "request", ...}`      one per finished request (`RequestRecord`).
-- `{"type": "summary", ...}`      last line, written at shutdown: admission refusals per reason.
+- `{"type": "steps", ...}`        a block of finished steps (`StepRecord`, without request ids),
+                                  by column, compressed (record_blocks.py).
+- `{"type": "requests", ...}`     a block of finished requests (`RequestRecord`), the same way.
+- `{"type": "checkpoint", ...}`   what the summary would say now, where the replicas' actor
+                                  flushes the file before shipping it (`Recorder.flush`).
+- `{"type": "summary", ...}`      last line, written at shutdown: admission refusals per reason
+                                  and the steps' running aggregates (aggregates.py), what the
+                                  report reads instead of the steps.
 
-Times come from the recorder's clock (wall time by default, a virtual clock on the simulated
-device); only differences between them mean anything.
+Records written before issue 46 hold one `{"type": "step"}` / `{"type": "request"}` line per
+record, no aggregates; the readers here read both. Times come from the recorder's clock (wall
+time by default, a virtual clock on the simulated device); only differences between them mean
+anything.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
 from neuron_batch.device_sampling import sample_parent, sampler_asks
+from neuron_batch.scheduler.aggregates import Aggregates, InSystem, StepTiler
+from neuron_batch.scheduler.record_blocks import REQUEST_COLUMNS, STEP_COLUMNS, encode, rows
 
 
 class SchedulerState(str, Enum):
@@ -156,36 +168,62 @@ def resolve_clock(spec: str | Callable[[], float] | None) -> Callable[[], float]
 
 @dataclass
 class Recorder:
-    """Collects step and request records in memory and, optionally, streams them to JSONL.
+    """Takes the scheduler's step and request records as they happen, keeps only those in
+    flight, and streams the rest to a records file in compact blocks (record_blocks.py) while
+    the step figures the report needs accumulate in `aggregates` (aggregates.py). Memory is set
+    by the work in flight, not by the run's length.
 
-    `clock` is any zero-argument callable returning seconds. Lines are buffered and written in
-    batches (every `flush_every` records and at `close()`), which keeps the per-step cost to a
-    few microseconds.
+    `clock` is any zero-argument callable returning seconds. Blocks are written every
+    `flush_every` records or `flush_seconds`, which keeps the per-step cost to a few
+    microseconds. `keep` (default: the environment's KEEP_RECORDS_ENV set to 1, which the tests
+    set) also keeps every step in `steps` and finished requests in `requests`, for tests and
+    tools that inspect a small run in memory.
     """
 
     clock: Callable[[], float] = time.monotonic
     path: Path | None = None
-    flush_every: int = 256
+    flush_every: int = 4096
     flush_seconds: float = 0.5
-    steps: list[StepRecord] = field(default_factory=list)
+    keep: bool = field(default_factory=lambda: os.environ.get(KEEP_RECORDS_ENV) == "1")
+    #: Requests in flight (arrived, not finished), by id; with `keep`, finished ones too.
     requests: dict[str, RequestRecord] = field(default_factory=dict)
+    steps: list[StepRecord] = field(default_factory=list)   # only with `keep`
     blocked_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(BLOCK_REASONS, 0))
     config: RunConfig | None = None
-    _pending: list[str] = field(default_factory=list)
+    aggregates: Aggregates = field(default_factory=Aggregates)
+    num_steps: int = 0                  # steps recorded so far (the next step's number)
+    last_step: StepRecord | None = None  # the latest step recorded, while it is in flight
+    _steps_out: list[StepRecord] = field(default_factory=list)
+    _requests_out: list[RequestRecord] = field(default_factory=list)
     _file: IO[str] | None = None
-    _unfinished_steps: list[StepRecord] = field(default_factory=list)
+    _unfinished_steps: deque[StepRecord] = field(default_factory=deque)
     _last_flush: float = field(default_factory=time.monotonic)
+    _in_system: InSystem = field(default_factory=InSystem)
+    _tiler: StepTiler | None = None
+    _finished_step: StepRecord | None = None    # the latest finished step, not yet tiled
+    _first_arrival: float | None = None
+    _last_finish: float | None = None
+    _closed: bool = False
+    _checkpointed: int = 0                      # finished steps the last checkpoint held
+    _tables_checkpointed: dict = field(default_factory=dict)    # its tables
 
     def start(self, config: RunConfig) -> None:
         self.config = config
+        self._tiler = StepTiler(self.aggregates, self._in_system.empty_at, config.max_num_seqs,
+                                fold=self._in_system.fold)
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "w", encoding="utf-8")
-            self._emit("config", asdict(config))
+            self._file.write(json.dumps({**asdict(config), "type": "config"},
+                                        separators=(",", ":")) + "\n")
+            self._file.flush()
 
     # -- steps -------------------------------------------------------------------------------
     def add_step(self, record: StepRecord) -> None:
-        self.steps.append(record)
+        self.num_steps += 1
+        self.last_step = record
+        if self.keep:
+            self.steps.append(record)
         self._unfinished_steps.append(record)
 
     def oldest_unfinished(self) -> StepRecord | None:
@@ -196,19 +234,36 @@ class Recorder:
                            ) -> StepRecord | None:
         """Stamp the oldest step still in flight with its end time (FIFO: async scheduling
         plans step N+1 before step N's output returns; `t_end` None: now) and its sampling
-        charge."""
+        charge. The step stays readable until the next step finishes (its following step's
+        start may still move: decode_first.py)."""
         if not self._unfinished_steps:
             return None
-        record = self._unfinished_steps.pop(0)
+        record = self._unfinished_steps.popleft()
         record.t_end = self.clock() if t_end is None else t_end
         record.sampling_s = sampling_s
-        if self._file is not None:
-            self._emit("step", _fields_of(record))
+        self._step_done(record)
         return record
+
+    def _step_done(self, record: StepRecord) -> None:
+        # The step before this one is final now: its following step (this one) has started
+        # where it will stay, and the requests it finished are counted.
+        if self._tiler is None:     # (a recorder never started: no settings to read)
+            self._tiler = StepTiler(self.aggregates, self._in_system.empty_at,
+                                    fold=self._in_system.fold)
+        if self._finished_step is not None:
+            self._tiler.add(self._finished_step)
+        self._finished_step = record
+        if self._file is not None:
+            self._steps_out.append(record)
+            self._maybe_flush()
 
     # -- requests ----------------------------------------------------------------------------
     def request_arrived(self, req_id: str, num_prompt_tokens: int) -> None:
-        self.requests[req_id] = RequestRecord(req_id, num_prompt_tokens, self.clock())
+        now = self.clock()
+        self.requests[req_id] = RequestRecord(req_id, num_prompt_tokens, now)
+        self._in_system.arrive(now)
+        if self._first_arrival is None or now < self._first_arrival:
+            self._first_arrival = now
 
     def request_asks(self, req_id: str, sampling_params: Any) -> None:
         """Note what a request's SamplingParams ask of the sampler (nothing for most)."""
@@ -221,45 +276,128 @@ class Recorder:
 
     def request_finished(self, req_id: str, num_output_tokens: int, finish_reason: str | None,
                          now: float) -> None:
-        record = self.requests.get(req_id)
+        record = self.requests.get(req_id) if self.keep else self.requests.pop(req_id, None)
         if record is None:
+            return
+        if record.finished is not None:     # (kept in memory: finished already)
             return
         record.finished = now
         record.num_output_tokens = num_output_tokens
         record.finish_reason = finish_reason
+        self._in_system.finish(max(now, record.arrival))
+        if finish_reason not in NOT_COMPLETED:   # (the report's window ends with completed work)
+            self._last_finish = now if self._last_finish is None else max(self._last_finish, now)
         if self._file is not None:
-            self._emit("request", _fields_of(record))
+            self._requests_out.append(record)
+            self._maybe_flush()
 
     # -- output ------------------------------------------------------------------------------
-    def _emit(self, kind: str, payload: dict[str, Any]) -> None:
-        payload["type"] = kind
-        self._pending.append(json.dumps(payload, separators=(",", ":")))
-        if (len(self._pending) >= self.flush_every
+    def _maybe_flush(self) -> None:
+        if (len(self._steps_out) + len(self._requests_out) >= self.flush_every
                 or time.monotonic() - self._last_flush >= self.flush_seconds):
-            self.flush()
+            self._write_blocks()
 
     def flush(self) -> None:
-        if self._file is not None and self._pending:
-            self._file.write("\n".join(self._pending) + "\n")
-            self._file.flush()
-        self._pending.clear()
+        """Write the records waiting for their block, and where steps finished since the last
+        call a `checkpoint` line: the aggregates as a summary would hold them now. The
+        replicas' actor calls this before it reads the file and ships what it holds; the
+        scheduler's own summary line, written at shutdown, never reaches the driver, so a
+        replica's records end with the checkpoint of its last finished request."""
+        self._write_blocks()
+        if self._file is None or self._tiler is None:
+            return
+        finished = self.aggregates.num_steps + (self._finished_step is not None)
+        if finished == self._checkpointed:
+            return
+        self._checkpointed = finished
+        closed = self._closed_copy()
+        # (the tables as their changes since the last checkpoint, which the reader adds up:
+        # a checkpoint costs a few rows, not every bucket's)
+        whole = {k: v for k, v in closed.to_dict().items() if k not in Aggregates.TABLES}
+        change = closed.tables_since(self._tables_checkpointed)
+        self._tables_checkpointed = closed.tables()
+        self._file.write(json.dumps({"type": "checkpoint",
+                                     "admission_blocked": dict(self.blocked_counts),
+                                     "num_steps": self.num_steps, "aggregates": whole,
+                                     "tables": change},
+                                    separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def _closed_copy(self) -> Aggregates:
+        """The aggregates as `close` would leave them if the run ended now (steps in flight
+        left out: a later checkpoint or the summary has them)."""
+        copy = Aggregates.from_dict(self.aggregates.to_dict())
+        tiler = self._tiler.copy_onto(copy)
+        if self._finished_step is not None:
+            tiler.add(self._finished_step)
+        start, end = self._window_of(copy)
+        tiler.close(start, end)
+        return copy
+
+    def _write_blocks(self) -> None:
+        if self._file is not None:
+            lines = []
+            if self._steps_out:
+                lines.append(encode("steps", STEP_COLUMNS, self._steps_out))
+            if self._requests_out:
+                lines.append(encode("requests", REQUEST_COLUMNS, self._requests_out))
+            if lines:
+                self._file.write("\n".join(lines) + "\n")
+                self._file.flush()
+        self._steps_out.clear()
+        self._requests_out.clear()
         self._last_flush = time.monotonic()
 
     def close(self) -> None:
+        """Shut down: steps whose output never came back are kept as such, the last span is
+        closed at the run's end and the summary line (admission counts, aggregates) written."""
+        if self._closed:
+            return
+        self._closed = True
+        while self._unfinished_steps:  # steps whose output never came back (shutdown mid-step)
+            self._step_done(self._unfinished_steps.popleft())
+        if self._tiler is None:      # (never started, no step)
+            self._tiler = StepTiler(self.aggregates, self._in_system.empty_at)
+        if self._finished_step is not None:
+            self._tiler.add(self._finished_step)
+            self._finished_step = None
+        start, end = self.window()
+        self._tiler.close(start, end)
         if self._file is None:
             return
-        while self._unfinished_steps:  # steps whose output never came back (shutdown mid-step)
-            self._emit("step", _fields_of(self._unfinished_steps.pop(0)))
-        self._emit("summary", {"admission_blocked": dict(self.blocked_counts),
-                               "num_steps": len(self.steps)})
-        self.flush()
+        self._write_blocks()
+        self._file.write(json.dumps({"type": "summary",
+                                     "admission_blocked": dict(self.blocked_counts),
+                                     "num_steps": self.num_steps,
+                                     "aggregates": self.aggregates.to_dict()},
+                                    separators=(",", ":")) + "\n")
         self._file.close()
         self._file = None
+
+    def window(self) -> tuple[float, float]:
+        """(start, end) of the run as the report counts it: the first request's arrival (else
+        the first step) to the last step end or completed request's finish."""
+        return self._window_of(self.aggregates)
+
+    def _window_of(self, agg: Aggregates) -> tuple[float, float]:
+        start = self._first_arrival
+        if start is None:
+            start = agg.first_start if agg.first_start is not None else 0.0
+        end = max(start, agg.last_end if agg.last_end is not None else start,
+                  self._last_finish if self._last_finish is not None else start)
+        return float(start), float(end)
+
+
+#: Finish reasons of requests that are not completed work (the report leaves them out).
+NOT_COMPLETED = ("abort", "error")
+
+#: Set to 1, every Recorder keeps its records in memory too (`Recorder.keep`).
+KEEP_RECORDS_ENV = "NEURON_BATCH_RECORDS_IN_MEMORY"
 
 
 @dataclass
 class Records:
-    """Records read back from a JSONL file (or taken from a live Recorder)."""
+    """Records read back into memory (small runs, tests; the report reads `RecordsFile`)."""
 
     config: RunConfig | None
     steps: list[StepRecord]
@@ -268,31 +406,70 @@ class Records:
 
     @classmethod
     def from_recorder(cls, recorder: Recorder) -> Records:
+        """A Recorder's records (it must `keep` them)."""
+        if not recorder.keep:
+            raise ValueError("this Recorder keeps no records in memory (Recorder.keep)")
         return cls(recorder.config, list(recorder.steps), list(recorder.requests.values()),
                    dict(recorder.blocked_counts))
 
 
-def read_records(path: str | Path) -> Records:
-    """Read a records file. A file cut short by a crash is read up to its last whole line;
-    admission counts then come from the steps (the summary line is missing)."""
-    config, steps, requests, blocked = None, [], [], None
+def iter_records(path: str | Path) -> Iterator[tuple[str, Any]]:
+    """A records file as it is written, one record at a time: ("config", RunConfig),
+    ("step", StepRecord), ("request", RequestRecord), ("summary", dict), ("replica", dict);
+    both forms (JSON lines of the records before issue 46, and blocks). A file cut short by a
+    crash is read up to its last whole line."""
+    step_defaults = {"t_end": None, "sampling_s": 0.0}
     for obj in _iter_json_lines(Path(path)):
         kind = obj.pop("type", None)
-        if kind == "config":
-            config = RunConfig(**_known(RunConfig, obj))
+        if kind == "steps":
+            for row in rows(obj, STEP_COLUMNS, step_defaults):
+                yield "step", StepRecord(req_ids=[], **_known(StepRecord, row))
+        elif kind == "requests":
+            for row in rows(obj, REQUEST_COLUMNS, {}):
+                yield "request", RequestRecord(**_known(RequestRecord, row))
+        elif kind == "config":
+            yield "config", RunConfig(**_known(RunConfig, obj))
         elif kind == "step":
-            steps.append(StepRecord(**_known(StepRecord, obj)))
+            yield "step", StepRecord(**_known(StepRecord, obj))
         elif kind == "request":
-            requests.append(RequestRecord(**_known(RequestRecord, obj)))
+            yield "request", RequestRecord(**_known(RequestRecord, obj))
+        elif kind in ("summary", "replica"):
+            yield kind, obj
+
+
+def iter_steps(path: str | Path) -> Iterator[StepRecord]:
+    """The steps of a records file in the order written, never all in memory (calibration,
+    bench's histograms)."""
+    for kind, record in iter_records(path):
+        if kind == "step":
+            yield record
+
+
+def read_records(path: str | Path) -> Records:
+    """Read a whole records file into memory. Admission counts come from the summary line, or
+    for a file cut short (no summary), from the steps."""
+    config, steps, requests, blocked = None, [], [], None
+    for kind, record in iter_records(path):
+        if kind == "config":
+            config = record
+        elif kind == "step":
+            steps.append(record)
+        elif kind == "request":
+            requests.append(record)
         elif kind == "summary":
-            blocked = obj.get("admission_blocked")
+            blocked = record.get("admission_blocked")
     if blocked is None:
-        blocked = dict.fromkeys(BLOCK_REASONS, 0)
-        for step in steps:
-            if step.blocked:
-                blocked[step.blocked] = blocked.get(step.blocked, 0) + 1
+        blocked = blocked_from_steps(steps)
     steps.sort(key=lambda s: s.step)
     return Records(config, steps, requests, blocked)
+
+
+def blocked_from_steps(steps: Iterable[StepRecord]) -> dict[str, int]:
+    blocked = dict.fromkeys(BLOCK_REASONS, 0)
+    for step in steps:
+        if step.blocked:
+            blocked[step.blocked] = blocked.get(step.blocked, 0) + 1
+    return blocked
 
 
 def _iter_json_lines(path: Path) -> Iterator[dict[str, Any]]:
@@ -305,20 +482,6 @@ def _iter_json_lines(path: Path) -> Iterator[dict[str, Any]]:
                 yield json.loads(line)
             except json.JSONDecodeError:
                 return  # a torn last line from a killed process
-
-
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _fields_of(record: Any) -> dict[str, Any]:
-    """A record as a dict, without `asdict`'s deep copy (26 us a step at 8 running, 270 us at
-    256; this is about 1 us). Records hold only flat values and lists that are not changed
-    after they are written."""
-    cls = type(record)
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
-    return {name: getattr(record, name) for name in names}
 
 
 def _known(cls: type, obj: dict[str, Any]) -> dict[str, Any]:

@@ -41,8 +41,9 @@ from neuron_batch.replicas.pool import (
     _root_cause,
     batching,
 )
-from neuron_batch.report.replicas import attempt_figures, busy_fraction, summarize_replicas
-from neuron_batch.scheduler.records import RequestRecord, StepRecord
+from neuron_batch.report.replicas import attempt_figures, summarize_replicas
+from neuron_batch.report.run_records import RequestColumns, aggregates_of
+from neuron_batch.scheduler.records import RequestRecord, RunConfig, StepRecord
 from neuron_batch.settings import RunSettings, SettingsError
 
 
@@ -211,10 +212,14 @@ def _step(i, t0, t1, waiting, running, kind="decode"):
 
 
 def test_busy_fraction_counts_time_with_the_engine_full():
+    """The seconds a replica's engine was full (a request waiting, or every slot running),
+    counted as the steps go by: each step owns the time to the next one's start."""
     steps = [_step(0, 0.0, 1.0, 3, 4), _step(1, 1.0, 2.0, 0, 4), _step(2, 2.0, 4.0, 0, 2)]
-    assert busy_fraction(steps, 0.0, 4.0, max_num_seqs=4) == pytest.approx(0.5)
-    assert busy_fraction(steps, 0.0, 4.0, max_num_seqs=8) == pytest.approx(0.25)
-    assert busy_fraction([], 0.0, 1.0, 4) == 0.0
+    for slots, share in ((4, 0.5), (8, 0.25)):
+        config = RunConfig(slots, 256, 1024, 32, 100, 3, [128], [1, 2, 4], "x")
+        full = aggregates_of(steps, RequestColumns(), config, start=0.0).full_s
+        assert full / 4.0 == pytest.approx(share)
+    assert aggregates_of([], RequestColumns(), None, start=0.0).full_s == 0.0
 
 
 def _write_replica(path, meta, steps, requests, config):

@@ -57,7 +57,9 @@ def run_slice(tmp_path: Path, extra: list[str] | None = None) -> dict:
 
 
 @pytest.mark.skipif(not TRACE.exists(), reason="the trace copy in datasets/ is missing")
-def test_sim_report_matches_golden(tmp_path):
+def test_sim_report_matches_golden(tmp_path, monkeypatch):
+    # (the recorder as a real run has it: keeping only what is in flight, tests/conftest.py)
+    monkeypatch.delenv("NEURON_BATCH_RECORDS_IN_MEMORY", raising=False)
     raw = run_slice(tmp_path)
     # The layout's version belongs to the format, not to what the run did: checked here, kept
     # out of the golden figures so a version bump alone does not regenerate them.

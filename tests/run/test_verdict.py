@@ -77,3 +77,26 @@ def test_a_prefix_order_win_is_attributed_to_decode_and_a_faster_line_named(tmp_
     assert any(line.startswith("Verdict") for line in result.output.splitlines())
     assert tail[-1].strip().startswith("--") or "neuron-batch run" in "\n".join(tail)
     assert verdict["wall_time_s"] < 0.05 * report["throughput"]["elapsed_s"] + 1.0
+
+
+def test_a_large_job_is_weighed_on_a_sample_of_whole_prefix_groups():
+    """Beyond `most` requests the verdict weighs a sample: whole groups sharing a first KV
+    block (so the cache's sharing is kept), its time scaled up by the job over the sample; a
+    group that is most of the job falls back to every k-th request."""
+    from types import SimpleNamespace
+
+    from neuron_batch.run.verdict import weighed_sample
+
+    def request(group, i):
+        return SimpleNamespace(prompt_token_ids=[group] * 4 + [i] * 4)
+
+    small = [request(g, i) for g in range(10) for i in range(3)]
+    assert weighed_sample(small, block=4, most=100) == (small, 1.0)
+    job = [request(g, i) for i in range(5) for g in range(2000)]     # 2,000 groups of 5
+    sample, scale = weighed_sample(job, block=4, most=1000)
+    groups = {r.prompt_token_ids[0] for r in sample}
+    assert all(sum(r.prompt_token_ids[0] == g for r in sample) == 5 for g in groups)
+    assert 300 < len(sample) < 2000 and scale == len(job) / len(sample)
+    one_prompt = [request(7, i) for i in range(5000)]
+    sample, scale = weighed_sample(one_prompt, block=4, most=1000)
+    assert sample == one_prompt[::5] and scale == 5.0

@@ -14,7 +14,7 @@ from neuron_batch.scheduler.harness import (  # noqa: E402
     make_request,
     make_scheduler,
 )
-from neuron_batch.scheduler.records import SchedulerState, read_records  # noqa: E402
+from neuron_batch.scheduler.records import SchedulerState, iter_records, read_records  # noqa: E402
 
 BOTH = [NeuronScheduler, NeuronAsyncScheduler]
 
@@ -229,14 +229,17 @@ def test_records_reach_the_file_when_flushed_after_the_update(tmp_path):
 
     def update_and_look(output, model_output):
         outputs = update(output, model_output)
-        finished = [f'"req_id":"{out.request_id}"' for client in outputs.values()
+        finished = [out.request_id for client in outputs.values()
                     for out in client.outputs if out.finish_reason is not None]
-        before = path.read_text()
+        before = on_disk()
         sched.recorder.flush()
-        after = path.read_text()
-        on_disk_before.extend(line in before for line in finished)
-        on_disk_after.extend(line in after for line in finished)
+        after = on_disk()
+        on_disk_before.extend(req_id in before for req_id in finished)
+        on_disk_after.extend(req_id in after for req_id in finished)
         return outputs
+
+    def on_disk() -> set[str]:
+        return {r.req_id for kind, r in iter_records(path) if kind == "request"}
 
     sched.update_from_output = update_and_look
     drive(sched, [make_request(300, 4) for _ in range(3)] + [make_request(40, 9)])

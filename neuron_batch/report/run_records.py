@@ -1,0 +1,249 @@
+"""A run's records as the report reads them (`RunRecords`): the scheduler's settings, the
+steps' aggregates, the admission counts and the finished requests as columns. Pure Python.
+
+The aggregates come from the records' summary line (scheduler/aggregates.py), or on a
+replica's records, which never get one, from its checkpoints, so the steps are not read again:
+a records file's step blocks are skipped unparsed. A file without them (records written before
+issue 46, or an attempt killed before it closed its file) gets them by one pass over its
+steps, as the report was built before. Requests stay as compact columns (what exact
+latency percentiles, the prefix-cache hits and the replicas' once-per-request rule need),
+about 40 bytes a request in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from neuron_batch.scheduler.aggregates import Aggregates, StepTiler, system_empty_checker
+from neuron_batch.scheduler.record_blocks import REQUEST_COLUMNS, decode
+from neuron_batch.scheduler.records import (
+    NOT_COMPLETED,
+    RequestRecord,
+    RunConfig,
+    blocked_from_steps,
+    iter_records,
+)
+
+_NAN = float("nan")
+_FLOATS = ("arrival", "admitted", "first_token", "finished")
+_INTS = ("num_prompt_tokens", "num_output_tokens", "num_cached_tokens", "constrained",
+         "logprobs")
+_TEXTS = ("req_id", "finish_reason", "sample_of")
+
+
+@dataclass
+class RequestColumns:
+    """Finished requests by column: floats (NaN: None) and integers in numpy arrays, strings
+    in lists (None: absent). Built with `add`/`add_block`, then `done()`."""
+
+    req_id: list[str] = field(default_factory=list)
+    finish_reason: list[str | None] = field(default_factory=list)
+    sample_of: list[str | None] = field(default_factory=list)
+    arrival: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    admitted: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    first_token: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    finished: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    num_prompt_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    num_output_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    num_cached_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    constrained: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    logprobs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    _chunks: dict[str, list] = field(default_factory=dict, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.req_id)
+
+    def add(self, record: RequestRecord) -> None:
+        for name in _FLOATS:
+            value = getattr(record, name)
+            self._chunks.setdefault(name, []).append([_NAN if value is None else value])
+        for name in _INTS:
+            self._chunks.setdefault(name, []).append([int(getattr(record, name))])
+        for name in _TEXTS:
+            getattr(self, name).append(getattr(record, name))
+
+    def add_block(self, line: dict[str, Any]) -> None:
+        decoded = decode(line, REQUEST_COLUMNS)
+        n = int(line["n"])
+        for name in _FLOATS:
+            self._chunks.setdefault(name, []).append(decoded.get(name, np.full(n, _NAN)))
+        for name in _INTS:
+            self._chunks.setdefault(name, []).append(decoded.get(name, np.zeros(n, np.int64)))
+        self.req_id.extend(decoded.get("req_id", [""] * n))
+        for name in ("finish_reason", "sample_of"):
+            getattr(self, name).extend(v or None for v in decoded.get(name, [""] * n))
+
+    def done(self) -> RequestColumns:
+        """Join the chunks added into the columns (returns self)."""
+        for name, chunks in self._chunks.items():
+            dtype = np.float64 if name in _FLOATS else np.int64
+            joined = [np.asarray(c, dtype=dtype) for c in chunks]
+            setattr(self, name, np.concatenate([getattr(self, name), *joined]))
+        self._chunks = {}
+        return self
+
+    def take(self, keep: Iterable[int] | np.ndarray) -> RequestColumns:
+        """The rows at the indices `keep`, in that order."""
+        keep = np.asarray(list(keep) if not isinstance(keep, np.ndarray) else keep,
+                          dtype=np.int64)
+        out = RequestColumns()
+        for name in (*_FLOATS, *_INTS):
+            setattr(out, name, getattr(self, name)[keep])
+        picked = keep.tolist()
+        for name in _TEXTS:
+            column = getattr(self, name)
+            setattr(out, name, [column[i] for i in picked])
+        return out
+
+    def completed(self) -> RequestColumns:
+        """The requests that are completed work (not aborted, not failed): these columns
+        themselves where every request is."""
+        bad = [i for i, reason in enumerate(self.finish_reason) if reason in NOT_COMPLETED]
+        ok = ~np.isnan(self.finished)
+        if bad:
+            ok[bad] = False
+        return self if ok.all() else self.take(np.flatnonzero(ok))
+
+    def extend(self, other: RequestColumns) -> None:
+        for name in (*_FLOATS, *_INTS):
+            setattr(self, name, np.concatenate([getattr(self, name), getattr(other, name)]))
+        for name in _TEXTS:
+            getattr(self, name).extend(getattr(other, name))
+
+
+@dataclass
+class RunRecords:
+    """One records file (one engine over one attempt), or several merged."""
+
+    config: RunConfig | None
+    aggregates: Aggregates
+    blocked: dict[str, int]
+    requests: RequestColumns
+    meta: list[dict[str, Any]] = field(default_factory=list)   # the driver's replica lines
+
+    @property
+    def empty(self) -> bool:
+        return not self.aggregates.num_steps and not len(self.requests)
+
+
+def load(path: str | Path) -> RunRecords:
+    """A records file as the report reads it (see the module text): its summary's aggregates,
+    else those of its last checkpoint where that holds every step in the file (a replica's
+    records: scheduler/records.py `Recorder.flush`), else one pass over its steps."""
+    path = Path(path)
+    config, final, steps_in_file, meta = None, None, 0, []
+    tables: dict[str, Any] = {}     # the checkpoints' table changes, added up
+    requests = RequestColumns()
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith('{"type":"steps"'):
+                # (the aggregates hold what the report needs of them: only their count read)
+                steps_in_file += int(_BLOCK_COUNT.match(line).group(1))
+                continue
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                break       # a torn last line from a killed process
+            kind = obj.pop("type", None)
+            if kind == "requests":
+                requests.add_block(obj)
+            elif kind == "config":
+                config = RunConfig(**{k: v for k, v in obj.items()
+                                      if k in RunConfig.__dataclass_fields__})
+            elif kind == "summary" and "aggregates" in obj:
+                final = obj
+                final["type"] = kind
+            elif kind == "checkpoint":
+                Aggregates.add_tables(tables, obj.get("tables") or {})
+                final = obj
+                final["type"] = kind
+            elif kind == "replica":
+                meta.append(obj)
+            elif kind == "step":
+                steps_in_file += 1
+    if final is not None:
+        whole = final["aggregates"]
+        aggregates = Aggregates.from_dict(whole if final["type"] == "summary"
+                                          else {**whole, **tables})
+        if final["type"] == "summary" or aggregates.num_steps == steps_in_file:
+            return RunRecords(config, aggregates, dict(final.get("admission_blocked") or {}),
+                              requests.done(), meta)
+    return _rebuild(path)
+
+
+_BLOCK_COUNT = re.compile(r'\{"type":"steps","n":(\d+),')
+
+
+def _rebuild(path: Path) -> RunRecords:
+    """One pass over a file's steps: records before issue 46, or a file cut short."""
+    config, steps, meta, blocked = None, [], [], None
+    requests = RequestColumns()
+    for kind, record in iter_records(path):
+        if kind == "step":
+            steps.append(record)
+        elif kind == "request":
+            requests.add(record)
+        elif kind == "config":
+            config = record
+        elif kind == "summary":
+            blocked = record.get("admission_blocked")
+        elif kind == "replica":
+            meta.append(record)
+    steps.sort(key=lambda s: s.step)
+    requests.done()
+    kept = requests.completed()
+    return RunRecords(config, aggregates_of(steps, kept, config),
+                      blocked if blocked is not None else blocked_from_steps(steps), requests,
+                      meta)
+
+
+def aggregates_of(steps: list, requests: RequestColumns, config: RunConfig | None,
+                  start: float | None = None) -> Aggregates:
+    """The aggregates of steps in memory (in step order) with the requests that count; the
+    window as report/metrics.py counts it (from `start`, default the first arrival)."""
+    aggregates = Aggregates()
+    arrivals = requests.arrival.tolist()
+    finishes = [None if f != f else f for f in requests.finished.tolist()]
+    if start is None:
+        start = min(arrivals) if arrivals else min((s.t_start for s in steps), default=0.0)
+    tiler = StepTiler(aggregates, system_empty_checker(arrivals, finishes),
+                      config.max_num_seqs if config is not None else None, start=start)
+    for step in steps:
+        tiler.add(step)
+    ends = [s.t_start if s.t_end is None else s.t_end for s in steps]
+    end = max(start, max(ends, default=start), max((f for f in finishes if f is not None),
+                                                   default=start))
+    tiler.close(float(start), float(end))
+    return aggregates
+
+
+def concat(parts: list[RunRecords]) -> RunRecords:
+    """Successive attempts of one engine (a run resumed, a replica restarted) as one: the
+    aggregates add up (time per state, steps, padding), the requests join, and the window is
+    their elapsed times end to end (the pause between attempts does not count)."""
+    meta = [m for p in parts for m in p.meta]     # (a restart's line, its file empty or not)
+    parts = [p for p in parts if not p.empty] or parts[:1]
+    if len(parts) == 1:
+        parts[0].meta = meta
+        return parts[0]
+    aggregates, requests = Aggregates(), RequestColumns()
+    blocked: dict[str, int] = {}
+    for part in parts:
+        aggregates.merge(part.aggregates)
+        requests.extend(part.requests)
+        for reason, count in part.blocked.items():
+            blocked[reason] = blocked.get(reason, 0) + count
+    aggregates.start = 0.0
+    aggregates.end = sum(p.aggregates.elapsed for p in parts)
+    config = next((p.config for p in reversed(parts) if p.config is not None), None)
+    return RunRecords(config, aggregates, blocked, requests, meta)
