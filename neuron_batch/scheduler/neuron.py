@@ -326,15 +326,15 @@ class NeuronScheduler(KVAdmission, MinTokensStop, DecodeFirst, Scheduler):
             self._state = SchedulerState.IDLE
 
         recorder = self.recorder
-        recorder.add_step(StepRecord(  # arguments in STEP_FIELDS_FILLED order
+        step = StepRecord(  # arguments in STEP_FIELDS_FILLED order
             recorder.num_steps, _STATE_VALUES[self._state], kind, list(num_scheduled),
             num_tokens, num_tokens_padded, num_seqs, num_seqs_padded, bucket, context_tokens,
             blocked, num_waiting, len(self.running), self.kv_cache_manager.usage, t_start,
             None, self.kv_reserved_blocks,
             len(getattr(output, "preempted_req_ids", None) or ()), attended,
-            None if longest is None else longest + 1))
+            None if longest is None else longest + 1)
+        recorder.add_step(step)
         if kind == PREFILL:     # (decode steps keep the defaults: nothing more per step)
-            step = recorder.last_step
             step.cached_tokens, step.recomputed_tokens = cached, recomputed
             step.prefix_bucket = prefix_bucket
             if num_decode:      # (decode_then_prefill: the prefill record holds only it)
