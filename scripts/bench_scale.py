@@ -1,0 +1,228 @@
+"""Benchmark: does a job's memory and time per request stay flat as the job grows? (issue 46)
+
+Runs `neuron-batch run` on the simulated device (inf2.8xlarge, an 8B Llama) over jobs of
+growing size, each resampled from the bundled Azure conversation trace (token counts; outputs
+cut to 64 tokens), and, with `--kinds text`, the same lengths as text prompts. Each size runs
+in its own process; the script polls the whole process tree's resident memory (/proc, every
+50 ms) and times the run. It prints, against the run at `--base` requests (10k by default):
+
+- peak RSS of the process tree, as a ratio (goal: 1M within 1.2x of 10k);
+- the marginal time per request: (wall(N) - wall(previous size)) / (N - previous size), as a
+  ratio to the base size's own marginal time (goal: within 1.1x), so the fixed start-up
+  (imports, the engine, the simulated graphs) is left out;
+- with `--resume-at F`, a run killed (SIGKILL) once a fraction F of the biggest size's outputs
+  is written, then resumed: the resume's wall time against the same fraction of a full run.
+
+    .venv/bin/python scripts/bench_scale.py                       # 1k, 10k, 100k, 1M token counts
+    .venv/bin/python scripts/bench_scale.py --sizes 1000,10000 --kinds tokens,text
+    .venv/bin/python scripts/bench_scale.py --sizes 1000,10000,100000 --json scale.json
+
+One run of each size: the ratios are between sizes of one invocation on one machine (the
+sizes differ by 10x, so noise of a few per cent does not hide a trend).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT / "datasets" / "azure-llm-inference-conv-2023.csv"
+MAX_MODEL_LEN = 8192
+MAX_OUTPUT = 64
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
+          "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee "
+          "zulu").split()
+
+
+def trace_rows() -> list[tuple[int, int]]:
+    """(prompt tokens, output tokens) of every trace row that fits max_model_len."""
+    with open(TRACE, newline="") as handle:
+        rows = [(int(r["num_prefill_tokens"]), min(int(r["num_decode_tokens"]), MAX_OUTPUT))
+                for r in csv.DictReader(handle)]
+    return [(p, d) for p, d in rows if p + d < MAX_MODEL_LEN and d > 0]
+
+
+def write_job(kind: str, size: int, workdir: Path, text_cap: int) -> Path:
+    """`size` requests drawn (seeded) from the trace: a token-count CSV, or JSON lines of text
+    prompts of about the same number of tokens (cut to `text_cap` words: text takes disk)."""
+    rng = random.Random(size)
+    rows = trace_rows()
+    if kind == "tokens":
+        path = workdir / f"trace-{size}.csv"
+        with open(path, "w") as handle:
+            handle.write("arrived_at,num_prefill_tokens,num_decode_tokens\n")
+            for i in range(size):
+                prompt, output = rows[rng.randrange(len(rows))]
+                handle.write(f"{i * 0.01:.2f},{prompt},{output}\n")
+        return path
+    path = workdir / f"text-{size}.jsonl"
+    with open(path, "w") as handle:
+        for i in range(size):
+            prompt, output = rows[rng.randrange(len(rows))]
+            words = " ".join(rng.choice(_WORDS) for _ in range(min(prompt, text_cap)))
+            handle.write(json.dumps({"prompt": f"{i} {words}", "max_tokens": output}) + "\n")
+    return path
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of `pid` and every descendant (0 for those gone meanwhile)."""
+    total, stack = 0, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            with open(f"/proc/{current}/statm") as handle:
+                total += int(handle.read().split()[1]) * _PAGE
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as handle:
+                    stack.extend(int(child) for child in handle.read().split())
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def command(job: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "neuron_batch.cli", "run", str(job), "--device", "sim",
+            "--instance", "inf2.8xlarge", "--architecture", "llama-3.1-8b",
+            "--max-model-len", str(MAX_MODEL_LEN), "--prefix-caching", "off", "--quiet",
+            "--output", str(out), *extra]
+
+
+def measure(argv: list[str], *, kill_when=None) -> dict:
+    """Run `argv`, polling its process tree: wall seconds, peak RSS bytes, exit code.
+    `kill_when()` true: SIGKILL the tree (a run killed -9)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    started = time.perf_counter()
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               start_new_session=True)
+    peak = 0
+    killed = False
+    while process.poll() is None:
+        peak = max(peak, tree_rss(process.pid))
+        if kill_when is not None and not killed and kill_when():
+            os.killpg(process.pid, signal.SIGKILL)
+            killed = True
+        time.sleep(0.05)
+    wall = time.perf_counter() - started
+    stderr = process.stderr.read().decode(errors="replace")
+    if process.returncode != 0 and not killed:
+        sys.exit(f"{' '.join(argv)} failed ({process.returncode}):\n{stderr[-3000:]}")
+    return {"wall_s": round(wall, 2), "peak_rss_gib": round(peak / 2**30, 3),
+            "rc": process.returncode}
+
+
+def lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as handle:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 20), b""))
+    except FileNotFoundError:
+        return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1000,10000,100000,1000000")
+    parser.add_argument("--base", type=int, default=10_000, help="the size ratios are against")
+    parser.add_argument("--kinds", default="tokens", help="tokens, text or both (comma)")
+    parser.add_argument("--text-cap", type=int, default=512,
+                        help="words per text prompt at most (a 1M-line text job takes disk)")
+    parser.add_argument("--resume-at", type=float, default=None,
+                        help="also kill the biggest token-count run at this fraction done "
+                             "and resume it")
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--json", default=None, help="write the figures here too")
+    args = parser.parse_args()
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    if args.base not in sizes or sizes.index(args.base) == 0:
+        parser.error("--base must be one of --sizes, and not the smallest (its marginal time "
+                     "per request is measured from the size before it)")
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    results: dict = {}
+    for kind in args.kinds.split(","):
+        runs = {}
+        for size in sizes:
+            job = write_job(kind, size, workdir, args.text_cap)
+            out = workdir / f"run-{kind}-{size}"
+            runs[size] = measure(command(job, out))
+            runs[size]["outputs"] = lines(out / "outputs.jsonl")
+            job.unlink()
+            print(f"{kind} {size:>9,}: {runs[size]}", file=sys.stderr, flush=True)
+        previous = None
+        for size in sizes:
+            if previous is not None:
+                runs[size]["marginal_ms"] = round(
+                    1000 * (runs[size]["wall_s"] - runs[previous]["wall_s"])
+                    / (size - previous), 4)
+            previous = size
+        base = runs[args.base]
+        for size in sizes:
+            run = runs[size]
+            run["rss_ratio"] = round(run["peak_rss_gib"] / base["peak_rss_gib"], 3)
+            if "marginal_ms" in run:
+                run["marginal_ratio"] = round(run["marginal_ms"] / base["marginal_ms"], 3)
+        results[kind] = runs
+    if args.resume_at is not None:
+        results["resume"] = resume_check(sizes[-1], args.resume_at, workdir, args.text_cap,
+                                         results.get("tokens", {}).get(sizes[-1]))
+    print(f"{'kind':<7}{'requests':>10}{'wall s':>9}{'peak GiB':>10}{'RSS x':>8}"
+          f"{'ms/req':>9}{'time x':>8}")
+    for kind in args.kinds.split(","):
+        for size, run in results[kind].items():
+            print(f"{kind:<7}{size:>10,}{run['wall_s']:>9.1f}{run['peak_rss_gib']:>10.3f}"
+                  f"{run['rss_ratio']:>8.3f}{run.get('marginal_ms', float('nan')):>9.4f}"
+                  f"{run.get('marginal_ratio', float('nan')):>8.3f}")
+    if "resume" in results:
+        print(f"resume: {results['resume']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+
+
+def resume_check(size: int, fraction: float, workdir: Path, text_cap: int,
+                 full: dict | None) -> dict:
+    """Kill a run of `size` token-count requests once `fraction` of its outputs are written,
+    resume it, and compare the resume's wall time with the part of a full run it had left."""
+    job = write_job("tokens", size, workdir, text_cap)
+    out = workdir / f"run-resume-{size}"
+    target = int(size * fraction)
+    outputs = out / "outputs.jsonl"
+    # Counting the file's lines every poll would cost more than the run: its size, in bytes
+    # per line of the first lines, is enough to know when to kill.
+    killed = measure(command(job, out),
+                     kill_when=lambda: outputs.exists() and outputs.stat().st_size > 0
+                     and lines_estimate(outputs) >= target)
+    done = lines(outputs)
+    resumed = measure(command(job, out, "--resume"))
+    result = {"killed_at": done, "killed": killed, "resumed": resumed,
+              "outputs": lines(outputs), "distinct": distinct_ids(outputs)}
+    if full is not None:
+        left = (size - done) / size
+        result["resume_vs_left"] = round(resumed["wall_s"] / (full["wall_s"] * left), 3)
+    job.unlink()
+    return result
+
+
+def lines_estimate(path: Path) -> int:
+    with open(path, "rb") as handle:
+        head = handle.read(1 << 16)
+    per_line = max(len(head) / max(head.count(b"\n"), 1), 1)
+    return int(path.stat().st_size / per_line)
+
+
+def distinct_ids(path: Path) -> int:
+    with open(path, encoding="utf-8") as handle:
+        return len({json.loads(line).get("id") for line in handle if line.strip()})
+
+
+if __name__ == "__main__":
+    main()
