@@ -160,7 +160,8 @@ class ResultWriter:
                             columns["finish_reason"][i], columns["num_prompt_tokens"][i],
                             columns["stop_reason"][i],
                             json.loads(columns["choices"][i]) if columns["choices"][i] else None)
-            folder.append_output(output_row(request, done, self.model_name, self.simulated))
+            folder.append_output(output_row(request, done, self.model_name, self.simulated),
+                                 request.record.index)
             folder.done_ids.add(request_id)
             if columns["request_line"][i]:
                 handle.write(columns["request_line"][i] + "\n")
