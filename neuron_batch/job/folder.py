@@ -289,10 +289,15 @@ class RunFolder:
             raise
 
     def close_outputs(self) -> None:
-        for handle in (self._outputs, self._index):
-            if handle is not None:
+        handles, self._outputs, self._index = (self._outputs, self._index), None, None
+        for handle in handles:
+            if handle is None:
+                continue
+            try:
                 handle.close()
-        self._outputs = self._index = None
+            except OSError as error:    # (what a full disk did not take: a torn last line,
+                if error.errno != errno.ENOSPC:     # cut off by the next load_done)
+                    raise
 
     def _drop_index(self) -> None:
         self._index.close()

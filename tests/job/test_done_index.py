@@ -2,12 +2,14 @@
 a run was killed at (a torn output line, a line without its index entry, a torn entry), and
 for a folder written before the index existed."""
 
+import errno
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuron_batch.job.folder import DONE_INDEX, OUTPUTS, RunFolder
+from neuron_batch.job.folder import DONE_INDEX, OUTPUTS, OutputError, RunFolder
 from neuron_batch.run.runner import record_killed
 
 IDS = [f"r{i}" for i in range(40)]
@@ -124,3 +126,58 @@ def test_a_killed_attempt_is_recorded_when_the_next_one_starts(tmp_path):
     assert attempts[-1] == {"attempt": 2, "ended": "killed", "requests_finished": 3}
     assert folder.attempts() == attempts
     assert record_killed(folder, attempts) == attempts      # once
+
+
+class _FullDisk:
+    """A file that takes `room` more bytes, then fails as a full disk does (part of the last
+    write kept)."""
+
+    def __init__(self, handle, room):
+        self.handle, self.room = handle, room
+
+    def write(self, data):
+        if len(data) > self.room:
+            self.handle.write(data[:self.room])
+            self.handle.flush()
+            self.room = 0
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(data)
+        return self.handle.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.handle, name)
+
+
+@pytest.mark.parametrize("which", ["outputs", "index"])
+@pytest.mark.parametrize("room", [0, 5, 40, 100])
+def test_a_full_disk_names_the_folder_and_resume_finishes_once_there_is_room(tmp_path, which,
+                                                                            room):
+    folder = RunFolder(tmp_path)
+    folder.load_done(IDS)
+    folder.open_outputs()
+    for i in range(3):
+        folder.append_output({"id": IDS[i]}, i)
+        folder.done_ids.add(IDS[i])
+    attribute = "_outputs" if which == "outputs" else "_index"
+    setattr(folder, attribute, _FullDisk(getattr(folder, attribute), room))
+    with pytest.raises(OutputError) as error:
+        for i in range(3, 40):
+            folder.append_output({"id": IDS[i]}, i)
+            folder.done_ids.add(IDS[i])
+    assert error.value.exit_code == 1 and str(tmp_path) in str(error.value)
+    assert "the disk is full" in str(error.value) and "--resume" in str(error.value)
+    getattr(folder, attribute).handle.close()
+    folder.close_outputs()
+    # room again: the resume runs what is not whole in outputs.jsonl, once
+    again = RunFolder(tmp_path)
+    done = again.load_done(IDS)
+    assert again.done_ids == complete_ids(tmp_path) and done == len(again.done_ids) >= 3
+    again.open_outputs()
+    for i in range(40):
+        if IDS[i] not in again.done_ids:
+            again.append_output({"id": IDS[i]}, i)
+    again.close_outputs()
+    ids = [json.loads(line)["id"] for line in (tmp_path / OUTPUTS).read_text().splitlines()]
+    assert sorted(ids) == sorted(IDS)
+    last = RunFolder(tmp_path)
+    assert last.load_done(IDS) == 40 and (tmp_path / DONE_INDEX).stat().st_size == 40 * 12
