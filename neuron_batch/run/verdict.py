@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_batch.choices import Order, prefix_caching_word
-from neuron_batch.inputs.prepare import in_order
+from neuron_batch.inputs.prepare import PromptTokens, in_order
 from neuron_batch.job.job import Job, resolve_target
 from neuron_batch.layout.step_estimate import block_chains, cache_hits, estimate
 from neuron_batch.settings import RunSettings
@@ -102,9 +102,9 @@ def _weigh_all(job: Job, settings: RunSettings, requests) -> dict[tuple, Weighed
               for o in Order}
     out = {}
     for order, ordered in orders.items():
-        lens = [len(r.prompt_token_ids) for r in ordered]
+        lens = [r.prompt_len for r in ordered]
         outs = [r.max_tokens for r in ordered]
-        chains = block_chains([r.prompt_token_ids for r in ordered], block)
+        chains = block_chains(PromptTokens(ordered), block)
         for caching, target in targets.items():
             for seqs in _slots(settings, target):
                 try:
