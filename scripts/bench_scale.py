@@ -16,6 +16,8 @@ in its own process; the script polls the whole process tree's resident memory (/
     .venv/bin/python scripts/bench_scale.py                       # 1k, 10k, 100k, 1M token counts
     .venv/bin/python scripts/bench_scale.py --sizes 1000,10000 --kinds tokens,text
     .venv/bin/python scripts/bench_scale.py --sizes 1000,10000,100000 --json scale.json
+    .venv/bin/python scripts/bench_scale.py --tokenize 4000   # text: one at a time vs batches
+    .venv/bin/python scripts/bench_scale.py --phases 100000   # RSS after each phase of one run
 
 One run of each size: the ratios are between sizes of one invocation on one machine (the
 sizes differ by 10x, so noise of a few per cent does not hide a trend).
@@ -139,9 +141,22 @@ def main() -> None:
     parser.add_argument("--resume-at", type=float, default=None,
                         help="also kill the biggest token-count run at this fraction done "
                              "and resume it")
+    parser.add_argument("--tokenize", type=int, default=None, metavar="N",
+                        help="only time tokenizing N text prompts one at a time against in "
+                             "batches (inputs/prepare.py), medians of 3, and stop")
+    parser.add_argument("--phases", type=int, default=None, metavar="N",
+                        help="only run one token-count job of N requests in this process and "
+                             "print its RSS (and peak) once the inputs are prepared, once the "
+                             "engine ran and once the report is built")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--json", default=None, help="write the figures here too")
     args = parser.parse_args()
+    if args.tokenize:
+        return tokenize_check(args.tokenize, args.text_cap)
+    if args.phases:
+        workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-"))
+        workdir.mkdir(parents=True, exist_ok=True)
+        return phases(write_job("tokens", args.phases, workdir, args.text_cap), workdir)
     sizes = sorted(int(s) for s in args.sizes.split(","))
     if args.base not in sizes or sizes.index(args.base) == 0:
         parser.error("--base must be one of --sizes, and not the smallest (its marginal time "
@@ -210,6 +225,70 @@ def resume_check(size: int, fraction: float, workdir: Path, text_cap: int,
         result["resume_vs_left"] = round(resumed["wall_s"] / (full["wall_s"] * left), 3)
     job.unlink()
     return result
+
+
+def tokenize_check(count: int, words: int) -> None:
+    """The built-in model's tokenizer on `count` prompts of `words` words: one prompt at a time
+    (as before), then through prepare_requests (batches of TEXT_BATCH)."""
+    import statistics
+
+    sys.path.insert(0, str(ROOT))
+    from neuron_batch.engine.models import load_tokenizer, resolve_model
+    from neuron_batch.inputs.prepare import prepare_requests
+    from neuron_batch.inputs.prompt_records import PromptRecord
+
+    tokenizer = load_tokenizer(resolve_model(None))
+    rng = random.Random(0)
+    records = [PromptRecord(i, str(i), f"p:{i}", prompt=" ".join(
+        rng.choice(_WORDS) for _ in range(words)), max_tokens=1) for i in range(count)]
+    single, batched = [], []
+    for _ in range(3):
+        started = time.perf_counter()
+        alone = [tokenizer(r.prompt).input_ids for r in records]
+        single.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        prepared = prepare_requests(records, tokenizer=tokenizer, tokenizer_name="builtin",
+                                    vocab_size=len(tokenizer), max_model_len=1 << 20,
+                                    default_max_tokens=1)
+        batched.append(time.perf_counter() - started)
+    assert [r.prompt_token_ids for r in prepared.requests] == alone
+    one, many = statistics.median(single), statistics.median(batched)
+    print(f"{count:,} prompts of {words} words on {os.cpu_count()} cores: one at a time "
+          f"{one:.2f} s, prepare_requests (batches) {many:.2f} s: {one / many:.2f}x")
+
+
+def phases(job: Path, workdir: Path) -> None:
+    """One run in this process, its RSS and peak RSS (GiB) said after each phase."""
+    import resource
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    sys.path.insert(0, str(ROOT))
+    import neuron_batch.job.generate as generate
+    import neuron_batch.run.folder_report as folder_report
+    from neuron_batch.cli import main as cli
+
+    def said(phase: str) -> None:
+        rss = tree_rss(os.getpid()) / 2**30
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        print(f"{phase:<28} RSS {rss:.3f} GiB, peak {peak:.3f} GiB", flush=True)
+
+    def hooked(function, before: str | None, after: str):
+        def call(*args, **kwargs):
+            if before:
+                said(before)
+            result = function(*args, **kwargs)
+            said(after)
+            return result
+        return call
+
+    generate.generate = hooked(generate.generate, "inputs prepared", "engine ran")
+    folder_report.build_report = hooked(folder_report.build_report, None, "report built")
+    argv = command(job, workdir / "run-phases")[3:]
+    try:
+        cli(argv)
+    except SystemExit as end:
+        if end.code:
+            raise
 
 
 def lines_estimate(path: Path) -> int:
