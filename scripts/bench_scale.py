@@ -3,10 +3,11 @@
 Runs `neuron-batch run` on the simulated device (inf2.8xlarge, an 8B Llama) over jobs of
 growing size, each resampled from the bundled Azure conversation trace (token counts; outputs
 cut to 64 tokens), and, with `--kinds text`, the same lengths as text prompts. Each size runs
-in its own process; the script polls the whole process tree's resident memory (/proc, every
-50 ms) and times the run. It prints, against the run at `--base` requests (10k by default):
+in its own process; the script polls the whole process tree's memory (/proc, every 50 ms)
+and times the run. It prints, against the run at `--base` requests (10k by default):
 
-- peak RSS of the process tree, as a ratio (goal: 1M within 1.2x of 10k);
+- peak memory of the process tree (Pss summed: RSS with shared pages split), as a ratio
+  (goal: 1M within 1.2x of 10k);
 - the marginal time per request: (wall(N) - wall(previous size)) / (N - previous size), as a
   ratio to the base size's own marginal time (goal: within 1.1x), so the fixed start-up
   (imports, the engine, the simulated graphs) is left out;
@@ -78,19 +79,33 @@ def write_job(kind: str, size: int, workdir: Path, text_cap: int) -> Path:
 
 
 def tree_rss(pid: int) -> int:
-    """Resident bytes of `pid` and every descendant (0 for those gone meanwhile)."""
+    """Memory of `pid` and every descendant, in bytes: the sum of their proportional set sizes
+    (Pss: a page two processes share counts half in each), so that a child forked for a moment
+    (vLLM runs tools in subprocesses) does not count its parent's pages twice. RSS (statm)
+    where the kernel has no smaps_rollup. 0 for processes gone meanwhile."""
     total, stack = 0, [pid]
     while stack:
         current = stack.pop()
         try:
-            with open(f"/proc/{current}/statm") as handle:
-                total += int(handle.read().split()[1]) * _PAGE
+            total += _pss(current)
             for task in os.listdir(f"/proc/{current}/task"):
                 with open(f"/proc/{current}/task/{task}/children") as handle:
                     stack.extend(int(child) for child in handle.read().split())
         except (OSError, ValueError):
             continue
     return total
+
+
+def _pss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as handle:
+            for line in handle:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except FileNotFoundError:
+        pass
+    with open(f"/proc/{pid}/statm") as handle:
+        return int(handle.read().split()[1]) * _PAGE
 
 
 def command(job: Path, out: Path, *extra: str) -> list[str]:
@@ -289,6 +304,7 @@ def phases(job: Path, workdir: Path) -> None:
     except SystemExit as end:
         if end.code:
             raise
+    said("run ended (the verdict too)")
 
 
 def lines_estimate(path: Path) -> int:
