@@ -46,6 +46,7 @@ from neuron_batch.bench.sweep_spec import SweepSpec
 from neuron_batch.bench.table import MAX_WIDTH, wrap
 from neuron_batch.choices import prefix_caching_word
 from neuron_batch.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunError
+from neuron_batch.inputs.prepare import PromptTokens
 from neuron_batch.job.folder import REPORT, write_json_atomic
 from neuron_batch.job.workload import load_workload
 from neuron_batch.report.model import Report, Requests, as_report
@@ -333,7 +334,7 @@ def _job_bound(workload, base: RunSettings) -> dict[str, int]:
     from neuron_batch.bench.cache_effect import job_bound
     from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK
 
-    return job_bound([r.prompt_token_ids for r in workload.prepared.requests],
+    return job_bound(PromptTokens(workload.prepared.requests),
                      base.block_size or DEFAULT_BLOCK)
 
 

@@ -103,13 +103,16 @@ def detect_device() -> str:
 def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_path: Path,
                   workdir: Path, has_tokenizer: bool,
                   target: Target | None = None, sampling: JobSampling | None = None,
-                  tokenizer: str | None = None) -> dict[str, Any]:
+                  tokenizer: str | None = None, batch_arrival: bool = False
+                  ) -> dict[str, Any]:
     """Keyword arguments for vllm.LLM for this run and device (`target`: the run's device,
     resolved once by the runner (job.resolve_target); required when device is "sim", where
     it is the simulated one; `sampling`: what the job's requests ask of the sampler, which
     decides whether a Neuron device samples on the host; `tokenizer`: the tokenizer the
     simulated device detokenizes its tokens with, where a request asks for stop strings, which
-    vLLM matches in the text). On Neuron,
+    vLLM matches in the text; `batch_arrival`: the requests are one batch job fed as the
+    scheduler drains, recorded as arriving together: scheduler/neuron.py
+    BATCH_ARRIVAL_KEY). On Neuron,
     `additional_config["neuron_batch"]["process_env"]` is environment `Engine` sets before
     vLLM starts."""
     kv_reserve = parse_kv_reserve(settings.kv_reserve)
@@ -118,6 +121,8 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
     neuron_batch: dict[str, Any] = {"records_path": str(records_path),
                                     "kv_reserve": kv_reserve.value,   # vLLM's config: plain data
                                     "runtime": runtime.name}
+    if batch_arrival:
+        neuron_batch["batch_arrival"] = True
     if sampling is not None and runtime.sampling.host_reasons(sampling):
         # The whole model samples on the host (the simulated device charges it per step).
         neuron_batch[HOST_SAMPLING_KEY] = True

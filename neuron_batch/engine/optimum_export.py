@@ -203,16 +203,16 @@ def check_prompts(export: Export, requests: Sequence[Any], shown: int = 3) -> No
     """NeuronHostError naming file, line and field of the prompts longer than the export's
     context-encoding graph (its wrapper would crop them to max_context_length)."""
     limit = export.max_context_length
-    too_long = [r for r in requests if len(r.prompt_token_ids) > limit]
+    too_long = [r for r in requests if r.prompt_len > limit]
     if not too_long:
         return
     lines = []
     for request in too_long[:shown]:
         record = request.record
         field = f": field '{record.prompt_field}'" if record.prompt_field else ""
-        lines.append(f"{record.source}{field}: {len(request.prompt_token_ids):,} prompt tokens")
+        lines.append(f"{record.source}{field}: {request.prompt_len:,} prompt tokens")
     more = f" (and {len(too_long) - shown} more)" if len(too_long) > shown else ""
-    longest = max(len(r.prompt_token_ids) for r in too_long)
+    longest = max(r.prompt_len for r in too_long)
     raise NeuronHostError(
         f"--device neuron: {len(too_long)} prompt(s) longer than the optimum-neuron export's "
         f"max context length {limit:,} (its one context-encoding graph would crop them): "

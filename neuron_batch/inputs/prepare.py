@@ -9,9 +9,11 @@ line before minutes of model loading, and makes the simulated device count the s
 
 from __future__ import annotations
 
+import functools
 import hashlib
+from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_batch.buckets import round_model_len
@@ -24,22 +26,81 @@ from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK, prefix_order
 # only what a record names as shared (SyntheticTokens.for_record) is.
 _POOL_SIZE = 1 << 16
 _FIRST_ORDINARY_TOKEN = 100
-# Named parts (SyntheticTokens._named): Mooncake block ids and prefix ids, apart from each other.
-_BLOCK_NAMESPACE, _PREFIX_NAMESPACE = 0, 1
+# Named parts (SyntheticTokens._named): Mooncake block ids and prefix ids, apart from each other
+# and from the laps of plain requests' offsets (SyntheticTokens.make).
+_BLOCK_NAMESPACE, _PREFIX_NAMESPACE, _LAP_NAMESPACE = 0, 1, 2
 _MAX_NAME = MAX_HASH_ID
 
 
 @dataclass(slots=True)
 class PreparedRequest:
+    """One request as the engine gets it. A `prompt_len` record's synthetic tokens are not
+    held (`token_ids` None) but made again from the record each time they are asked for
+    (`synthetic`): a million-line trace keeps its lengths, not a list per prompt."""
+
     record: PromptRecord
-    prompt_token_ids: list[int]
+    token_ids: list[int] | array | None    # array: a tokenized prompt, 4 bytes a token
     max_tokens: int
     max_tokens_clamped: bool = False
+    synthetic: SyntheticTokens | None = field(default=None, repr=False, compare=False)
+    prompt_len: int = -1        # len(prompt_token_ids), known without making them
+
+    def __post_init__(self) -> None:
+        if self.prompt_len < 0:
+            self.prompt_len = (len(self.token_ids) if self.token_ids is not None
+                               else self.record.prompt_len)
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        if isinstance(self.token_ids, array):
+            return self.token_ids.tolist()
+        if self.token_ids is not None:
+            return self.token_ids
+        return self.synthetic.for_record(self.record)
 
     @property
     def length(self) -> int:
         """What the request can reach: its prompt plus every token it may generate."""
-        return len(self.prompt_token_ids) + self.max_tokens
+        return self.prompt_len + self.max_tokens
+
+    def recipe(self) -> tuple | None:
+        """What makes a synthetic prompt's tokens, as plain data (`tokens_of_recipe` makes
+        them again: a replica does, rather than receive them); None where they are held."""
+        if self.token_ids is not None:
+            return None
+        record = self.record
+        return (self.synthetic.vocab_size, record.index, record.prompt_len, record.hash_ids,
+                record.prefix_id, record.prefix_len)
+
+
+def tokens_of_recipe(recipe: tuple) -> list[int]:
+    """A synthetic prompt's token ids from its `PreparedRequest.recipe`."""
+    vocab_size, index, prompt_len, hash_ids, prefix_id, prefix_len = recipe
+    return synthetic_tokens(vocab_size).for_record(PromptRecord(
+        index, "", "", prompt_len=prompt_len, hash_ids=hash_ids, prefix_id=prefix_id,
+        prefix_len=prefix_len))
+
+
+@functools.lru_cache(maxsize=4)
+def synthetic_tokens(vocab_size: int) -> SyntheticTokens:
+    """The one SyntheticTokens of a vocabulary size in this process (its pool takes ~30 ms)."""
+    return SyntheticTokens(vocab_size)
+
+
+class PromptTokens(Sequence[list[int]]):
+    """Every request's prompt token ids, made as each is read: the job's synthetic prompts are
+    not all held at once by a reader that walks them (the prefix bound, auto's decision)."""
+
+    def __init__(self, requests: Sequence[PreparedRequest]):
+        self._requests = requests
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return PromptTokens(self._requests[i])
+        return self._requests[i].prompt_token_ids
 
 
 def in_order(requests: Sequence[PreparedRequest], order: str, *,
@@ -55,7 +116,7 @@ def in_order(requests: Sequence[PreparedRequest], order: str, *,
         return sorted(requests, key=lambda r: -r.length)
     if order == "prefix":
         lengths = [r.length for r in requests] if by_length else None
-        return [requests[i] for i in prefix_order([r.prompt_token_ids for r in requests],
+        return [requests[i] for i in prefix_order(PromptTokens(requests),
                                                   block_size, lengths)]
     return list(requests)
 
@@ -77,6 +138,7 @@ class SyntheticTokens:
     tokens wherever the same name appears."""
 
     def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
         high = max(_FIRST_ORDINARY_TOKEN + 1, min(vocab_size, 32_000))
         span = high - _FIRST_ORDINARY_TOKEN
         state = 0x2545F491
@@ -93,8 +155,14 @@ class SyntheticTokens:
             self._digits += 1
 
     def make(self, index: int, length: int) -> list[int]:
-        """Request `index`'s own tokens: a pool window at an offset of its own."""
-        return self._window((index * 7919) % _POOL_SIZE, length)
+        """Request `index`'s own tokens: a pool window at an offset of its own. The offsets
+        repeat every _POOL_SIZE requests, so past the first lap a request's tokens start with
+        its lap's number (as a named part's do): request i + 65,536 shares no block with i."""
+        window = self._window((index * 7919) % _POOL_SIZE, length)
+        lap = index // _POOL_SIZE
+        if not lap:
+            return window
+        return (self._head(_LAP_NAMESPACE, lap) + window)[:length]
 
     def blocks(self, hash_ids: Sequence[int], length: int,
                block: int = MOONCAKE_BLOCK) -> list[int]:
@@ -123,13 +191,17 @@ class SyntheticTokens:
                                     record.prompt_len)
         return self.make(record.index, record.prompt_len)
 
-    def _named(self, namespace: int, name: int, length: int) -> list[int]:
-        offset = ((name * 0x9E3779B97F4A7C15 + namespace) >> 16) % _POOL_SIZE
+    def _head(self, namespace: int, name: int) -> list[int]:
         head = [_FIRST_ORDINARY_TOKEN + namespace]
         rest = name
         for _ in range(self._digits):
             rest, digit = divmod(rest, self._base)
             head.append(_FIRST_ORDINARY_TOKEN + digit)
+        return head
+
+    def _named(self, namespace: int, name: int, length: int) -> list[int]:
+        offset = ((name * 0x9E3779B97F4A7C15 + namespace) >> 16) % _POOL_SIZE
+        head = self._head(namespace, name)
         if length <= len(head):
             return head[:length]
         return head + self._window(offset, length - len(head))
@@ -159,37 +231,43 @@ def prepare_requests(records: Sequence[PromptRecord], *, tokenizer: Any, tokeniz
     requests: list[PreparedRequest] = []
     problems: list[InputProblem] = []
     longest_request = longest_prompt = 0
+    texts = _TextBatches(records, tokenizer)
     for record in records:
         field = _prompt_field(record)
         try:
-            ids = _token_ids(record, tokenizer, tokenizer_name)
+            ids = texts.ids(record)
+            if ids is None:
+                ids = _token_ids(record, tokenizer, tokenizer_name)
         except _NeedsTokenizer as error:
             problems.append(InputProblem(record.source, record.prompt_field or error.field,
                                          str(error), record.read_order))
             continue
-        if ids is None:  # prompt_len
-            synthetic = synthetic or SyntheticTokens(vocab_size)
-            ids = synthetic.for_record(record)
-        if not ids:
+        lazy = ids is None          # prompt_len: its tokens are made when asked for
+        if lazy:
+            synthetic = synthetic or synthetic_tokens(vocab_size)
+            count = record.prompt_len
+        else:
+            count = len(ids)
+        if not count:
             problems.append(InputProblem(record.source, field, "the prompt is empty after "
                                          "tokenization", record.read_order))
             continue
-        max_tokens = record.max_tokens or (max(max_model_len - len(ids), 1)   # up to the context
+        max_tokens = record.max_tokens or (max(max_model_len - count, 1)   # up to the context
                                            if record.openai is not None else default_max_tokens)
-        longest_prompt = max(longest_prompt, len(ids))
-        longest_request = max(longest_request, len(ids) + max_tokens)
-        if len(ids) >= max_model_len:
+        longest_prompt = max(longest_prompt, count)
+        longest_request = max(longest_request, count + max_tokens)
+        if count >= max_model_len:
             # The fix (one --max-model-len for them all) is said once, after the list.
             problems.append(InputProblem(
-                record.source, field, f"the prompt has {len(ids):,} tokens, more than fit in "
+                record.source, field, f"the prompt has {count:,} tokens, more than fit in "
                 f"max_model_len = {max_model_len:,} with room for output", record.read_order,
                 too_long=True))
             continue
-        if longest_prompt_graph is not None and len(ids) > longest_prompt_graph[0]:
+        if longest_prompt_graph is not None and count > longest_prompt_graph[0]:
             graph, flag = longest_prompt_graph
             problems.append(InputProblem(
-                record.source, field, f"the prompt has {len(ids):,} tokens, more than the "
-                f"context-encoding graph takes ({flag} {graph}): give {flag} {len(ids)} or "
+                record.source, field, f"the prompt has {count:,} tokens, more than the "
+                f"context-encoding graph takes ({flag} {graph}): give {flag} {count} or "
                 f"more, up to --max-model-len {max_model_len}", record.read_order))
             continue
         if record.prompt_token_ids is not None:
@@ -199,9 +277,13 @@ def prepare_requests(records: Sequence[PromptRecord], *, tokenizer: Any, tokeniz
                                              f"token id {bad} is outside the model's vocabulary "
                                              f"of {vocab_size:,}", record.read_order))
                 continue
-        room = max_model_len - len(ids)
+        room = max_model_len - count
         clamped = clamp_max_tokens and max_tokens > room
-        requests.append(PreparedRequest(record, ids, room if clamped else max_tokens, clamped))
+        if record.prompt_token_ids is None and not lazy:
+            ids = array("I", ids)   # (what a tokenizer made, kept compact; given ids are shared)
+        requests.append(PreparedRequest(record, None if lazy else ids,
+                                        room if clamped else max_tokens, clamped,
+                                        synthetic if lazy else None, count))
     return Prepared(requests, problems, tokenizer_name, longest_request, longest_prompt)
 
 
@@ -239,6 +321,47 @@ def max_model_len_fix(problems: Sequence[InputProblem], prepared: Prepared, *,
     if len(too_long) < len(problems):
         what += f"; it fixes the {len(too_long)} prompt(s) too long, not the other problems"
     return f"{flags} {what}"
+
+
+#: Text prompts tokenized at once: a fast tokenizer encodes a batch on every core (Rust threads).
+TEXT_BATCH = 512
+
+
+class _TextBatches:
+    """The token ids of `records`' plain text prompts, encoded TEXT_BATCH at a time as the
+    records are walked in order (a fast tokenizer's batch encoding runs on all cores; one
+    prompt at a time runs on one), each batch dropped once passed. `ids` answers None for a
+    record it does not tokenize (messages, token ids, prompt_len; or no fast tokenizer):
+    `_token_ids` does those one by one."""
+
+    def __init__(self, records: Sequence[PromptRecord], tokenizer: Any):
+        self._records = records
+        self._on = bool(getattr(tokenizer, "is_fast", False)) and any(
+            _plain_text(r) for r in records)
+        self._tokenizer = tokenizer
+        self._next = 0                  # the first record not batched yet
+        self._batch: dict[int, list[int]] = {}     # id(record) -> its ids
+
+    def ids(self, record: PromptRecord) -> list[int] | None:
+        if not self._on or not _plain_text(record):
+            return None
+        got = self._batch.pop(id(record), None)
+        while got is None and self._next < len(self._records):
+            self._encode_next()
+            got = self._batch.pop(id(record), None)
+        return got
+
+    def _encode_next(self) -> None:
+        chunk = [r for r in self._records[self._next:self._next + TEXT_BATCH] if _plain_text(r)]
+        self._next += TEXT_BATCH
+        if chunk:
+            encoded = self._tokenizer([r.prompt for r in chunk]).input_ids
+            self._batch.update((id(r), list(ids)) for r, ids in zip(chunk, encoded))
+
+
+def _plain_text(record: PromptRecord) -> bool:
+    return (record.prompt is not None and record.messages is None
+            and record.prompt_token_ids is None and record.prompt_len is None)
 
 
 class _NeedsTokenizer(Exception):

@@ -2,6 +2,9 @@
 
 Layout of a run folder:
     outputs.jsonl        one line per finished request, appended and flushed as it finishes
+    outputs.idx          per line of outputs.jsonl, 12 bytes: its request's index in the job
+                         and the file's size after it, appended once the line is flushed:
+                         what --resume reads to know what is done (`load_done`)
     skipped.jsonl        the input lines --on-error skip left out (inputs/skipped.py)
     run.json             the settings and an input fingerprint (resume checks it)
     requests.json        per request, in input order, its id and a digest of what it asks
@@ -17,7 +20,9 @@ Layout of a run folder:
 
 Nothing here imports vLLM. A run killed at any point (kill -9 included) leaves every line it
 flushed; a torn last line is cut off on resume, and requests already in outputs.jsonl are not
-run again.
+run again. A line flushed whose index entry was not (killed between the two writes) is read
+from outputs.jsonl itself and its entry written then; a folder without outputs.idx (written
+before it existed) has it built from outputs.jsonl once.
 """
 
 from __future__ import annotations
@@ -27,13 +32,17 @@ import fcntl
 import json
 import os
 import re
+import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 OUTPUTS = "outputs.jsonl"
+DONE_INDEX = "outputs.idx"
+#: An outputs.idx entry: the request's index in the job, outputs.jsonl's size after its line.
+_ENTRY = struct.Struct("<IQ")
 MANIFEST = "run.json"
 REQUESTS = "requests.json"
 PREVIOUS = "previous-"
@@ -60,7 +69,10 @@ class FolderBusy(OutputError):
 class RunFolder:
     path: Path
     _lock_file: IO[str] | None = None
-    _outputs: IO[str] | None = None
+    _outputs: IO[bytes] | None = None
+    _index: IO[bytes] | None = None
+    _size: int = 0                  # outputs.jsonl's size, as this process wrote it
+    _index_ok: bool = False         # outputs.idx covers every line of outputs.jsonl
     done_ids: set[str] = field(default_factory=set)
 
     # -- locking --------------------------------------------------------------------------
@@ -179,43 +191,104 @@ class RunFolder:
         return dict(sorted(layout.items()))
 
     # -- outputs ------------------------------------------------------------------------------
-    def load_done(self, id_key: str = "id") -> list[dict[str, Any]]:
-        """Read outputs.jsonl, cutting off a torn last line (a run killed mid-write), and
-        remember which ids are done. Returns the output rows."""
-        path = self.path / OUTPUTS
-        rows: list[dict[str, Any]] = []
+    def load_done(self, ids: Sequence[str | None] = (), id_key: str = "id") -> int:
+        """Learn which requests are done (`done_ids`) without holding their outputs: from
+        outputs.idx, whose entries give each line's request by its index in the job
+        (`ids[record.index]` is its id; None where the index holds no request: a line
+        --on-error skip left out); lines outputs.idx does not cover
+        (a run killed between its two writes, a folder from before it) are read from
+        outputs.jsonl and their entries written. A torn last line of either (a run killed
+        mid-write) is cut off first. Without `ids` every line is read and outputs.idx is left
+        to the next run that gives them. Returns the number of output lines."""
+        path, index_path = self.path / OUTPUTS, self.path / DONE_INDEX
+        self._index_ok = False
         if not path.exists():
-            return rows
-        data = path.read_bytes()
-        cut = data.rfind(b"\n") + 1
-        if cut != len(data):
-            with open(path, "r+b") as handle:
-                handle.truncate(cut)
-        for line in data[:cut].splitlines():
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            rows.append(row)
-            # (an OpenAI batch line's `id` is its batch_req_N: its request is its custom_id)
-            self.done_ids.add(str(row["custom_id"] if "custom_id" in row else row.get(id_key)))
-        return rows
+            index_path.unlink(missing_ok=True)      # (stale: no line is indexed)
+            self._index_ok = True
+            return 0
+        size = _cut_torn_line(path)
+        data = _read_index(index_path) if ids else None
+        covered = lines = 0
+        if data is not None:
+            for index, end in _ENTRY.iter_unpack(data):
+                if end <= covered or end > size or index >= len(ids) or ids[index] is None:
+                    data = None     # (not this file's index: outputs.jsonl itself decides)
+                    break
+                covered, lines = end, lines + 1
+        if data is not None and covered and not _ends_a_line(path, covered):
+            data = None
+        if data is None:
+            covered = lines = 0
+        else:
+            self.done_ids.update(ids[index] for index, _ in _ENTRY.iter_unpack(data))
+        missing: list[tuple[str, int]] = []     # (id, end) of the lines outputs.idx lacks
+        with open(path, "rb") as handle:
+            handle.seek(covered)
+            end = covered
+            for line in handle:
+                end += len(line)
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                # (an OpenAI batch line's `id` is its batch_req_N: its request is its custom_id)
+                rid = str(row["custom_id"] if "custom_id" in row else row.get(id_key))
+                self.done_ids.add(rid)
+                missing.append((rid, end))
+                lines += 1
+        if ids:
+            where = ({rid: i for i, rid in enumerate(ids) if rid is not None}
+                     if len(missing) > 8 else None)
+            with open(index_path, "r+b" if data is not None else "wb") as index_file:
+                index_file.truncate(len(data) if data is not None else 0)
+                index_file.seek(0, os.SEEK_END)
+                for rid, end in missing:
+                    position = where.get(rid) if where is not None else _position(ids, rid)
+                    if position is None:    # (an output of no request of this job)
+                        break
+                    index_file.write(_ENTRY.pack(position, end))
+                else:
+                    self._index_ok = True
+        return lines
 
     def read_outputs(self) -> list[dict[str, Any]]:
+        return list(self.iter_outputs())
+
+    def iter_outputs(self) -> Iterator[dict[str, Any]]:
+        """outputs.jsonl's lines one at a time (a --resume's batch.json counts them without
+        holding them)."""
         path = self.path / OUTPUTS
         if not path.exists():
-            return []
+            return
         with open(path, encoding="utf-8") as handle:
-            return [json.loads(line) for line in handle if line.strip()]
+            for line in handle:
+                if line.strip():
+                    yield json.loads(line)
 
     def open_outputs(self) -> None:
-        self._outputs = open(self.path / OUTPUTS, "a", encoding="utf-8")
+        """Open outputs.jsonl to append; outputs.idx too where `load_done` found it whole
+        (else it is removed: the next --resume builds it again from outputs.jsonl)."""
+        self._outputs = open(self.path / OUTPUTS, "ab")
+        self._size = self._outputs.seek(0, os.SEEK_END)
+        if self._index_ok:
+            self._index = open(self.path / DONE_INDEX, "ab")
+        else:
+            (self.path / DONE_INDEX).unlink(missing_ok=True)
 
-    def append_output(self, row: dict[str, Any]) -> None:
-        """Write one finished request. Flushed at once: a crash keeps every finished line."""
+    def append_output(self, row: dict[str, Any], index: int | None = None) -> None:
+        """Write one finished request (`index`: its position in the job, for outputs.idx).
+        Flushed at once: a crash keeps every finished line."""
         assert self._outputs is not None
+        line = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass")
         try:
-            self._outputs.write(json.dumps(row, ensure_ascii=False) + "\n")
+            self._outputs.write(line)
             self._outputs.flush()
+            self._size += len(line)
+            if self._index is not None:
+                if index is None:   # (a line it cannot name: the index is given up)
+                    self._drop_index()
+                else:
+                    self._index.write(_ENTRY.pack(index, self._size))
+                    self._index.flush()
         except OSError as error:
             if error.errno == errno.ENOSPC:
                 raise OutputError(f"{self.path}: the disk is full; {len(self.done_ids)} finished "
@@ -224,9 +297,60 @@ class RunFolder:
             raise
 
     def close_outputs(self) -> None:
-        if self._outputs is not None:
-            self._outputs.close()
-            self._outputs = None
+        handles, self._outputs, self._index = (self._outputs, self._index), None, None
+        for handle in handles:
+            if handle is None:
+                continue
+            try:
+                handle.close()
+            except OSError as error:    # (what a full disk did not take: a torn last line,
+                if error.errno != errno.ENOSPC:     # cut off by the next load_done)
+                    raise
+
+    def _drop_index(self) -> None:
+        self._index.close()
+        self._index, self._index_ok = None, False
+        (self.path / DONE_INDEX).unlink(missing_ok=True)
+
+
+def _cut_torn_line(path: Path) -> int:
+    """Cut a torn last line (no newline: a run killed mid-write) off `path`; its size after."""
+    with open(path, "r+b") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        end = size
+        while end > 0:
+            start = max(0, end - (1 << 16))
+            handle.seek(start)
+            newline = handle.read(end - start).rfind(b"\n")
+            if newline >= 0:
+                end = start + newline + 1
+                break
+            end = start
+        if end != size:
+            handle.truncate(end)
+        return end
+
+
+def _read_index(path: Path) -> bytes | None:
+    """outputs.idx's whole entries (a torn last one left out), or None without the file."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return data[:len(data) - len(data) % _ENTRY.size]
+
+
+def _ends_a_line(path: Path, offset: int) -> bool:
+    with open(path, "rb") as handle:
+        handle.seek(offset - 1)
+        return handle.read(1) == b"\n"
+
+
+def _position(ids: Sequence[str], rid: str) -> int | None:
+    try:
+        return ids.index(rid)
+    except ValueError:
+        return None
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from neuron_batch.choices import Device
@@ -18,6 +19,9 @@ from neuron_batch.job.folder import OutputError
 from neuron_batch.job.job import Job
 from neuron_batch.job.stop import RUNNING, STARTING, RunSignals, deferring, enter, pause_point
 from neuron_batch.settings import RunSettings
+
+#: Requests in the engine at once, in multiples of max_num_seqs (`Feed`).
+FEED_DEPTH = 4
 
 #: Engine errors kept in attempts.json (the count is always whole).
 MAX_ERRORS_KEPT = 20
@@ -80,7 +84,7 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
     kwargs = engine_kwargs(settings, device, model.path, folder.records_path(attempt), workdir,
                            has_tokenizer=model.has_tokenizer and not simulated, target=job.target,
                            sampling=job_sampling_of(settings, pending),
-                           tokenizer=sim_tokenizer(job, pending))
+                           tokenizer=sim_tokenizer(job, pending), batch_arrival=True)
     started = time.time()
     on_neuron = simulated or device == "neuron"
     if on_neuron:
@@ -98,25 +102,16 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
                if on_neuron else None)
     if on_neuron and (said := startup_words(startup)):
         log(said)
-    by_id: dict[str, PreparedRequest] = {}
     refused: list[str] = []
-    try:
-        for request in pending:
-            try:
-                engine.add(request.record.id, request.prompt_token_ids,
-                           request_spec(request, settings))
-            except RequestRefused as error:
-                # What the checks at read time missed (vLLM's own, per request): under
-                # --on-error skip that request's error record, else named and nothing run.
-                if settings.on_error != "skip":
-                    raise
-                refused.append(job.outputs.refused(request, error))
-                log(f"error: {refused[-1]}")
-                continue
-            by_id[request.record.id] = request
-    except RequestRefused as error:
-        engine.close()
-        raise RunError(f"{request.record.source}: vLLM refused the request: {error}") from None
+
+    def refuse(request: PreparedRequest, error: Exception) -> None:
+        # What the checks at read time missed (vLLM's own, per request): under --on-error skip
+        # that request's error record; else named below, with what finished kept.
+        refused.append(job.outputs.refused(request, error))
+        log(f"error: {refused[-1]}")
+
+    feed = Feed(engine, pending, settings,
+                on_refused=(RequestRefused, refuse) if settings.on_error == "skip" else None)
     deadline = (runtime_clock() + settings.max_runtime) if settings.max_runtime else None
     bar = progress_bar(settings, len(pending))
     finished = output_tokens = 0
@@ -124,26 +119,27 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
     ended = "completed"
     try:
         with deferring(RUNNING) as stop:
+            feed.refill()
             while engine.has_unfinished():
                 if deadline is not None and runtime_clock() >= deadline:
                     stop.reason = stop.reason or "deadline"
                 if stop.reason is not None:
                     ended = stop.reason
-                    unfinished = [i for i in by_id if i not in folder.done_ids]
                     log(f"{'--max-runtime reached' if ended == 'deadline' else 'stopping'}: "
-                        f"abandoning {len(unfinished)} unfinished request(s); rerun with --resume")
-                    engine.abort(unfinished)
+                        f"abandoning {feed.unfinished():,} unfinished request(s); rerun with "
+                        f"--resume")
+                    engine.abort(list(feed.in_flight))
                     for _ in engine.step():
                         pass
                     break
                 for done in engine.step():
                     if done.finish_reason == "abort":
                         continue
+                    request = feed.in_flight.pop(done.request_id, None)
                     if done.finish_reason == "error":
-                        errors.append(job.outputs.failed(by_id[done.request_id], done))
+                        errors.append(job.outputs.failed(request, done))
                         log(f"error: {errors[-1]}")
                         continue
-                    request = by_id[done.request_id]
                     job.outputs.response(request, done)
                     folder.done_ids.add(done.request_id)
                     finished += 1
@@ -155,6 +151,13 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
                         elapsed = max(time.time() - started, 1e-9)
                         bar.set_postfix_str(f"{output_tokens / elapsed:,.0f} out tok/s",
                                             refresh=False)
+                feed.refill()
+    except RequestRefused as error:
+        # What the checks at read time missed (vLLM's own, per request): named; what finished
+        # before it is kept.
+        raise RunError(f"{feed.last.record.source}: vLLM refused the request: {error}"
+                       + (f"; {finished:,} finished output(s) are kept in {folder.path}"
+                          if finished else "")) from None
     except OutputError:
         raise
     except Exception as error:  # the engine died: keep what finished, say so, exit 1
@@ -173,6 +176,48 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
             "requests_failed": len(errors), "errors": errors[:MAX_ERRORS_KEPT],
             **stopped_by(stop, ended, settings),
             **({"startup": startup} if startup is not None else {})}
+
+
+class Feed:
+    """The job's requests handed to the engine as its scheduler drains them: at most
+    FEED_DEPTH x max_num_seqs added and unfinished at once. vLLM keeps each added request's
+    state (about 13 KiB) until it finishes; a job handed over whole would hold all of them
+    before the first step. The scheduler runs max_num_seqs at once and takes the next ones
+    from its waiting queue in the order given, so a queue a few times that deep keeps every
+    step as full as the whole job would, and keeps --order's order."""
+
+    def __init__(self, engine, pending: list[PreparedRequest], settings: RunSettings,
+                 on_refused: tuple[type[Exception], Callable[[PreparedRequest, Exception], None]]
+                 | None = None):
+        self._engine, self._settings = engine, settings
+        # (the engine's refusal and its handler under --on-error skip; None: a refusal raises)
+        self._on_refused = on_refused
+        self._next = iter(pending)
+        self._left = len(pending)
+        self.limit = FEED_DEPTH * settings.max_num_seqs
+        self.in_flight: dict[str, PreparedRequest] = {}     # added, not finished
+        self.last: PreparedRequest | None = None            # the one added last
+
+    def refill(self) -> None:
+        """Add requests until FEED_DEPTH x max_num_seqs are in the engine or none is left
+        (RequestRefused from the engine: `last` is the request it refused; under --on-error
+        skip it goes to `on_refused` instead and the next one is added)."""
+        while len(self.in_flight) < self.limit and self._left:
+            request = self.last = next(self._next)
+            self._left -= 1
+            try:
+                self._engine.add(request.record.id, request.prompt_token_ids,
+                                 request_spec(request, self._settings))
+            except Exception as error:
+                if self._on_refused is None or not isinstance(error, self._on_refused[0]):
+                    raise
+                self._on_refused[1](request, error)
+                continue
+            self.in_flight[request.record.id] = request
+
+    def unfinished(self) -> int:
+        """Requests not finished: those in the engine and those not handed to it yet."""
+        return len(self.in_flight) + self._left
 
 
 def stopped_by(stop: RunSignals, ended: str, settings: RunSettings) -> dict[str, Any]:

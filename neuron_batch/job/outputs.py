@@ -72,7 +72,7 @@ def output_row(request: PreparedRequest, done, model_name: str, simulated: bool)
         row["prompt"] = record.prompt
     elif record.messages is not None:
         row["messages"] = record.messages
-    row["num_prompt_tokens"] = len(request.prompt_token_ids)
+    row["num_prompt_tokens"] = request.prompt_len
     row["output"] = done.text
     if done.text is None and not simulated:
         row["output_token_ids"] = done.token_ids
@@ -96,7 +96,7 @@ def output_row(request: PreparedRequest, done, model_name: str, simulated: bool)
 def usage(request: PreparedRequest, done) -> dict[str, Any]:
     """OpenAI's usage: the prompt once, the completion tokens of every choice, and how many of
     the prompt's tokens vLLM's prefix cache held."""
-    prompt = len(request.prompt_token_ids)
+    prompt = request.prompt_len
     completion = sum(len(c["token_ids"]) for c in done.choices) if done.choices else len(
         done.token_ids)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
@@ -291,10 +291,10 @@ class RunOutputs:
     def response(self, request: PreparedRequest, done) -> None:
         """A finished request's response line (run folder: outputs.jsonl)."""
         row = output_row(request, done, self.model_name, self.simulated)
-        self.folder.append_output(row)
+        self.folder.append_output(row, request.record.index)
         completion = (sum(len(c["token_ids"]) for c in done.choices) if done.choices
                       else len(done.token_ids))
-        self.batch.completed(len(request.prompt_token_ids), completion, cached_tokens(done))
+        self.batch.completed(request.prompt_len, completion, cached_tokens(done))
 
     def refused(self, request: PreparedRequest, error: Exception) -> str:
         """vLLM refused `request` when it was added: its error record; returns the words."""

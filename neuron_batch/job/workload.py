@@ -36,7 +36,7 @@ class Workload:
     tokenizer: Any
 
     def prompt_lengths(self) -> list[int]:
-        return [len(r.prompt_token_ids) for r in self.prepared.requests]
+        return [r.prompt_len for r in self.prepared.requests]
 
 
 def load_workload(settings: RunSettings, log: Callable[[str], None], *,
@@ -62,7 +62,8 @@ def load_workload(settings: RunSettings, log: Callable[[str], None], *,
     loaded.records, unsampled = spec_problems(loaded.records, settings)
     loaded.problems += refused + unsampled
     log(describe_input(loaded))
-    model, tokenizer, tokenizer_name, vocab_size = _model_and_tokenizer(settings, log)
+    model, tokenizer, tokenizer_name, vocab_size = _model_and_tokenizer(settings, log,
+                                                                        loaded.records)
     loaded.records, unmatched = stop_refusals(
         loaded.records, has_tokenizer=tokenizer is not None, simulated=settings.simulated,
         on_ray=settings.uses_ray)
@@ -102,31 +103,46 @@ def _longest_prompt_graph(settings: RunSettings) -> tuple[int, str] | None:
     return shapes.longest_prompt, shapes.runtime.prefill.flag
 
 
-def _model_and_tokenizer(settings: RunSettings, log):
+def _model_and_tokenizer(settings: RunSettings, log, records=()):
+    """The model, its tokenizer (loaded only where a record's prompt is text or messages: a
+    token-count trace needs none, and loading one takes seconds), the tokenizer's name for the
+    report, and the vocabulary size synthetic tokens and token ids are checked against."""
     from neuron_batch.engine.models import ModelError, load_tokenizer, resolve_model
 
     try:
         model = resolve_model(settings.model, progress=log)
     except ModelError as error:
         raise RunError(str(error)) from None
-    tokenizer = load_tokenizer(model) if model.has_tokenizer else None
-    tokenizer_name = model.name if tokenizer is not None else None
-    if tokenizer is None and settings.simulated:
+    source = model if model.has_tokenizer else None
+    tokenizer_name = model.name if source is not None else None
+    if source is None and settings.simulated:
         # The simulated device needs no weights, but text must still become tokens: use the
         # built-in model's tokenizer and say so in the report.
         builtin = resolve_model(None, progress=log)
-        tokenizer = load_tokenizer(builtin)
+        source = builtin
         tokenizer_name = f"{builtin.name} (built-in, standing in for {model.name})"
-    vocab_size = _vocab_size(model.path, tokenizer)
+    # (and where a request has stop strings: they are matched in the detokenized text)
+    needs_text = any((r.prompt_token_ids is None and r.prompt_len is None) or r.stop
+                     for r in records)
+    tokenizer = None
+    if source is not None and needs_text:
+        tokenizer = load_tokenizer(source)
+        if tokenizer is None:
+            tokenizer_name = None
+    vocab_size = _vocab_size(model.path)
+    if vocab_size is None:      # (no config.json with it: the tokenizer's, else Llama's)
+        if tokenizer is None and source is not None:
+            tokenizer = load_tokenizer(source)
+        vocab_size = len(tokenizer) if tokenizer is not None else 32_000
     return model, tokenizer, tokenizer_name, vocab_size
 
 
-def _vocab_size(model_path: str, tokenizer) -> int:
+def _vocab_size(model_path: str) -> int | None:
     try:
         config = json.loads((Path(model_path) / "config.json").read_text())
         return int(config["vocab_size"])
     except (OSError, KeyError, ValueError):
-        return len(tokenizer) if tokenizer is not None else 32_000
+        return None
 
 
 def _model_context(settings: RunSettings, model) -> dict[str, Any]:

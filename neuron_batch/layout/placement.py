@@ -179,7 +179,7 @@ class BoundEstimate:
         mml, slots = settings.max_model_len, settings.max_num_seqs
         shapes = settings.shapes()
         chunk = settings.max_num_batched_tokens if shapes.runtime.chunked_prefill else mml
-        stats = ShareStats.of([len(r.prompt_token_ids) for r in share],
+        stats = ShareStats.of([r.prompt_len for r in share],
                               [r.max_tokens for r in share], max_num_batched_tokens=chunk,
                               max_model_len=mml, block_size=NEURON_BLOCK_SIZE)
         steps = max(decode_steps_bound(stats, max_num_seqs=slots,

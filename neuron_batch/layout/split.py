@@ -100,7 +100,7 @@ def fitted_count(sizes: Collection[int], count: int, maximum: int) -> int:
 
 def fitted_to(runtime: Runtime, requests: Sequence[PreparedRequest], max_model_len: int):
     """`fitted_buckets` for these requests."""
-    return fitted_buckets(runtime, [len(r.prompt_token_ids) for r in requests],
+    return fitted_buckets(runtime, [r.prompt_len for r in requests],
                           [r.length for r in requests], max_model_len)
 
 
@@ -242,7 +242,7 @@ def check_split(settings: RunSettings, requests: list[PreparedRequest]) -> None:
                 or r.length > settings.max_model_len]
     if too_long:
         # What they ask for, before the input stage clamped max_tokens to fit.
-        reach = {r.record.id: len(r.prompt_token_ids)
+        reach = {r.record.id: r.prompt_len
                  + max(r.max_tokens, r.record.max_tokens or 0) for r in too_long}
         named = ", ".join(f"{r.record.id} ({reach[r.record.id]:,})" for r in too_long[:5])
         more = f" and {len(too_long) - 5} more" if len(too_long) > 5 else ""

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from neuron_batch.bench.deadline import format_hours
 from neuron_batch.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
+from neuron_batch.inputs.prepare import PromptTokens
 from neuron_batch.plan.candidates import Option, PlanError
 from neuron_batch.plan.grid import (
     build_options,
@@ -155,7 +156,7 @@ def run_plan(job: PlanJob) -> int:
                   spec=replace(job.spec, order=job.base.order))
     workload = load_workload(job.base, job.log, command="plan")
     requests = workload.prepared.requests
-    prompt_lens = [len(r.prompt_token_ids) for r in requests]
+    prompt_lens = [r.prompt_len for r in requests]
     output_lens = [r.max_tokens for r in requests]
     options, excluded = [], []
     for max_model_len in model_len_candidates(job.spec, prompt_lens, output_lens):
@@ -174,7 +175,7 @@ def run_plan(job: PlanJob) -> int:
     singles = list(options)      # (splits are weighed with caching off only)
     if prefix["bound_tokens"]:
         options += caching_options(job.spec, singles, prompt_lens, output_lens,
-                                   shareable_tokens([r.prompt_token_ids for r in requests]))
+                                   shareable_tokens(PromptTokens(requests)))
     options += split_options(job.spec, singles, prompt_lens, output_lens)
     writer = PlanWriter(job, options, excluded, workload_output_tokens=sum(output_lens),
                         num_requests=len(requests), prefix_cache=prefix)
@@ -197,7 +198,7 @@ def _prefix_caching(job: PlanJob, requests: Sequence[PreparedRequest]) -> dict[s
     each option is also weighed with prefix caching on."""
     from neuron_batch.bench.cache_effect import job_bound
 
-    bound = job_bound([r.prompt_token_ids for r in requests])
+    bound = job_bound(PromptTokens(requests))
     if bound["bound_tokens"]:
         job.log(f"prefix caching: an unbounded cache could serve {bound['bound_tokens']:,} of "
                 f"the {bound['prompt_tokens']:,} prompt tokens: each option is weighed with "

@@ -30,7 +30,8 @@ batch pickled (`pack`): the requests in (column "requests"), the results out (co
 Ray Data's own work per call (building the output block, serializing and deserializing its
 columns) grows with the number of columns: with a column per field, about a third of the
 actor's Python time was Ray Data's (py-spy, whole trace, one replica, engine in-process).
-Token ids travel as little-endian int32 bytes.
+Token ids travel as little-endian int32 bytes; a synthetic prompt (a trace's `prompt_len`) as
+the few numbers that make it (`PreparedRequest.recipe`), its tokens made here as it is added.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neuron_batch.inputs.prepare import tokens_of_recipe
 from neuron_batch.settings import RunSettings
 
 #: The one column of a batch going to a replica, and of its result coming back.
@@ -231,8 +233,9 @@ class ReplicaWorker:
                 waiting[request_id].append(batch)
                 continue
             waiting[request_id] = [batch]
-            self._engine.add(request_id, decode_tokens(request["tokens"]),
-                             json.loads(request["spec"]))
+            tokens = (tokens_of_recipe(request["recipe"]) if "recipe" in request
+                      else decode_tokens(request["tokens"]))
+            self._engine.add(request_id, tokens, json.loads(request["spec"]))
 
     def _complete(self, batch: _Batch) -> None:
         """Hand a finished batch to its `__call__` as plain columns (a dict of lists, pickled

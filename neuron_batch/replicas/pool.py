@@ -269,9 +269,16 @@ def _replica_failure(error: BaseException, finished: int, path) -> RunError:
 
 
 def _request_item(request: PreparedRequest, settings) -> dict[str, Any]:
-    # (the spec as JSON text: one string cell, whatever fields the request asks for)
-    return {"id": request.record.id, "tokens": encode_tokens(request.prompt_token_ids),
-            "spec": json.dumps(request_spec(request, settings))}
+    # (the spec as JSON text: one string cell, whatever fields the request asks for). A
+    # synthetic prompt travels as what makes it, a few numbers, not its tokens: the driver
+    # does not hold a trace's tokens, and the replica makes them as it adds the request.
+    item = {"id": request.record.id, "spec": json.dumps(request_spec(request, settings))}
+    recipe = request.recipe()
+    if recipe is not None:
+        item["recipe"] = recipe
+    else:
+        item["tokens"] = encode_tokens(request.prompt_token_ids)
+    return item
 
 
 def _worker_env() -> dict[str, str]:

@@ -164,12 +164,13 @@ def split_section(attempts: list[dict], folder, settings, simulated: bool) -> di
 def _add_prefix_bound(report: Report, prepared, done_ids: set[str], settings) -> None:
     """`prefix_cache.bound_tokens`: what an unbounded cache could serve the completed requests'
     prompts, in whole blocks of the run's KV block (report/prefix_cache.py)."""
+    from neuron_batch.inputs.prepare import PromptTokens
     from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK, shared_prefix_tokens
 
     if not isinstance(report.prefix_cache, PrefixCache):
         return
     block = or_none(report.config.block_size) or settings.block_size or DEFAULT_BLOCK
-    prompts = [r.prompt_token_ids for r in prepared.requests if r.record.id in done_ids]
+    prompts = PromptTokens([r for r in prepared.requests if r.record.id in done_ids])
     report.prefix_cache.with_bound(shared_prefix_tokens(prompts, block))
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from neuron_batch.choices import prefix_caching_word
+from neuron_batch.inputs.prepare import PromptTokens
 from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK
 from neuron_batch.job.folder import RunFolder
 from neuron_batch.job.job import resolve_target
@@ -77,7 +78,7 @@ def auto_decision(settings: RunSettings, requests, model_path: str | None) -> Pr
         layout_compiled(settings.replace(prefix_caching=True), on, model_path, requests)
         if on is not None else False)
     known = targets is not None
-    prompts, outputs = [r.prompt_token_ids for r in requests], [r.max_tokens for r in requests]
+    prompts, outputs = PromptTokens(requests), [r.max_tokens for r in requests]
     decision = decide(settings, prompts, outputs, block=block,
                       targets=targets, compiled=compiled,
                       neuron=runs_on_neuron(settings))

@@ -233,6 +233,7 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
                 + (f" ({start.moved.describe()})" if start.moved else ""))
         if start.fresh:
             folder.write_requests(REQUEST_FIELDS, start.rows)
+        start.rows = []     # (a row per request: not held while the job runs)
         folder.write_manifest({"settings": settings.to_dict(), "model": job.workload.model.name,
                                "input_fingerprint": input_fingerprint(ids),
                                "num_requests": len(ids), "num_skipped": len(problems),
@@ -241,7 +242,8 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
                                MANIFEST_KEY: job.prefix_caching.to_dict()
                                if job.prefix_caching is not None else None})
         write_skipped(folder.path, problems)
-        job.outputs = RunOutputs.begin(job, folder.load_done(), problems)
+        folder.load_done(ids_by_index(prepared.requests))
+        job.outputs = RunOutputs.begin(job, folder.iter_outputs(), problems)
         folder.open_outputs()
     except Interrupted as stop:
         if written or settings.resume or not folder.has_previous_run():
@@ -251,9 +253,8 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
         raise
     pending = submission_order(settings, [r for r in prepared.requests
                                           if r.record.id not in folder.done_ids], job.target)
-    attempts = folder.attempts()
-    # After a kill -9 the killed attempt left records but no line in attempts.json: number past
-    # it rather than overwrite its records.
+    attempts = record_killed(folder, folder.attempts())
+    # (numbered past every attempt that left records, rather than overwrite them)
     attempt = max([len(attempts), *folder.records_layout()]) + 1
     done_before, recorded = len(folder.done_ids), len(attempts)
     try:
@@ -326,6 +327,34 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
 
         print(outcome_line(report), file=sys.stderr, flush=True)
     return RunResult(code, folder.path, report, problems)
+
+
+def record_killed(folder: RunFolder, attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`attempts` with a line for each attempt that left records but none in attempts.json
+    (killed -9, or its machine lost), written: `ended` "killed", with the outputs it wrote
+    (those of outputs.jsonl no recorded attempt counts) where it is the only one."""
+    numbered = {a.get("attempt") for a in attempts}
+    killed = [n for n in folder.records_layout() if n not in numbered]
+    if not killed:
+        return attempts
+    counted = sum(a.get("requests_finished") or 0 for a in attempts)
+    for number in killed:
+        line: dict[str, Any] = {"attempt": number, "ended": "killed"}
+        if len(killed) == 1:
+            line["requests_finished"] = max(0, len(folder.done_ids) - counted)
+        attempts.append(line)
+    attempts.sort(key=lambda a: a.get("attempt") or 0)
+    folder.write_attempts(attempts)
+    return attempts
+
+
+def ids_by_index(requests) -> list[str | None]:
+    """The job's request ids at their index in the job (`PromptRecord.index`; None where a
+    line was left out): how outputs.idx names a request (job/folder.py `load_done`)."""
+    ids: list[str | None] = [None] * (max((r.record.index for r in requests), default=-1) + 1)
+    for request in requests:
+        ids[request.record.index] = request.record.id
+    return ids
 
 
 def _generate_all(job: Job, pending, attempt: int, attempts: list, generate) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_batch.choices import Order, prefix_caching_word
-from neuron_batch.inputs.prepare import in_order
+from neuron_batch.inputs.prepare import PromptTokens, in_order
 from neuron_batch.job.job import Job, resolve_target
 from neuron_batch.layout.step_estimate import block_chains, cache_hits, estimate
 from neuron_batch.settings import RunSettings
@@ -137,10 +137,10 @@ def _weigh_all(job: Job, settings: RunSettings, requests, scale_up: float = 1.0
               for o in Order}
     # (a prompt's block hashes do not depend on the order: computed once)
     chain_of = dict(zip(map(id, requests),
-                        block_chains([r.prompt_token_ids for r in requests], block)))
+                        block_chains(PromptTokens(requests), block)))
     out = {}
     for order, ordered in orders.items():
-        lens = [len(r.prompt_token_ids) for r in ordered]
+        lens = [r.prompt_len for r in ordered]
         outs = [r.max_tokens for r in ordered]
         chains = [chain_of[id(r)] for r in ordered]
         for caching, target in targets.items():

@@ -69,6 +69,10 @@ _STATE_VALUES = {state: state.value for state in SchedulerState}
 RECORDS_PATH_KEY = "records_path"   # write step/request records here as JSON lines
 CLOCK_KEY = "clock"                 # "module:attribute" of a zero-argument clock
 RUNTIME_KEY = "runtime"             # "nxdi" or "vllm-neuron" (runtime.py; default vllm-neuron)
+# True where the engine runs one batch job fed as it drains (job/generate.py `Feed`): every
+# request is recorded as arriving with the first, as if handed over whole, so that latencies
+# count from the job's start, not from the hand-off.
+BATCH_ARRIVAL_KEY = "batch_arrival"
 # (and KV_RESERVE_KEY in kv_admission.py: the kv_reserve rule)
 
 
@@ -112,6 +116,9 @@ class NeuronScheduler(KVAdmission, MinTokensStop, DecodeFirst, Scheduler):
         self.total_padding_tokens = 0
 
         records_path = own.get(RECORDS_PATH_KEY)
+        # (None: each request arrives when added; else the first arrival, once there is one)
+        self._batch_start: float | None = None
+        self._batch_arrival = bool(own.get(BATCH_ARRIVAL_KEY))
         self.recorder = Recorder(clock=resolve_clock(own.get(CLOCK_KEY)),
                                  path=Path(records_path) if records_path else None)
         self.recorder.start(RunConfig(
@@ -372,6 +379,11 @@ class NeuronScheduler(KVAdmission, MinTokensStop, DecodeFirst, Scheduler):
         super().add_request(request)
         if request.request_id not in self.recorder.requests:
             self.recorder.request_arrived(request.request_id, request.num_prompt_tokens)
+            if self._batch_arrival:
+                record = self.recorder.requests[request.request_id]
+                if self._batch_start is None:
+                    self._batch_start = record.arrival
+                record.arrival = self._batch_start
             self.recorder.request_asks(request.request_id, request.sampling_params)
         self._refuse_if_never_fits(request)
 

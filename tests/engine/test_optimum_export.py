@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -25,6 +24,7 @@ from neuron_batch.engine.optimum_export import (
     find_export,
     read_export,
 )
+from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.inputs.prompt_records import PromptRecord
 from neuron_batch.job.startup import startup_words
 from neuron_batch.runtime import OPTIMUM_NEURON, RUNTIMES
@@ -101,10 +101,9 @@ def test_an_export_without_continuous_batching_is_refused(tmp_path):
     check_export(single, settings(max_num_seqs=1))      # batch 1 needs none
 
 
-def prepared(lengths: list[int]) -> list[SimpleNamespace]:
-    return [SimpleNamespace(prompt_token_ids=[5] * n,
-                            record=PromptRecord(index=i, id=str(i), source=f"in.jsonl:{i + 1}",
-                                                prompt_field="prompt"))
+def prepared(lengths: list[int]) -> list[PreparedRequest]:
+    return [PreparedRequest(PromptRecord(index=i, id=str(i), source=f"in.jsonl:{i + 1}",
+                                         prompt_field="prompt"), [5] * n, 1)
             for i, n in enumerate(lengths)]
 
 

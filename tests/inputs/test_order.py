@@ -157,3 +157,42 @@ def test_the_bound_on_hand_made_prompts():
     assert shared_prefix_tokens([[1] * 40, [2] * 40], 32) == 0     # nothing shared
     assert shared_prefix_tokens([a[:40], a[:50]], 32) == 32        # one whole block
     assert shared_prefix_tokens([], 32) == 0
+
+
+def test_text_tokenized_in_batches_is_what_one_prompt_at_a_time_gives(tmp_path, monkeypatch):
+    """Plain text prompts are encoded a batch at a time (a fast tokenizer's batch encoding runs
+    on all cores) and kept as 4-byte ids; each request gets exactly the ids it would alone,
+    messages and token counts among them keep theirs."""
+    from neuron_batch.engine.models import ModelError, load_tokenizer, resolve_model
+    from neuron_batch.inputs import prepare as prepare_module
+    from neuron_batch.inputs.load import load_prompts
+    from neuron_batch.inputs.prepare import prepare_requests
+
+    try:
+        info = resolve_model(None)
+    except ModelError as error:
+        pytest.skip(f"no built-in model here: {error}")
+    tokenizer = load_tokenizer(info)
+    rows = []
+    for i in range(11):
+        if i % 4 == 1:
+            rows.append({"messages": [{"role": "user", "content": f"hello {i}"}]})
+        elif i % 4 == 2:
+            rows.append({"prompt_len": 5 + i})
+        else:
+            rows.append({"prompt": f"prompt number {i} " + "word " * i})
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    records = load_prompts([path], default_max_tokens=4).records
+    monkeypatch.setattr(prepare_module, "TEXT_BATCH", 3)
+    prepared = prepare_requests(records, tokenizer=tokenizer, tokenizer_name=info.name,
+                                vocab_size=len(tokenizer), max_model_len=512,
+                                default_max_tokens=4)
+    assert len(prepared.requests) == 11
+    for row, request in zip(rows, prepared.requests):
+        ids = request.prompt_token_ids
+        assert isinstance(ids, list) and request.prompt_len == len(ids)
+        if "prompt" in row:
+            assert ids == tokenizer(row["prompt"]).input_ids
+        elif "prompt_len" in row:
+            assert len(ids) == row["prompt_len"] and request.token_ids is None

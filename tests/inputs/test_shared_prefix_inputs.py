@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from functools import cache
 from pathlib import Path
@@ -237,3 +238,14 @@ def test_a_bad_prefix_cell_is_named_by_file_line_and_column(tmp_path, bad_row, f
     [problem] = load_prompts([path]).problems
     assert (problem.source, problem.field) == (f"{path}:3", field)
     assert message in problem.message
+
+
+def test_plain_synthetic_prompts_stay_apart_past_the_pool_s_lap():
+    """Offsets into the pool repeat every 65,536 requests; a job of millions still gives each
+    request a first block of its own (a job of fewer keeps the tokens it always had)."""
+    tokens = SyntheticTokens(32_000)
+    for index in (0, 1, 12_345):
+        later = [tokens.make(index + lap * 65_536, 96) for lap in range(4)]
+        assert all(len(t) == 96 for t in later)
+        assert all(shared_blocks(a, b, 32) == 0 for a, b in itertools.combinations(later, 2))
+    assert tokens.make(7, 40) == tokens._window(7 * 7919 % 65_536, 40)

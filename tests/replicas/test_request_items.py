@@ -5,9 +5,11 @@ Ray cluster: the row and the actor's admission are plain functions of their inpu
 from __future__ import annotations
 
 import json
+import pickle
 from types import SimpleNamespace
 
 from neuron_batch.engine.sampling_params import request_spec
+from neuron_batch.inputs.prepare import PreparedRequest, prepare_requests
 from neuron_batch.inputs.prompt_records import PromptRecord
 from neuron_batch.replicas.actor import ReplicaWorker, decode_tokens
 from neuron_batch.replicas.pool import _request_item
@@ -18,7 +20,7 @@ def test_a_replica_gets_the_requests_whole_spec():
     record = PromptRecord(3, "r", "in.jsonl:4", prompt="Hi", temperature=0.8, stop=["x"],
                           sampling={"n": 2, "logprobs": 1, "top_p": 0.9,
                                     "structured": {"json": {"type": "object"}}})
-    request = SimpleNamespace(record=record, prompt_token_ids=[5, 6, 7], max_tokens=9)
+    request = PreparedRequest(record, [5, 6, 7], 9)
     settings = RunSettings.of(inputs=("in.jsonl",), device="cpu", seed=10)
     item = _request_item(request, settings)
     assert decode_tokens(item["tokens"]) == [5, 6, 7]
@@ -31,3 +33,23 @@ def test_a_replica_gets_the_requests_whole_spec():
     batch = SimpleNamespace(requests=[item], remaining=set())
     ReplicaWorker._admit(worker, batch, {})
     assert added == [("r", [5, 6, 7], json.loads(item["spec"]))]
+
+
+def test_a_synthetic_prompt_travels_as_its_recipe_and_arrives_as_its_tokens():
+    """A trace's prompt_len request: the driver sends the few numbers that make its tokens
+    (not ~4 bytes a token), and the replica adds exactly the tokens the plain path would."""
+    records = [PromptRecord(70_000, "t", "trace.csv:2", prompt_len=700, max_tokens=5),
+               PromptRecord(1, "m", "moon.jsonl:1", prompt_len=600, hash_ids=[4, 9],
+                            max_tokens=5),
+               PromptRecord(2, "p", "p.jsonl:3", prompt_len=300, prefix_id="sys",
+                            prefix_len=100, max_tokens=5)]
+    prepared = prepare_requests(records, tokenizer=None, tokenizer_name=None,
+                                vocab_size=32_000, max_model_len=2048, default_max_tokens=5)
+    settings = RunSettings.of(inputs=("trace.csv",), device="cpu")
+    items = [_request_item(request, settings) for request in prepared.requests]
+    assert all("tokens" not in item and len(pickle.dumps(item)) < 400 for item in items)
+    added = []
+    worker = SimpleNamespace(_engine=SimpleNamespace(add=lambda *args: added.append(args)))
+    ReplicaWorker._admit(worker, SimpleNamespace(requests=items, remaining=set()), {})
+    assert [tokens for _, tokens, _ in added] == [r.prompt_token_ids for r in prepared.requests]
+    assert [len(tokens) for _, tokens, _ in added] == [700, 600, 300]

@@ -297,6 +297,10 @@ def test_a_killed_run_resumes_without_loss_or_duplicates(tiny_model, tmp_path, h
     assert report["requests"]["completed"] == 60
     assert report["tokens"]["output"] == 60 * 60 == sum(r["num_output_tokens"]
                                                         for r in read_outputs(out))
+    # the attempt killed -9 wrote no line of its own: the resume wrote it, with its outputs
+    first = report["attempts"][0]
+    assert first["ended"] == ("killed" if how == "kill9" else "interrupted")
+    assert first["requests_finished"] == len(partial)
 
 
 def test_every_input_format_through_the_builtin_model(tmp_path):

@@ -1,0 +1,323 @@
+"""Benchmark: does a job's memory and time per request stay flat as the job grows? (issue 46)
+
+Runs `neuron-batch run` on the simulated device (inf2.8xlarge, an 8B Llama) over jobs of
+growing size, each resampled from the bundled Azure conversation trace (token counts; outputs
+cut to 64 tokens), and, with `--kinds text`, the same lengths as text prompts. Each size runs
+in its own process; the script polls the whole process tree's memory (/proc, every 50 ms)
+and times the run. It prints, against the run at `--base` requests (10k by default):
+
+- peak memory of the process tree (Pss summed: RSS with shared pages split), as a ratio
+  (goal: 1M within 1.2x of 10k);
+- the marginal time per request: (wall(N) - wall(previous size)) / (N - previous size), as a
+  ratio to the base size's own marginal time (goal: within 1.1x), so the fixed start-up
+  (imports, the engine, the simulated graphs) is left out;
+- with `--resume-at F`, a run killed (SIGKILL) once a fraction F of the biggest size's outputs
+  is written, then resumed: the resume's wall time against the same fraction of a full run.
+
+    .venv/bin/python scripts/bench_scale.py                       # 1k, 10k, 100k, 1M token counts
+    .venv/bin/python scripts/bench_scale.py --sizes 1000,10000 --kinds tokens,text
+    .venv/bin/python scripts/bench_scale.py --sizes 1000,10000,100000 --json scale.json
+    .venv/bin/python scripts/bench_scale.py --tokenize 4000   # text: one at a time vs batches
+    .venv/bin/python scripts/bench_scale.py --phases 100000   # RSS after each phase of one run
+
+One run of each size: the ratios are between sizes of one invocation on one machine (the
+sizes differ by 10x, so noise of a few per cent does not hide a trend).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT / "datasets" / "azure-llm-inference-conv-2023.csv"
+MAX_MODEL_LEN = 8192
+MAX_OUTPUT = 64
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
+          "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee "
+          "zulu").split()
+
+
+def trace_rows() -> list[tuple[int, int]]:
+    """(prompt tokens, output tokens) of every trace row that fits max_model_len."""
+    with open(TRACE, newline="") as handle:
+        rows = [(int(r["num_prefill_tokens"]), min(int(r["num_decode_tokens"]), MAX_OUTPUT))
+                for r in csv.DictReader(handle)]
+    return [(p, d) for p, d in rows if p + d < MAX_MODEL_LEN and d > 0]
+
+
+def write_job(kind: str, size: int, workdir: Path, text_cap: int) -> Path:
+    """`size` requests drawn (seeded) from the trace: a token-count CSV, or JSON lines of text
+    prompts of about the same number of tokens (cut to `text_cap` words: text takes disk)."""
+    rng = random.Random(size)
+    rows = trace_rows()
+    if kind == "tokens":
+        path = workdir / f"trace-{size}.csv"
+        with open(path, "w") as handle:
+            handle.write("arrived_at,num_prefill_tokens,num_decode_tokens\n")
+            for i in range(size):
+                prompt, output = rows[rng.randrange(len(rows))]
+                handle.write(f"{i * 0.01:.2f},{prompt},{output}\n")
+        return path
+    path = workdir / f"text-{size}.jsonl"
+    with open(path, "w") as handle:
+        for i in range(size):
+            prompt, output = rows[rng.randrange(len(rows))]
+            words = " ".join(rng.choice(_WORDS) for _ in range(min(prompt, text_cap)))
+            handle.write(json.dumps({"prompt": f"{i} {words}", "max_tokens": output}) + "\n")
+    return path
+
+
+def tree_rss(pid: int) -> int:
+    """Memory of `pid` and every descendant, in bytes: the sum of their proportional set sizes
+    (Pss: a page two processes share counts half in each), so that a child forked for a moment
+    (vLLM runs tools in subprocesses) does not count its parent's pages twice. RSS (statm)
+    where the kernel has no smaps_rollup. 0 for processes gone meanwhile."""
+    total, stack = 0, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            total += _pss(current)
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as handle:
+                    stack.extend(int(child) for child in handle.read().split())
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def _pss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as handle:
+            for line in handle:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except FileNotFoundError:
+        pass
+    with open(f"/proc/{pid}/statm") as handle:
+        return int(handle.read().split()[1]) * _PAGE
+
+
+def command(job: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "neuron_batch.cli", "run", str(job), "--device", "sim",
+            "--instance", "inf2.8xlarge", "--architecture", "llama-3.1-8b",
+            "--max-model-len", str(MAX_MODEL_LEN), "--prefix-caching", "off", "--quiet",
+            "--output", str(out), *extra]
+
+
+def measure(argv: list[str], *, kill_when=None) -> dict:
+    """Run `argv`, polling its process tree: wall seconds, peak RSS bytes, exit code.
+    `kill_when()` true: SIGKILL the tree (a run killed -9)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    started = time.perf_counter()
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               start_new_session=True)
+    peak = 0
+    killed = False
+    while process.poll() is None:
+        peak = max(peak, tree_rss(process.pid))
+        if kill_when is not None and not killed and kill_when():
+            os.killpg(process.pid, signal.SIGKILL)
+            killed = True
+        time.sleep(0.05)
+    wall = time.perf_counter() - started
+    stderr = process.stderr.read().decode(errors="replace")
+    if process.returncode != 0 and not killed:
+        sys.exit(f"{' '.join(argv)} failed ({process.returncode}):\n{stderr[-3000:]}")
+    return {"wall_s": round(wall, 2), "peak_rss_gib": round(peak / 2**30, 3),
+            "rc": process.returncode}
+
+
+def lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as handle:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 20), b""))
+    except FileNotFoundError:
+        return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1000,10000,100000,1000000")
+    parser.add_argument("--base", type=int, default=10_000, help="the size ratios are against")
+    parser.add_argument("--kinds", default="tokens", help="tokens, text or both (comma)")
+    parser.add_argument("--text-cap", type=int, default=512,
+                        help="words per text prompt at most (a 1M-line text job takes disk)")
+    parser.add_argument("--resume-at", type=float, default=None,
+                        help="also kill the biggest token-count run at this fraction done "
+                             "and resume it")
+    parser.add_argument("--tokenize", type=int, default=None, metavar="N",
+                        help="only time tokenizing N text prompts one at a time against in "
+                             "batches (inputs/prepare.py), medians of 3, and stop")
+    parser.add_argument("--phases", type=int, default=None, metavar="N",
+                        help="only run one token-count job of N requests in this process and "
+                             "print its RSS (and peak) once the inputs are prepared, once the "
+                             "engine ran and once the report is built")
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--json", default=None, help="write the figures here too")
+    args = parser.parse_args()
+    if args.tokenize:
+        return tokenize_check(args.tokenize, args.text_cap)
+    if args.phases:
+        workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-"))
+        workdir.mkdir(parents=True, exist_ok=True)
+        return phases(write_job("tokens", args.phases, workdir, args.text_cap), workdir)
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    if args.base not in sizes or sizes.index(args.base) == 0:
+        parser.error("--base must be one of --sizes, and not the smallest (its marginal time "
+                     "per request is measured from the size before it)")
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    results: dict = {}
+    for kind in args.kinds.split(","):
+        runs = {}
+        for size in sizes:
+            job = write_job(kind, size, workdir, args.text_cap)
+            out = workdir / f"run-{kind}-{size}"
+            runs[size] = measure(command(job, out))
+            runs[size]["outputs"] = lines(out / "outputs.jsonl")
+            job.unlink()
+            print(f"{kind} {size:>9,}: {runs[size]}", file=sys.stderr, flush=True)
+        previous = None
+        for size in sizes:
+            if previous is not None:
+                runs[size]["marginal_ms"] = round(
+                    1000 * (runs[size]["wall_s"] - runs[previous]["wall_s"])
+                    / (size - previous), 4)
+            previous = size
+        base = runs[args.base]
+        for size in sizes:
+            run = runs[size]
+            run["rss_ratio"] = round(run["peak_rss_gib"] / base["peak_rss_gib"], 3)
+            if "marginal_ms" in run:
+                run["marginal_ratio"] = round(run["marginal_ms"] / base["marginal_ms"], 3)
+        results[kind] = runs
+    if args.resume_at is not None:
+        results["resume"] = resume_check(sizes[-1], args.resume_at, workdir, args.text_cap,
+                                         results.get("tokens", {}).get(sizes[-1]))
+    print(f"{'kind':<7}{'requests':>10}{'wall s':>9}{'peak GiB':>10}{'RSS x':>8}"
+          f"{'ms/req':>9}{'time x':>8}")
+    for kind in args.kinds.split(","):
+        for size, run in results[kind].items():
+            print(f"{kind:<7}{size:>10,}{run['wall_s']:>9.1f}{run['peak_rss_gib']:>10.3f}"
+                  f"{run['rss_ratio']:>8.3f}{run.get('marginal_ms', float('nan')):>9.4f}"
+                  f"{run.get('marginal_ratio', float('nan')):>8.3f}")
+    if "resume" in results:
+        print(f"resume: {results['resume']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+
+
+def resume_check(size: int, fraction: float, workdir: Path, text_cap: int,
+                 full: dict | None) -> dict:
+    """Kill a run of `size` token-count requests once `fraction` of its outputs are written,
+    resume it, and compare the resume's wall time with the part of a full run it had left."""
+    job = write_job("tokens", size, workdir, text_cap)
+    out = workdir / f"run-resume-{size}"
+    target = int(size * fraction)
+    outputs = out / "outputs.jsonl"
+    # Counting the file's lines every poll would cost more than the run: its size, in bytes
+    # per line of the first lines, is enough to know when to kill.
+    killed = measure(command(job, out),
+                     kill_when=lambda: outputs.exists() and outputs.stat().st_size > 0
+                     and lines_estimate(outputs) >= target)
+    done = lines(outputs)
+    resumed = measure(command(job, out, "--resume"))
+    result = {"killed_at": done, "killed": killed, "resumed": resumed,
+              "outputs": lines(outputs), "distinct": distinct_ids(outputs)}
+    if full is not None:
+        left = (size - done) / size
+        result["resume_vs_left"] = round(resumed["wall_s"] / (full["wall_s"] * left), 3)
+    job.unlink()
+    return result
+
+
+def tokenize_check(count: int, words: int) -> None:
+    """The built-in model's tokenizer on `count` prompts of `words` words: one prompt at a time
+    (as before), then through prepare_requests (batches of TEXT_BATCH)."""
+    import statistics
+
+    sys.path.insert(0, str(ROOT))
+    from neuron_batch.engine.models import load_tokenizer, resolve_model
+    from neuron_batch.inputs.prepare import prepare_requests
+    from neuron_batch.inputs.prompt_records import PromptRecord
+
+    tokenizer = load_tokenizer(resolve_model(None))
+    rng = random.Random(0)
+    records = [PromptRecord(i, str(i), f"p:{i}", prompt=" ".join(
+        rng.choice(_WORDS) for _ in range(words)), max_tokens=1) for i in range(count)]
+    single, batched = [], []
+    for _ in range(3):
+        started = time.perf_counter()
+        alone = [tokenizer(r.prompt).input_ids for r in records]
+        single.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        prepared = prepare_requests(records, tokenizer=tokenizer, tokenizer_name="builtin",
+                                    vocab_size=len(tokenizer), max_model_len=1 << 20,
+                                    default_max_tokens=1)
+        batched.append(time.perf_counter() - started)
+    assert [r.prompt_token_ids for r in prepared.requests] == alone
+    one, many = statistics.median(single), statistics.median(batched)
+    print(f"{count:,} prompts of {words} words on {os.cpu_count()} cores: one at a time "
+          f"{one:.2f} s, prepare_requests (batches) {many:.2f} s: {one / many:.2f}x")
+
+
+def phases(job: Path, workdir: Path) -> None:
+    """One run in this process, its RSS and peak RSS (GiB) said after each phase."""
+    import resource
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    sys.path.insert(0, str(ROOT))
+    import neuron_batch.job.generate as generate
+    import neuron_batch.run.folder_report as folder_report
+    from neuron_batch.cli import main as cli
+
+    def said(phase: str) -> None:
+        rss = tree_rss(os.getpid()) / 2**30
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        print(f"{phase:<28} RSS {rss:.3f} GiB, peak {peak:.3f} GiB", flush=True)
+
+    def hooked(function, before: str | None, after: str):
+        def call(*args, **kwargs):
+            if before:
+                said(before)
+            result = function(*args, **kwargs)
+            said(after)
+            return result
+        return call
+
+    generate.generate = hooked(generate.generate, "inputs prepared", "engine ran")
+    folder_report.build_report = hooked(folder_report.build_report, None, "report built")
+    argv = command(job, workdir / "run-phases")[3:]
+    try:
+        cli(argv)
+    except SystemExit as end:
+        if end.code:
+            raise
+    said("run ended (the verdict too)")
+
+
+def lines_estimate(path: Path) -> int:
+    with open(path, "rb") as handle:
+        head = handle.read(1 << 16)
+    per_line = max(len(head) / max(head.count(b"\n"), 1), 1)
+    return int(path.stat().st_size / per_line)
+
+
+def distinct_ids(path: Path) -> int:
+    with open(path, encoding="utf-8") as handle:
+        return len({json.loads(line).get("id") for line in handle if line.strip()})
+
+
+if __name__ == "__main__":
+    main()
