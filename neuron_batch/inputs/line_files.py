@@ -27,11 +27,12 @@ from neuron_batch.inputs.prompt_records import (
     describe_value,
     field_problem,
 )
+from neuron_batch.storage.urls import read_bytes, suffix_of
 
 
-def _read_text_bytes(path: Path, label: str) -> bytes:
+def _read_text_bytes(path: Path | str, label: str) -> bytes:
     try:
-        data = path.read_bytes()
+        data = read_bytes(path)     # (a local path or a URL: storage/urls.py)
     except OSError as exc:
         raise InputError(f"{label}: cannot read: {exc.strerror or exc}") from exc
     if b"\0" in data[:8192]:
@@ -64,11 +65,11 @@ def _not_utf8(source: str, error: UnicodeDecodeError) -> InputProblem:
 # JSON lines, JSON arrays and OpenAI batch files
 
 
-def read_json_lines(path: Path, label: str, ignored: Collection[str] = ()) -> ParsedInput:
+def read_json_lines(path: Path | str, label: str, ignored: Collection[str] = ()) -> ParsedInput:
     """Every object of a JSON-lines file (or JSON array) as a record or a problem; the fields
     `ignored` names (--ignore-field) are dropped, any other unknown field is a problem."""
     data = _read_text_bytes(path, label)
-    if path.suffix.lower() == ".json" and data.lstrip()[:1] == b"[":
+    if suffix_of(path) == ".json" and data.lstrip()[:1] == b"[":
         objects = _json_array_objects(data, label)
     else:
         objects = _json_line_objects(data, label)
@@ -133,7 +134,7 @@ def _expect_object(obj: Any, source: str) -> dict | InputProblem:
 # Plain text
 
 
-def read_text(path: Path, label: str) -> ParsedInput:
+def read_text(path: Path | str, label: str) -> ParsedInput:
     """One prompt a line, kept as written; blank and whitespace-only lines are skipped."""
     items: list[Item] = []
     for number, line in enumerate(_text_lines(_read_text_bytes(path, label)), 1):

@@ -27,6 +27,7 @@ from neuron_batch.inputs.tables import (
     read_parquet,
     read_saved_dataset,
 )
+from neuron_batch.storage.urls import expand, is_url, suffix_of
 
 
 def read_input(spec: str, *, prompt_column: str, split: str,
@@ -34,12 +35,18 @@ def read_input(spec: str, *, prompt_column: str, split: str,
     """Pick the reader by `hf:` prefix, directory or extension (other extensions are text)."""
     if spec.startswith("hf:"):
         return read_hub_dataset(spec, prompt_column, split)
+    if is_url(spec):    # one object (load_prompts expanded globs and prefixes)
+        return _read_file(spec, spec, suffix_of(spec), prompt_column, ignored)
     path = Path(spec)
     if not path.exists():
         raise InputError(f"{spec}: no such file or directory")
     if path.is_dir():
         return read_saved_dataset(path, spec, prompt_column, split)
-    suffix = path.suffix.lower()
+    return _read_file(path, spec, path.suffix.lower(), prompt_column, ignored)
+
+
+def _read_file(path: Path | str, spec: str, suffix: str, prompt_column: str,
+               ignored: Collection[str]) -> ParsedInput:
     if suffix in (".jsonl", ".json"):
         return read_json_lines(path, spec, ignored)
     if suffix in (".csv", ".tsv"):
@@ -47,6 +54,16 @@ def read_input(spec: str, *, prompt_column: str, split: str,
     if suffix in (".parquet", ".pq"):
         return read_parquet(path, spec, prompt_column)
     return read_text(path, spec)
+
+
+def expand_inputs(inputs: Sequence[str | Path]) -> list[str]:
+    """The inputs as read: a URL's glob (`s3://b/in/*.jsonl`) or prefix (`s3://b/in/`) as the
+    objects it names, in a stable order; anything else as given. A URL that names nothing, or
+    cannot be listed, is refused here (StorageError: the URL and the service's error code)."""
+    out: list[str] = []
+    for spec in inputs:
+        out.extend(expand(str(spec)) if is_url(str(spec)) else [str(spec)])
+    return out
 
 
 
@@ -80,6 +97,7 @@ def load_prompts(inputs: Sequence[str | Path], *, prompt_column: str = "prompt",
     kinds: list[str] = []
     first_source_by_id: dict[str, str] = {}  # id -> source of the record that holds it
     read_order = -1
+    inputs = expand_inputs(inputs)
     for spec in inputs:
         parsed = read_input(str(spec), prompt_column=prompt_column, split=split,
                             ignored=ignored)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -32,6 +33,7 @@ from neuron_batch.inputs.prompt_records import (
     set_prefix,
     set_prompt,
 )
+from neuron_batch.storage.urls import open_binary, open_text
 
 #: Request-trace columns: (prompt tokens, generated tokens, arrival); the first pair found wins.
 TRACE_COLUMNS = (
@@ -166,14 +168,15 @@ def _json_cell(text: str, column: str) -> Any:
         raise FieldError(column, f"expected a JSON array in this cell, got {text[:40]!r}") from None
 
 
-def read_csv(path: Path, label: str, prompt_column: str, *, delimiter: str = ",") -> ParsedInput:
+def read_csv(path: Path | str, label: str, prompt_column: str, *, delimiter: str = ","
+             ) -> ParsedInput:
     if csv.field_size_limit() < _CSV_FIELD_LIMIT:
         csv.field_size_limit(_CSV_FIELD_LIMIT)
-    try:
-        handle = open(path, newline="", encoding="utf-8-sig")  # -sig: Excel writes a BOM
-    except OSError as exc:
-        raise InputError(f"{label}: cannot read: {exc.strerror or exc}") from exc
-    with handle:
+    with ExitStack() as stack:
+        try:    # (a local path or a URL: storage/urls.py)
+            handle = stack.enter_context(open_text(path, encoding="utf-8-sig"))  # -sig: BOM
+        except OSError as exc:
+            raise InputError(f"{label}: cannot read: {exc.strerror or exc}") from exc
         reader = csv.reader(handle, delimiter=delimiter)
         try:
             header = next(reader, None)
@@ -235,7 +238,7 @@ def _table_items(columns: dict[str, list], num_rows: int, layout: TableLayout,
     return items
 
 
-def read_parquet(path: Path, label: str, prompt_column: str) -> ParsedInput:
+def read_parquet(path: Path | str, label: str, prompt_column: str) -> ParsedInput:
     try:
         import pyarrow
         import pyarrow.parquet
@@ -244,12 +247,14 @@ def read_parquet(path: Path, label: str, prompt_column: str) -> ParsedInput:
                          "pip install 'neuron-batch[data]'") from exc
     unreadable = (OSError, ValueError, pyarrow.ArrowException)
     try:
-        names = pyarrow.parquet.read_schema(path).names
+        with open_binary(path) as handle:   # (a local path or a URL: storage/urls.py)
+            names = pyarrow.parquet.read_schema(handle).names
     except unreadable as exc:
         raise InputError(f"{label}: not a readable Parquet file ({exc})") from exc
     layout = choose_layout(names, prompt_column, label)
     try:
-        table = pyarrow.parquet.read_table(path, columns=layout.columns())
+        with open_binary(path) as handle:
+            table = pyarrow.parquet.read_table(handle, columns=layout.columns())
     except unreadable as exc:
         raise InputError(f"{label}: not a readable Parquet file ({exc})") from exc
     columns = {name: table.column(name).to_pylist() for name in layout.columns()}

@@ -16,7 +16,8 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TextIO
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO, TextIO
 
 from neuron_batch.errors import RunError
 
@@ -106,17 +107,49 @@ def expand(url: str) -> list[str]:
 
 
 @contextmanager
-def open_text(url: str, encoding: str = "utf-8") -> Iterator[TextIO]:
-    """A streamed text reader of one object: ranged reads, never the whole object first."""
+def open_binary(spec: str | Path) -> Iterator[BinaryIO]:
+    """One input, a local path or a URL, as a binary file object (a URL's object read in
+    ranges as it is read, never downloaded whole first). Local errors are the OSError they
+    are; a URL's are StorageError."""
+    if not is_url(str(spec)):
+        with open(spec, "rb") as handle:
+            yield handle
+        return
+    url = str(spec)
     where = locate(url)
     with translated(url):
         raw = where.fs.open(where.path, "rb")
     try:
-        with io.TextIOWrapper(raw, encoding=encoding, newline="") as text:
-            with translated(url):
-                yield text
+        with translated(url):
+            yield raw
     finally:
         raw.close()
+
+
+@contextmanager
+def open_text(spec: str | Path, encoding: str = "utf-8") -> Iterator[TextIO]:
+    """`open_binary` as text (newlines as written: the csv module wants them so)."""
+    with open_binary(spec) as raw:
+        text = io.TextIOWrapper(raw, encoding=encoding, newline="")
+        try:
+            yield text
+        finally:
+            text.detach()
+
+
+def read_bytes(spec: str | Path) -> bytes:
+    with open_binary(spec) as handle:
+        return handle.read()
+
+
+def name_of(spec: str | Path) -> str:
+    """The last part of a path or URL (`s3://b/in/a.jsonl` -> `a.jsonl`)."""
+    return PurePosixPath(str(spec).split("://", 1)[-1]).name if is_url(str(spec)) else Path(
+        spec).name
+
+
+def suffix_of(spec: str | Path) -> str:
+    return PurePosixPath(name_of(spec)).suffix.lower()
 
 
 def probe_writable(url: str) -> None:
