@@ -19,8 +19,12 @@ from neuron_batch.cli.options import settings_from_options, settings_options
               help="Where run folders go (its free space is checked).")
 @click.option("--no-platform", is_flag=True,
               help="Do not import vLLM to see which platform it picks (saves ~10 s).")
+@click.option("--input", "input_urls", multiple=True, metavar="URL",
+              help="An input URL a run will read (s3://bucket/key, a glob or a prefix): listed "
+                   "now, with the identity the store sees. Repeatable.")
 @settings_options("doctor")
-def doctor(as_json: bool, results_dir: str, no_platform: bool, **options: Any) -> None:
+def doctor(as_json: bool, results_dir: str, no_platform: bool, input_urls: tuple[str, ...],
+           **options: Any) -> None:
     """Check this host: neuron-batch, Python and vLLM versions (against the tested releases),
     the Neuron plugin (AWS's vllm-neuron or Hugging Face's optimum-neuron), the Neuron runtime
     it runs (nxdi, vllm-neuron or optimum-neuron), NxD Inference, the compiled-artifacts
@@ -50,7 +54,7 @@ def doctor(as_json: bool, results_dir: str, no_platform: bool, **options: Any) -
     if not as_json and not no_platform:
         click.echo("(asking vLLM which platform it picks: about 10 s)", err=True)
     rep = report(gather(results_dir=results_dir, check_platform=not no_platform,
-                        layout=layout))
+                        layout=layout, urls=input_urls))
     if as_json:
         click.echo(json.dumps(rep, indent=2, default=str))
     else:

@@ -123,7 +123,20 @@ def diagnose(facts: dict[str, Any]) -> list[Check]:
         status, detail = OK, None
     checks.append(Check("results folder", status, f"{_size(free)} free in {results['path']}",
                         detail))
+    checks += _url_checks(facts.get("urls") or [])
     facts["run_device"] = run_device
+    return checks
+
+
+def _url_checks(urls: list[dict[str, Any]]) -> list[Check]:
+    """Each --input URL: listed (how many objects) and who read it, or the store's refusal."""
+    checks = []
+    for url in urls:
+        if "error" in url:
+            checks.append(Check("input URL", FAIL, url["error"]))
+            continue
+        who = f", read as {url['identity']}" if url.get("identity") else ""
+        checks.append(Check("input URL", OK, f"{url['url']}: {url['objects']:,} object(s){who}"))
     return checks
 
 

@@ -12,7 +12,7 @@ import platform
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -183,9 +183,9 @@ def gather(*, results_dir: str | Path = "results", check_platform: bool = True,
            dev_glob: Callable[[str], list[str]] = glob.glob,
            which: Callable[[str], str | None] = shutil.which,
            environ: dict[str, str] | None = None,
-           layout: RunSettings | None = None) -> dict[str, Any]:
+           layout: RunSettings | None = None, urls: Sequence[str] = ()) -> dict[str, Any]:
     """Everything doctor reports, as plain data (`layout`: the model and limits to check the
-    static KV cache of, from doctor's options)."""
+    static KV cache of, from doctor's options; `urls`: input URLs to list)."""
     from neuron_batch.engine.models import builtin_model_state
 
     environ = dict(os.environ if environ is None else environ)
@@ -214,10 +214,22 @@ def gather(*, results_dir: str | Path = "results", check_platform: bool = True,
         "builtin_model": builtin_model_state(),
         "results": disk_state(results_dir),
         "model": model_facts(layout.model if layout is not None else None),
+        "urls": [url_facts(url) for url in urls],
     }
     if check_platform and version is not None:
         facts["platform"] = probe_platform()
     return facts
+
+
+def url_facts(url: str) -> dict[str, Any]:
+    """An input URL as a run would read it: the objects it names and the identity the store
+    sees, or the store's refusal (its URL and error code; never a credential)."""
+    from neuron_batch.storage.urls import StorageError, expand, identity
+
+    try:
+        return {"url": url, "objects": len(expand(url)), "identity": identity(url)}
+    except StorageError as error:
+        return {"url": url, "error": str(error)}
 
 
 def model_facts(spec: str | None) -> dict[str, Any] | None:

@@ -34,6 +34,7 @@ from neuron_batch.settings.groups import (
     LayoutSettings,
     TargetSettings,
 )
+from neuron_batch.storage.urls import is_url
 
 if TYPE_CHECKING:
     from neuron_batch.device.hardware import Instance
@@ -124,6 +125,12 @@ class RunSettings(_EverySetting):
                                 "itself (--compiled-artifacts, the compile cache)")
         if self.ray is not None and not str(self.ray).strip():
             raise SettingsError("--ray needs a cluster address (host:port, auto or local)")
+        if self.output is not None and is_url(str(self.output)):
+            # (inputs may be URLs; a run folder in a bucket is not written yet: refused rather
+            # than made as a local folder named like the URL)
+            raise SettingsError(f"--output {self.output}: a run folder in object storage is not "
+                                "supported yet; give a local folder and copy it to the bucket "
+                                "after the run (docs/cron.md)")
         try:
             KvReserve.parse(self.kv_reserve, "kv-reserve")
         except ValueError as error:

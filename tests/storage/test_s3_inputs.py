@@ -100,3 +100,25 @@ def test_a_trace_in_s3_runs_on_the_simulated_device(bucket, tmp_path):
     assert result.output == ""
     assert len((out / "outputs.jsonl").read_text().splitlines()) == 12
     assert url in (out / "run.json").read_text()
+
+
+def test_a_run_folder_in_a_bucket_is_refused_by_name(tmp_path):
+    """Until run folders live in buckets, --output s3://... is refused at once (exit 2), not
+    made as a local folder named like the URL."""
+    result = CliRunner().invoke(main, ["run", "--device", "sim", "-o", "s3://b/runs/night/"],
+                                catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    assert "--output s3://b/runs/night/: a run folder in object storage" in result.output
+
+
+def test_doctor_lists_an_input_url_and_names_who_reads_it(bucket):
+    _put(bucket, "night/a.jsonl", b'{"prompt": "x"}\n')
+    _put(bucket, "night/b.jsonl", b'{"prompt": "y"}\n')
+    good = CliRunner().invoke(main, ["doctor", "--no-platform", "--input",
+                                     f"s3://{bucket}/night/*.jsonl"])
+    assert f"s3://{bucket}/night/*.jsonl: 2 object(s), read as arn:aws:" in good.output
+    bad = CliRunner().invoke(main, ["doctor", "--no-platform", "--input",
+                                    f"s3://{bucket}/nothing/"])
+    assert bad.exit_code == 1
+    assert f"s3://{bucket}/nothing/: NoSuchKey" in bad.output
+    assert "testing-secret" not in good.output + bad.output
