@@ -14,7 +14,7 @@ from neuron_batch.job.folder import REPORT, RunFolder
 from neuron_batch.job.job import Job
 from neuron_batch.job.request_spec import report_defaults
 from neuron_batch.prefix_grid import grid_size
-from neuron_batch.report.model import Attempt, Cost, PrefixCache, Report, Tokens
+from neuron_batch.report.model import SCHEMA_VERSION, Attempt, Cost, PrefixCache, Report, Tokens
 from neuron_batch.report.schema import or_none
 
 
@@ -245,5 +245,9 @@ def rerender(path: Path) -> str:
         raise RunError(f"{report_path}: no report here; is {path} a neuron-batch run "
                        f"folder?") from None
     report = Report.from_dict(report)   # (an older folder's report reads too: model.py)
+    if report.version > SCHEMA_VERSION:     # (a newer release wrote it: its fields may differ)
+        raise RunError(f"{report_path}: report schema_version {report.version} is newer than "
+                       f"this release reads (0 to {SCHEMA_VERSION}); upgrade neuron-batch to "
+                       f"render it")
     report.output_dir = str(report_path.parent)     # where it is now, if it was moved
     return format_summary(report, terminal_width(sys.stdout))     # (the CLI prints it there)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from neuron_batch.report.model import (
     SCHEMA_VERSION,
     STOPPED,
@@ -133,3 +135,17 @@ def test_as_report_takes_either_form():
     report = Report.from_dict(OLD)
     assert as_report(report) is report
     assert as_report(OLD) == report
+
+
+def test_a_report_of_a_newer_schema_is_named_with_the_versions_read(tmp_path):
+    """`neuron-batch report DIR` on a folder a newer release wrote: named, with the versions
+    this one reads, rather than rendered from fields it may misread."""
+    from neuron_batch.errors import RunError
+    from neuron_batch.report.model import SCHEMA_VERSION
+    from neuron_batch.run.folder_report import rerender
+
+    (tmp_path / "report.json").write_text(json.dumps({"schema_version": SCHEMA_VERSION + 1}))
+    with pytest.raises(RunError) as error:
+        rerender(tmp_path)
+    assert f"schema_version {SCHEMA_VERSION + 1} is newer" in str(error.value)
+    assert f"(0 to {SCHEMA_VERSION})" in str(error.value)
