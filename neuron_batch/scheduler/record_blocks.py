@@ -38,7 +38,10 @@ BLOCKED = ("at_capacity", "prefill_in_running", "prefill_batch_full", "kv_satura
 #: "f" a float, "c" a string from a table (unknown strings: the block's `extra` list), "t"
 #: several time fields (names split by spaces; None: NaN) stored row by row in one float
 #: column, so each XORs the time just before it (a step's end its start, the next step's
-#: start its end: on a virtual clock those are equal, and cost nothing).
+#: start its end: on a virtual clock those are equal, and cost nothing). "p" a prefill step's
+#: request ids (a decode step's are left out: max_num_seqs ids a step would be most of the
+#: file; a prefill's few say which request a graph call served, which the prefix-cache and
+#: optimum-neuron tests read).
 STEP_COLUMNS: tuple[tuple[str, str], ...] = (
     ("step", "i"), ("state", "c"), ("kind", "c"), ("num_tokens", "i"),
     ("num_tokens_padded", "i"), ("num_seqs", "i"), ("num_seqs_padded", "i"), ("bucket", "n"),
@@ -46,7 +49,7 @@ STEP_COLUMNS: tuple[tuple[str, str], ...] = (
     ("kv_usage", "f"), ("t_start t_end", "t"), ("kv_reserved_blocks", "i"),
     ("num_preempted", "i"), ("attended_len", "n"), ("longest_len", "n"),
     ("cached_tokens", "i"), ("recomputed_tokens", "i"), ("prefix_bucket", "n"),
-    ("sampling_s", "f"),
+    ("sampling_s", "f"), ("req_ids", "p"),
 )
 _STEP_TABLES = {"state": STATES, "kind": KINDS, "blocked": BLOCKED}
 
@@ -59,6 +62,7 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 _NAN = float("nan")
+_SEP = "\x1f"     # (between a prefill step's request ids: a unit separator no id holds)
 
 
 def _planes(words: np.ndarray) -> bytes:
@@ -150,7 +154,10 @@ def encode(kind: str, columns: tuple[tuple[str, str], ...], records: Sequence[An
                         extra.append(v)
                     codes.append(-1 - extra_index[v])
             raw = _ints(codes)
-        else:           # "s": lengths, then the UTF-8 text
+        else:           # "s", "p": lengths, then the UTF-8 text
+            if type_ == "p":
+                values = [_SEP.join(map(str, v or ())) if r.kind == "prefill" else ""
+                          for r, v in zip(records, values)]
             texts = [("" if v is None else str(v)).encode("utf-8") for v in values]
             raw = _ints([len(t) for t in texts]) + b"".join(texts)
         sizes.append(len(raw))
@@ -227,6 +234,8 @@ def rows(line: dict[str, Any], columns: tuple[tuple[str, str], ...],
             values = [None if v == 0 else v - 1 for v in values]
         elif type_ == "g":
             values = [None if v != v else v for v in values]
+        elif type_ == "p":
+            values = [v.split(_SEP) if v else [] for v in values]
         elif type_ == "s" and name != "req_id":
             values = [v or None for v in values]
         elif type_ == "i" and name in ("constrained", "logprobs"):

@@ -418,12 +418,12 @@ def iter_records(path: str | Path) -> Iterator[tuple[str, Any]]:
     ("step", StepRecord), ("request", RequestRecord), ("summary", dict), ("replica", dict);
     both forms (JSON lines of the records before issue 46, and blocks). A file cut short by a
     crash is read up to its last whole line."""
-    step_defaults = {"t_end": None, "sampling_s": 0.0}
+    step_defaults: dict[str, Any] = {"t_end": None, "sampling_s": 0.0, "req_ids": []}
     for obj in _iter_json_lines(Path(path)):
         kind = obj.pop("type", None)
         if kind == "steps":
             for row in rows(obj, STEP_COLUMNS, step_defaults):
-                yield "step", StepRecord(req_ids=[], **_known(StepRecord, row))
+                yield "step", StepRecord(**_known(StepRecord, row))
         elif kind == "requests":
             for row in rows(obj, REQUEST_COLUMNS, {}):
                 yield "request", RequestRecord(**_known(RequestRecord, row))
