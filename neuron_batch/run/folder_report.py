@@ -41,6 +41,7 @@ def build_report(job: Job) -> Report:
              "inputs": list(settings.inputs),
              "order": settings.order}
     if job.simulated:
+        assert job.target is not None  # (simulated: there is a target, job.simulated says so)
         shapes = settings.shapes(job.target.runtime)
         # (under nxdi's prefix-caching grid, a prefill graph per (prefill, prefix) pair)
         prefill_graphs = grid_size(shapes.prefill_buckets, shapes.prefix_buckets or (0,))
