@@ -145,7 +145,10 @@ def load(path: str | Path) -> RunRecords:
         for line in handle:
             if line.startswith('{"type":"steps"'):
                 # (the aggregates hold what the report needs of them: only their count read)
-                steps_in_file += int(_BLOCK_COUNT.match(line).group(1))
+                count = _BLOCK_COUNT.match(line)
+                if count is None:
+                    break   # a torn last line from a killed process, cut before its count
+                steps_in_file += int(count.group(1))
                 continue
             line = line.strip()
             if not line:
