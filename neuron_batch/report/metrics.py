@@ -413,8 +413,7 @@ def time_per_state(steps: Sequence[StepRecord], requests: Sequence[RequestRecord
     states = [s.state for s in steps]
     starts = [s.t_start for s in steps]
     ends = [s.t_end for s in steps]
-    next_starts = starts[1:]
-    next_starts.append(None)
+    next_starts: list[float | None] = starts[1:] + [None]   # (the last step has no next)
     seconds = dict.fromkeys(table, 0.0)
     seconds.update(dict.fromkeys(states, 0.0))  # a state this module does not know stays visible
 
@@ -451,6 +450,7 @@ def latency_summary(completed: Sequence[RequestRecord]) -> dict[str, dict[str, f
     """TTFT, time per output token and end-to-end latency of completed requests, in seconds."""
     ttft, tpot, e2e = [], [], []
     for r in completed:
+        assert r.finished is not None   # (summarize passes the finished ones only)
         e2e.append(r.finished - r.arrival)
         if r.first_token is not None:
             ttft.append(r.first_token - r.arrival)

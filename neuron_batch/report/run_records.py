@@ -91,12 +91,11 @@ class RequestColumns:
 
     def take(self, keep: Iterable[int] | np.ndarray) -> RequestColumns:
         """The rows at the indices `keep`, in that order."""
-        keep = np.asarray(list(keep) if not isinstance(keep, np.ndarray) else keep,
-                          dtype=np.int64)
+        at = np.asarray(list(keep) if not isinstance(keep, np.ndarray) else keep, dtype=np.int64)
         out = RequestColumns()
         for name in (*_FLOATS, *_INTS):
-            setattr(out, name, getattr(self, name)[keep])
-        picked = keep.tolist()
+            setattr(out, name, getattr(self, name)[at])
+        picked = at.tolist()
         for name in _TEXTS:
             column = getattr(self, name)
             setattr(out, name, [column[i] for i in picked])
