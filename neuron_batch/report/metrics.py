@@ -18,7 +18,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -52,7 +52,7 @@ _IDLE = SchedulerState.IDLE.value
 
 
 def summarize(records: Records, *, elapsed_s: float | None = None, start: float | None = None,
-              extra_config: dict | None = None, total: int | None = None,
+              extra_config: dict[str, Any] | None = None, total: int | None = None,
               failed: int | None = None, skipped: int | None = None) -> dict[str, Any]:
     """The report dictionary of a run: JSON-ready, read by `summary.py`, users and dashboards.
 
@@ -123,7 +123,7 @@ def summarize(records: Records, *, elapsed_s: float | None = None, start: float 
 
 
 def summarize_run(run: RunRecords, *, elapsed_s: float | None = None,
-                  extra_config: dict | None = None, total: int | None = None,
+                  extra_config: dict[str, Any] | None = None, total: int | None = None,
                   failed: int | None = None, skipped: int | None = None) -> dict[str, Any]:
     """The report dictionary of records read back (report/run_records.py): the same figures
     as `summarize`, from the steps' running aggregates and the requests' columns, without a
@@ -198,12 +198,13 @@ def summarize_run(run: RunRecords, *, elapsed_s: float | None = None,
     return report
 
 
-def _floats(column) -> np.ndarray:
-    return np.asarray(column, dtype=np.float64)
+# (a request column: an array, or a list where the records were kept in memory)
+def _floats(column: Sequence[float | None] | np.ndarray) -> np.ndarray:
+    return cast(np.ndarray, np.asarray(column, dtype=np.float64))   # (numpy's result: Any)
 
 
-def _ints(column) -> np.ndarray:
-    return np.asarray(column, dtype=np.int64)
+def _ints(column: Sequence[int] | np.ndarray) -> np.ndarray:
+    return cast(np.ndarray, np.asarray(column, dtype=np.int64))
 
 
 def _latency_columns(requests: RunRecordsRequests, done: np.ndarray

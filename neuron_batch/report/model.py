@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, overload
+from typing import Any, ClassVar, Literal, cast, overload
 
 from neuron_batch.report.schema import ABSENT, Section, or_none, section_field, typed
 
@@ -384,7 +384,9 @@ class Report(Section):
         if isinstance(value, Section):
             return value
         kind = type(self).__dataclass_fields__[name].metadata.get("kind")
-        return kind() if kind is not None else value
+        # (a typed field's kind is a Section class; a plain field's value is its JSON, which
+        # no overload names: Any either way)
+        return cast(Section, kind() if kind is not None else value)
 
 
 def as_report(report: Report | Mapping[str, Any]) -> Report:

@@ -27,6 +27,7 @@ from neuron_batch.scheduler.records import (
     NOT_COMPLETED,
     RequestRecord,
     RunConfig,
+    StepRecord,
     blocked_from_steps,
     iter_records,
 )
@@ -55,7 +56,7 @@ class RequestColumns:
     num_cached_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     constrained: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     logprobs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    _chunks: dict[str, list] = field(default_factory=dict, repr=False)
+    _chunks: dict[str, list[Any]] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.req_id)
@@ -209,7 +210,7 @@ def _rebuild(path: Path) -> RunRecords:
                       meta)
 
 
-def aggregates_of(steps: list, requests: RequestColumns, config: RunConfig | None,
+def aggregates_of(steps: list[StepRecord], requests: RequestColumns, config: RunConfig | None,
                   start: float | None = None) -> Aggregates:
     """The aggregates of steps in memory (in step order) with the requests that count; the
     window as report/metrics.py counts it (from `start`, default the first arrival)."""

@@ -171,7 +171,7 @@ def format_summary(report: Report | Mapping[str, Any], width: int | None = None)
     return "\n".join(clip(line, width) for line in lines) + "\n"
 
 
-def terminal_width(stream) -> int | None:
+def terminal_width(stream: object) -> int | None:
     """The width `format_summary` cuts at for `stream`: the terminal's (at least the 100
     columns the summary is laid out in), or None when it is not a terminal."""
     import shutil
