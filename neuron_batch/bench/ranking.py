@@ -11,19 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from neuron_batch.bench.number_words import COST_COMPILE_S, as_number
 from neuron_batch.report.cost import compile_and_usd
 from neuron_batch.report.model import (
-    Admission,
-    Cost,
     KvFigures,
-    Latency,
-    Padding,
     ReportConfig,
-    StepCounts,
-    Throughput,
     as_report,
 )
 from neuron_batch.report.schema import or_none, present
@@ -82,12 +76,11 @@ def cost_key_of(rows: Sequence[Mapping[str, Any]]) -> str:
 def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
     report = as_report(entry["report"])     # (sweep.json holds the report's JSON)
     params = dict(entry.get("params") or {})
-    # (report.section gives the empty section where an older report lacks one; its kind is
-    # the field's: cast until the report model types it per name)
-    config = cast(ReportConfig, report.section("config"))
-    throughput = cast(Throughput, report.section("throughput"))
-    padding = cast(Padding, report.section("padding"))
-    latency = cast(Latency, report.section("latency"))
+    # (report.section gives the empty section where an older report lacks one, typed per name)
+    config = report.section("config")
+    throughput = report.section("throughput")
+    padding = report.section("padding")
+    latency = report.section("latency")
 
     prefill = configured_buckets(or_none(config.prefill_buckets), params.get("prefill_buckets"))
     decode = configured_buckets(or_none(config.decode_buckets), params.get("decode_buckets"))
@@ -107,7 +100,7 @@ def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
     shares = {state: (value / total if total > 0 else None) for state, value in seconds.items()}
 
     blocked = {reason: 0 for reason in BLOCK_REASONS}
-    refusals = cast(Admission, report.section("admission_blocked")).counts()
+    refusals = report.section("admission_blocked").counts()
     blocked.update({reason: int(count or 0) for reason, count in refusals.items()})
 
     def quantile(kind: str, name: str) -> float | None:
@@ -115,7 +108,7 @@ def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
         return or_none(getattr(figures, name)) if figures else None
 
     compile_s, with_compile = compile_and_usd(report)
-    cost = cast(Cost, report.section("cost"))
+    cost = report.section("cost")
 
     def setting(name: str) -> Any:     # the report's, else the swept setting
         value = getattr(config, name)
@@ -138,7 +131,7 @@ def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
         "output_tokens_per_s": output_tps,
         "total_tokens_per_s": float(throughput.total_tokens_per_s or 0.0),
         "elapsed_s": or_none(throughput.elapsed_s),
-        "steps": or_none(cast(StepCounts, report.section("steps")).total),
+        "steps": or_none(report.section("steps").total),
         "prefill_waste": or_none(padding.phase("prefill").waste_fraction),
         "decode_waste": or_none(padding.phase("decode").waste_fraction),
         # decode KV attended but not held (nxdi: idle slots and the token-generation bucket;
@@ -159,7 +152,7 @@ def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
         # the usable blocks); None in reports from before these figures existed.
         "kv_reserve": config.kv_reserve or params.get("kv_reserve"),
         "preemptions": or_none(report.preemptions),
-        **_kv_fractions(cast(KvFigures, report.section("kv"))),
+        **_kv_fractions(report.section("kv")),
         **_prefix_fields(entry, config),
     }
 

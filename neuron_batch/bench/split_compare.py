@@ -20,7 +20,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from neuron_batch.bench.ranking import compile_and_usd
 from neuron_batch.bench.sweep_grid import Candidate
@@ -29,7 +29,7 @@ from neuron_batch.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
 from neuron_batch.job.folder import write_json_atomic
 from neuron_batch.layout.split import fitted_buckets
 from neuron_batch.report.cost import per_million
-from neuron_batch.report.model import Cost, Report, ReportConfig, as_report
+from neuron_batch.report.model import Report, as_report
 from neuron_batch.report.schema import or_none
 from neuron_batch.settings import RunSettings
 
@@ -88,12 +88,12 @@ def figures(name: str, params: dict[str, Any],
     layouts = [{k: p.get(k) for k in ("part", "max_model_len", "max_num_seqs", "requests",
                                       "output_tokens_per_s", "buckets")}
                for p in split.get("parts", [])]
-    config = cast(ReportConfig, report.section("config"))
+    config = report.section("config")
     return {"name": name, **params,
             "output_tokens_per_s": report.throughput.output_tokens_per_s,
             "elapsed_s": elapsed, "estimated_compile_s": compile_s,
             "usd_per_million_output_tokens": or_none(
-                cast(Cost, report.section("cost")).usd_per_million_output_tokens),
+                report.section("cost").usd_per_million_output_tokens),
             "usd_per_million_with_compile": with_compile, "parts": layouts,
             "max_model_len": or_none(config.max_model_len),
             "max_num_seqs": or_none(config.max_num_seqs)}

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from neuron_batch.bench.command_line import run_command, shell_lines
 from neuron_batch.bench.preflight import Loadable, layout_check, loadable
@@ -49,7 +49,7 @@ from neuron_batch.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunError
 from neuron_batch.inputs.prepare import PromptTokens
 from neuron_batch.job.folder import REPORT, write_json_atomic
 from neuron_batch.job.workload import load_workload
-from neuron_batch.report.model import Report, Requests, as_report
+from neuron_batch.report.model import Report, as_report
 from neuron_batch.report.schema import present
 from neuron_batch.run.runner import run
 from neuron_batch.settings import RunSettings
@@ -128,7 +128,7 @@ def finished_report(out_dir: Path) -> Report | None:
         report = Report.from_dict(json.loads((out_dir / REPORT).read_text(encoding="utf-8")))
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    pending = cast(Requests, report.section("requests")).pending
+    pending = report.section("requests").pending
     return report if present(pending) and pending == 0 else None
 
 

@@ -18,7 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from neuron_batch.bench.deadline import format_hours
 from neuron_batch.errors import EXIT_INTERRUPTED, EXIT_OK, RunError
@@ -43,7 +43,7 @@ from neuron_batch.plan.search import Search, dry_run
 from neuron_batch.plan.splits import split_options
 from neuron_batch.plan.tighten import Tightener, bound_is_exact
 from neuron_batch.plan.words import left_out_line
-from neuron_batch.report.model import Report, StepCounts
+from neuron_batch.report.model import Report
 from neuron_batch.report.schema import or_none
 from neuron_batch.settings import RunSettings
 
@@ -93,7 +93,7 @@ def simulate_share(settings: RunSettings, workload_limit: int | None) -> dict[st
             "output_tokens": report.tokens.output,
             "replica_output_tokens_per_s": throughput.output_tokens_per_s,
             "num_requests": report.requests.completed,
-            "steps": or_none(cast(StepCounts, report.section("steps")).total),
+            "steps": or_none(report.section("steps").total),
             "run_dir": settings.output, "reused": reused,
             "split_parts": (report.split or {}).get("parts"),
             "wall_s": round(time.monotonic() - started, 1),

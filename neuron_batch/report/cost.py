@@ -38,7 +38,7 @@ PRICES: dict[str, dict[str, float]] = {
     "trn1.32xlarge": {ON_DEMAND: 21.50, RESERVED: 8.197},
 }
 #: Where each column comes from, and when (also in the README).
-PRICE_SOURCES = {
+PRICE_SOURCES: dict[str, str] = {    # (keyed by Pricing, a str: --pricing's word finds it)
     ON_DEMAND: "AWS EC2 on-demand price list, us-east-1, Linux, as quoted in 2024-2025",
     RESERVED: "AWS Neuron documentation, inference performance pages, "
               "'RI-Effective hourly rate' column",

@@ -18,7 +18,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -52,7 +52,7 @@ _IDLE = SchedulerState.IDLE.value
 
 
 def summarize(records: Records, *, elapsed_s: float | None = None, start: float | None = None,
-              extra_config: dict | None = None, total: int | None = None,
+              extra_config: dict[str, Any] | None = None, total: int | None = None,
               failed: int | None = None, skipped: int | None = None) -> dict[str, Any]:
     """The report dictionary of a run: JSON-ready, read by `summary.py`, users and dashboards.
 
@@ -123,7 +123,7 @@ def summarize(records: Records, *, elapsed_s: float | None = None, start: float 
 
 
 def summarize_run(run: RunRecords, *, elapsed_s: float | None = None,
-                  extra_config: dict | None = None, total: int | None = None,
+                  extra_config: dict[str, Any] | None = None, total: int | None = None,
                   failed: int | None = None, skipped: int | None = None) -> dict[str, Any]:
     """The report dictionary of records read back (report/run_records.py): the same figures
     as `summarize`, from the steps' running aggregates and the requests' columns, without a
@@ -198,12 +198,13 @@ def summarize_run(run: RunRecords, *, elapsed_s: float | None = None,
     return report
 
 
-def _floats(column) -> np.ndarray:
-    return np.asarray(column, dtype=np.float64)
+# (a request column: an array, or a list where the records were kept in memory)
+def _floats(column: Sequence[float | None] | np.ndarray) -> np.ndarray:
+    return cast(np.ndarray, np.asarray(column, dtype=np.float64))   # (numpy's result: Any)
 
 
-def _ints(column) -> np.ndarray:
-    return np.asarray(column, dtype=np.int64)
+def _ints(column: Sequence[int] | np.ndarray) -> np.ndarray:
+    return cast(np.ndarray, np.asarray(column, dtype=np.int64))
 
 
 def _latency_columns(requests: RunRecordsRequests, done: np.ndarray
@@ -413,8 +414,7 @@ def time_per_state(steps: Sequence[StepRecord], requests: Sequence[RequestRecord
     states = [s.state for s in steps]
     starts = [s.t_start for s in steps]
     ends = [s.t_end for s in steps]
-    next_starts = starts[1:]
-    next_starts.append(None)
+    next_starts: list[float | None] = starts[1:] + [None]   # (the last step has no next)
     seconds = dict.fromkeys(table, 0.0)
     seconds.update(dict.fromkeys(states, 0.0))  # a state this module does not know stays visible
 
@@ -451,6 +451,7 @@ def latency_summary(completed: Sequence[RequestRecord]) -> dict[str, dict[str, f
     """TTFT, time per output token and end-to-end latency of completed requests, in seconds."""
     ttft, tpot, e2e = [], [], []
     for r in completed:
+        assert r.finished is not None   # (summarize passes the finished ones only)
         e2e.append(r.finished - r.arrival)
         if r.first_token is not None:
             ttft.append(r.first_token - r.arrival)

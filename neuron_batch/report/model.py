@@ -8,6 +8,11 @@ JSON (`config.sim`, `sampling`, `prefix_caching`, `split`, `verdict`, `replicas`
 descriptions other modules own the shape of (device/target.py, run/folder_report.py,
 run/verdict.py); they are typed where a reader needs it.
 
+Plain fields are typed `Any` (mypy, issue 49): each holds its JSON value as the file had it (an
+older or newer version's included, a number where a string was expected kept as it is) or
+ABSENT, so no narrower type would be true; readers go through `or_none`/`present`. Nested
+sections are typed; `section(name)` gives each its own type.
+
 Pure Python: `neuron-batch report DIR` and the readers in bench and plan take a `Report`
 without vLLM.
 """
@@ -17,7 +22,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, cast, overload
 
 from neuron_batch.report.schema import ABSENT, Section, or_none, section_field, typed
 
@@ -125,8 +130,9 @@ class BucketRow(Section):
 
     def figures(self, count_key: str, actual_key: str, padded_key: str) -> tuple[int, int, int]:
         """(count, actual, padded) of the row, 0 where absent."""
-        return tuple(or_none(getattr(self, key)) or 0
-                     for key in (count_key, actual_key, padded_key))
+        count, actual, padded = (or_none(getattr(self, key)) or 0
+                                 for key in (count_key, actual_key, padded_key))
+        return count, actual, padded
 
 
 @dataclass
@@ -345,6 +351,32 @@ class Report(Section):
         """The layout's version; 0 for a report written before versions."""
         return 0 if self.schema_version is ABSENT else int(self.schema_version)
 
+    # (one overload per section, so a reader gets its section's type without a cast)
+    @overload
+    def section(self, name: Literal["config"]) -> ReportConfig: ...
+    @overload
+    def section(self, name: Literal["requests"]) -> Requests: ...
+    @overload
+    def section(self, name: Literal["throughput"]) -> Throughput: ...
+    @overload
+    def section(self, name: Literal["tokens"]) -> Tokens: ...
+    @overload
+    def section(self, name: Literal["padding"]) -> Padding: ...
+    @overload
+    def section(self, name: Literal["prefix_cache"]) -> PrefixCache: ...
+    @overload
+    def section(self, name: Literal["admission_blocked"]) -> Admission: ...
+    @overload
+    def section(self, name: Literal["kv"]) -> KvFigures: ...
+    @overload
+    def section(self, name: Literal["latency"]) -> Latency: ...
+    @overload
+    def section(self, name: Literal["steps"]) -> StepCounts: ...
+    @overload
+    def section(self, name: Literal["cost"]) -> Cost: ...
+    @overload
+    def section(self, name: str) -> Section: ...
+
     def section(self, name: str) -> Section:
         """A typed section, an empty one where the report lacks it (readers of older reports
         then see ABSENT fields instead of checking for the section)."""
@@ -352,7 +384,9 @@ class Report(Section):
         if isinstance(value, Section):
             return value
         kind = type(self).__dataclass_fields__[name].metadata.get("kind")
-        return kind() if kind is not None else value
+        # (a typed field's kind is a Section class; a plain field's value is its JSON, which
+        # no overload names: Any either way)
+        return cast(Section, kind() if kind is not None else value)
 
 
 def as_report(report: Report | Mapping[str, Any]) -> Report:

@@ -62,7 +62,11 @@ def prometheus_text(report: Report | Mapping[str, Any], *, job: str = "neuron_ba
     return "\n".join(lines) + "\n"
 
 
-def _families(report: Report, timestamp: float) -> list[tuple[str, str, str, list]]:
+#: A family's samples: (labels, value), the value a report's JSON number.
+_Samples = list[tuple[dict[str, Any], Any]]
+
+
+def _families(report: Report, timestamp: float) -> list[tuple[str, str, str, _Samples]]:
     """(name, type, help, [(labels, value)]) per metric family; None (and absent) values are
     left out."""
     requests = report.section("requests")
@@ -79,11 +83,11 @@ def _families(report: Report, timestamp: float) -> list[tuple[str, str, str, lis
     seconds = "simulated seconds" if simulated else "wall seconds"
     per_second = "per simulated second" if simulated else "per second"
 
-    def samples(label: str, values: dict[str, Any]) -> list:
+    def samples(label: str, values: dict[str, Any]) -> _Samples:
         return [({label: key}, value) for key, value in values.items()
                 if or_none(value) is not None]
 
-    def single(value: Any) -> list:
+    def single(value: Any) -> _Samples:
         return [] if or_none(value) is None else [({}, value)]
 
     def figures_of(section: Section, keys: tuple[str, ...]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -87,10 +87,13 @@ def _merge(parts: list[RunRecords]) -> RunRecords:
     return RunRecords(config, aggregates, blocked, requests)
 
 
-def _groups(per_attempt, attempts: list[dict[str, Any]]) -> dict[int, int | None]:
+def _groups(per_attempt: list[tuple[int, list[_Unit], float]],
+            attempts: list[dict[str, Any]]) -> dict[int, int | None]:
     """Per attempt, the `side_by_side` group it ran in (None: on its own): from attempts.json,
     else from its records' replica lines (an attempt a killed driver never wrote a line for)."""
-    group = {a.get("attempt"): a.get("side_by_side") for a in attempts}
+    # (attempts.json's lines as JSON: each holds its attempt's number and group, ints or null)
+    group = cast(dict[int, int | None],
+                 {a.get("attempt"): a.get("side_by_side") for a in attempts})
     for attempt, units, _ in per_attempt:
         if group.get(attempt) is None:
             group[attempt] = next((m["side_by_side"] for u in units for m in u.meta
@@ -178,8 +181,10 @@ def replica_rows(units: list[_Unit], max_num_seqs: int) -> list[dict[str, Any]]:
             done, tokens = _done(part.records.requests)
             count, output_tokens = count + done, output_tokens + tokens
         meta = [m for p in parts for m in p.meta]
-        nodes = list(dict.fromkeys(m.get("node") for m in meta if m.get("node")))
-        devices = list(dict.fromkeys(m.get("device") for m in meta if m.get("device")))
+        # (the replica lines' node and device: strings, the missing and empty left out)
+        nodes = cast(list[str], list(dict.fromkeys(m.get("node") for m in meta if m.get("node"))))
+        devices = cast(list[str],
+                       list(dict.fromkeys(m.get("device") for m in meta if m.get("device"))))
         full = sum(p.records.aggregates.full_s for p in parts)
         rows.append({
             "replica": replica,

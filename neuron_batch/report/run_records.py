@@ -27,6 +27,7 @@ from neuron_batch.scheduler.records import (
     NOT_COMPLETED,
     RequestRecord,
     RunConfig,
+    StepRecord,
     blocked_from_steps,
     iter_records,
 )
@@ -55,7 +56,7 @@ class RequestColumns:
     num_cached_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     constrained: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     logprobs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    _chunks: dict[str, list] = field(default_factory=dict, repr=False)
+    _chunks: dict[str, list[Any]] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.req_id)
@@ -91,12 +92,11 @@ class RequestColumns:
 
     def take(self, keep: Iterable[int] | np.ndarray) -> RequestColumns:
         """The rows at the indices `keep`, in that order."""
-        keep = np.asarray(list(keep) if not isinstance(keep, np.ndarray) else keep,
-                          dtype=np.int64)
+        at = np.asarray(list(keep) if not isinstance(keep, np.ndarray) else keep, dtype=np.int64)
         out = RequestColumns()
         for name in (*_FLOATS, *_INTS):
-            setattr(out, name, getattr(self, name)[keep])
-        picked = keep.tolist()
+            setattr(out, name, getattr(self, name)[at])
+        picked = at.tolist()
         for name in _TEXTS:
             column = getattr(self, name)
             setattr(out, name, [column[i] for i in picked])
@@ -145,7 +145,10 @@ def load(path: str | Path) -> RunRecords:
         for line in handle:
             if line.startswith('{"type":"steps"'):
                 # (the aggregates hold what the report needs of them: only their count read)
-                steps_in_file += int(_BLOCK_COUNT.match(line).group(1))
+                count = _BLOCK_COUNT.match(line)
+                if count is None:
+                    break   # a torn last line from a killed process, cut before its count
+                steps_in_file += int(count.group(1))
                 continue
             line = line.strip()
             if not line:
@@ -207,7 +210,7 @@ def _rebuild(path: Path) -> RunRecords:
                       meta)
 
 
-def aggregates_of(steps: list, requests: RequestColumns, config: RunConfig | None,
+def aggregates_of(steps: list[StepRecord], requests: RequestColumns, config: RunConfig | None,
                   start: float | None = None) -> Aggregates:
     """The aggregates of steps in memory (in step order) with the requests that count; the
     window as report/metrics.py counts it (from `start`, default the first arrival)."""

@@ -26,7 +26,7 @@ def sampling_section(steps: Sequence[StepRecord], requests: Sequence[RequestReco
 
 
 def sampling_figures(charged: float, step_s: float, constrained: int, logprobs: int,
-                     children: Counter, path: SamplingPath | None = None
+                     children: Counter[str], path: SamplingPath | None = None
                      ) -> dict[str, Any] | None:
     """The section from its sums: the steps' sampling and step seconds, the requests that
     asked for a grammar or logprobs, the children per fanned-out request."""

@@ -38,6 +38,7 @@ class _Absent:
         return "ABSENT"
 
 
+#: (typed Any: it stands in for a field of any declared type, a section's or a plain value's)
 ABSENT: Any = _Absent()
 
 
@@ -69,6 +70,8 @@ class Section:
 
     #: field name -> JSON key, where they differ
     KEYS: ClassVar[dict[str, str]] = {}
+    #: (field name, JSON key) pairs, set on each class by its first `_names()` call
+    _names_cache: ClassVar[list[tuple[str, str]]]
 
     extra: dict[str, Any] = field(default_factory=dict, repr=False, kw_only=True)
     _order: tuple[str, ...] = field(default=(), repr=False, compare=False, kw_only=True)

@@ -171,7 +171,7 @@ def format_summary(report: Report | Mapping[str, Any], width: int | None = None)
     return "\n".join(clip(line, width) for line in lines) + "\n"
 
 
-def terminal_width(stream) -> int | None:
+def terminal_width(stream: object) -> int | None:
     """The width `format_summary` cuts at for `stream`: the terminal's (at least the 100
     columns the summary is laid out in), or None when it is not a terminal."""
     import shutil
@@ -192,6 +192,7 @@ def _cost_rows(report: Report) -> list[str]:
     amount = f"${float_text(or_none(cost.usd), 2)}"
     compile_s, with_compile = compile_and_usd(report)
     if with_compile is not None:
+        assert compile_s is not None    # (compile_and_usd prices a compile only where it knows it)
         amount += (f" run (+ ${float_text(with_compile - cost.usd, 2)} compile estimated, "
                    f"{float_text(compile_s / 60, 1)} min)")
     return title_rows("Cost", [

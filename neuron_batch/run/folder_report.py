@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.inputs.request_paths import asked_counts
@@ -16,6 +17,10 @@ from neuron_batch.job.request_spec import report_defaults
 from neuron_batch.prefix_grid import grid_size
 from neuron_batch.report.model import SCHEMA_VERSION, Attempt, Cost, PrefixCache, Report, Tokens
 from neuron_batch.report.schema import or_none
+
+if TYPE_CHECKING:
+    from neuron_batch.inputs.prepare import Prepared
+    from neuron_batch.settings import RunSettings
 
 
 def build_report(job: Job) -> Report:
@@ -41,6 +46,7 @@ def build_report(job: Job) -> Report:
              "inputs": list(settings.inputs),
              "order": settings.order}
     if job.simulated:
+        assert job.target is not None  # (simulated: there is a target, job.simulated says so)
         shapes = settings.shapes(job.target.runtime)
         # (under nxdi's prefix-caching grid, a prefill graph per (prefill, prefix) pair)
         prefill_graphs = grid_size(shapes.prefill_buckets, shapes.prefix_buckets or (0,))
@@ -106,7 +112,8 @@ def compiled_before(job: Job) -> bool:
     return layout_compiled(job.settings, job.target)
 
 
-def split_section(attempts: list[dict], folder, settings, simulated: bool) -> dict:
+def split_section(attempts: list[dict[str, Any]], folder: RunFolder, settings: RunSettings,
+                  simulated: bool) -> dict[str, Any]:
     """A --split-at run's parts: each attempt that ran a part, its layout and its own figures
     (from its records), and the compile time of the layouts (both are compiled). A part run on
     replicas counts as the whole report does (report/replicas.py attempt_figures): its elapsed time
@@ -161,7 +168,8 @@ def split_section(attempts: list[dict], folder, settings, simulated: bool) -> di
     return out
 
 
-def _add_prefix_bound(report: Report, prepared, done_ids: set[str], settings) -> None:
+def _add_prefix_bound(report: Report, prepared: Prepared, done_ids: set[str],
+                      settings: RunSettings) -> None:
     """`prefix_cache.bound_tokens`: what an unbounded cache could serve the completed requests'
     prompts, in whole blocks of the run's KV block (report/prefix_cache.py)."""
     from neuron_batch.inputs.prepare import PromptTokens
@@ -174,12 +182,12 @@ def _add_prefix_bound(report: Report, prepared, done_ids: set[str], settings) ->
     report.prefix_cache.with_bound(shared_prefix_tokens(prompts, block))
 
 
-def num_instances(settings) -> int:
+def num_instances(settings: RunSettings) -> int:
     """Instances the run is billed for: the simulated layout's (--num-instances), else one."""
     return int(settings.num_instances) if settings.simulated else 1
 
 
-def _add_cost(report: Report, settings) -> None:
+def _add_cost(report: Report, settings: RunSettings) -> None:
     """`cost` whenever the instance is known: run time x price x instances (report/cost.py)."""
     from neuron_batch.report.cost import no_price_message, report_cost
 
@@ -189,8 +197,8 @@ def _add_cost(report: Report, settings) -> None:
     price = settings.price()
     if price is not None:
         report.cost = Cost.from_dict(report_cost(report, price, num_instances(settings)))
-    elif settings.priced_instance() is not None:
-        report.cost_missing = no_price_message(settings.priced_instance())
+    elif (instance := settings.priced_instance()) is not None:
+        report.cost_missing = no_price_message(instance)
 
 
 def _tokens_from_outputs(report: Report, folder: RunFolder) -> None:
@@ -220,7 +228,7 @@ def _tokens_from_outputs(report: Report, folder: RunFolder) -> None:
     report.tokens_per_second = rate(total)
 
 
-def _output_text(row: dict) -> str | None:
+def _output_text(row: dict[str, Any]) -> str | None:
     """An outputs.jsonl line's generated text: `output`, or the OpenAI batch format's choice."""
     if "response" not in row:
         return row.get("output")

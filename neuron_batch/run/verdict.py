@@ -21,13 +21,19 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_batch.choices import Order, prefix_caching_word
-from neuron_batch.inputs.prepare import PromptTokens, in_order
+from neuron_batch.inputs.prepare import PreparedRequest, PromptTokens, in_order
 from neuron_batch.job.job import Job, resolve_target
 from neuron_batch.layout.step_estimate import block_chains, cache_hits, estimate
 from neuron_batch.settings import RunSettings
+
+if TYPE_CHECKING:
+    from neuron_batch.device.target import Target
+
+#: What a weighing is keyed by: (order, prefix caching, max_num_seqs).
+_Key = tuple[str, bool, int]
 
 #: The most requests the verdict weighs; a larger job is weighed on a sample of about this
 #: many (`weighed_sample`), so its cost is bounded whatever the job's size (issue 46: 20 s, a
@@ -99,7 +105,8 @@ def run_verdict(job: Job, elapsed_s: float | None, argv: list[str] | None = None
     return out
 
 
-def weighed_sample(requests: Sequence, block: int, most: int = SAMPLE) -> tuple[list, float]:
+def weighed_sample(requests: Sequence[PreparedRequest], block: int, most: int = SAMPLE
+                   ) -> tuple[list[PreparedRequest], float]:
     """(the requests the verdict weighs, what their steps' time is multiplied by to stand
     for the job's): every request up to `most`; beyond, whole groups of requests that share
     their first KV block (a prompt shorter than a block is a group of its own), picked by the
@@ -118,8 +125,8 @@ def weighed_sample(requests: Sequence, block: int, most: int = SAMPLE) -> tuple[
     return picked, n / len(picked)
 
 
-def _weigh_all(job: Job, settings: RunSettings, requests, scale_up: float = 1.0
-               ) -> dict[tuple, Weighed]:
+def _weigh_all(job: Job, settings: RunSettings, requests: Sequence[PreparedRequest],
+               scale_up: float = 1.0) -> dict[_Key, Weighed]:
     """Every (order, caching, max_num_seqs) the verdict weighs, on the step model; `requests`
     a sample standing for `scale_up` times as many (`weighed_sample`): their steps' time is
     scaled up, and the prefix cache they share is the pool's share of them."""
@@ -164,7 +171,7 @@ def _weigh_all(job: Job, settings: RunSettings, requests, scale_up: float = 1.0
     return out
 
 
-def _slots(settings: RunSettings, target) -> list[int]:
+def _slots(settings: RunSettings, target: Target) -> list[int]:
     """The run's max_num_seqs, half and twice it, and the most that load (a static cache:
     the slots that fit beside the weights); a paged cache only the run's own."""
     seqs = settings.max_num_seqs
@@ -174,13 +181,13 @@ def _slots(settings: RunSettings, target) -> list[int]:
     return sorted({s for s in (seqs, seqs // 2, seqs * 2, most) if 1 <= s <= max(most, seqs)})
 
 
-def _compiled(job: Job, settings: RunSettings, target) -> bool:
+def _compiled(job: Job, settings: RunSettings, target: Target) -> bool:
     from neuron_batch.job.startup import layout_compiled
 
     return layout_compiled(settings, target, job.workload.model.path, ())
 
 
-def _order_attribution(ran: Weighed, weighed: dict[tuple, Weighed], scale: float) -> str:
+def _order_attribution(ran: Weighed, weighed: dict[_Key, Weighed], scale: float) -> str:
     """What this run's order bought against input order (same caching and slots), by phase."""
     if ran.order == Order.INPUT.value:
         return ""

@@ -28,7 +28,7 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 _IDLE = "IDLE"
 _KNOWN_STATES = ("IDLE", "ACTIVE_PREFILL", "ACTIVE_DECODE")
@@ -62,15 +62,18 @@ class ExactSum:
         return math.fsum(self.partials)
 
 
-def _table_to_dict(table: dict) -> dict[str, list]:
+def _table_to_dict(table: dict[int, list[int]]) -> dict[str, list[int]]:
     return {str(key): row for key, row in sorted(table.items())}
 
 
-def _table_from_dict(data: dict[str, list] | None) -> dict[int, list]:
+def _table_from_dict(data: dict[str, list[int]] | None) -> dict[int, list[int]]:
     return {int(key): list(row) for key, row in (data or {}).items()}
 
 
-def _add_rows(into: dict, other: dict) -> None:
+_Key = TypeVar("_Key", int, tuple[int, int])  # a table's key: a bucket, or a grid cell
+
+
+def _add_rows(into: dict[_Key, list[int]], other: dict[_Key, list[int]]) -> None:
     for key, row in other.items():
         mine = into.get(key)
         if mine is None:
@@ -192,11 +195,12 @@ class Aggregates:
         for mine, theirs in ((self.kinds, other.kinds), (self.state_steps, other.state_steps)):
             for key, value in theirs.items():
                 mine[key] = mine.get(key, 0) + value
-        for key, value in other.state_seconds.items():
-            self.state_seconds[key] = self.state_seconds.get(key, 0.0) + value
-        for mine, theirs in ((self.prefill, other.prefill), (self.decode, other.decode),
-                             (self.attention, other.attention), (self.grid, other.grid)):
-            _add_rows(mine, theirs)
+        for state, seconds in other.state_seconds.items():
+            self.state_seconds[state] = self.state_seconds.get(state, 0.0) + seconds
+        for table, their_table in ((self.prefill, other.prefill), (self.decode, other.decode),
+                                   (self.attention, other.attention)):
+            _add_rows(table, their_table)
+        _add_rows(self.grid, other.grid)
         self.grid_used = self.grid_used or other.grid_used
         self.recomputed_tokens += other.recomputed_tokens
         self.preemptions += other.preemptions
@@ -204,11 +208,11 @@ class Aggregates:
         self.step_s += other.step_s
         self.kv_peak_reserved = max(self.kv_peak_reserved, other.kv_peak_reserved)
         self.kv_peak_usage = max(self.kv_peak_usage, other.kv_peak_usage)
-        for mine, theirs in ((self.kv_weight, other.kv_weight),
-                             (self.kv_weighted, other.kv_weighted),
-                             (self.kv_usage_sum, other.kv_usage_sum)):
-            for value in theirs.partials:
-                mine.add(value)
+        for exact, their_exact in ((self.kv_weight, other.kv_weight),
+                                   (self.kv_weighted, other.kv_weighted),
+                                   (self.kv_usage_sum, other.kv_usage_sum)):
+            for part in their_exact.partials:
+                exact.add(part)
         self.kv_timed_steps += other.kv_timed_steps
         self.full_s += other.full_s
         self.first_start = _min(self.first_start, other.first_start)
@@ -389,6 +393,7 @@ class StepTiler:
         if cursor is None:
             cursor = step.t_start if self._start is None else max(step.t_start, self._start)
         if next_start is None:
+            assert end is not None  # (close() passes the run's end; add() always a next start)
             span_end = max(end, cursor)
         else:
             span_end = max(next_start, cursor)
@@ -458,17 +463,17 @@ def system_empty_checker(arrivals: Iterable[float], finishes: Iterable[float | N
     arrived_at = sorted(a for a, _ in pairs)
     # A finish stamped before its arrival (clock skew) would unbalance the counts: clamp it.
     finished_at = sorted(max(f, a) for a, f in pairs if f is not None)
-    cached = [math.inf, -math.inf, False]  # [low, high, answer] valid for low <= t < high
+    cached: list[float] = [math.inf, -math.inf, False]  # [low, high, answer] for low <= t < high
 
     def system_empty_at(t: float) -> bool:
         if cached[0] <= t < cached[1]:
-            return cached[2]
+            return cast(bool, cached[2])  # (the answer slot only ever holds a bool)
         arrived, finished = bisect_right(arrived_at, t), bisect_right(finished_at, t)
         low = max(arrived_at[arrived - 1] if arrived else -math.inf,
                   finished_at[finished - 1] if finished else -math.inf)
         high = min(arrived_at[arrived] if arrived < len(arrived_at) else math.inf,
                    finished_at[finished] if finished < len(finished_at) else math.inf)
         cached[:] = low, high, arrived - finished <= 0
-        return cached[2]
+        return cast(bool, cached[2])
 
     return system_empty_at

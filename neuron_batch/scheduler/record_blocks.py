@@ -25,9 +25,12 @@ import bz2
 import json
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+
+# (mypy reads numpy's stubs only in part here, its submodules skipped (pyproject.toml), so most
+# of its results are Any: hence the casts below to the array or bytes each operation gives)
 
 #: Codes of the few strings a step column holds (index + 1; 0 is None).
 STATES = ("IDLE", "ACTIVE_PREFILL", "ACTIVE_DECODE")
@@ -68,12 +71,12 @@ _SEP = "\x1f"     # (between a prefill step's request ids: a unit separator no i
 def _planes(words: np.ndarray) -> bytes:
     """64-bit words (little-endian) as their byte planes: every word's lowest byte, then
     every word's next byte, ..."""
-    return words.astype("<i8").view(np.uint8).reshape(-1, 8).T.tobytes()
+    return cast(bytes, words.astype("<i8").view(np.uint8).reshape(-1, 8).T.tobytes())
 
 
 def _unplanes(raw: bytes) -> np.ndarray:
     planes = np.frombuffer(raw, dtype=np.uint8).reshape(8, -1)
-    return np.ascontiguousarray(planes.T).view("<i8").reshape(-1).astype(np.int64)
+    return cast(np.ndarray, np.ascontiguousarray(planes.T).view("<i8").reshape(-1).astype(np.int64))
 
 
 def _ints(values: Sequence[int]) -> bytes:
@@ -82,20 +85,21 @@ def _ints(values: Sequence[int]) -> bytes:
 
 
 def _from_ints(raw: bytes) -> np.ndarray:
-    return np.cumsum(_unplanes(raw))
+    return cast(np.ndarray, np.cumsum(_unplanes(raw)))
 
 
 def _xor_chain(values: Sequence[float]) -> np.ndarray:
     # Each float's bits XOR the one's before (as Gorilla does): neighbouring times share their
     # sign, exponent and high mantissa bits, which become zero bytes. Lossless.
     bits = np.asarray(values, dtype=np.float64).view(np.int64)
-    return np.bitwise_xor(bits, np.concatenate(([0], bits[:-1]))) if len(bits) else bits
+    return cast(np.ndarray,
+                np.bitwise_xor(bits, np.concatenate(([0], bits[:-1]))) if len(bits) else bits)
 
 
 def _unchain(words: np.ndarray) -> np.ndarray:
     if not len(words):
         return np.zeros(0)
-    return np.bitwise_xor.accumulate(words).view(np.float64)
+    return cast(np.ndarray, np.bitwise_xor.accumulate(words).view(np.float64))
 
 
 def _floats(values: Sequence[float]) -> bytes:
@@ -115,7 +119,7 @@ def _times(values: Sequence[float], width: int) -> bytes:
 
 def _from_times(raw: bytes, width: int) -> np.ndarray:
     n = len(raw) // 8 // width
-    words = np.empty(n * width, dtype=np.int64)
+    words: np.ndarray = np.empty(n * width, dtype=np.int64)
     for j in range(width):
         words[j::width] = _unplanes(raw[8 * n * j:8 * n * (j + 1)])
     return _unchain(words)
@@ -123,7 +127,9 @@ def _from_times(raw: bytes, width: int) -> np.ndarray:
 
 def encode(kind: str, columns: tuple[tuple[str, str], ...], records: Sequence[Any]) -> str:
     """One JSON line holding `records` (objects with the columns as attributes)."""
-    sizes, parts, extra = [], [], []
+    sizes: list[int] = []
+    parts: list[bytes] = []
+    extra: list[str] = []
     extra_index: dict[str, int] = {}
     for name, type_ in columns:
         if type_ == "t":

@@ -164,7 +164,8 @@ def resolve_clock(spec: str | Callable[[], float] | None) -> Callable[[], float]
     if callable(spec):
         return spec
     module_name, _, attribute = spec.partition(":")
-    return getattr(importlib.import_module(module_name), attribute)
+    clock: Callable[[], float] = getattr(importlib.import_module(module_name), attribute)
+    return clock    # (what the spec names is taken on trust: the engine's own setting)
 
 @dataclass
 class Recorder:
@@ -205,7 +206,7 @@ class Recorder:
     _last_finish: float | None = None
     _closed: bool = False
     _checkpointed: int = 0                      # finished steps the last checkpoint held
-    _tables_checkpointed: dict = field(default_factory=dict)    # its tables
+    _tables_checkpointed: dict[str, Any] = field(default_factory=dict)    # its tables
 
     def start(self, config: RunConfig) -> None:
         self.config = config
@@ -327,6 +328,7 @@ class Recorder:
         """The aggregates as `close` would leave them if the run ended now (steps in flight
         left out: a later checkpoint or the summary has them)."""
         copy = Aggregates.from_dict(self.aggregates.to_dict())
+        assert self._tiler is not None  # (flush, the one caller, returns before a tiler exists)
         tiler = self._tiler.copy_onto(copy)
         if self._finished_step is not None:
             tiler.add(self._finished_step)

@@ -231,6 +231,23 @@ def test_a_file_cut_short_is_summarised_from_its_steps(tmp_path):
     close(summarize_run(run), summarize(completed(reference)))
 
 
+def test_a_steps_line_torn_before_its_count_reads_as_cut_short(tmp_path):
+    """A killed process may leave its last line a block of steps cut before the block's count:
+    the file reads up to its last whole line (this once raised AttributeError)."""
+    stream = ([("arrive", "r0", 0.0, 5), ("arrive", "r1", 0.0, 7)],
+              [(StepRecord(i, "ACTIVE_DECODE", "decode", [], 2, 2, 2, 2, 2, 10, None, 0, 2,
+                           0.5, 0.0), 1.0, 0.0, False) for i in range(10)],
+              [3, 9], False)
+    path = tmp_path / "records-1.jsonl"
+    _, reference = drive(stream, path)
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[-1])["type"] == "summary"
+    path.write_text("\n".join(lines[:-1]) + '\n{"type":"steps","n')
+    run = load(path)
+    run.requests = run.requests.completed()
+    close(summarize_run(run), summarize(completed(reference)))
+
+
 def test_attempts_add_up(tmp_path):
     """A resumed run's attempts: steps, padding and time per state add up, the elapsed time is
     theirs end to end."""
