@@ -44,6 +44,7 @@ def warn_if_untested_vllm(emit=None) -> str | None:
     message = untested_warning(version)
     if message is None or version in _warned_versions:
         return None
+    assert version is not None      # (untested_warning has no message for no version)
     _warned_versions.add(version)
     (emit or _to_stderr)(message)
     return message
@@ -141,6 +142,7 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
         raise ValueError("device 'sim' needs the resolved simulated Target")
     if simulated:
         # (its layout is the run's: the target was resolved with these settings' limits)
+        assert target is not None   # (simulated: there is one)
         sim_kwargs = target.engine_kwargs(max_num_batched_tokens=settings.max_num_batched_tokens,
                                           workdir=workdir)
         sim_additional = sim_kwargs.pop("additional_config", {})

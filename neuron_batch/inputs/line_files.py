@@ -7,7 +7,7 @@ Line numbers are 1-based file lines; items of a JSON array are 0-based positions
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ def _read_text_bytes(path: Path | str, label: str) -> bytes:
     return data
 
 
-def _text_lines(data: bytes) -> list[str | UnicodeDecodeError]:
+def _text_lines(data: bytes) -> Sequence[str | UnicodeDecodeError]:
     """The lines of a file, split on "\\n" only (str.splitlines() would also split on U+2028
     inside JSON strings); a line that is not UTF-8 comes back as its decoding error."""
     try:

@@ -14,7 +14,7 @@ import hashlib
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from neuron_batch.buckets import round_model_len
 from neuron_batch.inputs.mooncake import MAX_HASH_ID, MOONCAKE_BLOCK
@@ -47,8 +47,9 @@ class PreparedRequest:
 
     def __post_init__(self) -> None:
         if self.prompt_len < 0:
+            # (no ids: a prompt_len record, whose length is its prompt_len)
             self.prompt_len = (len(self.token_ids) if self.token_ids is not None
-                               else self.record.prompt_len)
+                               else cast(int, self.record.prompt_len))
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -56,6 +57,7 @@ class PreparedRequest:
             return self.token_ids.tolist()
         if self.token_ids is not None:
             return self.token_ids
+        assert self.synthetic is not None       # (no ids: prepare_requests gave the maker)
         return self.synthetic.for_record(self.record)
 
     @property
@@ -69,6 +71,7 @@ class PreparedRequest:
         if self.token_ids is not None:
             return None
         record = self.record
+        assert self.synthetic is not None       # (no ids: prepare_requests gave the maker)
         return (self.synthetic.vocab_size, record.index, record.prompt_len, record.hash_ids,
                 record.prefix_id, record.prefix_len)
 
@@ -184,9 +187,11 @@ class SyntheticTokens:
 
     def for_record(self, record: PromptRecord) -> list[int]:
         """The tokens of a `prompt_len` record, by what it shares."""
+        assert record.prompt_len is not None    # (only prompt_len records have made tokens)
         if record.hash_ids is not None:
             return self.blocks(record.hash_ids, record.prompt_len)
         if record.prefix_id is not None:
+            assert record.prefix_len is not None    # (set_prefix: never one without the other)
             return self.with_prefix(record.prefix_id, record.prefix_len, record.index,
                                     record.prompt_len)
         return self.make(record.index, record.prompt_len)
@@ -243,8 +248,9 @@ def prepare_requests(records: Sequence[PromptRecord], *, tokenizer: Any, tokeniz
                                          str(error), record.read_order))
             continue
         lazy = ids is None          # prompt_len: its tokens are made when asked for
-        if lazy:
+        if ids is None:
             synthetic = synthetic or synthetic_tokens(vocab_size)
+            assert record.prompt_len is not None    # (_token_ids: no ids only for prompt_len)
             count = record.prompt_len
         else:
             count = len(ids)
@@ -270,7 +276,7 @@ def prepare_requests(records: Sequence[PromptRecord], *, tokenizer: Any, tokeniz
                 f"context-encoding graph takes ({flag} {graph}): give {flag} {count} or "
                 f"more, up to --max-model-len {max_model_len}", record.read_order))
             continue
-        if record.prompt_token_ids is not None:
+        if record.prompt_token_ids is not None and ids is not None:   # (given ids: not lazy)
             bad = next((t for t in ids if t >= vocab_size), None)
             if bad is not None:
                 problems.append(InputProblem(record.source, field,
@@ -279,9 +285,10 @@ def prepare_requests(records: Sequence[PromptRecord], *, tokenizer: Any, tokeniz
                 continue
         room = max_model_len - count
         clamped = clamp_max_tokens and max_tokens > room
-        if record.prompt_token_ids is None and not lazy:
-            ids = array("I", ids)   # (what a tokenizer made, kept compact; given ids are shared)
-        requests.append(PreparedRequest(record, None if lazy else ids,
+        held: list[int] | array | None = ids
+        if record.prompt_token_ids is None and ids is not None:     # (not lazy)
+            held = array("I", ids)  # (what a tokenizer made, kept compact; given ids are shared)
+        requests.append(PreparedRequest(record, None if lazy else held,
                                         room if clamped else max_tokens, clamped,
                                         synthetic if lazy else None, count))
     return Prepared(requests, problems, tokenizer_name, longest_request, longest_prompt)

@@ -21,6 +21,7 @@ are imported only by the readers that need them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,16 +75,18 @@ class InputProblem:
     source: str                     # "path:LINE" or "path:row N"
     field: str | None               # the offending field or column; None for the line as a whole
     message: str
+    # (`dataclasses.field` below, not `field`: in this class body the name is the attribute
+    # above to a type checker.)
     # Where its line was read (PromptRecord.read_order): problems found at different stages
     # are listed in line order. And whether a longer --max-model-len fixes it (a prompt too
     # long), for the one fix of them all. Neither is part of what the problem says.
-    read_order: int = field(default=-1, compare=False)
-    too_long: bool = field(default=False, compare=False)
+    read_order: int = dataclasses.field(default=-1, compare=False)
+    too_long: bool = dataclasses.field(default=False, compare=False)
     # The request's own id where the line gave one (`custom_id`/`id`), for its error record
     # (job/outputs.py): a consumer joins the error file to its input by it. And what kind of
     # problem it is, as the error record's `code` (None: "invalid_request").
-    custom_id: str | None = field(default=None, compare=False)
-    code: str | None = field(default=None, compare=False)
+    custom_id: str | None = dataclasses.field(default=None, compare=False)
+    code: str | None = dataclasses.field(default=None, compare=False)
 
     def __str__(self) -> str:
         if self.field is None:

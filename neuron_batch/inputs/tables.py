@@ -111,12 +111,12 @@ class RowMapper:
     def record(self, row: Mapping[str, Any], source: str) -> tuple[PromptRecord, str]:
         layout, from_text = self.layout, self.from_text
         record = PromptRecord(index=-1, id="", source=source)
-        column = layout.prompt_column
-        value = row.get(column)
+        prompt_column = layout.prompt_column
+        value = row.get(prompt_column)
         if from_text and isinstance(value, str) and layout.prompt_field in ("messages",
                                                                             "prompt_token_ids"):
-            value = _json_cell(value, column)
-        set_prompt(record, layout.prompt_field, value, column, from_text=from_text)
+            value = _json_cell(value, prompt_column)
+        set_prompt(record, layout.prompt_field, value, prompt_column, from_text=from_text)
         # A trace's generated-token count is required; a max_tokens column may have gaps.
         column = layout.max_tokens_column
         if column and (layout.is_trace or row.get(column) is not None):

@@ -107,7 +107,7 @@ class RunFolder:
     # -- manifest and previous attempts ---------------------------------------------------------
     def has_previous_run(self) -> bool:
         outputs = self.path / OUTPUTS
-        return (self.path / MANIFEST).exists() or (outputs.exists() and outputs.stat().st_size)
+        return (self.path / MANIFEST).exists() or (outputs.exists() and outputs.stat().st_size > 0)
 
     def read_manifest(self) -> dict[str, Any] | None:
         try:
@@ -308,6 +308,7 @@ class RunFolder:
                     raise
 
     def _drop_index(self) -> None:
+        assert self._index is not None     # (its one caller has checked)
         self._index.close()
         self._index, self._index_ok = None, False
         (self.path / DONE_INDEX).unlink(missing_ok=True)
@@ -346,7 +347,7 @@ def _ends_a_line(path: Path, offset: int) -> bool:
         return handle.read(1) == b"\n"
 
 
-def _position(ids: Sequence[str], rid: str) -> int | None:
+def _position(ids: Sequence[str | None], rid: str) -> int | None:
     try:
         return ids.index(rid)
     except ValueError:

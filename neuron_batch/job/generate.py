@@ -155,7 +155,9 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
     except RequestRefused as error:
         # What the checks at read time missed (vLLM's own, per request): named; what finished
         # before it is kept.
-        raise RunError(f"{feed.last.record.source}: vLLM refused the request: {error}"
+        refused_request = feed.last     # (RequestRefused comes from adding one: this one)
+        assert refused_request is not None
+        raise RunError(f"{refused_request.record.source}: vLLM refused the request: {error}"
                        + (f"; {finished:,} finished output(s) are kept in {folder.path}"
                           if finished else "")) from None
     except OutputError:

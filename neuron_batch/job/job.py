@@ -78,7 +78,8 @@ def resolve_target(settings: RunSettings, model_path: str | None) -> Target | No
                 weight_dtype=sim.weight_dtype, profile=sim.cost_profile,
                 runtime=settings.resolve_runtime(), max_model_len=settings.max_model_len,
                 max_num_seqs=settings.max_num_seqs, kv_reserve=settings.kv_reserve,
-                prefix_caching=settings.prefix_caching)
+                # (None, auto: off until the run decides; the Target holds it as a bool)
+                prefix_caching=bool(settings.prefix_caching))
         except (ValueError, FileNotFoundError) as error:
             raise RunError(f"--device sim: {error}") from None
     if model_path is None or not neuron_host.runs_on_neuron(settings):

@@ -118,6 +118,7 @@ def _choices(done) -> list[dict[str, Any]]:
 def openai_row(request: PreparedRequest, done, model_name: str) -> dict:
     """A line of the OpenAI batch output format, as `vllm run-batch` writes it."""
     record = request.record
+    assert record.openai is not None    # (output_row: only for an OpenAI batch line)
     if record.openai.get("url") == "/v1/responses":
         return _batch_line(record, responses_body(request, done, model_name))
     chat = record.openai.get("url", "").endswith("/chat/completions")
@@ -264,7 +265,7 @@ class RunOutputs:
         self._errors: IO[str] | None = None
 
     @classmethod
-    def begin(cls, job: Job, done_rows: Sequence[dict[str, Any]],
+    def begin(cls, job: Job, done_rows: Iterable[dict[str, Any]],
               problems: Sequence[InputProblem]) -> RunOutputs:
         """An attempt's writer: the error records of `problems` written, batch.json current
         with the outputs already written (`done_rows`: a --resume's)."""

@@ -168,7 +168,7 @@ def replica_resources(settings: RunSettings,
     NeuronCores; RunError for a device --replicas cannot place."""
     if settings.simulated:
         return ReplicaResources("sim")
-    device = settings.device
+    device: str = settings.device      # (a Device, or the name auto resolves to)
     if device == "auto":
         # Asked of the cluster's nodes, not of this host (engine/neuron_host.py
         # on_neuron_host): the actors run where Ray places them, and a driver on a head node

@@ -153,6 +153,7 @@ def _sim_devices(job: Job, firsts: list[int], total: int) -> list[list[str] | No
         return [None] * len(firsts)
     from neuron_batch.device.replica_layout import replica_devices
 
+    assert job.target is not None   # (simulated: there is one)
     labels = replica_devices(job.target.instance, job.target.tp, total,
                              job.settings.num_instances)
     return [labels[first:end] for first, end in zip(firsts, [*firsts[1:], total])]
@@ -272,7 +273,8 @@ def _request_item(request: PreparedRequest, settings) -> dict[str, Any]:
     # (the spec as JSON text: one string cell, whatever fields the request asks for). A
     # synthetic prompt travels as what makes it, a few numbers, not its tokens: the driver
     # does not hold a trace's tokens, and the replica makes them as it adds the request.
-    item = {"id": request.record.id, "spec": json.dumps(request_spec(request, settings))}
+    item: dict[str, Any] = {"id": request.record.id,
+                            "spec": json.dumps(request_spec(request, settings))}
     recipe = request.recipe()
     if recipe is not None:
         item["recipe"] = recipe

@@ -55,7 +55,7 @@ class ResultStream:
 
     def received(self) -> list[Any]:
         """The tables already read and not yet taken."""
-        tables = []
+        tables: list[Any] = []     # (Ray Data's blocks: pyarrow tables, not read by mypy)
         while True:
             try:
                 kind, value = self._inbox.get_nowait()

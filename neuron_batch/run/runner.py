@@ -372,7 +372,9 @@ def _generate_all(job: Job, pending, attempt: int, attempts: list, generate) -> 
                 f" (estimated {placement.estimated_s / 3600:.2f} h with the start-up; "
                 f"in turn {placement.in_turn_s / 3600:.2f} h)"
                 + placement_note(settings, pending, slots, estimate, placement)
-                if placement.estimated_s is not None else ""))
+                # (the estimates are all set or none: SplitPlacement.describe)
+                if placement.estimated_s is not None and placement.in_turn_s is not None
+                else ""))
         outcomes = run_parts(job, parts, attempt, generate, placement)
     elif settings.uses_ray:
         from neuron_batch.replicas.pool import generate_replicas
