@@ -29,17 +29,20 @@ METRIC_LABELS = frozenset({"status", "kind", "phase", "bucket", "state", "reason
 
 def prometheus_text(report: Report | Mapping[str, Any], *, job: str = "neuron_batch",
                     labels: dict[str, str] | None = None,
-                    timestamp: float | None = None) -> str:
+                    timestamp: float | None = None, exit_code: int | None = None) -> str:
     """The report's headline figures in Prometheus text format (version 0.0.4).
 
     `job` prefixes every metric name (characters Prometheus does not allow become "_").
     `labels` are added to every sample (e.g. {"model": ..., "run": ...}); they must not reuse
     the label names the metrics themselves carry. `timestamp` (seconds since the epoch) is
-    written as `<job>_last_run_timestamp_seconds`; by default, the current time.
+    written as `<job>_last_run_timestamp_seconds`; by default, the current time. `exit_code`
+    (the run's, where it is known: `run --metrics-textfile`) is `<job>_last_run_exit_code`, so
+    an alert can tell a partial or stopped night (3, 4) from a whole one (0).
     Counts over the run are `counter`s (a new run resets them); the rest are gauges.
     """
     prefix = _metric_prefix(job)
-    families = _families(as_report(report), time.time() if timestamp is None else timestamp)
+    families = _families(as_report(report), time.time() if timestamp is None else timestamp,
+                         exit_code)
     common = dict(labels or {})
     for name in common:
         if not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
@@ -66,7 +69,8 @@ def prometheus_text(report: Report | Mapping[str, Any], *, job: str = "neuron_ba
 _Samples = list[tuple[dict[str, Any], Any]]
 
 
-def _families(report: Report, timestamp: float) -> list[tuple[str, str, str, _Samples]]:
+def _families(report: Report, timestamp: float, exit_code: int | None = None
+              ) -> list[tuple[str, str, str, _Samples]]:
     """(name, type, help, [(labels, value)]) per metric family; None (and absent) values are
     left out."""
     requests = report.section("requests")
@@ -113,7 +117,8 @@ def _families(report: Report, timestamp: float) -> list[tuple[str, str, str, _Sa
 
     return [
         ("requests_total", "counter", "Requests of the last run by outcome.",
-         samples("status", figures_of(requests, ("completed", "failed", "skipped")))),
+         samples("status", figures_of(requests, ("completed", "failed", "skipped",
+                                                 "pending")))),
         ("elapsed_seconds", "gauge", f"Elapsed time of the last run, in {seconds}.",
          single(throughput.elapsed_s)),
         ("throughput_requests_per_second", "gauge", f"Completed requests {per_second}.",
@@ -170,6 +175,10 @@ def _families(report: Report, timestamp: float) -> list[tuple[str, str, str, _Sa
          single(prefix.bound_fraction)),
         ("last_run_timestamp_seconds", "gauge", "When the last run's report was written.",
          single(timestamp)),
+        ("last_run_exit_code", "gauge",
+         "The last run's exit code: 0 every request done, 3 some skipped or failed, 4 stopped "
+         "(--max-runtime, a signal) with requests pending.",
+         single(exit_code)),
         ("replica_output_tokens_per_second", "gauge",
          f"Generated tokens {per_second} of each replica (--replicas runs).",
          [({"replica": str(r.get("replica"))}, r["output_tokens_per_s"])

@@ -307,20 +307,21 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
                                      completed=len(folder.done_ids), total=len(ids),
                                      folder=folder.path)
         raise
-    if settings.metrics_textfile:
-        from neuron_batch.report.prometheus import prometheus_text, write_text_atomic
-
-        write_text_atomic(settings.metrics_textfile,
-                          prometheus_text(report, labels={"output": str(folder.path)}))
-    if not settings.quiet:
-        from neuron_batch.report.summary import format_summary, terminal_width
-
-        print(format_summary(report, terminal_width(sys.stdout)), flush=True)
     code = EXIT_OK
     if outcome.get("ended") in STOPPED:
         code = EXIT_INTERRUPTED
     elif report.requests.skipped or report.requests.failed:
         code = EXIT_PARTIAL
+    if settings.metrics_textfile:
+        from neuron_batch.report.prometheus import prometheus_text, write_text_atomic
+
+        write_text_atomic(settings.metrics_textfile,
+                          prometheus_text(report, labels={"output": str(folder.path)},
+                                          exit_code=code))
+    if not settings.quiet:
+        from neuron_batch.report.summary import format_summary, terminal_width
+
+        print(format_summary(report, terminal_width(sys.stdout)), flush=True)
     if settings.quiet and code != EXIT_OK:
         # Not a success: cron must not mail silence. One line, why and how to finish.
         from neuron_batch.report.notes import outcome_line

@@ -350,3 +350,17 @@ def test_the_graphs_row_adds_up_under_the_prefix_caching_grid():
     text = " ".join(format_summary(report).split())
     assert ("Graphs 36 to compile on Neuron (30 context-encoding (5 prefill x 6 prefix "
             "buckets, NxDI's grid) + 6 token-generation buckets)") in text
+
+
+def test_prometheus_says_how_many_requests_wait_and_how_the_run_exited():
+    """A stopped night is told from a whole one by the textfile alone: its pending requests and
+    its exit code (4), as cron's alert reads them."""
+    report = small_report()
+    report["requests"] = {**report["requests"], "pending": 7}
+    samples, types = parse_prometheus(prometheus_text(report, timestamp=0, exit_code=4))
+    assert samples[("neuron_batch_requests_total", (("status", "pending"),))] == 7
+    assert samples[("neuron_batch_last_run_exit_code", ())] == 4
+    assert types["neuron_batch_last_run_exit_code"] == "gauge"
+    # where the exit is not known (a report re-rendered later) no exit-code sample is written
+    without, _ = parse_prometheus(prometheus_text(report, timestamp=0))
+    assert ("neuron_batch_last_run_exit_code", ()) not in without
