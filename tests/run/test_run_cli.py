@@ -99,7 +99,11 @@ def test_the_report_is_consistent_with_its_records(cpu_run):
 
 def test_the_run_writes_its_metrics_textfile(cpu_run):
     _, textfile = cpu_run
-    assert "neuron_batch_throughput_output_tokens_per_second" in textfile.read_text()
+    text = textfile.read_text()
+    assert "neuron_batch_throughput_output_tokens_per_second" in text
+    [exit_line] = [line for line in text.splitlines()
+                   if line.startswith("neuron_batch_last_run_exit_code{")]
+    assert exit_line.endswith(" 0")     # every request done
 
 
 def test_report_prints_the_same_summary_again(cpu_run):
