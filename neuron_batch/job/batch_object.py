@@ -23,7 +23,6 @@ written does (OutputError). Nothing here imports vLLM.
 
 from __future__ import annotations
 
-import errno
 import json
 import time
 import uuid
@@ -31,7 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.job.folder import OutputError, write_json_atomic
+from neuron_batch.job.folder import guard_disk_full, write_json_atomic
 
 BATCH = "batch.json"
 
@@ -141,12 +140,5 @@ class BatchFile:
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": self.prompt + self.completion}
         self.obj["error_file_id"] = self.error_file.name if self.error_file.exists() else None
-        try:
-            write_json_atomic(self.path, self.obj)
-        except OSError as error:
-            if error.errno == errno.ENOSPC:
-                raise OutputError(f"{self.path}: the disk is full; finished outputs are kept "
-                                  f"in outputs.jsonl; free space and rerun with --resume",
-                                  exit_code=1) from None
-            raise
+        guard_disk_full(self.path, lambda: write_json_atomic(self.path, self.obj))
         self._written = self.clock()

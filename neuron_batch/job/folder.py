@@ -34,7 +34,7 @@ import os
 import re
 import struct
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -352,6 +352,19 @@ def _position(ids: Sequence[str | None], rid: str) -> int | None:
         return ids.index(rid)
     except ValueError:
         return None
+
+
+def guard_disk_full(path: Path, write: Callable[[], object]) -> None:
+    """`write()`, a full disk an OutputError naming `path` (the run stops; what is written is
+    kept, and --resume finishes it): outputs, errors.jsonl and batch.json alike."""
+    try:
+        write()
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise OutputError(f"{path}: the disk is full; finished outputs are kept in "
+                              f"outputs.jsonl; free space and rerun with --resume",
+                              exit_code=1) from None
+        raise
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

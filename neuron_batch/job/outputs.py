@@ -25,11 +25,9 @@ exactly one record once an attempt has run to its end.
 
 from __future__ import annotations
 
-import errno
 import json
 import time
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from neuron_batch.engine.models import BUILTIN_SERVED_NAME
@@ -37,7 +35,7 @@ from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.inputs.prompt_records import InputProblem, PromptRecord
 from neuron_batch.inputs.skipped import source_position
 from neuron_batch.job.batch_object import BatchFile
-from neuron_batch.job.folder import OutputError
+from neuron_batch.job.folder import guard_disk_full
 
 if TYPE_CHECKING:
     from neuron_batch.job.job import Job
@@ -275,7 +273,7 @@ class RunOutputs:
         path = job.folder.path / ERRORS
         if rows:
             tmp = path.with_name(f".{path.name}.tmp")
-            _guard(tmp, lambda: tmp.write_text(
+            guard_disk_full(tmp, lambda: tmp.write_text(
                 "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows),
                 encoding="utf-8"))
             tmp.replace(path)
@@ -320,7 +318,7 @@ class RunOutputs:
             assert self._errors is not None
             self._errors.write(json.dumps(row, ensure_ascii=False) + "\n")
             self._errors.flush()
-        _guard(self.errors_path, write)
+        guard_disk_full(self.errors_path, write)
         self.batch.failed()
 
     def end(self, ended: str) -> None:
@@ -342,13 +340,3 @@ def _endpoint(records: Iterable[PromptRecord]) -> str | None:
     return ",".join(sorted(urls)) or None
 
 
-def _guard(path: Path, write) -> None:
-    """`write()`, a full disk an OutputError (the run stops; what is written is kept)."""
-    try:
-        write()
-    except OSError as error:
-        if error.errno == errno.ENOSPC:
-            raise OutputError(f"{path}: the disk is full; finished outputs are kept in "
-                              f"outputs.jsonl; free space and rerun with --resume",
-                              exit_code=1) from None
-        raise

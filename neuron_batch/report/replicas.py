@@ -35,8 +35,7 @@ from typing import Any, cast
 import numpy as np
 
 from neuron_batch.report.metrics import summarize_run
-from neuron_batch.report.run_records import RequestColumns, RunRecords, concat, load
-from neuron_batch.scheduler.aggregates import Aggregates
+from neuron_batch.report.run_records import RequestColumns, RunRecords, concat, load, merge
 
 
 @dataclass
@@ -66,25 +65,13 @@ def summarize_replicas(layout: dict[int, Path | dict[int, list[Path]]], *,
     units = [unit for _, attempt_units, _ in per_attempt for unit in attempt_units]
     elapsed = run_elapsed([(attempt, seconds) for attempt, _, seconds in per_attempt],
                           _groups(per_attempt, attempts))
-    merged = _merge([u.records for u in units])
+    merged = merge([u.records for u in units])
     report = summarize_run(merged, elapsed_s=elapsed, extra_config=extra_config, total=total,
                            skipped=skipped, failed=0)
     max_num_seqs = (merged.config.max_num_seqs if merged.config is not None
                     else extra_config.get("max_num_seqs", 0))
     report["replicas"] = replica_rows(units, max_num_seqs)
     return report
-
-
-def _merge(parts: list[RunRecords]) -> RunRecords:
-    aggregates, requests = Aggregates(), RequestColumns()
-    blocked: dict[str, int] = {}
-    for part in parts:
-        aggregates.merge(part.aggregates)
-        requests.extend(part.requests)
-        for reason, count in part.blocked.items():
-            blocked[reason] = blocked.get(reason, 0) + count
-    config = next((p.config for p in parts if p.config is not None), None)
-    return RunRecords(config, aggregates, blocked, requests)
 
 
 def _groups(per_attempt: list[tuple[int, list[_Unit], float]],

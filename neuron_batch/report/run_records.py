@@ -239,6 +239,16 @@ def concat(parts: list[RunRecords]) -> RunRecords:
     if len(parts) == 1:
         parts[0].meta = meta
         return parts[0]
+    merged = merge(parts, config_from_last=True)
+    merged.aggregates.start = 0.0
+    merged.aggregates.end = sum(p.aggregates.elapsed for p in parts)
+    merged.meta = meta
+    return merged
+
+
+def merge(parts: list[RunRecords], *, config_from_last: bool = False) -> RunRecords:
+    """`parts` as one: aggregates merged, requests joined, admission blocks added; the config
+    of the first part that has one (the last, for successive attempts: the latest settings)."""
     aggregates, requests = Aggregates(), RequestColumns()
     blocked: dict[str, int] = {}
     for part in parts:
@@ -246,7 +256,6 @@ def concat(parts: list[RunRecords]) -> RunRecords:
         requests.extend(part.requests)
         for reason, count in part.blocked.items():
             blocked[reason] = blocked.get(reason, 0) + count
-    aggregates.start = 0.0
-    aggregates.end = sum(p.aggregates.elapsed for p in parts)
-    config = next((p.config for p in reversed(parts) if p.config is not None), None)
-    return RunRecords(config, aggregates, blocked, requests, meta)
+    ordered = reversed(parts) if config_from_last else iter(parts)
+    config = next((p.config for p in ordered if p.config is not None), None)
+    return RunRecords(config, aggregates, blocked, requests)
