@@ -67,7 +67,6 @@ def summarize(records: Records, *, elapsed_s: float | None = None, start: float 
 
     input_tokens = sum(r.num_prompt_tokens for r in completed)
     output_tokens = sum(r.num_output_tokens for r in completed)
-    total_tokens = input_tokens + output_tokens
     num_completed = len(completed)
 
     config = asdict(records.config) if records.config is not None else {}
@@ -83,27 +82,8 @@ def summarize(records: Records, *, elapsed_s: float | None = None, start: float 
     if has_prefix_buckets(steps):       # nxdi with prefix caching: by (prefill, prefix) cell
         padding["prefill"] = grid_padding(steps)
     report = {
-        # The fields `vllm bench throughput --output-json` writes, so its dashboards read us.
-        "elapsed_time": elapsed,
-        "num_requests": num_completed,
-        "total_num_tokens": total_tokens,
-        "requests_per_second": _rate(num_completed, elapsed),
-        "tokens_per_second": _rate(total_tokens, elapsed),
-        "config": config,
-        "requests": {
-            "total": num_completed if total is None else total,
-            "completed": num_completed,
-            "failed": 0 if failed is None else failed,
-            "skipped": 0 if skipped is None else skipped,
-        },
-        "throughput": {
-            "elapsed_s": elapsed,
-            "requests_per_s": _rate(num_completed, elapsed),
-            "input_tokens_per_s": _rate(input_tokens, elapsed),
-            "output_tokens_per_s": _rate(output_tokens, elapsed),
-            "total_tokens_per_s": _rate(total_tokens, elapsed),
-        },
-        "tokens": {"input": input_tokens, "output": output_tokens, "total": total_tokens},
+        **_headline(elapsed, num_completed, input_tokens, output_tokens, config, total=total,
+                    failed=failed, skipped=skipped),
         "padding": padding,
         "prefix_cache": prefix_cache_section(steps, completed,
                                              bool(config.get("enable_prefix_caching"))),
@@ -137,7 +117,6 @@ def summarize_run(run: RunRecords, *, elapsed_s: float | None = None,
     prompt = _ints(requests.num_prompt_tokens)[done]
     outputs = _ints(requests.num_output_tokens)[done]
     input_tokens, output_tokens = int(prompt.sum()), int(outputs.sum())
-    total_tokens = input_tokens + output_tokens
     num_completed = int(done.sum())
 
     config = asdict(run.config) if run.config is not None else {}
@@ -155,26 +134,8 @@ def summarize_run(run: RunRecords, *, elapsed_s: float | None = None,
     num_blocks = run.config.num_kv_blocks if run.config is not None else None
     usable = num_blocks - 1 if num_blocks else 0
     report = {
-        "elapsed_time": elapsed,
-        "num_requests": num_completed,
-        "total_num_tokens": total_tokens,
-        "requests_per_second": _rate(num_completed, elapsed),
-        "tokens_per_second": _rate(total_tokens, elapsed),
-        "config": config,
-        "requests": {
-            "total": num_completed if total is None else total,
-            "completed": num_completed,
-            "failed": 0 if failed is None else failed,
-            "skipped": 0 if skipped is None else skipped,
-        },
-        "throughput": {
-            "elapsed_s": elapsed,
-            "requests_per_s": _rate(num_completed, elapsed),
-            "input_tokens_per_s": _rate(input_tokens, elapsed),
-            "output_tokens_per_s": _rate(output_tokens, elapsed),
-            "total_tokens_per_s": _rate(total_tokens, elapsed),
-        },
-        "tokens": {"input": input_tokens, "output": output_tokens, "total": total_tokens},
+        **_headline(elapsed, num_completed, input_tokens, output_tokens, config, total=total,
+                    failed=failed, skipped=skipped),
         "padding": padding,
         "prefix_cache": prefix_cache_figures(
             input_tokens, int(_ints(requests.num_cached_tokens)[done].sum()),
@@ -199,6 +160,37 @@ def summarize_run(run: RunRecords, *, elapsed_s: float | None = None,
 
 
 # (a request column: an array, or a list where the records were kept in memory)
+def _headline(elapsed: float, num_completed: int, input_tokens: int, output_tokens: int,
+              config: dict[str, Any], *, total: int | None, failed: int | None,
+              skipped: int | None) -> dict[str, Any]:
+    """The report's first sections, from counts either summary makes: the fields `vllm bench
+    throughput --output-json` writes (so its dashboards read us), then requests, throughput and
+    tokens."""
+    total_tokens = input_tokens + output_tokens
+    return {
+        "elapsed_time": elapsed,
+        "num_requests": num_completed,
+        "total_num_tokens": total_tokens,
+        "requests_per_second": _rate(num_completed, elapsed),
+        "tokens_per_second": _rate(total_tokens, elapsed),
+        "config": config,
+        "requests": {
+            "total": num_completed if total is None else total,
+            "completed": num_completed,
+            "failed": 0 if failed is None else failed,
+            "skipped": 0 if skipped is None else skipped,
+        },
+        "throughput": {
+            "elapsed_s": elapsed,
+            "requests_per_s": _rate(num_completed, elapsed),
+            "input_tokens_per_s": _rate(input_tokens, elapsed),
+            "output_tokens_per_s": _rate(output_tokens, elapsed),
+            "total_tokens_per_s": _rate(total_tokens, elapsed),
+        },
+        "tokens": {"input": input_tokens, "output": output_tokens, "total": total_tokens},
+    }
+
+
 def _floats(column: Sequence[float | None] | np.ndarray) -> np.ndarray:
     return cast(np.ndarray, np.asarray(column, dtype=np.float64))   # (numpy's result: Any)
 
