@@ -17,11 +17,13 @@ time with the engine core here, 119 s with it in a child process of the actor (v
 multiprocessing mode), where the child's steps and the messages between the two processes
 took more of this machine's two cores than the GIL ever did.
 
-What comes back, per finished request, is the engine's result and the scheduler's record of it;
-the scheduler's other records (its config and every step) ride along with whichever batch
-completes next. The scheduler writes them to a file in the replica's own temporary folder,
-which the actor flushes and reads as each batch completes. The run folder stays on the driver
-(`pool.py` writes outputs.jsonl and the records), so no shared filesystem is needed. If
+What comes back, per finished request, is the engine's result and the scheduler's record of it
+(a row of its requests' block: a record ships with its own output, never with another batch's,
+whose result a killed actor may never deliver); the scheduler's other records (its config and
+every step) ride along with whichever batch completes next. The scheduler writes them to a file
+in the replica's own temporary folder, which the actor flushes and reads as each batch
+completes. The run folder stays on the driver (`pool.py` writes outputs.jsonl and the
+records), so no shared filesystem is needed. If
 this actor's process dies, Ray restarts it (a new engine, a new `incarnation`) and retries its
 unfinished batches there.
 
@@ -53,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.inputs.prepare import tokens_of_recipe
+from neuron_batch.scheduler.records import RequestRecord, requests_of_block
 from neuron_batch.settings import RunSettings
 
 #: The one column of a batch going to a replica, and of its result coming back.
@@ -100,13 +103,15 @@ def decode_tokens(blob: bytes) -> list[int]:
 
 class _RecordTail:
     """Reads what the scheduler (on the engine thread) has written to its records file so
-    far: request lines kept by request id (they travel with their output), every other line in
-    order. A line still being written stays for the next read."""
+    far: the requests' blocks split into one row per request, kept by request id (each travels
+    with its own output, so a request whose output reached the run folder has its record there
+    too, whatever happens to the batch it finished beside), every other line in order. A line
+    still being written stays for the next read."""
 
     def __init__(self, path: Path):
         self.path = path
         self.other: list[str] = []
-        self.requests: dict[str, str] = {}
+        self.requests: dict[str, RequestRecord] = {}
         self._handle: Any = None
         self._partial = ""
 
@@ -122,8 +127,9 @@ class _RecordTail:
         for line in lines:
             if not line:
                 continue
-            if '"type":"request"' in line:
-                self.requests[json.loads(line)["req_id"]] = line
+            if line.startswith('{"type":"requests"'):
+                for record in requests_of_block(json.loads(line)):
+                    self.requests[record.req_id] = record
             else:
                 self.other.append(line)
 
@@ -254,7 +260,7 @@ class ReplicaWorker:
                             for d in rows],
             "num_prompt_tokens": [d.num_prompt_tokens for d in rows],
             "choices": [None if d.choices is None else json.dumps(d.choices) for d in rows],
-            "request_line": [records.requests.pop(d.request_id, None) for d in rows],
+            "request_record": [records.requests.pop(d.request_id, None) for d in rows],
             "lines": [records.take_other()] + [""] * (n - 1),
             "actor": [self.actor_id] * n,
             "incarnation": [self.incarnation] * n,

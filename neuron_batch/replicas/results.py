@@ -25,6 +25,7 @@ from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.job.folder import OutputError, RunFolder
 from neuron_batch.job.job import Job
 from neuron_batch.replicas.actor import RESULT_COLUMN, decode_tokens, unpack
+from neuron_batch.scheduler.records import RequestRecord, requests_block
 
 #: Seconds to wait for Ray Data's threads after its execution is shut down (they poll every
 #: 10 ms; the executor's own shutdown waits up to 2 s for its scheduling loop).
@@ -143,6 +144,7 @@ class ResultWriter:
             return 0, 0
         handle = self._records_file(columns, 0)
         added = tokens = 0
+        kept: list[RequestRecord] = []
         folder = self.folder
         for i, request_id in enumerate(columns["id"]):
             request = self.by_id.get(request_id)
@@ -162,10 +164,12 @@ class ResultWriter:
                             json.loads(columns["choices"][i]) if columns["choices"][i] else None)
             self.outputs.response(request, done)
             folder.done_ids.add(request_id)
-            if columns["request_line"][i]:
-                handle.write(columns["request_line"][i] + "\n")
+            if columns["request_record"][i] is not None:
+                kept.append(columns["request_record"][i])
             added += 1
             tokens += len(token_ids)
+        if kept:    # (the records of the outputs written: a request counts once)
+            handle.write(requests_block(kept) + "\n")
         handle.write(columns["lines"][0])
         handle.flush()
         self.finished += added

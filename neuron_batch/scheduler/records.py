@@ -28,7 +28,7 @@ import json
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
@@ -342,7 +342,7 @@ class Recorder:
             if self._steps_out:
                 lines.append(encode("steps", STEP_COLUMNS, self._steps_out))
             if self._requests_out:
-                lines.append(encode("requests", REQUEST_COLUMNS, self._requests_out))
+                lines.append(requests_block(self._requests_out))
             if lines:
                 self._file.write("\n".join(lines) + "\n")
                 self._file.flush()
@@ -427,8 +427,8 @@ def iter_records(path: str | Path) -> Iterator[tuple[str, Any]]:
             for row in rows(obj, STEP_COLUMNS, step_defaults):
                 yield "step", StepRecord(**_known(StepRecord, row))
         elif kind == "requests":
-            for row in rows(obj, REQUEST_COLUMNS, {}):
-                yield "request", RequestRecord(**_known(RequestRecord, row))
+            for record in requests_of_block(obj):
+                yield "request", record
         elif kind == "config":
             yield "config", RunConfig(**_known(RunConfig, obj))
         elif kind == "step":
@@ -437,6 +437,16 @@ def iter_records(path: str | Path) -> Iterator[tuple[str, Any]]:
             yield "request", RequestRecord(**_known(RequestRecord, obj))
         elif kind in ("summary", "replica"):
             yield kind, obj
+
+
+def requests_of_block(obj: dict[str, Any]) -> list[RequestRecord]:
+    """A requests block (its JSON line parsed) as its records."""
+    return [RequestRecord(**_known(RequestRecord, row)) for row in rows(obj, REQUEST_COLUMNS, {})]
+
+
+def requests_block(records: Sequence[RequestRecord]) -> str:
+    """Requests as one block line (what the recorder writes; the replicas' driver too)."""
+    return encode("requests", REQUEST_COLUMNS, records)
 
 
 def iter_steps(path: str | Path) -> Iterator[StepRecord]:

@@ -53,3 +53,34 @@ def test_a_synthetic_prompt_travels_as_its_recipe_and_arrives_as_its_tokens():
     ReplicaWorker._admit(worker, SimpleNamespace(requests=items, remaining=set()), {})
     assert [tokens for _, tokens, _ in added] == [r.prompt_token_ids for r in prepared.requests]
     assert [len(tokens) for _, tokens, _ in added] == [700, 600, 300]
+
+
+def test_a_finished_requests_record_travels_with_its_own_output(tmp_path):
+    """A replica ships each request's record with that request's output, not inside the block
+    lines that ride along with whichever batch completes next: a killed actor may never deliver
+    that batch's result while the request's own output reaches the run folder (CI, stop 50:
+    8 of 1,500 requests had an output and no record)."""
+    from neuron_batch.replicas.actor import _RecordTail
+    from neuron_batch.scheduler.records import Recorder, RunConfig
+
+    path = tmp_path / "records.jsonl"
+    recorder = Recorder(clock=lambda: 1.0, path=path, keep=False)
+    recorder.start(RunConfig(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64,
+                             block_size=4, num_kv_blocks=64, max_kv_concurrent=4,
+                             prefill_buckets=[16], decode_buckets=[4],
+                             scheduler_cls="NeuronScheduler"))
+    for req_id in ("a", "b", "c"):
+        recorder.request_arrived(req_id, 8)
+    recorder.request_finished("a", 3, "length", 2.0)
+    recorder.request_finished("c", 5, "stop", 2.5)
+    recorder.flush()
+    tail = _RecordTail(path)
+    tail.read()
+    assert sorted(tail.requests) == ["a", "c"]
+    assert (tail.requests["c"].num_output_tokens, tail.requests["c"].finish_reason) == (5, "stop")
+    other = tail.take_other()
+    assert '"type":"requests"' not in other and '"type":"config"' in other
+    recorder.request_finished("b", 1, "length", 3.0)
+    recorder.flush()
+    tail.read()
+    assert sorted(tail.requests) == ["a", "b", "c"]
