@@ -58,6 +58,13 @@ from neuron_batch.inputs.prepare import tokens_of_recipe
 from neuron_batch.scheduler.records import RequestRecord, requests_of_block
 from neuron_batch.settings import RunSettings
 
+#: Seconds between shipments of the scheduler's step blocks and checkpoints (a request's record
+#: goes with its output, always). Each batch's own small blocks and checkpoint took about 370
+#: bytes a request of the run folder on the conversation trace (1,500 requests, 2 replicas);
+#: this makes them few and large. A replica killed loses at most this much of its step records
+#: (the report then reads its steps as they reached the folder).
+SHIP_EVERY_S = 5.0
+
 #: The one column of a batch going to a replica, and of its result coming back.
 REQUESTS_COLUMN = "requests"
 RESULT_COLUMN = "result"
@@ -166,6 +173,7 @@ class ReplicaWorker:
         self._ready = threading.Event()
         self._workdir = tempfile.mkdtemp(prefix="neuron-batch-replica-")
         self._records = _RecordTail(Path(self._workdir) / "records.jsonl")
+        self._shipped_at = time.monotonic()
         self._thread = threading.Thread(target=self._engine_loop, name="replica-engine",
                                         daemon=True)
         self._thread.start()
@@ -198,6 +206,8 @@ class ReplicaWorker:
         try:
             self._engine, self._detokenize = self._build_engine()
             self._recorder = _scheduler_recorder(self._engine)
+            # (its blocks wait for a shipment: written at each, they are as large as they get)
+            self._recorder.flush_seconds = SHIP_EVERY_S
         except BaseException as error:  # surfaces in __init__: Ray Data reports the actor's death
             self._error = error
             self._ready.set()
@@ -224,7 +234,7 @@ class ReplicaWorker:
                         batch.finished.append(done)
                         batch.remaining.discard(done.request_id)
                         if not batch.remaining:
-                            self._complete(batch)
+                            self._complete(batch, idle=not waiting)
             except BaseException as error:  # the engine died: every waiting batch fails
                 self._error = error
                 for batch in {id(b): b for bs in waiting.values() for b in bs}.values():
@@ -243,11 +253,19 @@ class ReplicaWorker:
                       else decode_tokens(request["tokens"]))
             self._engine.add(request_id, tokens, json.loads(request["spec"]))
 
-    def _complete(self, batch: _Batch) -> None:
+    def _complete(self, batch: _Batch, idle: bool) -> None:
         """Hand a finished batch to its `__call__` as plain columns (a dict of lists, pickled
-        there), with the scheduler's records written since the last batch."""
+        there), with its requests' records and, every SHIP_EVERY_S or when the engine has
+        nothing left (`idle`), the scheduler's other records written since they last went."""
         records = self._records
-        self._recorder.flush()   # this thread runs the scheduler: its records reach the file
+        # (this thread runs the scheduler: what it flushes reaches the file now)
+        now = time.monotonic()
+        ship = idle or now - self._shipped_at >= SHIP_EVERY_S
+        if ship:
+            self._recorder.flush()
+            self._shipped_at = now
+        else:
+            self._recorder.flush_requests()
         records.read()
         rows = batch.finished
         n = len(rows)
@@ -261,7 +279,7 @@ class ReplicaWorker:
             "num_prompt_tokens": [d.num_prompt_tokens for d in rows],
             "choices": [None if d.choices is None else json.dumps(d.choices) for d in rows],
             "request_record": [records.requests.pop(d.request_id, None) for d in rows],
-            "lines": [records.take_other()] + [""] * (n - 1),
+            "lines": [records.take_other() if ship else ""] + [""] * (n - 1),
             "actor": [self.actor_id] * n,
             "incarnation": [self.incarnation] * n,
             "node": [self.node_id] * n,

@@ -298,6 +298,13 @@ class Recorder:
                 or time.monotonic() - self._last_flush >= self.flush_seconds):
             self._write_blocks()
 
+    def flush_requests(self) -> None:
+        """Write the finished requests waiting for their block (their steps keep waiting)."""
+        if self._file is not None and self._requests_out:
+            self._file.write(requests_block(self._requests_out) + "\n")
+            self._file.flush()
+        self._requests_out.clear()
+
     def flush(self) -> None:
         """Write the records waiting for their block, and where steps finished since the last
         call a `checkpoint` line: the aggregates as a summary would hold them now. The
