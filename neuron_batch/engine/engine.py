@@ -85,6 +85,7 @@ class Finished:
     # for n > 1 or logprobs; None: the fields above are its one completion.
     choices: list[dict[str, Any]] | None = None
     num_cached_tokens: int = 0      # the prompt's tokens vLLM's prefix cache held
+    embedding: list[float] | None = None    # an embeddings request's vector (no tokens made)
 
 
 def detect_device() -> str:
@@ -138,6 +139,12 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
         seed=settings.seed,
         skip_tokenizer_init=not has_tokenizer,
     )
+    if sampling is not None and sampling.embed_requests:
+        # Embeddings: vLLM's pooling runner (a generation model is converted to embed, as
+        # vLLM does for `--runner pooling`); a run is all embeddings or none
+        # (job/request_spec.py one_kind), and only vLLM's own engine runs them
+        # (inputs/request_paths.py).
+        kwargs["runner"] = "pooling"
     if settings.simulated and not simulated:
         raise ValueError("device 'sim' needs the resolved simulated Target")
     if simulated:
@@ -245,10 +252,13 @@ class Engine:
     def add(self, request_id: str, prompt_token_ids: list[int], spec: dict[str, Any]) -> None:
         """Submit one request: `spec` is what it asks for (inputs.request_fields.sampling_spec),
         made into SamplingParams in engine/sampling_params.py, the one place."""
-        from neuron_batch.engine.sampling_params import sampling_params
+        from neuron_batch.engine.sampling_params import pooling_params, sampling_params
 
         try:
-            params = sampling_params(spec, detokenize=self._detokenize)
+            if "embed" in spec:
+                params = pooling_params(spec["embed"])
+            else:
+                params = sampling_params(spec, detokenize=self._detokenize)
             if self._device_params is not None:
                 params = self._device_params(params)
             self.engine.add_request(request_id, {"prompt_token_ids": prompt_token_ids}, params)
@@ -269,6 +279,13 @@ class Engine:
     def step(self) -> Iterator[Finished]:
         for out in self.engine.step():
             if not out.finished:
+                continue
+            if not isinstance(out.outputs, list):     # a pooling request: its embedding
+                yield Finished(request_id=out.request_id, token_ids=[], text=None,
+                               finish_reason="stop",
+                               num_prompt_tokens=len(out.prompt_token_ids or ()),
+                               num_cached_tokens=out.num_cached_tokens or 0,
+                               embedding=out.outputs.data.tolist())
                 continue
             completion = out.outputs[0]
             choices = None

@@ -1,6 +1,6 @@
 """One JSON request -> one `PromptRecord`: a JSON line's object, or a request of an OpenAI batch
-file (`/v1/chat/completions`, `/v1/completions` or `/v1/responses` (responses_body.py), its
-`body` as those APIs take it).
+file (`/v1/chat/completions`, `/v1/completions`, `/v1/responses` (responses_body.py) or
+`/v1/embeddings` (embeddings_body.py), its `body` as those APIs take it).
 
 Every field is read or refused (request_fields.py): a field neither format knows is named by
 line and field, unless `--ignore-field` drops it (`ignored`).
@@ -10,6 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from neuron_batch.inputs.embeddings_body import (
+    EMBEDDINGS_FIELDS,
+    EMBEDDINGS_URL,
+    read_embeddings_body,
+)
 from neuron_batch.inputs.prompt_records import (
     PROMPT_FIELDS,
     FieldError,
@@ -34,13 +39,11 @@ from neuron_batch.inputs.responses_body import (
     read_responses_body,
 )
 
-OPENAI_BATCH_URLS = ("/v1/completions", "/v1/chat/completions", RESPONSES_URL)
+OPENAI_BATCH_URLS = ("/v1/completions", "/v1/chat/completions", RESPONSES_URL,
+                     EMBEDDINGS_URL)
 #: Endpoints OpenAI's Batch API takes that are not run here, and why (their lines are refused
 #: for that reason, not as an unknown URL).
 NOT_RUN_URLS = {
-    "/v1/embeddings": "embeddings need vLLM's pooling runner on an embedding model, which "
-                      "neuron-batch does not drive (its scheduler and the simulated device "
-                      "model generation); run them with `vllm run-batch`",
     "/v1/moderations": "moderation is OpenAI's own classifier, not a model run here"}
 #: The keys of an OpenAI batch request line.
 BATCH_LINE_FIELDS = ("custom_id", "method", "url", "body")
@@ -137,7 +140,10 @@ def record_from_batch_request(obj: dict, source: str, ignored: Collection[str] =
     chat = url == "/v1/chat/completions"
     body = drop_ignored(body, "body.", ignored)
     record = PromptRecord(index=-1, id=custom_id, source=source)
-    if url == RESPONSES_URL:
+    if url == EMBEDDINGS_URL:
+        check_known(body, EMBEDDINGS_FIELDS, "body.", ignored, "an embeddings body")
+        read_embeddings_body(body, record)
+    elif url == RESPONSES_URL:
         refuse_tools(body, "body.", ignored)
         check_known(body, RESPONSES_FIELDS, "body.", ignored, "a responses body")
         read_responses_body(body, record)
@@ -153,7 +159,7 @@ def record_from_batch_request(obj: dict, source: str, ignored: Collection[str] =
         record.prompt_field = "body.messages"
     if chat:
         refuse_tools(body, "body.", ignored)
-    if url != RESPONSES_URL:
+    if url not in (RESPONSES_URL, EMBEDDINGS_URL):
         check_known(body, ("messages" if chat else "prompt", *BODY_FIELDS, *REQUEST_FIELDS),
                     "body.", ignored, f"a {'chat ' if chat else ''}completions body")
         read_request_fields(body, record, prefix="body.",
@@ -165,4 +171,6 @@ def record_from_batch_request(obj: dict, source: str, ignored: Collection[str] =
     if model is not None and not isinstance(model, str):
         raise FieldError("body.model", f"expected a string, got {describe_value(model)}")
     record.openai = {"custom_id": custom_id, "url": url, "model": model}
+    if url == EMBEDDINGS_URL:
+        record.openai["encoding_format"] = body.get("encoding_format") or "float"
     return record, "custom_id"

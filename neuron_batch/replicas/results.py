@@ -167,7 +167,8 @@ class ResultWriter:
             done = Finished(request_id, token_ids, columns["text"][i],
                             columns["finish_reason"][i], columns["num_prompt_tokens"][i],
                             columns["stop_reason"][i],
-                            json.loads(columns["choices"][i]) if columns["choices"][i] else None)
+                            json.loads(columns["choices"][i]) if columns["choices"][i] else None,
+                            embedding=columns["embedding"][i])
             self.outputs.response(request, done)
             folder.done_ids.add(request_id)
             if columns["request_line"][i]:
