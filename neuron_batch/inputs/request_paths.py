@@ -6,8 +6,9 @@ naming its line and field, the paths that would run it, and `--ignore-field` to 
 the field. What each path does (../shared/notes/neuron-runtimes.md, "What a request may ask
 for, per path"):
 
-- vLLM's own engine (cpu, cuda): everything SamplingParams takes, and embeddings
-  (`/v1/embeddings` lines) on vLLM's pooling runner; nothing else runs embeddings (VLLM_ONLY).
+- vLLM's own engine (cpu, cuda): everything SamplingParams takes, embeddings (`/v1/embeddings`
+  lines) on vLLM's pooling runner and chat lines' tools with vLLM's tool-call parser; nothing
+  else runs those two (VLLM_ONLY).
 - the simulated device: everything; it runs vLLM's engine and charges the device's cost of it.
 - AWS's NxDI plugin (--device neuron, runtime nxdi): the plugin 0.2.0 has no grammar bitmask
   and logprobs only with CPU sampling, so both are honoured through CPU sampling: on-device
@@ -45,12 +46,14 @@ FEATURES: Mapping[str, str] = MappingProxyType({
     "include_stop_str_in_output": "include_stop_str_in_output",
     "min_tokens": "min_tokens", "ignore_eos": "ignore_eos",
     "structured": "structured outputs",
-    "embed": "embeddings (vLLM's pooling runner)"})
+    "embed": "embeddings (vLLM's pooling runner)",
+    "tools": "tool calling (vLLM's tool-call parser)"})
 #: What only vLLM's own engine runs: an embedding needs vLLM's pooling runner, which the
 #: simulated device does not model (it charges generation steps) and which no Neuron plugin
 #: here supports (AWS's NxDI and vLLM Neuron plugins and optimum-neuron run generation
-#: models; ../shared/notes/neuron-runtimes.md).
-VLLM_ONLY = ("embed",)
+#: models; ../shared/notes/neuron-runtimes.md). Tool calls are parsed from the output's text:
+#: the simulated device makes none worth parsing, and on a Neuron host it is untried here.
+VLLM_ONLY = ("embed", "tools")
 
 CPU_SAMPLING = "through CPU sampling (on-device sampling off, logits to the host each step)"
 
@@ -83,7 +86,8 @@ def _only(*features: str) -> Mapping[str, str]:
 #: cuda), "sim" or "neuron"; only Neuron hosts differ by runtime.
 PATHS: Mapping[tuple[str, str | None], RequestPath] = MappingProxyType({
     ("vllm", None): RequestPath("vLLM's own engine (--device cpu or cuda)",
-                                _everything(embed="on an embedding model (runner pooling)")),
+                                _everything(embed="on an embedding model (runner pooling)",
+                                            tools="with --tool-call-parser's parser")),
     ("sim", None): RequestPath("the simulated Neuron device (--device sim)", _everything()),
     ("neuron", NXDI): RequestPath(
         "AWS's NxDI plugin (--device neuron, runtime nxdi)",
@@ -163,7 +167,7 @@ def refusals(records: Iterable[PromptRecord], path: RequestPath,
             f"{FEATURES[refused]} cannot run on {path.name}"
             + (f"; it runs on {' and '.join(others)}" if others else "")
             # (an embedding without its pooling is no request at all)
-            + ("" if refused in VLLM_ONLY else
+            + ("" if refused == "embed" else
                f"; or pass --ignore-field {where} to run the request without it"),
             record.read_order, custom_id=record.id, code="unsupported_field"))
     return kept, problems

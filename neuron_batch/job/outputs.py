@@ -115,7 +115,17 @@ def _choices(done) -> list[dict[str, Any]]:
     if done.choices is not None:
         return done.choices
     return [{"index": 0, "token_ids": done.token_ids, "text": done.text,
-             "finish_reason": done.finish_reason}]
+             "finish_reason": done.finish_reason,
+             "tool_calls": getattr(done, "tool_calls", None)}]
+
+
+def _message(choice: dict[str, Any]) -> dict[str, Any]:
+    """A chat choice's message: its text, and the tool calls read from it (content null where
+    the calls are all there is, as OpenAI gives it)."""
+    calls = choice.get("tool_calls")
+    if not calls:
+        return {"role": "assistant", "content": choice["text"] or ""}
+    return {"role": "assistant", "content": choice["text"] or None, "tool_calls": calls}
 
 
 def openai_row(request: PreparedRequest, done, model_name: str) -> dict:
@@ -132,8 +142,7 @@ def openai_row(request: PreparedRequest, done, model_name: str) -> dict:
         text = choice["text"] or ""
         logprobs = choice.get("logprobs")
         if chat:
-            item = {"index": choice["index"],
-                    "message": {"role": "assistant", "content": text},
+            item = {"index": choice["index"], "message": _message(choice),
                     "logprobs": chat_logprobs(logprobs) if logprobs is not None else None,
                     "finish_reason": choice["finish_reason"]}
         else:

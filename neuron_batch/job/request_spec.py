@@ -12,15 +12,18 @@ from neuron_batch.inputs.request_fields import (
     defaults_words,
     openai_defaults,
 )
+from neuron_batch.inputs.tool_calls import TOOLS, parser_for, tools_of
 from neuron_batch.settings import RunSettings
 
 
 def spec_problems(records, settings: RunSettings) -> tuple[list, list[InputProblem]]:
     """(the records whose spec the engine takes, a problem for each it would refuse once the
     run's defaults are in: n > 1 needs sampling, and greedy decoding (temperature 0, the
-    request's or --temperature's) has one answer; and the lines of the other kind where
-    embeddings and generation are mixed: `one_kind`)."""
+    request's or --temperature's) has one answer; the lines of the other kind where
+    embeddings and generation are mixed: `one_kind`; tools without a parser: `tool_problems`)."""
     records, problems = one_kind(records)
+    records, unparsed = tool_problems(records, settings)
+    problems += unparsed
     kept = []
     for record in records:
         n = (record.sampling or {}).get("n", 1)
@@ -95,4 +98,30 @@ def one_kind(records) -> tuple[list, list[InputProblem]]:
             f"{max(embeddings, len(records) - embeddings):,} {runs.split()[0]} lines are the "
             f"more; run the {other} lines as a batch of their own",
             record.read_order, custom_id=record.id))
+    return kept, problems
+
+
+def tool_problems(records, settings: RunSettings) -> tuple[list, list[InputProblem]]:
+    """(the records whose tools a parser reads, a problem for each line giving tools where no
+    tool-call parser is known: --tool-call-parser, else the one the model's chat template names;
+    inputs/tool_calls.py)."""
+    records = list(records)
+    if not any(tools_of(record) for record in records):
+        return records, []
+    if parser_for(settings.tool_call_parser, settings.model) is not None:
+        return records, []
+    model = settings.model or "the built-in model"
+    kept, problems = [], []
+    for record in records:
+        if not tools_of(record):
+            kept.append(record)
+            continue
+        where = (record.sampling_fields or {}).get(TOOLS, "body.tools")
+        problems.append(InputProblem(
+            record.source, where,
+            f"tool calls are read from the output by vLLM's tool-call parser for the model's "
+            f"format, and none is known for {model} (its chat template names none): pass "
+            f"--tool-call-parser NAME (vLLM's: hermes, llama3_json, mistral, ...), or "
+            f"--ignore-field {where} to run the line without tools",
+            record.read_order, custom_id=record.id, code="unsupported_field"))
     return kept, problems

@@ -271,6 +271,8 @@ class ReplicaWorker:
             "num_prompt_tokens": [d.num_prompt_tokens for d in rows],
             "choices": [None if d.choices is None else json.dumps(d.choices) for d in rows],
             "embedding": [d.embedding for d in rows],
+            "tool_calls": [None if d.tool_calls is None else json.dumps(d.tool_calls)
+                           for d in rows],
             "request_line": [records.requests.pop(d.request_id, None) for d in rows],
             "lines": [records.take_other()] + [""] * (n - 1),
             "actor": [self.actor_id] * n,

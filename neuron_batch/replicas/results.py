@@ -168,7 +168,9 @@ class ResultWriter:
                             columns["finish_reason"][i], columns["num_prompt_tokens"][i],
                             columns["stop_reason"][i],
                             json.loads(columns["choices"][i]) if columns["choices"][i] else None,
-                            embedding=columns["embedding"][i])
+                            embedding=columns["embedding"][i],
+                            tool_calls=json.loads(columns["tool_calls"][i])
+                            if columns["tool_calls"][i] else None)
             self.outputs.response(request, done)
             folder.done_ids.add(request_id)
             if columns["request_line"][i]:
