@@ -111,6 +111,11 @@ class JobSampling:
     #: Requests differ in temperature, top_p or top_k: on-device sampling would give one
     #: request's parameters to another.
     mixed: bool = False
+    #: Requests that are embeddings (`embed` in their spec: inputs/embeddings_body.py): the
+    #: engine then runs vLLM's pooling runner (a run is one kind: job/request_spec.py).
+    embed_requests: int = 0
+    #: Chat requests giving tools (inputs/tool_calls.py): the engine reads their tool calls.
+    tool_requests: int = 0
 
     def host_reasons(self, device_structured: bool = False) -> list[str]:
         """Why this job needs the host's sampler where the device samples with
@@ -134,12 +139,17 @@ class JobSampling:
 
 def job_sampling(all_params: Iterable) -> JobSampling:
     """Count what every request's SamplingParams ask (one pass)."""
-    num = constrained = n_sampled = logprob = prompt_logprob = 0
+    num = constrained = n_sampled = logprob = prompt_logprob = embed = tools = 0
     host_only: set[str] = set()
     device: set[tuple] = set()
     for params in all_params:
+        if getattr(params, "embed", None) is not None:   # pooled, not sampled
+            num += 1
+            embed += 1
+            continue
         asks = sampler_asks(params)
         num += 1
+        tools += getattr(params, "tools", None) is not None
         constrained += asks.constrained
         n_sampled += asks.n > 1
         logprob += asks.logprobs
@@ -148,7 +158,8 @@ def job_sampling(all_params: Iterable) -> JobSampling:
         device.add(asks.device_params)
     return JobSampling(num, constrained, n_sampled, logprob, prompt_logprob,
                        tuple(name for name, _ in HOST_ONLY_DEFAULTS if name in host_only),
-                       mixed=len(device) > 1)
+                       mixed=len(device) > 1, embed_requests=embed,
+                       tool_requests=tools)
 
 
 @dataclass(frozen=True)

@@ -30,3 +30,29 @@ def tiny_model(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama")
     (path / "config.json").write_text(json.dumps(TINY_LLAMA))
     return str(path)
+
+
+#: Words of the tiny embedding model's tokenizer (a word-level vocabulary: no hub, no files).
+TINY_WORDS = ["[UNK]", "[PAD]", "<s>", "</s>", *"the sky is blue red green a colour name hi "
+              "hello world one two three".split()]
+
+
+@pytest.fixture(scope="session")
+def tiny_embedding_model(tmp_path_factory):
+    """A tiny llama embedding model (architecture LlamaModel: vLLM pools its last hidden state,
+    normalised) with random weights, and a word-level tokenizer built here, so that text
+    inputs tokenize without any hub."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    path = tmp_path_factory.mktemp("tiny-embed")
+    tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(TINY_WORDS)},
+                                           unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]",
+        "pad_token": "[PAD]", "bos_token": "<s>", "eos_token": "</s>",
+        "model_max_length": 4096}))
+    (path / "config.json").write_text(json.dumps(
+        {**TINY_LLAMA, "architectures": ["LlamaModel"], "bos_token_id": 2, "eos_token_id": 3}))
+    return str(path)

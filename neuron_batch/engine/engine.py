@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from neuron_batch.device.target import TARGET_KEY
 from neuron_batch.device_sampling import HOST_SAMPLING_KEY
+from neuron_batch.inputs.tool_calls import parser_for
 from neuron_batch.scheduler import SCHEDULER_CLS
 from neuron_batch.scheduler.kv_reserve import parse_kv_reserve
 from neuron_batch.settings import RunSettings, SettingsError
@@ -85,6 +86,8 @@ class Finished:
     # for n > 1 or logprobs; None: the fields above are its one completion.
     choices: list[dict[str, Any]] | None = None
     num_cached_tokens: int = 0      # the prompt's tokens vLLM's prefix cache held
+    embedding: list[float] | None = None    # an embeddings request's vector (no tokens made)
+    tool_calls: list[dict[str, Any]] | None = None   # a tools request's calls, read from it
 
 
 def detect_device() -> str:
@@ -138,6 +141,23 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
         seed=settings.seed,
         skip_tokenizer_init=not has_tokenizer,
     )
+    if settings.tool_call_parser is not None:
+        from neuron_batch.engine.tool_calls import known_parsers
+
+        if settings.tool_call_parser not in known_parsers():
+            raise SettingsError(f"--tool-call-parser {settings.tool_call_parser}: not one of "
+                                f"vLLM's tool-call parsers ({', '.join(known_parsers())})")
+    parser = parser_for(settings.tool_call_parser, model_path)
+    if parser is not None and sampling is not None and sampling.tool_requests:
+        # The parser that reads chat lines' tool calls (engine/tool_calls.py); lines with
+        # tools and no parser were refused before (job/request_spec.py tool_problems).
+        neuron_batch["tool_call_parser"] = parser
+    if sampling is not None and sampling.embed_requests:
+        # Embeddings: vLLM's pooling runner (a generation model is converted to embed, as
+        # vLLM does for `--runner pooling`); a run is all embeddings or none
+        # (job/request_spec.py one_kind), and only vLLM's own engine runs them
+        # (inputs/request_paths.py).
+        kwargs["runner"] = "pooling"
     if settings.simulated and not simulated:
         raise ValueError("device 'sim' needs the resolved simulated Target")
     if simulated:
@@ -234,6 +254,14 @@ class Engine:
         self._detokenize = not kwargs.get("skip_tokenizer_init", False)
         self._full: dict[str, int | None] = {}  # request id -> its top logprobs, for those
                                                 # whose every completion is kept
+        # Tools requests: the parser that reads their calls (engine_kwargs named it).
+        self._tool_reader: Any = None
+        self._tools: dict[str, dict[str, Any]] = {}   # request id -> the tools it gave
+        if own.get("tool_call_parser"):
+            from neuron_batch.engine.tool_calls import ToolCallReader
+
+            self._tool_reader = ToolCallReader(own["tool_call_parser"], self.llm.get_tokenizer(),
+                                               self.engine.model_config)
         # The simulated device charges structured outputs and logprobs but computes neither
         # (device/sampling_cost.py): what it is given is said, not asked.
         self._device_params = None
@@ -245,10 +273,16 @@ class Engine:
     def add(self, request_id: str, prompt_token_ids: list[int], spec: dict[str, Any]) -> None:
         """Submit one request: `spec` is what it asks for (inputs.request_fields.sampling_spec),
         made into SamplingParams in engine/sampling_params.py, the one place."""
-        from neuron_batch.engine.sampling_params import sampling_params
+        from neuron_batch.engine.sampling_params import pooling_params, sampling_params
 
+        tools = spec.get("tools")
         try:
-            params = sampling_params(spec, detokenize=self._detokenize)
+            if tools is not None:
+                spec = self._with_tools(spec, tools)
+            if "embed" in spec:
+                params = pooling_params(spec["embed"])
+            else:
+                params = sampling_params(spec, detokenize=self._detokenize)
             if self._device_params is not None:
                 params = self._device_params(params)
             self.engine.add_request(request_id, {"prompt_token_ids": prompt_token_ids}, params)
@@ -258,6 +292,18 @@ class Engine:
             raise RequestRefused(str(error)) from error
         if spec.get("n", 1) > 1 or spec.get("logprobs") is not None:
             self._full[request_id] = spec.get("logprobs")
+        if tools is not None:
+            self._tools[request_id] = tools
+
+    def _with_tools(self, spec: dict[str, Any], tools: dict[str, Any]) -> dict[str, Any]:
+        """`spec` without its tools, with what vLLM's server would set for them: the format
+        the parser holds the calls to (structured output) and its say on special tokens
+        (engine/tool_calls.py)."""
+        if self._tool_reader is None:
+            raise ValueError("tools need a tool-call parser (--tool-call-parser)")
+        spec = {key: value for key, value in spec.items() if key != "tools"}
+        spec.update(self._tool_reader.sampling(tools, spec.get("structured")))
+        return spec
 
     def abort(self, request_ids: list[str]) -> None:
         if request_ids:
@@ -270,19 +316,41 @@ class Engine:
         for out in self.engine.step():
             if not out.finished:
                 continue
+            if not isinstance(out.outputs, list):     # a pooling request: its embedding
+                yield Finished(request_id=out.request_id, token_ids=[], text=None,
+                               finish_reason="stop",
+                               num_prompt_tokens=len(out.prompt_token_ids or ()),
+                               num_cached_tokens=out.num_cached_tokens or 0,
+                               embedding=out.outputs.data.tolist())
+                continue
             completion = out.outputs[0]
             choices = None
             if out.request_id in self._full:
                 from neuron_batch.engine.sampling_params import plain_choices
 
                 choices = plain_choices(out, self._detokenize, self._full.pop(out.request_id))
-            yield Finished(
+            done = Finished(
                 request_id=out.request_id, token_ids=list(completion.token_ids),
                 text=completion.text if self._detokenize else None,
                 finish_reason=completion.finish_reason,
                 num_prompt_tokens=len(out.prompt_token_ids or ()),
                 stop_reason=completion.stop_reason, choices=choices,
                 num_cached_tokens=out.num_cached_tokens or 0)
+            tools = self._tools.pop(out.request_id, None)
+            if tools is not None and done.finish_reason != "error":
+                self._read_tool_calls(done, tools)
+            yield done
+
+    def _read_tool_calls(self, done: Finished, tools: dict[str, Any]) -> None:
+        """Each completion's tool calls, read by the run's parser (engine/tool_calls.py): its
+        text becomes the message's content, the calls and finish reason as vLLM's server
+        gives them."""
+        reader = self._tool_reader
+        done.text, done.tool_calls, done.finish_reason = reader.read(
+            tools, done.text, done.token_ids, done.finish_reason)
+        for choice in done.choices or ():
+            choice["text"], choice["tool_calls"], choice["finish_reason"] = reader.read(
+                tools, choice["text"], choice["token_ids"], choice["finish_reason"])
 
     def close(self) -> None:
         """Shut the engine core down so the scheduler flushes its records."""

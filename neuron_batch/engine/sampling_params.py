@@ -69,6 +69,14 @@ def sampling_params(spec: dict[str, Any], *, detokenize: bool):
                           **kwargs)
 
 
+def pooling_params(embed: dict[str, Any]):
+    """vLLM's PoolingParams for an embeddings request (`embed`: the spec's `embed`,
+    inputs/embeddings_body.py); vLLM checks `dimensions` against the model when it is added."""
+    from vllm.pooling_params import PoolingParams
+
+    return PoolingParams(task="embed", dimensions=embed.get("dimensions"))
+
+
 def plain_logprobs(logprobs, token_ids: list[int], top: int) -> list[dict[str, Any]] | None:
     """vLLM's per-token logprobs (a list, per generated token, of {token id: Logprob}: the `top`
     likeliest and the sampled one) as plain data: per token {"id", "token", "logprob", "top":

@@ -1,6 +1,6 @@
 """One JSON request -> one `PromptRecord`: a JSON line's object, or a request of an OpenAI batch
-file (`/v1/chat/completions`, `/v1/completions` or `/v1/responses` (responses_body.py), its
-`body` as those APIs take it).
+file (`/v1/chat/completions`, `/v1/completions`, `/v1/responses` (responses_body.py) or
+`/v1/embeddings` (embeddings_body.py), its `body` as those APIs take it).
 
 Every field is read or refused (request_fields.py): a field neither format knows is named by
 line and field, unless `--ignore-field` drops it (`ignored`).
@@ -10,6 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from neuron_batch.inputs.embeddings_body import (
+    EMBEDDINGS_FIELDS,
+    EMBEDDINGS_URL,
+    read_embeddings_body,
+)
 from neuron_batch.inputs.prompt_records import (
     PROMPT_FIELDS,
     FieldError,
@@ -33,14 +38,14 @@ from neuron_batch.inputs.responses_body import (
     RESPONSES_URL,
     read_responses_body,
 )
+from neuron_batch.inputs.tool_calls import OLD_TOOL_FIELDS, read_tools
+from neuron_batch.inputs.tool_calls import TOOL_FIELDS as CHAT_TOOL_FIELDS
 
-OPENAI_BATCH_URLS = ("/v1/completions", "/v1/chat/completions", RESPONSES_URL)
+OPENAI_BATCH_URLS = ("/v1/completions", "/v1/chat/completions", RESPONSES_URL,
+                     EMBEDDINGS_URL)
 #: Endpoints OpenAI's Batch API takes that are not run here, and why (their lines are refused
 #: for that reason, not as an unknown URL).
 NOT_RUN_URLS = {
-    "/v1/embeddings": "embeddings need vLLM's pooling runner on an embedding model, which "
-                      "neuron-batch does not drive (its scheduler and the simulated device "
-                      "model generation); run them with `vllm run-batch`",
     "/v1/moderations": "moderation is OpenAI's own classifier, not a model run here"}
 #: The keys of an OpenAI batch request line.
 BATCH_LINE_FIELDS = ("custom_id", "method", "url", "body")
@@ -53,22 +58,21 @@ BODY_FIELDS = ("model", "user", "stream")
 LINE_FIELDS = (*PROMPT_FIELDS, "id", "custom_id", "prefix_id", "prefix_len")
 
 
-#: Chat fields for tool calling: a chat completions body takes them, but only vLLM's OpenAI
-#: server turns a model's output into `tool_calls` (its --tool-call-parser for the model's
-#: own format; vllm/entrypoints/openai/tool_parsers), which an offline batch does not run.
-#: Refused for that reason, by name (rather than as an unknown field).
-TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
+#: Fields for tool calling. An OpenAI chat completions line takes them (tool_calls.py: read,
+#: and honoured where vLLM can parse the model's calls); a plain JSON line or a responses line
+#: does not run them: refused for that reason, by name (rather than as an unknown field).
+TOOL_FIELDS = (*CHAT_TOOL_FIELDS, *OLD_TOOL_FIELDS)
 
 
-def refuse_tools(obj: dict, prefix: str, ignored: Collection[str]) -> None:
-    """FieldError for the first tool-calling field `obj` gives (see TOOL_FIELDS)."""
+def refuse_tools(obj: dict, prefix: str, ignored: Collection[str], what: str) -> None:
+    """FieldError for the first tool-calling field `obj` gives (see TOOL_FIELDS); `what`: the
+    kind of line, for the words."""
     for name in TOOL_FIELDS:
         if obj.get(name) is not None and name not in ignored and prefix + name not in ignored:
-            raise FieldError(prefix + name, "tool calling is not run here: vLLM parses a "
-                             "model's tool calls only in its OpenAI server (vllm serve with "
-                             "--tool-call-parser for the model), not in an offline batch; run "
-                             f"it there, or pass --ignore-field {prefix + name} to run the "
-                             "request as plain chat")
+            raise FieldError(prefix + name, f"tool calling is not run from {what}: only an "
+                             "OpenAI batch /v1/chat/completions line's tools are (with vLLM's "
+                             "tool-call parser for the model); give it as one, or pass "
+                             f"--ignore-field {prefix + name} to run the request without tools")
 
 
 def request_id(obj: dict) -> str | None:
@@ -96,7 +100,7 @@ def record_from_object(obj: dict, source: str, ignored: Collection[str] = ()
                                    f"'prompt_token_ids', 'prompt_len' (keys found: {keys})")
         raise FieldError(given[1], f"conflicts with '{given[0]}': give only one of "
                                    "'prompt', 'messages', 'prompt_token_ids', 'prompt_len'")
-    refuse_tools(obj, "", ignored)
+    refuse_tools(obj, "", ignored, "a JSON line")
     check_known(obj, (*LINE_FIELDS, *REQUEST_FIELDS), "", ignored, "a JSON line")
     record = PromptRecord(index=-1, id="", source=source)
     set_prompt(record, given[0], obj[given[0]], given[0])
@@ -137,8 +141,11 @@ def record_from_batch_request(obj: dict, source: str, ignored: Collection[str] =
     chat = url == "/v1/chat/completions"
     body = drop_ignored(body, "body.", ignored)
     record = PromptRecord(index=-1, id=custom_id, source=source)
-    if url == RESPONSES_URL:
-        refuse_tools(body, "body.", ignored)
+    if url == EMBEDDINGS_URL:
+        check_known(body, EMBEDDINGS_FIELDS, "body.", ignored, "an embeddings body")
+        read_embeddings_body(body, record)
+    elif url == RESPONSES_URL:
+        refuse_tools(body, "body.", ignored, "a /v1/responses line")
         check_known(body, RESPONSES_FIELDS, "body.", ignored, "a responses body")
         read_responses_body(body, record)
     elif not chat:
@@ -151,13 +158,16 @@ def record_from_batch_request(obj: dict, source: str, ignored: Collection[str] =
     else:
         record.messages = check_messages(body.get("messages"), "body.messages")
         record.prompt_field = "body.messages"
-    if chat:
-        refuse_tools(body, "body.", ignored)
-    if url != RESPONSES_URL:
-        check_known(body, ("messages" if chat else "prompt", *BODY_FIELDS, *REQUEST_FIELDS),
+    if not chat and url == "/v1/completions":
+        refuse_tools(body, "body.", ignored, "a /v1/completions line")
+    if url not in (RESPONSES_URL, EMBEDDINGS_URL):
+        check_known(body, ("messages" if chat else "prompt", *BODY_FIELDS, *REQUEST_FIELDS,
+                           *(TOOL_FIELDS if chat else ())),
                     "body.", ignored, f"a {'chat ' if chat else ''}completions body")
         read_request_fields(body, record, prefix="body.",
                             style="chat" if chat else "completions")
+    if chat:
+        read_tools(body, record, "body.")
     if body.get("stream") not in (None, False):
         raise FieldError("body.stream", "a batch request's output is written whole; "
                                         "drop stream or set it false")
@@ -165,4 +175,6 @@ def record_from_batch_request(obj: dict, source: str, ignored: Collection[str] =
     if model is not None and not isinstance(model, str):
         raise FieldError("body.model", f"expected a string, got {describe_value(model)}")
     record.openai = {"custom_id": custom_id, "url": url, "model": model}
+    if url == EMBEDDINGS_URL:
+        record.openai["encoding_format"] = body.get("encoding_format") or "float"
     return record, "custom_id"

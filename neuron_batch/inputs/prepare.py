@@ -20,6 +20,7 @@ from neuron_batch.buckets import round_model_len
 from neuron_batch.inputs.mooncake import MAX_HASH_ID, MOONCAKE_BLOCK
 from neuron_batch.inputs.prompt_records import InputProblem, PromptRecord
 from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK, prefix_order
+from neuron_batch.inputs.tool_calls import TOOLS, takes_tools, tools_of
 
 # Synthetic prompts draw from a fixed pseudo-random pool; each request starts at its own offset,
 # so no two requests share a first KV block and prefix caching does not flatter the figures:
@@ -244,8 +245,9 @@ def prepare_requests(records: Sequence[PromptRecord], *, tokenizer: Any, tokeniz
             if ids is None:
                 ids = _token_ids(record, tokenizer, tokenizer_name)
         except _NeedsTokenizer as error:
-            problems.append(InputProblem(record.source, record.prompt_field or error.field,
-                                         str(error), record.read_order))
+            field = error.field if error.exact else record.prompt_field or error.field
+            problems.append(InputProblem(record.source, field, str(error), record.read_order,
+                                         code="unsupported_field" if error.exact else None))
             continue
         lazy = ids is None          # prompt_len: its tokens are made when asked for
         if ids is None:
@@ -372,9 +374,10 @@ def _plain_text(record: PromptRecord) -> bool:
 
 
 class _NeedsTokenizer(Exception):
-    def __init__(self, field: str, message: str):
+    def __init__(self, field: str, message: str, exact: bool = False):
         super().__init__(message)
         self.field = field
+        self.exact = exact      # the field is the one to name (not the prompt's)
 
 
 def _prompt_field(record: PromptRecord) -> str:
@@ -399,11 +402,20 @@ def _token_ids(record: PromptRecord, tokenizer: Any,
         raise _NeedsTokenizer(field, "text prompts need a tokenizer and this model has none; "
                                      "give prompt_token_ids or prompt_len, or a model with one")
     if record.messages is not None:
-        if not getattr(tokenizer, "chat_template", None):
+        template = getattr(tokenizer, "chat_template", None)
+        if not template:
             raise _NeedsTokenizer("messages", f"the tokenizer of {tokenizer_name} has no chat "
                                               f"template; give a text prompt instead")
-        rendered = tokenizer.apply_chat_template(record.messages, add_generation_prompt=True,
-                                                 tokenize=True)
+        tools = tools_of(record)
+        if tools is not None and not takes_tools(template):
+            where = (record.sampling_fields or {}).get(TOOLS, "body.tools")
+            raise _NeedsTokenizer(where, f"the chat template of {tokenizer_name} takes no "
+                                         f"tools, so the model would never see them; give a "
+                                         f"model whose template does, or pass --ignore-field "
+                                         f"{where} to run the line without tools", exact=True)
+        rendered = tokenizer.apply_chat_template(
+            record.messages, add_generation_prompt=True, tokenize=True,
+            **({"tools": tools["tools"]} if tools is not None else {}))
         if isinstance(rendered, dict) or hasattr(rendered, "input_ids"):
             rendered = rendered["input_ids"]
         return list(rendered)

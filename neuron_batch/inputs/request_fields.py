@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.errors import did_you_mean
+from neuron_batch.inputs.embeddings_body import is_embedding
 from neuron_batch.inputs.prompt_records import (
     FieldError,
     PromptRecord,
@@ -100,7 +101,7 @@ def apply_openai_defaults(records: Iterable[PromptRecord], defaults: dict[str, f
     not a request). Returns how many records took a default."""
     took = 0
     for record in records:
-        if record.openai is None:
+        if record.openai is None or is_embedding(record):   # (an embedding samples nothing)
             continue
         before = (record.temperature, dict(record.sampling or {}))
         if record.temperature is None and run_temperature is None:

@@ -6,7 +6,9 @@ naming its line and field, the paths that would run it, and `--ignore-field` to 
 the field. What each path does (../shared/notes/neuron-runtimes.md, "What a request may ask
 for, per path"):
 
-- vLLM's own engine (cpu, cuda): everything SamplingParams takes.
+- vLLM's own engine (cpu, cuda): everything SamplingParams takes, embeddings (`/v1/embeddings`
+  lines) on vLLM's pooling runner and chat lines' tools with vLLM's tool-call parser; nothing
+  else runs those two (VLLM_ONLY).
 - the simulated device: everything; it runs vLLM's engine and charges the device's cost of it.
 - AWS's NxDI plugin (--device neuron, runtime nxdi): the plugin 0.2.0 has no grammar bitmask
   and logprobs only with CPU sampling, so both are honoured through CPU sampling: on-device
@@ -43,7 +45,15 @@ FEATURES: Mapping[str, str] = MappingProxyType({
     "logit_bias": "logit_bias", "logprobs": "logprobs", "stop_token_ids": "stop_token_ids",
     "include_stop_str_in_output": "include_stop_str_in_output",
     "min_tokens": "min_tokens", "ignore_eos": "ignore_eos",
-    "structured": "structured outputs"})
+    "structured": "structured outputs",
+    "embed": "embeddings (vLLM's pooling runner)",
+    "tools": "tool calling (vLLM's tool-call parser)"})
+#: What only vLLM's own engine runs: an embedding needs vLLM's pooling runner, which the
+#: simulated device does not model (it charges generation steps) and which no Neuron plugin
+#: here supports (AWS's NxDI and vLLM Neuron plugins and optimum-neuron run generation
+#: models; ../shared/notes/neuron-runtimes.md). Tool calls are parsed from the output's text:
+#: the simulated device makes none worth parsing, and on a Neuron host it is untried here.
+VLLM_ONLY = ("embed", "tools")
 
 CPU_SAMPLING = "through CPU sampling (on-device sampling off, logits to the host each step)"
 
@@ -62,7 +72,10 @@ class RequestPath:
 
 
 def _everything(**how: str) -> Mapping[str, str]:
-    return MappingProxyType({feature: how.get(feature, "") for feature in FEATURES})
+    """Every generation feature (`how` says how where that matters), and of VLLM_ONLY those
+    `how` names."""
+    return MappingProxyType({feature: how.get(feature, "") for feature in FEATURES
+                             if feature not in VLLM_ONLY or feature in how})
 
 
 def _only(*features: str) -> Mapping[str, str]:
@@ -72,7 +85,9 @@ def _only(*features: str) -> Mapping[str, str]:
 #: THE table: (device kind, runtime name or None) -> path. The device kind is "vllm" (cpu,
 #: cuda), "sim" or "neuron"; only Neuron hosts differ by runtime.
 PATHS: Mapping[tuple[str, str | None], RequestPath] = MappingProxyType({
-    ("vllm", None): RequestPath("vLLM's own engine (--device cpu or cuda)", _everything()),
+    ("vllm", None): RequestPath("vLLM's own engine (--device cpu or cuda)",
+                                _everything(embed="on an embedding model (runner pooling)",
+                                            tools="with --tool-call-parser's parser")),
     ("sim", None): RequestPath("the simulated Neuron device (--device sim)", _everything()),
     ("neuron", NXDI): RequestPath(
         "AWS's NxDI plugin (--device neuron, runtime nxdi)",
@@ -151,7 +166,9 @@ def refusals(records: Iterable[PromptRecord], path: RequestPath,
             record.source, where,
             f"{FEATURES[refused]} cannot run on {path.name}"
             + (f"; it runs on {' and '.join(others)}" if others else "")
-            + f"; or pass --ignore-field {where} to run the request without it",
+            # (an embedding without its pooling is no request at all)
+            + ("" if refused == "embed" else
+               f"; or pass --ignore-field {where} to run the request without it"),
             record.read_order, custom_id=record.id, code="unsupported_field"))
     return kept, problems
 

@@ -11,7 +11,7 @@ The Responses API is what new OpenAI code is written against, and OpenAI's Batch
   "name", "schema", "strict"}` (flat, as this API writes it) -> the one structured form;
 - `model`, `user`, `stream` (false), `metadata`, `store` (false) as chat takes them.
 
-Tool calling is refused as in chat (json_requests.TOOL_FIELDS); images, files, previous
+Tool calling is refused (json_requests.TOOL_FIELDS: chat lines run tools); images, files, previous
 responses (`previous_response_id`, `reasoning`, ...) are fields this offline batch does not
 run, so unknown here and refused by name (--ignore-field drops one). A chat field such as
 `max_tokens` or `messages` is another endpoint's: refused, naming this API's own. Pure.

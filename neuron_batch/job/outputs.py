@@ -9,7 +9,8 @@ outputs.jsonl, or an error record in errors.jsonl; and batch.json's counts of bo
   (--served-model-name, else the model's directory or catalogue name), not the name the
   request gave. Chat logprobs as the chat API has them (`content[]` of `token`, `logprob`,
   `bytes`, `top_logprobs[]`); completions logprobs in that API's legacy shape (`tokens`,
-  `token_logprobs`, `top_logprobs`, `text_offset`).
+  `token_logprobs`, `top_logprobs`, `text_offset`). An embeddings line's body is the
+  embeddings API's `list` of one `embedding` (floats, or base64 where asked) and its `usage`.
 - Anything else: a JSON object with the request's id, index, prompt, `output`,
   `finish_reason` and token counts; with n > 1 or logprobs also `choices[n]` (each its
   `output`, `finish_reason`, token count and `logprobs` in the chat shape) and `usage`.
@@ -25,12 +26,16 @@ exactly one record once an attempt has run to its end.
 
 from __future__ import annotations
 
+import base64
 import json
+import sys
 import time
+from array import array
 from collections.abc import Iterable, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from neuron_batch.engine.models import BUILTIN_SERVED_NAME
+from neuron_batch.inputs.embeddings_body import EMBEDDINGS_URL, encoding_of
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.inputs.prompt_records import InputProblem, PromptRecord
 from neuron_batch.inputs.skipped import source_position
@@ -110,7 +115,17 @@ def _choices(done) -> list[dict[str, Any]]:
     if done.choices is not None:
         return done.choices
     return [{"index": 0, "token_ids": done.token_ids, "text": done.text,
-             "finish_reason": done.finish_reason}]
+             "finish_reason": done.finish_reason,
+             "tool_calls": getattr(done, "tool_calls", None)}]
+
+
+def _message(choice: dict[str, Any]) -> dict[str, Any]:
+    """A chat choice's message: its text, and the tool calls read from it (content null where
+    the calls are all there is, as OpenAI gives it)."""
+    calls = choice.get("tool_calls")
+    if not calls:
+        return {"role": "assistant", "content": choice["text"] or ""}
+    return {"role": "assistant", "content": choice["text"] or None, "tool_calls": calls}
 
 
 def openai_row(request: PreparedRequest, done, model_name: str) -> dict:
@@ -119,14 +134,15 @@ def openai_row(request: PreparedRequest, done, model_name: str) -> dict:
     assert record.openai is not None    # (output_row: only for an OpenAI batch line)
     if record.openai.get("url") == "/v1/responses":
         return _batch_line(record, responses_body(request, done, model_name))
+    if record.openai.get("url") == EMBEDDINGS_URL:
+        return _batch_line(record, embeddings_body(request, done, model_name))
     chat = record.openai.get("url", "").endswith("/chat/completions")
     choices = []
     for choice in _choices(done):
         text = choice["text"] or ""
         logprobs = choice.get("logprobs")
         if chat:
-            item = {"index": choice["index"],
-                    "message": {"role": "assistant", "content": text},
+            item = {"index": choice["index"], "message": _message(choice),
                     "logprobs": chat_logprobs(logprobs) if logprobs is not None else None,
                     "finish_reason": choice["finish_reason"]}
         else:
@@ -171,6 +187,24 @@ def responses_body(request: PreparedRequest, done, model_name: str) -> dict:
                       "output_tokens": counts["completion_tokens"],
                       "output_tokens_details": {"reasoning_tokens": 0},
                       "total_tokens": counts["total_tokens"]}}
+
+
+def embeddings_body(request: PreparedRequest, done, model_name: str) -> dict:
+    """The embeddings API's response: a list of one embedding (a line embeds one input:
+    inputs/embeddings_body.py), as floats or, where the line asked for base64, its float32
+    little-endian bytes in base64 (as OpenAI and vLLM write them); usage counts the prompt."""
+    vector = done.embedding or []
+    if encoding_of(request.record) == "base64":
+        data = array("f", vector)
+        if sys.byteorder != "little":
+            data.byteswap()
+        embedding: list[float] | str = base64.b64encode(data.tobytes()).decode("ascii")
+    else:
+        embedding = vector
+    prompt = request.prompt_len
+    return {"id": f"embd-{request.record.id}", "object": "list", "created": int(time.time()),
+            "data": [{"object": "embedding", "index": 0, "embedding": embedding}],
+            "model": model_name, "usage": {"prompt_tokens": prompt, "total_tokens": prompt}}
 
 
 def _token_text(token: str | None, token_id: int) -> str:

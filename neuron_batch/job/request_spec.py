@@ -3,6 +3,7 @@ itself: engine/sampling_params.py `request_spec`)."""
 
 from __future__ import annotations
 
+from neuron_batch.inputs.embeddings_body import is_embedding
 from neuron_batch.inputs.prompt_records import InputProblem
 from neuron_batch.inputs.request_fields import (
     PLAIN_TEMPERATURE,
@@ -11,14 +12,19 @@ from neuron_batch.inputs.request_fields import (
     defaults_words,
     openai_defaults,
 )
+from neuron_batch.inputs.tool_calls import TOOLS, parser_for, tools_of
 from neuron_batch.settings import RunSettings
 
 
 def spec_problems(records, settings: RunSettings) -> tuple[list, list[InputProblem]]:
     """(the records whose spec the engine takes, a problem for each it would refuse once the
     run's defaults are in: n > 1 needs sampling, and greedy decoding (temperature 0, the
-    request's or --temperature's) has one answer)."""
-    kept, problems = [], []
+    request's or --temperature's) has one answer; the lines of the other kind where
+    embeddings and generation are mixed: `one_kind`; tools without a parser: `tool_problems`)."""
+    records, problems = one_kind(records)
+    records, unparsed = tool_problems(records, settings)
+    problems += unparsed
+    kept = []
     for record in records:
         n = (record.sampling or {}).get("n", 1)
         temperature = default_temperature(record, settings.temperature)
@@ -63,3 +69,59 @@ def report_defaults(settings: RunSettings, records, model_path: str | None) -> d
     if settings.temperature is None and any(r.openai is not None for r in records):
         out["defaults"] = "OpenAI batch lines: " + defaults_words(*openai_defaults(model_path))
     return out
+
+
+def one_kind(records) -> tuple[list, list[InputProblem]]:
+    """(the records of the run's kind, a problem for each line of the other kind).
+
+    A run loads one model, with one of vLLM's runners: pooling for embeddings, generate for
+    the rest; vLLM's engine runs one of them (its `runner`), and OpenAI's Batch API also takes
+    one endpoint a batch. So where embeddings and generation lines are mixed, the kind with
+    more lines runs (generation on a tie) and each line of the other is refused, naming it
+    and why: a batch of its own runs it."""
+    records = list(records)
+    embeddings = sum(is_embedding(record) for record in records)
+    if not embeddings or embeddings == len(records):
+        return records, []
+    embed_runs = embeddings > len(records) - embeddings
+    runs = "embeddings" if embed_runs else "generation (chat, completions, responses)"
+    other = "generation" if embed_runs else "embeddings"
+    kept, problems = [], []
+    for record in records:
+        if is_embedding(record) == embed_runs:
+            kept.append(record)
+            continue
+        problems.append(InputProblem(
+            record.source, "url",
+            f"a {other} line in a run of {runs} lines: a run loads one model with one of "
+            f"vLLM's runners (pooling for embeddings, generate for the rest), and the "
+            f"{max(embeddings, len(records) - embeddings):,} {runs.split()[0]} lines are the "
+            f"more; run the {other} lines as a batch of their own",
+            record.read_order, custom_id=record.id))
+    return kept, problems
+
+
+def tool_problems(records, settings: RunSettings) -> tuple[list, list[InputProblem]]:
+    """(the records whose tools a parser reads, a problem for each line giving tools where no
+    tool-call parser is known: --tool-call-parser, else the one the model's chat template names;
+    inputs/tool_calls.py)."""
+    records = list(records)
+    if not any(tools_of(record) for record in records):
+        return records, []
+    if parser_for(settings.tool_call_parser, settings.model) is not None:
+        return records, []
+    model = settings.model or "the built-in model"
+    kept, problems = [], []
+    for record in records:
+        if not tools_of(record):
+            kept.append(record)
+            continue
+        where = (record.sampling_fields or {}).get(TOOLS, "body.tools")
+        problems.append(InputProblem(
+            record.source, where,
+            f"tool calls are read from the output by vLLM's tool-call parser for the model's "
+            f"format, and none is known for {model} (its chat template names none): pass "
+            f"--tool-call-parser NAME (vLLM's: hermes, llama3_json, mistral, ...), or "
+            f"--ignore-field {where} to run the line without tools",
+            record.read_order, custom_id=record.id, code="unsupported_field"))
+    return kept, problems

@@ -68,6 +68,9 @@ SHIP_EVERY_S = 5.0
 #: The one column of a batch going to a replica, and of its result coming back.
 REQUESTS_COLUMN = "requests"
 RESULT_COLUMN = "result"
+#: The finish reason of a request vLLM refused when the replica added it (its words in
+#: stop_reason); nothing of it ran.
+REFUSED = "refused"
 
 
 @dataclass(frozen=True)
@@ -229,6 +232,8 @@ class ReplicaWorker:
             try:
                 for batch in arrived:
                     self._admit(batch, waiting)
+                    if not batch.remaining:     # every request of it refused when added
+                        self._complete(batch, idle=not waiting)
                 for done in engine.step():
                     for batch in waiting.pop(done.request_id, ()):
                         batch.finished.append(done)
@@ -242,16 +247,27 @@ class ReplicaWorker:
                 return
 
     def _admit(self, batch: _Batch, waiting: dict[str, list[_Batch]]) -> None:
+        from neuron_batch.engine.engine import Finished, RequestRefused
+
         for request in batch.requests:
             request_id = request["id"]
-            batch.remaining.add(request_id)
             if request_id in waiting:       # already running for another batch (a retry)
+                batch.remaining.add(request_id)
                 waiting[request_id].append(batch)
                 continue
-            waiting[request_id] = [batch]
             tokens = (tokens_of_recipe(request["recipe"]) if "recipe" in request
                       else decode_tokens(request["tokens"]))
-            self._engine.add(request_id, tokens, json.loads(request["spec"]))
+            try:
+                self._engine.add(request_id, tokens, json.loads(request["spec"]))
+            except RequestRefused as error:
+                # vLLM's own check of this one request: it goes back to the driver as refused
+                # (its error record, or the run's error without --on-error skip), the engine and
+                # the batch's other requests go on, as on one engine (job/generate.py).
+                batch.finished.append(Finished(request_id, [], None, REFUSED, len(tokens),
+                                               str(error)))
+                continue
+            batch.remaining.add(request_id)
+            waiting[request_id] = [batch]
 
     def _complete(self, batch: _Batch, idle: bool) -> None:
         """Hand a finished batch to its `__call__` as plain columns (a dict of lists, pickled
@@ -278,6 +294,9 @@ class ReplicaWorker:
                             for d in rows],
             "num_prompt_tokens": [d.num_prompt_tokens for d in rows],
             "choices": [None if d.choices is None else json.dumps(d.choices) for d in rows],
+            "embedding": [d.embedding for d in rows],
+            "tool_calls": [None if d.tool_calls is None else json.dumps(d.tool_calls)
+                           for d in rows],
             "request_record": [records.requests.pop(d.request_id, None) for d in rows],
             "lines": [records.take_other() if ship else ""] + [""] * (n - 1),
             "actor": [self.actor_id] * n,

@@ -244,7 +244,7 @@ def _outcome(flow: _Flow, ended: str, started: float, stop: RunSignals) -> dict[
     if flow.done:
         ended = "completed"
     if ended != "completed":
-        left = len(writer.by_id) - writer.finished
+        left = len(writer.by_id) - writer.finished - len(writer.errors)
         job.log(f"{'--max-runtime reached' if ended == 'deadline' else 'stopping'}: "
                 f"abandoning {left} unfinished request(s); rerun with --resume")
     if writer.duplicates:

@@ -19,12 +19,12 @@ import time
 from types import SimpleNamespace
 from typing import IO, Any
 
-from neuron_batch.engine.engine import Finished
-from neuron_batch.errors import EXIT_FAILED
+from neuron_batch.engine.engine import Finished, RequestRefused
+from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.job.folder import OutputError, RunFolder
 from neuron_batch.job.job import Job
-from neuron_batch.replicas.actor import RESULT_COLUMN, decode_tokens, unpack
+from neuron_batch.replicas.actor import REFUSED, RESULT_COLUMN, decode_tokens, unpack
 from neuron_batch.scheduler.records import RequestRecord, requests_block
 
 #: Seconds to wait for Ray Data's threads after its execution is shut down (they poll every
@@ -122,7 +122,11 @@ class ResultWriter:
         self.simulated = job.simulated
         self.sim_devices = sim_devices
         self.finished = self.output_tokens = self.duplicates = 0
-        self.errors: list[str] = []       # requests the engines finished with an error
+        self.errors: list[str] = []       # requests the engines refused or failed
+        # vLLM's refusal of a request (when a replica added it): its error record under
+        # --on-error skip, else the run's error (`refusal`, raised once its batch is written).
+        self.skip_refused = job.settings.on_error == "skip"
+        self.refusal: str | None = None
         self._failed: set[str] = set()
         self._replica_of_actor: dict[str, int] = {}
         self._files: dict[str, IO[str]] = {}          # incarnation -> its records file
@@ -151,6 +155,10 @@ class ResultWriter:
             if request is None or request_id in folder.done_ids or request_id in self._failed:
                 self.duplicates += request is not None
                 continue
+            if columns["finish_reason"][i] == REFUSED:   # vLLM refused it when added
+                self._failed.add(request_id)
+                self._refused(request, columns["stop_reason"][i] or "", log)
+                continue
             if columns["finish_reason"][i] == "error":   # e.g. too big for the KV cache
                 self._failed.add(request_id)
                 self.errors.append(self.outputs.failed(request, SimpleNamespace(
@@ -161,7 +169,10 @@ class ResultWriter:
             done = Finished(request_id, token_ids, columns["text"][i],
                             columns["finish_reason"][i], columns["num_prompt_tokens"][i],
                             columns["stop_reason"][i],
-                            json.loads(columns["choices"][i]) if columns["choices"][i] else None)
+                            json.loads(columns["choices"][i]) if columns["choices"][i] else None,
+                            embedding=columns["embedding"][i],
+                            tool_calls=json.loads(columns["tool_calls"][i])
+                            if columns["tool_calls"][i] else None)
             self.outputs.response(request, done)
             folder.done_ids.add(request_id)
             if columns["request_record"][i] is not None:
@@ -175,7 +186,19 @@ class ResultWriter:
         self.finished += added
         self.output_tokens += tokens
         self._last_output = time.time()
+        if self.refusal is not None:
+            # Without --on-error skip a refusal ends the run as on one engine (job/generate.py),
+            # once this batch's finished outputs are written and kept.
+            raise RunError(self.refusal + (f"; {self.finished:,} finished output(s) are kept "
+                                           f"in {folder.path}" if self.finished else ""))
         return added, tokens
+
+    def _refused(self, request: PreparedRequest, message: str, log) -> None:
+        if self.skip_refused:
+            self.errors.append(self.outputs.refused(request, RequestRefused(message)))
+            log(f"error: {self.errors[-1]}")
+        elif self.refusal is None:
+            self.refusal = f"{request.record.source}: vLLM refused the request: {message}"
 
     def _records_file(self, columns: dict[str, list], i: int) -> IO[str]:
         incarnation = columns["incarnation"][i]

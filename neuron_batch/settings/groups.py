@@ -69,6 +69,11 @@ class JobSettings:
         None, written=Written.NEVER, commands=_RUN,
         help="The model name each output's response says (an OpenAI batch body's `model` "
              "is not echoed). Default: the model's directory or catalogue name.")
+    tool_call_parser: str | None = setting(
+        None, commands=_RUN, metavar="NAME",
+        help="vLLM's tool-call parser (hermes, llama3_json, ...) for OpenAI chat lines' "
+             "`tools`. Default: the one the model's chat template's markers name; none known: "
+             "such lines are refused.")
     prompt_column: str = setting(
         "prompt", selects=True, help="CSV/Parquet/data-set column holding the prompt.")
     dataset_split: str = setting(

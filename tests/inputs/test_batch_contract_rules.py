@@ -77,17 +77,27 @@ def test_the_models_generation_config_is_an_openai_lines_default_as_in_vllm(tmp_
 
 # -- tools and stop strings ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("field", ["tools", "tool_choice", "functions"])
-def test_tool_calling_is_refused_for_its_reason_not_as_an_unknown_field(field):
-    with pytest.raises(FieldError) as refused:
-        batch_record(chat(**{field: [{"type": "function", "function": {"name": "f"}}]}))
-    assert refused.value.field == f"body.{field}"
-    assert "tool-call-parser" in refused.value.message
-    assert "not a field" not in refused.value.message
-    assert f"--ignore-field body.{field}" in refused.value.message
-    # dropped on request, the line runs as plain chat
-    line = chat(**{field: [{"type": "function"}]})
-    assert record_from_batch_request(line, "b.jsonl:1", ignored=(f"body.{field}",))
+def test_a_chat_lines_tools_are_read_and_the_old_form_refused_for_its_reason():
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    record = batch_record(chat(tools=tools, tool_choice="required"))
+    assert record.sampling == {"tools": {"tools": tools, "tool_choice": "required",
+                                         "parallel_tool_calls": None}}
+    assert batch_record(chat(tools=tools)).sampling["tools"]["tool_choice"] == "auto"
+    for field in ("functions", "function_call"):
+        with pytest.raises(FieldError) as refused:
+            batch_record(chat(**{field: [tools[0]["function"]]}))
+        assert refused.value.field == f"body.{field}"
+        assert "give 'body.tools'" in refused.value.message
+        assert "not a field" not in refused.value.message
+        assert f"--ignore-field body.{field}" in refused.value.message
+        # dropped on request, the line runs as plain chat
+        line = chat(**{field: [{"type": "function"}]})
+        assert record_from_batch_request(line, "b.jsonl:1", ignored=(f"body.{field}",))
+    # a completions line takes no tools, for that reason
+    completion = {**chat(), "url": "/v1/completions",
+                  "body": {"prompt": "Hi", "tools": tools}}
+    with pytest.raises(FieldError, match="/v1/chat/completions line's tools"):
+        batch_record(completion)
 
 
 def test_include_stop_str_in_output_is_read_and_checked():
@@ -241,7 +251,8 @@ def test_a_responses_body_becomes_a_chat_prompt_with_its_fields():
 
 @pytest.mark.parametrize("body,field,words", [
     ({"input": "Hi", "max_tokens": 5}, "body.max_tokens", "not a field a responses body"),
-    ({"input": "Hi", "tools": [{"type": "web_search"}]}, "body.tools", "tool-call-parser"),
+    ({"input": "Hi", "tools": [{"type": "web_search"}]}, "body.tools",
+     "/v1/chat/completions line's tools"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "body.input[0].content[0]", "only text parts"),
     ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x"}}},

@@ -296,8 +296,10 @@ def test_openai_batch_completions_and_chat(tmp_path):
 @pytest.mark.parametrize("bad_line, field, message", [
     ({**batch_line("b", "/v1/completions", prompt="x"), "method": "GET"}, "method",
      'expected "POST"'),
-    (batch_line("b", "/v1/embeddings", input="x"), "url",
-     "/v1/embeddings is not run here: embeddings need vLLM's pooling runner"),
+    (batch_line("b", "/v1/moderations", input="x"), "url",
+     "/v1/moderations is not run here: moderation is OpenAI's own classifier"),
+    (batch_line("b", "/v1/embeddings", input="x", messages=HI), "body.messages",
+     "not a field an embeddings body takes"),
     ({"custom_id": "b", "url": "/v1/completions", "body": "x"}, "body", "expected an object"),
     ({"url": "/v1/completions", "body": {"prompt": "x"}}, "custom_id", "missing"),
     (batch_line("b", "/v1/completions", messages=[]), "body.prompt", "missing prompt"),

@@ -15,6 +15,7 @@ from neuron_batch.inputs.request_fields import MAX_LOGPROBS, REQUEST_FIELDS, sam
 from neuron_batch.inputs.request_paths import (
     FEATURES,
     PATHS,
+    VLLM_ONLY,
     RequestPath,
     asked_counts,
     path_key,
@@ -200,7 +201,10 @@ def test_the_table_keys_devices_and_runtimes():
         assert set(path.honoured) <= set(FEATURES)
     assert "CPU sampling" in request_path("neuron", nxdi).honoured["structured"]
     assert "CPU sampling" in request_path("neuron", nxdi).honoured["logprobs"]
-    assert all(request_path(d, nxdi).honours(f) for d in ("cpu", "sim") for f in FEATURES)
+    assert all(request_path(d, nxdi).honours(f) for d in ("cpu", "sim") for f in FEATURES
+               if f not in VLLM_ONLY)
+    # embeddings: vLLM's own engine only (its pooling runner)
+    assert [key for key, path in PATHS.items() if path.honours("embed")] == [("vllm", None)]
 
 
 def record_asking(**sampling) -> PromptRecord:

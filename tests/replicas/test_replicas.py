@@ -176,6 +176,39 @@ def test_cpu_replicas_with_the_builtin_model(cluster, node_ids, tmp_path):
     assert report["config"]["device"] == "cpu"
 
 
+def test_every_batch_line_ends_in_one_record_on_replicas(cluster, tmp_path):
+    """An OpenAI batch file on two CPU replicas under --on-error skip: a line vLLM refuses when
+    a replica adds it (a logit_bias id outside the vocabulary) is that line's error record, as
+    on one engine, and the replica goes on; outputs.jsonl and errors.jsonl joined by custom_id
+    hold every line once, and batch.json counts them."""
+    def line(custom_id: str, **body) -> dict:
+        return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+                "body": {"model": "m", "messages": [{"role": "user", "content": "Hi"}],
+                         "max_tokens": 3, **body}}
+
+    rows = [*[line(f"ok-{i}") for i in range(5)], line("bias", logit_bias={"99999999": 5}),
+            {"custom_id": "moderation", "method": "POST", "url": "/v1/moderations",
+             "body": {"input": "hi"}}]
+    path = tmp_path / "batch.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "run"
+    result = invoke(["run", str(path), "--device", "cpu", "--max-model-len", "256",
+                     "--ray", cluster.address, "--replicas", "2", "--on-error", "skip", "-q",
+                     "-o", str(out)])
+    assert result.exit_code == 3, result.output          # partial: two lines failed
+    errors = [json.loads(x) for x in (out / "errors.jsonl").read_text().splitlines()]
+    ended = {row["custom_id"]: "ok" for row in outputs(out)}
+    assert len(ended) == len(outputs(out)) == 5
+    codes = {row["custom_id"]: row["error"]["code"] for row in errors}
+    assert len(codes) == len(errors) and not set(codes) & set(ended)
+    assert ended | codes == {**{f"ok-{i}": "ok" for i in range(5)},
+                             "bias": "engine_refused", "moderation": "invalid_request"}
+    assert "vLLM refused the request" in errors[[r["custom_id"] for r in errors].index(
+        "bias")]["error"]["message"]
+    batch = json.loads((out / "batch.json").read_text())
+    assert batch["request_counts"] == {"total": 7, "completed": 5, "failed": 2}
+
+
 def test_a_killed_replica_is_restarted_and_nothing_is_lost(cluster, tmp_path):
     out = tmp_path / "run"
     proc = start_driver(["run", trace_slice(tmp_path / "t.csv", 1500), *SIM,
