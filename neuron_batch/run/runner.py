@@ -81,8 +81,16 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
         assert settings.output is not None
         bucket = BucketRun(settings.output, log)
         bucket.open()
+        # (the words a run says name the URL where they would name the staging folder)
+        staged, url = str(bucket.staging), bucket.url.rstrip("/")
         try:
-            return _run_in(settings, log, workload, bucket.staging)
+            return _run_in(settings, lambda text: log(text.replace(staged, url)), workload,
+                           bucket.staging)
+        except RunError as error:
+            raise RunError(str(error).replace(staged, url), error.exit_code) from None
+        except Interrupted as stop:
+            stop.line = stop.line and stop.line.replace(staged, url)
+            raise
         finally:
             bucket.close(failing=sys.exc_info()[0] is not None)
     out_dir = Path(settings.output) if settings.output else default_output_dir(settings.inputs)

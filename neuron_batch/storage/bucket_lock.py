@@ -103,7 +103,8 @@ class BucketLock:
                     f"in use by a neuron-batch run on {holder.host} (pid {holder.pid}, last "
                     f"heartbeat {holder.age_s:.0f} s ago); wait for it to finish or choose "
                     f"another --output (a lock without a heartbeat for {self.stale_s:.0f} s is "
-                    f"taken over)"), exit_code=EXIT_BUSY)
+                    f"taken over: this one in {max(1.0, self.stale_s - holder.age_s):.0f} s "
+                    f"if its run is gone)"), exit_code=EXIT_BUSY)
             try:
                 self.etag = self._put(IfMatch=holder.etag)
             except botocore.exceptions.ClientError as error:

@@ -57,7 +57,9 @@ from neuron_batch.storage.urls import (
 SYNC_ENV, PART_LINES_ENV = "NEURON_BATCH_S3_SYNC_S", "NEURON_BATCH_S3_PART_LINES"
 RETRY_ENV, STALE_ENV = "NEURON_BATCH_S3_RETRY_S", "NEURON_BATCH_S3_LOCK_STALE_S"
 STAGING_ENV = "NEURON_BATCH_STAGING"
-DEFAULTS = {SYNC_ENV: 60.0, PART_LINES_ENV: 5000.0, RETRY_ENV: 300.0, STALE_ENV: 600.0}
+#: A minute or 5,000 outputs a part; 5 minutes of retrying; a lock whose heartbeat (every
+#: 30 s) is 5 minutes old belongs to a run that is gone.
+DEFAULTS = {SYNC_ENV: 60.0, PART_LINES_ENV: 5000.0, RETRY_ENV: 300.0, STALE_ENV: 300.0}
 
 # (the names job/folder.py gives them; storage sits below job and cannot import it)
 OUTPUTS, DONE_INDEX = "outputs.jsonl", "outputs.idx"
@@ -173,6 +175,8 @@ class BucketRun:
         except BaseException:
             self._release()
             raise
+        self.log(f"{self.url}: the run works in {self.staging}, mirrored to the bucket as it "
+                 f"goes")
         self._last_part = self._last_files = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="neuron-batch-s3-sync",
                                         daemon=True)
@@ -286,9 +290,11 @@ class BucketRun:
             stat = path.stat()
         except FileNotFoundError:
             if self._end or self._parts or self._whole:
-                self._reset_outputs()       # (moved aside by --restart)
+                self._sync_files()          # (moved aside by --restart: previous-*/ first)
+                self._reset_outputs()
             return
         if (self._inode is not None and stat.st_ino != self._inode) or stat.st_size < self._end:
+            self._sync_files()      # (the old outputs up as previous-*/ before they go)
             self._reset_outputs()
         self._inode = stat.st_ino
         if stat.st_size == self._end:

@@ -130,6 +130,10 @@ def test_killed_then_resumed_from_no_local_state(bucket, tmp_path):
     shutil.rmtree(staging_dir(url))
     fresh = run(args, env(tmp_path))
     assert fresh[0] == 2 and "--resume" in fresh[1], fresh     # (a run is there: not redone)
+    other = str(trace(tmp_path / "other.csv", 199, max_tokens=16))
+    changed = run([other, *args[1:], "--resume"], env(tmp_path))
+    assert changed[0] == 2, changed       # (the fingerprint the bucket's run.json holds)
+    assert f"s3://{bucket}/night holds a run of other input" in changed[1]
     code, said = run([*args, "--resume"], env(tmp_path))
     assert code == 0, said
     rows = outputs(bucket, "night/")
