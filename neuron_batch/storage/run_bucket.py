@@ -145,13 +145,15 @@ class BucketRun:
         self.failed: StorageError | None = None    # the store stopped answering: run stopped
         self.lost = False                           # another run took the lock over
         self._end = 0                       # bytes of outputs.jsonl the bucket holds
+        self._scanned = 0                   # bytes of it whose lines are counted
+        self._lines_end = 0                 # where its last whole line read so far ends
+        self._pending = 0                   # lines in [_end, _lines_end): not in the bucket
         self._inode: int | None = None
         self._parts: list[str] = []         # part keys in the bucket
         self._whole = 0                     # size of the bucket's outputs.jsonl (0: none)
         self._files: dict[str, tuple[int, int]] = {}    # rel -> local (size, mtime) uploaded
         self._remote: set[str] = set()      # other files in the bucket
         self._last_part = self._last_files = 0.0
-        self._wrote = False                 # a part went up in this run
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -297,25 +299,33 @@ class BucketRun:
             self._sync_files()      # (the old outputs up as previous-*/ before they go)
             self._reset_outputs()
         self._inode = stat.st_ino
-        if stat.st_size == self._end:
-            return
         with open(path, "rb") as handle:
-            handle.seek(self._end)
-            new = handle.read(stat.st_size - self._end)
-        new = new[:new.rfind(b"\n") + 1]        # (whole lines only)
-        if not new or not (due or new.count(b"\n") >= self.part_lines):
-            return
-        key = f"{self.prefix}{PARTS}{self._end:015d}.jsonl"
-        self.client.put_object(Bucket=self.bucket, Key=key, Body=new)
-        self._parts.append(key)
-        self._end += len(new)
-        self._last_part = time.monotonic()
-        self._wrote = True
+            if stat.st_size > self._scanned:    # (each byte read once to count its lines)
+                handle.seek(self._scanned)
+                new = handle.read(stat.st_size - self._scanned)
+                if (last := new.rfind(b"\n")) >= 0:
+                    self._lines_end = self._scanned + last + 1
+                    self._pending += new.count(b"\n")
+                self._scanned = self._lines_end
+            while self._lines_end > self._end and (due or self._pending >= self.part_lines):
+                handle.seek(self._end)
+                part = handle.read(min(self._lines_end - self._end, _CHUNK))
+                cut = part.rfind(b"\n") + 1
+                if cut == 0:        # (one line over 64 MiB: to its end)
+                    part += handle.read(self._lines_end - self._end - len(part))
+                    cut = part.find(b"\n", _CHUNK) + 1
+                key = f"{self.prefix}{PARTS}{self._end:015d}.jsonl"
+                self.client.put_object(Bucket=self.bucket, Key=key, Body=part[:cut])
+                self._parts.append(key)
+                self._pending = max(0, self._pending - part[:cut].count(b"\n"))
+                self._end += cut
+                self._last_part = time.monotonic()
 
     def _reset_outputs(self) -> None:
         keys = list(self._parts) + ([f"{self.prefix}{OUTPUTS}"] if self._whole else [])
         self._delete(keys)
         self._parts, self._whole, self._end, self._inode = [], 0, 0, None
+        self._scanned = self._lines_end = self._pending = 0
 
     def _sync_files(self) -> None:
         present: set[str] = set()
@@ -325,7 +335,9 @@ class BucketRun:
             signature = (stat.st_size, stat.st_mtime_ns)
             if self._files.get(rel) == signature:
                 continue
-            self._put_file(f"{self.prefix}{rel}", path, 0, stat.st_size)
+            # (a JSONL file being appended to goes up to its last whole line)
+            end = _lines_end(path, stat.st_size) if rel.endswith(".jsonl") else stat.st_size
+            self._put_file(f"{self.prefix}{rel}", path, 0, end)
             self._files[rel] = signature
             self._remote.add(rel)
         gone = sorted(self._remote - present)
@@ -423,7 +435,7 @@ class BucketRun:
         self._remote = set(files)
         self._whole = whole
         self._parts = [f"{self.prefix}{rel}" for _, _, rel in sorted(parts)]
-        self._end = end
+        self._end = self._scanned = self._lines_end = end
         self._inode = local.stat().st_ino if local.exists() else None
 
     def _fetch_outputs(self, target: Path, whole: int,
@@ -471,6 +483,20 @@ def _files_of(folder: Path) -> Iterator[tuple[str, Path]]:
             if name.startswith(".") or rel in (OUTPUTS, DONE_INDEX):
                 continue
             yield rel, path
+
+
+def _lines_end(path: Path, size: int) -> int:
+    """Where the last whole line of the first `size` bytes of `path` ends."""
+    with open(path, "rb") as handle:
+        end = size
+        while end > 0:
+            start = max(0, end - (1 << 16))
+            handle.seek(start)
+            newline = handle.read(end - start).rfind(b"\n")
+            if newline >= 0:
+                return start + newline + 1
+            end = start
+        return 0
 
 
 def _starts_with(path: Path, head: Path) -> bool:

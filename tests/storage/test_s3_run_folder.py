@@ -271,3 +271,45 @@ def test_a_bucket_that_cannot_be_written_is_refused_before_anything_runs(
                                 env=environ)
         assert doctor.returncode == 1
         assert f"{url}: AccessDenied" in doctor.stdout
+
+
+def test_the_mirror_sends_whole_lines_and_a_fresh_host_rebuilds_them(bucket, tmp_path,
+                                                                     monkeypatch):
+    """BucketRun alone (no engine), in seconds: whole lines reach the bucket in parts, a torn
+    last line never does; a host that stops (no close, its lock left) is taken over once its
+    heartbeat is stale, and a fresh staging folder is rebuilt byte for byte; close() leaves
+    one outputs.jsonl, no parts, no lock."""
+    from neuron_batch.storage.run_bucket import BucketRun
+
+    url = f"s3://{bucket}/mirror/"
+    monkeypatch.setenv(SYNC_ENV, "0.05")
+    monkeypatch.setenv(PART_LINES_ENV, "3")
+    monkeypatch.setenv(STALE_ENV, "0.5")
+    said: list[str] = []
+    first = BucketRun(url, said.append)
+    staging = first.open()
+    lines = [json.dumps({"id": f"r{i}", "output": "x" * i}) + "\n" for i in range(10)]
+    (staging / "outputs.jsonl").write_text("".join(lines) + '{"id": "r10", "outp')
+    (staging / "run.json").write_text('{"input_fingerprint": "abc"}\n')
+    deadline = time.monotonic() + 20
+    while sum(size for key, size in keys(bucket, "mirror/").items()
+              if key.startswith("outputs/part-")) < len("".join(lines).encode()):
+        assert time.monotonic() < deadline, keys(bucket, "mirror/")
+        time.sleep(0.05)
+    first._stop.set()       # (the host dies: no close, the lock left behind)
+    first._thread.join()
+    assert ".lock" in keys(bucket, "mirror/") and "run.json" in keys(bucket, "mirror/")
+    time.sleep(0.8)
+    monkeypatch.setenv(STAGING_ENV, str(tmp_path / "fresh"))
+    second = BucketRun(url, said.append)
+    rebuilt = second.open()
+    assert rebuilt != staging
+    assert any("took over the lock of a run that stopped answering" in line for line in said)
+    assert (rebuilt / "outputs.jsonl").read_text() == "".join(lines)
+    assert json.loads((rebuilt / "run.json").read_text()) == {"input_fingerprint": "abc"}
+    with open(rebuilt / "outputs.jsonl", "a") as more:
+        more.write(json.dumps({"id": "r10"}) + "\n")
+    second.close()
+    found = keys(bucket, "mirror/")
+    assert not [k for k in found if k.startswith(("outputs/", ".lock"))], found
+    assert read(bucket, "mirror/outputs.jsonl").decode() == "".join(lines) + '{"id": "r10"}\n'
