@@ -156,6 +156,11 @@ class BucketRun:
         self._last_part = self._last_files = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # The heartbeat goes on from the lock to its release (a long rebuild or a long last
+        # upload included); the mirror only between the rebuild and close(), under `_turn`
+        # so that close() never uploads beside it.
+        self._mirroring = False
+        self._turn = threading.Lock()
 
     # -- open and close --------------------------------------------------------------------
     def open(self) -> Path:
@@ -171,36 +176,44 @@ class BucketRun:
             held = self.lock.took_over
             self.log(f"{self.url}: took over the lock of a run that stopped answering "
                      f"({held.host}, pid {held.pid}, last heartbeat {held.age_s:.0f} s ago)")
+        self._thread = threading.Thread(target=self._loop, name="neuron-batch-s3-sync",
+                                        daemon=True)
+        self._thread.start()
         try:
             with translated(self.url):
                 self._rebuild()
         except BaseException:
+            self._stop_heartbeat()
             self._release()
             raise
         self.log(f"{self.url}: the run works in {self.staging}, mirrored to the bucket as it "
                  f"goes")
         self._last_part = self._last_files = time.monotonic()
-        self._thread = threading.Thread(target=self._loop, name="neuron-batch-s3-sync",
-                                        daemon=True)
-        self._thread.start()
+        self._mirroring = True
         return self.staging
+
+    def _stop_heartbeat(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
 
     def close(self, *, failing: bool = False) -> None:
         """Upload what is left, end the outputs as one outputs.jsonl, release the lock. A
         store that does not answer: StorageError exit 4, the outputs kept in the staging
         folder (logged instead where the run is already `failing`)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        if self.lost:
-            return
+        with self._turn:
+            self._mirroring = False
         problem = self.failed
-        if problem is None:
+        if problem is None and not self.lost:
             try:
                 self._retrying(lambda: self._sync(final=True))
-                self._retrying(self._consolidate)
+                if not self.lost:
+                    self._retrying(self._consolidate)
             except StorageError as error:
                 problem = error
+        self._stop_heartbeat()
+        if self.lost:
+            return
         if problem is None:
             self._release()
             return
@@ -238,9 +251,14 @@ class BucketRun:
                             self._lose()
                             return
                         last_beat = time.monotonic()
-                    self._sync(final=False)
+                    with self._turn:
+                        if self._mirroring:
+                            self._sync(final=False)
                 failing_since, wait = None, tick
             except Exception as error:  # (any store failure: retried, then the run stops)
+                if not self._mirroring:     # (rebuild and close() see the store themselves)
+                    wait = min(10.0, max(tick, wait * 2))
+                    continue
                 mapped = error if isinstance(error, StorageError) else storage_error(
                     self.url, error)
                 if mapped is None:
@@ -262,7 +280,8 @@ class BucketRun:
         self.lost = True
         self.log(f"{self.url}: another run took the lock over; stopping this one (exit 4), "
                  f"nothing more is written to the bucket")
-        os.kill(os.getpid(), signal.SIGTERM)
+        if self._mirroring:     # (the run is going: it stops as a signalled run does)
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def _retrying(self, action: Callable[[], None]) -> None:
         """`action`, retried with backoff for up to retry_s; StorageError after that."""
