@@ -16,7 +16,9 @@ from neuron_batch.cli.options import settings_from_options, settings_options
 @click.option("--json", "as_json", is_flag=True, help="Print everything as one JSON object.")
 @click.option("-o", "--output", "results_dir", default="results", show_default=True,
               envvar="NEURON_BATCH_OUTPUT", type=click.Path(file_okay=False),
-              help="Where run folders go (its free space is checked).")
+              help="Where run folders go (its free space is checked); an s3://bucket/prefix/ "
+                   "is checked for writing (a test object written and deleted) and names the "
+                   "identity used.")
 @click.option("--no-platform", is_flag=True,
               help="Do not import vLLM to see which platform it picks (saves ~10 s).")
 @click.option("--input", "input_urls", multiple=True, metavar="URL",

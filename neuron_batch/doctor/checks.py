@@ -124,6 +124,11 @@ def diagnose(facts: dict[str, Any]) -> list[Check]:
     checks.append(Check("results folder", status, f"{_size(free)} free in {results['path']}",
                         detail))
     checks += _url_checks(facts.get("urls") or [])
+    output = facts.get("output_url")
+    if output is not None:
+        who = f" (as {output['identity']})" if output.get("identity") else ""
+        checks.append(Check("output URL", FAIL, output["error"] + who) if "error" in output
+                      else Check("output URL", OK, f"{output['url']}: writable{who}"))
     facts["run_device"] = run_device
     return checks
 

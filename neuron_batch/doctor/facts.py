@@ -21,6 +21,7 @@ from neuron_batch import __version__
 from neuron_batch.doctor.export import export_facts
 from neuron_batch.runtime import Runtime
 from neuron_batch.settings import RunSettings
+from neuron_batch.storage.urls import is_url
 from neuron_batch.versions import (
     describe_release,
     installed_vllm,
@@ -212,7 +213,8 @@ def gather(*, results_dir: str | Path = "results", check_platform: bool = True,
             "visible_cores": environ.get("NEURON_RT_VISIBLE_CORES"),
         },
         "builtin_model": builtin_model_state(),
-        "results": disk_state(results_dir),
+        "results": disk_state(_local_results(results_dir)),
+        "output_url": output_url_facts(str(results_dir)) if is_url(str(results_dir)) else None,
         "model": model_facts(layout.model if layout is not None else None),
         "urls": [url_facts(url) for url in urls],
     }
@@ -230,6 +232,32 @@ def url_facts(url: str) -> dict[str, Any]:
         return {"url": url, "objects": len(expand(url)), "identity": identity(url)}
     except StorageError as error:
         return {"url": url, "error": str(error)}
+
+
+def _local_results(results_dir: str | Path) -> str | Path:
+    """Where a run's files are written on this host: the folder, or for an s3:// run folder
+    its staging folder (storage/run_bucket.py), whose free space the run needs as much."""
+    if is_url(str(results_dir)):
+        from neuron_batch.storage.run_bucket import staging_dir
+
+        return staging_dir(str(results_dir))
+    return results_dir
+
+
+def output_url_facts(url: str) -> dict[str, Any]:
+    """An --output URL as a run would use it: a test object written and deleted under it, and
+    the identity the store sees; or the store's refusal (URL and error code, no credential)."""
+    from neuron_batch.storage.run_bucket import check_output_url
+    from neuron_batch.storage.urls import StorageError, identity, probe_writable
+
+    who: str | None = None
+    try:
+        check_output_url(url)
+        who = identity(url)
+        probe_writable(url)
+        return {"url": url, "writable": True, "identity": who}
+    except StorageError as error:
+        return {"url": url, "error": str(error), "identity": who}
 
 
 def model_facts(spec: str | None) -> dict[str, Any] | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from neuron_batch.choices import prefix_caching_word
@@ -25,6 +24,7 @@ from neuron_batch.job.folder import RunFolder
 from neuron_batch.job.job import resolve_target
 from neuron_batch.layout.prefix_decision import PrefixDecision, decide, forced, platform_off
 from neuron_batch.settings import RunSettings
+from neuron_batch.storage.run_bucket import local_folder
 
 if TYPE_CHECKING:
     from neuron_batch.device.target import Target
@@ -103,7 +103,7 @@ def _first_decision(settings: RunSettings) -> PrefixDecision | None:
     decision, or for a folder written before auto its settings' on/off."""
     if not (settings.resume and settings.output):
         return None
-    manifest = RunFolder(Path(settings.output)).read_manifest() or {}
+    manifest = RunFolder(local_folder(settings.output)).read_manifest() or {}
     stored = manifest.get(MANIFEST_KEY)
     if isinstance(stored, dict) and "enable" in stored:
         return PrefixDecision.from_dict(stored)

@@ -52,6 +52,7 @@ from neuron_batch.report.notes import interrupted_line
 from neuron_batch.report.schema import or_none
 from neuron_batch.run.interrupted import record_early_stop, record_stop
 from neuron_batch.settings import SPLIT_AUTO, RunSettings
+from neuron_batch.storage.run_bucket import BucketRun, is_bucket_output, local_folder
 
 if TYPE_CHECKING:
     from neuron_batch.device.target import Target
@@ -74,7 +75,30 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
         workload: Workload | None = None) -> RunResult:
     settings = settings.validate()
     log = log or (lambda message: say(settings, message))
+    if is_bucket_output(settings.output):
+        # A run folder in S3: the run works in a staging folder that BucketRun rebuilds from
+        # the bucket (under its lock) and mirrors back as it goes (storage/run_bucket.py).
+        assert settings.output is not None
+        bucket = BucketRun(settings.output, log)
+        bucket.open()
+        # (the words a run says name the URL where they would name the staging folder)
+        staged, url = str(bucket.staging), bucket.url.rstrip("/")
+        try:
+            return _run_in(settings, lambda text: log(text.replace(staged, url)), workload,
+                           bucket.staging)
+        except RunError as error:
+            raise RunError(str(error).replace(staged, url), error.exit_code) from None
+        except Interrupted as stop:
+            stop.line = stop.line and stop.line.replace(staged, url)
+            raise
+        finally:
+            bucket.close(failing=sys.exc_info()[0] is not None)
     out_dir = Path(settings.output) if settings.output else default_output_dir(settings.inputs)
+    return _run_in(settings, log, workload, out_dir)
+
+
+def _run_in(settings: RunSettings, log: Callable[[str], None], workload: Workload | None,
+            out_dir: Path) -> RunResult:
     # One SIGTERM/SIGINT handler from the first input read to the report (job/stop.py): every
     # phase ends with exit 4 (0 when all completed), attempts.json and one line.
     with RunSignals() as signals:
@@ -155,9 +179,9 @@ def auto_split(settings: RunSettings, workload: Workload, target: Target | None,
 
     from neuron_batch.layout.split import choose_cut
 
-    out_dir = Path(settings.output) if settings.output else None
-    if settings.resume and out_dir is not None:
-        previous = ((RunFolder(out_dir).read_manifest() or {}).get("settings") or {})
+    if settings.resume and settings.output:
+        previous = ((RunFolder(local_folder(settings.output)).read_manifest() or {}).get(
+            "settings") or {})
         if "split_at" in previous and previous["split_at"] != SPLIT_AUTO:
             return settings.replace(split_at=previous["split_at"])
     if target is None:

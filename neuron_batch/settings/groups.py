@@ -92,7 +92,8 @@ class JobSettings:
     output: str | None = setting(
         None, kind=Kind.FOLDER, short="-o", envvar="NEURON_BATCH_OUTPUT", written=Written.NEVER,
         commands=_RUN,
-        help="Run folder. Default: results/<timestamp>-<input name>/.")
+        help="Run folder: a local folder or an s3://bucket/prefix/ (docs/inputs-outputs.md). "
+             "Default: results/<timestamp>-<input name>/.")
     metrics_textfile: str | None = setting(
         None, kind=Kind.FILE, envvar="NEURON_BATCH_METRICS_TEXTFILE", written=Written.NEVER,
         commands=_RUN,

@@ -125,12 +125,12 @@ class RunSettings(_EverySetting):
                                 "itself (--compiled-artifacts, the compile cache)")
         if self.ray is not None and not str(self.ray).strip():
             raise SettingsError("--ray needs a cluster address (host:port, auto or local)")
-        if self.output is not None and is_url(str(self.output)):
-            # (inputs may be URLs; a run folder in a bucket is not written yet: refused rather
-            # than made as a local folder named like the URL)
-            raise SettingsError(f"--output {self.output}: a run folder in object storage is not "
-                                "supported yet; give a local folder and copy it to the bucket "
-                                "after the run (docs/cron.md)")
+        if self.output is not None and is_url(str(self.output)) and not str(
+                self.output).lower().startswith(("s3://", "s3a://")):
+            # (inputs may be any fsspec URL; a run folder's lock needs S3's conditional writes:
+            # storage/run_bucket.py)
+            raise SettingsError(f"--output {self.output}: a run folder in object storage is an "
+                                "s3:// prefix; other stores can hold inputs, not run folders")
         try:
             KvReserve.parse(self.kv_reserve, "kv-reserve")
         except ValueError as error:

@@ -102,13 +102,15 @@ def test_a_trace_in_s3_runs_on_the_simulated_device(bucket, tmp_path):
     assert url in (out / "run.json").read_text()
 
 
-def test_a_run_folder_in_a_bucket_is_refused_by_name(tmp_path):
-    """Until run folders live in buckets, --output s3://... is refused at once (exit 2), not
-    made as a local folder named like the URL."""
-    result = CliRunner().invoke(main, ["run", "--device", "sim", "-o", "s3://b/runs/night/"],
+def test_a_run_folder_in_another_store_is_refused_by_name(tmp_path):
+    """A run folder's lock needs S3's conditional writes: --output gs://... is refused at once
+    (exit 2), not made as a local folder named like the URL (s3:// run folders:
+    test_s3_run_folder.py)."""
+    result = CliRunner().invoke(main, ["run", "--device", "sim", "-o", "gs://b/runs/night/"],
                                 catch_exceptions=False)
     assert result.exit_code == 2, result.output
-    assert "--output s3://b/runs/night/: a run folder in object storage" in result.output
+    assert "--output gs://b/runs/night/: a run folder in object storage is an s3:// prefix" \
+        in result.output
 
 
 def test_doctor_lists_an_input_url_and_names_who_reads_it(bucket):
