@@ -201,8 +201,7 @@ def storage_error(url: str, error: BaseException) -> StorageError | None:
     if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError",
                 "ReadTimeoutError", "ClientConnectorError", "ServerTimeoutError"):
         return StorageError(url, "EndpointUnreachable", f"the endpoint does not answer "
-                            f"({_first_line(error)}); check AWS_ENDPOINT_URL and the network",
-                            exit_code=4)
+                            f"({_first_line(error)}); check AWS_ENDPOINT_URL and the network")
     if code in ("NoSuchBucket",):
         return StorageError(url, code, "the bucket does not exist")
     if code in ("AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId",

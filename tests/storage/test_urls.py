@@ -87,6 +87,7 @@ def test_an_endpoint_that_does_not_answer_is_named_within_seconds(monkeypatch, s
     finally:
         s3fs.S3FileSystem.clear_instance_cache()
     assert error.value.code == "EndpointUnreachable"
+    assert error.value.exit_code == 2       # (before the run: issue 48's "exit 2 within seconds")
     assert time.monotonic() - started < 30
 
 
