@@ -145,19 +145,22 @@ def test_tokens_and_batches_round_trip():
 
 
 def test_the_record_tail_reads_whole_lines_as_the_scheduler_writes_them(tmp_path):
+    from neuron_batch.scheduler.records import RequestRecord, requests_block
+
     path = tmp_path / "records.jsonl"
     tail = _RecordTail(path)
     tail.read()                                   # the engine core has not written yet
     assert tail.take_other() == "" and not tail.requests
+    block = requests_block([RequestRecord("a", 7, 0.5, 0.6, 0.8, 1.0, 3, 0, "length")])
     with open(path, "w") as handle:
-        handle.write('{"step":0,"type":"step"}\n{"req_id":"a","finished":1.0,"type":"requ')
+        handle.write('{"step":0,"type":"step"}\n' + block[:40])
         handle.flush()
         tail.read()
         assert list(tail.requests) == [] and tail.take_other() == '{"step":0,"type":"step"}\n'
-        handle.write('est"}\n{"step":1,"type":"step"}\n')
+        handle.write(block[40:] + '\n{"step":1,"type":"step"}\n')
         handle.flush()
         tail.read()
-    assert tail.requests == {"a": '{"req_id":"a","finished":1.0,"type":"request"}'}
+    assert tail.requests == {"a": RequestRecord("a", 7, 0.5, 0.6, 0.8, 1.0, 3, 0, "length")}
     assert tail.take_other() == '{"step":1,"type":"step"}\n'
     assert tail.take_other() == ""
 
