@@ -35,7 +35,7 @@ class PromptRecord:
     """One request to run, in input order."""
 
     index: int                      # 0-based position across all inputs, in output order
-    id: str                         # `id`/`custom_id`, else str(position before --shuffle)
+    id: str                         # `id`/`custom_id`, else str(read_order): bad lines count
     source: str                     # "path:LINE", "path:row N", "hf:name[split] row N"
     prompt: str | None = None
     messages: list[dict] | None = None
