@@ -75,11 +75,16 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
     settings = settings.validate()
     log = log or (lambda message: say(settings, message))
     out_dir = Path(settings.output) if settings.output else default_output_dir(settings.inputs)
+    try:    # before anything slow: a folder another run holds is refused at once
+        RunFolder(out_dir).refuse_if_in_use()
+    except OutputError as error:
+        raise RunError(str(error), error.exit_code) from None
     # One SIGTERM/SIGINT handler from the first input read to the report (job/stop.py): every
     # phase ends with exit 4 (0 when all completed), attempts.json and one line.
     with RunSignals() as signals:
         started = time.time()
         try:
+            signals.enter(READING)  # (a signal the command line held before: stops here)
             pause_point(READING)
             target, workload, settings, prefix_decision = _prepare(settings, workload, log)
         except Interrupted as stop:

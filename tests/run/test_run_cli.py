@@ -192,6 +192,30 @@ def test_a_locked_folder_is_refused_at_once(tiny_model, tmp_path):
     assert "in use by another neuron-batch run" in result.output
 
 
+#: `neuron-batch run`, saying on stderr as it exits which heavy libraries it had imported.
+IMPORTS_AT_EXIT = ("import atexit, sys\n"
+                   "atexit.register(lambda: print('imported:', [m for m in ('vllm', 'torch', "
+                   "'transformers') if m in sys.modules], file=sys.stderr))\n"
+                   "from neuron_batch.cli import main\n"
+                   "main(sys.argv[1:], prog_name='neuron-batch')\n")
+
+
+def test_a_folder_in_use_is_refused_before_anything_heavy_loads(tmp_path):
+    """The refusal took 4-6 s (the inputs tokenized, the model's tokenizer loaded, then the
+    lock): it comes now before vLLM, torch or transformers is imported."""
+    out = tmp_path / "run"
+    holder = RunFolder(out)
+    holder.lock()
+    try:
+        done = subprocess.run([sys.executable, "-c", IMPORTS_AT_EXIT, "run", "--device", "cpu",
+                               "-o", str(out)], capture_output=True, text=True, timeout=300)
+    finally:
+        holder.unlock()
+    assert done.returncode == 5, done.stderr
+    assert "in use by another neuron-batch run" in done.stderr
+    assert "imported: []" in done.stderr
+
+
 def test_a_second_run_on_the_same_output_needs_resume(tiny_model, tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", token_prompts(3))
     out = tmp_path / "run"
