@@ -100,3 +100,37 @@ def test_a_large_job_is_weighed_on_a_sample_of_whole_prefix_groups():
     one_prompt = [request(7, i) for i in range(5000)]
     sample, scale = weighed_sample(one_prompt, block=4, most=1000)
     assert sample == one_prompt[::5] and scale == 5.0
+
+
+def test_the_compile_counts_once_and_the_verdict_says_both_figures_where_it_decides():
+    """A nightly job (--compiled-artifacts) ran a layout whose graphs were compiled already;
+    another is 2x faster a night but not compiled yet. Counting its compile as if it were paid
+    every night called the run "faster"; the verdict now names the faster layout and says both
+    figures: a night once compiled, and the first night with the compile."""
+    from neuron_batch.run.verdict import _better_words, choose
+
+    ran = Weighed("input", False, 8, 100.0, 300.0, 60.0, 60.0)       # compiled: a load only
+    faster = Weighed("length", False, 8, 80.0, 120.0, 900.0, 60.0)   # 840 s of compile first
+    choice = choose([ran, faster], ran)
+    assert choice.steady == faster and choice.tonight is None
+    words = _better_words(choice.steady, ran, 1.0, choice.tonight)
+    assert words.startswith("--order length would have been faster and cheaper: about 200 s "
+                            "of steps instead of 400 s")
+    assert "43% less a night once its graphs are compiled" in words
+    assert "139% more the first night, counting its compile of 840 s once" in words
+    # compiled both (--compiled): one figure, as before
+    both = Weighed("length", False, 8, 80.0, 120.0, 60.0, 60.0)
+    choice = choose([ran, both], ran)
+    assert choice.steady == choice.tonight == both
+    assert "first night" not in _better_words(both, ran, 1.0, both)
+
+
+def test_a_layout_faster_only_by_the_compile_this_run_paid_is_not_recommended():
+    from neuron_batch.run.verdict import _tonight_only_words, choose
+
+    ran = Weighed("input", False, 8, 100.0, 200.0, 900.0, 60.0)      # compiled fresh tonight
+    cached = Weighed("input", False, 16, 110.0, 210.0, 60.0, 60.0)   # slower, but compiled
+    choice = choose([ran, cached], ran)
+    assert choice.steady is None and choice.tonight == cached
+    assert _tonight_only_words(cached, ran).startswith(
+        "--max-num-seqs 16 would have been faster tonight only, by the compile this run paid")
