@@ -101,6 +101,27 @@ def detect_device() -> str:
     return device
 
 
+#: vLLM's own KV block size where a run sets none and its device has no Target: 128 on the
+#: CPU (vllm/platforms/cpu.py `check_and_update_config`), CacheConfig.DEFAULT_BLOCK_SIZE (16)
+#: on a GPU. The engine is given it (engine_kwargs), so what the run reasons with is what runs.
+VLLM_BLOCK_SIZE = {"cpu": 128, "cuda": 16}
+
+
+def run_block_size(settings: RunSettings, target: Target | None, device: str | None = None
+                   ) -> int:
+    """THE KV block size of a run's engine: --block-size, else its device's (the Target's:
+    the simulated device, a known Neuron host), else vLLM's own on `device` (default: the
+    run's; `auto` and an unknown Neuron host: the prefix trie's finest, 32). What the
+    prefix-caching decision, --order prefix, the verdict and the report's prefix bound read."""
+    from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK
+
+    if settings.block_size:
+        return int(settings.block_size)
+    if target is not None:
+        return int(target.block_size)
+    return VLLM_BLOCK_SIZE.get(device or str(settings.device), DEFAULT_BLOCK)
+
+
 def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_path: Path,
                   workdir: Path, has_tokenizer: bool,
                   target: Target | None = None, sampling: JobSampling | None = None,
@@ -168,8 +189,8 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
             # A directory with only a config.json: random weights, for trying the pipeline and
             # for tests (the output is noise, the scheduling is real).
             kwargs["load_format"] = "dummy"
-    if settings.block_size is not None:
-        kwargs["block_size"] = settings.block_size
+    if settings.block_size is not None or (not simulated and device in VLLM_BLOCK_SIZE):
+        kwargs["block_size"] = run_block_size(settings, None, device)
     # The bucket lists go where the runtime's plugin reads them (the scheduler reads them
     # there too).
     section: dict[str, Any] = settings.bucket_lists()

@@ -25,7 +25,6 @@ from neuron_batch.errors import (
 )
 from neuron_batch.inputs.prepare import in_order
 from neuron_batch.inputs.prompt_records import InputProblem
-from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK
 from neuron_batch.inputs.skipped import write_skipped
 from neuron_batch.job.folder import (
     REPORT,
@@ -179,12 +178,12 @@ def auto_split(settings: RunSettings, workload: Workload, target: Target | None,
 
 def submission_order(settings: RunSettings, requests, target: Target | None) -> list:
     """`requests` in the order `--order` submits them (inputs/prepare.py `in_order`): prefix
-    order over the run's KV blocks (--block-size, else the device's; else the simulated
-    device's 32, finer than vLLM's CPU default, which only splits groups more finely), its
+    order over the run's KV blocks (engine.run_block_size: the one the engine uses), its
     groups longest first under a runtime whose decode pads every slot to the longest (nxdi)."""
+    from neuron_batch.engine.engine import run_block_size
+
     runtime = target.runtime if target is not None else settings.resolve_runtime()
-    block = settings.block_size or (target.block_size if target is not None else None)
-    return in_order(requests, settings.order, block_size=block or DEFAULT_BLOCK,
+    return in_order(requests, settings.order, block_size=run_block_size(settings, target),
                     by_length=runtime.static_kv)
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from neuron_batch.choices import Order, prefix_caching_word
+from neuron_batch.engine.engine import run_block_size
 from neuron_batch.inputs.prepare import PreparedRequest, PromptTokens, in_order
 from neuron_batch.job.job import Job, resolve_target
 from neuron_batch.layout.step_estimate import block_chains, cache_hits, estimate
@@ -94,7 +95,7 @@ def run_verdict(job: Job, elapsed_s: float | None, argv: list[str] | None = None
     requests = job.workload.prepared.requests
     if not requests:
         return None
-    block = settings.block_size or job.target.block_size
+    block = run_block_size(settings, job.target)
     sample, scale_up = weighed_sample(requests, block)
     weighed = _weigh_all(job, settings, sample, scale_up)
     if not weighed:
@@ -177,7 +178,7 @@ def _weigh_all(job: Job, settings: RunSettings, requests: Sequence[PreparedReque
         if target is None:
             return {}
         targets[caching] = target
-    block = settings.block_size or targets[False].block_size
+    block = run_block_size(settings, targets[False])
     runtime = targets[False].runtime
     orders = {o.value: in_order(requests, o.value, block_size=block, by_length=runtime.static_kv)
               for o in Order}

@@ -97,6 +97,19 @@ def test_the_report_is_consistent_with_its_records(cpu_run):
     assert report["config"]["device"] == "cpu"
 
 
+def test_the_caching_decision_the_bound_and_the_report_use_one_block_size(cpu_run):
+    """The CPU summary said "no KV block of 32 tokens" (the decision's own default) while
+    report.json said block_size 128 (vLLM's CPU engine): the engine is now given the one block
+    size (engine.run_block_size) that the decision, the order and the bound read."""
+    out, _ = cpu_run
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["block_size"] == 128
+    assert report["prefix_caching"]["figures"]["block_size"] == 128
+    assert "KV block of 128 tokens" in report["prefix_caching"]["reason"]
+    summary = invoke(["report", str(out)]).output
+    assert "32 tokens" not in summary
+
+
 def test_the_run_writes_its_metrics_textfile(cpu_run):
     _, textfile = cpu_run
     text = textfile.read_text()
