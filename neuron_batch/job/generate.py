@@ -18,6 +18,8 @@ from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.job.folder import OutputError
 from neuron_batch.job.job import Job
 from neuron_batch.job.stop import RUNNING, STARTING, RunSignals, deferring, enter, pause_point
+from neuron_batch.report.model import Attempt, Ended, Startup
+from neuron_batch.report.schema import ABSENT
 from neuron_batch.settings import RunSettings
 
 #: Requests in the engine at once, in multiples of max_num_seqs (`Feed`).
@@ -110,14 +112,14 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
             bar.close()
         engine.close()
         folder.close_outputs()
-    return {"attempt": attempt, "ended": ended, "requests_finished": progress.finished,
-            "wall_time_s": round(time.time() - started, 3),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-            "device": device, "pid": os.getpid(),
-            "requests_failed": len(progress.errors),
-            "errors": progress.errors[:MAX_ERRORS_KEPT],
-            **stopped_by(stop, ended, settings),
-            **({"startup": startup} if startup is not None else {})}
+    return Attempt(attempt=attempt, ended=Ended(ended), requests_finished=progress.finished,
+                   wall_time_s=round(time.time() - started, 3),
+                   started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+                   device=device, pid=os.getpid(), requests_failed=len(progress.errors),
+                   errors=progress.errors[:MAX_ERRORS_KEPT],
+                   **stopped_by(stop, ended, settings),
+                   startup=Startup.from_dict(startup) if startup is not None else ABSENT
+                   ).to_dict()
 
 
 def _start_engine(job: Job, pending: list[PreparedRequest], attempt: int):

@@ -46,7 +46,7 @@ from neuron_batch.job.stop import (
     pause_point,
 )
 from neuron_batch.job.workload import Workload, load_workload
-from neuron_batch.report.model import STOPPED, Ended, Report
+from neuron_batch.report.model import STOPPED, Attempt, Ended, Report
 from neuron_batch.report.notes import interrupted_line
 from neuron_batch.report.schema import or_none
 from neuron_batch.run.interrupted import record_early_stop, record_stop
@@ -272,12 +272,12 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
                 outcome = _generate_all(job, pending, attempt, attempts, generate)
             except RunError as error:  # keep a trace of the failed attempt next to its outputs
                 job.outputs.end("failed")
-                attempts.append({"attempt": attempt + len(attempts) - recorded,
-                                 "ended": "failed", "error": str(error)})
+                attempts.append(Attempt(attempt=attempt + len(attempts) - recorded,
+                                        ended=Ended.FAILED, error=str(error)).to_dict())
                 folder.write_attempts(attempts)
                 raise
         else:
-            outcome = {"ended": "nothing to do"}
+            outcome = {"ended": Ended.NOTHING_TO_DO.value}
             log(f"all {len(ids):,} requests already done in {folder.path}")
         job.outputs.end(outcome["ended"])
         # A first signal from here lets the report be written (exit 4, or 0 when all completed)
@@ -344,10 +344,10 @@ def record_killed(folder: RunFolder, attempts: list[dict[str, Any]]) -> list[dic
         return attempts
     counted = sum(a.get("requests_finished") or 0 for a in attempts)
     for number in killed:
-        line: dict[str, Any] = {"attempt": number, "ended": "killed"}
+        line = Attempt(attempt=number, ended=Ended.KILLED)
         if len(killed) == 1:
-            line["requests_finished"] = max(0, len(folder.done_ids) - counted)
-        attempts.append(line)
+            line.requests_finished = max(0, len(folder.done_ids) - counted)
+        attempts.append(line.to_dict())
     attempts.sort(key=lambda a: a.get("attempt") or 0)
     folder.write_attempts(attempts)
     return attempts
