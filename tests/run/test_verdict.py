@@ -134,3 +134,37 @@ def test_a_layout_faster_only_by_the_compile_this_run_paid_is_not_recommended():
     assert choice.steady is None and choice.tonight == cached
     assert _tonight_only_words(cached, ran).startswith(
         "--max-num-seqs 16 would have been faster tonight only, by the compile this run paid")
+
+
+def test_the_verdict_agrees_with_the_runs_own_caching_decision(tmp_path):
+    """run's --prefix-caching auto and the verdict after it weigh caching on the same step
+    model: counting tonight's compile as the decision does, the verdict never names the other
+    caching choice at this order and these slots; where it names it for the nights after (the
+    compile paid once), it says both figures."""
+    pytest.importorskip("vllm")
+    from neuron_batch.cli import main
+
+    lines = [json.loads(line) for line in MOONCAKE.read_text().splitlines()]
+    kept = [dict(line, output_length=min(line["output_length"], 64)) for line in lines
+            if line["input_length"] + 64 <= 16384][:40]
+    job = tmp_path / "mooncake.jsonl"
+    job.write_text("".join(json.dumps(line) + "\n" for line in kept))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, [
+        "run", str(job), "--device", "sim", "--instance", "inf2.48xlarge", "--architecture",
+        "llama-3.1-8b", "--max-model-len", "16384", "--max-num-seqs", "8",
+        "--prefix-caching", "auto", "--output", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    decided = report["prefix_caching"]["enable"]
+    weighed = {(w["order"], w["caching"], w["max_num_seqs"]): w
+               for w in report["verdict"]["weighed"]}
+    ran = weighed[("input", decided, 8)]
+    other = weighed[("input", not decided, 8)]
+    steps = ran["prefill_s"] + ran["decode_s"]
+    # tonight, as the decision weighed it: the other choice is not faster beyond the noise
+    assert other["total_s"] >= ran["total_s"] - 0.02 * steps
+    for line in report["verdict"]["lines"]:
+        command = line.get("command") or ""
+        if f"--prefix-caching {'off' if decided else 'on'}" in command:
+            assert "first night" in line["text"] or "--order" in command, line["text"]
