@@ -136,11 +136,13 @@ def test_a_layout_faster_only_by_the_compile_this_run_paid_is_not_recommended():
         "--max-num-seqs 16 would have been faster tonight only, by the compile this run paid")
 
 
-def test_the_verdict_agrees_with_the_runs_own_caching_decision(tmp_path):
+def test_the_verdict_and_bench_agree_with_the_runs_own_caching_decision(tmp_path):
     """run's --prefix-caching auto and the verdict after it weigh caching on the same step
     model: counting tonight's compile as the decision does, the verdict never names the other
     caching choice at this order and these slots; where it names it for the nights after (the
-    compile paid once), it says both figures."""
+    compile paid once), it says both figures. And `bench --sweep-prefix-caching` on the same
+    job and layout (measured runs, both ways) recommends what run decided (issue 49: they
+    disagreed once, off against "enable it, 2.07x")."""
     pytest.importorskip("vllm")
     from neuron_batch.cli import main
 
@@ -168,3 +170,12 @@ def test_the_verdict_agrees_with_the_runs_own_caching_decision(tmp_path):
         command = line.get("command") or ""
         if f"--prefix-caching {'off' if decided else 'on'}" in command:
             assert "first night" in line["text"] or "--order" in command, line["text"]
+    swept = tmp_path / "bench"
+    result = CliRunner().invoke(main, [
+        "bench", str(job), "--device", "sim", "--instance", "inf2.48xlarge", "--architecture",
+        "llama-3.1-8b", "--max-model-len", "16384", "--max-num-seqs", "8",
+        "--sweep-prefix-caching", "--sweep-buckets", "--max-prefill-buckets", "0",
+        "--max-decode-buckets", "0", "-o", str(swept)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    sweep = json.loads((swept / "sweep.json").read_text())
+    assert sweep["recommendation"]["prefix"]["enable"] == decided
