@@ -6,13 +6,18 @@ One module per command family (`run.py`: run and report; `bench.py`; `plan.py`; 
 torch and transformers are imported only inside commands, so `--help` is instant.
 """
 
-from neuron_batch.cli import (  # noqa: F401  (registers the commands)
+from neuron_batch.job import stop as _stop
+
+if _stop.is_the_command_line():  # first, before click and the commands import (~0.3 s): a
+    _stop.hold_early_signals()   # SIGTERM then ends the run as one while it reads (exit 4)
+
+from neuron_batch.cli import (  # noqa: E402, F401  (registers the commands)
     bench,
     doctor,
     plan,
     run,
     tools,
 )
-from neuron_batch.cli.group import main
+from neuron_batch.cli.group import main  # noqa: E402
 
 __all__ = ["main"]

@@ -70,6 +70,17 @@ class SettingsGroup(click.Group):
     command_class = SettingsCommand
     group_class = type
 
+    def resolve_command(self, ctx: click.Context, args: list[str]
+                        ) -> tuple[str | None, click.Command | None, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)
+        if ctx.parent is None and name != "run":
+            # Only `run` takes a signal the command line held while it started (job/stop.py);
+            # any other command gets it now, as it came.
+            from neuron_batch.job.stop import release_early_signals
+
+            release_early_signals()
+        return name, command, rest
+
 
 def commands_taking(ctx: click.Context, *, option: str | None = None,
                     param: str | None = None) -> list[str]:

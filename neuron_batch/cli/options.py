@@ -140,6 +140,18 @@ def settings_options(command: str) -> Callable:
     return decorate
 
 
+def declared_options(declared: tuple[Declared, ...], command: str) -> Callable:
+    """The click options of a command's own declarations (plan's: settings/plan_options.py),
+    in their order (decorator)."""
+    options = [_option_of(d, command=command) for d in declared]
+
+    def decorate(func):
+        for option in reversed(options):
+            func = option(func)
+        return func
+    return decorate
+
+
 def sweep_values(options: dict, command: str) -> dict[str, list]:
     """The values of each setting bench may sweep (declared `sweep`), taken out of `options`:
     a list each; in any other command one value each (several: SettingsError naming bench)."""

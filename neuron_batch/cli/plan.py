@@ -9,9 +9,14 @@ from pathlib import Path
 import click
 
 from neuron_batch.cli.group import main
-from neuron_batch.cli.options import int_list, load_config_option, setting_option
-from neuron_batch.device.hardware import DEFAULT_PLAN_INSTANCES
+from neuron_batch.cli.options import (
+    declared_options,
+    int_list,
+    load_config_option,
+    setting_option,
+)
 from neuron_batch.settings import RunSettings, SettingsError
+from neuron_batch.settings.plan_options import PLAN_DECLARED, check_plan_options
 
 
 def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, float]:
@@ -46,28 +51,9 @@ def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, floa
               is_eager=True, expose_value=False, help="A TOML job file (as for `run`).")
 @setting_option("architecture", help="Model architecture: a catalogue name (llama-3.1-8b, "
                                      "mistral-7b, ...) or a config.json. Required.")
-@click.option("--deadline", required=True,
-              help="When the job must be done: a duration (6h, 90m, 1h30m) or a moment "
-                   "(06:00 = the next 6 a.m., 2026-12-01T06:00).")
-@click.option("--instances", default=",".join(DEFAULT_PLAN_INSTANCES), show_default=True,
-              metavar="I,I,...",
-              help="Instance types to consider.")
-@click.option("--max-num-instances", type=int, default=4, show_default=True,
-              help="Consider 1..N instances of each type.")
-@click.option("--max-num-seqs", default="8,16,32,64", show_default=True, metavar="N,N,...",
-              help="max_num_seqs values to consider (each is also the one decode bucket).")
-@click.option("--max-prefill-buckets", type=int, default=4, show_default=True,
-              help="The exact optimiser picks at most this many prefill buckets, as many as "
-                   "are worth their compile time.")
-@click.option("--splits/--no-splits", default=True, show_default=True,
-              help="Also weigh the job split by length (`run --split-at N`, nxdi) at every "
-                   "cut where the short layout's slots change; chosen only when cheaper, or "
-                   "alone on time.")
+@declared_options(PLAN_DECLARED, "plan")
 @setting_option("order", help="The order each replica submits its requests in (`run --order`); "
                               "length: longest first, which under nxdi wastes less attention.")
-@click.option("--runtimes", default=None, metavar="R,R",
-              help="Runtimes to weigh side by side where they run, e.g. nxdi,optimum-neuron "
-                   "on inf2. Default: each instance's own (nxdi on inf2/trn1).")
 @setting_option("compiled", help="The graphs are compiled already (an earlier run's artifacts "
                                  "or compile cache): the start-up counts their load only, and "
                                  "hosts too small to compile the model are weighed too.")
@@ -80,24 +66,16 @@ def parse_prices(text: str | None, instances: tuple[str, ...]) -> dict[str, floa
                               "model's.")
 @setting_option("pricing", help="Built-in hourly prices: AWS on-demand (us-east-1) or the "
                                 "reserved-instance effective rate (docs/prices.md).")
-@click.option("--price-per-hour", default=None, metavar="USD|I=USD,...",
-              help="Hourly prices overriding the built-in table (spot, negotiated): one number "
-                   "when --instances names one type, else instance=USD pairs.")
 @setting_option("max_tokens")
 @setting_option("prompt_column")
 @setting_option("dataset_split")
 @setting_option("limit", help="Plan for N requests drawn at random (seeded) from the input.")
 @setting_option("seed", help="Seed of the random split of the requests over replicas.")
-@click.option("--jobs", type=int, default=None,
-              help="Simulations run in parallel on this many processes. Default: the cores.")
-@click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
-              help="Where plan.json, plan.csv, the plot and the simulated runs go. Default: "
-                   "results/<timestamp>-plan-<input name>/.")
 @setting_option("resume", help="Continue a plan in --output (finished simulations are reused).")
 @setting_option("quiet", help="Only the final table and recommendation.")
-def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_seqs,
+def plan(inputs, architecture, deadline, instances, max_num_instances, seqs_values,
          max_prefill_buckets, splits, runtimes, compiled, weight_dtype, cost_profile, pricing,
-         price_per_hour, jobs, output, resume, quiet, **options):
+         prices, jobs, output, resume, quiet, **options):
     """Which instances, how many, laid out how, to finish INPUTS by --deadline for the least
     money, on the simulated Neuron device.
 
@@ -137,26 +115,26 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, max_num_s
     from neuron_batch.report.cost import PricingError
 
     try:
-        seqs = tuple(int_list(max_num_seqs, "--max-num-seqs"))
-        for name, value in (("--max-num-instances", max_num_instances),
-                            ("--max-prefill-buckets", max_prefill_buckets),
-                            ("--jobs", jobs if jobs is not None else 1)):
-            if value < 1:
-                raise SettingsError(f"{name} must be 1 or more, got {value}")
+        if deadline is None:
+            raise click.UsageError("Missing option '--deadline': when the job must be done "
+                                   "(6h, 06:00, 2026-12-01T06:00)")
+        seqs = tuple(int_list(seqs_values, "--max-num-seqs"))
+        check_plan_options({"max_num_instances": max_num_instances,
+                            "max_prefill_buckets": max_prefill_buckets, "jobs": jobs})
         names = check_instances([n for n in instances.split(",") if n.strip()])
         weighed = runtime_list(runtimes)
-        prices = parse_prices(price_per_hour, names)
+        price_of = parse_prices(prices, names)
         when = parse_deadline(deadline)
         settings = RunSettings.of(
             inputs=tuple(inputs), device="sim", max_num_seqs=seqs[0],
             instance=names[0], architecture=architecture, weight_dtype=weight_dtype,
-            cost_profile=cost_profile, pricing=pricing, price_per_hour=prices.get(names[0]),
+            cost_profile=cost_profile, pricing=pricing, price_per_hour=price_of.get(names[0]),
             quiet=True, **options).validate()
         base, _ = plan_base(settings)
         spec = PlanSpec.from_settings(base, instances=names,
                                       max_num_instances=max_num_instances, seqs_values=seqs,
                                       max_prefill_buckets=max_prefill_buckets,
-                                      compiled=compiled, prices=prices, splits=splits,
+                                      compiled=compiled, prices=price_of, splits=splits,
                                       runtimes=weighed)
         # An unknown architecture, or a model whose weights or KV fit nowhere, fails here,
         # before any input is read (grid.py looks --architecture up once); a host too small

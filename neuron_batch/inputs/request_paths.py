@@ -88,7 +88,11 @@ PATHS: Mapping[tuple[str, str | None], RequestPath] = MappingProxyType({
     ("vllm", None): RequestPath("vLLM's own engine (--device cpu or cuda)",
                                 _everything(embed="on an embedding model (runner pooling)",
                                             tools="with --tool-call-parser's parser")),
-    ("sim", None): RequestPath("the simulated Neuron device (--device sim)", _everything()),
+    # (named by its runtimes: a refusal under the sim's optimum-neuron row that said "it runs
+    # on the simulated Neuron device (--device sim)" contradicted itself)
+    ("sim", None): RequestPath(
+        "the simulated device under nxdi or vllm-neuron (--device sim --runtime nxdi or "
+        "vllm-neuron)", _everything()),
     ("neuron", NXDI): RequestPath(
         "AWS's NxDI plugin (--device neuron, runtime nxdi)",
         _everything(structured=CPU_SAMPLING, logprobs=CPU_SAMPLING)),
@@ -165,12 +169,16 @@ def refusals(records: Iterable[PromptRecord], path: RequestPath,
         problems.append(InputProblem(
             record.source, where,
             f"{FEATURES[refused]} cannot run on {path.name}"
-            + (f"; it runs on {' and '.join(others)}" if others else "")
+            + (f"; it runs on {_either(others)}" if others else "")
             # (an embedding without its pooling is no request at all)
             + ("" if refused == "embed" else
                f"; or pass --ignore-field {where} to run the request without it"),
             record.read_order, custom_id=record.id, code="unsupported_field"))
     return kept, problems
+
+
+def _either(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def stop_refusals(records: Iterable[PromptRecord], *, has_tokenizer: bool, simulated: bool,

@@ -80,6 +80,29 @@ class RunFolder:
         """Take the folder for this process, or fail at once if another run holds it."""
         self.path.mkdir(parents=True, exist_ok=True)
         handle = open(self.path / LOCK, "a+", encoding="utf-8")
+        self._take(handle)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        handle.flush()
+        self._lock_file = handle
+
+    def refuse_if_in_use(self) -> None:
+        """FolderBusy if another run holds the folder now; touches nothing. The run asks this
+        before it reads its inputs or loads anything, so a second run on a folder in use is
+        refused in a moment; `lock` takes it later (and refuses a run that came meanwhile)."""
+        try:
+            handle = open(self.path / LOCK, encoding="utf-8")
+        except (FileNotFoundError, NotADirectoryError):
+            return                  # (never locked: a new folder, or none yet)
+        try:
+            self._take(handle)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+        finally:
+            handle.close()
+
+    def _take(self, handle: IO[str]) -> None:
+        """flock `handle` for this process, or raise FolderBusy naming its holder (closed)."""
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
@@ -91,11 +114,6 @@ class RunFolder:
             raise FolderBusy(
                 f"{self.path} is in use by another neuron-batch run ({holder}); wait for it to "
                 f"finish or choose another --output", exit_code=5) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        handle.flush()
-        self._lock_file = handle
 
     def unlock(self) -> None:
         self.close_outputs()

@@ -18,6 +18,8 @@ from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.job.folder import OutputError
 from neuron_batch.job.job import Job
 from neuron_batch.job.stop import RUNNING, STARTING, RunSignals, deferring, enter, pause_point
+from neuron_batch.report.model import Attempt, Ended, Startup
+from neuron_batch.report.schema import ABSENT
 from neuron_batch.settings import RunSettings
 
 #: Requests in the engine at once, in multiples of max_num_seqs (`Feed`).
@@ -72,7 +74,60 @@ def _device(job: Job) -> str:
 
 
 def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[str, Any]:
-    from neuron_batch.engine.engine import Engine, RequestRefused, engine_kwargs
+    """Start the engine, run the step loop, close it; the attempt's record."""
+    from neuron_batch.engine.engine import RequestRefused
+
+    settings, folder = job.settings, job.folder
+    engine, device, startup, started = _start_engine(job, pending, attempt)
+    progress = _Progress(started)
+
+    def refuse(request: PreparedRequest, error: Exception) -> None:
+        # What the checks at read time missed (vLLM's own, per request): under --on-error skip
+        # that request's error record; else named below, with what finished kept.
+        progress.errors.append(job.outputs.refused(request, error))
+        job.log(f"error: {progress.errors[-1]}")
+
+    feed = Feed(engine, pending, settings,
+                on_refused=(RequestRefused, refuse) if settings.on_error == "skip" else None)
+    bar = progress_bar(settings, len(pending))
+    try:
+        with deferring(RUNNING) as stop:
+            ended = _step_loop(job, engine, feed, progress, bar, stop)
+    except RequestRefused as error:
+        # What the checks at read time missed (vLLM's own, per request): named; what finished
+        # before it is kept.
+        refused_request = feed.last     # (RequestRefused comes from adding one: this one)
+        assert refused_request is not None
+        raise RunError(f"{refused_request.record.source}: vLLM refused the request: {error}"
+                       + (f"; {progress.finished:,} finished output(s) are kept in "
+                          f"{folder.path}" if progress.finished else "")) from None
+    except OutputError:
+        raise
+    except Exception as error:  # the engine died: keep what finished, say so, exit 1
+        raise RunError(f"the engine failed after {progress.finished} request(s): {error!r}; "
+                       f"finished outputs are kept in {folder.path}; rerun with --resume",
+                       exit_code=EXIT_FAILED) from error
+    finally:
+        if bar is not None:
+            bar.close()
+        engine.close()
+        folder.close_outputs()
+    return Attempt(attempt=attempt, ended=Ended(ended), requests_finished=progress.finished,
+                   wall_time_s=round(time.time() - started, 3),
+                   started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+                   device=device, pid=os.getpid(), requests_failed=len(progress.errors),
+                   errors=progress.errors[:MAX_ERRORS_KEPT],
+                   **stopped_by(stop, ended, settings),
+                   startup=Startup.from_dict(startup) if startup is not None else ABSENT
+                   ).to_dict()
+
+
+def _start_engine(job: Job, pending: list[PreparedRequest], attempt: int):
+    """(the engine, the device it runs on, the start-up's record on a Neuron device or None,
+    when it began starting):
+    its arguments built, the model loaded (the graphs compiled or loaded on Neuron); from the
+    engine on, a first signal lets the step loop close it."""
+    from neuron_batch.engine.engine import Engine, engine_kwargs
     from neuron_batch.engine.neuron_host import job_sampling_of
 
     settings, folder, log, model = job.settings, job.folder, job.log, job.workload.model
@@ -102,82 +157,63 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
                if on_neuron else None)
     if on_neuron and (said := startup_words(startup)):
         log(said)
-    refused: list[str] = []
+    return engine, device, startup, started
 
-    def refuse(request: PreparedRequest, error: Exception) -> None:
-        # What the checks at read time missed (vLLM's own, per request): under --on-error skip
-        # that request's error record; else named below, with what finished kept.
-        refused.append(job.outputs.refused(request, error))
-        log(f"error: {refused[-1]}")
 
-    feed = Feed(engine, pending, settings,
-                on_refused=(RequestRefused, refuse) if settings.on_error == "skip" else None)
+class _Progress:
+    """What the step loop has done so far: requests finished, output tokens, and the errors
+    (requests refused, or finished with an error such as too big for the KV cache)."""
+
+    def __init__(self, started: float):
+        self.started = started
+        self.finished = 0
+        self.output_tokens = 0
+        self.errors: list[str] = []
+
+
+def _step_loop(job: Job, engine, feed: Feed, progress: _Progress, bar, stop: RunSignals
+               ) -> str:
+    """Step the engine until every request is done or the run stops (a signal, --max-runtime:
+    the requests in flight abandoned); returns how the attempt ended."""
+    settings = job.settings
     deadline = (runtime_clock() + settings.max_runtime) if settings.max_runtime else None
-    bar = progress_bar(settings, len(pending))
-    finished = output_tokens = 0
-    errors: list[str] = refused  # requests refused or finished with an error (too big for KV)
-    ended = "completed"
-    try:
-        with deferring(RUNNING) as stop:
-            feed.refill()
-            while engine.has_unfinished():
-                if deadline is not None and runtime_clock() >= deadline:
-                    stop.reason = stop.reason or "deadline"
-                if stop.reason is not None:
-                    ended = stop.reason
-                    log(f"{'--max-runtime reached' if ended == 'deadline' else 'stopping'}: "
-                        f"abandoning {feed.unfinished():,} unfinished request(s); rerun with "
-                        f"--resume")
-                    engine.abort(list(feed.in_flight))
-                    for _ in engine.step():
-                        pass
-                    break
-                for done in engine.step():
-                    if done.finish_reason == "abort":
-                        continue
-                    request = feed.in_flight.pop(done.request_id, None)
-                    if done.finish_reason == "error":
-                        errors.append(job.outputs.failed(request, done))
-                        log(f"error: {errors[-1]}")
-                        continue
-                    job.outputs.response(request, done)
-                    folder.done_ids.add(done.request_id)
-                    finished += 1
-                    if finished == 1:
-                        pause_point(RUNNING)
-                    output_tokens += len(done.token_ids)
-                    if bar is not None:
-                        bar.update(1)
-                        elapsed = max(time.time() - started, 1e-9)
-                        bar.set_postfix_str(f"{output_tokens / elapsed:,.0f} out tok/s",
-                                            refresh=False)
-                feed.refill()
-    except RequestRefused as error:
-        # What the checks at read time missed (vLLM's own, per request): named; what finished
-        # before it is kept.
-        refused_request = feed.last     # (RequestRefused comes from adding one: this one)
-        assert refused_request is not None
-        raise RunError(f"{refused_request.record.source}: vLLM refused the request: {error}"
-                       + (f"; {finished:,} finished output(s) are kept in {folder.path}"
-                          if finished else "")) from None
-    except OutputError:
-        raise
-    except Exception as error:  # the engine died: keep what finished, say so, exit 1
-        raise RunError(f"the engine failed after {finished} request(s): {error!r}; finished "
-                       f"outputs are kept in {folder.path}; rerun with --resume",
-                       exit_code=EXIT_FAILED) from error
-    finally:
-        if bar is not None:
-            bar.close()
-        engine.close()
-        folder.close_outputs()
-    return {"attempt": attempt, "ended": ended, "requests_finished": finished,
-            "wall_time_s": round(time.time() - started, 3),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-            "device": device, "pid": os.getpid(),
-            "requests_failed": len(errors), "errors": errors[:MAX_ERRORS_KEPT],
-            **stopped_by(stop, ended, settings),
-            **({"startup": startup} if startup is not None else {})}
+    feed.refill()
+    while engine.has_unfinished():
+        if deadline is not None and runtime_clock() >= deadline:
+            stop.reason = stop.reason or "deadline"
+        if stop.reason is not None:
+            job.log(f"{'--max-runtime reached' if stop.reason == 'deadline' else 'stopping'}: "
+                    f"abandoning {feed.unfinished():,} unfinished request(s); rerun with "
+                    f"--resume")
+            engine.abort(list(feed.in_flight))
+            for _ in engine.step():
+                pass
+            return stop.reason
+        for done in engine.step():
+            _take_output(job, feed, done, progress, bar)
+        feed.refill()
+    return "completed"
+
+
+def _take_output(job: Job, feed: Feed, done, progress: _Progress, bar) -> None:
+    """One finished request: its output line (or its error record), the progress bar."""
+    if done.finish_reason == "abort":
+        return
+    request = feed.in_flight.pop(done.request_id, None)
+    if done.finish_reason == "error":
+        progress.errors.append(job.outputs.failed(request, done))
+        job.log(f"error: {progress.errors[-1]}")
+        return
+    job.outputs.response(request, done)
+    job.folder.done_ids.add(done.request_id)
+    progress.finished += 1
+    if progress.finished == 1:
+        pause_point(RUNNING)
+    progress.output_tokens += len(done.token_ids)
+    if bar is not None:
+        bar.update(1)
+        elapsed = max(time.time() - progress.started, 1e-9)
+        bar.set_postfix_str(f"{progress.output_tokens / elapsed:,.0f} out tok/s", refresh=False)
 
 
 class Feed:

@@ -14,6 +14,12 @@ A run passes through four phases (`READING` .. `REPORTING`); the runner installs
 (Exit codes: errors.py, docs/cron.md.) `Interrupted` is a KeyboardInterrupt, so what already
 stops on Ctrl-C around a run (bench, plan) stops on it too, SIGTERM included.
 
+Before the run's handler exists (Python importing the CLI, click parsing: about 0.3 s) the
+command line holds a signal instead of dying of it (`hold_early_signals`, the first thing
+`neuron_batch.cli` does when it is the `neuron-batch` process): `run` takes the held signal as
+one that came while its inputs were read, so a SIGTERM at any point after the interpreter has
+started ends the same way; any other command gets the signal back as if it had come then.
+
 `pause_point` lets a test stop a real process at a phase's start and send it a signal there,
 instead of sleeping and hoping (NEURON_BATCH_TEST_PAUSE; nothing else reads it).
 """
@@ -22,6 +28,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,7 +68,10 @@ class RunSignals:
 
     def __enter__(self) -> RunSignals:
         global _current
+        held = release_early_signals(deliver=False)
         self._install()
+        if held is not None:    # it came before this handler: the run stops at its first phase
+            self.signal, self.reason, self.count = held, "interrupted", 1
         self._outer, _current = _current, self
         return self
 
@@ -119,6 +130,57 @@ def deferring(phase: str = RUNNING) -> Iterator[RunSignals]:
     with RunSignals() as own:
         own.enter(phase, defer=True)
         yield own
+
+
+# -- before the run's handler: the command line's first ~0.3 s ----------------------------------
+
+_held: str | None = None             # the first signal held, by name
+_held_previous: dict[int, Any] = {}  # the handlers found (empty: not holding)
+
+
+def is_the_command_line() -> bool:
+    """Whether this process is the `neuron-batch` command (its script, or `python -m
+    neuron_batch.cli`, whose argv[0] reads "-m" while the package imports), not a library
+    user or a test importing the CLI."""
+    first = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return first == "neuron-batch" or (first == "-m" and "neuron_batch.cli" in sys.orig_argv)
+
+
+def hold_early_signals() -> None:
+    """Hold SIGTERM/SIGINT from now until a run's handler takes them (RunSignals) or the
+    command is known not to be `run` (`release_early_signals`). A second signal while held
+    ends the process at once with the run's exit for a signal (4): nothing was done yet."""
+    if _held_previous or threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        _held_previous[signum] = signal.signal(signum, _hold)
+
+
+def _hold(signum, frame) -> None:
+    global _held
+    if _held is None:
+        _held = signal.Signals(signum).name
+        return
+    from neuron_batch.errors import EXIT_INTERRUPTED
+
+    sys.stderr.write(f"neuron-batch: Stopped by {_held} before the run started; nothing was "
+                     f"done.\n")
+    os._exit(EXIT_INTERRUPTED)   # (the user insists, and nothing is open that needs closing)
+
+
+def release_early_signals(*, deliver: bool = True) -> str | None:
+    """Give SIGTERM/SIGINT their handlers back and return the signal held meanwhile (None:
+    none, or not holding). `deliver`: raise it again now, for a command that is not `run`
+    (it then ends as that signal always ended it)."""
+    global _held
+    held, _held = _held, None
+    for signum, handler in _held_previous.items():
+        signal.signal(signum, handler)
+    _held_previous.clear()
+    if held is not None and deliver:
+        signal.raise_signal(signal.Signals[held])
+        return None
+    return held
 
 
 #: NEURON_BATCH_TEST_PAUSE="<phase>[,<signals>]" and NEURON_BATCH_TEST_PAUSE_FILE=<path>: at

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from neuron_batch.errors import RunError
 from neuron_batch.inputs.load import describe_input, load_prompts
 from neuron_batch.inputs.prepare import max_model_len_fix, prepare_requests
-from neuron_batch.inputs.prompt_records import InputError, InputProblem
+from neuron_batch.inputs.prompt_records import InputError, InputProblem, said_once
 from neuron_batch.inputs.request_paths import refusals, request_path, stop_refusals
 from neuron_batch.inputs.skipped import name_problems
 from neuron_batch.job.request_spec import format_defaults, spec_problems
@@ -193,9 +193,10 @@ def _show_problems(problems: list[InputProblem], settings: RunSettings, fix: str
         print(heading, file=sys.stderr)
     else:
         log(heading)
-    for problem in problems[:MAX_PROBLEMS_SHOWN]:
-        print(f"  {problem}", file=sys.stderr)
-    if len(problems) > MAX_PROBLEMS_SHOWN:
-        print(f"  ... and {len(problems) - MAX_PROBLEMS_SHOWN} more", file=sys.stderr)
+    lines = said_once(problems)     # (the lines that share a refusal: said once)
+    for line in lines[:MAX_PROBLEMS_SHOWN]:
+        print(f"  {line}", file=sys.stderr)
+    if len(lines) > MAX_PROBLEMS_SHOWN:
+        print(f"  ... and {len(lines) - MAX_PROBLEMS_SHOWN} more", file=sys.stderr)
     if fix and settings.on_error == "skip":
         print(f"  ({fix})", file=sys.stderr)

@@ -10,16 +10,17 @@ from typing import Any
 
 from neuron_batch.choices import KvReserve, Order, Pricing, WeightDtype, normalise
 from neuron_batch.device.cost_model import StepCostModel
-from neuron_batch.device.hardware import DEFAULT_PLAN_INSTANCES
 from neuron_batch.device.target import NEURON_BLOCK_SIZE, Target
 from neuron_batch.report.cost import Price, usd
 from neuron_batch.runtime import Runtime
 from neuron_batch.settings import BY_NAME, RunSettings
+from neuron_batch.settings.plan_options import plan_default
 
-DEFAULT_INSTANCES = DEFAULT_PLAN_INSTANCES
-DEFAULT_SEQS = (8, 16, 32, 64)
-DEFAULT_MAX_NUM_INSTANCES = 4
-DEFAULT_MAX_PREFILL_BUCKETS = 4
+# (plan's own options are declared once, settings/plan_options.py: these are their defaults)
+DEFAULT_INSTANCES: tuple[str, ...] = tuple(plan_default("instances").split(","))
+DEFAULT_SEQS: tuple[int, ...] = tuple(int(n) for n in plan_default("seqs_values").split(","))
+DEFAULT_MAX_NUM_INSTANCES: int = plan_default("max_num_instances")
+DEFAULT_MAX_PREFILL_BUCKETS: int = plan_default("max_prefill_buckets")
 
 
 class PlanError(ValueError):
@@ -51,7 +52,7 @@ class PlanSpec:
     #: Several runtimes weighed side by side on each instance that runs them (`--runtimes`,
     #: e.g. nxdi,optimum-neuron on inf2); empty: `runtime` alone.
     runtimes: tuple[str, ...] = ()
-    splits: bool = True             # also weigh jobs split by length (static-KV runtimes)
+    splits: bool = plan_default("splits")   # also weigh jobs split by length (static KV)
     #: how each replica submits its share (`run --order`)
     order: Order = BY_NAME["order"].default
 

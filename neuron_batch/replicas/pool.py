@@ -42,6 +42,7 @@ from neuron_batch.replicas.actor import (
     pack,
 )
 from neuron_batch.replicas.results import ResultStream, ResultWriter
+from neuron_batch.report.model import Attempt, Ended
 
 #: Seconds between checks that no node was lost for good.
 NODE_CHECK_S = 2.0
@@ -250,13 +251,14 @@ def _outcome(flow: _Flow, ended: str, started: float, stop: RunSignals) -> dict[
     if writer.duplicates:
         job.log(f"{writer.duplicates} request(s) came back twice (a replica restarted) and "
                 f"were written once")
-    return {"attempt": flow.attempt, "ended": ended, "requests_finished": writer.finished,
-            "wall_time_s": round(time.time() - started, 3),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-            "device": job.cluster.placement.device, "pid": os.getpid(),
-            "requests_failed": len(writer.errors), "errors": writer.errors[:MAX_ERRORS_KEPT],
-            "ray": job.cluster.address, "generation_s": writer.generation_s(),
-            "replicas": writer.replica_info(), **stopped_by(stop, ended, job.settings)}
+    return Attempt(attempt=flow.attempt, ended=Ended(ended), requests_finished=writer.finished,
+                   wall_time_s=round(time.time() - started, 3),
+                   started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+                   device=job.cluster.placement.device, pid=os.getpid(),
+                   requests_failed=len(writer.errors), errors=writer.errors[:MAX_ERRORS_KEPT],
+                   ray=job.cluster.address, generation_s=writer.generation_s(),
+                   replicas=writer.replica_info(), **stopped_by(stop, ended, job.settings)
+                   ).to_dict()
 
 
 def _replica_failure(error: BaseException, finished: int, path) -> RunError:

@@ -40,6 +40,7 @@ class Ended(str, enum.Enum):
     DEADLINE = "deadline"           # --max-runtime reached
     FAILED = "failed"               # the engine failed; finished outputs kept
     NOTHING_TO_DO = "nothing to do"
+    KILLED = "killed"               # left records but no line (kill -9): a resume writes it
 
 
 #: The ends that stopped a run early: its report counts pending requests, the exit is 4.
@@ -285,10 +286,15 @@ class Startup(Section):
 
 @dataclass
 class Attempt(Section):
-    """One attempt's line of attempts.json, as the report repeats it (`attempts`)."""
+    """One attempt's line of attempts.json, as every writer builds it (the engine loop, Ray's
+    pool, a signal before the engine, a failed or killed attempt) and as the report repeats it
+    (`attempts`); `to_dict` is the line."""
 
     attempt: Any = section_field()
     ended: Ended | str = typed(Ended)
+    #: a signal's attempt that stopped before its engine ran: the phase, and a second signal
+    phase: Any = section_field()
+    insisted: Any = section_field()
     requests_finished: Any = section_field()
     wall_time_s: Any = section_field()
     started: Any = section_field()
@@ -303,6 +309,10 @@ class Attempt(Section):
     startup: Startup = typed(Startup)
     #: a --split-at attempt's part and layout (run/split_parts.py)
     part: Any = section_field()
+    #: a --replicas attempt: Ray's address, the generation's seconds, each replica's figures
+    ray: Any = section_field()
+    generation_s: Any = section_field()
+    replicas: Any = section_field()
 
 
 @dataclass

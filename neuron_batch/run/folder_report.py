@@ -172,12 +172,14 @@ def _add_prefix_bound(report: Report, prepared: Prepared, done_ids: set[str],
                       settings: RunSettings) -> None:
     """`prefix_cache.bound_tokens`: what an unbounded cache could serve the completed requests'
     prompts, in whole blocks of the run's KV block (report/prefix_cache.py)."""
+    from neuron_batch.engine.engine import run_block_size
     from neuron_batch.inputs.prepare import PromptTokens
-    from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK, shared_prefix_tokens
+    from neuron_batch.inputs.shared_prefix import shared_prefix_tokens
 
     if not isinstance(report.prefix_cache, PrefixCache):
         return
-    block = or_none(report.config.block_size) or settings.block_size or DEFAULT_BLOCK
+    # (the engine's, as it reported it; the one the run decided with where it did not)
+    block = or_none(report.config.block_size) or run_block_size(settings, None)
     prompts = PromptTokens([r for r in prepared.requests if r.record.id in done_ids])
     report.prefix_cache.with_bound(shared_prefix_tokens(prompts, block))
 

@@ -11,7 +11,9 @@ from typing import Any
 
 from neuron_batch.job.folder import OutputError, RunFolder
 from neuron_batch.job.stop import Interrupted
+from neuron_batch.report.model import Attempt, Ended
 from neuron_batch.report.notes import interrupted_line
+from neuron_batch.report.schema import ABSENT
 from neuron_batch.settings import RunSettings
 
 
@@ -39,11 +41,11 @@ def record_early_stop(settings: RunSettings, out_dir: Path, stop: Interrupted,
 def stopped_attempt(stop: Interrupted, attempt: int, started: float,
                     finished: int) -> dict[str, Any]:
     """attempts.json's line of an attempt a signal stopped where it does not wait."""
-    return {"attempt": attempt, "ended": "interrupted", "signal": stop.signal,
-            "phase": stop.phase, **({"insisted": True} if stop.insisted else {}),
-            "requests_finished": finished, "wall_time_s": round(time.time() - started, 3),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
-            "pid": os.getpid()}
+    return Attempt(attempt=attempt, ended=Ended.INTERRUPTED, signal=stop.signal,
+                   phase=stop.phase, insisted=True if stop.insisted else ABSENT,
+                   requests_finished=finished, wall_time_s=round(time.time() - started, 3),
+                   started=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+                   pid=os.getpid()).to_dict()
 
 
 def record_stop(folder: RunFolder, stop: Interrupted, started: float, finished: int,

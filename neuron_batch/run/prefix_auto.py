@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 from neuron_batch.choices import prefix_caching_word
 from neuron_batch.inputs.prepare import PromptTokens
-from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK
 from neuron_batch.job.folder import RunFolder
 from neuron_batch.job.job import resolve_target
 from neuron_batch.layout.prefix_decision import PrefixDecision, decide, forced, platform_off
@@ -71,7 +70,9 @@ def auto_decision(settings: RunSettings, requests, model_path: str | None) -> Pr
     off, on = (resolve_target(settings.replace(prefix_caching=c), model_path)
                for c in (False, True))
     targets = (off, on) if off is not None and on is not None else None
-    block = settings.block_size or (targets[0].block_size if targets else None) or DEFAULT_BLOCK
+    from neuron_batch.engine.engine import run_block_size
+
+    block = run_block_size(settings, off)
     compiled = (
         layout_compiled(settings.replace(prefix_caching=False), off, model_path, requests)
         if off is not None else False,

@@ -25,7 +25,6 @@ from neuron_batch.errors import (
 )
 from neuron_batch.inputs.prepare import in_order
 from neuron_batch.inputs.prompt_records import InputProblem
-from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK
 from neuron_batch.inputs.skipped import write_skipped
 from neuron_batch.job.folder import (
     REPORT,
@@ -47,7 +46,7 @@ from neuron_batch.job.stop import (
     pause_point,
 )
 from neuron_batch.job.workload import Workload, load_workload
-from neuron_batch.report.model import STOPPED, Ended, Report
+from neuron_batch.report.model import STOPPED, Attempt, Ended, Report
 from neuron_batch.report.notes import interrupted_line
 from neuron_batch.report.schema import or_none
 from neuron_batch.run.interrupted import record_early_stop, record_stop
@@ -99,11 +98,16 @@ def run(settings: RunSettings, *, log: Callable[[str], None] | None = None,
 
 def _run_in(settings: RunSettings, log: Callable[[str], None], workload: Workload | None,
             out_dir: Path) -> RunResult:
+    try:    # before anything slow: a folder another run holds is refused at once
+        RunFolder(out_dir).refuse_if_in_use()
+    except OutputError as error:
+        raise RunError(str(error), error.exit_code) from None
     # One SIGTERM/SIGINT handler from the first input read to the report (job/stop.py): every
     # phase ends with exit 4 (0 when all completed), attempts.json and one line.
     with RunSignals() as signals:
         started = time.time()
         try:
+            signals.enter(READING)  # (a signal the command line held before: stops here)
             pause_point(READING)
             target, workload, settings, prefix_decision = _prepare(settings, workload, log)
         except Interrupted as stop:
@@ -198,12 +202,12 @@ def auto_split(settings: RunSettings, workload: Workload, target: Target | None,
 
 def submission_order(settings: RunSettings, requests, target: Target | None) -> list:
     """`requests` in the order `--order` submits them (inputs/prepare.py `in_order`): prefix
-    order over the run's KV blocks (--block-size, else the device's; else the simulated
-    device's 32, finer than vLLM's CPU default, which only splits groups more finely), its
+    order over the run's KV blocks (engine.run_block_size: the one the engine uses), its
     groups longest first under a runtime whose decode pads every slot to the longest (nxdi)."""
+    from neuron_batch.engine.engine import run_block_size
+
     runtime = target.runtime if target is not None else settings.resolve_runtime()
-    block = settings.block_size or (target.block_size if target is not None else None)
-    return in_order(requests, settings.order, block_size=block or DEFAULT_BLOCK,
+    return in_order(requests, settings.order, block_size=run_block_size(settings, target),
                     by_length=runtime.static_kv)
 
 
@@ -292,12 +296,12 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
                 outcome = _generate_all(job, pending, attempt, attempts, generate)
             except RunError as error:  # keep a trace of the failed attempt next to its outputs
                 job.outputs.end("failed")
-                attempts.append({"attempt": attempt + len(attempts) - recorded,
-                                 "ended": "failed", "error": str(error)})
+                attempts.append(Attempt(attempt=attempt + len(attempts) - recorded,
+                                        ended=Ended.FAILED, error=str(error)).to_dict())
                 folder.write_attempts(attempts)
                 raise
         else:
-            outcome = {"ended": "nothing to do"}
+            outcome = {"ended": Ended.NOTHING_TO_DO.value}
             log(f"all {len(ids):,} requests already done in {folder.path}")
         job.outputs.end(outcome["ended"])
         # A first signal from here lets the report be written (exit 4, or 0 when all completed)
@@ -364,10 +368,10 @@ def record_killed(folder: RunFolder, attempts: list[dict[str, Any]]) -> list[dic
         return attempts
     counted = sum(a.get("requests_finished") or 0 for a in attempts)
     for number in killed:
-        line: dict[str, Any] = {"attempt": number, "ended": "killed"}
+        line = Attempt(attempt=number, ended=Ended.KILLED)
         if len(killed) == 1:
-            line["requests_finished"] = max(0, len(folder.done_ids) - counted)
-        attempts.append(line)
+            line.requests_finished = max(0, len(folder.done_ids) - counted)
+        attempts.append(line.to_dict())
     attempts.sort(key=lambda a: a.get("attempt") or 0)
     folder.write_attempts(attempts)
     return attempts

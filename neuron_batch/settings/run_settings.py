@@ -118,7 +118,7 @@ class RunSettings(_EverySetting):
         except ValueError as error:
             raise SettingsError(str(error)) from None
         for d in DECLARED:              # each number's range, each choice's values
-            _check_declared(d, getattr(self, d.name))
+            check_declared(d, getattr(self, d.name))
         self._check_split()
         if self.compiled and not self.simulated:
             raise SettingsError("--compiled is for --device sim; a Neuron host finds its graphs "
@@ -342,7 +342,7 @@ for _declared in DECLARED:          # settings.max_num_seqs reads settings.layou
 del _declared
 
 
-def _check_declared(d: Declared, value: Any) -> None:
+def check_declared(d: Declared, value: Any) -> None:
     """SettingsError where `value` is outside the declared range (`bound`) of setting `d`, or
     no value of its declared choices (a Choice enumeration's)."""
     s, flag = d.setting, f"--{d.flag or d.name.replace('_', '-')}"

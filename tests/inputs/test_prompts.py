@@ -194,6 +194,18 @@ def test_default_id_colliding_with_an_explicit_id(tmp_path):
     assert problem.source == f"{path}:2" and "give it an explicit id" in problem.message
 
 
+def test_a_default_id_does_not_shift_after_a_skipped_line(tmp_path):
+    # Line 2 is bad and left out: line 3 keeps the id it has once line 2 is fixed, so a resume
+    # after the fix finds the same ids (it had "1", line 2's, before).
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "a"}\n{"prompt": 5}\n{"prompt": "c"}\n')
+    loaded = load_prompts([path])
+    assert only_problem(loaded).source == f"{path}:2"
+    assert summary(loaded.records, "index", "id") == [(0, "0"), (1, "2")]
+    path.write_text('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "c"}\n')
+    assert [record.id for record in load_prompts([path]).records] == ["0", "1", "2"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Order, ids, shuffle, limit, defaults
 

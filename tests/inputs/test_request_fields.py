@@ -285,3 +285,39 @@ def test_the_simulated_optimum_neuron_refuses_what_its_host_refuses():
     _, problems = refusals([record_asking(structured={"json": {}})], sim)
     assert "the simulated device under optimum-neuron" in str(problems[0])
     assert request_path("sim", RUNTIMES[NXDI]).honours("structured")
+
+
+def test_the_optimum_neuron_refusal_is_said_once_naming_its_lines_and_agrees_with_itself():
+    """Every line asking for a seed under the simulated optimum-neuron got the same refusal,
+    once per line, and that refusal said the request runs on "the simulated Neuron device
+    (--device sim)", the device it was refused on: now one line names the lines, and the
+    places it runs are named by their runtimes."""
+    from neuron_batch.inputs.prompt_records import said_once
+    from neuron_batch.runtime import OPTIMUM_NEURON
+
+    sim = request_path("sim", RUNTIMES[OPTIMUM_NEURON])
+    records = [PromptRecord(n, str(n), f"in.jsonl:{n + 1}", prompt="Hi",
+                            sampling={"seed": n}, sampling_fields={"seed": "seed"})
+               for n in range(3)]
+    records.append(PromptRecord(3, "3", "in.jsonl:4", prompt="Hi", sampling={"logprobs": 1},
+                                sampling_fields={"logprobs": "logprobs"}))
+    _, problems = refusals(records, sim)
+    assert len(problems) == 4                 # one per request: its error record names it
+    seed, logprobs = said_once(problems)
+    assert seed.startswith("in.jsonl:1, 2, 3: field 'seed': a per-request seed cannot run on "
+                           "the simulated device under optimum-neuron")
+    assert logprobs.startswith("in.jsonl:4: field 'logprobs': ")
+    runs_on = seed.split("; it runs on ")[1]
+    assert "the simulated device under nxdi or vllm-neuron" in runs_on
+    assert "(--device sim)" not in runs_on and "optimum-neuron" not in runs_on
+
+
+def test_said_once_names_at_most_ten_lines_and_keeps_other_sources_whole():
+    from neuron_batch.inputs.prompt_records import InputProblem, said_once
+
+    many = [InputProblem(f"a.jsonl:{n}", "seed", "refused") for n in range(1, 14)]
+    (line,) = said_once(many)
+    assert line == ("a.jsonl:1, 2, 3, 4, 5, 6, 7, 8, 9, 10 and 3 more lines: field 'seed': "
+                    "refused")
+    rows = [InputProblem("t.csv:row 2", None, "empty"), InputProblem("b.jsonl:4", None, "empty")]
+    assert said_once(rows) == ["t.csv:row 2, b.jsonl:4: empty"]

@@ -573,3 +573,30 @@ def test_the_left_out_line_names_each_placement_once_and_the_max_num_seqs_left_o
     first = min(s for s in (4, 16, 32, 64) if s > fit)
     assert f"inf2.8xlarge TP 2 at max_model_len 8192 (max_num_seqs {first} and up)" in names
     assert "inf2.8xlarge TP 2 at max_model_len 8192" not in names
+
+
+def test_plans_own_options_are_declared_beside_the_run_settings():
+    """plan's options of its own (--deadline, --instances, --max-num-seqs as a list, ...) were
+    41 hand-written click options with defaults copied into PlanSpec: each is now a declaration
+    (settings/plan_options.py) that its option, its range check and PlanSpec's default read."""
+    from neuron_batch.plan.candidates import DEFAULT_MAX_NUM_INSTANCES, DEFAULT_SEQS
+    from neuron_batch.settings.plan_options import PLAN_DECLARED, check_plan_options
+    from neuron_batch.settings.run_settings import SettingsError
+
+    plan = next(c for c in main.commands.values() if c.name == "plan")
+    params = {p.name: p for p in plan.params}
+    for d in PLAN_DECLARED:
+        option = params[d.name]
+        assert f"--{d.flag}" in option.opts and option.help == d.setting.help
+        assert option.default == d.default
+    assert "--max-num-seqs" in params["seqs_values"].opts
+    spec = PlanSpec(architecture="llama-3.1-8b")
+    assert spec.seqs_values == DEFAULT_SEQS == (8, 16, 32, 64)
+    assert spec.max_num_instances == DEFAULT_MAX_NUM_INSTANCES
+    assert DEFAULT_MAX_NUM_INSTANCES == params["max_num_instances"].default
+    with pytest.raises(SettingsError, match="--max-prefill-buckets must be a positive"):
+        check_plan_options({"max_prefill_buckets": 0})
+    check_plan_options({"jobs": None})       # (None: the cores)
+    result = CliRunner().invoke(main, ["plan", "x.jsonl", "--architecture", "llama-3.1-8b",
+                                       "--deadline", "6h", "--jobs", "0"])
+    assert result.exit_code == 2 and "--jobs must be a positive whole number" in result.output

@@ -97,6 +97,19 @@ def test_the_report_is_consistent_with_its_records(cpu_run):
     assert report["config"]["device"] == "cpu"
 
 
+def test_the_caching_decision_the_bound_and_the_report_use_one_block_size(cpu_run):
+    """The CPU summary said "no KV block of 32 tokens" (the decision's own default) while
+    report.json said block_size 128 (vLLM's CPU engine): the engine is now given the one block
+    size (engine.run_block_size) that the decision, the order and the bound read."""
+    out, _ = cpu_run
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["block_size"] == 128
+    assert report["prefix_caching"]["figures"]["block_size"] == 128
+    assert "KV block of 128 tokens" in report["prefix_caching"]["reason"]
+    summary = invoke(["report", str(out)]).output
+    assert "32 tokens" not in summary
+
+
 def test_the_run_writes_its_metrics_textfile(cpu_run):
     _, textfile = cpu_run
     text = textfile.read_text()
@@ -190,6 +203,30 @@ def test_a_locked_folder_is_refused_at_once(tiny_model, tmp_path):
         holder.unlock()
     assert result.exit_code == 5
     assert "in use by another neuron-batch run" in result.output
+
+
+#: `neuron-batch run`, saying on stderr as it exits which heavy libraries it had imported.
+IMPORTS_AT_EXIT = ("import atexit, sys\n"
+                   "atexit.register(lambda: print('imported:', [m for m in ('vllm', 'torch', "
+                   "'transformers') if m in sys.modules], file=sys.stderr))\n"
+                   "from neuron_batch.cli import main\n"
+                   "main(sys.argv[1:], prog_name='neuron-batch')\n")
+
+
+def test_a_folder_in_use_is_refused_before_anything_heavy_loads(tmp_path):
+    """The refusal took 4-6 s (the inputs tokenized, the model's tokenizer loaded, then the
+    lock): it comes now before vLLM, torch or transformers is imported."""
+    out = tmp_path / "run"
+    holder = RunFolder(out)
+    holder.lock()
+    try:
+        done = subprocess.run([sys.executable, "-c", IMPORTS_AT_EXIT, "run", "--device", "cpu",
+                               "-o", str(out)], capture_output=True, text=True, timeout=300)
+    finally:
+        holder.unlock()
+    assert done.returncode == 5, done.stderr
+    assert "in use by another neuron-batch run" in done.stderr
+    assert "imported: []" in done.stderr
 
 
 def test_a_second_run_on_the_same_output_needs_resume(tiny_model, tmp_path):

@@ -25,6 +25,8 @@ from neuron_batch.job.stop import (
     STARTING,
     Interrupted,
     RunSignals,
+    hold_early_signals,
+    release_early_signals,
 )
 
 ROWS = [{"id": f"r{i}", "prompt_len": 40 + 8 * i, "max_tokens": 2 if i == 0 else 40}
@@ -111,6 +113,57 @@ def test_a_handler_taken_meanwhile_is_taken_back_at_the_next_phase():
         time.sleep(0.05)
         assert signals.reason == "interrupted"
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_signal_held_before_the_run_handler_stops_the_run_at_its_first_phase():
+    """The command line holds a signal while it imports (hold_early_signals); the run's handler
+    takes it as one that came while the inputs were read; the handlers found come back."""
+    before = signal.getsignal(signal.SIGTERM)
+    hold_early_signals()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)            # held: nothing raised, the process goes on
+    except BaseException:
+        release_early_signals(deliver=False)
+        raise
+    with RunSignals() as signals:
+        assert signal.getsignal(signal.SIGTERM) == signals._handle
+        with pytest.raises(Interrupted) as stopped:
+            signals.enter(READING)
+        assert (stopped.value.signal, stopped.value.phase) == ("SIGTERM", READING)
+    assert signal.getsignal(signal.SIGTERM) == before
+    # a command other than run gets a held signal back as it came (SIGINT: KeyboardInterrupt)
+    hold_early_signals()
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)
+    with pytest.raises(KeyboardInterrupt):
+        release_early_signals()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+#: `neuron-batch run` as its script starts it, from just before the CLI package imports (what
+#: prints "up" is already imported there, so "up" comes a few microseconds before the hold).
+EARLY_CHILD = ("import sys; sys.argv = ['neuron-batch', *sys.argv[1:]]; "
+               "import neuron_batch.job.stop; print('up', flush=True); "
+               "from neuron_batch.cli import main; main()")
+
+
+@pytest.mark.parametrize("delay", [0.03, 0.1, 0.2, 0.3, 0.5])
+def test_a_sigterm_in_the_first_moments_of_run_exits_4(tmp_path, delay):
+    """Before the run's handler is in (click and the commands importing, the options parsed:
+    the first ~0.3 s), a SIGTERM killed the process (exit 143); now it ends like one while
+    the inputs are read: exit 4, its line and the attempt."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", EARLY_CHILD, "run", workload(tmp_path), *SIM,
+                             "-o", str(out), "-q"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "up\n"
+    time.sleep(delay)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 4, (proc.returncode, stderr)
+    assert stderr.startswith("neuron-batch: Stopped by SIGTERM while reading the inputs"), stderr
+    assert attempts(out)[0]["phase"] == READING
 
 
 # -- before the engine runs: stopped there and then ------------------------------------------
