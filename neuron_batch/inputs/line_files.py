@@ -63,8 +63,8 @@ class LineInput:
                         and head.lstrip()[:1] == b"["):
                     handle.seek(0)
                     self.array = True
-                    for position, item in enumerate(self._array_items(handle.read())):
-                        yield position, position, 0, item
+                    for position, each in enumerate(self._array_items(handle.read())):
+                        yield position, position, 0, each
                     return
                 handle.seek(0)
                 offset = 0

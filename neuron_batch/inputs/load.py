@@ -20,7 +20,6 @@ from neuron_batch.inputs.prompt_records import (
     InputError,
     InputProblem,
     InputReader,
-    Item,
     LoadedPrompts,
     PromptRecord,
 )
@@ -75,7 +74,7 @@ def expand_inputs(inputs: Sequence[str | Path]) -> list[str]:
 
 
 #: (the input's number, where the item lies in it, its line or row, its digest, the item)
-ScannedItem = tuple[int, int, int, int, Item]
+ScannedItem = tuple[int, int, int, int, PromptRecord | InputProblem]
 
 
 class InputScan:
@@ -234,22 +233,27 @@ def prompt_token_count(record: PromptRecord) -> int | None:
 def describe_input(loaded: LoadedPrompts) -> str:
     """One line for humans, e.g. "19,366 prompts from trace conv.csv (prompt lengths p50 1,020 /
     max 14,050 tokens)"."""
-    count = len(loaded.records)
-    label = _KIND_LABELS.get(loaded.kind, loaded.kind)
-    if len(loaded.inputs) == 1:
-        spec = loaded.inputs[0]
-        where = f"{label} {spec if spec.startswith('hf:') else Path(spec).name}"
-    elif loaded.kind == "mixed":
-        where = f"{len(loaded.inputs)} inputs"
-    else:
-        where = f"{len(loaded.inputs)} {label} inputs"
-    text = f"{count:,} prompt{'' if count == 1 else 's'} from {where}"
     lengths = sorted(length for record in loaded.records
                      if (length := prompt_token_count(record)) is not None)
-    if lengths:
-        median = lengths[(len(lengths) - 1) // 2]
-        text += f" (prompt lengths p50 {median:,} / max {lengths[-1]:,} tokens)"
-    if loaded.problems:
-        bad = len(loaded.problems)
-        text += f"; {bad:,} line{'' if bad == 1 else 's'} with problems left out"
+    return describe_job(len(loaded.records), loaded.kind, loaded.inputs, lengths,
+                        len(loaded.problems))
+
+
+def describe_job(count: int, kind: str, inputs: Sequence[str], lengths: Sequence[int],
+                 problems: int) -> str:
+    """`describe_input` from counts: `lengths` sorted, those known without a tokenizer."""
+    label = _KIND_LABELS.get(kind, kind)
+    if len(inputs) == 1:
+        spec = inputs[0]
+        where = f"{label} {spec if spec.startswith('hf:') else Path(spec).name}"
+    elif kind == "mixed":
+        where = f"{len(inputs)} inputs"
+    else:
+        where = f"{len(inputs)} {label} inputs"
+    text = f"{count:,} prompt{'' if count == 1 else 's'} from {where}"
+    if len(lengths):
+        median = int(lengths[(len(lengths) - 1) // 2])
+        text += f" (prompt lengths p50 {median:,} / max {int(lengths[-1]):,} tokens)"
+    if problems:
+        text += f"; {problems:,} line{'' if problems == 1 else 's'} with problems left out"
     return text

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from neuron_batch.errors import EXIT_FAILED, RunError
+
 #: The fields that each make a record's prompt; a JSON line gives exactly one of them.
 PROMPT_FIELDS = ("prompt", "messages", "prompt_token_ids", "prompt_len")
 
@@ -71,9 +73,14 @@ class InputError(ValueError):
     """An input that cannot be used at all; the message names it and says what to do."""
 
 
-class InputChanged(InputError):
+class InputChanged(InputError, RunError):
     """An input read again while the job runs is not what the check before it read (its size
-    or time, or a line's bytes): the run stops rather than run requests nobody checked."""
+    or time, or a line's bytes): the run stops (exit 1) rather than run requests nobody
+    checked; what finished is kept, and --resume finishes the job once the input is as it was
+    (or refuses, naming the requests that differ, while it is not)."""
+
+    def __init__(self, message: str):
+        RunError.__init__(self, message, EXIT_FAILED)
 
 
 @dataclass(slots=True)

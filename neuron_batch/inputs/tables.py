@@ -309,7 +309,8 @@ class _RowInput:
         self.label, self.source_prefix = label, source_prefix
         self._mapper: RowMapper | None = None
         self._rows: Iterator[tuple[int, dict[str, Any]]] | None = None
-        self._next = (-1, {})       # the next row the open stream gives, and its cells
+        # the next row the open stream gives, and its cells
+        self._next: tuple[int, dict[str, Any]] = (-1, {})
 
     def layout(self, names: list[str], prompt_column: str, kind: str) -> TableLayout:
         layout = choose_layout(names, prompt_column, self.label)
