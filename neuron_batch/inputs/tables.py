@@ -459,6 +459,19 @@ class DatasetInput(_RowInput):
     def stamp(self) -> tuple | None:
         return file_stamp(self._folder) if self._folder is not None else None
 
+    def read(self, spots: Sequence[tuple[int, int]]) -> Iterator[tuple[int, Item | None]]:
+        if self._folder is None:    # (the hub's, streamed: in order)
+            yield from super().read(spots)
+            return
+        # A saved data set is memory-mapped Arrow: its rows are read where they are.
+        rows = [number for number, _ in spots if number < len(self._dataset)]
+        columns = self._dataset[rows] if rows else {}
+        found = {number: {name: columns[name][k] for name in self._columns}
+                 for k, number in enumerate(rows)}
+        for number, _ in spots:
+            row = found.get(number)
+            yield (0, self._row(row, number)) if row is not None else (0, None)
+
     def batches(self) -> Iterator[dict[str, list]]:
         for batch in self._dataset.iter(batch_size=ROWS_AT_ONCE):
             yield {name: batch[name] for name in self._columns}

@@ -162,6 +162,9 @@ class _Scan:
                                key=lambda problem: problem.read_order)
         columns.finish = self._finish
         self._inputs = inputs
+        # (what only the check needed: not held while the job runs)
+        inputs.id_hashes = array("q")
+        self._ok, self._known, self._early, self._checked = bytearray(), array("i"), [], []
 
     def _finish(self, record: PromptRecord, position: int, index: int) -> None:
         """A record read again, given what the check gave it."""
