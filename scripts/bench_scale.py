@@ -19,6 +19,7 @@ and times the run. It prints, against the run at `--base` requests (10k by defau
     .venv/bin/python scripts/bench_scale.py --sizes 1000,10000,100000 --json scale.json
     .venv/bin/python scripts/bench_scale.py --tokenize 4000   # text: one at a time vs batches
     .venv/bin/python scripts/bench_scale.py --phases 100000   # RSS after each phase of one run
+    .venv/bin/python scripts/bench_scale.py --inputs 10000,100000,1000000 --kinds tokens,text
 
 One run of each size: the ratios are between sizes of one invocation on one machine (the
 sizes differ by 10x, so noise of a few per cent does not hide a trend).
@@ -163,11 +164,20 @@ def main() -> None:
                         help="only run one token-count job of N requests in this process and "
                              "print its RSS (and peak) once the inputs are prepared, once the "
                              "engine ran and once the report is built")
+    parser.add_argument("--inputs", default=None, metavar="N,N",
+                        help="only the input half: per size (and --kinds), in a process of "
+                             "its own, the check before the run (job/workload.py) and one "
+                             "pass over the job as the engine takes it, their times and the "
+                             "process's peak RSS, against the first size")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--json", default=None, help="write the figures here too")
     args = parser.parse_args()
     if args.tokenize:
         return tokenize_check(args.tokenize, args.text_cap)
+    if args.inputs:
+        return inputs_check([int(n) for n in args.inputs.split(",")], args.kinds.split(","),
+                            Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-")),
+                            args.text_cap)
     if args.phases:
         workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-"))
         workdir.mkdir(parents=True, exist_ok=True)
@@ -305,6 +315,41 @@ def phases(job: Path, workdir: Path) -> None:
         if end.code:
             raise
     said("run ended (the verdict too)")
+
+
+def inputs_check(sizes: list[int], kinds: list[str], workdir: Path, text_cap: int) -> None:
+    """The input half alone (issue 46: memory set by the work in flight): per kind and size,
+    a process that checks the job as `run` does and then reads it once as the engine would
+    take it (every request's prompt tokens), printing the check's and the pass's seconds per
+    request and the process's peak RSS, with ratios to the first size."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    code = ("import json, resource, sys, time\n"
+            "from neuron_batch.job.workload import load_workload\n"
+            "from neuron_batch.settings import RunSettings\n"
+            "s = RunSettings.of((sys.argv[1],), device='sim', instance='inf2.8xlarge',\n"
+            "    architecture='llama-3.1-8b', max_model_len=8192, quiet=True)\n"
+            "t0 = time.perf_counter(); w = load_workload(s, lambda _: None)\n"
+            "t1 = time.perf_counter(); n = sum(len(r.prompt_token_ids) > 0\n"
+            "    for r in w.prepared.requests)\n"
+            "t2 = time.perf_counter()\n"
+            "print(json.dumps({'requests': n, 'check_s': t1 - t0, 'pass_s': t2 - t1,\n"
+            "    'peak_gib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    print(f"{'kind':<7}{'requests':>10}{'check us/req':>14}{'pass us/req':>13}"
+          f"{'peak GiB':>10}{'RSS x':>8}{'check x':>9}{'pass x':>8}", flush=True)
+    for kind in kinds:
+        first = None
+        for size in sizes:
+            job = write_job(kind, size, workdir, text_cap)
+            got = json.loads(subprocess.run([sys.executable, "-c", code, str(job)], env=env,
+                                            capture_output=True, text=True,
+                                            check=True).stdout.splitlines()[-1])
+            job.unlink()
+            check, one_pass = 1e6 * got["check_s"] / size, 1e6 * got["pass_s"] / size
+            first = first or (got["peak_gib"], check, one_pass)
+            print(f"{kind:<7}{size:>10,}{check:>14.1f}{one_pass:>13.1f}{got['peak_gib']:>10.3f}"
+                  f"{got['peak_gib'] / first[0]:>8.3f}{check / first[1]:>9.3f}"
+                  f"{one_pass / first[2]:>8.3f}", flush=True)
 
 
 def lines_estimate(path: Path) -> int:

@@ -1,12 +1,16 @@
 """Readers for line-based files: JSON lines, JSON arrays, OpenAI batch files, Mooncake traces
-and plain text.
+and plain text, streamed: each record comes with where its line starts (a byte offset) and a
+digest of its bytes, so that a job is checked in one pass that keeps no prompt and read again,
+a window at a time, while it runs (`LineInput.read`).
 
-Line numbers are 1-based file lines; items of a JSON array are 0-based positions.
+Line numbers are 1-based file lines; items of a JSON array are 0-based positions (an array is
+read whole, each time: its items have no line of their own to seek to).
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,126 +26,130 @@ from neuron_batch.inputs.prompt_records import (
     InputError,
     InputProblem,
     Item,
-    ParsedInput,
     PromptRecord,
+    Scanned,
     describe_value,
     field_problem,
+    file_stamp,
 )
-from neuron_batch.storage.urls import read_bytes, suffix_of
+from neuron_batch.storage.urls import open_binary, suffix_of
+
+_BOM = b"\xef\xbb\xbf"
 
 
-def _read_text_bytes(path: Path | str, label: str) -> bytes:
-    try:
-        data = read_bytes(path)     # (a local path or a URL: storage/urls.py)
-    except OSError as exc:
-        raise InputError(f"{label}: cannot read: {exc.strerror or exc}") from exc
-    if b"\0" in data[:8192]:
-        raise InputError(f"{label}: looks like a binary file (NUL bytes); expected UTF-8 text "
-                         "(Parquet files need the .parquet extension)")
-    return data
+class LineInput:
+    """One line-based file as a stream of (where, line, digest, item): `scan` reads it from
+    the start, `read` reads the items at given offsets again."""
 
+    def __init__(self, path: Path | str, label: str, ignored: Collection[str] = (), *,
+                 text: bool = False):
+        self.path, self.label, self.ignored = path, label, ignored
+        # JSON: the first object decides the format, so one stray line cannot flip it
+        self.kind: str | None = "text" if text else None
+        self.array = False
 
-def _text_lines(data: bytes) -> Sequence[str | UnicodeDecodeError]:
-    """The lines of a file, split on "\\n" only (str.splitlines() would also split on U+2028
-    inside JSON strings); a line that is not UTF-8 comes back as its decoding error."""
-    try:
-        return data.decode("utf-8-sig").split("\n")  # one decode for the whole file is fastest
-    except UnicodeDecodeError:
-        pass
-    lines: list[str | UnicodeDecodeError] = []
-    for line in data.removeprefix(b"\xef\xbb\xbf").split(b"\n"):
+    def stamp(self) -> tuple | None:
+        return file_stamp(self.path)
+
+    def scan(self) -> Iterator[Scanned]:
         try:
-            lines.append(line.decode("utf-8"))
+            with open_binary(self.path) as handle:
+                head = handle.read(8192)
+                if b"\0" in head:
+                    raise InputError(f"{self.label}: looks like a binary file (NUL bytes); "
+                                     "expected UTF-8 text (Parquet files need the .parquet "
+                                     "extension)")
+                if (self.kind is None and suffix_of(self.path) == ".json"
+                        and head.lstrip()[:1] == b"["):
+                    handle.seek(0)
+                    self.array = True
+                    for position, each in enumerate(self._array_items(handle.read())):
+                        yield position, position, 0, each
+                    return
+                handle.seek(0)
+                offset = 0
+                for number, raw in enumerate(handle, 1):
+                    where, offset = offset, offset + len(raw)
+                    item = self._item(raw, number)
+                    if item is not None:
+                        yield where, number, zlib.crc32(raw), item
+        except OSError as exc:
+            raise InputError(f"{self.label}: cannot read: {exc.strerror or exc}") from exc
+        if self.kind is None:
+            self.kind = "jsonl"
+
+    def read(self, spots: Sequence[tuple[int, int]]) -> Iterator[tuple[int, Item | None]]:
+        """(digest, item) of the lines at `spots` ((offset, line number), as `scan` gave
+        them), in that order; item None where the line is blank now."""
+        try:
+            with open_binary(self.path) as handle:
+                if self.array:
+                    items = self._array_items(handle.read())
+                    for position, _ in spots:
+                        yield 0, items[position] if position < len(items) else None
+                    return
+                for where, number in spots:
+                    if handle.tell() != where:
+                        handle.seek(where)
+                    raw = handle.readline()
+                    yield zlib.crc32(raw), self._item(raw, number)
+        except OSError as exc:
+            raise InputError(f"{self.label}: cannot read: {exc.strerror or exc}") from exc
+
+    def _item(self, raw: bytes, number: int) -> Item | None:
+        line = raw[:-1] if raw.endswith(b"\n") else raw
+        if number == 1:
+            line = line.removeprefix(_BOM)
+        source = f"{self.label}:{number}"
+        try:
+            text = line.decode("utf-8")
         except UnicodeDecodeError as exc:
-            lines.append(exc)
-    return lines
+            return _not_utf8(source, exc)
+        if self.kind == "text":     # one prompt a line, kept as written; blank lines skipped
+            if not text.strip():
+                return None
+            return PromptRecord(index=-1, id="", source=source,
+                                prompt=text.removesuffix("\r")), "id"
+        if not text or text.isspace():
+            return None
+        try:
+            obj = json.JSONDecoder().decode(text)
+        except json.JSONDecodeError as exc:
+            return InputProblem(source, None, f"malformed JSON: {exc.msg} (column {exc.colno})")
+        return self._record(_expect_object(obj, source), source)
+
+    def _record(self, obj: dict | InputProblem, source: str) -> Item:
+        if isinstance(obj, InputProblem):
+            return obj
+        if self.kind is None:
+            self.kind = ("openai-batch" if "custom_id" in obj and "body" in obj
+                         else "mooncake" if is_mooncake(obj) else "jsonl")
+        try:
+            if self.kind == "openai-batch":
+                return record_from_batch_request(obj, source, self.ignored)
+            if self.kind == "mooncake":
+                return record_from_mooncake(obj, source)
+            return record_from_object(obj, source, self.ignored)
+        except FieldError as error:
+            return field_problem(source, error, request_id(obj))
+
+    def _array_items(self, data: bytes) -> list[Item]:
+        try:
+            array = json.loads(data)
+        except ValueError as exc:
+            raise InputError(f"{self.label}: malformed JSON array: {exc}") from exc
+        if not isinstance(array, list):
+            raise InputError(f"{self.label}: expected a JSON array or one JSON object a line")
+        return [self._record(_expect_object(obj, f"{self.label}:item {position}"),
+                             f"{self.label}:item {position}")
+                for position, obj in enumerate(array)]
 
 
 def _not_utf8(source: str, error: UnicodeDecodeError) -> InputProblem:
     return InputProblem(source, None, f"not valid UTF-8 ({error.reason} at byte {error.start + 1})")
 
 
-# ---------------------------------------------------------------------------------------------
-# JSON lines, JSON arrays and OpenAI batch files
-
-
-def read_json_lines(path: Path | str, label: str, ignored: Collection[str] = ()) -> ParsedInput:
-    """Every object of a JSON-lines file (or JSON array) as a record or a problem; the fields
-    `ignored` names (--ignore-field) are dropped, any other unknown field is a problem."""
-    data = _read_text_bytes(path, label)
-    if suffix_of(path) == ".json" and data.lstrip()[:1] == b"[":
-        objects = _json_array_objects(data, label)
-    else:
-        objects = _json_line_objects(data, label)
-    kind = None
-    items: list[Item] = []
-    for source, obj in objects:
-        if isinstance(obj, InputProblem):
-            items.append(obj)
-            continue
-        if kind is None:  # the first object decides, so one stray line cannot flip the format
-            kind = ("openai-batch" if "custom_id" in obj and "body" in obj
-                    else "mooncake" if is_mooncake(obj) else "jsonl")
-        try:
-            if kind == "openai-batch":
-                items.append(record_from_batch_request(obj, source, ignored))
-            elif kind == "mooncake":
-                items.append(record_from_mooncake(obj, source))
-            else:
-                items.append(record_from_object(obj, source, ignored))
-        except FieldError as error:
-            items.append(field_problem(source, error, request_id(obj)))
-    return ParsedInput(kind or "jsonl", items)
-
-
-def _json_line_objects(data: bytes, label: str) -> Iterator[tuple[str, dict | InputProblem]]:
-    decode = json.JSONDecoder().decode
-    for number, line in enumerate(_text_lines(data), 1):
-        source = f"{label}:{number}"
-        if isinstance(line, UnicodeDecodeError):
-            yield source, _not_utf8(source, line)
-            continue
-        if not line or line.isspace():
-            continue
-        try:
-            obj = decode(line)
-        except json.JSONDecodeError as exc:
-            message = f"malformed JSON: {exc.msg} (column {exc.colno})"
-            yield source, InputProblem(source, None, message)
-            continue
-        yield source, _expect_object(obj, source)
-
-
-def _json_array_objects(data: bytes, label: str) -> Iterator[tuple[str, dict | InputProblem]]:
-    try:
-        array = json.loads(data)
-    except ValueError as exc:
-        raise InputError(f"{label}: malformed JSON array: {exc}") from exc
-    if not isinstance(array, list):
-        raise InputError(f"{label}: expected a JSON array or one JSON object a line")
-    for position, obj in enumerate(array):
-        source = f"{label}:item {position}"
-        yield source, _expect_object(obj, source)
-
-
 def _expect_object(obj: Any, source: str) -> dict | InputProblem:
     if isinstance(obj, dict):
         return obj
     return InputProblem(source, None, f"expected a JSON object, got {describe_value(obj)}")
-
-
-# ---------------------------------------------------------------------------------------------
-# Plain text
-
-
-def read_text(path: Path | str, label: str) -> ParsedInput:
-    """One prompt a line, kept as written; blank and whitespace-only lines are skipped."""
-    items: list[Item] = []
-    for number, line in enumerate(_text_lines(_read_text_bytes(path, label)), 1):
-        source = f"{label}:{number}"
-        if isinstance(line, UnicodeDecodeError):
-            items.append(_not_utf8(source, line))
-        elif line.strip():
-            record = PromptRecord(index=-1, id="", source=source, prompt=line.removesuffix("\r"))
-            items.append((record, "id"))
-    return ParsedInput("text", items)

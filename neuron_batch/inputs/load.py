@@ -1,7 +1,8 @@
 """Every prompt source -> numbered `PromptRecord`s: pick the reader for each input, number the
 records across all inputs, check ids, shuffle and limit; and a one-line description for humans.
 
-Inputs, chosen by prefix, extension or what a directory holds:
+Inputs, chosen by prefix, extension or what a directory holds, each read as a stream
+(`InputReader`: one pass that keeps no prompt, and the lines read again at their offsets):
 
 - `.jsonl` / `.json`, OpenAI batch files, Mooncake traces, plain text (`line_files.py`);
 - `.csv` / `.tsv` / `.parquet`, `hf:NAME[:CONFIG]` and `save_to_disk` folders (`tables.py`).
@@ -10,50 +11,52 @@ Inputs, chosen by prefix, extension or what a directory holds:
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Sequence
+from array import array
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
-from neuron_batch.inputs.line_files import read_json_lines, read_text
+from neuron_batch.inputs.line_files import LineInput
 from neuron_batch.inputs.prompt_records import (
     InputError,
     InputProblem,
+    InputReader,
     LoadedPrompts,
-    ParsedInput,
     PromptRecord,
 )
 from neuron_batch.inputs.tables import (
-    read_csv,
+    CsvInput,
+    ParquetInput,
     read_hub_dataset,
-    read_parquet,
     read_saved_dataset,
 )
 from neuron_batch.storage.urls import expand, is_url, suffix_of
 
 
-def read_input(spec: str, *, prompt_column: str, split: str,
-               ignored: Collection[str] = ()) -> ParsedInput:
-    """Pick the reader by `hf:` prefix, directory or extension (other extensions are text)."""
+def open_input(spec: str, *, prompt_column: str, split: str,
+               ignored: Collection[str] = ()) -> InputReader:
+    """The reader of one input, by `hf:` prefix, directory or extension (other extensions
+    are text). Nothing is read yet but what the format needs to be known (a table's columns)."""
     if spec.startswith("hf:"):
         return read_hub_dataset(spec, prompt_column, split)
     if is_url(spec):    # one object (load_prompts expanded globs and prefixes)
-        return _read_file(spec, spec, suffix_of(spec), prompt_column, ignored)
+        return _file_input(spec, spec, suffix_of(spec), prompt_column, ignored)
     path = Path(spec)
     if not path.exists():
         raise InputError(f"{spec}: no such file or directory")
     if path.is_dir():
         return read_saved_dataset(path, spec, prompt_column, split)
-    return _read_file(path, spec, path.suffix.lower(), prompt_column, ignored)
+    return _file_input(path, spec, path.suffix.lower(), prompt_column, ignored)
 
 
-def _read_file(path: Path | str, spec: str, suffix: str, prompt_column: str,
-               ignored: Collection[str]) -> ParsedInput:
+def _file_input(path: Path | str, spec: str, suffix: str, prompt_column: str,
+                ignored: Collection[str]) -> InputReader:
     if suffix in (".jsonl", ".json"):
-        return read_json_lines(path, spec, ignored)
+        return LineInput(path, spec, ignored)
     if suffix in (".csv", ".tsv"):
-        return read_csv(path, spec, prompt_column, delimiter="\t" if suffix == ".tsv" else ",")
+        return CsvInput(path, spec, prompt_column, delimiter="\t" if suffix == ".tsv" else ",")
     if suffix in (".parquet", ".pq"):
-        return read_parquet(path, spec, prompt_column)
-    return read_text(path, spec)
+        return ParquetInput(path, spec, prompt_column)
+    return LineInput(path, spec, text=True)
 
 
 def expand_inputs(inputs: Sequence[str | Path]) -> list[str]:
@@ -66,16 +69,116 @@ def expand_inputs(inputs: Sequence[str | Path]) -> list[str]:
     return out
 
 
-
 # ---------------------------------------------------------------------------------------------
-# Loading
+# Numbering: one pass over every input
+
+
+#: (the input's number, where the item lies in it, its line or row, its digest, the item)
+ScannedItem = tuple[int, int, int, int, PromptRecord | InputProblem]
+
+
+class InputScan:
+    """Every input read in order, one item at a time: each record numbered across all of them
+    (`PromptRecord.index` is its position here, before --shuffle; `read_order` its place among
+    all items), given its default id and max_tokens; each line that is not one a problem.
+
+    `exact_ids`: duplicate ids are found here, each a problem (a dict of every id: what a job
+    held in memory reads). Else only each id's hash is kept (`id_hashes`, 8 bytes a record)
+    and the caller asks `has_duplicates` after the pass, and reads again exactly if so."""
+
+    def __init__(self, inputs: Sequence[str | Path], *, prompt_column: str = "prompt",
+                 split: str = "train", default_max_tokens: int | None = None,
+                 ignored: Collection[str] = (), exact_ids: bool = True):
+        if isinstance(inputs, (str, Path)):
+            inputs = [inputs]  # one path, not a sequence of one-character "paths"
+        if default_max_tokens is not None and default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
+        if not inputs:
+            raise InputError("no inputs given; name at least one prompt file or data set")
+        self.specs = expand_inputs(inputs)
+        self.readers = [open_input(spec, prompt_column=prompt_column, split=split,
+                                   ignored=ignored) for spec in self.specs]
+        self.default_max_tokens = default_max_tokens
+        self.exact_ids = exact_ids
+        self.id_hashes = array("q")
+        self.records = 0        # records numbered so far
+
+    @property
+    def kind(self) -> str:
+        kinds = {reader.kind or "jsonl" for reader in self.readers}
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+    def __iter__(self) -> Iterator[ScannedItem]:
+        first_source_by_id: dict[str, str] = {}  # id -> source of the record that holds it
+        read_order = -1
+        for number, (spec, reader) in enumerate(zip(self.specs, self.readers)):
+            empty = True
+            for where, line, digest, item in reader.scan():
+                empty = False
+                read_order += 1
+                if isinstance(item, InputProblem):
+                    item.read_order = read_order
+                    yield number, where, line, digest, item
+                    continue
+                record, id_field = item
+                record.read_order = read_order
+                given_id = bool(record.id)
+                self.finish(record, self.records)
+                if self.exact_ids:
+                    first_source = first_source_by_id.get(record.id)
+                    if first_source is not None:
+                        yield number, where, line, digest, _duplicate_id_problem(
+                            record, id_field, given_id, first_source)
+                        continue
+                    first_source_by_id[record.id] = record.source
+                else:
+                    self.id_hashes.append(hash(record.id))
+                self.records += 1
+                yield number, where, line, digest, record
+            if empty:
+                raise InputError(f"{spec}: no prompts found: the input is empty or holds only "
+                                 "blank lines")
+
+    def finish(self, record: PromptRecord, position: int, default_id: str | None = None
+               ) -> None:
+        """What numbering gives a record read at `position`: its default id (`default_id`,
+        else its place in reading order, bad lines counted: a skipped line before it does not
+        shift its id, so a resume after the line is fixed finds the same ids) and max_tokens;
+        `index` the position until --shuffle and --limit number it anew."""
+        record.index = position
+        if not record.id:
+            record.id = default_id if default_id is not None else str(record.read_order)
+        if record.max_tokens is None and record.openai is None:
+            # (an OpenAI batch line without max_tokens runs up to the context, as there)
+            record.max_tokens = self.default_max_tokens
+
+    def has_duplicates(self) -> bool:
+        """Whether two records' ids hash alike (a pass without `exact_ids`): then a pass with
+        them names the duplicates (or finds it was a collision of the hash)."""
+        import numpy as np
+
+        hashes = np.frombuffer(self.id_hashes, dtype=np.int64) if self.id_hashes else None
+        return hashes is not None and len(np.unique(hashes)) < len(hashes)
+
+
+def job_order(count: int, *, shuffle: bool, seed: int, limit: int | None) -> list[int] | None:
+    """The positions of the job's records in run order: --shuffle (seeded) before --limit;
+    None for all of them as read."""
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    if not shuffle:
+        return None if limit is None or limit >= count else list(range(limit))
+    order = list(range(count))
+    random.Random(seed).shuffle(order)
+    return order[:limit] if limit is not None else order
 
 
 def load_prompts(inputs: Sequence[str | Path], *, prompt_column: str = "prompt",
                  split: str = "train", limit: int | None = None, shuffle: bool = False,
                  seed: int = 0, default_max_tokens: int | None = None,
                  ignored: Collection[str] = ()) -> LoadedPrompts:
-    """Read every input, in order, into records numbered 0..n-1 across all of them.
+    """Read every input, in order, into records numbered 0..n-1 across all of them, held in
+    memory (a run streams its job instead: job/workload.py).
 
     Lines that cannot become records land in `problems` (the caller decides whether to go on);
     inputs that cannot be used at all raise `InputError`. `shuffle` (seeded) comes before
@@ -83,59 +186,23 @@ def load_prompts(inputs: Sequence[str | Path], *, prompt_column: str = "prompt",
     `ignored`: the fields --ignore-field drops from JSON requests (any other unknown field is a
     problem of its line).
     """
-    if isinstance(inputs, (str, Path)):
-        inputs = [inputs]  # one path, not a sequence of one-character "paths"
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
-    if default_max_tokens is not None and default_max_tokens < 1:
-        raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
-    if not inputs:
-        raise InputError("no inputs given; name at least one prompt file or data set")
-
+    scan = InputScan(inputs, prompt_column=prompt_column, split=split,
+                     default_max_tokens=default_max_tokens, ignored=ignored)
     records: list[PromptRecord] = []
     problems: list[InputProblem] = []
-    kinds: list[str] = []
-    first_source_by_id: dict[str, str] = {}  # id -> source of the record that holds it
-    read_order = -1
-    inputs = expand_inputs(inputs)
-    for spec in inputs:
-        parsed = read_input(str(spec), prompt_column=prompt_column, split=split,
-                            ignored=ignored)
-        if not parsed.items:
-            raise InputError(f"{spec}: no prompts found: the input is empty or holds only "
-                             "blank lines")
-        kinds.append(parsed.kind)
-        for item in parsed.items:
-            read_order += 1
-            if isinstance(item, InputProblem):
-                item.read_order = read_order
-                problems.append(item)
-                continue
-            record, id_field = item
-            record.read_order = read_order
-            given_id = bool(record.id)
-            if not given_id:
-                # Its place in reading order, bad lines counted: a skipped line before it does
-                # not shift its id (a resume after the line is fixed finds the same ids).
-                record.id = str(read_order)
-            first_source = first_source_by_id.get(record.id)
-            if first_source is not None:
-                problems.append(_duplicate_id_problem(record, id_field, given_id, first_source))
-                continue
-            first_source_by_id[record.id] = record.source
-            if record.max_tokens is None and record.openai is None:
-                # (an OpenAI batch line without max_tokens runs up to the context, as there)
-                record.max_tokens = default_max_tokens
-            records.append(record)
-
-    if shuffle:
-        random.Random(seed).shuffle(records)
-    if limit is not None:
-        del records[limit:]
+    for *_, item in scan:
+        if isinstance(item, InputProblem):
+            problems.append(item)
+        else:
+            records.append(item)
+    order = job_order(len(records), shuffle=shuffle, seed=seed, limit=limit)
+    if order is not None:
+        records = [records[position] for position in order]
     for index, record in enumerate(records):
         record.index = index
-    kind = kinds[0] if len(set(kinds)) == 1 else "mixed"
-    return LoadedPrompts(records, problems, kind, inputs=[str(spec) for spec in inputs])
+    return LoadedPrompts(records, problems, scan.kind, inputs=list(scan.specs))
 
 
 def _duplicate_id_problem(record: PromptRecord, id_field: str, given_id: bool,
@@ -145,7 +212,8 @@ def _duplicate_id_problem(record: PromptRecord, id_field: str, given_id: bool,
     else:
         # A record without an id gets its place in the input; an explicit id already took it.
         message = (f"this record has no id and its default id {record.id!r} (its place in the "
-                   f"input) is already used at {first_source}; give it an explicit id")
+                   f"input) is "
+                   f"already used at {first_source}; give it an explicit id")
     return InputProblem(record.source, id_field, message, record.read_order)
 
 
@@ -169,22 +237,27 @@ def prompt_token_count(record: PromptRecord) -> int | None:
 def describe_input(loaded: LoadedPrompts) -> str:
     """One line for humans, e.g. "19,366 prompts from trace conv.csv (prompt lengths p50 1,020 /
     max 14,050 tokens)"."""
-    count = len(loaded.records)
-    label = _KIND_LABELS.get(loaded.kind, loaded.kind)
-    if len(loaded.inputs) == 1:
-        spec = loaded.inputs[0]
-        where = f"{label} {spec if spec.startswith('hf:') else Path(spec).name}"
-    elif loaded.kind == "mixed":
-        where = f"{len(loaded.inputs)} inputs"
-    else:
-        where = f"{len(loaded.inputs)} {label} inputs"
-    text = f"{count:,} prompt{'' if count == 1 else 's'} from {where}"
     lengths = sorted(length for record in loaded.records
                      if (length := prompt_token_count(record)) is not None)
-    if lengths:
-        median = lengths[(len(lengths) - 1) // 2]
-        text += f" (prompt lengths p50 {median:,} / max {lengths[-1]:,} tokens)"
-    if loaded.problems:
-        bad = len(loaded.problems)
-        text += f"; {bad:,} line{'' if bad == 1 else 's'} with problems left out"
+    return describe_job(len(loaded.records), loaded.kind, loaded.inputs, lengths,
+                        len(loaded.problems))
+
+
+def describe_job(count: int, kind: str, inputs: Sequence[str], lengths: Sequence[int],
+                 problems: int) -> str:
+    """`describe_input` from counts: `lengths` sorted, those known without a tokenizer."""
+    label = _KIND_LABELS.get(kind, kind)
+    if len(inputs) == 1:
+        spec = inputs[0]
+        where = f"{label} {spec if spec.startswith('hf:') else Path(spec).name}"
+    elif kind == "mixed":
+        where = f"{len(inputs)} inputs"
+    else:
+        where = f"{len(inputs)} {label} inputs"
+    text = f"{count:,} prompt{'' if count == 1 else 's'} from {where}"
+    if len(lengths):
+        median = int(lengths[(len(lengths) - 1) // 2])
+        text += f" (prompt lengths p50 {median:,} / max {int(lengths[-1]):,} tokens)"
+    if problems:
+        text += f"; {problems:,} line{'' if problems == 1 else 's'} with problems left out"
     return text

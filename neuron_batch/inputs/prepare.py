@@ -45,6 +45,9 @@ class PreparedRequest:
     max_tokens_clamped: bool = False
     synthetic: SyntheticTokens | None = field(default=None, repr=False, compare=False)
     prompt_len: int = -1        # len(prompt_token_ids), known without making them
+    # A job read again a window at a time (job_requests.py): the window that tokenizes this
+    # request's text with its neighbours' when the first of them is asked for.
+    window: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.prompt_len < 0:
@@ -54,6 +57,8 @@ class PreparedRequest:
 
     @property
     def prompt_token_ids(self) -> list[int]:
+        if self.window is not None:
+            self.window.tokenize()
         if isinstance(self.token_ids, array):
             return self.token_ids.tolist()
         if self.token_ids is not None:
@@ -69,7 +74,7 @@ class PreparedRequest:
     def recipe(self) -> tuple | None:
         """What makes a synthetic prompt's tokens, as plain data (`tokens_of_recipe` makes
         them again: a replica does, rather than receive them); None where they are held."""
-        if self.token_ids is not None:
+        if self.synthetic is None:
             return None
         record = self.record
         assert self.synthetic is not None       # (no ids: prepare_requests gave the maker)
@@ -101,6 +106,10 @@ class PromptTokens(Sequence[list[int]]):
     def __len__(self) -> int:
         return len(self._requests)
 
+    def __iter__(self):
+        # (in order, as the requests iterate: a streamed job's a window at a time)
+        return (request.prompt_token_ids for request in self._requests)
+
     def __getitem__(self, i):
         if isinstance(i, slice):
             return PromptTokens(self._requests[i])
@@ -108,7 +117,8 @@ class PromptTokens(Sequence[list[int]]):
 
 
 def in_order(requests: Sequence[PreparedRequest], order: str, *,
-             block_size: int = DEFAULT_BLOCK, by_length: bool = False) -> list[PreparedRequest]:
+             block_size: int = DEFAULT_BLOCK, by_length: bool = False
+             ) -> Sequence[PreparedRequest]:
     """`requests` as `run --order` submits them: as read ("input"), longest first ("length":
     prompt + max_tokens, ties in input order), or grouped by the prefixes they share
     ("prefix": inputs/shared_prefix.py `prefix_order` over KV blocks of `block_size` tokens, its
@@ -116,18 +126,21 @@ def in_order(requests: Sequence[PreparedRequest], order: str, *,
     the longest running request, so running requests of like lengths together cuts the
     attention padding; longest first also leaves short requests, not a long one, to drain at
     the end. Requests sharing a prefix run together while its blocks are still cached."""
+    streamed = hasattr(requests, "longest_first")   # a JobRequests: views, nothing read
     if order == "length":
-        return sorted(requests, key=lambda r: -r.length)
+        return (requests.longest_first() if streamed       # type: ignore[attr-defined]
+                else sorted(requests, key=lambda r: -r.length))
     if order == "prefix":
         lengths = [r.length for r in requests] if by_length else None
-        return [requests[i] for i in prefix_order(PromptTokens(requests),
-                                                  block_size, lengths)]
-    return list(requests)
+        order_of = prefix_order(PromptTokens(requests), block_size, lengths)
+        return (requests.reordered(order_of) if streamed    # type: ignore[attr-defined]
+                else [requests[i] for i in order_of])
+    return requests if streamed else list(requests)
 
 
 @dataclass
 class Prepared:
-    requests: list[PreparedRequest]
+    requests: Sequence[PreparedRequest]     # a list, or a streamed job (job_requests.py)
     problems: list[InputProblem]
     tokenizer_name: str | None
     #: The longest request (prompt + max_tokens) and the longest prompt of every record whose
@@ -366,6 +379,18 @@ class _TextBatches:
         if chunk:
             encoded = self._tokenizer([r.prompt for r in chunk]).input_ids
             self._batch.update((id(r), list(ids)) for r, ids in zip(chunk, encoded))
+
+
+def batch_token_ids(records: Sequence[PromptRecord], tokenizer: Any,
+                    tokenizer_name: str | None) -> list[list[int]]:
+    """The token ids of text and messages records, plain texts encoded in one batch."""
+    texts = _TextBatches(records, tokenizer)
+    out = []
+    for record in records:
+        ids = texts.ids(record)
+        out.append(ids if ids is not None else _token_ids(record, tokenizer, tokenizer_name)
+                   or [])
+    return out
 
 
 def _plain_text(record: PromptRecord) -> bool:

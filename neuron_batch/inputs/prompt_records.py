@@ -23,9 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
+
+from neuron_batch.errors import EXIT_FAILED, RunError
 
 #: The fields that each make a record's prompt; a JSON line gives exactly one of them.
 PROMPT_FIELDS = ("prompt", "messages", "prompt_token_ids", "prompt_len")
@@ -67,6 +71,16 @@ class PromptRecord:
 
 class InputError(ValueError):
     """An input that cannot be used at all; the message names it and says what to do."""
+
+
+class InputChanged(InputError, RunError):
+    """An input read again while the job runs is not what the check before it read (its size
+    or time, or a line's bytes): the run stops (exit 1) rather than run requests nobody
+    checked; what finished is kept, and --resume finishes the job once the input is as it was
+    (or refuses, naming the requests that differ, while it is not)."""
+
+    def __init__(self, message: str):
+        RunError.__init__(self, message, EXIT_FAILED)
 
 
 @dataclass(slots=True)
@@ -289,14 +303,45 @@ def set_prefix(record: PromptRecord, prefix_id: Any, prefix_len: Any, *,
 Item = tuple[PromptRecord, str] | InputProblem  # (record, the field its id came from) or problem
 
 
-@dataclass(slots=True)
-class ParsedInput:
-    """What a reader returns: in input order, records (index not yet set, id "" when the input
-    gave none) paired with the field their id came from, and a problem per bad line."""
-
-    kind: str                       # jsonl|openai-batch|mooncake|csv|parquet|text|hf|trace
-    items: list[Item]
-
-
 def field_problem(source: str, error: FieldError, custom_id: str | None = None) -> InputProblem:
     return InputProblem(source, error.field, error.message, custom_id=custom_id)
+
+
+#: What a reader streams for each line or row: (where it lies: a line's byte offset or a
+#: table's row; its line number or row, for its source; a digest of its bytes, 0 where the
+#: reader keeps none; the record or problem).
+Scanned = tuple[int, int, int, Item]
+
+
+class InputReader(Protocol):
+    """One input read as a stream (line_files.py LineInput, tables.py's readers): checked in
+    one pass that keeps no prompt (`scan`), read again a window at a time as the job runs
+    (`read`, its spots in ascending order)."""
+
+    kind: str | None
+
+    def scan(self) -> Iterator[Scanned]: ...
+
+    def read(self, spots: Sequence[tuple[int, int]]) -> Iterator[tuple[int, Item | None]]: ...
+
+    def stamp(self) -> tuple | None: ...
+
+
+def file_stamp(path: Path | str) -> tuple | None:
+    """A local file's (size, modification time), or a folder's files' together; None for a URL
+    (its lines' digests are checked instead)."""
+    if "://" in str(path):
+        return None
+    try:
+        target = Path(path)
+        if target.is_dir():
+            return tuple(sorted((entry.name, *_stat(entry)) for entry in target.rglob("*")
+                                if entry.is_file()))
+        return _stat(target)
+    except OSError:
+        return None
+
+
+def _stat(path: Path) -> tuple[int, int]:
+    info = os.stat(path)
+    return info.st_size, info.st_mtime_ns

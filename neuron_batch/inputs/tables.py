@@ -1,5 +1,7 @@
 """Readers for tables: CSV/TSV, Parquet and Hugging Face data sets share one column layout
-(a prompt column, or a request trace's token counts).
+(a prompt column, or a request trace's token counts). Each is a stream (prompt_records.py
+`InputReader`): a CSV's rows by the byte offset of their first line, a Parquet file's and a
+data set's ROWS_AT_ONCE rows at a time (the hub's with `datasets`' streaming=True).
 
 Line numbers of CSV files are 1-based file lines (the header is line 1); rows of Parquet files
 and data sets are 0-based positions, as pandas and `datasets` count them.
@@ -9,12 +11,13 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Mapping
-from contextlib import ExitStack
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from neuron_batch.inputs.prompt_records import (
     PROMPT_FIELDS,
@@ -22,18 +25,19 @@ from neuron_batch.inputs.prompt_records import (
     InputError,
     InputProblem,
     Item,
-    ParsedInput,
     PromptRecord,
+    Scanned,
     check_id,
     check_int,
     check_number,
     check_stop,
     describe_value,
     field_problem,
+    file_stamp,
     set_prefix,
     set_prompt,
 )
-from neuron_batch.storage.urls import open_binary, open_text
+from neuron_batch.storage.urls import open_binary
 
 #: Request-trace columns: (prompt tokens, generated tokens, arrival); the first pair found wins.
 TRACE_COLUMNS = (
@@ -168,98 +172,219 @@ def _json_cell(text: str, column: str) -> Any:
         raise FieldError(column, f"expected a JSON array in this cell, got {text[:40]!r}") from None
 
 
-def read_csv(path: Path | str, label: str, prompt_column: str, *, delimiter: str = ","
-             ) -> ParsedInput:
-    if csv.field_size_limit() < _CSV_FIELD_LIMIT:
-        csv.field_size_limit(_CSV_FIELD_LIMIT)
-    with ExitStack() as stack:
-        try:    # (a local path or a URL: storage/urls.py)
-            handle = stack.enter_context(open_text(path, encoding="utf-8-sig"))  # -sig: BOM
-        except OSError as exc:
-            raise InputError(f"{label}: cannot read: {exc.strerror or exc}") from exc
-        reader = csv.reader(handle, delimiter=delimiter)
+class CsvInput:
+    """A CSV/TSV file as a stream of rows (line_files.LineInput's shape): each row with the
+    byte offset of its first line and a digest of its cells."""
+
+    def __init__(self, path: Path | str, label: str, prompt_column: str, *,
+                 delimiter: str = ","):
+        self.path, self.label, self.prompt_column = path, label, prompt_column
+        self.delimiter = delimiter
+        self.kind: str | None = None
+        self._wanted: list[tuple[str, int]] = []
+        self._width = 0
+        self._mapper: RowMapper | None = None
+
+    def stamp(self) -> tuple | None:
+        return file_stamp(self.path)
+
+    def scan(self) -> Iterator[Scanned]:
+        if csv.field_size_limit() < _CSV_FIELD_LIMIT:
+            csv.field_size_limit(_CSV_FIELD_LIMIT)
+        with self._open() as handle:
+            lines = _Lines(handle)
+            reader = csv.reader(lines, delimiter=self.delimiter)
+            with self._readable(reader):
+                header = next(reader, None)
+                if header is None:
+                    self.kind = "csv"
+                    return
+                layout = choose_layout(header, self.prompt_column, self.label)
+                self.kind = "trace" if layout.is_trace else "csv"
+                position_by_column: dict[str, int] = {}
+                for position, name in enumerate(header):
+                    position_by_column.setdefault(name, position)  # a repeated name: the first
+                self._wanted = [(name, position_by_column[name]) for name in layout.columns()]
+                self._width = len(header)
+                self._mapper = RowMapper(layout, from_text=True)
+                last_line = reader.line_num
+                for cells in reader:
+                    # line_num is the line a row ends on; a quoted value may span lines, so a
+                    # row starts on the line after the previous row ended.
+                    first_line, last_line = last_line + 1, reader.line_num
+                    where = lines.start_of(first_line)
+                    if cells:   # (not a blank line)
+                        yield where, first_line, _digest(cells), self._row(cells, first_line)
+
+    def read(self, spots: Sequence[tuple[int, int]]) -> Iterator[tuple[int, Item | None]]:
+        with self._open() as handle:
+            for where, number in spots:
+                handle.seek(where)
+                reader = csv.reader(_Lines(handle, number - 1, where), delimiter=self.delimiter)
+                with self._readable(reader):
+                    cells = next(reader, None)
+                yield (_digest(cells), self._row(cells, number)) if cells else (0, None)
+
+    @contextmanager
+    def _open(self) -> Iterator[BinaryIO]:
+        opened = open_binary(self.path)     # (a local path or a URL: storage/urls.py)
         try:
-            header = next(reader, None)
-            if header is None:
-                return ParsedInput("csv", [])
-            layout = choose_layout(header, prompt_column, label)
-            items = _csv_items(reader, header, layout, label, delimiter)
+            handle = opened.__enter__()
+        except OSError as exc:
+            raise InputError(f"{self.label}: cannot read: {exc.strerror or exc}") from exc
+        try:
+            yield handle
+        finally:
+            opened.__exit__(None, None, None)
+
+    @contextmanager
+    def _readable(self, reader) -> Iterator[None]:
+        try:
+            yield
         except UnicodeDecodeError as exc:
-            raise InputError(f"{label}: not UTF-8 text near line {reader.line_num + 1} "
+            raise InputError(f"{self.label}: not UTF-8 text near line {reader.line_num + 1} "
                              f"({exc.reason}); save it as UTF-8") from exc
         except csv.Error as exc:
-            raise InputError(f"{label}:{reader.line_num}: unreadable CSV: {exc}") from exc
-    return ParsedInput("trace" if layout.is_trace else "csv", items)
+            raise InputError(f"{self.label}:{reader.line_num}: unreadable CSV: {exc}") from exc
 
-
-def _csv_items(reader, header: list[str], layout: TableLayout, label: str,
-               delimiter: str) -> list[Item]:
-    position_by_column: dict[str, int] = {}
-    for position, name in enumerate(header):
-        position_by_column.setdefault(name, position)  # a repeated column name: the first wins
-    wanted = [(name, position_by_column[name]) for name in layout.columns()]
-    mapper = RowMapper(layout, from_text=True)
-    separator = "tab" if delimiter == "\t" else "comma"
-    items: list[Item] = []
-    last_line = reader.line_num
-    for cells in reader:
-        # line_num is the line a row ends on; a quoted value may span lines, so a row starts
-        # on the line after the previous row ended.
-        first_line, last_line = last_line + 1, reader.line_num
-        if not cells:
-            continue  # a blank line
-        source = f"{label}:{first_line}"
-        if len(cells) > len(header):
-            message = (f"{len(cells)} values but the header has {len(header)} columns "
-                       f"(an unquoted {separator}?)")
-            items.append(InputProblem(source, None, message))
-            continue
+    def _row(self, cells: list[str], first_line: int) -> Item:
+        source = f"{self.label}:{first_line}"
+        if len(cells) > self._width:
+            separator = "tab" if self.delimiter == "\t" else "comma"
+            return InputProblem(source, None, f"{len(cells)} values but the header has "
+                                f"{self._width} columns (an unquoted {separator}?)")
         # An empty cell, or one a short row lacks, is a missing value (as pandas reads it).
         row = {name: (cells[position] if position < len(cells) else "") or None
-               for name, position in wanted}
+               for name, position in self._wanted}
+        assert self._mapper is not None     # (set by scan, before any row)
         try:
-            items.append(mapper.record(row, source))
+            return self._mapper.record(row, source)
         except FieldError as error:
-            items.append(field_problem(source, error))
-    return items
+            return field_problem(source, error)
 
 
-def _table_items(columns: dict[str, list], num_rows: int, layout: TableLayout,
-                 source_prefix: str) -> list[Item]:
-    mapper = RowMapper(layout, from_text=False)
-    items: list[Item] = []
-    for row_number in range(num_rows):
-        source = f"{source_prefix}{row_number}"
-        row = {name: values[row_number] for name, values in columns.items()}
+def _digest(cells: list[str]) -> int:
+    return zlib.crc32("\x1f".join(cells).encode("utf-8", "surrogatepass"))
+
+
+class _Lines:
+    """A binary file's lines as text for the csv module, remembering where each line starts
+    (only since the last row asked: `start_of` forgets the rest)."""
+
+    def __init__(self, handle: BinaryIO, line: int = 0, offset: int = 0):
+        self._handle, self._line, self._offset = handle, line, offset
+        self._starts: dict[int, int] = {}
+
+    def __iter__(self) -> _Lines:
+        return self
+
+    def __next__(self) -> str:
+        raw = self._handle.readline()
+        if not raw:
+            raise StopIteration
+        self._line += 1
+        self._starts[self._line] = self._offset
+        self._offset += len(raw)
+        if self._line == 1:
+            raw = raw.removeprefix(b"\xef\xbb\xbf")
+        return raw.decode("utf-8")
+
+    def start_of(self, line: int) -> int:
+        where = self._starts.get(line, self._offset)
+        self._starts.clear()
+        return where
+
+
+#: Rows of a Parquet file or data set decoded at once.
+ROWS_AT_ONCE = 4096
+
+
+class _RowInput:
+    """A table read a batch of rows at a time (Parquet, data sets): rows come again in order
+    from where the last read ended (a read of an earlier row starts the table again)."""
+
+    kind: str | None
+
+    def __init__(self, label: str, source_prefix: str):
+        self.label, self.source_prefix = label, source_prefix
+        self._mapper: RowMapper | None = None
+        self._rows: Iterator[tuple[int, dict[str, Any]]] | None = None
+        # the next row the open stream gives, and its cells
+        self._next: tuple[int, dict[str, Any]] = (-1, {})
+
+    def layout(self, names: list[str], prompt_column: str, kind: str) -> TableLayout:
+        layout = choose_layout(names, prompt_column, self.label)
+        self.kind = "trace" if layout.is_trace else kind
+        self._mapper = RowMapper(layout, from_text=False)
+        return layout
+
+    def batches(self) -> Iterator[dict[str, list]]:
+        raise NotImplementedError
+
+    def stamp(self) -> tuple | None:
+        return None
+
+    def scan(self) -> Iterator[Scanned]:
+        for number, row in self._all_rows():
+            yield number, number, 0, self._row(row, number)
+
+    def read(self, spots: Sequence[tuple[int, int]]) -> Iterator[tuple[int, Item | None]]:
+        for number, _ in spots:
+            if self._rows is None or self._next[0] > number:
+                self._rows = self._all_rows()
+                self._next = next(self._rows, (-1, {}))
+            while -1 < self._next[0] < number:
+                self._next = next(self._rows, (-1, {}))
+            yield (0, self._row(self._next[1], number)) if self._next[0] == number else (0, None)
+
+    def _all_rows(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        number = 0
+        for columns in self.batches():
+            names = list(columns)
+            for values in zip(*columns.values()):
+                yield number, dict(zip(names, values))
+                number += 1
+
+    def _row(self, row: dict[str, Any], number: int) -> Item:
+        source = f"{self.source_prefix}{number}"
+        assert self._mapper is not None
         try:
-            items.append(mapper.record(row, source))
+            return self._mapper.record(row, source)
         except FieldError as error:
-            items.append(field_problem(source, error))
-    return items
+            return field_problem(source, error)
 
 
-def read_parquet(path: Path | str, label: str, prompt_column: str) -> ParsedInput:
-    try:
-        import pyarrow
+class ParquetInput(_RowInput):
+    def __init__(self, path: Path | str, label: str, prompt_column: str):
+        super().__init__(label, f"{label}:row ")
+        self.path, self.prompt_column = path, prompt_column
+        try:
+            import pyarrow
+            import pyarrow.parquet
+        except ImportError as exc:
+            raise InputError(f"{label}: reading Parquet needs pyarrow: "
+                             "pip install 'neuron-batch[data]'") from exc
+        self._unreadable = (OSError, ValueError, pyarrow.ArrowException)
+        try:
+            with open_binary(path) as handle:   # (a local path or a URL: storage/urls.py)
+                names = pyarrow.parquet.read_schema(handle).names
+        except self._unreadable as exc:
+            raise InputError(f"{label}: not a readable Parquet file ({exc})") from exc
+        self._columns = self.layout(names, prompt_column, "parquet").columns()
+
+    def stamp(self) -> tuple | None:
+        return file_stamp(self.path)
+
+    def batches(self) -> Iterator[dict[str, list]]:
         import pyarrow.parquet
-    except ImportError as exc:
-        raise InputError(f"{label}: reading Parquet needs pyarrow: "
-                         "pip install 'neuron-batch[data]'") from exc
-    unreadable = (OSError, ValueError, pyarrow.ArrowException)
-    try:
-        with open_binary(path) as handle:   # (a local path or a URL: storage/urls.py)
-            names = pyarrow.parquet.read_schema(handle).names
-    except unreadable as exc:
-        raise InputError(f"{label}: not a readable Parquet file ({exc})") from exc
-    layout = choose_layout(names, prompt_column, label)
-    try:
-        with open_binary(path) as handle:
-            table = pyarrow.parquet.read_table(handle, columns=layout.columns())
-    except unreadable as exc:
-        raise InputError(f"{label}: not a readable Parquet file ({exc})") from exc
-    columns = {name: table.column(name).to_pylist() for name in layout.columns()}
-    items = _table_items(columns, table.num_rows, layout, f"{label}:row ")
-    return ParsedInput("trace" if layout.is_trace else "parquet", items)
+
+        try:
+            with open_binary(self.path) as handle:
+                table = pyarrow.parquet.ParquetFile(handle)
+                for batch in table.iter_batches(batch_size=ROWS_AT_ONCE, columns=self._columns):
+                    yield {name: batch.column(name).to_pylist() for name in self._columns}
+        except self._unreadable as exc:
+            raise InputError(f"{self.label}: not a readable Parquet file ({exc})") from exc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,18 +408,21 @@ def parse_hub_spec(spec: str) -> tuple[str, str | None]:
     return parts[0], parts[1] if len(parts) == 2 else None
 
 
-def read_hub_dataset(spec: str, prompt_column: str, split: str) -> ParsedInput:
+def read_hub_dataset(spec: str, prompt_column: str, split: str) -> DatasetInput:
+    """`hf:NAME[:CONFIG]`, streamed (`datasets`' streaming=True): never downloaded or held
+    whole."""
     name, config = parse_hub_spec(spec)
     datasets = _import_datasets(spec)
     try:
-        dataset = datasets.load_dataset(name, config, split=split)
+        dataset = datasets.load_dataset(name, config, split=split, streaming=True)
+        names = list(dataset.column_names or next(iter(dataset), {}))
     except Exception as exc:  # noqa: BLE001 - hub, network and builder errors: all unusable
         raise InputError(f"{spec}: cannot load split {split!r}: "
                          f"{type(exc).__name__}: {exc}") from exc
-    return _dataset_input(dataset, spec, prompt_column, f"{spec}[{split}] row ")
+    return DatasetInput(dataset, spec, prompt_column, f"{spec}[{split}] row ", names=names)
 
 
-def read_saved_dataset(path: Path, label: str, prompt_column: str, split: str) -> ParsedInput:
+def read_saved_dataset(path: Path, label: str, prompt_column: str, split: str) -> DatasetInput:
     markers = ("dataset_dict.json", "dataset_info.json", "state.json")
     if not any((path / marker).is_file() for marker in markers):
         raise InputError(f"{label}: a directory, but not a data set saved with save_to_disk "
@@ -302,7 +430,7 @@ def read_saved_dataset(path: Path, label: str, prompt_column: str, split: str) -
                          "give a file instead")
     datasets = _import_datasets(label)
     try:
-        loaded = datasets.load_from_disk(str(path))
+        loaded = datasets.load_from_disk(str(path))     # (memory-mapped Arrow: not read whole)
     except Exception as exc:  # noqa: BLE001 - any failure here means the directory is unusable
         raise InputError(f"{label}: cannot load the saved data set: "
                          f"{type(exc).__name__}: {exc}") from exc
@@ -311,12 +439,39 @@ def read_saved_dataset(path: Path, label: str, prompt_column: str, split: str) -
             splits = ", ".join(loaded) or "none"
             raise InputError(f"{label}: no split {split!r} (splits: {splits}); "
                              "choose one with --split")
-        return _dataset_input(loaded[split], label, prompt_column, f"{label}[{split}] row ")
-    return _dataset_input(loaded, label, prompt_column, f"{label}:row ")
+        return DatasetInput(loaded[split], label, prompt_column, f"{label}[{split}] row ",
+                            folder=path)
+    return DatasetInput(loaded, label, prompt_column, f"{label}:row ", folder=path)
 
 
-def _dataset_input(dataset, label: str, prompt_column: str, source_prefix: str) -> ParsedInput:
-    layout = choose_layout(list(dataset.column_names), prompt_column, label)
-    columns = dataset.select_columns(layout.columns()).to_dict()
-    items = _table_items(columns, len(dataset), layout, source_prefix)
-    return ParsedInput("trace" if layout.is_trace else "hf", items)
+class DatasetInput(_RowInput):
+    """A data set (saved with save_to_disk, or the hub's, streamed) ROWS_AT_ONCE rows at a
+    time."""
+
+    def __init__(self, dataset, label: str, prompt_column: str, source_prefix: str, *,
+                 names: list[str] | None = None, folder: Path | None = None):
+        super().__init__(label, source_prefix)
+        self._folder = folder
+        names = list(dataset.column_names) if names is None else names
+        self._columns = self.layout(names, prompt_column, "hf").columns()
+        self._dataset = dataset.select_columns(self._columns)
+
+    def stamp(self) -> tuple | None:
+        return file_stamp(self._folder) if self._folder is not None else None
+
+    def read(self, spots: Sequence[tuple[int, int]]) -> Iterator[tuple[int, Item | None]]:
+        if self._folder is None:    # (the hub's, streamed: in order)
+            yield from super().read(spots)
+            return
+        # A saved data set is memory-mapped Arrow: its rows are read where they are.
+        rows = [number for number, _ in spots if number < len(self._dataset)]
+        columns = self._dataset[rows] if rows else {}
+        found = {number: {name: columns[name][k] for name in self._columns}
+                 for k, number in enumerate(rows)}
+        for number, _ in spots:
+            row = found.get(number)
+            yield (0, self._row(row, number)) if row is not None else (0, None)
+
+    def batches(self) -> Iterator[dict[str, list]]:
+        for batch in self._dataset.iter(batch_size=ROWS_AT_ONCE):
+            yield {name: batch[name] for name in self._columns}

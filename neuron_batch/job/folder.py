@@ -143,12 +143,18 @@ class RunFolder:
         except FileNotFoundError:
             return None
 
-    def write_requests(self, fields: Iterable[str], rows: list[list[Any]]) -> None:
-        """One row a line: 20,000 requests stay a small file that a diff can read."""
-        body = ",\n".join(json.dumps(row, ensure_ascii=False) for row in rows)
+    def write_requests(self, fields: Iterable[str], rows: Iterable[list[Any]]) -> None:
+        """One row a line: 20,000 requests stay a small file that a diff can read. Written
+        as `rows` come (a job's rows are not held: issue 46)."""
         tmp = self.path / f".{REQUESTS}.tmp"
         head = json.dumps(["id", *fields])
-        tmp.write_text(f'{{"fields": {head},\n"requests": [\n{body}\n]}}\n', encoding="utf-8")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(f'{{"fields": {head},\n"requests": [\n')
+            separator = ""
+            for row in rows:
+                handle.write(separator + json.dumps(row, ensure_ascii=False))
+                separator = ",\n"
+            handle.write("\n]}\n")
         os.replace(tmp, self.path / REQUESTS)
 
     def move_aside(self) -> Path:

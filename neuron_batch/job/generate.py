@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from neuron_batch.choices import Device
@@ -15,6 +15,7 @@ from neuron_batch.engine.engine_log import ENGINE_LOG, engine_output_to
 from neuron_batch.engine.sampling_params import request_spec, sim_tokenizer
 from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.inputs.prepare import PreparedRequest
+from neuron_batch.inputs.prompt_records import InputChanged
 from neuron_batch.job.folder import OutputError
 from neuron_batch.job.job import Job
 from neuron_batch.job.stop import RUNNING, STARTING, RunSignals, deferring, enter, pause_point
@@ -33,7 +34,7 @@ MAX_ERRORS_KEPT = 20
 runtime_clock = time.monotonic
 
 
-def generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[str, Any]:
+def generate(job: Job, pending: Sequence[PreparedRequest], attempt: int) -> dict[str, Any]:
     """Run `pending` through one engine; returns the attempt's record for attempts.json.
     vLLM's and the kernels' own output goes to the run folder's engine.log meanwhile."""
     with engine_output_to(job.folder.path / ENGINE_LOG, preload=_import_vllm):
@@ -73,7 +74,7 @@ def _device(job: Job) -> str:
     return job.device
 
 
-def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[str, Any]:
+def _generate(job: Job, pending: Sequence[PreparedRequest], attempt: int) -> dict[str, Any]:
     """Start the engine, run the step loop, close it; the attempt's record."""
     from neuron_batch.engine.engine import RequestRefused
 
@@ -103,6 +104,10 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
                           f"{folder.path}" if progress.finished else "")) from None
     except OutputError:
         raise
+    except InputChanged as error:   # (read again as the engine took it: not what was checked)
+        raise RunError(f"{error}; {progress.finished:,} finished output(s) are kept in "
+                       f"{folder.path}; once the input is as it was, rerun with --resume",
+                       exit_code=EXIT_FAILED) from None
     except Exception as error:  # the engine died: keep what finished, say so, exit 1
         raise RunError(f"the engine failed after {progress.finished} request(s): {error!r}; "
                        f"finished outputs are kept in {folder.path}; rerun with --resume",
@@ -122,7 +127,7 @@ def _generate(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[st
                    ).to_dict()
 
 
-def _start_engine(job: Job, pending: list[PreparedRequest], attempt: int):
+def _start_engine(job: Job, pending: Sequence[PreparedRequest], attempt: int):
     """(the engine, the device it runs on, the start-up's record on a Neuron device or None,
     when it began starting):
     its arguments built, the model loaded (the graphs compiled or loaded on Neuron); from the
@@ -224,7 +229,7 @@ class Feed:
     from its waiting queue in the order given, so a queue a few times that deep keeps every
     step as full as the whole job would, and keeps --order's order."""
 
-    def __init__(self, engine, pending: list[PreparedRequest], settings: RunSettings,
+    def __init__(self, engine, pending: Sequence[PreparedRequest], settings: RunSettings,
                  on_refused: tuple[type[Exception], Callable[[PreparedRequest, Exception], None]]
                  | None = None):
         self._engine, self._settings = engine, settings

@@ -301,7 +301,7 @@ class RunOutputs:
               problems: Sequence[InputProblem]) -> RunOutputs:
         """An attempt's writer: the error records of `problems` written, batch.json current
         with the outputs already written (`done_rows`: a --resume's)."""
-        records = [request.record for request in job.workload.prepared.requests]
+        requests = job.workload.prepared.requests     # (a streamed job: read, not held)
         openai = job.workload.input_kind == "openai-batch"
         rows = [problem_error_row(problem, openai) for problem in problems]
         path = job.folder.path / ERRORS
@@ -314,9 +314,9 @@ class RunOutputs:
         else:
             path.unlink(missing_ok=True)
         settings = job.settings
-        batch = BatchFile(job.folder.path, path, total=len(records) + len(problems),
+        batch = BatchFile(job.folder.path, path, total=len(requests) + len(problems),
                           inputs=settings.inputs or ("(built-in prompts)",),
-                          endpoint=_endpoint(records), model=served_name(job),
+                          endpoint=_endpoint(r.record for r in requests), model=served_name(job),
                           max_runtime_s=settings.max_runtime)
         batch.start(done_rows, failed=len(rows))
         return cls(job, batch)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,18 +50,21 @@ SHOWN = 5           # requests named in a message; the rest are counted
 
 def request_rows(requests, settings) -> list[list[Any]]:
     """Each prepared request's row (id + REQUEST_FIELDS), in input order."""
-    rows = []
+    return list(iter_request_rows(requests, settings))
+
+
+def iter_request_rows(requests, settings) -> Iterator[list[Any]]:
+    """`request_rows` one at a time: a new run's are written as they are made, not held."""
     for request in requests:
         record = request.record
         spec = request_spec(request, settings)
         rest = {key: value for key, value in spec.items() if key not in _OWN_COLUMNS}
         if record.sampling and "ignore_eos" in record.sampling:  # (asked, not the run's)
             rest["ignore_eos"] = record.sampling["ignore_eos"]
-        rows.append([record.id, _prompt_digest(record), request.max_tokens,
-                     spec["temperature"], spec["seed"],
-                     _digest(json.dumps(record.stop).encode()) if record.stop else None,
-                     _digest(json.dumps(rest, sort_keys=True).encode()) if rest else None])
-    return rows
+        yield [record.id, _prompt_digest(record), request.max_tokens,
+               spec["temperature"], spec["seed"],
+               _digest(json.dumps(record.stop).encode()) if record.stop else None,
+               _digest(json.dumps(rest, sort_keys=True).encode()) if rest else None]
 
 
 def _prompt_digest(record) -> str:
@@ -238,7 +242,7 @@ class Start:
     starts a run anew (and then writes requests.json), and, with --restart, what the run moved
     aside differed in (None: nothing is moved)."""
 
-    rows: list[list[Any]]
+    rows: Iterable[list[Any]]       # (a new run's: made as requests.json is written)
     checked: dict[str, Any]
     fresh: bool
     moved: Changes | None = None
@@ -247,10 +251,11 @@ class Start:
 def take_folder(job, runtime: str) -> Start:
     """Resume, start anew, or refuse (RunError, exit 2) before anything runs or is written."""
     settings, folder = job.settings, job.folder
-    rows = request_rows(job.workload.prepared.requests, settings)
     checked = checked_settings(settings.to_dict(), runtime)
     if not folder.has_previous_run():
-        return Start(rows, checked, fresh=True)
+        return Start(iter_request_rows(job.workload.prepared.requests, settings), checked,
+                     fresh=True)
+    rows = request_rows(job.workload.prepared.requests, settings)
     changes, content_checked = compare(folder, folder.read_manifest(), rows, settings, runtime)
     # --restart with --resume moves a run aside only when it could not be resumed as is: one
     # cron line then continues an interrupted night and never mixes two.

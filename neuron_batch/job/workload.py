@@ -1,22 +1,35 @@
 """A run's workload: every input read, checked and tokenized before anything slow happens,
-so a bad file fails in a second, before any model loads."""
+so a bad file fails in a second, before any model loads; and kept as compact arrays, the
+requests read again a window at a time as they run (inputs/job_requests.py)."""
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from neuron_batch.errors import RunError
-from neuron_batch.inputs.load import describe_input, load_prompts
-from neuron_batch.inputs.prepare import max_model_len_fix, prepare_requests
-from neuron_batch.inputs.prompt_records import InputError, InputProblem, said_once
+from neuron_batch.inputs.job_requests import JobColumns, JobRequests
+from neuron_batch.inputs.load import InputScan, describe_job, job_order, prompt_token_count
+from neuron_batch.inputs.prepare import Prepared, max_model_len_fix, prepare_requests
+from neuron_batch.inputs.prompt_records import (
+    InputError,
+    InputProblem,
+    PromptRecord,
+    said_once,
+)
+from neuron_batch.inputs.request_fields import (
+    apply_openai_defaults,
+    defaults_words,
+    openai_defaults,
+)
 from neuron_batch.inputs.request_paths import refusals, request_path, stop_refusals
 from neuron_batch.inputs.skipped import name_problems
-from neuron_batch.job.request_spec import format_defaults, spec_problems
+from neuron_batch.job.request_spec import spec_problems
 from neuron_batch.settings import RunSettings
 
 if TYPE_CHECKING:
@@ -36,49 +49,34 @@ class Workload:
     tokenizer: Any
 
     def prompt_lengths(self) -> list[int]:
-        return [r.prompt_len for r in self.prepared.requests]
+        requests = self.prepared.requests
+        if isinstance(requests, JobRequests):
+            return requests.prompt_lengths()    # (from its arrays: nothing read again)
+        return [r.prompt_len for r in requests]
 
 
 def load_workload(settings: RunSettings, log: Callable[[str], None], *,
                   command: str = "run", target: Target | None = None,
                   resolve: Callable[[RunSettings, str], Target | None] | None = None
                   ) -> Workload:
-    """Read every input and tokenize it before anything slow happens: a bad file fails in a
-    second, before any model loads. `command` is what runs the workload: only `run` has
-    --on-error, so only its error suggests it. The run's device (`target`, or what `resolve`
-    makes of the model once it is known) checks the --max-model-len a too-long prompt's fix
-    names against its static KV cache."""
+    """Read every input once and check it before anything slow happens: a bad line anywhere
+    fails in a second, before any model loads. The check keeps no prompt: the job's requests
+    (`JobRequests`) are read again, a window at a time, as the engine takes them. `command`
+    is what runs the workload: only `run` has --on-error, so only its error suggests it. The
+    run's device (`target`, or what `resolve` makes of the model once it is known) checks the
+    --max-model-len a too-long prompt's fix names against its static KV cache."""
     try:
-        loaded = load_prompts(settings.inputs, prompt_column=settings.prompt_column,
-                              split=settings.dataset_split, limit=settings.limit,
-                              shuffle=settings.shuffle, seed=settings.seed,
-                              default_max_tokens=settings.max_tokens,
-                              ignored=settings.ignore_field)
+        scan = _Scan(settings, log)
+        if scan.duplicates:     # (rare: ids hashed alike) read again, every id held, to name them
+            scan = _Scan(settings, log, exact_ids=True)
     except InputError as error:
         raise RunError(str(error)) from None
-    # What the run's path cannot honour is refused here, with the other input problems.
-    path = request_path(str(settings.device), settings.resolve_runtime())
-    loaded.records, refused = refusals(loaded.records, path)
-    loaded.records, unsampled = spec_problems(loaded.records, settings)
-    loaded.problems += refused + unsampled
-    log(describe_input(loaded))
-    model, tokenizer, tokenizer_name, vocab_size = _model_and_tokenizer(settings, log,
-                                                                        loaded.records)
-    loaded.records, unmatched = stop_refusals(
-        loaded.records, has_tokenizer=tokenizer is not None, simulated=settings.simulated,
-        on_ray=settings.uses_ray)
-    loaded.problems += unmatched
-    format_defaults(loaded.records, settings, model.path, path, log)
-    prepared = prepare_requests(loaded.records, tokenizer=tokenizer, tokenizer_name=tokenizer_name,
-                                vocab_size=vocab_size, max_model_len=settings.max_model_len,
-                                default_max_tokens=settings.max_tokens,
-                                longest_prompt_graph=_longest_prompt_graph(settings))
-    name_problems(prepared.problems, loaded.records)
-    # Problems are found while reading and while tokenizing (after --shuffle): in line order.
-    problems = sorted(loaded.problems + prepared.problems, key=lambda p: p.read_order)
+    requests, problems = scan.requests, scan.problems
+    prepared = Prepared(requests, [p for p in problems if p.too_long], scan.tokenizer_name,
+                        scan.longest_request, scan.longest_prompt)
     if problems:
-        fix = max_model_len_fix(problems, prepared, **_model_context(settings, model),
-                                layout=_static_layout(settings, target, resolve, model))
+        fix = max_model_len_fix(problems, prepared, **_model_context(settings, scan.model),
+                                layout=_static_layout(settings, target, resolve, scan.model))
         _show_problems(problems, settings, fix, log)
         if command != "run":
             raise RunError(f"{len(problems)} input problem(s); nothing was run. "
@@ -88,9 +86,145 @@ def load_workload(settings: RunSettings, log: Callable[[str], None], *,
             raise RunError(f"{len(problems)} input problem(s); nothing was run. "
                            + (f"{_sentence(fix)}; or pass" if fix else "Fix them, or pass")
                            + " --on-error skip to run the rest and report them")
-    if not prepared.requests:
+    if not requests:
         raise RunError("no runnable prompts in the input")
-    return Workload(model, prepared, problems, loaded.kind, tokenizer)
+    return Workload(scan.model, prepared, problems, scan.kind, scan.columns.tokenizer)
+
+
+#: Records checked at once by the pass before the run (refusals, defaults, tokenization).
+CHECK_CHUNK = 2048
+
+
+class _Scan:
+    """The pass before the run: every input read once, each record checked as a run would
+    (the fields its path refuses, what the engine would refuse, stop strings, the OpenAI
+    defaults, its tokens and lengths) CHECK_CHUNK at a time, and only its place, id, lengths
+    and digest kept (inputs/job_requests.py `JobColumns`); every problem kept."""
+
+    def __init__(self, settings: RunSettings, log: Callable[[str], None], *,
+                 exact_ids: bool = False):
+        self.settings, self.log = settings, log
+        inputs = InputScan(settings.inputs, prompt_column=settings.prompt_column,
+                           split=settings.dataset_split, default_max_tokens=settings.max_tokens,
+                           ignored=settings.ignore_field, exact_ids=exact_ids)
+        self.path = request_path(str(settings.device), settings.resolve_runtime())
+        self.model, self._source, self.tokenizer_name, vocab_size = _model_and_source(
+            settings, log)
+        self.columns = columns = JobColumns(inputs.readers)
+        self._tokenizer_asked = False
+        if vocab_size is None:      # (no config.json with it: the tokenizer's, else Llama's)
+            tokenizer = self._tokenizer()
+            vocab_size = len(tokenizer) if tokenizer is not None else 32_000
+        columns.vocab_size = vocab_size
+        self._defaults, self._defaults_from = openai_defaults(self.model.path)
+        if settings.temperature is not None:
+            self._defaults = {k: v for k, v in self._defaults.items() if k != "temperature"}
+        self.took_defaults = 0
+        self.longest_request = self.longest_prompt = 0
+        self._graph = _longest_prompt_graph(settings)
+        # --limit without --shuffle: the records past it are not the job's (their lines are
+        # still read, so that a malformed one is named)
+        upto = settings.limit if settings.limit is not None and not settings.shuffle else None
+        parse_problems: list[InputProblem] = []
+        self._checked: list[tuple[int, InputProblem]] = []  # (position, problem) by the checks
+        self._ok = bytearray()
+        self._known = array("i")        # prompt lengths known without a tokenizer
+        self._early: list[int] = []     # positions of problems found before tokenizing
+        chunk: list[PromptRecord] = []
+        for src, where, line, digest, item in inputs:
+            if isinstance(item, InputProblem):
+                parse_problems.append(item)
+                continue
+            columns.add(src, where, line, digest, item.id)
+            self._ok.append(0)
+            if upto is not None and item.index >= upto:
+                continue
+            chunk.append(item)
+            if len(chunk) >= CHECK_CHUNK:
+                self._check(chunk)
+                chunk = []
+        self._check(chunk)
+        self.duplicates = not exact_ids and inputs.has_duplicates()
+        self.kind = inputs.kind
+        order = job_order(len(columns), shuffle=settings.shuffle, seed=settings.seed,
+                          limit=settings.limit)
+        run_order: Iterable[int] = range(len(columns)) if order is None else order
+        positions = array("i")
+        for index, position in enumerate(run_order):
+            columns.index[position] = index
+            if self._ok[position]:
+                positions.append(position)
+        self.requests = JobRequests(columns, positions)
+        chosen = [(p, problem) for p, problem in self._checked if columns.index[p] >= 0]
+        early = sum(1 for p in self._early if columns.index[p] >= 0)
+        count = (len(columns) if order is None else len(order)) - early
+        log(describe_job(count, self.kind, inputs.specs, _sorted(self._known),
+                         len(parse_problems) + early))
+        if self.took_defaults:
+            log(f"{self.took_defaults:,} OpenAI batch line(s) run with "
+                f"{defaults_words(self._defaults, self._defaults_from)} where they give none")
+        self.problems = sorted(parse_problems + [problem for _, problem in chosen],
+                               key=lambda problem: problem.read_order)
+        columns.finish = self._finish
+        self._inputs = inputs
+        # (what only the check needed: not held while the job runs)
+        inputs.id_hashes = array("q")
+        self._ok, self._known, self._early, self._checked = bytearray(), array("i"), [], []
+
+    def _finish(self, record: PromptRecord, position: int, index: int) -> None:
+        """A record read again, given what the check gave it."""
+        self._inputs.finish(record, position, self.columns.id_of(position))
+        record.index = index
+        apply_openai_defaults([record], self._defaults, run_temperature=self.settings.temperature,
+                              honours=self.path.honours)
+
+    def _tokenizer(self) -> Any:
+        """The tokenizer, loaded the first time a record needs it (a token-count job: never)."""
+        from neuron_batch.engine.models import load_tokenizer
+
+        if not self._tokenizer_asked:
+            self._tokenizer_asked = True
+            if self._source is not None:
+                self.columns.tokenizer = load_tokenizer(self._source)
+            if self.columns.tokenizer is None:
+                self.tokenizer_name = None
+            self.columns.tokenizer_name = self.tokenizer_name
+        return self.columns.tokenizer
+
+    def _check(self, chunk: list[PromptRecord]) -> None:
+        if not chunk:
+            return
+        settings, columns = self.settings, self.columns
+        position_of = {record.read_order: record.index for record in chunk}
+        records, refused = refusals(chunk, self.path)
+        records, unsampled = spec_problems(records, settings)
+        self._early += [position_of[p.read_order] for p in refused + unsampled]
+        self._known.extend(n for r in records if (n := prompt_token_count(r)) is not None)
+        # (where a request has stop strings: they are matched in the detokenized text)
+        if any((r.prompt_token_ids is None and r.prompt_len is None) or r.stop for r in records):
+            self._tokenizer()
+        records, unmatched = stop_refusals(
+            records, has_tokenizer=columns.tokenizer is not None, simulated=settings.simulated,
+            on_ray=settings.uses_ray)
+        self.took_defaults += apply_openai_defaults(
+            records, self._defaults, run_temperature=settings.temperature,
+            honours=self.path.honours)
+        prepared = prepare_requests(records, tokenizer=columns.tokenizer,
+                                    tokenizer_name=self.tokenizer_name,
+                                    vocab_size=columns.vocab_size,
+                                    max_model_len=settings.max_model_len,
+                                    default_max_tokens=settings.max_tokens,
+                                    longest_prompt_graph=self._graph)
+        name_problems(prepared.problems, chunk)
+        self.longest_request = max(self.longest_request, prepared.longest_request)
+        self.longest_prompt = max(self.longest_prompt, prepared.longest_prompt)
+        for request in prepared.requests:
+            position = request.record.index
+            columns.prepared(position, request.prompt_len, request.max_tokens,
+                             request.max_tokens_clamped)
+            self._ok[position] = 1
+        self._checked += [(position_of[p.read_order], p)
+                          for p in refused + unsampled + unmatched + prepared.problems]
 
 
 def _longest_prompt_graph(settings: RunSettings) -> tuple[int, str] | None:
@@ -103,11 +237,18 @@ def _longest_prompt_graph(settings: RunSettings) -> tuple[int, str] | None:
     return shapes.longest_prompt, shapes.runtime.prefill.flag
 
 
-def _model_and_tokenizer(settings: RunSettings, log, records=()):
-    """The model, its tokenizer (loaded only where a record's prompt is text or messages: a
-    token-count trace needs none, and loading one takes seconds), the tokenizer's name for the
-    report, and the vocabulary size synthetic tokens and token ids are checked against."""
-    from neuron_batch.engine.models import ModelError, load_tokenizer, resolve_model
+def _sorted(values: array) -> Sequence[int]:
+    import numpy as np
+
+    return cast(Sequence[int], np.sort(np.frombuffer(values, dtype=np.int32)))
+
+
+def _model_and_source(settings: RunSettings, log):
+    """The model, where its tokenizer comes from (loaded only once a record's prompt is text
+    or messages: a token-count trace needs none, and loading one takes seconds), the
+    tokenizer's name for the report, and the vocabulary size from its config.json (None: the
+    tokenizer's)."""
+    from neuron_batch.engine.models import ModelError, resolve_model
 
     try:
         model = resolve_model(settings.model, progress=log)
@@ -121,20 +262,7 @@ def _model_and_tokenizer(settings: RunSettings, log, records=()):
         builtin = resolve_model(None, progress=log)
         source = builtin
         tokenizer_name = f"{builtin.name} (built-in, standing in for {model.name})"
-    # (and where a request has stop strings: they are matched in the detokenized text)
-    needs_text = any((r.prompt_token_ids is None and r.prompt_len is None) or r.stop
-                     for r in records)
-    tokenizer = None
-    if source is not None and needs_text:
-        tokenizer = load_tokenizer(source)
-        if tokenizer is None:
-            tokenizer_name = None
-    vocab_size = _vocab_size(model.path)
-    if vocab_size is None:      # (no config.json with it: the tokenizer's, else Llama's)
-        if tokenizer is None and source is not None:
-            tokenizer = load_tokenizer(source)
-        vocab_size = len(tokenizer) if tokenizer is not None else 32_000
-    return model, tokenizer, tokenizer_name, vocab_size
+    return model, source, tokenizer_name, _vocab_size(model.path)
 
 
 def _vocab_size(model_path: str) -> int | None:

@@ -127,7 +127,7 @@ def cut_candidates(lengths: Sequence[int], slots_at, max_model_len: int, step: i
     return out
 
 
-def choose_cut(settings: RunSettings, requests: list[PreparedRequest], slots_at, estimate
+def choose_cut(settings: RunSettings, requests: Sequence[PreparedRequest], slots_at, estimate
                ) -> tuple[int | None, str]:
     """`--split-at auto`: the cut whose split the estimate (placement.BoundEstimate) finishes
     soonest, the start-up of both layouts (and their placement on --replicas) included, over
@@ -139,6 +139,8 @@ def choose_cut(settings: RunSettings, requests: list[PreparedRequest], slots_at,
     if not runtime.static_kv or not requests:
         return None, (f"--split-at auto: no split (the {runtime.name} runtime's paged KV cache "
                       f"does not size its slots by max_model_len)")
+    # (a split's parts are lists: a streamed job is held here, issue 46's split case)
+    requests = list(requests)
     best, best_s, single_s = _best_cut(settings, requests, slots_at, estimate)
     words = (f"--split-at auto: no split: one layout is estimated fastest "
              f"({single_s / 3600:.2f} h with its start-up)" if best is None else

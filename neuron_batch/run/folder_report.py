@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_batch.errors import EXIT_FAILED, RunError
+from neuron_batch.inputs.job_requests import job_ids
 from neuron_batch.inputs.request_paths import asked_counts
 from neuron_batch.job.batch_object import row_usage
 from neuron_batch.job.folder import REPORT, RunFolder
@@ -42,7 +43,7 @@ def build_report(job: Job) -> Report:
     devices = [a.get("device") for a in folder.attempts() if a.get("device")]
     extra = {"model": model.name, "device": devices[-1] if devices else settings.device,
              "tokenizer": prepared.tokenizer_name, "max_tokens": settings.max_tokens,
-             **report_defaults(settings, [r.record for r in prepared.requests], model.path),
+             **report_defaults(settings, (r.record for r in prepared.requests), model.path),
              "inputs": list(settings.inputs),
              "order": settings.order}
     if job.simulated:
@@ -59,7 +60,7 @@ def build_report(job: Job) -> Report:
         if settings.architecture:  # the model simulated, not the one lending its tokenizer
             extra["model"] = f"{extra['sim']['arch']} (simulated)"
     total = len(prepared.requests) + len(problems)
-    completed = len(folder.done_ids & {r.record.id for r in prepared.requests})
+    completed = sum(1 for rid in job_ids(prepared.requests) if rid in folder.done_ids)
     if has_replicas(layout):
         extra.update(replicas=settings.replicas,
                      ray=next((a["ray"] for a in reversed(folder.attempts()) if a.get("ray")),
@@ -173,6 +174,7 @@ def _add_prefix_bound(report: Report, prepared: Prepared, done_ids: set[str],
     """`prefix_cache.bound_tokens`: what an unbounded cache could serve the completed requests'
     prompts, in whole blocks of the run's KV block (report/prefix_cache.py)."""
     from neuron_batch.engine.engine import run_block_size
+    from neuron_batch.inputs.job_requests import with_ids
     from neuron_batch.inputs.prepare import PromptTokens
     from neuron_batch.inputs.shared_prefix import shared_prefix_tokens
 
@@ -180,7 +182,7 @@ def _add_prefix_bound(report: Report, prepared: Prepared, done_ids: set[str],
         return
     # (the engine's, as it reported it; the one the run decided with where it did not)
     block = or_none(report.config.block_size) or run_block_size(settings, None)
-    prompts = PromptTokens([r for r in prepared.requests if r.record.id in done_ids])
+    prompts = PromptTokens(with_ids(prepared.requests, done_ids))
     report.prefix_cache.with_bound(shared_prefix_tokens(prompts, block))
 
 

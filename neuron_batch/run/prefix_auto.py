@@ -13,7 +13,7 @@ alone would decide otherwise.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -34,7 +34,7 @@ MANIFEST_KEY = "prefix_caching"
 
 
 def settle(settings: RunSettings, workload: Workload, target: Target | None,
-           in_order: Callable[[], list], log) -> tuple[RunSettings, Target | None,
+           in_order: Callable[[], Sequence], log) -> tuple[RunSettings, Target | None,
                                                        PrefixDecision]:
     """(the settings with prefix caching on or off, the device resolved for it, the decision).
     `in_order()`: the prepared requests in submission order (asked only under auto)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +23,7 @@ from neuron_batch.errors import (
     EXIT_PARTIAL,
     RunError,
 )
+from neuron_batch.inputs.job_requests import job_ids, pending_of
 from neuron_batch.inputs.prepare import in_order
 from neuron_batch.inputs.prompt_records import InputProblem
 from neuron_batch.inputs.skipped import write_skipped
@@ -200,7 +201,7 @@ def auto_split(settings: RunSettings, workload: Workload, target: Target | None,
     return settings.replace(split_at=cut)
 
 
-def submission_order(settings: RunSettings, requests, target: Target | None) -> list:
+def submission_order(settings: RunSettings, requests, target: Target | None) -> Sequence:
     """`requests` in the order `--order` submits them (inputs/prepare.py `in_order`): prefix
     order over the run's KV blocks (engine.run_block_size: the one the engine uses), its
     groups longest first under a runtime whose decode pads every slot to the longest (nxdi)."""
@@ -241,7 +242,7 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
 
     settings, folder, log = job.settings, job.folder, job.log
     prepared, problems = job.workload.prepared, job.workload.problems
-    ids = [r.record.id for r in prepared.requests]
+    ids = job_ids(prepared.requests)
     started, written = time.time(), False
     try:
         # Before the folder is written to: a run of other input or settings is refused here.
@@ -279,8 +280,8 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
         stop.line = interrupted_line(stop.signal, stop.phase, insisted=stop.insisted,
                                      completed=None, total=None, folder=folder.path)
         raise
-    pending = submission_order(settings, [r for r in prepared.requests
-                                          if r.record.id not in folder.done_ids], job.target)
+    pending = submission_order(settings, pending_of(prepared.requests, folder.done_ids),
+                               job.target)
     attempts = record_killed(folder, folder.attempts())
     # (numbered past every attempt that left records, rather than overwrite them)
     attempt = max([len(attempts), *folder.records_layout()]) + 1
@@ -380,6 +381,8 @@ def record_killed(folder: RunFolder, attempts: list[dict[str, Any]]) -> list[dic
 def ids_by_index(requests) -> list[str | None]:
     """The job's request ids at their index in the job (`PromptRecord.index`; None where a
     line was left out): how outputs.idx names a request (job/folder.py `load_done`)."""
+    if hasattr(requests, "ids_by_index"):   # (a streamed job's, from its arrays)
+        return requests.ids_by_index()
     ids: list[str | None] = [None] * (max((r.record.index for r in requests), default=-1) + 1)
     for request in requests:
         ids[request.record.index] = request.record.id

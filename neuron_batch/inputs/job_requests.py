@@ -1,0 +1,253 @@
+"""A job's requests without the job in memory: what each request needs to be found and run
+again (its input, byte offset or row, line, the digest of its bytes, id, prompt length,
+max_tokens) in compact arrays, about 40 bytes a request; the records themselves read again
+from their inputs a window at a time, as the engine takes them (`JobRequests`, a Sequence of
+`PreparedRequest`s made as they are reached), their text tokenized a window at a time.
+
+The check before the run (job/workload.py) reads every input once, keeping no prompt. What it
+read is what runs: each input's size and time, and each line's digest, are compared as the
+line is read again; a difference stops the run (`InputChanged`), naming the input and line,
+before a request nobody checked reaches the engine.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, cast, overload
+
+from neuron_batch.inputs.prepare import TEXT_BATCH, PreparedRequest, synthetic_tokens
+from neuron_batch.inputs.prompt_records import InputChanged, InputProblem, InputReader, PromptRecord
+
+#: Requests read again at once: their lines are read in file order, their texts tokenized in
+#: batches of TEXT_BATCH.
+WINDOW = 1024
+
+
+class JobColumns:
+    """Every record the check numbered (by its position), as arrays; and the inputs."""
+
+    def __init__(self, readers: Sequence[InputReader]):
+        self.readers = list(readers)
+        self.stamps = [reader.stamp() for reader in self.readers]
+        self.src = array("H")
+        self.where = array("q")
+        self.line = array("i")
+        self.digest = array("I")
+        self.index = array("i")         # the run's index (after --shuffle, --limit); -1 none
+        self.prompt_len = array("i")
+        self.max_tokens = array("i")
+        self.clamped = bytearray()
+        self._id_bytes = bytearray()
+        self._id_ends = array("q")
+        # made by the caller: what numbering gives a record read again (its default id and
+        # max_tokens, the OpenAI defaults) at (position, index)
+        self.finish: Callable[[PromptRecord, int, int], None] = lambda r, p, i: None
+        self.tokenizer: Any = None
+        self.tokenizer_name: str | None = None
+        self.vocab_size = 32_000
+
+    def add(self, src: int, where: int, line: int, digest: int, record_id: str) -> None:
+        """The next position's record, as scanned."""
+        self.src.append(src)
+        self.where.append(where)
+        self.line.append(line)
+        self.digest.append(digest & 0xFFFFFFFF)
+        self.index.append(-1)
+        self.prompt_len.append(0)
+        self.max_tokens.append(0)
+        self.clamped.append(0)
+        self._id_bytes += record_id.encode("utf-8", "surrogatepass")
+        self._id_ends.append(len(self._id_bytes))
+
+    def prepared(self, position: int, prompt_len: int, max_tokens: int, clamped: bool) -> None:
+        self.prompt_len[position] = prompt_len
+        self.max_tokens[position] = max_tokens
+        self.clamped[position] = clamped
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def id_of(self, position: int) -> str:
+        start = self._id_ends[position - 1] if position else 0
+        return self._id_bytes[start:self._id_ends[position]].decode("utf-8", "surrogatepass")
+
+    def check_stamps(self) -> None:
+        for reader, stamp in zip(self.readers, self.stamps):
+            now = reader.stamp()
+            if now != stamp:
+                raise InputChanged(
+                    f"{getattr(reader, 'label', reader)}: the input changed while the job ran "
+                    f"(its size or modification time is not what the check before the run "
+                    f"read): stopped before running a request nobody checked")
+
+
+class JobRequests(Sequence[PreparedRequest]):
+    """The job's requests in run order (`positions` into `JobColumns`), made as they are
+    reached: iterating reads WINDOW of them at a time from their inputs."""
+
+    def __init__(self, columns: JobColumns, positions: array):
+        self.columns = columns
+        self.positions = positions
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    @overload
+    def __getitem__(self, i: int) -> PreparedRequest: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> JobRequests: ...
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return JobRequests(self.columns, self.positions[i])
+        return self._read(self.positions[i:i + 1] if i != -1 else self.positions[-1:])[0]
+
+    def __iter__(self) -> Iterator[PreparedRequest]:
+        for start in range(0, len(self.positions), WINDOW):
+            yield from self._read(self.positions[start:start + WINDOW])
+
+    # Views, from the arrays alone (nothing read)
+
+    def ids(self) -> Sequence[str]:
+        return _Ids(self.columns, self.positions)
+
+    def ids_by_index(self) -> list[str | None]:
+        """The ids at their index in the job (None where a line was left out)."""
+        columns = self.columns
+        out: list[str | None] = [None] * (max((columns.index[p] for p in self.positions),
+                                              default=-1) + 1)
+        for p in self.positions:
+            out[columns.index[p]] = columns.id_of(p)
+        return out
+
+    def prompt_lengths(self) -> list[int]:
+        return [self.columns.prompt_len[p] for p in self.positions]
+
+    def where(self, keep: Callable[[str], bool]) -> JobRequests:
+        """The requests whose id `keep` keeps, in this order."""
+        return JobRequests(self.columns, array("i", (p for p in self.positions
+                                                     if keep(self.columns.id_of(p)))))
+
+    def longest_first(self) -> JobRequests:
+        """--order length: prompt + max_tokens, longest first, ties in this order."""
+        columns = self.columns
+        return JobRequests(columns, array("i", sorted(
+            self.positions, key=lambda p: -(columns.prompt_len[p] + columns.max_tokens[p]))))
+
+    def reordered(self, order: Iterable[int]) -> JobRequests:
+        """These requests in `order` (indices into this sequence)."""
+        return JobRequests(self.columns, array("i", (self.positions[i] for i in order)))
+
+    # Reading again
+
+    def _read(self, positions: Sequence[int]) -> list[PreparedRequest]:
+        columns = self.columns
+        columns.check_stamps()
+        # Each input's lines in file order (a seek only where lines are not consecutive).
+        by_place = sorted(range(len(positions)), key=lambda k: (
+            columns.src[positions[k]], columns.where[positions[k]]))
+        made: list[PreparedRequest | None] = [None] * len(positions)
+        window = _Window(columns)
+        k = 0
+        while k < len(by_place):
+            src = columns.src[positions[by_place[k]]]
+            group = []
+            while k < len(by_place) and columns.src[positions[by_place[k]]] == src:
+                group.append(by_place[k])
+                k += 1
+            spots = [(columns.where[positions[j]], columns.line[positions[j]]) for j in group]
+            for j, (digest, item) in zip(group, columns.readers[src].read(spots)):
+                made[j] = self._request(positions[j], digest, item, window)
+        return cast(list[PreparedRequest], made)     # (every one made above)
+
+    def _request(self, position: int, digest: int, item, window: _Window) -> PreparedRequest:
+        columns = self.columns
+        if (digest & 0xFFFFFFFF) != columns.digest[position] or item is None or isinstance(
+                item, InputProblem):
+            reader = columns.readers[columns.src[position]]
+            where = f"{getattr(reader, 'label', reader)}:{columns.line[position]}"
+            raise InputChanged(f"{where}: the input changed while the job ran (this line is not "
+                               f"what the check before the run read): stopped before running "
+                               f"a request nobody checked")
+        record, _ = item
+        columns.finish(record, position, columns.index[position])
+        prompt_len = columns.prompt_len[position]
+        request = PreparedRequest(record, record.prompt_token_ids, columns.max_tokens[position],
+                                  bool(columns.clamped[position]), None, prompt_len)
+        if record.prompt_len is not None:
+            request.synthetic = synthetic_tokens(columns.vocab_size)
+        elif record.prompt_token_ids is None:
+            window.add(request)
+        return request
+
+
+class _Window:
+    """The text prompts of one window, tokenized together when the first of them is asked
+    for (`PreparedRequest.prompt_token_ids`): a pass that does not look at tokens (ids, the
+    sampling asked) tokenizes nothing."""
+
+    def __init__(self, columns: JobColumns):
+        self.columns = columns
+        self.waiting: list[PreparedRequest] = []
+
+    def add(self, request: PreparedRequest) -> None:
+        request.window = self
+        self.waiting.append(request)
+
+    def tokenize(self) -> None:
+        from neuron_batch.inputs.prepare import batch_token_ids
+
+        waiting, self.waiting = self.waiting, []
+        tokenizer = self.columns.tokenizer
+        for start in range(0, len(waiting), TEXT_BATCH):
+            batch = waiting[start:start + TEXT_BATCH]
+            for request, ids in zip(batch, batch_token_ids([r.record for r in batch], tokenizer,
+                                                           self.columns.tokenizer_name)):
+                request.token_ids = array("I", ids)
+                request.window = None
+                if len(ids) != request.prompt_len:
+                    raise InputChanged(f"{request.record.source}: the input changed while the "
+                                       f"job ran ({len(ids):,} prompt tokens now, "
+                                       f"{request.prompt_len:,} when checked)")
+
+
+class _Ids(Sequence[str]):
+    """A job's ids in order, each decoded from the arrays as it is asked for."""
+
+    def __init__(self, columns: JobColumns, positions: array):
+        self._columns, self._positions = columns, positions
+
+    def __len__(self) -> int:
+        return len(self._positions)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._columns.id_of(p) for p in self._positions[i]]
+        return self._columns.id_of(self._positions[i])
+
+    def __iter__(self) -> Iterator[str]:
+        return map(self._columns.id_of, self._positions)
+
+
+def with_ids(requests: Sequence[PreparedRequest], ids) -> Sequence[PreparedRequest]:
+    """The requests whose id is in `ids`, in order (a `JobRequests`' view: nothing read)."""
+    if isinstance(requests, JobRequests):
+        return requests.where(lambda rid: rid in ids)
+    return [r for r in requests if r.record.id in ids]
+
+
+def pending_of(requests: Sequence[PreparedRequest], done_ids) -> Sequence[PreparedRequest]:
+    """The requests whose id is not in `done_ids`, in order: a view of a `JobRequests` (nothing
+    read), a list of anything else."""
+    if isinstance(requests, JobRequests):
+        return requests.where(lambda rid: rid not in done_ids)
+    return [r for r in requests if r.record.id not in done_ids]
+
+
+def job_ids(requests: Sequence[PreparedRequest]) -> Sequence[str]:
+    """The requests' ids in order, from a `JobRequests`' arrays (nothing read again)."""
+    if isinstance(requests, JobRequests):
+        return requests.ids()
+    return [r.record.id for r in requests]

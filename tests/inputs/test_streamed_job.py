@@ -1,0 +1,205 @@
+"""A job streamed (issue 46): the check before the run keeps compact arrays and no prompt; the
+requests read again, a window at a time, are the ones a job read whole would run, in every
+format and order; an input that changes between the check and the run stops it, naming the
+input or the line; and a real run stopped so finishes on --resume."""
+
+import json
+import os
+import tracemalloc
+
+import pytest
+from click.testing import CliRunner
+
+from neuron_batch.cli import main
+from neuron_batch.inputs import job_requests
+from neuron_batch.inputs.load import load_prompts
+from neuron_batch.inputs.prepare import in_order, prepare_requests
+from neuron_batch.inputs.prompt_records import InputChanged
+from neuron_batch.job.workload import load_workload
+from neuron_batch.settings import RunSettings
+
+
+def _workload(inputs, model, **values):
+    settings = RunSettings.of(tuple(str(i) for i in inputs), model=model, device="sim",
+                              quiet=True, on_error="skip", **values)
+    return load_workload(settings, lambda _: None), settings
+
+
+def _held_whole(workload, settings):
+    """What the job read whole into memory runs (load_prompts + prepare_requests)."""
+    loaded = load_prompts(settings.inputs, prompt_column=settings.prompt_column,
+                          limit=settings.limit, shuffle=settings.shuffle, seed=settings.seed,
+                          default_max_tokens=settings.max_tokens)
+    prepared = prepare_requests(loaded.records, tokenizer=workload.tokenizer,
+                                tokenizer_name=None,
+                                vocab_size=workload.prepared.requests.columns.vocab_size,
+                                max_model_len=settings.max_model_len,
+                                default_max_tokens=settings.max_tokens)
+    return loaded, prepared
+
+
+def _rows(requests):
+    return [(r.record.id, r.record.index, r.record.source, r.prompt_token_ids, r.max_tokens,
+             r.max_tokens_clamped, r.record.arrival_s) for r in requests]
+
+
+def _mixed_lines(n):
+    lines = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            lines.append({"prompt": f"request {i} says hello " * (1 + i % 5), "max_tokens": 3})
+        elif kind == 1:
+            lines.append({"id": f"q{i}", "prompt_len": 10 + i % 90})
+        elif kind == 2:
+            lines.append({"prompt_token_ids": [5 + i % 50, 7, 9], "max_tokens": 1 + i % 4})
+        else:
+            lines.append({"id": f"q{i}", "prompt_len": 20, "prefix_id": f"p{i % 3}",
+                          "prefix_len": 8})
+    text = [json.dumps(line) for line in lines]
+    text[7] = "{not json"                                   # a malformed line
+    text[13] = json.dumps({"prompt_len": 100_000})          # too long
+    return "\n".join(text) + "\n"
+
+
+@pytest.mark.parametrize("values", [{}, {"order": "length"}, {"shuffle": True, "seed": 3},
+                                    {"shuffle": True, "limit": 150}, {"limit": 40}])
+def test_a_streamed_job_runs_what_the_job_read_whole_runs(tiny_model, tmp_path, monkeypatch,
+                                                          values):
+    monkeypatch.setattr(job_requests, "WINDOW", 64)     # many windows, each its own read
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(_mixed_lines(300))
+    order = values.pop("order", "input")
+    workload, settings = _workload([path], tiny_model, **values)
+    loaded, prepared = _held_whole(workload, settings)
+    assert _rows(in_order(workload.prepared.requests, order)) == _rows(
+        in_order(prepared.requests, order))
+    problems = sorted(loaded.problems + prepared.problems, key=lambda p: p.read_order)
+    assert [str(p) for p in workload.problems] == [str(p) for p in problems]
+    assert any("malformed JSON" in str(p) for p in workload.problems)
+    requests = workload.prepared.requests
+    assert requests[5].record.id == list(requests)[5].record.id     # random access too
+
+
+def test_tables_streamed_csv_parquet_saved_and_hub_data_sets(tiny_model, tmp_path):
+    import datasets
+
+    rows = {"TIMESTAMP": [f"2023-11-16 18:15:{10 + i % 40:02d}.5" for i in range(120)],
+            "ContextTokens": [20 + i % 300 for i in range(120)],
+            "GeneratedTokens": [1 + i % 9 for i in range(120)]}
+    csv = tmp_path / "trace.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"{t},{c},{g}\n" for t, c, g in zip(*rows.values())))
+    prompts = {"prompt": [f"hello number {i} " * (1 + i % 4) for i in range(90)],
+               "max_tokens": [1 + i % 5 for i in range(90)]}
+    table = datasets.Dataset.from_dict(prompts)
+    table.to_parquet(str(tmp_path / "prompts.parquet"))
+    table.save_to_disk(str(tmp_path / "saved"))
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    table.to_parquet(str(hub / "train.parquet"))
+    for spec in (csv, tmp_path / "prompts.parquet", tmp_path / "saved", f"hf:{hub}"):
+        workload, settings = _workload([spec], tiny_model, shuffle=True, seed=1)
+        _, prepared = _held_whole(workload, settings)
+        assert len(workload.prepared.requests) in (120, 90)
+        assert _rows(workload.prepared.requests) == _rows(prepared.requests), spec
+
+
+def test_the_check_keeps_arrays_not_the_prompts(tiny_model, tmp_path):
+    """What the check leaves in memory is ~40 bytes a request, not its record (~500 bytes
+    a trace row when the job was held whole) nor its text."""
+    path = tmp_path / "trace.csv"
+    count = 20_000
+    path.write_text("num_prefill_tokens,num_decode_tokens,arrived_at\n" + "".join(
+        f"{100 + i % 900},{1 + i % 50},{i * 0.01:.2f}\n" for i in range(count)))
+    _workload([path], tiny_model)       # (imports and the model's files, once)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    workload, _ = _workload([path], tiny_model)
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert len(workload.prepared.requests) == count
+    assert held / count < 100, f"{held / count:.0f} bytes a request"
+
+
+def _changed(path, line_number, new_line, *, same_stamp):
+    lines = path.read_text().split("\n")
+    assert len(lines[line_number - 1]) == len(new_line)
+    info = os.stat(path)
+    lines[line_number - 1] = new_line
+    path.write_text("\n".join(lines))
+    if same_stamp:      # (size and time as before: only the line's digest tells)
+        os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
+@pytest.mark.parametrize("same_stamp", [False, True])
+def test_an_input_that_changes_after_the_check_is_named(tiny_model, tmp_path, same_stamp):
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"id": f"r{i}", "prompt_len": 10 + i}) + "\n"
+                            for i in range(50)))
+    workload, _ = _workload([path], tiny_model)
+    _changed(path, 30, json.dumps({"id": "r29", "prompt_len": 99}), same_stamp=same_stamp)
+    with pytest.raises(InputChanged) as caught:
+        list(workload.prepared.requests)
+    assert str(path) in str(caught.value)
+    if same_stamp:
+        assert f"{path}:30" in str(caught.value)
+
+
+def test_a_run_whose_input_changes_stops_and_resume_finishes_it(tiny_model, tmp_path,
+                                                                monkeypatch):
+    path = tmp_path / "p.jsonl"
+    original = "".join(json.dumps({"id": f"r{i}", "prompt_len": 10 + i % 20,
+                                   "max_tokens": 2}) + "\n" for i in range(60))
+    path.write_text(original)
+    from neuron_batch.job.folder import RunFolder
+
+    monkeypatch.setattr(job_requests, "WINDOW", 8)
+    real_append = RunFolder.append_output
+    written = [0]
+
+    def append_output(self, *args):
+        written[0] += 1
+        if written[0] == 10:    # ten outputs written: a line the feed has not read changes
+            _changed(path, 55, json.dumps({"id": "r54", "prompt_len": 11, "max_tokens": 3}),
+                     same_stamp=True)
+        return real_append(self, *args)
+
+    monkeypatch.setattr(RunFolder, "append_output", append_output)
+    out = tmp_path / "run"
+    args = ["run", str(path), "--model", tiny_model, "--device", "sim", "--max-num-seqs", "2",
+            "-q", "-o", str(out)]
+    first = CliRunner().invoke(main, args)
+    assert first.exit_code == 1, first.output
+    assert "the input changed while the job ran" in first.output
+    kept = [_id_of(line) for line in (out / "outputs.jsonl").open()]
+    assert 0 < len(kept) < 60
+    monkeypatch.setattr(RunFolder, "append_output", real_append)
+    path.write_text(original)
+    second = CliRunner().invoke(main, [*args, "--resume"])
+    assert second.exit_code == 0, second.output
+    ids = [_id_of(line) for line in (out / "outputs.jsonl").open()]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(60))
+
+
+def _id_of(line):
+    row = json.loads(line)
+    return row.get("custom_id") or row["id"]
+
+
+def test_duplicate_ids_are_named_by_the_check_that_holds_only_their_hashes(tiny_model, tmp_path):
+    path = tmp_path / "p.jsonl"
+    lines = [{"id": f"r{i}", "prompt_len": 10} for i in range(30)]
+    lines[20]["id"] = "r3"
+    lines[25] = {"prompt_len": 12}          # no id: its position, 24 (line 21 is left out)
+    lines[26]["id"] = "24"                  # ... which an explicit id takes again
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    workload, settings = _workload([path], tiny_model)
+    loaded, _ = _held_whole(workload, settings)
+    assert [str(p) for p in workload.problems] == [str(p) for p in loaded.problems]
+    assert [str(p) for p in workload.problems] == [
+        f"{path}:21: field 'id': duplicate id 'r3' (first used at {path}:4); ids must be unique",
+        f"{path}:27: field 'id': duplicate id '24' (first used at {path}:26); ids must be "
+        f"unique"]
+    assert list(job_requests.job_ids(workload.prepared.requests)) == [
+        r.id for r in loaded.records]
