@@ -134,7 +134,7 @@ def test_the_simulated_device_refuses_embeddings_before_anything_loads(tmp_path,
         "--max-model-len", "128", "-o", str(tmp_path / "run")], catch_exceptions=False)
     assert result.exit_code == 2
     assert (f"{path}:1: field 'url': embeddings (vLLM's pooling runner) cannot run on the "
-            "simulated Neuron device") in result.output
+            "simulated device") in result.output
     assert "--ignore-field" not in result.output     # (no embedding runs without pooling)
     assert not (tmp_path / "run" / "outputs.jsonl").exists()
 
