@@ -14,8 +14,8 @@ from typing import Any
 
 # The ways vLLM runs on a Neuron host: through NxD Inference (AWS's plugin lines of inf2 and
 # trn1), the Beta plugin's own runtime (trn2, trn3) or Hugging Face's optimum-neuron (inf2,
-# trn1). runtime.py is pure Python too.
-from neuron_batch.runtime import NXDI, OPTIMUM_NEURON, RUNTIMES, VLLM_NEURON, Runtime
+# trn1). runtimes/runtime.py is pure Python too.
+from neuron_batch.runtimes.runtime import NXDI, OPTIMUM_NEURON, RUNTIMES, VLLM_NEURON, Runtime
 
 #: What the matrix proves on a release.
 SCHEDULER_ONLY = "scheduler"          # scheduler, recorder, harness, simulated executor's step

@@ -98,7 +98,7 @@ def run_one(job: Path, layout: tuple, mode: list[str], out: Path, price: float |
     from neuron_batch.cli import main
     from neuron_batch.device.hardware import get_instance
     from neuron_batch.device.target import Target
-    from neuron_batch.runtime import get_runtime
+    from neuron_batch.runtimes.runtime import get_runtime
     from neuron_batch.scheduler.records import DECODE, PREFILL, read_records
 
     _, instance, runtime, tp, max_len, seqs = layout

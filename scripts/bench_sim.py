@@ -119,7 +119,7 @@ def run_bare(args, max_num_seqs, num_blocks, workload, *, block_hasher=True):
     from vllm import SamplingParams
     from vllm.v1.request import Request
 
-    from neuron_batch.runtime import get_runtime
+    from neuron_batch.runtimes.runtime import get_runtime
     from neuron_batch.scheduler.harness import drive, make_request, make_scheduler
     from neuron_batch.scheduler.neuron import NeuronScheduler
 
@@ -283,7 +283,7 @@ def main(argv=None):
 
     from neuron_batch.device.hardware import get_instance
     from neuron_batch.device.target import describe_sim
-    from neuron_batch.runtime import get_runtime
+    from neuron_batch.runtimes.runtime import get_runtime
 
     # the simulated device, as Target.resolve's keywords (its names looked up here)
     settings = dict(instance=get_instance(args.instance), arch=args.arch, tp=args.tp,

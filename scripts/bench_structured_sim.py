@@ -57,9 +57,9 @@ def run_once(requests, constrained: bool, max_num_seqs: int, workdir: Path) -> d
     from neuron_batch.device.executor import engine_core, shutdown_llm
     from neuron_batch.device.hardware import get_instance
     from neuron_batch.device.target import Target
-    from neuron_batch.device_sampling import HOST_SAMPLING_KEY, job_sampling
     from neuron_batch.report.sampling import sampling_section
-    from neuron_batch.runtime import RUNTIMES
+    from neuron_batch.runtimes.runtime import RUNTIMES
+    from neuron_batch.runtimes.sampling import HOST_SAMPLING_KEY, job_sampling
     from neuron_batch.scheduler.records import KEEP_RECORDS_ENV
 
     runtime = RUNTIMES["nxdi"]

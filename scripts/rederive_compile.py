@@ -27,12 +27,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from neuron_batch.buckets import nxdi_default_buckets  # noqa: E402
 from neuron_batch.device.architectures import get_architecture  # noqa: E402
 from neuron_batch.device.compile_time import compile_footprint  # noqa: E402
 from neuron_batch.device.hardware import get_instance  # noqa: E402
 from neuron_batch.report.cost import price_for  # noqa: E402
-from neuron_batch.runtime import get_runtime  # noqa: E402
+from neuron_batch.runtimes.buckets import nxdi_default_buckets  # noqa: E402
+from neuron_batch.runtimes.runtime import get_runtime  # noqa: E402
 
 EXAMPLES = ROOT / "results" / "examples"
 TRACE = ROOT / "datasets" / "azure-llm-inference-conv-2023.csv"

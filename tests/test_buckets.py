@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neuron_batch.buckets import (
+from neuron_batch.runtimes.buckets import (
     BucketError,
     bucket_for,
     default_decode_buckets,
@@ -74,7 +74,7 @@ def test_invalid_bucket_lists_say_what_is_wrong_and_what_is_valid(buckets, messa
 
 
 def test_the_beta_plugin_runtime_reads_its_own_keys():
-    from neuron_batch.runtime import get_runtime
+    from neuron_batch.runtimes.runtime import get_runtime
 
     def lists(config, **limits):
         shapes = get_runtime("vllm-neuron").shapes(config, **limits)

@@ -1,5 +1,5 @@
 """What a request asks of the sampler, read from vLLM's own SamplingParams, and where each
-Neuron runtime samples it (neuron_batch/device_sampling.py)."""
+Neuron runtime samples it (neuron_batch/runtimes/sampling.py)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neuron_batch.device_sampling import (
+from neuron_batch.runtimes.runtime import NXDI, RUNTIMES, VLLM_NEURON
+from neuron_batch.runtimes.sampling import (
     DEVICE_SAMPLING,
     NXDI_SAMPLING,
     JobSampling,
     job_sampling,
     sampler_asks,
 )
-from neuron_batch.runtime import NXDI, RUNTIMES, VLLM_NEURON
 
 sp = pytest.importorskip("vllm.sampling_params")
 

@@ -245,7 +245,7 @@ def test_doctor_checks_a_layout_against_the_static_kv_rule(monkeypatch, tmp_path
                          max_model_len=16384, tensor_parallel_size=2,
                          host_instance="inf2.xlarge")
     from neuron_batch.doctor.facts import layout_fit_facts
-    from neuron_batch.runtime import RUNTIMES
+    from neuron_batch.runtimes.runtime import RUNTIMES
 
     found = doctor.neuron_runtime_facts("0.2.0", layout)
     assert found["runtime"] == "nxdi" and found["instance"] == "inf2.xlarge"

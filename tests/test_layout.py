@@ -13,9 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "neuron_batch"
 #: Each entry is a subpackage or a top-level module of neuron_batch.
 STAGES = (
     # shared, pure
-    ("errors", "storage", "buckets", "prefix_grid", "choices", "runtime_hints", "runtime_shapes",
-     "runtime", "versions", "runtime_choice",
-     "device_sampling"),
+    ("errors", "storage", "choices", "versions", "runtimes"),
     ("inputs", "scheduler"),                        # 1. prompts in; the Neuron scheduler
     ("device",),                                    # 2. the simulated Neuron device
     ("report",),                                    # 3. records -> report (pure)

@@ -1,4 +1,4 @@
-"""NxDI's prefix-caching grid (neuron_batch/prefix_grid.py): the defaults and the cell rule
+"""NxDI's prefix-caching grid (neuron_batch/runtimes/prefix_grid.py): the defaults and the cell rule
 against the examples in ../shared/notes/neuron-runtimes.md, and the rule's invariants over
 random prefills. Pure: milliseconds."""
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neuron_batch.buckets import BucketError
-from neuron_batch.prefix_grid import (
+from neuron_batch.runtimes.buckets import BucketError
+from neuron_batch.runtimes.prefix_grid import (
     default_prefill_buckets,
     default_prefix_buckets,
     default_tkg_buckets,

@@ -1,4 +1,4 @@
-"""The runtime object (runtime.py) and NxDI's static KV cache (device/static_kv.py): pure
+"""The runtime object (runtimes/runtime.py) and NxDI's static KV cache (device/static_kv.py): pure
 Python, milliseconds. The engine-level behaviour is in test_sim_nxdi.py and the scheduler's in
 test_scheduler_properties.py."""
 
@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neuron_batch.buckets import BucketError
 from neuron_batch.device.cost_model import CapacityError
 from neuron_batch.device.hardware import get_instance
 from neuron_batch.device.static_kv import static_kv_capacity, static_slots
-from neuron_batch.runtime import (
+from neuron_batch.runtimes.buckets import BucketError
+from neuron_batch.runtimes.runtime import (
     NXDI,
     VLLM_NEURON,
     RuntimeNameError,
@@ -191,8 +191,8 @@ def test_the_graph_words_add_up_to_the_graph_count(runtime, prefill, decode, att
     '5 context-encoding + 6 token-generation' beside 36)."""
     import re
 
-    from neuron_batch.runtime import RUNTIMES
-    from neuron_batch.runtime_hints import graph_words
+    from neuron_batch.runtimes.hints import graph_words
+    from neuron_batch.runtimes.runtime import RUNTIMES
 
     rt = RUNTIMES[runtime]
     if rt.static_kv:

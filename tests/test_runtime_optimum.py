@@ -1,12 +1,12 @@
-"""The optimum-neuron runtime object (runtime.py): an export's two graphs, what it refuses and
-says instead, and that it stays out of the instance families' defaults. Pure Python."""
+"""The optimum-neuron runtime object (runtimes/runtime.py): an export's two graphs, what it refuses
+and says instead, and that it stays out of the instance families' defaults. Pure Python."""
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neuron_batch.buckets import BucketError
-from neuron_batch.runtime import (
+from neuron_batch.runtimes.buckets import BucketError
+from neuron_batch.runtimes.runtime import (
     NXDI,
     OPTIMUM_NEURON,
     RUNTIME_NAMES,

@@ -13,7 +13,7 @@ import shlex
 from typing import Any
 
 from neuron_batch.choices import Choice
-from neuron_batch.prefix_grid import PREFIX_BUCKETS_KEY
+from neuron_batch.runtimes.prefix_grid import PREFIX_BUCKETS_KEY
 from neuron_batch.settings import DECLARED, RunSettings
 from neuron_batch.settings.declare import Kind, Written
 

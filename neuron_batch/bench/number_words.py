@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from neuron_batch.runtime import runtime_of
+from neuron_batch.runtimes.runtime import runtime_of
 
 #: The row key of a configuration's estimated compile time (a compile-cost key of `ranking`).
 COST_COMPILE_S = "estimated_compile_s"

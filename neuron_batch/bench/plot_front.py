@@ -23,7 +23,7 @@ from neuron_batch.bench.ranking import (
     cost_key_for,
     pareto_front,
 )
-from neuron_batch.runtime import runtime_of
+from neuron_batch.runtimes.runtime import runtime_of
 
 # -- throughput against compile cost ----------------------------------------------------------
 

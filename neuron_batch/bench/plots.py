@@ -40,7 +40,7 @@ from neuron_batch.bench.number_words import abbreviate_buckets
 from neuron_batch.bench.plot_front import plot_throughput_vs_graphs
 from neuron_batch.bench.ranking import DEFAULT_NAME, pareto_front
 from neuron_batch.bench.recommendation import recommend
-from neuron_batch.runtime import Runtime, default_runtime, runtime_of
+from neuron_batch.runtimes.runtime import Runtime, default_runtime, runtime_of
 
 #: Most configurations `plot_prompt_histogram` draws bucket edges for (more is unreadable).
 MAX_BUCKET_SETS = 5

@@ -5,11 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from neuron_batch.buckets import (
-    default_decode_buckets,
-    default_prefill_buckets,
-    effective_max_prefill_tokens,
-)
 from neuron_batch.layout.optimiser import (
     BucketPlan,
     Cost,
@@ -18,7 +13,12 @@ from neuron_batch.layout.optimiser import (
     prefill_chunk_lengths,
     size_histogram,
 )
-from neuron_batch.runtime import Runtime
+from neuron_batch.runtimes.buckets import (
+    default_decode_buckets,
+    default_prefill_buckets,
+    effective_max_prefill_tokens,
+)
+from neuron_batch.runtimes.runtime import Runtime
 
 
 def _summary(plan: BucketPlan, unit: str) -> dict:

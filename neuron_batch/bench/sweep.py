@@ -1,7 +1,7 @@
 """`neuron-batch bench`: one workload under one or many configurations, each in a fresh engine.
 
-The dimensions swept are the runtime's own (runtime.py). Configuration names: P = prefill set
-(vllm-neuron: token buckets over chunks; nxdi: context-encoding buckets over whole prompts),
+The dimensions swept are the runtime's own (runtimes/runtime.py). Configuration names: P = prefill
+set (vllm-neuron: token buckets over chunks; nxdi: context-encoding buckets over whole prompts),
 D = decode batch-size set (vllm-neuron), T = token-generation set (nxdi: attention lengths),
 C = decode context-length set (vllm-neuron, opt-in, so swept with the default P and D),
 S = max_num_seqs, K = KV admission rule (`--kv-reserve`: "req" reserves each request's prompt +
@@ -208,7 +208,7 @@ def render(sweep_dir: Path, *, plots: bool = True) -> str:
     text = format_table(rows, recommendation, failed=failed, notes=notes)
     if plots and rows:
         from neuron_batch.bench.plots import write_all
-        from neuron_batch.runtime import runtime_of
+        from neuron_batch.runtimes.runtime import runtime_of
 
         # the sweep's runtime as its meta names it (none: the rows')
         paths = write_all(rows, pareto_front(rows), data.get("prompt_lengths") or [], None,

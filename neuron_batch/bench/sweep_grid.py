@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.buckets import DECODE_CONTEXT_MULTIPLE, round_model_len
 from neuron_batch.choices import prefix_caching_word
 from neuron_batch.layout.optimiser import plans_for_each_k, prefill_chunk_lengths
+from neuron_batch.runtimes.buckets import DECODE_CONTEXT_MULTIPLE, round_model_len
 from neuron_batch.scheduler.kv_reserve import SHORT_NAMES
 from neuron_batch.scheduler.records import DECODE, iter_steps
 from neuron_batch.settings import RunSettings

@@ -21,7 +21,7 @@ from neuron_batch.bench.ranking import (
     DEFAULT_NAME,
     rank_key,
 )
-from neuron_batch.runtime import runtime_of
+from neuron_batch.runtimes.runtime import runtime_of
 
 #: Widest any line of the table (and of what follows it) may get.
 MAX_WIDTH = 100

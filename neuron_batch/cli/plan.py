@@ -97,7 +97,7 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, seqs_valu
     from neuron_batch.job.folder import default_output_dir
     from neuron_batch.plan.candidates import PlanError, PlanSpec
     from neuron_batch.plan.grid import check_instances, placements
-    from neuron_batch.runtime import RuntimeNameError, get_runtime
+    from neuron_batch.runtimes.runtime import RuntimeNameError, get_runtime
 
     if not architecture:
         raise click.UsageError("Missing option '--architecture': the model's shape to plan for "

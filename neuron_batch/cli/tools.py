@@ -56,7 +56,7 @@ def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size,
     from neuron_batch.device.calibrate import fit_from_steps
     from neuron_batch.device.cost_model import StepCostModel, save_profile
     from neuron_batch.device.hardware import default_tp
-    from neuron_batch.runtime import runtime_of
+    from neuron_batch.runtimes.runtime import runtime_of
     from neuron_batch.scheduler.records import iter_records
 
     steps = []
@@ -224,8 +224,8 @@ def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, 
 
     if max_buckets < 1:
         raise click.BadParameter("must be at least 1", param_hint="--max-buckets")
-    from neuron_batch.runtime import RuntimeNameError
-    from neuron_batch.runtime_choice import simulated_runtime
+    from neuron_batch.runtimes.choice import simulated_runtime
+    from neuron_batch.runtimes.runtime import RuntimeNameError
 
     try:
         follows = simulated_runtime(runtime, _device(instance, None)[0].family)

@@ -58,8 +58,8 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from neuron_batch.device import virtual_clock
 from neuron_batch.device.sampling_cost import SamplingCharge
 from neuron_batch.device.target import TARGET_KEY, Target
-from neuron_batch.device_sampling import HOST_SAMPLING_KEY, sampler_asks
-from neuron_batch.runtime import VLLM_NEURON, runtime_of
+from neuron_batch.runtimes.runtime import VLLM_NEURON, runtime_of
+from neuron_batch.runtimes.sampling import HOST_SAMPLING_KEY, sampler_asks
 from neuron_batch.scheduler.compat import full_attention_spec, model_runner_output
 from neuron_batch.scheduler.kv_reserve import DEFAULT_KV_RESERVE
 

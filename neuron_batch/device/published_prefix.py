@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_batch.buckets import bucket_for, nxdi_default_buckets
-from neuron_batch.prefix_grid import default_prefill_buckets, grid_cell
+from neuron_batch.runtimes.buckets import bucket_for, nxdi_default_buckets
+from neuron_batch.runtimes.prefix_grid import default_prefill_buckets, grid_cell
 
 #: The tutorial's layout.
 INSTANCE, ARCH, TP, MAX_MODEL_LEN, BLOCK = "trn2.48xlarge", "llama-3.3-70b", 64, 8192, 32
@@ -92,7 +92,7 @@ def apc_model() -> Any:
     """The step model of the tutorial's layout (nxdi on trn2.48xlarge, prefix caching on)."""
     from neuron_batch.device.hardware import INSTANCES
     from neuron_batch.device.target import Target
-    from neuron_batch.runtime import NXDI, RUNTIMES
+    from neuron_batch.runtimes.runtime import NXDI, RUNTIMES
 
     return Target.resolve(instance=INSTANCES[INSTANCE], arch=ARCH, tp=TP,
                           max_model_len=MAX_MODEL_LEN, max_num_seqs=4, runtime=RUNTIMES[NXDI],

@@ -1,7 +1,7 @@
 """What the simulated device charges for sampling: nothing more where the device samples as it
 always does, the logits to the host and vLLM's CPU sampler where a job's requests need it
 (NxDI, `on_device_sampling_config: None`), the published on-device mask where the Beta/GA
-plugin constrains a token (device_sampling.py says which runtime does what, with sources).
+plugin constrains a token (runtimes/sampling.py says which runtime does what, with sources).
 
 The model (figures and sources: docs/simulated-device.md, "Sampling"):
 - host sampling (NxDI): every step moves the compiled batch's fp32 logits to the host (NxDI's
@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from neuron_batch.device_sampling import (
+from neuron_batch.runtimes.sampling import (
     SIM_ASKS_KEY,
     STRUCTURED_FIELDS,
     SamplingPath,

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from neuron_batch.buckets import kv_too_small_message
 from neuron_batch.device.architectures import Architecture, context_hint
 from neuron_batch.device.compile_time import compile_footprint
 from neuron_batch.device.cost_model import (
@@ -39,8 +38,9 @@ from neuron_batch.device.cost_model import (
 from neuron_batch.device.hardware import INSTANCES, Instance, get_instance, validate_tp
 from neuron_batch.device.model_dir import architecture_of, write_model_dir
 from neuron_batch.device.static_kv import static_kv_capacity, static_slots
-from neuron_batch.prefix_grid import grid_size
-from neuron_batch.runtime import Runtime, Shapes, default_runtime, runtime_of
+from neuron_batch.runtimes.buckets import kv_too_small_message
+from neuron_batch.runtimes.prefix_grid import grid_size
+from neuron_batch.runtimes.runtime import Runtime, Shapes, default_runtime, runtime_of
 from neuron_batch.scheduler import SCHEDULER_CLS
 from neuron_batch.scheduler.kv_reserve import (
     DEFAULT_KV_RESERVE,
@@ -83,7 +83,7 @@ class Target:
 
     instance: Instance
     arch: Architecture
-    runtime: Runtime                # what the device compiles (runtime.py)
+    runtime: Runtime                # what the device compiles (runtimes/runtime.py)
     tp: int
     weight_dtype: str
     profile: CostProfile

@@ -9,7 +9,7 @@ from typing import Any
 from neuron_batch.doctor.export import export_checks, plugins_check
 from neuron_batch.doctor.status import FAIL, INFO, OK, WARN, Check
 from neuron_batch.engine.neuron_host import is_neuron_platform
-from neuron_batch.runtime import default_runtime, runtime_of
+from neuron_batch.runtimes.runtime import default_runtime, runtime_of
 from neuron_batch.versions import release
 
 #: Below this much free space in the results folder a run cannot be trusted to finish.

@@ -13,7 +13,7 @@ from typing import Any
 from neuron_batch.doctor.status import FAIL, INFO, OK, WARN, Check
 from neuron_batch.engine.nxdi_plugin import NeuronHostError
 from neuron_batch.engine.optimum_export import check_export, find_export
-from neuron_batch.runtime import Runtime
+from neuron_batch.runtimes.runtime import Runtime
 from neuron_batch.settings import RunSettings
 
 

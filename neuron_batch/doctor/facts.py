@@ -19,7 +19,7 @@ from typing import Any
 
 from neuron_batch import __version__
 from neuron_batch.doctor.export import export_facts
-from neuron_batch.runtime import Runtime
+from neuron_batch.runtimes.runtime import Runtime
 from neuron_batch.settings import RunSettings
 from neuron_batch.storage.urls import is_url
 from neuron_batch.versions import (
@@ -135,7 +135,7 @@ def unplugged_runtime(instance: str | None) -> str | None:
     (whose plugin would say): the instance family's, as the simulated device decides; None
     when a plugin is installed or the instance is unknown."""
     from neuron_batch.device.hardware import INSTANCES
-    from neuron_batch.runtime import default_runtime
+    from neuron_batch.runtimes.runtime import default_runtime
 
     plugin = neuron_plugin()
     if runtime_of_plugin(plugin["version"], plugin.get("distribution")) is not None:
@@ -152,7 +152,7 @@ def layout_fit_facts(layout: RunSettings | None, plugin_runtime: Runtime | None
     (neuron_host.layout_fit, layout/device_fit.py): `fits` True, False (with why and what
     would fit) or None (the instance or the model's shape unknown). None without a model."""
     from neuron_batch.engine.neuron_host import NeuronHostError, host_hardware, layout_fit
-    from neuron_batch.runtime import default_runtime, get_runtime
+    from neuron_batch.runtimes.runtime import default_runtime, get_runtime
 
     if layout is None or not layout.model:
         return None

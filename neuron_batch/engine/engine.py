@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_batch.device.target import TARGET_KEY
-from neuron_batch.device_sampling import HOST_SAMPLING_KEY
 from neuron_batch.inputs.tool_calls import parser_for
+from neuron_batch.runtimes.sampling import HOST_SAMPLING_KEY
 from neuron_batch.scheduler import SCHEDULER_CLS
 from neuron_batch.scheduler.kv_reserve import parse_kv_reserve
 from neuron_batch.settings import RunSettings, SettingsError
@@ -30,7 +30,7 @@ from neuron_batch.versions import (
 
 if TYPE_CHECKING:
     from neuron_batch.device.target import Target
-    from neuron_batch.device_sampling import JobSampling
+    from neuron_batch.runtimes.sampling import JobSampling
 
 CPU_KV_CACHE_BYTES = 2 << 30
 

@@ -1,7 +1,7 @@
 """`--device neuron`: what AWS's vLLM plugin needs so that *our* scheduler runs on the device,
 and the device compiles exactly the shapes our records describe. One place, asked through the
-resolved `Runtime` (runtime.py holds the per-runtime facts; this module composes them with the
-installed plugin's release).
+resolved `Runtime` (runtimes/runtime.py holds the per-runtime facts; this module composes them with
+the installed plugin's release).
 
 Why each setting (sources: ../shared/notes/neuron-runtimes.md, the plugin's public source):
 - The NxDI line's platform replaces any `scheduler_cls` with its own unless
@@ -16,7 +16,7 @@ Why each setting (sources: ../shared/notes/neuron-runtimes.md, the plugin's publ
   layout and its (prefill, prefix) grid; without it the contiguous layout, one block of
   max_model_len per slot. Either way vLLM keeps block 0 as its null block, which plugin 0.2.0
   adds to `num_gpu_blocks_override` itself and 0.1.0 does not.
-- Sampling (device_sampling.py says why, with sources): NxDI's on-device sampler takes only
+- Sampling (runtimes/sampling.py says why, with sources): NxDI's on-device sampler takes only
   temperature, top_p and top_k, in the runner's request-table order, and has no grammar
   bitmask and no logprobs. A job whose requests ask for more (structured outputs, logprobs,
   penalties, min_p, logit_bias, differing parameters) samples on the CPU (0.2.0; our runner,
@@ -46,7 +46,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from neuron_batch.device_sampling import JobSampling, job_sampling
 from neuron_batch.engine.nxdi_plugin import (
     NeuronHostError,
     PluginLine,
@@ -62,7 +61,8 @@ from neuron_batch.engine.optimum_export import (
     find_export,
 )
 from neuron_batch.engine.sampling_params import request_spec, spec_asks
-from neuron_batch.runtime import NXDI, RUNTIMES, Runtime
+from neuron_batch.runtimes.runtime import NXDI, RUNTIMES, Runtime
+from neuron_batch.runtimes.sampling import JobSampling, job_sampling
 from neuron_batch.settings import RunSettings
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def request_params(settings: RunSettings, request) -> SimpleNamespace:
 
 def job_sampling_of(settings: RunSettings, requests, params_of=request_params
                     ) -> JobSampling:
-    """What these prepared requests ask of the sampler: device_sampling.job_sampling over
+    """What these prepared requests ask of the sampler: runtimes.sampling.job_sampling over
     `params_of(settings, request)`, each request's SamplingParams as the engine gets them."""
     return job_sampling(params_of(settings, r) for r in requests)
 

@@ -13,7 +13,7 @@ under NxDI"; the vendored plugin's platform, loader, runner and READMEs):
   to the loader, which copies the override (0.2.0 refuses one that differs). NxDI allocates one
   block more on the device (`_NUM_EXTRA_RESERVED_BLOCK`); vLLM never hands its id out.
 - Explicit context-encoding buckets need prefix buckets with them, so both lists always go
-  together, NxDI's defaults when not given (prefix_grid.py: prefill from 512, prefix 0 then
+  together, NxDI's defaults when not given (runtimes/prefix_grid.py: prefill from 512, prefix 0 then
   from 512, token generation from 256).
 - Without prefix caching: the contiguous layout, one block of max_model_len per slot.
 - Plugin 0.2.0's README (known issue 3) says prefix caching at batch size 1 gives wrong output;
@@ -28,12 +28,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_batch.buckets import BucketError
-from neuron_batch.prefix_grid import (
+from neuron_batch.runtimes.buckets import BucketError
+from neuron_batch.runtimes.prefix_grid import (
     BLOCK_SIZES,
     grid_size,
 )
-from neuron_batch.runtime import Runtime
+from neuron_batch.runtimes.runtime import Runtime
 from neuron_batch.settings import RunSettings, SettingsError
 from neuron_batch.versions import release
 

@@ -44,7 +44,7 @@ def sim_tokenizer(job, requests) -> str | None:
 def spec_asks(spec: dict[str, Any]) -> SimpleNamespace:
     """A spec read as the SamplingParams it becomes, attribute by attribute (the structured
     form as `structured_outputs`), for what reads a job's sampling before any engine or vLLM
-    object exists (device_sampling.py, duck-typed)."""
+    object exists (runtimes/sampling.py, duck-typed)."""
     fields = {key: value for key, value in spec.items() if key != "structured"}
     return SimpleNamespace(**fields, structured_outputs=spec.get("structured"))
 

@@ -16,11 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from neuron_batch.buckets import round_model_len
 from neuron_batch.inputs.mooncake import MAX_HASH_ID, MOONCAKE_BLOCK
 from neuron_batch.inputs.prompt_records import InputProblem, PromptRecord
 from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK, prefix_order
 from neuron_batch.inputs.tool_calls import TOOLS, takes_tools, tools_of
+from neuron_batch.runtimes.buckets import round_model_len
 
 # Synthetic prompts draw from a fixed pseudo-random pool; each request starts at its own offset,
 # so no two requests share a first KV block and prefix caching does not flatter the figures:

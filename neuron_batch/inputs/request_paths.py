@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from neuron_batch.inputs.prompt_records import InputProblem, PromptRecord
-from neuron_batch.runtime import NXDI, OPTIMUM_NEURON, VLLM_NEURON, Runtime
+from neuron_batch.runtimes.runtime import NXDI, OPTIMUM_NEURON, VLLM_NEURON, Runtime
 
 #: What a request may ask for beyond prompt, max_tokens, temperature and stop, by its key in
 #: `PromptRecord.sampling` (SamplingParams' names), and in words.

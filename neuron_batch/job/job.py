@@ -20,7 +20,7 @@ from neuron_batch.settings import RunSettings
 if TYPE_CHECKING:
     from neuron_batch.device.target import Target
     from neuron_batch.layout.prefix_decision import PrefixDecision
-    from neuron_batch.runtime import Runtime
+    from neuron_batch.runtimes.runtime import Runtime
 
 
 @dataclass

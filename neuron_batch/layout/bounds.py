@@ -47,8 +47,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from neuron_batch.buckets import bucket_for
 from neuron_batch.choices import KvReserve
+from neuron_batch.runtimes.buckets import bucket_for
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 from neuron_batch.device.cost_model import CapacityError
 from neuron_batch.device.hardware import HardwareError, Instance
 from neuron_batch.device.target import NEURON_BLOCK_SIZE, SimError, Target
-from neuron_batch.runtime import Runtime
+from neuron_batch.runtimes.runtime import Runtime
 from neuron_batch.settings import RunSettings
 
 

@@ -87,7 +87,7 @@ from itertools import accumulate, repeat
 from operator import add, mul, sub
 from typing import Literal
 
-from neuron_batch.buckets import (
+from neuron_batch.runtimes.buckets import (
     bucket_for,
     validate_buckets,
 )

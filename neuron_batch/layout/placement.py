@@ -163,7 +163,6 @@ class BoundEstimate:
         return self._memo[key]
 
     def _seconds(self, part) -> float:
-        from neuron_batch.buckets import bucket_for
         from neuron_batch.device.target import NEURON_BLOCK_SIZE
         from neuron_batch.layout.bounds import (
             ShareStats,
@@ -171,6 +170,7 @@ class BoundEstimate:
             decode_steps_bound,
             prefill_seconds,
         )
+        from neuron_batch.runtimes.buckets import bucket_for
 
         settings = part.settings
         share = part.requests[::max(settings.replicas, 1)]

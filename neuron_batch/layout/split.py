@@ -30,7 +30,6 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_batch.buckets import nxdi_default_buckets, round_model_len
 from neuron_batch.errors import RunError
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.layout.optimiser import optimal_buckets
@@ -42,7 +41,8 @@ from neuron_batch.layout.placement import (
     SplitPlacement,
     choose,
 )
-from neuron_batch.runtime import Runtime
+from neuron_batch.runtimes.buckets import nxdi_default_buckets, round_model_len
+from neuron_batch.runtimes.runtime import Runtime
 from neuron_batch.settings import RunSettings
 
 SHORT, LONG = "short", "long"

@@ -25,8 +25,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from neuron_batch.buckets import bucket_for
 from neuron_batch.layout.bounds import FifoSchedule
+from neuron_batch.runtimes.buckets import bucket_for
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from neuron_batch.choices import KvReserve, Order, Pricing, WeightDtype, normali
 from neuron_batch.device.cost_model import StepCostModel
 from neuron_batch.device.target import NEURON_BLOCK_SIZE, Target
 from neuron_batch.report.cost import Price, usd
-from neuron_batch.runtime import Runtime
+from neuron_batch.runtimes.runtime import Runtime
 from neuron_batch.settings import BY_NAME, RunSettings
 from neuron_batch.settings.plan_options import plan_default
 

@@ -15,8 +15,8 @@ Choices made here, and why:
 - Decode: one bucket, max_num_seqs. In a batch job every request is queued at once, so decode
   batches stay full until the last requests drain, a decode step is bound by reading the
   weights (padding a batch costs little), and every extra graph costs minutes of compiling.
-- The runtime (runtime.py) is each instance's own: nxdi on inf2/trn1 (whole prompts padded to
-  context-encoding buckets, decode over every slot attending NxDI's default token-generation
+- The runtime (runtimes/runtime.py) is each instance's own: nxdi on inf2/trn1 (whole prompts padded
+  to context-encoding buckets, decode over every slot attending NxDI's default token-generation
   buckets, a static KV cache: a max_num_seqs whose slots do not fit is left out, never
   simulated), vllm-neuron on trn2 (the seed's buckets and paged KV). `--runtime` forces one.
 - max_model_len: the one given and, when smaller, the tightest that holds every request
@@ -34,7 +34,6 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from neuron_batch.buckets import round_model_len
 from neuron_batch.choices import KvReserve
 from neuron_batch.device.architectures import resolve_architecture
 from neuron_batch.device.compile_time import host_memory_warning
@@ -61,7 +60,8 @@ from neuron_batch.report.cost import (
     has_builtin_price,
     price_for,
 )
-from neuron_batch.runtime_choice import simulated_runtime
+from neuron_batch.runtimes.buckets import round_model_len
+from neuron_batch.runtimes.choice import simulated_runtime
 from neuron_batch.scheduler.kv_reserve import blocks_for_tokens, reachable_tokens
 
 #: How an instance left out for its host memory is said (plan/words.py names them again).

@@ -8,8 +8,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from neuron_batch.buckets import round_model_len
 from neuron_batch.layout.optimiser import plans_for_each_k, prefill_chunk_lengths
+from neuron_batch.runtimes.buckets import round_model_len
 
 if TYPE_CHECKING:   # (grid.py builds the chooser; only the types come from there)
     from neuron_batch.plan.candidates import InstanceFit, PlanSpec

@@ -23,7 +23,7 @@ from neuron_batch.device.target import NEURON_BLOCK_SIZE
 from neuron_batch.layout.bounds import ShareStats, replica_bound
 from neuron_batch.layout.step_estimate import block_chains
 from neuron_batch.plan.candidates import Option, PlanSpec
-from neuron_batch.prefix_grid import (
+from neuron_batch.runtimes.prefix_grid import (
     default_prefill_buckets,
     default_prefix_buckets,
     default_tkg_buckets,
@@ -58,7 +58,7 @@ def caching_options(spec: PlanSpec, singles: Sequence[Option], prompt_lens: Sequ
                     output_lens: Sequence[int], shared: Sequence[int]) -> list[Option]:
     """Each single option (not skipped, not split) again with prefix caching on in prefix
     order: under nxdi NxDI's default grid (prefill and prefix buckets from 512) and
-    token-generation buckets from 256 (prefix_grid.py), compile time for those graphs, and
+    token-generation buckets from 256 (runtimes/prefix_grid.py), compile time for those graphs, and
     bounds over the prompts less what they share (`shared`, from `shareable_tokens`, in the
     workload's order)."""
     reduced = [max(p - s, 1) for p, s in zip(prompt_lens, shared)]

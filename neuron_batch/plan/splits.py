@@ -24,11 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from neuron_batch.buckets import nxdi_default_buckets
 from neuron_batch.device.target import NEURON_BLOCK_SIZE
 from neuron_batch.layout.bounds import ReplicaBound, ShareStats, replica_bound
 from neuron_batch.layout.split import CUT_STEP, MAX_SHORT_SLOTS, cut_candidates, fitted_count
 from neuron_batch.plan.candidates import DecodePart, InstanceFit, Option, PlanSpec, SplitLayout
+from neuron_batch.runtimes.buckets import nxdi_default_buckets
 
 
 @dataclass(frozen=True)

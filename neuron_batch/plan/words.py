@@ -7,7 +7,7 @@ from typing import Any
 
 from neuron_batch.bench.deadline import format_hours
 from neuron_batch.plan.grid import CANNOT_COMPILE
-from neuron_batch.runtime import runtime_of
+from neuron_batch.runtimes.runtime import runtime_of
 
 
 def _close(a: float, b: float) -> bool:

@@ -32,7 +32,7 @@ from neuron_batch.report.prefix_cache import (
 from neuron_batch.report.run_records import RequestColumns as RunRecordsRequests
 from neuron_batch.report.run_records import RunRecords
 from neuron_batch.report.sampling import sampling_figures, sampling_section
-from neuron_batch.runtime import runtime_of
+from neuron_batch.runtimes.runtime import runtime_of
 from neuron_batch.scheduler.aggregates import Aggregates, system_empty_checker
 from neuron_batch.scheduler.records import (
     BLOCK_REASONS,

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from neuron_batch.device_sampling import SamplingPath
+from neuron_batch.runtimes.sampling import SamplingPath
 from neuron_batch.scheduler.records import RequestRecord, StepRecord
 
 

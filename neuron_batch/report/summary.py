@@ -44,8 +44,8 @@ from neuron_batch.report.text_layout import (
     title_rows,
     wrap_pairs,
 )
-from neuron_batch.runtime import runtime_of
-from neuron_batch.runtime_hints import graph_words
+from neuron_batch.runtimes.hints import graph_words
+from neuron_batch.runtimes.runtime import runtime_of
 
 _STATES = ("IDLE", "ACTIVE_PREFILL", "ACTIVE_DECODE")
 #: (label, report key) of each latency, and (column, quantile) of each percentile.

@@ -15,9 +15,9 @@ from neuron_batch.job.batch_object import row_usage
 from neuron_batch.job.folder import REPORT, RunFolder
 from neuron_batch.job.job import Job
 from neuron_batch.job.request_spec import report_defaults
-from neuron_batch.prefix_grid import grid_size
 from neuron_batch.report.model import SCHEMA_VERSION, Attempt, Cost, PrefixCache, Report, Tokens
 from neuron_batch.report.schema import or_none
+from neuron_batch.runtimes.prefix_grid import grid_size
 
 if TYPE_CHECKING:
     from neuron_batch.inputs.prepare import Prepared

@@ -28,7 +28,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from neuron_batch.runtime import Runtime, default_runtime
+from neuron_batch.runtimes.runtime import Runtime, default_runtime
 from neuron_batch.scheduler import compat
 
 #: A small llama-shaped architecture: only its shape matters to the scheduler.
@@ -80,7 +80,7 @@ def make_scheduler(
 ) -> Any:
     """A scheduler of `scheduler_cls` over a KV cache of `num_blocks` blocks. `kv_reserve`
     ("request" or "max_model_len") is put into `neuron_batch_config`; None: the default.
-    `runtime` (runtime.py's RUNTIMES; None: the scheduler's default, vllm-neuron) sets
+    `runtime` (runtimes/runtime.py's RUNTIMES; None: the scheduler's default, vllm-neuron) sets
     vLLM's chunking and token budget as the runtime needs them (nxdi: whole prompts, so
     `max_num_batched_tokens` is raised to max_model_len) and where `neuron_config` (the
     bucket lists by the runtime's keys) goes. `tokenizer` (a tokenizer's folder, with its

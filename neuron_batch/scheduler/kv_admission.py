@@ -16,7 +16,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.request import Request, RequestStatus
 
-from neuron_batch.buckets import kv_too_small_message
+from neuron_batch.runtimes.buckets import kv_too_small_message
 from neuron_batch.scheduler.compat import cdiv
 from neuron_batch.scheduler.kv_reserve import (
     DEFAULT_KV_RESERVE,

@@ -29,7 +29,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
-from neuron_batch.runtime import runtime_of
+from neuron_batch.runtimes.runtime import runtime_of
 from neuron_batch.scheduler.compat import (
     by_arrival,
     create_request_queue,
@@ -68,7 +68,8 @@ _STATE_VALUES = {state: state.value for state in SchedulerState}
 #: Keys of `additional_config["neuron_batch"]` (this project's own settings).
 RECORDS_PATH_KEY = "records_path"   # write step/request records here as JSON lines
 CLOCK_KEY = "clock"                 # "module:attribute" of a zero-argument clock
-RUNTIME_KEY = "runtime"             # "nxdi" or "vllm-neuron" (runtime.py; default vllm-neuron)
+RUNTIME_KEY = "runtime"             # "nxdi" or "vllm-neuron" (runtimes/runtime.py;
+#                                     default vllm-neuron)
 # True where the engine runs one batch job fed as it drains (job/generate.py `Feed`): every
 # request is recorded as arriving with the first, as if handed over whole, so that latencies
 # count from the job's start, not from the hand-off.

@@ -1,6 +1,6 @@
 """The prefills of one scheduled step: which requests are prefilling, and the compiled shape
 each one runs on (the new tokens' bucket; under nxdi with prefix caching, the (prefill,
-prefix) grid cell of prefix_grid.py, through `Shapes.prefill_step`).
+prefix) grid cell of runtimes/prefix_grid.py, through `Shapes.prefill_step`).
 
 Pure Python over vLLM's SchedulerOutput and Request objects (read, not imported): the Neuron
 scheduler calls it on the simulated device and on a Neuron host alike, so both record the
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuron_batch.runtime import Shapes
+from neuron_batch.runtimes.runtime import Shapes
 from neuron_batch.scheduler.records import RequestRecord
 
 

@@ -34,7 +34,7 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
-from neuron_batch.device_sampling import sample_parent, sampler_asks
+from neuron_batch.runtimes.sampling import sample_parent, sampler_asks
 from neuron_batch.scheduler.aggregates import Aggregates, InSystem, StepTiler
 from neuron_batch.scheduler.record_blocks import REQUEST_COLUMNS, STEP_COLUMNS, encode, rows
 
@@ -71,8 +71,8 @@ class RunConfig:
     # The KV admission rule (kv_reserve.py). Records written before it existed used the seed
     # design's rule, hence the default.
     kv_reserve: str = "max_model_len"
-    # The Neuron runtime whose compiled shapes the steps are padded to (runtime.py). Records
-    # written before it existed were the Beta plugin's (the seed design), hence the default.
+    # The Neuron runtime whose compiled shapes the steps are padded to (runtimes/runtime.py).
+    # Records written before it existed were the Beta plugin's (the seed design), hence the default.
     runtime: str = "vllm-neuron"
     # nxdi: token-generation buckets; vllm-neuron: decode context-length buckets ([]: every
     # decode attends max_model_len).
@@ -125,7 +125,7 @@ class StepRecord:
     # Prefills with prefix caching: the prompt tokens vLLM's prefix cache served (`num_tokens`
     # is then only the new ones), those of them the device computes again anyway (nxdi moves
     # cached tokens into the prefill bucket's spare room), and under nxdi the prefix bucket of
-    # the (prefill, prefix) grid cell the step ran on (neuron_batch/prefix_grid.py).
+    # the (prefill, prefix) grid cell the step ran on (neuron_batch/runtimes/prefix_grid.py).
     cached_tokens: int = 0
     recomputed_tokens: int = 0
     prefix_bucket: int | None = None
@@ -147,7 +147,7 @@ class RequestRecord:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0          # prompt tokens served from the prefix cache
     finish_reason: str | None = None
-    # What its sampling parameters asked (device_sampling.sampler_asks): a grammar, logprobs;
+    # What its sampling parameters asked (runtimes.sampling.sampler_asks): a grammar, logprobs;
     # `sample_of`: the request vLLM fanned it out of for n > 1 (its child id), else None.
     constrained: bool = False
     logprobs: bool = False

@@ -81,7 +81,7 @@ class Setting:
     #: The job file's and run.json's table holding it ("sim": the simulated target's [sim]
     #: table; a resume compares it only on --device sim). None: top level.
     table: str | None = None
-    #: A bucket list's key in the Neuron plugin's config (runtime.py BucketOption.key).
+    #: A bucket list's key in the Neuron plugin's config (runtimes/runtime.py BucketOption.key).
     plugin_key: str | None = None
     #: A job file may set it (every setting but those the CLI derives from others).
     in_job_file: bool = True

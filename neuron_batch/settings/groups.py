@@ -23,7 +23,7 @@ from neuron_batch.choices import (
     parse_prefix_caching,
 )
 from neuron_batch.device.hardware import INSTANCES
-from neuron_batch.runtime import RUNTIME_NAMES
+from neuron_batch.runtimes.runtime import RUNTIME_NAMES
 from neuron_batch.settings.declare import Kind, Scope, Written, setting
 
 DEFAULT_MAX_NUM_SEQS = 8

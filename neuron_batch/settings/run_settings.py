@@ -14,17 +14,17 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from neuron_batch.buckets import BucketError, parse_bucket_list, round_model_len
 from neuron_batch.choices import (
     Choice,
     Device,
     KvReserve,
     parse_prefix_caching,
 )
-from neuron_batch.prefix_grid import BLOCK_SIZES
 from neuron_batch.report.cost import Price, PricingError, has_builtin_price, price_for
-from neuron_batch.runtime import RUNTIMES, VLLM_NEURON, Runtime, RuntimeNameError, Shapes
-from neuron_batch.runtime_choice import decide_runtime
+from neuron_batch.runtimes.buckets import BucketError, parse_bucket_list, round_model_len
+from neuron_batch.runtimes.choice import decide_runtime
+from neuron_batch.runtimes.prefix_grid import BLOCK_SIZES
+from neuron_batch.runtimes.runtime import RUNTIMES, VLLM_NEURON, Runtime, RuntimeNameError, Shapes
 from neuron_batch.settings.declare import Declared, Kind, declared_in
 from neuron_batch.settings.groups import (
     GROUPS,
@@ -51,7 +51,7 @@ BY_NAME: dict[str, Declared] = {d.name: d for d in DECLARED}
 if len(BY_NAME) != len(DECLARED) or set(BY_NAME) & set(GROUPS):
     raise TypeError("a setting's name is declared twice, or names a group: settings are read "
                     "by name, whichever group holds them")
-#: The setting of each bucket list, by its key in the Neuron plugin's config (runtime.py).
+#: The setting of each bucket list, by its key in the Neuron plugin's config (runtimes/runtime.py).
 BUCKET_FIELDS: dict[str, str] = {d.setting.plugin_key: d.name for d in DECLARED
                                  if d.setting.plugin_key}
 

@@ -14,7 +14,7 @@ pytest.importorskip("matplotlib")
 from neuron_batch.bench import plots  # noqa: E402
 from neuron_batch.bench.ranking import pareto_front, rank  # noqa: E402
 from neuron_batch.bench.recommendation import recommend  # noqa: E402
-from neuron_batch.runtime import get_runtime  # noqa: E402
+from neuron_batch.runtimes.runtime import get_runtime  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STATES = ("IDLE", "ACTIVE_PREFILL", "ACTIVE_DECODE")

@@ -24,7 +24,7 @@ from neuron_batch.device.compile_time import (
 from neuron_batch.device.cost_model import load_profile
 from neuron_batch.device.hardware import get_instance
 from neuron_batch.device.target import Target
-from neuron_batch.runtime import get_runtime
+from neuron_batch.runtimes.runtime import get_runtime
 
 NXDI, BETA = get_runtime("nxdi"), get_runtime("vllm-neuron")
 INF2_X, INF2_8X = get_instance("inf2.xlarge"), get_instance("inf2.8xlarge")

@@ -2,8 +2,8 @@
 manager: hits come from vLLM's prefix cache over the pool the runtime has (nxdi: the block
 layout, as many blocks as the static slots; vllm-neuron: the paged cache); the scheduler
 records the shape each prefill runs on (nxdi: the (prefill, prefix) grid cell of
-prefix_grid.py; vllm-neuron: the new tokens padded to a token bucket) and the executor charges
-exactly that shape, with NxDI's block-KV gather on NeuronCore-v2 decodes."""
+runtimes/prefix_grid.py; vllm-neuron: the new tokens padded to a token bucket) and the executor
+charges exactly that shape, with NxDI's block-KV gather on NeuronCore-v2 decodes."""
 
 from __future__ import annotations
 
@@ -15,17 +15,17 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 
-from neuron_batch.buckets import bucket_for  # noqa: E402
 from neuron_batch.device.executor import engine_core, shutdown_llm, sim_executor  # noqa: E402
 from neuron_batch.device.hardware import get_instance  # noqa: E402
 from neuron_batch.device.target import Target, sim_engine_kwargs  # noqa: E402
-from neuron_batch.prefix_grid import (  # noqa: E402
+from neuron_batch.runtimes.buckets import bucket_for  # noqa: E402
+from neuron_batch.runtimes.prefix_grid import (  # noqa: E402
     default_prefill_buckets,
     default_prefix_buckets,
     default_tkg_buckets,
     grid_cell,
 )
-from neuron_batch.runtime import KV_SEGMENT_SIZE, NXDI, VLLM_NEURON, get_runtime  # noqa: E402
+from neuron_batch.runtimes.runtime import KV_SEGMENT_SIZE, NXDI, VLLM_NEURON, get_runtime  # noqa: E402
 from neuron_batch.scheduler.harness import drive, make_request, make_scheduler  # noqa: E402
 from neuron_batch.scheduler.neuron import NeuronScheduler  # noqa: E402
 from neuron_batch.scheduler.records import DECODE, PREFILL  # noqa: E402

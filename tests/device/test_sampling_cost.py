@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from neuron_batch.device import sampling_cost as sc
-from neuron_batch.device_sampling import DEVICE_SAMPLING, NXDI_SAMPLING
+from neuron_batch.runtimes.sampling import DEVICE_SAMPLING, NXDI_SAMPLING
 
 VOCAB = 128256
 

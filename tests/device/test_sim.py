@@ -37,7 +37,7 @@ from neuron_batch.device.target import (  # noqa: E402
     describe_sim,
     sim_engine_kwargs,
 )
-from neuron_batch.runtime import VLLM_NEURON, get_runtime  # noqa: E402
+from neuron_batch.runtimes.runtime import VLLM_NEURON, get_runtime  # noqa: E402
 from neuron_batch.scheduler.records import DECODE, EMPTY, PREFILL, iter_records  # noqa: E402
 
 #: These tests are about the seed design's paged device (the Beta plugin's shapes);
@@ -344,7 +344,7 @@ def test_a_longer_prompt_never_prefills_faster(main_run):
         assert time_a <= time_b * (1 + 1e-9), (len_a, len_b)
     # and through the executor's arithmetic for every length up to max_model_len
     executor = main_run.executor
-    from neuron_batch.buckets import bucket_for, default_prefill_buckets
+    from neuron_batch.runtimes.buckets import bucket_for, default_prefill_buckets
     buckets = default_prefill_buckets(MAX_BATCHED, MAX_MODEL_LEN)
     previous = 0.0
     for length in range(1, MAX_MODEL_LEN + 1, 7):
@@ -392,7 +392,7 @@ from neuron_batch.device.executor import shutdown_llm
 from neuron_batch.device.target import sim_engine_kwargs
 from neuron_batch.device.architectures import get_architecture
 from neuron_batch.device.hardware import get_instance
-from neuron_batch.runtime import get_runtime
+from neuron_batch.runtimes.runtime import get_runtime
 from neuron_batch.scheduler.records import read_records
 
 PAGED = get_runtime("vllm-neuron")

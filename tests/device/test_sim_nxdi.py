@@ -16,11 +16,11 @@ pytest.importorskip("vllm")
 
 from vllm import LLM, SamplingParams  # noqa: E402
 
-from neuron_batch.buckets import nxdi_default_buckets  # noqa: E402
 from neuron_batch.device.cost_model import CapacityError  # noqa: E402
 from neuron_batch.device.executor import engine_core, shutdown_llm, sim_executor  # noqa: E402
 from neuron_batch.device.hardware import get_instance  # noqa: E402
 from neuron_batch.device.target import sim_engine_kwargs  # noqa: E402
+from neuron_batch.runtimes.buckets import nxdi_default_buckets  # noqa: E402
 from neuron_batch.scheduler.records import DECODE, PREFILL  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from click.testing import CliRunner  # noqa: E402
 
 from neuron_batch.cli import main  # noqa: E402
 from neuron_batch.device.target import Target  # noqa: E402
-from neuron_batch.runtime import OPTIMUM_NEURON, get_runtime  # noqa: E402
+from neuron_batch.runtimes.runtime import OPTIMUM_NEURON, get_runtime  # noqa: E402
 from neuron_batch.scheduler.records import DECODE, PREFILL, read_records  # noqa: E402
 
 SEQS, LENGTH, CONTEXT = 4, 2048, 1024

@@ -18,12 +18,12 @@ from neuron_batch.device import sampling_cost  # noqa: E402
 from neuron_batch.device.executor import engine_core, shutdown_llm  # noqa: E402
 from neuron_batch.device.hardware import get_instance  # noqa: E402
 from neuron_batch.device.target import sim_engine_kwargs  # noqa: E402
-from neuron_batch.device_sampling import (  # noqa: E402
+from neuron_batch.report.sampling import sampling_section  # noqa: E402
+from neuron_batch.runtimes.sampling import (  # noqa: E402
     DEVICE_SAMPLING,
     HOST_SAMPLING_KEY,
     sampler_asks,
 )
-from neuron_batch.report.sampling import sampling_section  # noqa: E402
 from neuron_batch.scheduler.records import DECODE, PREFILL  # noqa: E402
 
 SCHEMA = StructuredOutputsParams(json={"type": "object"})

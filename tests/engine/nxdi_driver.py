@@ -23,8 +23,8 @@ import nxdi_fakes  # noqa: E402
 nxdi_fakes.install()
 nxdi_fakes.fake_neuron_devices()
 
-from neuron_batch.device_sampling import JobSampling  # noqa: E402
 from neuron_batch.engine import engine  # noqa: E402
+from neuron_batch.runtimes.sampling import JobSampling  # noqa: E402
 from neuron_batch.settings import RunSettings  # noqa: E402
 
 
@@ -172,7 +172,7 @@ def case_sampling(args: dict) -> dict:
     """Requests with their own SamplingParams (structured outputs, logprobs) through the whole
     engine, as case_run, with the model's tokenizer; `sampling` off: the job decision is
     skipped (on-device sampling whatever the requests ask)."""
-    from neuron_batch.device_sampling import job_sampling
+    from neuron_batch.runtimes.sampling import job_sampling
 
     settings = settings_of(args)
     params = {r["id"]: sampling_params(r) for r in args["requests"]}

@@ -13,7 +13,7 @@ and vLLM's engine and scheduler are the real ones. As the plugin's own tests do
   reads its first `computed_context_lens` tokens from the blocks of its block table (never from
   the prompt it is also given), writes only the new tokens, to their slots (never a slot of -1,
   never vLLM's null block 0), and runs on the (prefill, prefix) cell of NxDI's rule
-  (neuron_batch/prefix_grid.py); a decode reads its whole context through its block table.
+  (neuron_batch/runtimes/prefix_grid.py); a decode reads its whole context through its block table.
   A lost or wrong prefix is then a wrong token;
 - sampling on the device returns that token; with `on_device_sampling_config` None it returns
   fp32 logits (as NxDI's `NeuronBaseModel.forward` does), peaked on it over a spread that
@@ -184,7 +184,7 @@ class FakeNxDIModel:
     def _block_layout(self, nc, prefill, input_ids, position_ids, slots, block_table,
                       kwargs) -> list[int]:
         """NxDI's block layout with prefix caching: KV by block id and offset."""
-        from neuron_batch.prefix_grid import grid_cell
+        from neuron_batch.runtimes.prefix_grid import grid_cell
 
         size, vocab = nc.pa_block_size, self.config.vocab_size
         mapping = kwargs["slot_mapping"]

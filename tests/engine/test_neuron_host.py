@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 
 from neuron_batch.device.hardware import INSTANCES
-from neuron_batch.device_sampling import JobSampling
 from neuron_batch.engine import engine, neuron_host
 from neuron_batch.engine.neuron_host import NeuronHostError, host_setup, plugin_line
 from neuron_batch.engine.nxdi_plugin import block_layout_blocks
-from neuron_batch.prefix_grid import grid_size
-from neuron_batch.runtime import RUNTIMES, VLLM_NEURON
+from neuron_batch.runtimes.prefix_grid import grid_size
+from neuron_batch.runtimes.runtime import RUNTIMES, VLLM_NEURON
+from neuron_batch.runtimes.sampling import JobSampling
 from neuron_batch.settings import RunSettings, SettingsError
 
 NXDI = RUNTIMES["nxdi"]

@@ -21,7 +21,7 @@ from test_nxdi_plugin import (  # noqa: F401 (pytestmark: the suite's skips appl
     pytestmark,
 )
 
-from neuron_batch.prefix_grid import grid_cell
+from neuron_batch.runtimes.prefix_grid import grid_cell
 
 #: The suite's fixtures: the plugin installed once per environment, the tiny model, a case.
 case, plugin_dir, model_dir = plugin_suite.case, plugin_suite.plugin_dir, plugin_suite.model_dir

@@ -27,7 +27,7 @@ from neuron_batch.engine.optimum_export import (
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.inputs.prompt_records import PromptRecord
 from neuron_batch.job.startup import startup_words
-from neuron_batch.runtime import OPTIMUM_NEURON, RUNTIMES
+from neuron_batch.runtimes.runtime import OPTIMUM_NEURON, RUNTIMES
 from neuron_batch.settings import RunSettings
 
 RUNTIME = RUNTIMES[OPTIMUM_NEURON]

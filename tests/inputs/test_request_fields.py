@@ -22,7 +22,7 @@ from neuron_batch.inputs.request_paths import (
     refusals,
     request_path,
 )
-from neuron_batch.runtime import NXDI, RUNTIMES, VLLM_NEURON
+from neuron_batch.runtimes.runtime import NXDI, RUNTIMES, VLLM_NEURON
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 HI = [{"role": "user", "content": "Hi"}]
@@ -257,7 +257,7 @@ def test_optimum_neuron_refuses_what_its_runner_drops():
     """optimum-neuron 0.4.5's runner returns no logprobs, applies no bitmask, no per-request
     generator and no logits processors: the table refuses those fields on its host path, and
     keeps what vLLM's engine around the runner does (n, top_k, stop_token_ids)."""
-    from neuron_batch.runtime import OPTIMUM_NEURON
+    from neuron_batch.runtimes.runtime import OPTIMUM_NEURON
 
     optimum = request_path("neuron", RUNTIMES[OPTIMUM_NEURON])
     assert path_key("neuron", RUNTIMES[OPTIMUM_NEURON]) == ("neuron", OPTIMUM_NEURON)
@@ -276,7 +276,7 @@ def test_optimum_neuron_refuses_what_its_runner_drops():
 def test_the_simulated_optimum_neuron_refuses_what_its_host_refuses():
     """A plan made on the simulated device must hold on the host: under optimum-neuron the sim
     refuses structured outputs as its host does, and under nxdi it charges them."""
-    from neuron_batch.runtime import OPTIMUM_NEURON
+    from neuron_batch.runtimes.runtime import OPTIMUM_NEURON
 
     optimum = RUNTIMES[OPTIMUM_NEURON]
     assert path_key("sim", optimum) == ("sim", OPTIMUM_NEURON)
@@ -293,7 +293,7 @@ def test_the_optimum_neuron_refusal_is_said_once_naming_its_lines_and_agrees_wit
     (--device sim)", the device it was refused on: now one line names the lines, and the
     places it runs are named by their runtimes."""
     from neuron_batch.inputs.prompt_records import said_once
-    from neuron_batch.runtime import OPTIMUM_NEURON
+    from neuron_batch.runtimes.runtime import OPTIMUM_NEURON
 
     sim = request_path("sim", RUNTIMES[OPTIMUM_NEURON])
     records = [PromptRecord(n, str(n), f"in.jsonl:{n + 1}", prompt="Hi",

@@ -11,13 +11,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from neuron_batch.bench.suggest import suggest_decode, suggest_prefill
-from neuron_batch.buckets import bucket_for, default_decode_buckets, default_prefill_buckets
 from neuron_batch.layout.optimiser import (
     BucketPlan,
     evaluate,
     optimal_buckets,
     plans_for_each_k,
     prefill_chunk_lengths,
+)
+from neuron_batch.runtimes.buckets import (
+    bucket_for,
+    default_decode_buckets,
+    default_prefill_buckets,
 )
 
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuron_batch.buckets import bucket_for, nxdi_default_buckets
 from neuron_batch.device.hardware import get_instance
 from neuron_batch.device.target import Target
 from neuron_batch.inputs.shared_prefix import prefix_order
@@ -28,7 +27,8 @@ from neuron_batch.plan.grid import build_options, placements
 from neuron_batch.plan.search import Search, objective_key
 from neuron_batch.plan.splits import split_options
 from neuron_batch.plan.tighten import Tightener
-from neuron_batch.runtime import get_runtime
+from neuron_batch.runtimes.buckets import bucket_for, nxdi_default_buckets
+from neuron_batch.runtimes.runtime import get_runtime
 
 MODEL = Target.resolve(instance=get_instance("inf2.8xlarge"), arch="llama-3.1-8b", tp=2,
                        runtime=get_runtime("nxdi"), max_model_len=4096).cost_model

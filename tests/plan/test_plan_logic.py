@@ -307,7 +307,7 @@ def test_a_plan_s_settings_default_as_run_s():
 def test_the_default_plan_instances_are_the_calibrated_ones_their_runtime_ships_for():
     from neuron_batch.device.hardware import INSTANCES
     from neuron_batch.plan.candidates import DEFAULT_INSTANCES
-    from neuron_batch.runtime import default_runtime
+    from neuron_batch.runtimes.runtime import default_runtime
 
     assert DEFAULT_INSTANCES == ("inf2.xlarge", "inf2.8xlarge", "inf2.24xlarge",
                                  "inf2.48xlarge", "trn1.32xlarge")

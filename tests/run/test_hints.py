@@ -110,8 +110,8 @@ def test_too_long_prompts_end_with_the_one_max_model_len_that_fits_them_all(runs
     assert {field for _, field in listed} == {"num_prefill_tokens"}  # the CSV's column
     fix = hint(r"(--max-model-len \d+) fits every request", failed.output)
     # rounded as plan rounds its own tightest candidate
-    from neuron_batch.buckets import round_model_len
     from neuron_batch.inputs.load import load_prompts
+    from neuron_batch.runtimes.buckets import round_model_len
     records = load_prompts([TRACE], limit=40).records
     longest = max(r.prompt_len + r.max_tokens for r in records)
     assert fix == f"--max-model-len {round_model_len(longest)}"

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 pytest.importorskip("vllm")
 
-from neuron_batch.buckets import nxdi_default_buckets  # noqa: E402
 from neuron_batch.cli import main  # noqa: E402
+from neuron_batch.runtimes.buckets import nxdi_default_buckets  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 # (prompt, max_tokens): most fit in 1024 tokens, three need the long layout.

@@ -25,7 +25,7 @@ from neuron_batch.cli import main  # noqa: E402
 from neuron_batch.inputs.json_requests import record_from_batch_request  # noqa: E402
 from neuron_batch.inputs.prompt_records import FieldError  # noqa: E402
 from neuron_batch.inputs.request_paths import refusals, request_path  # noqa: E402
-from neuron_batch.runtime import NXDI, RUNTIMES  # noqa: E402
+from neuron_batch.runtimes.runtime import NXDI, RUNTIMES  # noqa: E402
 
 #: A Hermes-style template (the tools in <tools>, a call in <tool_call> tags), ChatML turns.
 HERMES_TEMPLATE = """{%- if tools %}<|im_start|>system

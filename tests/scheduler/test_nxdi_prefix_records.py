@@ -13,13 +13,13 @@ pytest.importorskip("vllm")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from neuron_batch.prefix_grid import (  # noqa: E402
+from neuron_batch.runtimes.prefix_grid import (  # noqa: E402
     default_prefill_buckets,
     default_prefix_buckets,
     default_tkg_buckets,
     grid_cell,
 )
-from neuron_batch.runtime import NXDI, RUNTIMES  # noqa: E402
+from neuron_batch.runtimes.runtime import NXDI, RUNTIMES  # noqa: E402
 from neuron_batch.scheduler import NeuronScheduler  # noqa: E402
 from neuron_batch.scheduler.harness import fake_model_output, make_request, make_scheduler  # noqa: E402,E501
 from neuron_batch.scheduler.records import DECODE, PREFILL  # noqa: E402

@@ -6,7 +6,7 @@ pytest.importorskip("vllm")
 
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 
-from neuron_batch.buckets import BucketError  # noqa: E402
+from neuron_batch.runtimes.buckets import BucketError  # noqa: E402
 from neuron_batch.scheduler import NeuronAsyncScheduler, NeuronScheduler  # noqa: E402
 from neuron_batch.scheduler.harness import (  # noqa: E402
     drive,

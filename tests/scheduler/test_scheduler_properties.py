@@ -9,8 +9,8 @@ pytest.importorskip("vllm")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from neuron_batch.buckets import max_kv_concurrent_requests  # noqa: E402
-from neuron_batch.runtime import NXDI, RUNTIMES  # noqa: E402
+from neuron_batch.runtimes.buckets import max_kv_concurrent_requests  # noqa: E402
+from neuron_batch.runtimes.runtime import NXDI, RUNTIMES  # noqa: E402
 from neuron_batch.scheduler import NeuronAsyncScheduler, NeuronScheduler, compat  # noqa: E402
 from neuron_batch.scheduler.harness import drive, make_request, make_scheduler  # noqa: E402
 

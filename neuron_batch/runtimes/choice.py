@@ -8,7 +8,7 @@ from __future__ import annotations
 from functools import cache
 
 from neuron_batch.choices import Device
-from neuron_batch.runtime import Runtime, default_runtime, get_runtime
+from neuron_batch.runtimes.runtime import Runtime, default_runtime, get_runtime
 
 
 def simulated_runtime(name: str | None, family: str) -> Runtime:

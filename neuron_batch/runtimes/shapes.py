@@ -1,7 +1,7 @@
 """What one configuration of a Neuron runtime compiles (`Shapes`), and the command-line
 options of its bucket lists (`BucketOption`): the shapes every step is padded to.
 
-Split from runtime.py, which defines the runtimes themselves: a `Shapes` asks its runtime
+Split from runtimes/runtime.py, which defines the runtimes themselves: a `Shapes` asks its runtime
 (`Shapes.runtime`, a `runtime.Runtime`) how its kernels read KV and how many graphs a list
 compiles, so this module imports none of it. Pure Python (no vLLM).
 """
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_batch import prefix_grid
-from neuron_batch.buckets import BucketError, bucket_for
+from neuron_batch.runtimes import prefix_grid
+from neuron_batch.runtimes.buckets import BucketError, bucket_for
 
 
 def _smallest_at_least(value: int, buckets: Sequence[int], fallback: int) -> int:

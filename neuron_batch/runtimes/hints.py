@@ -1,8 +1,8 @@
 """A Neuron runtime's lists in words: what to give instead of bucket lists of another
 runtime (the hint `Runtime.foreign_message` returns), and the lists as tables name them.
 
-Pure Python; it reads the `Runtime` objects it is given (runtime.py passes them in, so this
-module imports nothing of it).
+Pure Python; it reads the `Runtime` objects it is given (runtimes/runtime.py passes them in, so
+this module imports nothing of it).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from neuron_batch.buckets import (
+from neuron_batch.runtimes.buckets import (
     DECODE_CONTEXT_MULTIPLE,
     effective_max_prefill_tokens,
     fitting_buckets,

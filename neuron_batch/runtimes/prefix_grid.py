@@ -27,7 +27,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from neuron_batch.buckets import BucketError, nxdi_default_buckets
+from neuron_batch.runtimes.buckets import BucketError, nxdi_default_buckets
 
 #: Smallest prefill bucket of the grid NxDI generates by default (its flash-attention kernel).
 MIN_PREFILL_BUCKET = 512

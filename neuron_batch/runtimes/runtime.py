@@ -28,7 +28,7 @@ notes on decode context-length bucketing); optimum-neuron 0.4.5's wheel
 batching, max_context_length defaulting to sequence_length), `modules/decoder/
 modeling_decoder.py` (the two graph builders) and `decoder_wrappers.py` (prompts padded to
 max_context_length, batches to batch_size). Every module asks the resolved `Runtime` (and the
-`Shapes` it builds for one configuration, runtime_shapes.py) instead of testing the runtime's
+`Shapes` it builds for one configuration, runtimes/shapes.py) instead of testing the runtime's
 name. Pure Python (no vLLM): the CLI, the scheduler, the sim, bench and plan share it.
 """
 
@@ -38,8 +38,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_batch import device_sampling, prefix_grid
-from neuron_batch.buckets import (
+from neuron_batch.runtimes import prefix_grid
+from neuron_batch.runtimes import sampling as device_sampling
+from neuron_batch.runtimes.buckets import (
     BucketError,
     default_decode_buckets,
     default_prefill_buckets,
@@ -48,9 +49,9 @@ from neuron_batch.buckets import (
     validate_buckets,
     validate_context_buckets,
 )
-from neuron_batch.device_sampling import SamplingPath
-from neuron_batch.runtime_hints import ROLES, bucket_words, foreign_message
-from neuron_batch.runtime_shapes import BucketOption, Shapes
+from neuron_batch.runtimes.hints import ROLES, bucket_words, foreign_message
+from neuron_batch.runtimes.sampling import SamplingPath
+from neuron_batch.runtimes.shapes import BucketOption, Shapes
 
 __all__ = ["BucketOption", "Shapes", "Runtime", "RUNTIMES", "RUNTIME_NAMES", "NXDI", "VLLM_NEURON",
            "OPTIMUM_NEURON", "KV_SEGMENT_SIZE", "RuntimeNameError", "default_runtime",
@@ -89,7 +90,8 @@ class Runtime:
     #: Whether prefills are chunked (vllm-neuron) or whole prompts (nxdi, optimum-neuron).
     chunked_prefill: bool
     #: Whether prefix caching compiles NxDI's block layout and 2-D (prefill, prefix) grid
-    #: (prefix_grid.py); else (the Beta plugin) a hit is a segmented prefill of the new tokens.
+    #: (runtimes/prefix_grid.py); else (the Beta plugin) a hit is a segmented prefill of the new
+    #: tokens.
     prefix_grid: bool
     #: How a prompt is prefilled, in words (legends).
     prefill_words: str
@@ -121,7 +123,7 @@ class Runtime:
     host_block_size: int | None = None
     #: Keys of its config section that fix the compiled KV layout to the one the shapes model.
     layout_config: tuple[tuple[str, object], ...] = ()
-    #: How its plugin samples: on the device, or the logits to the host (device_sampling.py).
+    #: How its plugin samples: on the device, or the logits to the host (runtimes/sampling.py).
     sampling: SamplingPath = device_sampling.DEVICE_SAMPLING
     #: The distribution its plugin's model loader imports (NxDI), for doctor; None: in-plugin.
     loader_distribution: str | None = None
@@ -146,7 +148,7 @@ class Runtime:
         list takes the runtime's default). BucketError, naming the flag, for a list the
         plugin would refuse or that leaves a step without a graph; for a list of the other
         runtime it says what to give instead on the instance `family` (None: unknown).
-        `prefix_caching` under nxdi: the grid's shapes (prefix_grid.py; KV blocks of
+        `prefix_caching` under nxdi: the grid's shapes (runtimes/prefix_grid.py; KV blocks of
         `block_size`)."""
         given = dict(bucket_lists or {})
         prefixes = given.pop(prefix_grid.PREFIX_BUCKETS_KEY, None)
@@ -217,7 +219,7 @@ class Runtime:
     def foreign_message(self, given: Mapping[str, Sequence[int]], *, max_model_len: int,
                         max_num_batched_tokens: int, family: str | None = None) -> str:
         """Why bucket lists of another runtime (by config key) are refused here, and what
-        to give instead (runtime_hints.foreign_message), one sentence per runtime they are of."""
+        to give instead (runtimes.hints.foreign_message), one sentence per runtime they are of."""
         texts = []
         for other in RUNTIMES.values():
             keys = {o.key for o in other.bucket_options}
