@@ -191,15 +191,15 @@ def test_duplicate_ids_are_named_by_the_check_that_holds_only_their_hashes(tiny_
     path = tmp_path / "p.jsonl"
     lines = [{"id": f"r{i}", "prompt_len": 10} for i in range(30)]
     lines[20]["id"] = "r3"
-    lines[25] = {"prompt_len": 12}          # no id: its position, 24 (line 21 is left out)
-    lines[26]["id"] = "24"                  # ... which an explicit id takes again
+    lines[25] = {"prompt_len": 12}          # no id: its place in reading order, 25 (the bad
+    lines[26]["id"] = "25"                  # line 21 counted), which an explicit id takes again
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     workload, settings = _workload([path], tiny_model)
     loaded, _ = _held_whole(workload, settings)
     assert [str(p) for p in workload.problems] == [str(p) for p in loaded.problems]
     assert [str(p) for p in workload.problems] == [
         f"{path}:21: field 'id': duplicate id 'r3' (first used at {path}:4); ids must be unique",
-        f"{path}:27: field 'id': duplicate id '24' (first used at {path}:26); ids must be "
+        f"{path}:27: field 'id': duplicate id '25' (first used at {path}:26); ids must be "
         f"unique"]
     assert list(job_requests.job_ids(workload.prepared.requests)) == [
         r.id for r in loaded.records]

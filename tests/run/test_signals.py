@@ -162,8 +162,12 @@ def test_a_sigterm_in_the_first_moments_of_run_exits_4(tmp_path, delay):
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 4, (proc.returncode, stderr)
-    assert stderr.startswith("neuron-batch: Stopped by SIGTERM while reading the inputs"), stderr
-    assert attempts(out)[0]["phase"] == READING
+    # (the inputs are read from about 0.3 s on a quiet machine; later, the engine starts)
+    phase = attempts(out)[0]["phase"]
+    assert phase in (READING, STARTING), phase
+    assert stderr.startswith("neuron-batch: Stopped by SIGTERM while "
+                             + ("reading the inputs" if phase == READING
+                                else "starting the engine")), stderr
 
 
 # -- before the engine runs: stopped there and then ------------------------------------------

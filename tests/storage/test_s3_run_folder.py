@@ -119,7 +119,9 @@ def test_killed_then_resumed_from_no_local_state(bucket, tmp_path):
     """kill -9 once parts reached the bucket; the staging folder deleted (a fresh host);
     --resume rebuilds it from the bucket, takes the dead run's lock and finishes: every
     request exactly once, the killed attempt counted."""
-    data = str(trace(tmp_path / "t.csv", 200, max_tokens=16))
+    # (long enough to be running when the store goes, on a quiet machine too: 200 requests
+    # were done before the first part reached the bucket)
+    data = str(trace(tmp_path / "t.csv", 3000, max_tokens=16))
     url = f"s3://{bucket}/night/"
     args = [data, *SIM, "--max-num-seqs", "4", "-o", url, "-q"]
     proc = start(args, env(tmp_path))
@@ -218,7 +220,9 @@ def test_a_store_that_stops_answering_stops_the_run_and_resume_uploads_the_rest(
     """The endpoint dies mid-run: retried for NEURON_BATCH_S3_RETRY_S, then exit 4 naming the
     URL and the code, the outputs kept in the staging folder; --resume on this host (the store
     back) uploads them and finishes: every request exactly once."""
-    data = str(trace(tmp_path / "t.csv", 200, max_tokens=16))
+    # (long enough to be running when the store goes, on a quiet machine too: 200 requests
+    # were done before the first part reached the bucket)
+    data = str(trace(tmp_path / "t.csv", 3000, max_tokens=16))
     url = f"s3://{bucket}/night/"
     args = [data, *SIM, "--max-num-seqs", "4", "-o", url, "-q"]
     proxy = Proxy(int(s3_server.rsplit(":", 1)[1]))
@@ -236,7 +240,7 @@ def test_a_store_that_stops_answering_stops_the_run_and_resume_uploads_the_rest(
     assert sum(len(line) + 1 for line in kept) >= in_bucket
     code, said = run([*args, "--resume"], env(tmp_path))
     assert code == 0, said
-    assert sorted(r["index"] for r in outputs(bucket, "night/")) == list(range(200))
+    assert sorted(r["index"] for r in outputs(bucket, "night/")) == list(range(3000))
 
 
 def test_a_bucket_that_cannot_be_written_is_refused_before_anything_runs(
