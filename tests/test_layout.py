@@ -123,3 +123,12 @@ def test_the_check_sees_a_planted_upward_import(tmp_path):
     planted = tmp_path / "planted.py"
     planted.write_text(source, encoding="utf-8")
     assert "neuron_batch.cli" in imports_of("neuron_batch.inputs.planted", planted, known)
+
+
+def test_no_two_stages_import_each_other():
+    """Within one stage modules may import each other, but two of its packages or modules
+    (runtimes and versions, say) must not: each is one concept, and one of them is below."""
+    edges = {(stage(a), stage(b)) for a, targets in graph().items() for b in targets
+             if stage(a) != stage(b)}
+    both = sorted(f"{a} <-> {b}" for a, b in edges if (b, a) in edges and a < b)
+    assert not both, both

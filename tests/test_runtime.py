@@ -12,6 +12,7 @@ from neuron_batch.device.cost_model import CapacityError
 from neuron_batch.device.hardware import get_instance
 from neuron_batch.device.static_kv import static_kv_capacity, static_slots
 from neuron_batch.runtimes.buckets import BucketError
+from neuron_batch.runtimes.choice import runtime_of_plugin
 from neuron_batch.runtimes.runtime import (
     NXDI,
     VLLM_NEURON,
@@ -21,7 +22,6 @@ from neuron_batch.runtimes.runtime import (
     nxdi_default_buckets,
 )
 from neuron_batch.settings import RunSettings, SettingsError
-from neuron_batch.versions import runtime_of_plugin
 
 GIB = 1 << 30
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from neuron_batch import versions
+from neuron_batch.runtimes.choice import runtime_of_plugin
 from neuron_batch.versions import (
     FULL_ENGINE,
     NEURON_PLUGIN_RELEASES,
@@ -84,8 +85,8 @@ def test_optimum_neurons_releases_are_its_own_line_not_aws_04x():
     assert plugin_line_of("0.4.5", "optimum-neuron").vllm == "0.11.0"
     assert plugin_line_of("0.4.5").plugin == "vllm-neuron 0.4.x"
     assert plugin_line_of("0.5.0", "optimum-neuron") is None
-    assert versions.runtime_of_plugin("0.4.5", "optimum-neuron").name == "optimum-neuron"
-    assert versions.runtime_of_plugin("0.4.5").name == NXDI
+    assert runtime_of_plugin("0.4.5", "optimum-neuron").name == "optimum-neuron"
+    assert runtime_of_plugin("0.4.5").name == NXDI
 
 
 def _installed(monkeypatch, distributions: dict[str, str], points: dict[str, str]):

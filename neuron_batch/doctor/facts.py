@@ -19,6 +19,7 @@ from typing import Any
 
 from neuron_batch import __version__
 from neuron_batch.doctor.export import export_facts
+from neuron_batch.runtimes.choice import runtime_of_plugin
 from neuron_batch.runtimes.runtime import Runtime
 from neuron_batch.settings import RunSettings
 from neuron_batch.storage.urls import is_url
@@ -27,7 +28,6 @@ from neuron_batch.versions import (
     installed_vllm,
     neuron_plugin,
     plugin_line_of,
-    runtime_of_plugin,
     tested_release,
     tested_versions,
 )
