@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from neuron_batch.storage.lines import whole_lines_end
+
 OUTPUTS = "outputs.jsonl"
 DONE_INDEX = "outputs.idx"
 #: An outputs.idx entry: the request's index in the job, outputs.jsonl's size after its line.
@@ -342,15 +344,7 @@ def _cut_torn_line(path: Path) -> int:
     """Cut a torn last line (no newline: a run killed mid-write) off `path`; its size after."""
     with open(path, "r+b") as handle:
         size = handle.seek(0, os.SEEK_END)
-        end = size
-        while end > 0:
-            start = max(0, end - (1 << 16))
-            handle.seek(start)
-            newline = handle.read(end - start).rfind(b"\n")
-            if newline >= 0:
-                end = start + newline + 1
-                break
-            end = start
+        end = whole_lines_end(handle, size)
         if end != size:
             handle.truncate(end)
         return end

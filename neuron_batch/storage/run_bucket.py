@@ -45,6 +45,7 @@ from typing import Any
 
 from neuron_batch.errors import EXIT_INTERRUPTED
 from neuron_batch.storage.bucket_lock import LOCK_KEY, BucketLock
+from neuron_batch.storage.lines import whole_lines_end
 from neuron_batch.storage.urls import (
     EXTRAS,
     StorageError,
@@ -507,15 +508,7 @@ def _files_of(folder: Path) -> Iterator[tuple[str, Path]]:
 def _lines_end(path: Path, size: int) -> int:
     """Where the last whole line of the first `size` bytes of `path` ends."""
     with open(path, "rb") as handle:
-        end = size
-        while end > 0:
-            start = max(0, end - (1 << 16))
-            handle.seek(start)
-            newline = handle.read(end - start).rfind(b"\n")
-            if newline >= 0:
-                return start + newline + 1
-            end = start
-        return 0
+        return whole_lines_end(handle, size)
 
 
 def _starts_with(path: Path, head: Path) -> bool:

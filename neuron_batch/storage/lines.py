@@ -1,0 +1,21 @@
+"""Where a file's last whole line ends: a run killed mid-write leaves a torn last line, which
+neither a resume (job/folder.py) nor an upload (storage/run_bucket.py) may take. Pure."""
+
+from __future__ import annotations
+
+from typing import BinaryIO
+
+_BACK = 1 << 16     # read backwards this much at a time: a line is rarely longer
+
+
+def whole_lines_end(handle: BinaryIO, size: int) -> int:
+    """Where the last whole line of the first `size` bytes of `handle` ends (0: none)."""
+    end = size
+    while end > 0:
+        start = max(0, end - _BACK)
+        handle.seek(start)
+        newline = handle.read(end - start).rfind(b"\n")
+        if newline >= 0:
+            return start + newline + 1
+        end = start
+    return 0
