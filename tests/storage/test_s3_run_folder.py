@@ -296,8 +296,10 @@ def test_the_mirror_sends_whole_lines_and_a_fresh_host_rebuilds_them(bucket, tmp
     (staging / "outputs.jsonl").write_text("".join(lines) + '{"id": "r10", "outp')
     (staging / "run.json").write_text('{"input_fingerprint": "abc"}\n')
     deadline = time.monotonic() + 20
+    # (outputs and the other files go up in turn: wait for both)
     while sum(size for key, size in keys(bucket, "mirror/").items()
-              if key.startswith("outputs/part-")) < len("".join(lines).encode()):
+              if key.startswith("outputs/part-")) < len("".join(lines).encode()) \
+            or "run.json" not in keys(bucket, "mirror/"):
         assert time.monotonic() < deadline, keys(bucket, "mirror/")
         time.sleep(0.05)
     first._stop.set()       # (the host dies: no close, the lock left behind)
