@@ -68,25 +68,38 @@ def format_summary(report: Report | Mapping[str, Any], width: int | None = None)
     """A compact, aligned summary of a run report, one section per concern; lines longer than
     `width` (a terminal's, `terminal_width`; None: none) cut."""
     report = as_report(report)
-    config = report.section("config")
-    requests = report.section("requests")
-    throughput = report.section("throughput")
-    tokens = report.section("tokens")
-    steps = report.section("steps")
-    padding = report.section("padding")
+    runtime = runtime_of(report.section("config").to_dict())
+    lines = ["neuron-batch run summary", *_config_rows(report, runtime), "",
+             *_totals_rows(report), *_shape_rows(report, runtime), *_table_sections(report)]
+    if report.output_dir:
+        lines += ["", title_row("Run folder", [str(report.output_dir)])]
+    verdict = verdict_lines(report, MAX_WIDTH)     # (last: what to run next time)
+    if verdict:
+        lines += ["", *verdict]
+    # Long model paths are the only thing that could still overflow: at a terminal cut rather
+    # than wrap tables; piped (a log, a file) nothing is cut.
+    return "\n".join(clip(line, width) for line in lines) + "\n"
 
-    lines = ["neuron-batch run summary"]
+
+def _config_rows(report: Report, runtime: Any) -> list[str]:
+    """The settings the run ran with, as key: value pairs."""
+    config = report.section("config")
     shown = config.to_dict()
-    runtime = runtime_of(config.to_dict())
     if "kv_reserve" in shown and runtime.static_kv:
         shown["kv_reserve"] = "n/a (static KV cache)"    # the rule never binds under nxdi
     if config.device in ("cpu", "cuda") and "runtime" in shown:
         # no Neuron runtime ran here: the scheduler padded to the shapes it compiles
         shown["runtime"] = f"shapes of {shown['runtime']}"
-    lines += wrap_pairs([(key, shown[key]) for key in _CONFIG_KEYS if key in shown])
-    lines.append("")
+    return wrap_pairs([(key, shown[key]) for key in _CONFIG_KEYS if key in shown])
+
+
+def _totals_rows(report: Report) -> list[str]:
+    """Requests, throughput, tokens, the prefix cache, cost and the profile's calibration."""
+    requests = report.section("requests")
+    throughput = report.section("throughput")
+    tokens = report.section("tokens")
     skipped = or_none(requests.skipped)
-    lines += title_rows("Requests", [
+    lines = title_rows("Requests", [
         f"{int_text(or_none(requests.completed))} completed of "
         f"{int_text(or_none(requests.total))}",
         f"{int_text(or_none(requests.failed))} failed",
@@ -110,15 +123,23 @@ def format_summary(report: Report | Mapping[str, Any], width: int | None = None)
         lines += _cost_rows(report)
     elif report.cost_missing:
         lines.append(title_row("Cost", [report.cost_missing]))
-    profile = (config.sim or {}).get("profile") or {}
+    profile = (report.section("config").sim or {}).get("profile") or {}
     if profile.get("calibrated") is False:
         lines.append(title_row("Profile", [f"uncalibrated ({profile.get('name')}: derived from "
                                       f"hardware ratios, no published figures to fit)"]))
-    lines.append(title_row("Steps", [f"{int_text(or_none(steps.total))} total",
-                                f"{int_text(or_none(steps.prefill))} prefill",
-                                f"{int_text(or_none(steps.decode))} decode",
-                                f"{int_text(or_none(steps.empty))} empty",
-                                f"{int_text(or_none(report.preemptions))} preempted"]))
+    return lines
+
+
+def _shape_rows(report: Report, runtime: Any) -> list[str]:
+    """Steps, KV, the compiled graphs and the start-up, and the report's notes."""
+    config = report.section("config")
+    steps = report.section("steps")
+    padding = report.section("padding")
+    lines = [title_row("Steps", [f"{int_text(or_none(steps.total))} total",
+                                 f"{int_text(or_none(steps.prefill))} prefill",
+                                 f"{int_text(or_none(steps.decode))} decode",
+                                 f"{int_text(or_none(steps.empty))} empty",
+                                 f"{int_text(or_none(report.preemptions))} preempted"])]
     # The configured lists are what was compiled; by_bucket may add buckets seen but not configured.
     prefill_buckets = (config.prefill_buckets if present(config.prefill_buckets)
                        else padding.phase("prefill").rows())
@@ -137,8 +158,13 @@ def format_summary(report: Report | Mapping[str, Any], width: int | None = None)
     said = notes(report)
     if said:
         lines += ["", *(line for sentence in said for line in textwrap.wrap(sentence, MAX_WIDTH))]
+    return lines
 
-    lines += ["", *_latency_section(report.section("latency"))]
+
+def _table_sections(report: Report) -> list[str]:
+    """Latency, padding per phase, the split, time per state, admission refusals, replicas."""
+    padding = report.section("padding")
+    lines = ["", *_latency_section(report.section("latency"))]
     lines += ["", *_padding_section(padding.phase("prefill"), phase="Prefill",
                                     unit="tokens", noun="tokens", kind="prefill")]
     lines += ["", *_padding_section(padding.phase("decode"), phase="Decode",
@@ -156,19 +182,13 @@ def format_summary(report: Report | Mapping[str, Any], width: int | None = None)
         state_total = sum(or_none(row.seconds) or 0.0 for row in states.values())
         lines += ["", *_state_section(states, state_total, "Time per state (all replicas)")]
     else:
-        lines += ["", *_state_section(states, or_none(throughput.elapsed_s))]
+        elapsed = or_none(report.section("throughput").elapsed_s)
+        lines += ["", *_state_section(states, elapsed)]
     lines += ["", *_blocked_section(report.section("admission_blocked").counts())]
     lines += _kv_hint(report)
     if report.replicas:
         lines += ["", *_replicas_section(report.replicas)]
-    if report.output_dir:
-        lines += ["", title_row("Run folder", [str(report.output_dir)])]
-    verdict = verdict_lines(report, MAX_WIDTH)     # (last: what to run next time)
-    if verdict:
-        lines += ["", *verdict]
-    # Long model paths are the only thing that could still overflow: at a terminal cut rather
-    # than wrap tables; piped (a log, a file) nothing is cut.
-    return "\n".join(clip(line, width) for line in lines) + "\n"
+    return lines
 
 
 def terminal_width(stream: object) -> int | None:
