@@ -97,22 +97,8 @@ def _families(report: Report, timestamp: float, exit_code: int | None = None
     def figures_of(section: Section, keys: tuple[str, ...]) -> dict[str, Any]:
         return {key: getattr(section, key) for key in keys}
 
-    bucket_steps = []
-    for phase in ("prefill", "decode"):
-        count_key = PaddingPhase.KINDS[phase][0]
-        for bucket, row in padding.phase(phase).rows().items():
-            bucket_steps.append(({"phase": phase, "bucket": bucket},
-                                 or_none(getattr(row, count_key)) or 0))
-    latency_quantiles, latency_means = [], []
-    for _, key in LATENCIES:
-        kind = key.removesuffix("_s")
-        figures = getattr(latency, key) or Distribution()
-        for name, quantile in PERCENTILES:
-            if or_none(getattr(figures, name)) is not None:
-                latency_quantiles.append(({"kind": kind, "quantile": quantile},
-                                          getattr(figures, name)))
-        if or_none(figures.mean) is not None:
-            latency_means.append(({"kind": kind}, figures.mean))
+    bucket_steps = _bucket_steps(padding)
+    latency_quantiles, latency_means = _latency_samples(latency)
     enabled = prefix.enabled
 
     return [
@@ -188,6 +174,32 @@ def _families(report: Report, timestamp: float, exit_code: int | None = None
          [({"replica": str(r.get("replica"))}, r["busy_fraction"])
           for r in replicas if r.get("busy_fraction") is not None]),
     ]
+
+
+def _bucket_steps(padding: Any) -> _Samples:
+    """Steps per compiled bucket, by phase (0: a graph the run never used)."""
+    out: _Samples = []
+    for phase in ("prefill", "decode"):
+        count_key = PaddingPhase.KINDS[phase][0]
+        for bucket, row in padding.phase(phase).rows().items():
+            out.append(({"phase": phase, "bucket": bucket},
+                        or_none(getattr(row, count_key)) or 0))
+    return out
+
+
+def _latency_samples(latency: Any) -> tuple[_Samples, _Samples]:
+    """(the latency quantiles, the latency means) by kind (ttft, tpot, e2e)."""
+    quantiles: _Samples = []
+    means: _Samples = []
+    for _, key in LATENCIES:
+        kind = key.removesuffix("_s")
+        figures = getattr(latency, key) or Distribution()
+        for name, quantile in PERCENTILES:
+            if or_none(getattr(figures, name)) is not None:
+                quantiles.append(({"kind": kind, "quantile": quantile}, getattr(figures, name)))
+        if or_none(figures.mean) is not None:
+            means.append(({"kind": kind}, figures.mean))
+    return quantiles, means
 
 
 def _metric_prefix(job: str) -> str:
