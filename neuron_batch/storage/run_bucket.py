@@ -24,7 +24,7 @@ outputs begin with the bucket's is kept as it is (same host: the outputs the buc
 get yet are uploaded now); any other is replaced by the bucket's copy.
 
 A store that stops answering is retried with backoff for NEURON_BATCH_S3_RETRY_S seconds;
-then the run is stopped (SIGTERM to itself: it ends as an interrupted run, exit 4) and the
+then the run is stopped (through its SIGTERM handler: it ends as an interrupted run, exit 4); the
 outputs stay in the staging folder for the next --resume on this host. Nothing here writes a
 credential anywhere: the client takes them from the standard chain and errors carry only the
 URL and the service's code.
@@ -32,6 +32,7 @@ URL and the service's code.
 
 from __future__ import annotations
 
+import _thread
 import hashlib
 import os
 import re
@@ -273,7 +274,7 @@ class BucketRun:
                     self.log(f"{self.url}: the store has not answered for "
                              f"{self.retry_s:.0f} s: stopping the run (exit 4); its outputs "
                              f"are kept in {self.staging}; rerun with --resume on this host")
-                    os.kill(os.getpid(), signal.SIGTERM)
+                    _stop_the_run()
                     return
                 wait = min(10.0, max(tick, wait * 2))
 
@@ -282,7 +283,7 @@ class BucketRun:
         self.log(f"{self.url}: another run took the lock over; stopping this one (exit 4), "
                  f"nothing more is written to the bucket")
         if self._mirroring:     # (the run is going: it stops as a signalled run does)
-            os.kill(os.getpid(), signal.SIGTERM)
+            _stop_the_run()
 
     def _retrying(self, action: Callable[[], None]) -> None:
         """`action`, retried with backoff for up to retry_s; StorageError after that."""
@@ -476,6 +477,14 @@ class BucketRun:
                     break
                 end += _copy_object(self.client, self.bucket, f"{self.prefix}{rel}", out)
         return end
+
+
+def _stop_the_run() -> None:
+    """Stop the run as a SIGTERM would, through its own handler, from this thread. No OS
+    signal: one sent just after the run's handler was put away (the run finished while the
+    store failed) killed the process outright (-15, no words); `interrupt_main` does nothing
+    then, and close() ends the run with exit 4 from `failed`."""
+    _thread.interrupt_main(signal.SIGTERM)
 
 
 def _download(client: Any, bucket: str, key: str, target: Path) -> None:

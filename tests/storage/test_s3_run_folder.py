@@ -139,9 +139,9 @@ def test_killed_then_resumed_from_no_local_state(bucket, tmp_path):
     code, said = run([*args, "--resume"], env(tmp_path))
     assert code == 0, said
     rows = outputs(bucket, "night/")
-    assert sorted(r["index"] for r in rows) == list(range(200))
+    assert sorted(r["index"] for r in rows) == list(range(3000))
     report = json.loads(read(bucket, "night/report.json"))
-    assert report["requests"]["completed"] == 200
+    assert report["requests"]["completed"] == 3000
     assert [a["ended"] for a in report["attempts"]][0] == "killed"
     assert not [k for k in keys(bucket, "night/") if k.startswith(("outputs/", ".lock"))]
 
@@ -231,7 +231,7 @@ def test_a_store_that_stops_answering_stops_the_run_and_resume_uploads_the_rest(
     proxy.stop()
     stopped_at = time.monotonic()
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 4, out + err
+    assert proc.returncode == 4, (out + err)[-3000:]
     assert time.monotonic() - stopped_at < 60
     assert f"{url}: EndpointUnreachable" in err and "--resume on this host" in err
     kept = (staging_dir(url) / "outputs.jsonl").read_text().splitlines()
