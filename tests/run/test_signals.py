@@ -75,6 +75,19 @@ def attempts(out: Path) -> list[dict]:
 
 # -- the handler itself, in this process ----------------------------------------------------
 
+@pytest.fixture(autouse=True)
+def _handlers_as_a_fresh_process_has_them():
+    """These tests start from the handlers a fresh interpreter has: an earlier test in this
+    process (a library it ran) can leave SIGINT ignored, and the run's handler puts back
+    whatever it found."""
+    found = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    for signum, handler in found.items():
+        signal.signal(signum, handler)
+
+
 def test_a_phase_that_does_not_wait_stops_at_once_and_a_waiting_one_at_its_end():
     with RunSignals() as signals:
         with pytest.raises(Interrupted) as stopped:
