@@ -276,9 +276,6 @@ class RunFolder:
                     self._index_ok = True
         return lines
 
-    def read_outputs(self) -> list[dict[str, Any]]:
-        return list(self.iter_outputs())
-
     def iter_outputs(self) -> Iterator[dict[str, Any]]:
         """outputs.jsonl's lines one at a time (a --resume's batch.json counts them without
         holding them)."""

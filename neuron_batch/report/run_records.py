@@ -56,10 +56,13 @@ class RequestColumns:
     num_cached_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     constrained: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     logprobs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # False: `req_id` stays empty. Only the replicas' report matches records to outputs by id;
+    # a single engine's report reads none, and a million ids are ~70 MB it need not hold.
+    with_ids: bool = True
     _chunks: dict[str, list[Any]] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
-        return len(self.req_id)
+        return len(self.finish_reason)
 
     def add(self, record: RequestRecord) -> None:
         for name in _FLOATS:
@@ -68,7 +71,8 @@ class RequestColumns:
         for name in _INTS:
             self._chunks.setdefault(name, []).append([int(getattr(record, name))])
         for name in _TEXTS:
-            getattr(self, name).append(getattr(record, name))
+            if name != "req_id" or self.with_ids:
+                getattr(self, name).append(getattr(record, name))
 
     def add_block(self, line: dict[str, Any]) -> None:
         decoded = decode(line, REQUEST_COLUMNS)
@@ -77,7 +81,8 @@ class RequestColumns:
             self._chunks.setdefault(name, []).append(decoded.get(name, np.full(n, _NAN)))
         for name in _INTS:
             self._chunks.setdefault(name, []).append(decoded.get(name, np.zeros(n, np.int64)))
-        self.req_id.extend(decoded.get("req_id", [""] * n))
+        if self.with_ids:
+            self.req_id.extend(decoded.get("req_id", [""] * n))
         for name in ("finish_reason", "sample_of"):
             getattr(self, name).extend(v or None for v in decoded.get(name, [""] * n))
 
@@ -93,13 +98,13 @@ class RequestColumns:
     def take(self, keep: Iterable[int] | np.ndarray) -> RequestColumns:
         """The rows at the indices `keep`, in that order."""
         at = np.asarray(list(keep) if not isinstance(keep, np.ndarray) else keep, dtype=np.int64)
-        out = RequestColumns()
+        out = RequestColumns(with_ids=self.with_ids)
         for name in (*_FLOATS, *_INTS):
             setattr(out, name, getattr(self, name)[at])
         picked = at.tolist()
         for name in _TEXTS:
             column = getattr(self, name)
-            setattr(out, name, [column[i] for i in picked])
+            setattr(out, name, [column[i] for i in picked] if column else [])
         return out
 
     def completed(self) -> RequestColumns:
@@ -114,8 +119,11 @@ class RequestColumns:
     def extend(self, other: RequestColumns) -> None:
         for name in (*_FLOATS, *_INTS):
             setattr(self, name, np.concatenate([getattr(self, name), getattr(other, name)]))
+        self.with_ids = self.with_ids and other.with_ids
         for name in _TEXTS:
             getattr(self, name).extend(getattr(other, name))
+        if not self.with_ids:
+            self.req_id.clear()
 
 
 @dataclass
@@ -133,14 +141,15 @@ class RunRecords:
         return not self.aggregates.num_steps and not len(self.requests)
 
 
-def load(path: str | Path) -> RunRecords:
+def load(path: str | Path, *, ids: bool = True) -> RunRecords:
     """A records file as the report reads it (see the module text): its summary's aggregates,
     else those of its last checkpoint where that holds every step in the file (a replica's
-    records: scheduler/records.py `Recorder.flush`), else one pass over its steps."""
+    records: scheduler/records.py `Recorder.flush`), else one pass over its steps. `ids`:
+    the requests' ids read too (RequestColumns.with_ids)."""
     path = Path(path)
     config, final, steps_in_file, meta = None, None, 0, []
     tables: dict[str, Any] = {}     # the checkpoints' table changes, added up
-    requests = RequestColumns()
+    requests = RequestColumns(with_ids=ids)
     with open(path, encoding="utf-8") as handle:
         for line in handle:
             if line.startswith('{"type":"steps"'):
@@ -181,16 +190,16 @@ def load(path: str | Path) -> RunRecords:
         if final["type"] == "summary" or aggregates.num_steps == steps_in_file:
             return RunRecords(config, aggregates, dict(final.get("admission_blocked") or {}),
                               requests.done(), meta)
-    return _rebuild(path)
+    return _rebuild(path, ids)
 
 
 _BLOCK_COUNT = re.compile(r'\{"type":"steps","n":(\d+),')
 
 
-def _rebuild(path: Path) -> RunRecords:
+def _rebuild(path: Path, ids: bool = True) -> RunRecords:
     """One pass over a file's steps: records before issue 46, or a file cut short."""
     config, steps, meta, blocked = None, [], [], None
-    requests = RequestColumns()
+    requests = RequestColumns(with_ids=ids)
     for kind, record in iter_records(path):
         if kind == "step":
             steps.append(record)

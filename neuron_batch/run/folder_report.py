@@ -71,7 +71,7 @@ def build_report(job: Job) -> Report:
                                     simulated=job.simulated, extra_config=extra, total=total,
                                     skipped=len(problems))
     else:
-        records = concat([load(p) for p in folder.records_paths()])
+        records = concat([load(p, ids=False) for p in folder.records_paths()])
         # Abandoned (aborted) or failed requests are not completed work: leave them out.
         records.requests = records.requests.completed()
         figures = summarize_run(records, extra_config=extra, total=total,
@@ -144,7 +144,7 @@ def split_section(attempts: list[dict[str, Any]], folder: RunFolder, settings: R
             elapsed, output_tokens = figures["elapsed_s"], figures["output_tokens"]
             extra = {"replicas": figures["replicas"]}
         else:
-            one = Report.new(summarize_run(load(entry)))
+            one = Report.new(summarize_run(load(entry, ids=False)))
             elapsed, output_tokens = one.throughput.elapsed_s, one.tokens.output
         parts.append({**attempt["part"], "attempt": attempt["attempt"],
                       "ended": attempt.get("ended"), "elapsed_s": elapsed,
@@ -209,7 +209,7 @@ def _tokens_from_outputs(report: Report, folder: RunFolder) -> None:
     """Token totals and rates from outputs.jsonl, the record of what finished: scheduler records
     of an attempt killed with -9 may lack its last fraction of a second."""
     input_tokens = output_tokens = empty = 0
-    for row in folder.read_outputs():
+    for row in folder.iter_outputs():   # (one line at a time: a list of them was ~800 B a request)
         text = _output_text(row)
         empty += text is not None and not text.strip()
         prompt, completion, _ = row_usage(row)   # (of each shape a response line has)

@@ -184,6 +184,11 @@ def test_aggregates_equal_the_full_pass(tmp_path_factory, stream):
     run = load(path)
     run.requests = run.requests.completed()
     close(summarize_run(run), expected)
+    # a single engine's report reads no ids (RequestColumns.with_ids): the same figures
+    bare = load(path, ids=False)
+    bare.requests = bare.requests.completed()
+    assert bare.requests.req_id == [] and len(bare.requests) == len(run.requests)
+    close(summarize_run(bare), expected)
     # the steps read back from their blocks are the recorded ones (less their request ids)
     steps = [asdict(s) for s in iter_steps(path)]
     assert steps == [{**asdict(s), "req_ids": []} for s in reference.steps]
