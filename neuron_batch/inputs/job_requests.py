@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, cast, overload
 
 from neuron_batch.inputs.prepare import TEXT_BATCH, PreparedRequest, synthetic_tokens
 from neuron_batch.inputs.prompt_records import InputChanged, InputProblem, InputReader, PromptRecord
+from neuron_batch.inputs.request_paths import asked_in, asks
 
 #: Requests read again at once: their lines are read in file order, their texts tokenized in
 #: batches of TEXT_BATCH.
@@ -38,6 +40,11 @@ class JobColumns:
         self.prompt_len = array("i")
         self.max_tokens = array("i")
         self.clamped = bytearray()
+        # what the report says of the requests (`job_figures`), kept as the check reads them
+        # so that the report does not read the job again: _OPENAI | _CONSTRAINED | _LOGPROBS,
+        # and n where a request asks for more than one sample
+        self.asks = bytearray()
+        self.samples: dict[int, int] = {}
         self._id_bytes = bytearray()
         self._id_ends = array("q")
         # made by the caller: what numbering gives a record read again (its default id and
@@ -57,13 +64,21 @@ class JobColumns:
         self.prompt_len.append(0)
         self.max_tokens.append(0)
         self.clamped.append(0)
+        self.asks.append(0)
         self._id_bytes += record_id.encode("utf-8", "surrogatepass")
         self._id_ends.append(len(self._id_bytes))
 
-    def prepared(self, position: int, prompt_len: int, max_tokens: int, clamped: bool) -> None:
-        self.prompt_len[position] = prompt_len
-        self.max_tokens[position] = max_tokens
-        self.clamped[position] = clamped
+    def prepared(self, position: int, request: PreparedRequest) -> None:
+        """The check's request at `position`: its lengths, and what the report counts of it."""
+        self.prompt_len[position] = request.prompt_len
+        self.max_tokens[position] = request.max_tokens
+        self.clamped[position] = request.max_tokens_clamped
+        constrained, n, logprobs = asks(request.record)
+        self.asks[position] = ((_OPENAI if request.record.openai is not None else 0)
+                               | (_CONSTRAINED if constrained else 0)
+                               | (_LOGPROBS if logprobs else 0))
+        if n > 1:
+            self.samples[position] = n
 
     def __len__(self) -> int:
         return len(self.src)
@@ -80,6 +95,9 @@ class JobColumns:
                     f"{getattr(reader, 'label', reader)}: the input changed while the job ran "
                     f"(its size or modification time is not what the check before the run "
                     f"read): stopped before running a request nobody checked")
+
+
+_OPENAI, _CONSTRAINED, _LOGPROBS = 1, 2, 4
 
 
 class JobRequests(Sequence[PreparedRequest]):
@@ -229,6 +247,33 @@ class _Ids(Sequence[str]):
 
     def __iter__(self) -> Iterator[str]:
         return map(self._columns.id_of, self._positions)
+
+
+@dataclass
+class JobFigures:
+    """What the report says of a job's requests as they were read: whether any is an OpenAI
+    batch line, how many had max_tokens cut to fit max_model_len (and to what), and what they
+    asked beyond their tokens (request_paths.asked_counts)."""
+
+    openai: bool
+    clamped: list[int]      # the max_tokens of each request cut (its min and max are said)
+    asked: dict[str, int] | None
+
+
+def job_figures(requests: Sequence[PreparedRequest]) -> JobFigures:
+    """`JobFigures` of `requests`: from a `JobRequests`' arrays (the job not read again: three
+    passes over the inputs were most of the report's time), else from the requests."""
+    if isinstance(requests, JobRequests):
+        columns, positions = requests.columns, requests.positions
+        flags = [columns.asks[p] for p in positions]
+        return JobFigures(
+            openai=any(f & _OPENAI for f in flags),
+            clamped=[columns.max_tokens[p] for p in positions if columns.clamped[p]],
+            asked=asked_in((bool(f & _CONSTRAINED), columns.samples.get(p, 1),
+                            bool(f & _LOGPROBS)) for p, f in zip(positions, flags)))
+    return JobFigures(openai=any(r.record.openai is not None for r in requests),
+                      clamped=[r.max_tokens for r in requests if r.max_tokens_clamped],
+                      asked=asked_in(asks(r.record) for r in requests))
 
 
 def with_ids(requests: Sequence[PreparedRequest], ids) -> Sequence[PreparedRequest]:

@@ -142,13 +142,23 @@ def asked_counts(records: Iterable[PromptRecord]) -> dict[str, int] | None:
     """How many requests asked for what changes their cost beyond their tokens (the report's
     `requests.asked`): constrained to a structured output, sampled n > 1 times (and the
     samples in all), logprobs. None when none did."""
+    return asked_in(asks(record) for record in records)
+
+
+def asks(record: PromptRecord) -> tuple[bool, int, bool]:
+    """(constrained, samples n, logprobs): what one request asks that `asked_counts` counts."""
+    sampling = record.sampling or {}
+    return "structured" in sampling, int(sampling.get("n", 1)), "logprobs" in sampling
+
+
+def asked_in(each: Iterable[tuple[bool, int, bool]]) -> dict[str, int] | None:
+    """`asked_counts` from each request's `asks`."""
     counts = {"constrained": 0, "sampled_n": 0, "samples": 0, "logprobs": 0}
-    for record in records:
-        sampling = record.sampling or {}
-        counts["constrained"] += "structured" in sampling
-        counts["sampled_n"] += sampling.get("n", 1) > 1
-        counts["samples"] += sampling.get("n", 1) if sampling.get("n", 1) > 1 else 0
-        counts["logprobs"] += "logprobs" in sampling
+    for constrained, n, logprobs in each:
+        counts["constrained"] += constrained
+        counts["sampled_n"] += n > 1
+        counts["samples"] += n if n > 1 else 0
+        counts["logprobs"] += logprobs
     return counts if counts["constrained"] or counts["sampled_n"] or counts["logprobs"] else None
 
 

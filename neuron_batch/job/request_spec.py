@@ -60,13 +60,13 @@ def format_defaults(records, settings: RunSettings, model_path: str | None, path
     return words
 
 
-def report_defaults(settings: RunSettings, records, model_path: str | None) -> dict:
+def report_defaults(settings: RunSettings, any_openai: bool, model_path: str | None) -> dict:
     """The report config's words on what lines that give no sampling fields ran with:
     `temperature`, the run's for lines of other formats (--temperature, else greedy), and
     where OpenAI batch lines ran without --temperature, `defaults`: theirs."""
     out: dict = {"temperature": settings.temperature if settings.temperature is not None
                  else PLAIN_TEMPERATURE}
-    if settings.temperature is None and any(r.openai is not None for r in records):
+    if settings.temperature is None and any_openai:
         out["defaults"] = "OpenAI batch lines: " + defaults_words(*openai_defaults(model_path))
     return out
 

@@ -220,8 +220,7 @@ class _Scan:
         self.longest_prompt = max(self.longest_prompt, prepared.longest_prompt)
         for request in prepared.requests:
             position = request.record.index
-            columns.prepared(position, request.prompt_len, request.max_tokens,
-                             request.max_tokens_clamped)
+            columns.prepared(position, request)
             self._ok[position] = 1
         self._checked += [(position_of[p.read_order], p)
                           for p in refused + unsampled + unmatched + prepared.problems]

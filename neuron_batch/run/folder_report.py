@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_batch.errors import EXIT_FAILED, RunError
-from neuron_batch.inputs.job_requests import job_ids
-from neuron_batch.inputs.request_paths import asked_counts
+from neuron_batch.inputs.job_requests import job_figures, job_ids
 from neuron_batch.job.batch_object import row_usage
 from neuron_batch.job.folder import REPORT, RunFolder
 from neuron_batch.job.job import Job
@@ -41,9 +40,10 @@ def build_report(job: Job) -> Report:
     ran = [a for a in folder.attempts() if "requests_failed" in a]
     failed = ran[-1]["requests_failed"] if ran else 0
     devices = [a.get("device") for a in folder.attempts() if a.get("device")]
+    as_read = job_figures(prepared.requests)
     extra = {"model": model.name, "device": devices[-1] if devices else settings.device,
              "tokenizer": prepared.tokenizer_name, "max_tokens": settings.max_tokens,
-             **report_defaults(settings, (r.record for r in prepared.requests), model.path),
+             **report_defaults(settings, as_read.openai, model.path),
              "inputs": list(settings.inputs),
              "order": settings.order}
     if job.simulated:
@@ -85,11 +85,10 @@ def build_report(job: Job) -> Report:
     requests.completed = completed
     requests.failed = failed
     requests.pending = len(prepared.requests) - completed - failed
-    clamped = [r.max_tokens for r in prepared.requests if r.max_tokens_clamped]
+    clamped = as_read.clamped
     requests.max_tokens_clamped = len(clamped)
-    asked = asked_counts(r.record for r in prepared.requests)
-    if asked is not None:   # (only then: a plain run's report is as it was)
-        requests.asked = asked
+    if as_read.asked is not None:   # (only then: a plain run's report is as it was)
+        requests.asked = as_read.asked
     # what they were cut to (max_model_len - prompt), so the summary can say it
     requests.max_tokens_clamped_to = ({"min": min(clamped), "max": max(clamped)} if clamped
                                       else None)

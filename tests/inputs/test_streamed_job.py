@@ -203,3 +203,30 @@ def test_duplicate_ids_are_named_by_the_check_that_holds_only_their_hashes(tiny_
         f"unique"]
     assert list(job_requests.job_ids(workload.prepared.requests)) == [
         r.id for r in loaded.records]
+
+
+@pytest.mark.parametrize("values", [{}, {"limit": 5}, {"shuffle": True, "seed": 1, "limit": 7}])
+def test_the_reports_input_figures_come_from_the_arrays(tiny_model, tmp_path, values):
+    """What the report says of the requests as read (OpenAI lines, max_tokens cut, samples,
+    logprobs, structured output) comes from the check's arrays, not from reading the job again:
+    the same as reading it again, for the run's requests only."""
+    def chat(i, **body):
+        return {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
+                "body": {"model": "m", "messages": [{"role": "user", "content": f"hi {i}"}],
+                         **body}}
+    lines = [chat(0, n=3), {"prompt_len": 30, "max_tokens": 10**6}, chat(2, logprobs=True),
+             chat(3, response_format={"type": "json_object"}), {"prompt_len": 12},
+             chat(5, n=2, logprobs=True), {"prompt_len": 40, "max_tokens": 10**6}, chat(7),
+             {"prompt_len": 9, "max_tokens": 2}, chat(9, max_tokens=10**6)]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    workload, _ = _workload([path], tiny_model, **values)
+    requests = workload.prepared.requests
+    assert isinstance(requests, job_requests.JobRequests)
+    from_arrays = job_requests.job_figures(requests)
+    read_again = job_requests.job_figures(list(requests))
+    assert from_arrays == read_again
+    if not values:
+        assert from_arrays.openai and from_arrays.clamped
+        assert from_arrays.asked == {"constrained": 1, "sampled_n": 2, "samples": 5,
+                                     "logprobs": 2}
