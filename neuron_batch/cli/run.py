@@ -76,33 +76,62 @@ def _unreported_run(folder: Path) -> str | None:
 
 
 @main.command()
-@click.argument("path", type=click.Path(exists=True))
+@click.argument("path")
 def report(path):
     """Print the summary of a finished run (or the table of a finished sweep, re-drawing its
-    plots, or of a plan) again, from its files."""
+    plots, or of a plan) again, from its files. PATH is a folder, or the s3:// prefix of a run
+    folder that `run --output s3://...` wrote."""
     from neuron_batch.errors import RunError
-    from neuron_batch.run.folder_report import rerender
+    from neuron_batch.storage.urls import is_url
 
     try:
-        if (Path(path) / "sweep.json").exists():
-            from neuron_batch.bench.sweep import render
-
-            click.echo(render(Path(path)))
+        if is_url(path):
+            _report_of_bucket(path)
             return
-        if (Path(path) / "split.json").exists():
-            from neuron_batch.bench.split_compare import rerender_comparison
-
-            click.echo(rerender_comparison(Path(path)))
-            return
-        if (Path(path) / "plan.json").exists():
-            from neuron_batch.plan.report import rerender_plan
-
-            click.echo(rerender_plan(Path(path)))
-            return
-        if no_report := _unreported_run(Path(path)):
-            raise RunError(no_report)
-        click.echo(rerender(Path(path)))
+        if not Path(path).exists():
+            raise RunError(f"{path}: no such file or folder", exit_code=2)
+        _report_of(path)
     except RunError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(error.exit_code)
+
+
+def _report_of_bucket(url: str) -> None:
+    """A run folder in S3: its report files read into a scratch folder, shown as the URL."""
+    import tempfile
+
+    from neuron_batch.errors import RunError
+    from neuron_batch.run.folder_report import rerender
+    from neuron_batch.storage.run_bucket import fetch_report_files
+
+    with tempfile.TemporaryDirectory(prefix="neuron-batch-report-") as scratch:
+        fetch_report_files(url, Path(scratch))
+        shown = url.rstrip("/")
+        if no_report := _unreported_run(Path(scratch)):
+            raise RunError(no_report.replace(scratch, shown))
+        click.echo(rerender(Path(scratch), shown_as=shown))
+
+
+def _report_of(path: str) -> None:
+    from neuron_batch.errors import RunError
+    from neuron_batch.run.folder_report import rerender
+
+    if (Path(path) / "sweep.json").exists():
+        from neuron_batch.bench.sweep import render
+
+        click.echo(render(Path(path)))
+        return
+    if (Path(path) / "split.json").exists():
+        from neuron_batch.bench.split_compare import rerender_comparison
+
+        click.echo(rerender_comparison(Path(path)))
+        return
+    if (Path(path) / "plan.json").exists():
+        from neuron_batch.plan.report import rerender_plan
+
+        click.echo(rerender_plan(Path(path)))
+        return
+    if no_report := _unreported_run(Path(path)):
+        raise RunError(no_report)
+    click.echo(rerender(Path(path)))
 

@@ -245,8 +245,10 @@ def _output_text(row: dict[str, Any]) -> str | None:
         else choice.get("text")
 
 
-def rerender(path: Path) -> str:
-    """`neuron-batch report DIR`: the summary of a finished run again, from its files."""
+def rerender(path: Path, *, shown_as: str | None = None) -> str:
+    """`neuron-batch report DIR`: the summary of a finished run again, from its files
+    (`shown_as`: where the folder is, said in place of `path`: an s3:// run folder read into a
+    scratch folder)."""
     from neuron_batch.report.summary import format_summary, terminal_width
 
     report_path = path / REPORT if path.is_dir() else path
@@ -260,5 +262,6 @@ def rerender(path: Path) -> str:
         raise RunError(f"{report_path}: report schema_version {report.version} is newer than "
                        f"this release reads (0 to {SCHEMA_VERSION}); upgrade neuron-batch to "
                        f"render it")
-    report.output_dir = str(report_path.parent)     # where it is now, if it was moved
+    # where it is now, if it was moved
+    report.output_dir = shown_as or str(report_path.parent)
     return format_summary(report, terminal_width(sys.stdout))     # (the CLI prints it there)

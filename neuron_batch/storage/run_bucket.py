@@ -487,6 +487,39 @@ def _stop_the_run() -> None:
     _thread.interrupt_main(signal.SIGTERM)
 
 
+#: What `neuron-batch report` reads of a run folder (report.json; the others say why a folder
+#: has none).
+REPORT_FILES = ("report.json", "attempts.json", "run.json")
+
+
+def fetch_report_files(url: str, into: Path) -> list[str]:
+    """`neuron-batch report s3://...`: the files of the run folder at `url` that the report
+    reads (REPORT_FILES), copied into `into`, without its lock (reading takes none); the names
+    found. StorageError (exit 2) where the bucket cannot be read; a prefix holding none of
+    them: NoSuchKey."""
+    check_output_url(url)
+    url = _normal(url)
+    bucket, _, prefix = url.split("://", 1)[1].partition("/")
+    found = []
+    with translated(url):
+        client = s3_client()
+        client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1)
+        for name in REPORT_FILES:
+            try:
+                _download(client, bucket, prefix + name, into / name)
+            except Exception as error:
+                mapped = storage_error(url, error)
+                if mapped is None or mapped.code not in ("NoSuchKey", "404"):
+                    raise
+                (into / name).unlink(missing_ok=True)     # (not there: the next)
+                continue
+            found.append(name)
+    if not found:
+        raise StorageError(url, "NoSuchKey", f"no run folder here (none of "
+                           f"{', '.join(REPORT_FILES)})")
+    return found
+
+
 def _download(client: Any, bucket: str, key: str, target: Path) -> None:
     with open(target, "wb") as out:
         _copy_object(client, bucket, key, out)

@@ -113,6 +113,16 @@ def test_a_job_in_and_out_of_s3(bucket, tmp_path):
     for path in staging.rglob("*"):
         if path.is_file():
             assert SECRET.encode() not in path.read_bytes(), path
+    # `report` renders the bucket's run folder as it renders a local one, naming the URL
+    shown = subprocess.run([sys.executable, "-m", "neuron_batch.cli", "report", url],
+                           capture_output=True, text=True, env=env(tmp_path))
+    assert shown.returncode == 0, shown.stderr
+    assert "30" in shown.stdout and url.rstrip("/") in shown.stdout, shown.stdout
+    missing = subprocess.run([sys.executable, "-m", "neuron_batch.cli", "report",
+                              f"s3://{bucket}/nothing-here/"], capture_output=True, text=True,
+                             env=env(tmp_path))
+    assert missing.returncode == 2
+    assert f"s3://{bucket}/nothing-here/: NoSuchKey: no run folder here" in missing.stderr
 
 
 def test_killed_then_resumed_from_no_local_state(bucket, tmp_path):
@@ -130,6 +140,10 @@ def test_killed_then_resumed_from_no_local_state(bucket, tmp_path):
     proc.wait()
     assert ".lock" in keys(bucket, "night/")
     shutil.rmtree(staging_dir(url))
+    unfinished = subprocess.run([sys.executable, "-m", "neuron_batch.cli", "report", url],
+                                capture_output=True, text=True, env=env(tmp_path))
+    assert unfinished.returncode != 0
+    assert f"run --resume -o {url.rstrip('/')}" in unfinished.stderr, unfinished.stderr
     fresh = run(args, env(tmp_path))
     assert fresh[0] == 2 and "--resume" in fresh[1], fresh     # (a run is there: not redone)
     other = str(trace(tmp_path / "other.csv", 199, max_tokens=16))
