@@ -238,48 +238,12 @@ def check_sim_layout(settings: RunSettings, target: Target) -> None:
 def _run_locked(job: Job, signals: RunSignals) -> RunResult:
     from neuron_batch.job.generate import generate, resolved_device
     from neuron_batch.run.folder_report import build_report
-    from neuron_batch.run.prefix_auto import MANIFEST_KEY
 
     settings, folder, log = job.settings, job.folder, job.log
     prepared, problems = job.workload.prepared, job.workload.problems
     ids = job_ids(prepared.requests)
-    started, written = time.time(), False
-    try:
-        # Before the folder is written to: a run of other input or settings is refused here.
-        start = take_folder(job, job.runtime.name)
-        if settings.uses_ray:
-            # Before the folder is written to: a bad address or a cluster too small fails here.
-            from neuron_batch.replicas.cluster import connect
-
-            job.cluster = connect(settings, log)
-        # The folder is prepared whole before a signal stops the run: a --restart half moved
-        # aside would mix two runs.
-        signals.enter(STARTING, defer=True)
-        written = True
-        if start.moved is not None:
-            aside = folder.move_aside()
-            log(f"--restart: the previous run is now in {aside}"
-                + (f" ({start.moved.describe()})" if start.moved else ""))
-        if start.fresh:
-            folder.write_requests(REQUEST_FIELDS, start.rows)
-        start.rows = []     # (a row per request: not held while the job runs)
-        folder.write_manifest({"settings": settings.to_dict(), "model": job.workload.model.name,
-                               "input_fingerprint": input_fingerprint(ids),
-                               "num_requests": len(ids), "num_skipped": len(problems),
-                               "input_kind": job.workload.input_kind,
-                               "checked_settings": start.checked,
-                               MANIFEST_KEY: job.prefix_caching.to_dict()
-                               if job.prefix_caching is not None else None})
-        write_skipped(folder.path, problems)
-        folder.load_done(ids_by_index(prepared.requests))
-        job.outputs = RunOutputs.begin(job, folder.iter_outputs(), problems)
-        folder.open_outputs()
-    except Interrupted as stop:
-        if written or settings.resume or not folder.has_previous_run():
-            record_stop(folder, stop, started, 0)
-        stop.line = interrupted_line(stop.signal, stop.phase, insisted=stop.insisted,
-                                     completed=None, total=None, folder=folder.path)
-        raise
+    started = time.time()
+    _open_folder(job, signals, ids, started)
     pending = submission_order(settings, pending_of(prepared.requests, folder.done_ids),
                                job.target)
     attempts = record_killed(folder, folder.attempts())
@@ -336,6 +300,60 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
                                      completed=len(folder.done_ids), total=len(ids),
                                      folder=folder.path)
         raise
+    return _said(settings, report, outcome, folder, problems)
+
+
+def _open_folder(job: Job, signals: RunSignals, ids: Sequence[str], started: float) -> None:
+    """The run folder made ready for this attempt: refused if it holds another job's run,
+    --restart's move, requests.json, run.json, the skipped lines, what is done already, the
+    outputs opened to append. A signal meanwhile is recorded where the folder is this run's."""
+    from neuron_batch.run.prefix_auto import MANIFEST_KEY
+
+    settings, folder, log = job.settings, job.folder, job.log
+    prepared, problems = job.workload.prepared, job.workload.problems
+    written = False
+    try:
+        # Before the folder is written to: a run of other input or settings is refused here.
+        start = take_folder(job, job.runtime.name)
+        if settings.uses_ray:
+            # Before the folder is written to: a bad address or a cluster too small fails here.
+            from neuron_batch.replicas.cluster import connect
+
+            job.cluster = connect(settings, log)
+        # The folder is prepared whole before a signal stops the run: a --restart half moved
+        # aside would mix two runs.
+        signals.enter(STARTING, defer=True)
+        written = True
+        if start.moved is not None:
+            aside = folder.move_aside()
+            log(f"--restart: the previous run is now in {aside}"
+                + (f" ({start.moved.describe()})" if start.moved else ""))
+        if start.fresh:
+            folder.write_requests(REQUEST_FIELDS, start.rows)
+        start.rows = []     # (a row per request: not held while the job runs)
+        folder.write_manifest({"settings": settings.to_dict(), "model": job.workload.model.name,
+                               "input_fingerprint": input_fingerprint(ids),
+                               "num_requests": len(ids), "num_skipped": len(problems),
+                               "input_kind": job.workload.input_kind,
+                               "checked_settings": start.checked,
+                               MANIFEST_KEY: job.prefix_caching.to_dict()
+                               if job.prefix_caching is not None else None})
+        write_skipped(folder.path, problems)
+        folder.load_done(ids_by_index(prepared.requests))
+        job.outputs = RunOutputs.begin(job, folder.iter_outputs(), problems)
+        folder.open_outputs()
+    except Interrupted as stop:
+        if written or settings.resume or not folder.has_previous_run():
+            record_stop(folder, stop, started, 0)
+        stop.line = interrupted_line(stop.signal, stop.phase, insisted=stop.insisted,
+                                     completed=None, total=None, folder=folder.path)
+        raise
+
+
+def _said(settings: RunSettings, report: Report, outcome: dict[str, Any], folder: RunFolder,
+          problems: list[InputProblem]) -> RunResult:
+    """The run's exit code, and what it says of itself: the Prometheus file, the summary (a
+    line on stderr instead under --quiet when not a success)."""
     code = EXIT_OK
     if outcome.get("ended") in STOPPED:
         code = EXIT_INTERRUPTED
