@@ -13,6 +13,7 @@ the 12,031 prompts (145 M tokens) of the Mooncake trace.
 from __future__ import annotations
 
 import gc
+from array import array
 from collections.abc import Sequence
 
 #: The KV block of the simulated device and of the Beta plugin (vLLM's CPU default is larger;
@@ -20,18 +21,41 @@ from collections.abc import Sequence
 DEFAULT_BLOCK = 32
 
 
+#: A node's children and terminals before it has any: one shared empty value, never written
+#: (most nodes are leaves, and a dict and a list each per prompt were most of the trie's size).
+_NO_CHILDREN: dict[bytes, _Node] = {}
+_NO_TERMINALS: list[int] = []
+
+
 class _Node:
     """A point in the trie: the prompts whose first `depth` blocks are this path."""
 
-    __slots__ = ("children", "depth", "longest", "src", "terminals")
+    __slots__ = ("children", "depth", "longest", "partial", "src", "terminals")
 
-    def __init__(self, src: int, depth: int):
+    def __init__(self, src: int, depth: int, partial: bool):
         self.src = src              # the prompt whose tokens label the edge into this node:
                                     # the first to reach it, so the least index below it
         self.depth = depth          # blocks from the root (the last may be a partial one)
-        self.children: dict[tuple[int, ...], _Node] = {}   # by the next block's tokens
-        self.terminals: list[int] = []  # prompts that end here: identical ones, by index
+        self.partial = partial      # whether that prompt ends inside this node's last block
+        self.children = _NO_CHILDREN    # by the next block's tokens (`_key`)
+        self.terminals = _NO_TERMINALS  # prompts that end here: identical ones, by index
         self.longest = 0            # the longest request below it (order by length)
+
+    def add_child(self, key: bytes, child: _Node) -> None:
+        if self.children is _NO_CHILDREN:
+            self.children = {}
+        self.children[key] = child
+
+    def add_terminal(self, index: int) -> None:
+        if self.terminals is _NO_TERMINALS:
+            self.terminals = []
+        self.terminals.append(index)
+
+
+def _key(ids: Sequence[int], start: int, block: int) -> bytes:
+    """A block's tokens as a dict key: 4 bytes a token (a tuple of them was 8 bytes a token
+    and the tuple's own header), equal exactly where the tokens are."""
+    return array("I", ids[start:start + block]).tobytes()
 
 
 def _matched(a: Sequence[int], b: Sequence[int], known: int, last: int, block: int) -> int:
@@ -65,27 +89,29 @@ def _build(prompts: Sequence[Sequence[int]], block: int) -> _Node:
 
 
 def _insert_all(prompts: Sequence[Sequence[int]], block: int) -> _Node:
-    root = _Node(-1, 0)
+    root = _Node(-1, 0, False)
     for index, ids in enumerate(prompts):
         units = -(-len(ids) // block)
         node, depth = root, 0
         while depth < units:
             start = depth * block
-            key = tuple(ids[start:start + block])
+            key = _key(ids, start, block)
             child = node.children.get(key)
             if child is None:
-                child = node.children[key] = _Node(index, units)
+                child = _Node(index, units, len(ids) < units * block)
+                node.add_child(key, child)
                 depth = units
                 node = child
                 break
             other = prompts[child.src]
             matched = _matched(ids, other, depth + 1, min(child.depth, units), block)
             if matched < child.depth:       # they part inside the edge: split it there
-                middle = node.children[key] = _Node(child.src, matched)
-                middle.children[tuple(other[matched * block:(matched + 1) * block])] = child
+                middle = _Node(child.src, matched, len(other) < matched * block)
+                node.children[key] = middle
+                middle.add_child(_key(other, matched * block, block), child)
                 child = middle
             node, depth = child, matched
-        node.terminals.append(index)
+        node.add_terminal(index)
     return root
 
 
@@ -166,7 +192,7 @@ def shared_prefix_tokens(prompts: Sequence[Sequence[int]], block: int) -> int:
     while stack:
         node = stack.pop()
         for child in node.children.values():
-            ends_partial = len(prompts[child.src]) < child.depth * block
+            ends_partial = child.partial    # (not prompts[child.src]: a read of the job)
             distinct += child.depth - node.depth - ends_partial
             if not ends_partial and len(child.terminals) > 1:
                 extra += len(child.terminals) - 1
