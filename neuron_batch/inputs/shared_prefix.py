@@ -23,7 +23,7 @@ DEFAULT_BLOCK = 32
 
 #: A node's children and terminals before it has any: one shared empty value, never written
 #: (most nodes are leaves, and a dict and a list each per prompt were most of the trie's size).
-_NO_CHILDREN: dict[bytes, _Node] = {}
+_NO_CHILDREN: dict[bytes | tuple[int, ...], _Node] = {}
 _NO_TERMINALS: list[int] = []
 
 
@@ -41,7 +41,7 @@ class _Node:
         self.terminals = _NO_TERMINALS  # prompts that end here: identical ones, by index
         self.longest = 0            # the longest request below it (order by length)
 
-    def add_child(self, key: bytes, child: _Node) -> None:
+    def add_child(self, key: bytes | tuple[int, ...], child: _Node) -> None:
         if self.children is _NO_CHILDREN:
             self.children = {}
         self.children[key] = child
@@ -52,10 +52,15 @@ class _Node:
         self.terminals.append(index)
 
 
-def _key(ids: Sequence[int], start: int, block: int) -> bytes:
+def _key(ids: Sequence[int], start: int, block: int) -> bytes | tuple[int, ...]:
     """A block's tokens as a dict key: 4 bytes a token (a tuple of them was 8 bytes a token
-    and the tuple's own header), equal exactly where the tokens are."""
-    return array("I", ids[start:start + block]).tobytes()
+    and the tuple's own header), equal exactly where the tokens are. (A token id past 32 bits,
+    which no vocabulary has, keeps the tuple: the same tokens still give the same key.)"""
+    tokens = ids[start:start + block]
+    try:
+        return array("I", tokens).tobytes()
+    except OverflowError:
+        return tuple(tokens)
 
 
 def _matched(a: Sequence[int], b: Sequence[int], known: int, last: int, block: int) -> int:
