@@ -17,6 +17,7 @@ from neuron_batch.bench.number_words import COST_COMPILE_S, as_number
 from neuron_batch.report.cost import compile_and_usd
 from neuron_batch.report.model import (
     KvFigures,
+    Report,
     ReportConfig,
     as_report,
 )
@@ -89,16 +90,7 @@ def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
         graphs = len(prefill) + len(decode)
     output_tps = float(throughput.output_tokens_per_s or 0.0)
 
-    states = report.states or {}
-    seconds = {state: float(states[state].seconds or 0.0) if state in states else 0.0
-               for state in STATES}
-    for state, figures in states.items():   # a state this module does not know stays visible
-        seconds.setdefault(state, float((figures.seconds if figures else 0.0) or 0.0))
-    total = sum(seconds.values())
-    if total <= 0:
-        total = float(throughput.elapsed_s or 0.0)
-    shares = {state: (value / total if total > 0 else None) for state, value in seconds.items()}
-
+    seconds, shares = _state_time(report, float(throughput.elapsed_s or 0.0))
     blocked = {reason: 0 for reason in BLOCK_REASONS}
     refusals = report.section("admission_blocked").counts()
     blocked.update({reason: int(count or 0) for reason, count in refusals.items()})
@@ -155,6 +147,20 @@ def _row(entry: Mapping[str, Any]) -> dict[str, Any]:
         **_kv_fractions(report.section("kv")),
         **_prefix_fields(entry, config),
     }
+
+
+def _state_time(report: Report, elapsed: float
+                ) -> tuple[dict[str, float], dict[str, float | None]]:
+    """Seconds in each scheduler state, and each one's share of their sum (of the elapsed
+    time where the states hold none); a state this module does not know stays visible."""
+    states = report.states or {}
+    seconds = {state: float(states[state].seconds or 0.0) if state in states else 0.0
+               for state in STATES}
+    for state, figures in states.items():
+        seconds.setdefault(state, float((figures.seconds if figures else 0.0) or 0.0))
+    total = sum(seconds.values()) or elapsed
+    return seconds, {state: (value / total if total > 0 else None)
+                     for state, value in seconds.items()}
 
 
 def _prefix_fields(entry: Mapping[str, Any], config: ReportConfig) -> dict[str, Any]:
