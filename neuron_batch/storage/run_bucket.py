@@ -100,6 +100,12 @@ def _normal(url: str) -> str:
     return url.rstrip("/") + "/"
 
 
+def _bucket_and_prefix(url: str) -> tuple[str, str]:
+    """(bucket, key prefix) of a normalised s3:// run folder URL."""
+    bucket, _, prefix = url.split("://", 1)[1].partition("/")
+    return bucket, prefix
+
+
 def local_folder(output: str) -> Path:
     """The local folder a run with `--output output` works in."""
     return staging_dir(output) if is_bucket_output(output) else Path(output)
@@ -138,8 +144,7 @@ class BucketRun:
         self.url = _normal(url)
         self.log = log
         self.staging = staging_dir(url)
-        self.bucket, _, prefix = self.url.split("://", 1)[1].partition("/")
-        self.prefix = prefix            # ("" or ending in "/")
+        self.bucket, self.prefix = _bucket_and_prefix(self.url)   # (prefix "" or ending "/")
         self.sync_s, self.part_lines = _setting(SYNC_ENV), int(_setting(PART_LINES_ENV))
         self.retry_s, self.stale_s = _setting(RETRY_ENV), _setting(STALE_ENV)
         self.client: Any = None
@@ -499,7 +504,7 @@ def fetch_report_files(url: str, into: Path) -> list[str]:
     them: NoSuchKey."""
     check_output_url(url)
     url = _normal(url)
-    bucket, _, prefix = url.split("://", 1)[1].partition("/")
+    bucket, prefix = _bucket_and_prefix(url)
     found = []
     with translated(url):
         client = s3_client()
