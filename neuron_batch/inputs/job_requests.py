@@ -253,7 +253,7 @@ class _Ids(Sequence[str]):
 class JobFigures:
     """What the report says of a job's requests as they were read: whether any is an OpenAI
     batch line, how many had max_tokens cut to fit max_model_len (and to what), and what they
-    asked beyond their tokens (request_paths.asked_counts)."""
+    asked beyond their tokens (request_paths.asked_in)."""
 
     openai: bool
     clamped: list[int]      # the max_tokens of each request cut (its min and max are said)

@@ -138,21 +138,16 @@ def features_of(record: PromptRecord) -> list[str]:
     return [key for key in sampling if key != "n" or sampling[key] > 1]
 
 
-def asked_counts(records: Iterable[PromptRecord]) -> dict[str, int] | None:
-    """How many requests asked for what changes their cost beyond their tokens (the report's
-    `requests.asked`): constrained to a structured output, sampled n > 1 times (and the
-    samples in all), logprobs. None when none did."""
-    return asked_in(asks(record) for record in records)
-
-
 def asks(record: PromptRecord) -> tuple[bool, int, bool]:
-    """(constrained, samples n, logprobs): what one request asks that `asked_counts` counts."""
+    """(constrained, samples n, logprobs): what one request asks that `asked_in` counts."""
     sampling = record.sampling or {}
     return "structured" in sampling, int(sampling.get("n", 1)), "logprobs" in sampling
 
 
 def asked_in(each: Iterable[tuple[bool, int, bool]]) -> dict[str, int] | None:
-    """`asked_counts` from each request's `asks`."""
+    """How many requests asked for what changes their cost beyond their tokens (the report's
+    `requests.asked`), from each one's `asks`: constrained to a structured output, sampled
+    n > 1 times (and the samples in all), logprobs. None when none did."""
     counts = {"constrained": 0, "sampled_n": 0, "samples": 0, "logprobs": 0}
     for constrained, n, logprobs in each:
         counts["constrained"] += constrained

@@ -121,7 +121,7 @@ def empty_sentence(report: Report) -> str | None:
 
 
 def asked_sentence(report: Report) -> str | None:
-    """What the requests asked for beyond their tokens (request_paths.asked_counts)."""
+    """What the requests asked for beyond their tokens (request_paths.asked_in)."""
     asked = report.section("requests").asked
     if not asked:
         return None

@@ -17,7 +17,8 @@ from neuron_batch.inputs.request_paths import (
     PATHS,
     VLLM_ONLY,
     RequestPath,
-    asked_counts,
+    asked_in,
+    asks,
     path_key,
     refusals,
     request_path,
@@ -248,9 +249,9 @@ def test_sampling_spec_fills_the_runs_defaults():
 def test_asked_counts_what_changes_a_requests_cost():
     records = [record_asking(structured={"regex": "a"}), record_asking(n=3, logprobs=0),
                record_asking(n=1), record_asking(top_p=0.5)]
-    assert asked_counts(records) == {"constrained": 1, "sampled_n": 1, "samples": 3,
-                                     "logprobs": 1}
-    assert asked_counts(records[2:]) is None
+    assert asked_in(map(asks, records)) == {"constrained": 1, "sampled_n": 1, "samples": 3,
+                                            "logprobs": 1}
+    assert asked_in(map(asks, records[2:])) is None
 
 
 def test_optimum_neuron_refuses_what_its_runner_drops():
