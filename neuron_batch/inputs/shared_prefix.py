@@ -1,8 +1,9 @@
 """What a job's prompts share, over KV blocks of their token ids: the order that runs requests
 sharing a prefix together (`run --order prefix`), and the prompt tokens an unbounded prefix
-cache could serve (the report's `prefix_cache.bound_tokens`). Pure Python.
+cache could serve (the report's `prefix_cache.bound_tokens`, counted by inputs/prefix_bound.py
+as the prompts stream). Pure Python.
 
-Both read one trie of the prompts' blocks (vLLM's prefix cache matches whole blocks from a
+The order reads a trie of the prompts' blocks (vLLM's prefix cache matches whole blocks from a
 prompt's start, so a prompt's cacheable prefixes are exactly its paths from the root). The trie
 is compressed: a run of blocks without a branch is one edge, labelled by a slice of the prompt
 that first made it, and blocks are compared as list slices. Building it costs comparisons in C
@@ -30,13 +31,12 @@ _NO_TERMINALS: list[int] = []
 class _Node:
     """A point in the trie: the prompts whose first `depth` blocks are this path."""
 
-    __slots__ = ("children", "depth", "longest", "partial", "src", "terminals")
+    __slots__ = ("children", "depth", "longest", "src", "terminals")
 
-    def __init__(self, src: int, depth: int, partial: bool):
+    def __init__(self, src: int, depth: int):
         self.src = src              # the prompt whose tokens label the edge into this node:
                                     # the first to reach it, so the least index below it
         self.depth = depth          # blocks from the root (the last may be a partial one)
-        self.partial = partial      # whether that prompt ends inside this node's last block
         self.children = _NO_CHILDREN    # by the next block's tokens (`_key`)
         self.terminals = _NO_TERMINALS  # prompts that end here: identical ones, by index
         self.longest = 0            # the longest request below it (order by length)
@@ -94,7 +94,7 @@ def _build(prompts: Sequence[Sequence[int]], block: int) -> _Node:
 
 
 def _insert_all(prompts: Sequence[Sequence[int]], block: int) -> _Node:
-    root = _Node(-1, 0, False)
+    root = _Node(-1, 0)
     for index, ids in enumerate(prompts):
         units = -(-len(ids) // block)
         node, depth = root, 0
@@ -103,7 +103,7 @@ def _insert_all(prompts: Sequence[Sequence[int]], block: int) -> _Node:
             key = _key(ids, start, block)
             child = node.children.get(key)
             if child is None:
-                child = _Node(index, units, len(ids) < units * block)
+                child = _Node(index, units)
                 node.add_child(key, child)
                 depth = units
                 node = child
@@ -111,7 +111,7 @@ def _insert_all(prompts: Sequence[Sequence[int]], block: int) -> _Node:
             other = prompts[child.src]
             matched = _matched(ids, other, depth + 1, min(child.depth, units), block)
             if matched < child.depth:       # they part inside the edge: split it there
-                middle = _Node(child.src, matched, len(other) < matched * block)
+                middle = _Node(child.src, matched)
                 node.children[key] = middle
                 middle.add_child(_key(other, matched * block, block), child)
                 child = middle
@@ -188,18 +188,9 @@ def shared_prefix_tokens(prompts: Sequence[Sequence[int]], block: int) -> int:
     there runs first, as in shortest-first order). Summed: every prompt's whole blocks, less
     one per distinct block-prefix, less the extra identical block-aligned prompts. In input
     order the count differs from this only where a block-aligned prompt is a prefix of an
-    earlier, longer one.
+    earlier, longer one. Counted as the prompts stream, in bounded memory (exact to
+    inputs/prefix_bound.py's limit, estimated past it): `prefix_bound` for whether it was.
     """
-    root = _build(prompts, block)
-    total = sum(len(ids) // block for ids in prompts)
-    distinct = extra = 0
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        for child in node.children.values():
-            ends_partial = child.partial    # (not prompts[child.src]: a read of the job)
-            distinct += child.depth - node.depth - ends_partial
-            if not ends_partial and len(child.terminals) > 1:
-                extra += len(child.terminals) - 1
-            stack.append(child)
-    return (total - distinct - extra) * block
+    from neuron_batch.inputs.prefix_bound import prefix_bound
+
+    return prefix_bound(prompts, block).tokens()

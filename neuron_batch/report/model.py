@@ -192,14 +192,19 @@ class PrefixCache(Section):
     #: what an unbounded cache could serve (None: not known)
     bound_tokens: Any = section_field()
     bound_fraction: Any = section_field()
+    #: one standard error of `bound_tokens` where it was estimated (a job past
+    #: inputs/prefix_bound.py's exact count); absent where it was counted exactly
+    bound_error_tokens: Any = section_field()
 
-    def with_bound(self, bound_tokens: int | None) -> None:
-        """Set the bound and its share of the prompt tokens (None: unknown); the run's folder
-        knows the prompts' tokens where the records do not (run/folder_report.py)."""
+    def with_bound(self, bound_tokens: int | None, error_tokens: int = 0) -> None:
+        """Set the bound and its share of the prompt tokens (None: unknown), and its standard
+        error where it was estimated; the run's folder knows the prompts' tokens where the
+        records do not (run/folder_report.py)."""
         prompt = or_none(self.prompt_tokens) or 0
         self.bound_tokens = bound_tokens
         self.bound_fraction = (bound_tokens / prompt if bound_tokens is not None and prompt
                                else None)
+        self.bound_error_tokens = error_tokens if error_tokens else ABSENT
 
 
 @dataclass

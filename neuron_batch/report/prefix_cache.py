@@ -6,8 +6,9 @@ cache served (each request's `num_cached_tokens`); `hit_fraction`; `recomputed_t
 tokens the device computed again anyway (nxdi moves a prefix into the prefill bucket's spare
 room); `computed_tokens` = prompt - hits + recomputed, what the device prefilled;
 `bound_tokens`, the most an unbounded cache could serve these prompts (every shared whole KV
-block computed once: inputs/shared_prefix.py `shared_prefix_tokens`, from the prompts' token ids,
-added where the run knows them), and `bound_fraction`; `enabled`, whether the run had prefix
+block computed once: inputs/prefix_bound.py, from the prompts' token ids, added where the run
+knows them), `bound_fraction`, and `bound_error_tokens` where a job too large to count exactly
+estimated the bound (one standard error); `enabled`, whether the run had prefix
 caching on.
 """
 
@@ -95,16 +96,20 @@ def summary_words(section: PrefixCache | Mapping[str, Any] | None) -> str | None
     if not isinstance(section, PrefixCache):
         section = PrefixCache.from_dict(dict(section))
     bound = or_none(section.bound_fraction)
+    error = or_none(section.bound_error_tokens)
+    prompt = or_none(section.prompt_tokens)
+    # (estimated past inputs/prefix_bound.py's exact count: its standard error said too)
+    spread = f" +/- {_percent(error / prompt)}" if error and prompt else ""
     if not section.enabled:
         if not section.bound_tokens:
             return None
         # (no flag named: off may be --no-prefix-caching or a layout without it)
-        return (f"prefix caching off; an unbounded cache could serve {_percent(bound)} of "
-                f"prompt tokens")
+        return (f"prefix caching off; an unbounded cache could serve {_percent(bound)}{spread} "
+                f"of prompt tokens")
     words = (f"{_percent(or_none(section.hit_fraction))} of prompt tokens served from the "
              f"prefix cache")
     if bound is not None:
-        words += f" (bound {_percent(bound)})"
+        words += f" (bound {_percent(bound)}{spread})"
     words += f"; {section.computed_tokens or 0:,} tokens computed"
     if section.recomputed_tokens:
         words += f" ({section.recomputed_tokens:,} of them cached, computed again)"

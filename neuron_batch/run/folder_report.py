@@ -171,18 +171,21 @@ def split_section(attempts: list[dict[str, Any]], folder: RunFolder, settings: R
 def _add_prefix_bound(report: Report, prepared: Prepared, done_ids: set[str],
                       settings: RunSettings) -> None:
     """`prefix_cache.bound_tokens`: what an unbounded cache could serve the completed requests'
-    prompts, in whole blocks of the run's KV block (report/prefix_cache.py)."""
+    prompts, in whole blocks of the run's KV block (report/prefix_cache.py), and
+    `bound_error_tokens` where a job past inputs/prefix_bound.py's exact count estimated it."""
     from neuron_batch.engine.engine import run_block_size
     from neuron_batch.inputs.job_requests import with_ids
     from neuron_batch.inputs.prepare import PromptTokens
-    from neuron_batch.inputs.shared_prefix import shared_prefix_tokens
+    from neuron_batch.inputs.prefix_bound import prefix_bound
 
     if not isinstance(report.prefix_cache, PrefixCache):
         return
     # (the engine's, as it reported it; the one the run decided with where it did not)
     block = or_none(report.config.block_size) or run_block_size(settings, None)
     prompts = PromptTokens(with_ids(prepared.requests, done_ids))
-    report.prefix_cache.with_bound(shared_prefix_tokens(prompts, block))
+    # (streamed: one prompt at a time, and past its exact count in fixed memory)
+    bound = prefix_bound(prompts, block)
+    report.prefix_cache.with_bound(bound.tokens(), bound.error_tokens())
 
 
 def num_instances(settings: RunSettings) -> int:

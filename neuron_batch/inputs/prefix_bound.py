@@ -1,0 +1,185 @@
+"""The prefix bound of a job of any size: `shared_prefix_tokens`' count (inputs/shared_prefix.py)
+from prompts fed one at a time, in memory that does not grow with the job. Pure logic (numpy).
+
+The bound is a sum of counts, each of which a stream can keep:
+
+    bound = block x (whole blocks - distinct whole-block prefixes
+                     - (block-aligned prompts - distinct block-aligned prompts))
+
+(every prompt's whole blocks, less one per distinct block prefix, less the extra identical
+block-aligned prompts: the trie's walk in `shared_prefix_tokens` counts exactly these). A block
+prefix is named by a 64-bit hash of its blocks in order, so the two distinct counts are counts
+of distinct hashes. They are kept exactly (a sorted array of the hashes) until there are
+`exact_limit` of them, then estimated by a HyperLogLog of 2**16 registers (Flajolet et al.
+2007): standard error 1.04 / 256 = 0.41% of each count, in 64 KiB. A job whose prompts share
+little is the worst case: there the bound's error is 0.41% of its whole prompt tokens; where
+they share much, the distinct prefixes are fewer and so is the error (`error_tokens`).
+
+The hash of a prefix is `_mix` of a running sum of its blocks' hashes, each block's a random
+odd linear form of its tokens mixed with its position: vectorized per prompt. On 20,000
+prompts of the Mooncake trace (5,400 tokens each, blocks of 32) it takes ~65 us a prompt, most
+of it reading the list of ids into an array; the block trie it replaced in the report took
+~28 us a prompt but held ~400 bytes a prompt.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Sequence
+
+import numpy as np
+
+_U64 = np.uint64
+#: splitmix64's finalizer: every output bit depends on every input bit
+_MIX1, _MIX2 = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)
+_GOLDEN = _U64(0x9E3779B97F4A7C15)
+#: HyperLogLog: 2**_P registers, one byte each
+_P = 16
+_REGISTERS = 1 << _P
+#: hashes held before they are sorted into the distinct ones (or into the registers)
+_BUFFER = 1 << 17
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    x = (x ^ (x >> _U64(30))) * _MIX1
+    x = (x ^ (x >> _U64(27))) * _MIX2
+    return x ^ (x >> _U64(31))
+
+
+def _merged(distinct: np.ndarray, batch: np.ndarray) -> np.ndarray:
+    """The sorted distinct values of a sorted distinct array and a batch. (np.union1d, by
+    numpy 2's hash table, took ~4x as long; a stable sort merges the two sorted runs.)"""
+    joined = np.concatenate([distinct, np.sort(batch)])
+    joined.sort(kind="stable")
+    keep: np.ndarray = np.empty(len(joined), dtype=bool)
+    keep[:1] = True
+    np.not_equal(joined[1:], joined[:-1], out=keep[1:])
+    return joined[keep]
+
+
+class _Distinct:
+    """A count of distinct 64-bit hashes: exact (a sorted array) to `limit`, then a
+    HyperLogLog estimate."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.sorted: np.ndarray = np.zeros(0, _U64)
+        self.registers: np.ndarray | None = None
+        # hashes not yet counted, copied into one buffer (a list of each prompt's arrays
+        # was ~150 bytes of header an array, and a view kept its whole prompt's array)
+        self._buffer: np.ndarray = np.empty(_BUFFER, _U64)
+        self._held = 0
+
+    @property
+    def exact(self) -> bool:
+        return self.registers is None
+
+    def add(self, hashes: np.ndarray) -> None:
+        if self._held + len(hashes) > _BUFFER:
+            self._settle()
+            if len(hashes) > _BUFFER:
+                self._count(hashes)
+                return
+        self._buffer[self._held:self._held + len(hashes)] = hashes
+        self._held += len(hashes)
+
+    def _settle(self) -> None:
+        if self._held:
+            held, self._held = self._held, 0
+            self._count(self._buffer[:held])
+
+    def _count(self, batch: np.ndarray) -> None:
+        if self.registers is None:
+            self.sorted = _merged(self.sorted, batch)
+            if len(self.sorted) <= self.limit:
+                return
+            batch, self.sorted = self.sorted, np.zeros(0, _U64)
+            self.registers = np.zeros(_REGISTERS, np.uint8)
+        index = (batch >> _U64(64 - _P)).astype(np.intp)
+        rest = batch << _U64(_P)
+        # rank: the position of the first 1 bit of what is left (its leading zeros + 1), from
+        # the exponent of its float value (rounding can only touch ranks past 2**-53)
+        _, exponent = np.frexp(rest.astype(np.float64))
+        rank = np.where(rest == 0, 64 - _P + 1, 65 - exponent).astype(np.uint8)
+        np.maximum.at(self.registers, index, rank)
+
+    def count(self) -> float:
+        self._settle()
+        if self.registers is None:
+            return float(len(self.sorted))
+        m = float(_REGISTERS)
+        estimate = 0.7213 / (1 + 1.079 / m) * m * m / float(
+            np.sum(np.ldexp(1.0, -self.registers.astype(np.int64))))
+        zeros = int(np.count_nonzero(self.registers == 0))
+        if estimate <= 2.5 * m and zeros:       # small counts: linear counting
+            return m * math.log(m / zeros)
+        return estimate
+
+
+class PrefixBound:
+    """`shared_prefix_tokens(prompts, block)` of the prompts given to `add`, one at a time:
+    `tokens()` the bound, `exact` whether it was counted (else estimated: `error_tokens`)."""
+
+    #: distinct prefixes counted exactly (8 bytes each): 4 MiB, some 10,000 prompts of the
+    #: Mooncake trace (about 50 new blocks of 32 tokens each)
+    EXACT_LIMIT = 1 << 19
+
+    def __init__(self, block: int, exact_limit: int = EXACT_LIMIT):
+        if block < 1:
+            raise ValueError(f"block must be >= 1, got {block}")
+        self.block = block
+        # fixed, not per process: a resumed report counts as the first did
+        rng = np.random.default_rng(0x5EED_B10C)
+        self._coefficients = rng.integers(0, 1 << 63, size=block, dtype=_U64) * _U64(2) + _U64(1)
+        self._prefixes = _Distinct(exact_limit)
+        self._aligned_ends = _Distinct(exact_limit)
+        self.whole_blocks = 0
+        self.aligned = 0
+
+    def add(self, ids: Sequence[int]) -> None:
+        block = self.block
+        whole = len(ids) // block
+        if not whole:
+            return      # (no whole block: nothing to share, nothing served)
+        self.whole_blocks += whole
+        try:
+            packed = array("I", ids)    # (the whole list: a slice of it first costs a copy)
+        except OverflowError:   # a token id past 32 bits (no vocabulary has one)
+            packed = array("Q", ids)
+        tokens = np.frombuffer(packed, dtype=np.uint32 if packed.typecode == "I" else _U64)
+        tokens = tokens[:whole * block]
+        blocks = (tokens.astype(_U64).reshape(whole, block) * self._coefficients).sum(
+            axis=1, dtype=_U64)
+        blocks = _mix(blocks + np.arange(1, whole + 1, dtype=_U64) * _GOLDEN)
+        prefixes = _mix(np.cumsum(blocks, dtype=_U64))
+        self._prefixes.add(prefixes)
+        if len(ids) == whole * block:
+            self.aligned += 1
+            self._aligned_ends.add(prefixes[-1:])
+
+    @property
+    def exact(self) -> bool:
+        return self._prefixes.exact and self._aligned_ends.exact
+
+    def tokens(self) -> int:
+        distinct = self._prefixes.count()
+        ends = self._aligned_ends.count()
+        served = self.whole_blocks - distinct - (self.aligned - ends)
+        # (an estimate may stray past what can be: clamp it to the possible)
+        return max(0, min(round(served), self.whole_blocks)) * self.block
+
+    def error_tokens(self) -> int:
+        """One standard error of `tokens()` (0 when exact): each estimated count's."""
+        error = sum(counter.count() * 1.04 / math.sqrt(_REGISTERS)
+                    for counter in (self._prefixes, self._aligned_ends) if not counter.exact)
+        return round(error * self.block)
+
+
+def prefix_bound(prompts: Sequence[Sequence[int]], block: int,
+                 exact_limit: int = PrefixBound.EXACT_LIMIT) -> PrefixBound:
+    """The bound of `prompts`, each read once as they iterate."""
+    bound = PrefixBound(block, exact_limit)
+    for ids in prompts:
+        bound.add(ids)
+    return bound
