@@ -15,11 +15,14 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast, overload
+from typing import TYPE_CHECKING, Any, cast, overload
 
 from neuron_batch.inputs.prepare import TEXT_BATCH, PreparedRequest, synthetic_tokens
 from neuron_batch.inputs.prompt_records import InputChanged, InputProblem, InputReader, PromptRecord
 from neuron_batch.inputs.request_paths import asked_in, asks
+
+if TYPE_CHECKING:
+    from neuron_batch.job.done import DoneRequests
 
 #: Requests read again at once: their lines are read in file order, their texts tokenized in
 #: batches of TEXT_BATCH.
@@ -143,10 +146,9 @@ class JobRequests(Sequence[PreparedRequest]):
     def prompt_lengths(self) -> list[int]:
         return [self.columns.prompt_len[p] for p in self.positions]
 
-    def where(self, keep: Callable[[str], bool]) -> JobRequests:
-        """The requests whose id `keep` keeps, in this order."""
-        return JobRequests(self.columns, array("i", (p for p in self.positions
-                                                     if keep(self.columns.id_of(p)))))
+    def where(self, keep: Callable[[int], bool]) -> JobRequests:
+        """The requests whose position (in `columns`) `keep` keeps, in this order."""
+        return JobRequests(self.columns, array("i", (p for p in self.positions if keep(p))))
 
     def longest_first(self) -> JobRequests:
         """--order length: prompt + max_tokens, longest first, ties in this order."""
@@ -276,19 +278,28 @@ def job_figures(requests: Sequence[PreparedRequest]) -> JobFigures:
                       asked=asked_in(asks(r.record) for r in requests))
 
 
-def with_ids(requests: Sequence[PreparedRequest], ids) -> Sequence[PreparedRequest]:
-    """The requests whose id is in `ids`, in order (a `JobRequests`' view: nothing read)."""
-    if isinstance(requests, JobRequests):
-        return requests.where(lambda rid: rid in ids)
-    return [r for r in requests if r.record.id in ids]
+def done_of(requests: Sequence[PreparedRequest], done: DoneRequests,
+            ) -> Sequence[PreparedRequest]:
+    """The requests `done` has, in order (a `JobRequests`' view: nothing read)."""
+    return _where_done(requests, done, True)
 
 
-def pending_of(requests: Sequence[PreparedRequest], done_ids) -> Sequence[PreparedRequest]:
-    """The requests whose id is not in `done_ids`, in order: a view of a `JobRequests` (nothing
-    read), a list of anything else."""
+def pending_of(requests: Sequence[PreparedRequest], done: DoneRequests
+               ) -> Sequence[PreparedRequest]:
+    """The requests `done` lacks, in order: a view of a `JobRequests` (nothing read), a list
+    of anything else."""
+    return _where_done(requests, done, False)
+
+
+def _where_done(requests: Sequence[PreparedRequest], done: DoneRequests, want: bool
+                ) -> Sequence[PreparedRequest]:
     if isinstance(requests, JobRequests):
-        return requests.where(lambda rid: rid not in done_ids)
-    return [r for r in requests if r.record.id not in done_ids]
+        columns = requests.columns
+        by_id = done.by_id      # (the ids decoded only where some done line has no index)
+        return requests.where(lambda p: done.has(
+            columns.index[p] if columns.index[p] >= 0 else None,
+            columns.id_of(p) if by_id else None) == want)
+    return [r for r in requests if done.has(r.record.index, r.record.id) == want]
 
 
 def job_ids(requests: Sequence[PreparedRequest]) -> Sequence[str]:

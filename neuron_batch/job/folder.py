@@ -37,8 +37,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
+from neuron_batch.job.done import DoneRequests
 from neuron_batch.storage.lines import whole_lines_end
 
 OUTPUTS = "outputs.jsonl"
@@ -75,7 +76,7 @@ class RunFolder:
     _index: IO[bytes] | None = None
     _size: int = 0                  # outputs.jsonl's size, as this process wrote it
     _index_ok: bool = False         # outputs.idx covers every line of outputs.jsonl
-    done_ids: set[str] = field(default_factory=set)
+    done: DoneRequests = field(default_factory=DoneRequests)
 
     # -- locking --------------------------------------------------------------------------
     def lock(self) -> None:
@@ -171,7 +172,7 @@ class RunFolder:
         for entry in sorted(self.path.iterdir()):
             if entry != target and not entry.name.startswith((".", PREVIOUS)):
                 os.replace(entry, target / entry.name)
-        self.done_ids.clear()
+        self.done.clear()
         return target
 
     def attempts(self) -> list[dict[str, Any]]:
@@ -218,7 +219,7 @@ class RunFolder:
 
     # -- outputs ------------------------------------------------------------------------------
     def load_done(self, ids: Sequence[str | None] = (), id_key: str = "id") -> int:
-        """Learn which requests are done (`done_ids`) without holding their outputs: from
+        """Learn which requests are done (`done`) without holding their outputs: from
         outputs.idx, whose entries give each line's request by its index in the job
         (`ids[record.index]` is its id; None where the index holds no request: a line
         --on-error skip left out); lines outputs.idx does not cover
@@ -246,7 +247,8 @@ class RunFolder:
         if data is None:
             covered = lines = 0
         else:
-            self.done_ids.update(ids[index] for index, _ in _ENTRY.iter_unpack(data))
+            for index, _ in _ENTRY.iter_unpack(data):
+                self.done.add(index, cast(str, ids[index]))     # (checked above: not None)
         missing: list[tuple[str, int]] = []     # (id, end) of the lines outputs.idx lacks
         with open(path, "rb") as handle:
             handle.seek(covered)
@@ -258,17 +260,19 @@ class RunFolder:
                 row = json.loads(line)
                 # (an OpenAI batch line's `id` is its batch_req_N: its request is its custom_id)
                 rid = str(row["custom_id"] if "custom_id" in row else row.get(id_key))
-                self.done_ids.add(rid)
                 missing.append((rid, end))
                 lines += 1
+        where = ({rid: i for i, rid in enumerate(ids) if rid is not None}
+                 if ids and len(missing) > 8 else None)
+        positions = [(where.get(rid) if where is not None else _position(ids, rid))
+                     if ids else None for rid, _ in missing]
+        for (rid, _), position in zip(missing, positions):
+            self.done.add(position, rid)
         if ids:
-            where = ({rid: i for i, rid in enumerate(ids) if rid is not None}
-                     if len(missing) > 8 else None)
             with open(index_path, "r+b" if data is not None else "wb") as index_file:
                 index_file.truncate(len(data) if data is not None else 0)
                 index_file.seek(0, os.SEEK_END)
-                for rid, end in missing:
-                    position = where.get(rid) if where is not None else _position(ids, rid)
+                for (rid, end), position in zip(missing, positions):
                     if position is None:    # (an output of no request of this job)
                         break
                     index_file.write(_ENTRY.pack(position, end))
@@ -314,7 +318,7 @@ class RunFolder:
                     self._index.flush()
         except OSError as error:
             if error.errno == errno.ENOSPC:
-                raise OutputError(f"{self.path}: the disk is full; {len(self.done_ids)} finished "
+                raise OutputError(f"{self.path}: the disk is full; {len(self.done)} finished "
                                   f"outputs are kept in {OUTPUTS}; free space and rerun with "
                                   f"--resume", exit_code=1) from None
             raise

@@ -210,7 +210,7 @@ def _take_output(job: Job, feed: Feed, done, progress: _Progress, bar) -> None:
         job.log(f"error: {progress.errors[-1]}")
         return
     job.outputs.response(request, done)
-    job.folder.done_ids.add(done.request_id)
+    job.folder.done.add(request.record.index if request is not None else None, done.request_id)
     progress.finished += 1
     if progress.finished == 1:
         pause_point(RUNNING)

@@ -152,7 +152,8 @@ class ResultWriter:
         folder = self.folder
         for i, request_id in enumerate(columns["id"]):
             request = self.by_id.get(request_id)
-            if request is None or request_id in folder.done_ids or request_id in self._failed:
+            if request is None or folder.done.has(request.record.index, request_id) \
+                    or request_id in self._failed:
                 self.duplicates += request is not None
                 continue
             if columns["finish_reason"][i] == REFUSED:   # vLLM refused it when added
@@ -174,7 +175,7 @@ class ResultWriter:
                             tool_calls=json.loads(columns["tool_calls"][i])
                             if columns["tool_calls"][i] else None)
             self.outputs.response(request, done)
-            folder.done_ids.add(request_id)
+            folder.done.add(request.record.index, request_id)
             if columns["request_record"][i] is not None:
                 kept.append(columns["request_record"][i])
             added += 1

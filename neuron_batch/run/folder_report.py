@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_batch.errors import EXIT_FAILED, RunError
-from neuron_batch.inputs.job_requests import job_figures, job_ids
+from neuron_batch.inputs.job_requests import done_of, job_figures
 from neuron_batch.job.batch_object import row_usage
 from neuron_batch.job.folder import REPORT, RunFolder
 from neuron_batch.job.job import Job
@@ -20,6 +20,7 @@ from neuron_batch.runtimes.prefix_grid import grid_size
 
 if TYPE_CHECKING:
     from neuron_batch.inputs.prepare import Prepared
+    from neuron_batch.job.done import DoneRequests
     from neuron_batch.settings import RunSettings
 
 
@@ -60,14 +61,16 @@ def build_report(job: Job) -> Report:
         if settings.architecture:  # the model simulated, not the one lending its tokenizer
             extra["model"] = f"{extra['sim']['arch']} (simulated)"
     total = len(prepared.requests) + len(problems)
-    completed = sum(1 for rid in job_ids(prepared.requests) if rid in folder.done_ids)
+    completed = len(done_of(prepared.requests, folder.done))
+    # (only the replicas' report matches records to outputs by id: a set of the ids done)
+    done_ids = done_ids_of(folder, prepared) if has_replicas(layout) else set()
     if has_replicas(layout):
         extra.update(replicas=settings.replicas,
                      ray=next((a["ray"] for a in reversed(folder.attempts()) if a.get("ray")),
                               None))
         if "sim" in extra:
             extra["sim"]["num_instances"] = settings.num_instances
-        figures = summarize_replicas(layout, attempts=folder.attempts(), done_ids=folder.done_ids,
+        figures = summarize_replicas(layout, attempts=folder.attempts(), done_ids=done_ids,
                                     simulated=job.simulated, extra_config=extra, total=total,
                                     skipped=len(problems))
     else:
@@ -78,7 +81,7 @@ def build_report(job: Job) -> Report:
                                 skipped=len(problems), failed=0)
     report = Report.new(figures)
     _tokens_from_outputs(report, folder)
-    _add_prefix_bound(report, prepared, folder.done_ids, settings)
+    _add_prefix_bound(report, prepared, folder.done, settings)
     report.prefix_caching = (job.prefix_caching.to_dict() if job.prefix_caching is not None
                              else (folder.read_manifest() or {}).get("prefix_caching"))
     requests = report.requests
@@ -96,7 +99,7 @@ def build_report(job: Job) -> Report:
     attempts = folder.attempts()
     report.attempts = [Attempt.from_dict(a) for a in attempts]
     if any("part" in a for a in attempts):
-        report.split = split_section(attempts, folder, settings, job.simulated)
+        report.split = split_section(attempts, folder, settings, job.simulated, done_ids)
     report.output_dir = str(folder.path)
     return report
 
@@ -113,7 +116,7 @@ def compiled_before(job: Job) -> bool:
 
 
 def split_section(attempts: list[dict[str, Any]], folder: RunFolder, settings: RunSettings,
-                  simulated: bool) -> dict[str, Any]:
+                  simulated: bool, done_ids: set[str]) -> dict[str, Any]:
     """A --split-at run's parts: each attempt that ran a part, its layout and its own figures
     (from its records), and the compile time of the layouts (both are compiled). A part run on
     replicas counts as the whole report does (report/replicas.py attempt_figures): its elapsed time
@@ -128,7 +131,7 @@ def split_section(attempts: list[dict[str, Any]], folder: RunFolder, settings: R
     layout = folder.records_layout()
     on_replicas = {}
     if has_replicas(layout):
-        on_replicas = attempt_figures(layout, attempts=attempts, done_ids=folder.done_ids,
+        on_replicas = attempt_figures(layout, attempts=attempts, done_ids=done_ids,
                                       simulated=simulated)
     parts = []
     for attempt in attempts:
@@ -168,13 +171,20 @@ def split_section(attempts: list[dict[str, Any]], folder: RunFolder, settings: R
     return out
 
 
-def _add_prefix_bound(report: Report, prepared: Prepared, done_ids: set[str],
+def done_ids_of(folder: RunFolder, prepared: Prepared) -> set[str]:
+    """The done requests' ids: the replicas' report matches their records to outputs by id
+    (a set of strings only a --replicas run's report holds)."""
+    from neuron_batch.run.runner import ids_by_index
+
+    return folder.done.ids_in(ids_by_index(prepared.requests))
+
+
+def _add_prefix_bound(report: Report, prepared: Prepared, done: DoneRequests,
                       settings: RunSettings) -> None:
     """`prefix_cache.bound_tokens`: what an unbounded cache could serve the completed requests'
     prompts, in whole blocks of the run's KV block (report/prefix_cache.py), and
     `bound_error_tokens` where a job past inputs/prefix_bound.py's exact count estimated it."""
     from neuron_batch.engine.engine import run_block_size
-    from neuron_batch.inputs.job_requests import with_ids
     from neuron_batch.inputs.prepare import PromptTokens
     from neuron_batch.inputs.prefix_bound import prefix_bound
 
@@ -182,7 +192,7 @@ def _add_prefix_bound(report: Report, prepared: Prepared, done_ids: set[str],
         return
     # (the engine's, as it reported it; the one the run decided with where it did not)
     block = or_none(report.config.block_size) or run_block_size(settings, None)
-    prompts = PromptTokens(with_ids(prepared.requests, done_ids))
+    prompts = PromptTokens(done_of(prepared.requests, done))
     # (streamed: one prompt at a time, and past its exact count in fixed memory)
     bound = prefix_bound(prompts, block)
     report.prefix_cache.with_bound(bound.tokens(), bound.error_tokens())

@@ -244,12 +244,12 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
     ids = job_ids(prepared.requests)
     started = time.time()
     _open_folder(job, signals, ids, started)
-    pending = submission_order(settings, pending_of(prepared.requests, folder.done_ids),
+    pending = submission_order(settings, pending_of(prepared.requests, folder.done),
                                job.target)
     attempts = record_killed(folder, folder.attempts())
     # (numbered past every attempt that left records, rather than overwrite them)
     attempt = max([len(attempts), *folder.records_layout()]) + 1
-    done_before, recorded = len(folder.done_ids), len(attempts)
+    done_before, recorded = len(folder.done), len(attempts)
     try:
         signals.enter(STARTING)     # (a signal that came while the folder was prepared: now)
         if pending:
@@ -293,11 +293,11 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
         if job.outputs is not None and stop.phase != REPORTING:
             job.outputs.end("interrupted")
         if stop.phase != REPORTING:     # (an attempt that stopped at once returned no line)
-            finished = len(folder.done_ids) - done_before - sum(
+            finished = len(folder.done) - done_before - sum(
                 a.get("requests_finished", 0) for a in attempts[recorded:])
             record_stop(folder, stop, started, finished, attempt + len(attempts) - recorded)
         stop.line = interrupted_line(stop.signal, stop.phase, insisted=stop.insisted,
-                                     completed=len(folder.done_ids), total=len(ids),
+                                     completed=len(folder.done), total=len(ids),
                                      folder=folder.path)
         raise
     return _said(settings, report, outcome, folder, problems)
@@ -389,7 +389,7 @@ def record_killed(folder: RunFolder, attempts: list[dict[str, Any]]) -> list[dic
     for number in killed:
         line = Attempt(attempt=number, ended=Ended.KILLED)
         if len(killed) == 1:
-            line.requests_finished = max(0, len(folder.done_ids) - counted)
+            line.requests_finished = max(0, len(folder.done) - counted)
         attempts.append(line.to_dict())
     attempts.sort(key=lambda a: a.get("attempt") or 0)
     folder.write_attempts(attempts)

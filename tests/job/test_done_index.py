@@ -51,7 +51,7 @@ def test_what_is_done_is_every_whole_line_whatever_the_kill_left(tmp_path_factor
     expected = complete_ids(path)
     folder = RunFolder(path)
     assert folder.load_done(IDS) == len(expected)
-    assert folder.done_ids == expected
+    assert folder.done.ids_in(IDS) == expected
     # the resumed run appends the rest; the next resume reads it all from the index
     folder.open_outputs()
     rest = [i for i in range(40) if IDS[i] not in expected]
@@ -59,7 +59,7 @@ def test_what_is_done_is_every_whole_line_whatever_the_kill_left(tmp_path_factor
         folder.append_output({"id": IDS[i]}, i)
     folder.close_outputs()
     again = RunFolder(path)
-    assert again.load_done(IDS) == 40 and again.done_ids == set(IDS)
+    assert again.load_done(IDS) == 40 and again.done.ids_in(IDS) == set(IDS)
     lines = [json.loads(line)["id"] for line in outputs.read_text().splitlines()]
     assert sorted(lines) == sorted(IDS)
     assert index.stat().st_size == 40 * 12      # every line has its entry
@@ -73,14 +73,14 @@ def test_the_index_is_what_a_resume_reads(tmp_path):
     (tmp_path / OUTPUTS).write_text(text)
     folder = RunFolder(tmp_path)
     assert folder.load_done(IDS) == 3
-    assert folder.done_ids == {"r1", "r2", "r3"}
+    assert folder.done.ids_in(IDS) == {"r1", "r2", "r3"}
 
 
 def test_an_index_that_does_not_fit_its_outputs_is_rebuilt_from_them(tmp_path):
     write_run(tmp_path, [5, 6, 7])
     (tmp_path / OUTPUTS).write_text(json.dumps({"id": "r9"}) + "\n")   # another file now
     folder = RunFolder(tmp_path)
-    assert folder.load_done(IDS) == 1 and folder.done_ids == {"r9"}
+    assert folder.load_done(IDS) == 1 and folder.done.ids_in(IDS) == {"r9"}
     assert (tmp_path / DONE_INDEX).stat().st_size == 12
 
 
@@ -89,7 +89,7 @@ def test_a_folder_from_before_the_index_resumes_and_gets_one(tmp_path):
     (tmp_path / OUTPUTS).write_text("".join(json.dumps(r) + "\n" for r in rows))
     folder = RunFolder(tmp_path)
     assert folder.load_done(IDS) == 4
-    assert folder.done_ids == {"r4", "r0", "r9", "r11"}
+    assert folder.done.ids_in(IDS) == {"r4", "r0", "r9", "r11"}
     assert (tmp_path / DONE_INDEX).stat().st_size == 4 * 12
 
 
@@ -101,7 +101,7 @@ def test_a_line_written_without_its_index_gives_the_index_up(tmp_path):
     folder.close_outputs()
     assert not (tmp_path / DONE_INDEX).exists()
     again = RunFolder(tmp_path)
-    assert again.load_done(IDS) == 2 and again.done_ids == {"r1", "r2"}
+    assert again.load_done(IDS) == 2 and again.done.ids_in(IDS) == {"r1", "r2"}
 
 
 def test_lines_left_out_of_the_job_hold_no_index(tmp_path):
@@ -113,7 +113,7 @@ def test_lines_left_out_of_the_job_hold_no_index(tmp_path):
     folder.append_output({"id": "c"}, 2)
     folder.close_outputs()
     again = RunFolder(tmp_path)
-    assert again.load_done(ids) == 1 and again.done_ids == {"c"}
+    assert again.load_done(ids) == 1 and again.done.ids_in(ids) == {"c"}
 
 
 def test_a_killed_attempt_is_recorded_when_the_next_one_starts(tmp_path):
@@ -157,13 +157,13 @@ def test_a_full_disk_names_the_folder_and_resume_finishes_once_there_is_room(tmp
     folder.open_outputs()
     for i in range(3):
         folder.append_output({"id": IDS[i]}, i)
-        folder.done_ids.add(IDS[i])
+        folder.done.add(i, IDS[i])
     attribute = "_outputs" if which == "outputs" else "_index"
     setattr(folder, attribute, _FullDisk(getattr(folder, attribute), room))
     with pytest.raises(OutputError) as error:
         for i in range(3, 40):
             folder.append_output({"id": IDS[i]}, i)
-            folder.done_ids.add(IDS[i])
+            folder.done.add(i, IDS[i])
     assert error.value.exit_code == 1 and str(tmp_path) in str(error.value)
     assert "the disk is full" in str(error.value) and "--resume" in str(error.value)
     getattr(folder, attribute).handle.close()
@@ -171,13 +171,42 @@ def test_a_full_disk_names_the_folder_and_resume_finishes_once_there_is_room(tmp
     # room again: the resume runs what is not whole in outputs.jsonl, once
     again = RunFolder(tmp_path)
     done = again.load_done(IDS)
-    assert again.done_ids == complete_ids(tmp_path) and done == len(again.done_ids) >= 3
+    assert again.done.ids_in(IDS) == complete_ids(tmp_path) and done == len(again.done) >= 3
     again.open_outputs()
     for i in range(40):
-        if IDS[i] not in again.done_ids:
+        if not again.done.has(i):
             again.append_output({"id": IDS[i]}, i)
     again.close_outputs()
     ids = [json.loads(line)["id"] for line in (tmp_path / OUTPUTS).read_text().splitlines()]
     assert sorted(ids) == sorted(IDS)
     last = RunFolder(tmp_path)
     assert last.load_done(IDS) == 40 and (tmp_path / DONE_INDEX).stat().st_size == 40 * 12
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.integers(0, 5000)), st.text(max_size=3)),
+                max_size=60))
+def test_what_is_done_is_a_bit_a_request_and_ids_only_where_no_index_names_one(adds):
+    """job/done.py: a request is done by its index in the job (or, where none names it, by
+    its id), counted once however often it is added."""
+    from neuron_batch.job.done import DoneRequests
+
+    done = DoneRequests()
+    for index, rid in adds:
+        done.add(index, rid)
+    indices = {index for index, _ in adds if index is not None}
+    by_id = {rid for index, rid in adds if index is None}
+    assert len(done) == len(indices) + len(by_id)
+    assert set(done.indices()) == indices and done.by_id == bool(by_id)
+    assert all(done.has(index) for index in indices)
+    assert not any(done.has(index) for index in range(0, 5002, 7) if index not in indices)
+    assert all(done.has(None, rid) for rid in by_id)
+
+
+def test_a_million_requests_done_are_a_bitmap_not_a_set_of_strings():
+    from neuron_batch.job.done import DoneRequests
+
+    many = DoneRequests()
+    for index in range(0, 1_000_000, 97):
+        many.add(index, "")
+    assert len(many) == len(range(0, 1_000_000, 97)) and len(many._bits) < 200_000

@@ -343,11 +343,11 @@ def test_split_parts_on_replicas_add_up_to_the_run(tmp_path):
     from neuron_batch.run.folder_report import split_section
 
     folder = RunFolder(tmp_path)
-    folder.done_ids = done
     part = {"part": "short", "max_model_len": 1024, "max_num_seqs": 8}
     lines = [{**a, "part": part, "ended": "completed"} for a in attempts]
     lines.append({"attempt": 3, "part": part, "ended": "interrupted"})
-    split = split_section(lines, folder, SimpleNamespace(split_at=1024), simulated=True)
+    split = split_section(lines, folder, SimpleNamespace(split_at=1024), simulated=True,
+                          done_ids=done)
     assert [p["elapsed_s"] for p in split["parts"]] == [4.0, 3.0, 0.0]
     assert [len(p.get("replicas", [])) for p in split["parts"]] == [2, 2, 0]
 
