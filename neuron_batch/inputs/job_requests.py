@@ -267,12 +267,12 @@ def job_figures(requests: Sequence[PreparedRequest]) -> JobFigures:
     passes over the inputs were most of the report's time), else from the requests."""
     if isinstance(requests, JobRequests):
         columns, positions = requests.columns, requests.positions
-        flags = [columns.asks[p] for p in positions]
+        flags = columns.asks    # (read by position as they go: no list a request long)
         return JobFigures(
-            openai=any(f & _OPENAI for f in flags),
+            openai=any(flags[p] & _OPENAI for p in positions),
             clamped=[columns.max_tokens[p] for p in positions if columns.clamped[p]],
-            asked=asked_in((bool(f & _CONSTRAINED), columns.samples.get(p, 1),
-                            bool(f & _LOGPROBS)) for p, f in zip(positions, flags)))
+            asked=asked_in((bool(flags[p] & _CONSTRAINED), columns.samples.get(p, 1),
+                            bool(flags[p] & _LOGPROBS)) for p in positions))
     return JobFigures(openai=any(r.record.openai is not None for r in requests),
                       clamped=[r.max_tokens for r in requests if r.max_tokens_clamped],
                       asked=asked_in(asks(r.record) for r in requests))

@@ -94,8 +94,16 @@ class _Distinct:
             self.sorted = _merged(self.sorted, batch)
             if len(self.sorted) <= self.limit:
                 return
-            batch, self.sorted = self.sorted, np.zeros(0, _U64)
+            held, self.sorted = self.sorted, np.zeros(0, _U64)
             self.registers = np.zeros(_REGISTERS, np.uint8)
+            # (a buffer at a time: the whole held array at once took five times its size)
+            for start in range(0, len(held), _BUFFER):
+                self._register(held[start:start + _BUFFER])
+            return
+        self._register(batch)
+
+    def _register(self, batch: np.ndarray) -> None:
+        assert self.registers is not None
         index = (batch >> _U64(64 - _P)).astype(np.intp)
         rest = batch << _U64(_P)
         # rank: the position of the first 1 bit of what is left (its leading zeros + 1), from

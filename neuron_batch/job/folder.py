@@ -272,7 +272,7 @@ class RunFolder:
             with open(index_path, "r+b" if data is not None else "wb") as index_file:
                 index_file.truncate(len(data) if data is not None else 0)
                 index_file.seek(0, os.SEEK_END)
-                for (rid, end), position in zip(missing, positions):
+                for (_, end), position in zip(missing, positions):
                     if position is None:    # (an output of no request of this job)
                         break
                     index_file.write(_ENTRY.pack(position, end))

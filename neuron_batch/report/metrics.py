@@ -18,9 +18,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
-from typing import Any, cast
-
-import numpy as np
+from typing import Any
 
 from neuron_batch.report.prefix_cache import (
     grid_padding,
@@ -29,7 +27,7 @@ from neuron_batch.report.prefix_cache import (
     prefix_cache_figures,
     prefix_cache_section,
 )
-from neuron_batch.report.run_records import RequestColumns as RunRecordsRequests
+from neuron_batch.report.quantiles import PERCENTILES
 from neuron_batch.report.run_records import RunRecords
 from neuron_batch.report.sampling import sampling_figures, sampling_section
 from neuron_batch.runtimes.runtime import runtime_of
@@ -46,7 +44,7 @@ from neuron_batch.scheduler.records import (
 )
 
 #: Percentiles reported for every latency, as (report key, fraction).
-LATENCY_PERCENTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99))
+LATENCY_PERCENTILES = PERCENTILES
 
 _IDLE = SchedulerState.IDLE.value
 
@@ -110,14 +108,10 @@ def summarize_run(run: RunRecords, *, elapsed_s: float | None = None,
     pass over the steps. `run.requests` are the requests that count (the caller filters);
     `elapsed_s` None: the aggregates' window."""
     agg = run.aggregates
-    requests = run.requests
+    requests = run.request_figures()
     elapsed = agg.elapsed if elapsed_s is None else float(elapsed_s)
-    finished = _floats(requests.finished)
-    done = ~np.isnan(finished)
-    prompt = _ints(requests.num_prompt_tokens)[done]
-    outputs = _ints(requests.num_output_tokens)[done]
-    input_tokens, output_tokens = int(prompt.sum()), int(outputs.sum())
-    num_completed = int(done.sum())
+    input_tokens, output_tokens = requests.prompt_tokens, requests.output_tokens
+    num_completed = requests.completed
 
     config = asdict(run.config) if run.config is not None else {}
     config.update(extra_config or {})
@@ -138,7 +132,7 @@ def summarize_run(run: RunRecords, *, elapsed_s: float | None = None,
                     failed=failed, skipped=skipped),
         "padding": padding,
         "prefix_cache": prefix_cache_figures(
-            input_tokens, int(_ints(requests.num_cached_tokens)[done].sum()),
+            input_tokens, requests.cached_tokens,
             agg.recomputed_tokens, bool(config.get("enable_prefix_caching"))),
         "states": agg.states(),
         "admission_blocked": _blocked(run.blocked),
@@ -146,14 +140,12 @@ def summarize_run(run: RunRecords, *, elapsed_s: float | None = None,
         "kv": {"num_blocks": num_blocks, "peak_reserved_blocks": agg.kv_peak_reserved,
                "peak_used_blocks": round(agg.kv_peak_usage * usable),
                "mean_used_fraction": agg.kv_mean()},
-        "latency": _latency_columns(requests, done),
+        "latency": requests.latency(),
         "steps": {"total": agg.num_steps,
                   **{kind: agg.kinds.get(kind, 0) for kind in (PREFILL, DECODE, EMPTY)}},
     }
-    sampling = sampling_figures(
-        agg.sampling_s, agg.step_s, int(_ints(requests.constrained).astype(bool).sum()),
-        int(_ints(requests.logprobs).astype(bool).sum()),
-        Counter(p for p in requests.sample_of if p is not None), runtime_of(config).sampling)
+    sampling = sampling_figures(agg.sampling_s, agg.step_s, requests.constrained,
+                                requests.logprobs, requests.samples, runtime_of(config).sampling)
     if sampling is not None:
         report["sampling"] = sampling
     return report
@@ -189,50 +181,6 @@ def _headline(elapsed: float, num_completed: int, input_tokens: int, output_toke
         },
         "tokens": {"input": input_tokens, "output": output_tokens, "total": total_tokens},
     }
-
-
-def _floats(column: Sequence[float | None] | np.ndarray) -> np.ndarray:
-    return cast(np.ndarray, np.asarray(column, dtype=np.float64))   # (numpy's result: Any)
-
-
-def _ints(column: Sequence[int] | np.ndarray) -> np.ndarray:
-    return cast(np.ndarray, np.asarray(column, dtype=np.int64))
-
-
-def _latency_columns(requests: RunRecordsRequests, done: np.ndarray
-                     ) -> dict[str, dict[str, float | None]]:
-    """`latency_summary` on columns: the same values, the percentiles from the two order
-    statistics each interpolates between (np.partition, no full sort)."""
-    arrival = _floats(requests.arrival)[done]
-    finished = _floats(requests.finished)[done]
-    first = _floats(requests.first_token)[done]
-    outputs = _ints(requests.num_output_tokens)[done]
-    has_first = ~np.isnan(first)
-    many = has_first & (outputs >= 2)
-    tpot = (finished[many] - first[many]) / (outputs[many] - 1)
-    return {"ttft_s": _distribution_array(first[has_first] - arrival[has_first]),
-            "tpot_s": _distribution_array(tpot), "e2e_s": _distribution_array(finished - arrival)}
-
-
-def _distribution_array(values: np.ndarray) -> dict[str, float | None]:
-    n = len(values)
-    if not n:
-        return {"mean": None, **{key: None for key, _ in LATENCY_PERCENTILES}}
-    result: dict[str, float | None] = {"mean": math.fsum(values.tolist()) / n}
-    ranks = sorted({r for _, fraction in LATENCY_PERCENTILES
-                    for r in _ranks(n, fraction)})
-    ordered = dict(zip(ranks, np.partition(values, ranks)[ranks].tolist()))
-    for key, fraction in LATENCY_PERCENTILES:
-        position = fraction * (n - 1)
-        lower, upper = _ranks(n, fraction)
-        weight = position - lower
-        result[key] = ordered[lower] + (ordered[upper] - ordered[lower]) * weight
-    return result
-
-
-def _ranks(n: int, fraction: float) -> tuple[int, int]:
-    lower = math.floor(fraction * (n - 1))
-    return lower, min(lower + 1, n - 1)
 
 
 def padding_tables(agg: Aggregates, prefill_buckets: Sequence[int],

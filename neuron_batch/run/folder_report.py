@@ -74,9 +74,9 @@ def build_report(job: Job) -> Report:
                                     simulated=job.simulated, extra_config=extra, total=total,
                                     skipped=len(problems))
     else:
-        records = concat([load(p, ids=False) for p in folder.records_paths()])
-        # Abandoned (aborted) or failed requests are not completed work: leave them out.
-        records.requests = records.requests.completed()
+        # (the completed requests added up as each file is read: aborted or failed requests
+        # are not completed work, and no column of the whole run is held)
+        records = concat([load(p, ids=False, streamed=True) for p in folder.records_paths()])
         figures = summarize_run(records, extra_config=extra, total=total,
                                 skipped=len(problems), failed=0)
     report = Report.new(figures)
@@ -146,7 +146,7 @@ def split_section(attempts: list[dict[str, Any]], folder: RunFolder, settings: R
             elapsed, output_tokens = figures["elapsed_s"], figures["output_tokens"]
             extra = {"replicas": figures["replicas"]}
         else:
-            one = Report.new(summarize_run(load(entry, ids=False)))
+            one = Report.new(summarize_run(load(entry, ids=False, streamed=True)))
             elapsed, output_tokens = one.throughput.elapsed_s, one.tokens.output
         parts.append({**attempt["part"], "attempt": attempt["attempt"],
                       "ended": attempt.get("ended"), "elapsed_s": elapsed,
@@ -185,8 +185,8 @@ def _add_prefix_bound(report: Report, prepared: Prepared, done: DoneRequests,
     prompts, in whole blocks of the run's KV block (report/prefix_cache.py), and
     `bound_error_tokens` where a job past inputs/prefix_bound.py's exact count estimated it."""
     from neuron_batch.engine.engine import run_block_size
-    from neuron_batch.inputs.prepare import PromptTokens
     from neuron_batch.inputs.prefix_bound import prefix_bound
+    from neuron_batch.inputs.prepare import PromptTokens
 
     if not isinstance(report.prefix_cache, PrefixCache):
         return

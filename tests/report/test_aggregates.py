@@ -189,6 +189,10 @@ def test_aggregates_equal_the_full_pass(tmp_path_factory, stream):
     bare.requests = bare.requests.completed()
     assert bare.requests.req_id == [] and len(bare.requests) == len(run.requests)
     close(summarize_run(bare), expected)
+    # and added up block by block as the file is read (report/request_figures.py): the same
+    streamed = load(path, ids=False, streamed=True)
+    assert not len(streamed.requests)
+    close(summarize_run(streamed), expected)
     # the steps read back from their blocks are the recorded ones (less their request ids)
     steps = [asdict(s) for s in iter_steps(path)]
     assert steps == [{**asdict(s), "req_ids": []} for s in reference.steps]
@@ -217,7 +221,9 @@ def test_old_records_files_give_the_same_report(tmp_path_factory, stream):
     write_old_format(folder / "old.jsonl", reference)
     run = load(folder / "old.jsonl")
     run.requests = run.requests.completed()
-    close(summarize_run(run), summarize(completed(read_records(folder / "old.jsonl"))))
+    expected = summarize(completed(read_records(folder / "old.jsonl")))
+    close(summarize_run(run), expected)
+    close(summarize_run(load(folder / "old.jsonl", ids=False, streamed=True)), expected)
 
 
 def test_a_file_cut_short_is_summarised_from_its_steps(tmp_path):
@@ -234,6 +240,7 @@ def test_a_file_cut_short_is_summarised_from_its_steps(tmp_path):
     run = load(path)
     run.requests = run.requests.completed()
     close(summarize_run(run), summarize(completed(reference)))
+    close(summarize_run(load(path, streamed=True)), summarize(completed(reference)))
 
 
 def test_a_steps_line_torn_before_its_count_reads_as_cut_short(tmp_path):
