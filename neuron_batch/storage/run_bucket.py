@@ -16,6 +16,8 @@ In the bucket (the prefix holds what a local folder holds, except outputs.idx an
                                parts are then deleted)
     run.json, requests.json, attempts.json, batch.json, errors.jsonl, report.json,
     skipped.jsonl, records-*.jsonl, previous-*/   as in a local folder, uploaded when changed
+                               (a JSONL file of 5 MiB or more that grew: only what it grew by,
+                               the rest copied within the store)
 
 `--resume` on any host rebuilds the staging folder from the bucket first: outputs.jsonl, then
 each part that starts where it ends (so nothing twice), run.json and requests.json always the
@@ -40,6 +42,7 @@ import shutil
 import signal
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -69,6 +72,8 @@ PARTS = "outputs/part-"
 _PART = re.compile(r"outputs/part-(\d{15})\.jsonl")
 _KEPT_FROM_BUCKET = ("run.json", "requests.json")   # the bucket's copy decides a resume
 _CHUNK = 64 << 20       # one PUT up to this; a multipart upload of such parts above it
+_MIN_PART = 5 << 20     # S3's least part but the last: a file held from this size is appended
+_COPY_PART = 4 << 30    # a part copied within the store (S3's most: 5 GiB)
 
 
 def is_bucket_output(output: str | None) -> bool:
@@ -159,6 +164,8 @@ class BucketRun:
         self._parts: list[str] = []         # part keys in the bucket
         self._whole = 0                     # size of the bucket's outputs.jsonl (0: none)
         self._files: dict[str, tuple[int, int]] = {}    # rel -> local (size, mtime) uploaded
+        # rel -> (inode, bytes uploaded, CRC-32 of their last 64 KiB): what an append extends
+        self._appended: dict[str, tuple[int, int, int]] = {}
         self._remote: set[str] = set()      # other files in the bucket
         self._last_part = self._last_files = 0.0
         self._stop = threading.Event()
@@ -363,7 +370,16 @@ class BucketRun:
                 continue
             # (a JSONL file being appended to goes up to its last whole line)
             end = _lines_end(path, stat.st_size) if rel.endswith(".jsonl") else stat.st_size
-            self._put_file(f"{self.prefix}{rel}", path, 0, end)
+            key = f"{self.prefix}{rel}"
+            inode, held, tail = self._appended.get(rel, (None, 0, 0))
+            # (appended to, not written anew: the same file, and the bytes before where the
+            # bucket's copy ends are still what they were)
+            if rel.endswith(".jsonl") and inode == stat.st_ino and _MIN_PART <= held <= end \
+                    and _tail_crc(path, held) == tail:
+                self._append_file(key, path, held, end)
+            else:
+                self._put_file(key, path, 0, end)
+            self._appended[rel] = (stat.st_ino, end, _tail_crc(path, end))
             self._files[rel] = signature
             self._remote.add(rel)
         gone = sorted(self._remote - present)
@@ -388,9 +404,36 @@ class BucketRun:
                 self.client.put_object(Bucket=self.bucket, Key=key,
                                        Body=handle.read(end - start))
                 return
+        self._multipart(key, path, start, end)
+
+    def _append_file(self, key: str, path: Path, held: int, end: int) -> None:
+        """`key` made the first `end` bytes of `path` from the `held` it has (a prefix of
+        them) and the bytes after: a multipart upload whose first parts are copied within the
+        store, so a records file of a long run costs only what it grew by, not its size,
+        each sync. (S3 wants every part but the last of 5 MiB or more: only then.)"""
+        if end == held:
+            return
+        self._multipart(key, path, held, end, copied=held)
+
+    def _multipart(self, key: str, path: Path, start: int, end: int, copied: int = 0) -> None:
+        """`key` as bytes [start, end) of `path`, after the first `copied` bytes of the
+        object `key` is now (copied in the store)."""
+        with open(path, "rb") as handle:
+            handle.seek(start)
             upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)
             done: list[dict[str, Any]] = []
             try:
+                # (equal copied parts: each of them 5 MiB or more, as S3 wants)
+                pieces = -(-copied // _COPY_PART)
+                size = -(-copied // pieces) if copied else 1
+                for first in range(0, copied, size):
+                    last = min(copied, first + size) - 1
+                    answer = self.client.upload_part_copy(
+                        Bucket=self.bucket, Key=key, UploadId=upload["UploadId"],
+                        PartNumber=len(done) + 1, CopySource={"Bucket": self.bucket, "Key": key},
+                        CopySourceRange=f"bytes={first}-{last}")
+                    done.append({"PartNumber": len(done) + 1,
+                                 "ETag": answer["CopyPartResult"]["ETag"]})
                 position = start
                 while position < end:
                     data = handle.read(min(_CHUNK, end - position))
@@ -550,6 +593,13 @@ def _files_of(folder: Path) -> Iterator[tuple[str, Path]]:
             if name.startswith(".") or rel in (OUTPUTS, DONE_INDEX):
                 continue
             yield rel, path
+
+
+def _tail_crc(path: Path, end: int) -> int:
+    """CRC-32 of the 64 KiB of `path` before byte `end`."""
+    with open(path, "rb") as handle:
+        handle.seek(max(0, end - (64 << 10)))
+        return zlib.crc32(handle.read(min(end, 64 << 10)))
 
 
 def _lines_end(path: Path, size: int) -> int:

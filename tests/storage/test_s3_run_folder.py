@@ -333,3 +333,60 @@ def test_the_mirror_sends_whole_lines_and_a_fresh_host_rebuilds_them(bucket, tmp
     found = keys(bucket, "mirror/")
     assert not [k for k in found if k.startswith(("outputs/", ".lock"))], found
     assert read(bucket, "mirror/outputs.jsonl").decode() == "".join(lines) + '{"id": "r10"}\n'
+
+
+def test_a_grown_records_file_sends_only_what_it_grew_by(bucket, tmp_path, monkeypatch):
+    """A records file of a long run is re-sent each sync: from 5 MiB on, the bucket's copy is
+    extended by a multipart upload that copies what it holds within the store and sends only
+    the new lines; a file written anew (another inode) goes whole."""
+    from neuron_batch.storage.run_bucket import BucketRun
+
+    url = f"s3://{bucket}/grown/"
+    monkeypatch.setenv(SYNC_ENV, "0.05")
+    run = BucketRun(url, [].append)
+    staging = run.open()
+    sent: list[tuple[str, int]] = []
+
+    class Counting:     # (the real client, the bytes of each upload it sends noted)
+        def __init__(self, client):
+            self.client = client
+
+        def __getattr__(self, name):
+            method = getattr(self.client, name)
+            if name not in ("put_object", "upload_part"):
+                return method
+
+            def counted(**kwargs):
+                sent.append((kwargs["Key"], len(kwargs["Body"])))
+                return method(**kwargs)
+            return counted
+
+    run.client = Counting(run.client)
+    records = staging / "records-1.jsonl"
+    line = json.dumps({"type": "requests", "blob": "x" * 1000}) + "\n"
+
+    def in_bucket(expected: bytes) -> None:
+        deadline = time.monotonic() + 30
+        while keys(bucket, "grown/").get("records-1.jsonl") != len(expected):
+            assert time.monotonic() < deadline, keys(bucket, "grown/")
+            time.sleep(0.05)
+        assert read(bucket, "grown/records-1.jsonl") == expected
+
+    records.write_text(line * 6_000)                    # ~6 MiB
+    in_bucket(records.read_bytes())
+    sent.clear()
+    with open(records, "a") as more:
+        more.write(line.replace("x", "y") * 50)         # ~50 KB more, and a torn line
+        more.write('{"type": "requ')
+    in_bucket(records.read_bytes()[:-len('{"type": "requ')])
+    grown = sum(size for key, size in sent if key.endswith("records-1.jsonl"))
+    assert 0 < grown <= 50 * len(line)                  # the new lines, not the 6 MiB
+    # written anew (os.replace: another file), shorter: the whole of it
+    sent.clear()
+    fresh = staging / ".records.tmp"
+    fresh.write_text(line.replace("x", "z") * 5_500)
+    os.replace(fresh, records)
+    in_bucket(records.read_bytes())
+    assert sum(size for key, size in sent if key.endswith("records-1.jsonl")) \
+        == records.stat().st_size
+    run.close()
