@@ -265,19 +265,8 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, *, log: Callable[[str], None]) -
     sweep_dir.mkdir(parents=True, exist_ok=True)
     lengths = workload.prompt_lengths()
     variants = prefix_variants(base, spec.caching_values, spec.order_values)
-    simulated = base.simulated
     jobs = spec.workers
-    meta = {"inputs": list(base.inputs), "device": base.device, "model": workload.model.name,
-            "sim": base.to_dict()["sim"] if simulated else None, "num_requests": len(lengths),
-            "max_num_batched_tokens": base.max_num_batched_tokens,
-            "max_model_len": base.max_model_len, "max_num_seqs_values": list(seqs_values),
-            "runtime": base.resolve_runtime().name,
-            "kv_reserve_values": kv_values, "left_out": fits.left_out,
-            "prefix_caching_values": list(dict.fromkeys(
-                prefix_caching_word(v.prefix_caching) for v, _ in variants)),
-            "order_values": list(dict.fromkeys(v.order.value for v, _ in variants)),
-            "prefix_cache": _job_bound(workload, base),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs": jobs, "rank_by": spec.rank_by}
+    meta = _sweep_meta(spec, workload, fits, variants, lengths)
     sweep = Sweep(sweep_dir, jobs=jobs, log=log, prompt_lengths=lengths, meta=meta)
     if resume:
         sweep.entries.update(load_previous(sweep_dir))
@@ -293,22 +282,7 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, *, log: Callable[[str], None]) -
                if len(variants) > 1 else ""))
         sweep.run(phase_one)
         first_s = max(time.monotonic() - started, 1e-3)
-        grid = []
-        for vbase, variant in variants:
-            observed = {(c.settings.max_num_seqs, c.settings.kv_reserve):
-                        decode_histograms(run_folder(c.settings)) for c in phase_one
-                        if (c.settings.prefix_caching, c.settings.order)
-                        == (vbase.prefix_caching, vbase.order)}
-            grid += grid_candidates(vbase, sweep_dir, seqs_values=seqs_values,
-                                    prompt_lengths=lengths,
-                                    decode_hists={k: v[0] for k, v in observed.items()},
-                                    length_hists={k: v[1] for k, v in observed.items()},
-                                    user_prefill=spec.user_prefill,
-                                    user_decode=spec.user_decode,
-                                    max_prefill_buckets=spec.max_prefill_buckets,
-                                    max_decode_buckets=spec.max_decode_buckets,
-                                    kv_values=kv_values,
-                                    variant=variant)
+        grid = _phase_two(spec, sweep_dir, variants, phase_one, fits, lengths)
         remaining = [c for c in grid if c.name not in sweep.entries]
         # phase one ran min(jobs, n) configurations at a time
         per_config = first_s * min(jobs, len(phase_one)) / max(1, len(phase_one))
@@ -327,6 +301,46 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, *, log: Callable[[str], None]) -
     check_finished(sweep.ordered_entries())
     return EXIT_OK
 
+
+
+def _sweep_meta(spec: SweepSpec, workload, fits, variants, lengths: list[int]
+                ) -> dict[str, Any]:
+    """sweep.json's description of the sweep: the job, the device and what it varies."""
+    base = spec.base
+    return {"inputs": list(base.inputs), "device": base.device, "model": workload.model.name,
+            "sim": base.to_dict()["sim"] if base.simulated else None,
+            "num_requests": len(lengths),
+            "max_num_batched_tokens": base.max_num_batched_tokens,
+            "max_model_len": base.max_model_len, "max_num_seqs_values": list(fits.seqs_values),
+            "runtime": base.resolve_runtime().name,
+            "kv_reserve_values": fits.kv_values, "left_out": fits.left_out,
+            "prefix_caching_values": list(dict.fromkeys(
+                prefix_caching_word(v.prefix_caching) for v, _ in variants)),
+            "order_values": list(dict.fromkeys(v.order.value for v, _ in variants)),
+            "prefix_cache": _job_bound(workload, base),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "jobs": spec.workers,
+            "rank_by": spec.rank_by}
+
+
+def _phase_two(spec: SweepSpec, sweep_dir: Path, variants, phase_one, fits,
+               lengths: list[int]) -> list:
+    """Phase two's configurations: per prefix variant, the bucket grid drawn from the decode
+    and length histograms its phase-one runs observed."""
+    grid = []
+    for vbase, variant in variants:
+        observed = {(c.settings.max_num_seqs, c.settings.kv_reserve):
+                    decode_histograms(run_folder(c.settings)) for c in phase_one
+                    if (c.settings.prefix_caching, c.settings.order)
+                    == (vbase.prefix_caching, vbase.order)}
+        grid += grid_candidates(vbase, sweep_dir, seqs_values=fits.seqs_values,
+                                prompt_lengths=lengths,
+                                decode_hists={k: v[0] for k, v in observed.items()},
+                                length_hists={k: v[1] for k, v in observed.items()},
+                                user_prefill=spec.user_prefill, user_decode=spec.user_decode,
+                                max_prefill_buckets=spec.max_prefill_buckets,
+                                max_decode_buckets=spec.max_decode_buckets,
+                                kv_values=fits.kv_values, variant=variant)
+    return grid
 
 def _job_bound(workload, base: RunSettings) -> dict[str, int]:
     """The job's prompt tokens and what an unbounded prefix cache could serve
