@@ -144,33 +144,15 @@ def grid_candidates(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence
     prefill_sets: dict[str, tuple[int, ...] | None] = {"def": None}
     for i, buckets in enumerate(user_prefill, 1):
         prefill_sets[f"u{i}"] = tuple(buckets)
-    if max_prefill_buckets > 0:
-        for k, plan in enumerate(plans_for_each_k(chunks, max_prefill_buckets, prefill_max), 1):
-            prefill_sets[f"o{k}"] = plan.buckets
+    prefill_sets.update(_optimal_sets(chunks, max_prefill_buckets, prefill_max))
     out: list[Candidate] = []
     multi_seqs, multi_kv = len(seqs_values) > 1, len(kv_values) > 1
     second = _second_letter(runtime)
     for kv_reserve, seqs in ((k, s) for k in kv_values for s in seqs_values):
         suffix = _suffix(seqs, kv_reserve, multi_seqs=multi_seqs, multi_kv=multi_kv) + variant
         lengths = _hist_for(length_hists or {}, seqs, kv_reserve)
-        decode_sets: dict[str, tuple[int, ...] | None] = {"def": None}
-        if runtime.static_kv:
-            # The swept second list: token-generation buckets over the decode steps' longest
-            # lengths (every step runs all max_num_seqs slots).
-            for i, buckets in enumerate(user_decode, 1):
-                if buckets[-1] == mml:
-                    decode_sets[f"u{i}"] = tuple(buckets)
-            if max_decode_buckets > 0 and lengths:
-                for k, plan in enumerate(plans_for_each_k(lengths, max_decode_buckets, mml), 1):
-                    decode_sets[f"o{k}"] = plan.buckets
-        else:
-            for i, buckets in enumerate(user_decode, 1):
-                if buckets[-1] == seqs:
-                    decode_sets[f"u{i}"] = tuple(buckets)
-            hist = _hist_for(decode_hists, seqs, kv_reserve)
-            if max_decode_buckets > 0 and hist:
-                for k, plan in enumerate(plans_for_each_k(hist, max_decode_buckets, seqs), 1):
-                    decode_sets[f"o{k}"] = plan.buckets
+        decode_sets = _decode_sets(runtime, user_decode, max_decode_buckets, mml, seqs,
+                                   lengths, _hist_for(decode_hists, seqs, kv_reserve))
         seen: set[tuple] = set()
         for pname, prefill in _unique(prefill_sets).items():
             for dname, decode in _unique(decode_sets).items():
@@ -190,23 +172,54 @@ def grid_candidates(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence
                                          prefill=prefill, decode=decode,
                                          kv_reserve=kv_reserve))
         if not runtime.static_kv and max_decode_buckets > 0 and lengths:
-            # The Beta plugin's decode context-length buckets (multiples of 128 below
-            # max_model_len; the max_model_len graph is always there), with the default P, D.
-            rounded: Counter[int] = Counter()
-            for length, count in lengths.items():
-                rounded[min(-(-length // DECODE_CONTEXT_MULTIPLE) * DECODE_CONTEXT_MULTIPLE,
-                            mml)] += count
-            context_sets: dict[str, Any] = {}
-            for k, plan in enumerate(plans_for_each_k(rounded, max_decode_buckets + 1, mml), 1):
-                inner = tuple(b for b in plan.buckets if b < mml)
-                if inner and inner not in context_sets.values():
-                    context_sets[f"o{k}"] = inner
+            context_sets = _context_sets(lengths, max_decode_buckets, mml)
             for cname, context in context_sets.items():
                 out.append(candidate(base, sweep_dir, f"P=def,D=def,C={cname}" + suffix,
                                      max_num_seqs=seqs, prefill=None, decode=None,
                                      attention=context, kv_reserve=kv_reserve))
     return out
 
+
+
+def _optimal_sets(observed, max_buckets: int, largest: int) -> dict[str, tuple[int, ...]]:
+    """"oK": the bucket set of at most K buckets that pads `observed` least, K = 1 ...
+    `max_buckets` (none where it is 0)."""
+    if max_buckets <= 0:
+        return {}
+    return {f"o{k}": plan.buckets
+            for k, plan in enumerate(plans_for_each_k(observed, max_buckets, largest), 1)}
+
+
+def _decode_sets(runtime, user_decode: Sequence[Sequence[int]], max_decode_buckets: int,
+                 mml: int, seqs: int, lengths, hist) -> dict[str, tuple[int, ...] | None]:
+    """The swept second list at `seqs` slots: under a static KV (nxdi) the token-generation
+    buckets over the decode steps' longest lengths (every step runs all max_num_seqs slots),
+    else the decode batch sizes; the user's sets that end where the list must, then the
+    optimal ones."""
+    largest = mml if runtime.static_kv else seqs
+    sets: dict[str, tuple[int, ...] | None] = {"def": None}
+    for i, buckets in enumerate(user_decode, 1):
+        if buckets[-1] == largest:
+            sets[f"u{i}"] = tuple(buckets)
+    observed = lengths if runtime.static_kv else hist
+    if observed:    # (phase one saw decode steps at this layout)
+        sets.update(_optimal_sets(observed, max_decode_buckets, largest))
+    return sets
+
+
+def _context_sets(lengths, max_decode_buckets: int, mml: int) -> dict[str, tuple[int, ...]]:
+    """The Beta plugin's decode context-length buckets (multiples of 128 below max_model_len;
+    the max_model_len graph is always there), optimal for the decode steps' lengths."""
+    rounded: Counter[int] = Counter()
+    for length, count in lengths.items():
+        rounded[min(-(-length // DECODE_CONTEXT_MULTIPLE) * DECODE_CONTEXT_MULTIPLE,
+                    mml)] += count
+    context_sets: dict[str, tuple[int, ...]] = {}
+    for k, plan in enumerate(plans_for_each_k(rounded, max_decode_buckets + 1, mml), 1):
+        inner = tuple(b for b in plan.buckets if b < mml)
+        if inner and inner not in context_sets.values():
+            context_sets[f"o{k}"] = inner
+    return context_sets
 
 def export_candidates(base: RunSettings, sweep_dir: Path, *, seqs_values: Sequence[int],
                       prompt_lengths: Sequence[int], length_hists: dict,
