@@ -7,7 +7,8 @@ in its own process; the script polls the whole process tree's memory (/proc, eve
 and times the run. It prints, against the run at `--base` requests (10k by default):
 
 - peak memory of the process tree (Pss summed: RSS with shared pages split), as a ratio
-  (goal: 1M within 1.2x of 10k);
+  (goal: 1M within 1.2x of 10k), and its anonymous memory (RssAnon summed: what the run
+  allocated, which other processes on the machine do not change; Pss moves with them);
 - the marginal time per request: (wall(N) - wall(previous size)) / (N - previous size), as a
   ratio to the base size's own marginal time (goal: within 1.1x), so the fixed start-up
   (imports, the engine, the simulated graphs) is left out;
@@ -110,6 +111,27 @@ def _age(pid: int) -> float:
     return uptime - started / os.sysconf("SC_CLK_TCK")
 
 
+def tree_anon(pid: int) -> int:
+    """Anonymous memory resident in `pid` and its descendants (RssAnon), in bytes: what a
+    process allocated itself, which no other process's mappings change. (Pss splits a shared
+    library's pages among every process mapping it: another Python with torch loaded on the
+    machine lowers a run's Pss by up to ~0.1 GiB.) Children younger than a second left out."""
+    total, stack = 0, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            if current == pid or _age(current) >= 1.0:
+                with open(f"/proc/{current}/status") as handle:
+                    total += next((int(line.split()[1]) * 1024 for line in handle
+                                   if line.startswith("RssAnon:")), 0)
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as handle:
+                    stack.extend(int(child) for child in handle.read().split())
+        except (OSError, ValueError):
+            continue
+    return total
+
+
 def _pss(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/smaps_rollup") as handle:
@@ -136,10 +158,11 @@ def measure(argv: list[str], *, kill_when=None) -> dict:
     started = time.perf_counter()
     process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                start_new_session=True)
-    peak = 0
+    peak = peak_anon = 0
     killed = False
     while process.poll() is None:
         peak = max(peak, tree_rss(process.pid))
+        peak_anon = max(peak_anon, tree_anon(process.pid))
         if kill_when is not None and not killed and kill_when():
             os.killpg(process.pid, signal.SIGKILL)
             killed = True
@@ -149,7 +172,7 @@ def measure(argv: list[str], *, kill_when=None) -> dict:
     if process.returncode != 0 and not killed:
         sys.exit(f"{' '.join(argv)} failed ({process.returncode}):\n{stderr[-3000:]}")
     return {"wall_s": round(wall, 2), "peak_rss_gib": round(peak / 2**30, 3),
-            "rc": process.returncode}
+            "peak_anon_gib": round(peak_anon / 2**30, 3), "rc": process.returncode}
 
 
 def lines(path: Path) -> int:
@@ -222,6 +245,7 @@ def main() -> None:
         for size in sizes:
             run = runs[size]
             run["rss_ratio"] = round(run["peak_rss_gib"] / base["peak_rss_gib"], 3)
+            run["anon_ratio"] = round(run["peak_anon_gib"] / base["peak_anon_gib"], 3)
             if "marginal_ms" in run:
                 run["marginal_ratio"] = round(run["marginal_ms"] / base["marginal_ms"], 3)
         results[kind] = runs
@@ -229,11 +253,12 @@ def main() -> None:
         results["resume"] = resume_check(sizes[-1], args.resume_at, workdir, args.text_cap,
                                          results.get("tokens", {}).get(sizes[-1]))
     print(f"{'kind':<7}{'requests':>10}{'wall s':>9}{'peak GiB':>10}{'RSS x':>8}"
-          f"{'ms/req':>9}{'time x':>8}")
+          f"{'anon GiB':>10}{'anon x':>8}{'ms/req':>9}{'time x':>8}")
     for kind in args.kinds.split(","):
         for size, run in results[kind].items():
             print(f"{kind:<7}{size:>10,}{run['wall_s']:>9.1f}{run['peak_rss_gib']:>10.3f}"
-                  f"{run['rss_ratio']:>8.3f}{run.get('marginal_ms', float('nan')):>9.4f}"
+                  f"{run['rss_ratio']:>8.3f}{run['peak_anon_gib']:>10.3f}"
+                  f"{run['anon_ratio']:>8.3f}{run.get('marginal_ms', float('nan')):>9.4f}"
                   f"{run.get('marginal_ratio', float('nan')):>8.3f}")
     if "resume" in results:
         print(f"resume: {results['resume']}")
