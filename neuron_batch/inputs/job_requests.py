@@ -1,6 +1,6 @@
 """A job's requests without the job in memory: what each request needs to be found and run
 again (its input, byte offset or row, line, the digest of its bytes, id, prompt length,
-max_tokens) in compact arrays, about 40 bytes a request; the records themselves read again
+max_tokens) in compact arrays, 32 bytes a request and its id; the records themselves read again
 from their inputs a window at a time, as the engine takes them (`JobRequests`, a Sequence of
 `PreparedRequest`s made as they are reached), their text tokenized a window at a time.
 
@@ -36,7 +36,8 @@ class JobColumns:
         self.readers = list(readers)
         self.stamps = [reader.stamp() for reader in self.readers]
         self.src = array("H")
-        self.where = array("q")
+        # (4 bytes each while they fit, 8 past that: `_widened`)
+        self.where = array("I")
         self.line = array("i")
         self.digest = array("I")
         self.index = array("i")         # the run's index (after --shuffle, --limit); -1 none
@@ -49,7 +50,7 @@ class JobColumns:
         self.asks = bytearray()
         self.samples: dict[int, int] = {}
         self._id_bytes = bytearray()
-        self._id_ends = array("q")
+        self._id_ends = array("I")
         # made by the caller: what numbering gives a record read again (its default id and
         # max_tokens, the OpenAI defaults) at (position, index)
         self.finish: Callable[[PromptRecord, int, int], None] = lambda r, p, i: None
@@ -60,7 +61,10 @@ class JobColumns:
     def add(self, src: int, where: int, line: int, digest: int, record_id: str) -> None:
         """The next position's record, as scanned."""
         self.src.append(src)
-        self.where.append(where)
+        try:
+            self.where.append(where)
+        except OverflowError:       # an offset past 4 GiB
+            self.where = _widened(self.where, where)
         self.line.append(line)
         self.digest.append(digest & 0xFFFFFFFF)
         self.index.append(-1)
@@ -69,7 +73,10 @@ class JobColumns:
         self.clamped.append(0)
         self.asks.append(0)
         self._id_bytes += record_id.encode("utf-8", "surrogatepass")
-        self._id_ends.append(len(self._id_bytes))
+        try:
+            self._id_ends.append(len(self._id_bytes))
+        except OverflowError:
+            self._id_ends = _widened(self._id_ends, len(self._id_bytes))
 
     def prepared(self, position: int, request: PreparedRequest) -> None:
         """The check's request at `position`: its lengths, and what the report counts of it."""
@@ -101,6 +108,14 @@ class JobColumns:
 
 
 _OPENAI, _CONSTRAINED, _LOGPROBS = 1, 2, 4
+
+
+def _widened(values: array, value: int) -> array:
+    """`values` as 8-byte integers, `value` appended: a column whose next value does not fit
+    its 4 bytes (a file offset past 4 GiB, ids past 4 GB)."""
+    wide = array("q", values)
+    wide.append(value)
+    return wide
 
 
 class JobRequests(Sequence[PreparedRequest]):

@@ -230,3 +230,16 @@ def test_the_reports_input_figures_come_from_the_arrays(tiny_model, tmp_path, va
         assert from_arrays.openai and from_arrays.clamped
         assert from_arrays.asked == {"constrained": 1, "sampled_n": 2, "samples": 5,
                                      "logprobs": 2}
+
+
+def test_the_job_arrays_hold_offsets_past_4_gib():
+    """Offsets and id ends take 4 bytes a request while they fit and 8 past that (a 10M-line
+    input is tens of GB): a line at 5 GiB is found again where it is."""
+    from neuron_batch.inputs.job_requests import JobColumns
+
+    columns = JobColumns([])
+    columns.add(0, 100, 2, 0xABCD, "first")
+    columns.add(0, 5 << 30, 3, 0xABCE, "second")
+    assert list(columns.where) == [100, 5 << 30] and columns.where.itemsize == 8
+    assert [columns.id_of(0), columns.id_of(1)] == ["first", "second"]
+    assert columns._id_ends.itemsize == 4       # (ids of 11 bytes: still narrow)
