@@ -15,14 +15,21 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast, overload
+from typing import Any, Protocol, cast, overload
 
 from neuron_batch.inputs.prepare import TEXT_BATCH, PreparedRequest, synthetic_tokens
 from neuron_batch.inputs.prompt_records import InputChanged, InputProblem, InputReader, PromptRecord
 from neuron_batch.inputs.request_paths import asked_in, asks
 
-if TYPE_CHECKING:
-    from neuron_batch.job.done import DoneRequests
+
+class DoneSet(Protocol):
+    """What `pending_of` asks of the requests done (job/done.py `DoneRequests`, a stage
+    above: named here by what it does)."""
+
+    @property
+    def by_id(self) -> bool: ...
+
+    def has(self, index: int | None, request_id: str | None = None) -> bool: ...
 
 #: Requests read again at once: their lines are read in file order, their texts tokenized in
 #: batches of TEXT_BATCH.
@@ -293,20 +300,20 @@ def job_figures(requests: Sequence[PreparedRequest]) -> JobFigures:
                       asked=asked_in(asks(r.record) for r in requests))
 
 
-def done_of(requests: Sequence[PreparedRequest], done: DoneRequests,
+def done_of(requests: Sequence[PreparedRequest], done: DoneSet,
             ) -> Sequence[PreparedRequest]:
     """The requests `done` has, in order (a `JobRequests`' view: nothing read)."""
     return _where_done(requests, done, True)
 
 
-def pending_of(requests: Sequence[PreparedRequest], done: DoneRequests
+def pending_of(requests: Sequence[PreparedRequest], done: DoneSet
                ) -> Sequence[PreparedRequest]:
     """The requests `done` lacks, in order: a view of a `JobRequests` (nothing read), a list
     of anything else."""
     return _where_done(requests, done, False)
 
 
-def _where_done(requests: Sequence[PreparedRequest], done: DoneRequests, want: bool
+def _where_done(requests: Sequence[PreparedRequest], done: DoneSet, want: bool
                 ) -> Sequence[PreparedRequest]:
     if isinstance(requests, JobRequests):
         columns = requests.columns
@@ -315,6 +322,17 @@ def _where_done(requests: Sequence[PreparedRequest], done: DoneRequests, want: b
             columns.index[p] if columns.index[p] >= 0 else None,
             columns.id_of(p) if by_id else None) == want)
     return [r for r in requests if done.has(r.record.index, r.record.id) == want]
+
+
+def ids_by_index(requests: Sequence[PreparedRequest]) -> list[str | None]:
+    """The job's request ids at their index in the job (`PromptRecord.index`; None where a
+    line was left out): how outputs.idx names a request (job/folder.py `load_done`)."""
+    if isinstance(requests, JobRequests):   # (a streamed job's, from its arrays)
+        return requests.ids_by_index()
+    ids: list[str | None] = [None] * (max((r.record.index for r in requests), default=-1) + 1)
+    for request in requests:
+        ids[request.record.index] = request.record.id
+    return ids
 
 
 def job_ids(requests: Sequence[PreparedRequest]) -> Sequence[str]:

@@ -8,15 +8,32 @@ single engine's records are read a block at a time into these (report/run_record
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from neuron_batch.report.quantiles import Quantiles
 
-if TYPE_CHECKING:
-    from neuron_batch.report.run_records import RequestColumns
+
+class RequestColumns(Protocol):
+    """Requests by column, as report/run_records.py `RequestColumns` holds them (named here by
+    what is read, since run_records builds these figures)."""
+
+    arrival: np.ndarray
+    first_token: np.ndarray
+    finished: np.ndarray
+    num_prompt_tokens: np.ndarray
+    num_output_tokens: np.ndarray
+    num_cached_tokens: np.ndarray
+    constrained: np.ndarray
+    logprobs: np.ndarray
+
+    @property
+    def sample_of(self) -> Sequence[str | None]: ...
+
+    def __len__(self) -> int: ...
 
 
 @dataclass

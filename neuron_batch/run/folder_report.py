@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_batch.errors import EXIT_FAILED, RunError
-from neuron_batch.inputs.job_requests import done_of, job_figures
+from neuron_batch.inputs.job_requests import done_of, ids_by_index, job_figures
 from neuron_batch.job.batch_object import row_usage
 from neuron_batch.job.folder import REPORT, RunFolder
 from neuron_batch.job.job import Job
@@ -174,8 +174,6 @@ def split_section(attempts: list[dict[str, Any]], folder: RunFolder, settings: R
 def done_ids_of(folder: RunFolder, prepared: Prepared) -> set[str]:
     """The done requests' ids: the replicas' report matches their records to outputs by id
     (a set of strings only a --replicas run's report holds)."""
-    from neuron_batch.run.runner import ids_by_index
-
     return folder.done.ids_in(ids_by_index(prepared.requests))
 
 

@@ -23,7 +23,7 @@ from neuron_batch.errors import (
     EXIT_PARTIAL,
     RunError,
 )
-from neuron_batch.inputs.job_requests import job_ids, pending_of
+from neuron_batch.inputs.job_requests import ids_by_index, job_ids, pending_of
 from neuron_batch.inputs.prepare import in_order
 from neuron_batch.inputs.prompt_records import InputProblem
 from neuron_batch.inputs.skipped import write_skipped
@@ -394,17 +394,6 @@ def record_killed(folder: RunFolder, attempts: list[dict[str, Any]]) -> list[dic
     attempts.sort(key=lambda a: a.get("attempt") or 0)
     folder.write_attempts(attempts)
     return attempts
-
-
-def ids_by_index(requests) -> list[str | None]:
-    """The job's request ids at their index in the job (`PromptRecord.index`; None where a
-    line was left out): how outputs.idx names a request (job/folder.py `load_done`)."""
-    if hasattr(requests, "ids_by_index"):   # (a streamed job's, from its arrays)
-        return requests.ids_by_index()
-    ids: list[str | None] = [None] * (max((r.record.index for r in requests), default=-1) + 1)
-    for request in requests:
-        ids[request.record.index] = request.record.id
-    return ids
 
 
 def _generate_all(job: Job, pending, attempt: int, attempts: list, generate) -> dict[str, Any]:
