@@ -205,7 +205,9 @@ def test_each_runtime_sweeps_its_own_dimensions(serial, tmp_path):
     names = {c["name"]: c for c in beta["configurations"]}
     context = [c for n, c in names.items() if ",C=" in n]
     shown = CliRunner().invoke(main, ["report", str(tmp_path / "beta")]).output
-    assert [line for line in shown.splitlines() if len(line) > 100] == []
+    # (the table fits in 100 columns; a path is as long as the folder it names)
+    assert [line for line in shown.splitlines()
+            if len(line) > 100 and str(tmp_path) not in line] == []
     assert "decode buckets" in shown and "ctx len buckets" in shown
     assert {"P=o1,D=def", "P=def,D=o1"} <= set(names) and context
     for config in context:
