@@ -23,6 +23,8 @@ from __future__ import annotations
 import base64
 import bz2
 import json
+import math
+import struct
 import zlib
 from collections.abc import Sequence
 from typing import Any, cast
@@ -65,6 +67,16 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 _NAN = float("nan")
+_DOUBLE, _WORD = struct.Struct("<d"), struct.Struct("<q")
+
+
+def _bits_of(value: float) -> int:
+    return cast(int, _WORD.unpack(_DOUBLE.pack(value))[0])
+
+
+def _float_of(word: int) -> float:
+    return cast(float, _DOUBLE.unpack(_WORD.pack(word))[0])
+
 _SEP = "\x1f"     # (between a prefill step's request ids: a unit separator no id holds)
 
 
@@ -110,19 +122,70 @@ def _from_floats(raw: bytes) -> np.ndarray:
     return _unchain(_unplanes(raw))
 
 
-def _times(values: Sequence[float], width: int) -> bytes:
-    """Row-major times (`width` a row), each XOR the time before it in that order, then split
-    back into one column per field, each in byte planes."""
-    chained = _xor_chain(values)
-    return b"".join(_planes(chained[j::width]) for j in range(width))
+#: A time column whose span is predicted from the last row of the same shape, and the columns
+#: that make the shape: a simulated step lasts what its compiled shape costs (on a 5k-request
+#: run, 99.8% of steps last, to the bit, what the last step of their shape lasted; 77% what the
+#: step just before lasted).
+_SPAN_KEYS = {"t_start t_end": ("kind", "bucket", "num_seqs_padded", "attended_len")}
 
 
-def _from_times(raw: bytes, width: int) -> np.ndarray:
+class _Guess:
+    """The prediction of each time of a block from the times before it (row-major, `width` a
+    row): a row's first field, the time just before it (a step starts where the one before
+    ended); each later field, the field before it plus the span the last row of the same key
+    (shape) had there. Where there is none, or the sum is not finite (a None), the time just
+    before. Encoder and decoder walk the same times, so a block's prediction is exact."""
+
+    def __init__(self, width: int, keys: Sequence[Any] | None):
+        self.width, self.keys = width, keys
+        self.spans: dict[tuple[Any, int], float] = {}
+        self.previous = 0.0
+
+    def at(self, k: int) -> float:
+        row, j = divmod(k, self.width)
+        if j:
+            span = self.spans.get((self.keys[row] if self.keys else None, j))
+            if span is not None and math.isfinite(self.previous + span):
+                return self.previous + span
+        return self.previous
+
+    def saw(self, k: int, value: float) -> None:
+        row, j = divmod(k, self.width)
+        if j:
+            self.spans[(self.keys[row] if self.keys else None, j)] = value - self.previous
+        self.previous = value
+
+
+def _times(values: Sequence[float], width: int, keys: Sequence[Any] | None = None) -> bytes:
+    """Row-major times (`width` a row), each as its bits XOR its prediction's (`_Guess`: zero
+    where it is right, the low bytes only where it is close), split back into one column per
+    field, each in byte planes. Lossless."""
+    guess = _Guess(width, keys)
+    guesses = []
+    for k, value in enumerate(values):
+        guesses.append(guess.at(k))
+        guess.saw(k, value)
+    words = (np.asarray(values, dtype=np.float64).view(np.int64)
+             ^ np.asarray(guesses, dtype=np.float64).view(np.int64))
+    return b"".join(_planes(words[j::width]) for j in range(width))
+
+
+def _from_times(raw: bytes, width: int, predicted: bool,
+                keys: Sequence[Any] | None = None) -> np.ndarray:
     n = len(raw) // 8 // width
     words: np.ndarray = np.empty(n * width, dtype=np.int64)
     for j in range(width):
         words[j::width] = _unplanes(raw[8 * n * j:8 * n * (j + 1)])
-    return _unchain(words)
+    if not predicted or width == 1:     # (each XOR the time before: a block written before
+        return _unchain(words)          # 2026-12-05, or one field a row, which predicts so)
+    # One time at a time: each prediction needs the times before it. (Only a full read of the
+    # steps comes here, not the report: ~1 s a million steps.)
+    guess = _Guess(width, keys)
+    out = [0.0] * len(words)
+    for k, word in enumerate(words.tolist()):
+        value = out[k] = _float_of(word ^ _bits_of(guess.at(k)))
+        guess.saw(k, value)
+    return cast(np.ndarray, np.asarray(out, dtype=np.float64))
 
 
 def encode(kind: str, columns: tuple[tuple[str, str], ...], records: Sequence[Any]) -> str:
@@ -134,8 +197,10 @@ def encode(kind: str, columns: tuple[tuple[str, str], ...], records: Sequence[An
     for name, type_ in columns:
         if type_ == "t":
             names = name.split()
+            keys = ([tuple(getattr(r, key) for key in _SPAN_KEYS[name]) for r in records]
+                    if name in _SPAN_KEYS else None)
             raw = _times([_NAN if v is None else v for r in records
-                          for v in (getattr(r, n) for n in names)], len(names))
+                          for v in (getattr(r, n) for n in names)], len(names), keys)
             sizes.append(len(raw))
             parts.append(raw)
             continue
@@ -174,7 +239,7 @@ def encode(kind: str, columns: tuple[tuple[str, str], ...], records: Sequence[An
         small = zlib.compress(raw, 9)
         if len(small) < len(packed):
             codec, packed = "zlib", small
-    line: dict[str, Any] = {"type": kind, "n": len(records), "codec": codec,
+    line: dict[str, Any] = {"type": kind, "n": len(records), "codec": codec, "tp": 1,
                             "cols": [n for n, _ in columns], "sizes": sizes,
                             "data": base64.b85encode(packed).decode("ascii")}
     if extra:
@@ -192,6 +257,7 @@ def decode(line: dict[str, Any], columns: tuple[tuple[str, str], ...]) -> dict[s
     types = dict(columns)
     extra = line.get("extra") or []
     out: dict[str, Any] = {}
+    times: list[tuple[str, bytes]] = []     # (decoded last: their keys are other columns)
     offset = 0
     for name, size in zip(line["cols"], line["sizes"]):
         chunk = raw[offset:offset + size]
@@ -204,10 +270,7 @@ def decode(line: dict[str, Any], columns: tuple[tuple[str, str], ...]) -> dict[s
         elif type_ == "f":
             out[name] = _from_floats(chunk)
         elif type_ == "t":
-            names = name.split()
-            values = _from_times(chunk, len(names))
-            for i, field_name in enumerate(names):
-                out[field_name] = values[i::len(names)]
+            times.append((name, chunk))
         elif type_ == "c":
             table = _STEP_TABLES[name]
             out[name] = [None if c == 0 else table[c - 1] if c > 0 else extra[-1 - c]
@@ -216,7 +279,30 @@ def decode(line: dict[str, Any], columns: tuple[tuple[str, str], ...]) -> dict[s
             ends = np.cumsum(_from_ints(chunk[:8 * n])).tolist()
             text = chunk[8 * n:]
             out[name] = [text[a:b].decode("utf-8") for a, b in zip([0, *ends], ends)]
+    for name, chunk in times:
+        names = name.split()
+        keys = _keys(out, _SPAN_KEYS[name], types, n) if name in _SPAN_KEYS else None
+        values = _from_times(chunk, len(names), bool(line.get("tp")), keys)
+        for i, field_name in enumerate(names):
+            out[field_name] = values[i::len(names)]
     return out
+
+
+def _keys(decoded: dict[str, Any], names: Sequence[str], types: dict[str, str],
+          n: int) -> list[tuple[Any, ...]]:
+    """Each row's key from decoded columns, as the records held them (None restored)."""
+    columns = []
+    for name in names:
+        values = decoded.get(name)
+        if values is None:
+            columns.append([None] * n)
+        elif types[name] == "n":
+            columns.append([None if v == 0 else v - 1 for v in values.tolist()])
+        elif isinstance(values, np.ndarray):
+            columns.append(values.tolist())
+        else:
+            columns.append(values)
+    return list(zip(*columns))
 
 
 def rows(line: dict[str, Any], columns: tuple[tuple[str, str], ...],
