@@ -156,14 +156,10 @@ class JobRequests(Sequence[PreparedRequest]):
     def ids(self) -> Sequence[str]:
         return _Ids(self.columns, self.positions)
 
-    def ids_by_index(self) -> list[str | None]:
-        """The ids at their index in the job (None where a line was left out)."""
-        columns = self.columns
-        out: list[str | None] = [None] * (max((columns.index[p] for p in self.positions),
-                                              default=-1) + 1)
-        for p in self.positions:
-            out[columns.index[p]] = columns.id_of(p)
-        return out
+    def ids_by_index(self) -> Sequence[str | None]:
+        """The ids at their index in the job (None where a line was left out), each decoded as
+        it is asked for (a list of 10M ids would take ~700 MB)."""
+        return _IdsByIndex(self.columns, self.positions)
 
     def prompt_lengths(self) -> list[int]:
         return [self.columns.prompt_len[p] for p in self.positions]
@@ -273,6 +269,27 @@ class _Ids(Sequence[str]):
         return map(self._columns.id_of, self._positions)
 
 
+class _IdsByIndex(Sequence[str | None]):
+    """A job's ids by their index in the job: a position a slot (4 bytes; -1 where a line was
+    left out), the id decoded from the arrays as it is asked for."""
+
+    def __init__(self, columns: JobColumns, positions: array):
+        self._columns = columns
+        size = max((columns.index[p] for p in positions), default=-1) + 1
+        self._at = array("i", [-1]) * size
+        for p in positions:
+            self._at[columns.index[p]] = p
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        position = self._at[i]
+        return None if position < 0 else self._columns.id_of(position)
+
+
 @dataclass
 class JobFigures:
     """What the report says of a job's requests as they were read: whether any is an OpenAI
@@ -324,7 +341,7 @@ def _where_done(requests: Sequence[PreparedRequest], done: DoneSet, want: bool
     return [r for r in requests if done.has(r.record.index, r.record.id) == want]
 
 
-def ids_by_index(requests: Sequence[PreparedRequest]) -> list[str | None]:
+def ids_by_index(requests: Sequence[PreparedRequest]) -> Sequence[str | None]:
     """The job's request ids at their index in the job (`PromptRecord.index`; None where a
     line was left out): how outputs.idx names a request (job/folder.py `load_done`)."""
     if isinstance(requests, JobRequests):   # (a streamed job's, from its arrays)

@@ -2,13 +2,15 @@
 
 Layout of a run folder:
     outputs.jsonl        one line per finished request, appended and flushed as it finishes
-    outputs.idx          per line of outputs.jsonl, 12 bytes: its request's index in the job
-                         and the file's size after it, appended once the line is flushed:
-                         what --resume reads to know what is done (`load_done`)
+    outputs.index        per line of outputs.jsonl, 8 bytes: its request's index in the job
+                         and the line's length, appended once the line is flushed: what
+                         --resume reads to know what is done (`load_done`)
     skipped.jsonl        the input lines --on-error skip left out (inputs/skipped.py)
     run.json             the settings and an input fingerprint (resume checks it)
-    requests.json        per request, in input order, its id and a digest of what it asks
-                         for (resume_check.py: --resume refuses a changed one)
+    requests.jsonl.gz    per request, in input order, its id and a digest of what it asks
+                         for (resume_check.py: --resume refuses a changed one); gzip, a JSON
+                         row a line after a `{"fields": ...}` line (~8 bytes a request; a
+                         folder written before it has requests.json, one JSON document)
     previous-<time>/     a run --restart moved aside (nothing is deleted)
     records-N.jsonl      the scheduler's step/request records of attempt N (1, 2, ... on resume)
     records-N-rK.jsonl   the same of replica K of attempt N, in a --replicas run (written by the
@@ -21,7 +23,7 @@ Layout of a run folder:
 Nothing here imports vLLM. A run killed at any point (kill -9 included) leaves every line it
 flushed; a torn last line is cut off on resume, and requests already in outputs.jsonl are not
 run again. A line flushed whose index entry was not (killed between the two writes) is read
-from outputs.jsonl itself and its entry written then; a folder without outputs.idx (written
+from outputs.jsonl itself and its entry written then; a folder without outputs.index (written
 before it existed) has it built from outputs.jsonl once.
 """
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gzip
 import json
 import os
 import re
@@ -37,17 +40,21 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any
 
 from neuron_batch.job.done import DoneRequests
 from neuron_batch.storage.lines import whole_lines_end
 
 OUTPUTS = "outputs.jsonl"
-DONE_INDEX = "outputs.idx"
-#: An outputs.idx entry: the request's index in the job, outputs.jsonl's size after its line.
-_ENTRY = struct.Struct("<IQ")
+DONE_INDEX = "outputs.index"
+#: An outputs.index entry: the request's index in the job, the length of its line.
+_ENTRY = struct.Struct("<II")
+#: (12-byte entries: the request's index, outputs.jsonl's size after its line; a folder written
+#: before 2026-12-05 has it, and the next run builds outputs.index from outputs.jsonl once)
+_OLD_DONE_INDEX = "outputs.idx"
 MANIFEST = "run.json"
-REQUESTS = "requests.json"
+REQUESTS = "requests.jsonl.gz"
+OLD_REQUESTS = "requests.json"      # (folders written before 2026-12-05: read, never written)
 PREVIOUS = "previous-"
 ATTEMPTS = "attempts.json"
 REPORT = "report.json"
@@ -75,7 +82,7 @@ class RunFolder:
     _outputs: IO[bytes] | None = None
     _index: IO[bytes] | None = None
     _size: int = 0                  # outputs.jsonl's size, as this process wrote it
-    _index_ok: bool = False         # outputs.idx covers every line of outputs.jsonl
+    _index_ok: bool = False         # outputs.index covers every line of outputs.jsonl
     done: DoneRequests = field(default_factory=DoneRequests)
 
     # -- locking --------------------------------------------------------------------------
@@ -139,25 +146,27 @@ class RunFolder:
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         write_json_atomic(self.path / MANIFEST, manifest)
 
-    def read_requests(self) -> list[list[Any]] | None:
-        """requests.json's rows, or None where there is none (a folder written before it was)."""
+    def iter_requests(self) -> Iterator[list[Any]] | None:
+        """requests.jsonl.gz's rows one at a time (a 10M-request job's rows are not held:
+        issue 46), or None where there is none (a folder written before it was)."""
+        path = self.path / REQUESTS
+        if path.exists():
+            return _gzip_rows(path)
         try:
-            return json.loads((self.path / REQUESTS).read_text(encoding="utf-8"))["requests"]
+            with open(self.path / OLD_REQUESTS, encoding="utf-8") as handle:
+                return iter(json.load(handle)["requests"])
         except FileNotFoundError:
             return None
 
     def write_requests(self, fields: Iterable[str], rows: Iterable[list[Any]]) -> None:
-        """One row a line: 20,000 requests stay a small file that a diff can read. Written
-        as `rows` come (a job's rows are not held: issue 46)."""
+        """Written as `rows` come (a job's rows are not held: issue 46), then moved into
+        place: a folder never has half a list."""
         tmp = self.path / f".{REQUESTS}.tmp"
-        head = json.dumps(["id", *fields])
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(f'{{"fields": {head},\n"requests": [\n')
-            separator = ""
+        # (gzip level 6: 53 bytes a row as JSON text, ~8 compressed, ~2 us a row to write)
+        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as handle:
+            handle.write(json.dumps({"fields": ["id", *fields]}) + "\n")
             for row in rows:
-                handle.write(separator + json.dumps(row, ensure_ascii=False))
-                separator = ",\n"
-            handle.write("\n]}\n")
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
         os.replace(tmp, self.path / REQUESTS)
 
     def move_aside(self) -> Path:
@@ -220,65 +229,63 @@ class RunFolder:
     # -- outputs ------------------------------------------------------------------------------
     def load_done(self, ids: Sequence[str | None] = (), id_key: str = "id") -> int:
         """Learn which requests are done (`done`) without holding their outputs: from
-        outputs.idx, whose entries give each line's request by its index in the job
+        outputs.index, whose entries give each line's request by its index in the job
         (`ids[record.index]` is its id; None where the index holds no request: a line
-        --on-error skip left out); lines outputs.idx does not cover
-        (a run killed between its two writes, a folder from before it) are read from
-        outputs.jsonl and their entries written. A torn last line of either (a run killed
-        mid-write) is cut off first. Without `ids` every line is read and outputs.idx is left
-        to the next run that gives them. Returns the number of output lines."""
+        --on-error skip left out); lines outputs.index does not cover (a run killed between
+        its two writes, a folder from before it, a staging folder rebuilt from a bucket) are
+        read from outputs.jsonl and their entries written. A torn last line of either (a run
+        killed mid-write) is cut off first. Without `ids` every line is read and the index
+        is left to the next run that gives them. Holds one entry or line at a time (a
+        resume's memory is a first attempt's, whatever is done). Returns the number of
+        output lines."""
         path, index_path = self.path / OUTPUTS, self.path / DONE_INDEX
         self._index_ok = False
+        (self.path / _OLD_DONE_INDEX).unlink(missing_ok=True)   # (rebuilt as outputs.index)
         if not path.exists():
             index_path.unlink(missing_ok=True)      # (stale: no line is indexed)
             self._index_ok = True
             return 0
         size = _cut_torn_line(path)
-        data = _read_index(index_path) if ids else None
-        covered = lines = 0
-        if data is not None:
-            for index, end in _ENTRY.iter_unpack(data):
-                if end <= covered or end > size or index >= len(ids) or ids[index] is None:
-                    data = None     # (not this file's index: outputs.jsonl itself decides)
-                    break
-                covered, lines = end, lines + 1
-        if data is not None and covered and not _ends_a_line(path, covered):
-            data = None
-        if data is None:
-            covered = lines = 0
-        else:
-            for index, _ in _ENTRY.iter_unpack(data):
-                self.done.add(index, cast(str, ids[index]))     # (checked above: not None)
-        missing: list[tuple[str, int]] = []     # (id, end) of the lines outputs.idx lacks
-        with open(path, "rb") as handle:
+        covered, lines = self._done_from_index(index_path, ids, size) if ids else (0, 0)
+        where = _Positions(ids)
+        with open(path, "rb") as handle, \
+                _IndexTail(index_path, lines if ids else None) as index_file:
             handle.seek(covered)
-            end = covered
             for line in handle:
-                end += len(line)
                 if not line.strip():
                     continue
                 row = json.loads(line)
                 # (an OpenAI batch line's `id` is its batch_req_N: its request is its custom_id)
                 rid = str(row["custom_id"] if "custom_id" in row else row.get(id_key))
-                missing.append((rid, end))
+                position = where.of(rid, row.get("index")) if ids else None
+                self.done.add(position, rid)
+                index_file.add(position, len(line))
                 lines += 1
-        where = ({rid: i for i, rid in enumerate(ids) if rid is not None}
-                 if ids and len(missing) > 8 else None)
-        positions = [(where.get(rid) if where is not None else _position(ids, rid))
-                     if ids else None for rid, _ in missing]
-        for (rid, _), position in zip(missing, positions):
-            self.done.add(position, rid)
-        if ids:
-            with open(index_path, "r+b" if data is not None else "wb") as index_file:
-                index_file.truncate(len(data) if data is not None else 0)
-                index_file.seek(0, os.SEEK_END)
-                for (_, end), position in zip(missing, positions):
-                    if position is None:    # (an output of no request of this job)
-                        break
-                    index_file.write(_ENTRY.pack(position, end))
-                else:
-                    self._index_ok = True
+            self._index_ok = index_file.whole
         return lines
+
+    def _done_from_index(self, index_path: Path, ids: Sequence[str | None],
+                         size: int) -> tuple[int, int]:
+        """(bytes of outputs.jsonl, lines) the index covers, its requests added to `done`;
+        (0, 0), nothing added, where it is not this file's index (outputs.jsonl decides)."""
+        covered = lines = 0
+        try:
+            with open(index_path, "rb") as handle:
+                while chunk := handle.read(_ENTRY.size * 65536):
+                    chunk = chunk[:len(chunk) - len(chunk) % _ENTRY.size]   # (a torn last one)
+                    for index, length in _ENTRY.iter_unpack(chunk):
+                        rid = ids[index] if index < len(ids) else None
+                        if not length or covered + length > size or rid is None:
+                            self.done.clear()
+                            return 0, 0
+                        covered, lines = covered + length, lines + 1
+                        self.done.add(index, rid)
+        except FileNotFoundError:
+            return 0, 0
+        if covered and not _ends_a_line(self.path / OUTPUTS, covered):
+            self.done.clear()
+            return 0, 0
+        return covered, lines
 
     def iter_outputs(self) -> Iterator[dict[str, Any]]:
         """outputs.jsonl's lines one at a time (a --resume's batch.json counts them without
@@ -292,7 +299,7 @@ class RunFolder:
                     yield json.loads(line)
 
     def open_outputs(self) -> None:
-        """Open outputs.jsonl to append; outputs.idx too where `load_done` found it whole
+        """Open outputs.jsonl to append; outputs.index too where `load_done` found it whole
         (else it is removed: the next --resume builds it again from outputs.jsonl)."""
         self._outputs = open(self.path / OUTPUTS, "ab")
         self._size = self._outputs.seek(0, os.SEEK_END)
@@ -302,7 +309,7 @@ class RunFolder:
             (self.path / DONE_INDEX).unlink(missing_ok=True)
 
     def append_output(self, row: dict[str, Any], index: int | None = None) -> None:
-        """Write one finished request (`index`: its position in the job, for outputs.idx).
+        """Write one finished request (`index`: its position in the job, for outputs.index).
         Flushed at once: a crash keeps every finished line."""
         assert self._outputs is not None
         line = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass")
@@ -314,7 +321,7 @@ class RunFolder:
                 if index is None:   # (a line it cannot name: the index is given up)
                     self._drop_index()
                 else:
-                    self._index.write(_ENTRY.pack(index, self._size))
+                    self._index.write(_ENTRY.pack(index, len(line)))
                     self._index.flush()
         except OSError as error:
             if error.errno == errno.ENOSPC:
@@ -351,26 +358,75 @@ def _cut_torn_line(path: Path) -> int:
         return end
 
 
-def _read_index(path: Path) -> bytes | None:
-    """outputs.idx's whole entries (a torn last one left out), or None without the file."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    return data[:len(data) - len(data) % _ENTRY.size]
-
-
 def _ends_a_line(path: Path, offset: int) -> bool:
     with open(path, "rb") as handle:
         handle.seek(offset - 1)
         return handle.read(1) == b"\n"
 
 
-def _position(ids: Sequence[str | None], rid: str) -> int | None:
-    try:
-        return ids.index(rid)
-    except ValueError:
+class _Positions:
+    """A request's index in the job from its output line: the line's own `index` where the job
+    has that id there (a native line), else by its id (an OpenAI batch line): a scan for the
+    first few, then a table of the ids' hashes (8 + 8 bytes a request, built once)."""
+
+    _SCANS = 8
+
+    def __init__(self, ids: Sequence[str | None]):
+        self.ids, self.scans = ids, 0
+        self.hashes: Any = None     # (numpy arrays: sorted hashes, their indices)
+
+    def of(self, rid: str, index: Any) -> int | None:
+        ids = self.ids
+        if isinstance(index, int) and 0 <= index < len(ids) and ids[index] == rid:
+            return index
+        if self.scans < self._SCANS:
+            self.scans += 1
+            try:
+                return ids.index(rid)
+            except ValueError:
+                return None
+        if self.hashes is None:
+            import numpy as np  # (only here: most resumes never need the table)
+
+            keys = np.fromiter((0 if r is None else hash(r) for r in ids), np.int64, len(ids))
+            order = np.argsort(keys, kind="stable")
+            self.hashes = (keys[order], order)
+        keys, order = self.hashes
+        at = int(keys.searchsorted(hash(rid)))
+        while at < len(keys) and keys[at] == hash(rid):
+            if ids[int(order[at])] == rid:
+                return int(order[at])
+            at += 1
         return None
+
+
+class _IndexTail:
+    """outputs.index from its first `kept` entries on, entries added as lines are read (None:
+    no index is written). `whole`: every line read has its entry (a line no request of the job
+    names ends the index there)."""
+
+    def __init__(self, path: Path, kept: int | None):
+        self.path, self.kept, self.whole = path, kept, kept is not None
+        self.handle: IO[bytes] | None = None
+
+    def __enter__(self) -> _IndexTail:
+        if self.kept is not None:
+            self.handle = open(self.path, "r+b" if self.path.exists() else "wb")
+            self.handle.truncate(self.kept * _ENTRY.size)
+            self.handle.seek(0, os.SEEK_END)
+        return self
+
+    def add(self, position: int | None, length: int) -> None:
+        if self.handle is None or not self.whole:
+            return
+        if position is None:    # (an output of no request of this job)
+            self.whole = False
+            return
+        self.handle.write(_ENTRY.pack(position, length))
+
+    def __exit__(self, *_: object) -> None:
+        if self.handle is not None:
+            self.handle.close()
 
 
 def guard_disk_full(path: Path, write: Callable[[], object]) -> None:
@@ -409,3 +465,10 @@ def default_output_dir(inputs: tuple[str, ...], root: Path = Path("results")) ->
         name = inputs[0][3:].replace("/", "_").replace(":", "_")
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)[:60] or "prompts"
     return root / f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}"
+
+
+def _gzip_rows(path: Path) -> Iterator[list[Any]]:
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        next(handle, None)          # (the fields line)
+        for line in handle:
+            yield json.loads(line)

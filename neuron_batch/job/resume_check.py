@@ -2,7 +2,7 @@
 every request and every setting that shapes its outputs or figures is what the folder holds.
 
 A folder keeps, per request in input order, a short digest of what it asks for (REQUEST_FIELDS,
-in requests.json) and, in run.json, the settings declared `checked` (settings/groups.py). A
+in requests.jsonl.gz) and, in run.json, the settings declared `checked` (settings/groups.py). A
 resume compares both with this job before anything runs or is written: any difference is refused
 (exit 2), naming the requests and settings that changed, unless `--restart` moves the old run
 aside (folder.py `move_aside`).
@@ -23,9 +23,10 @@ Settings declared unchecked, on purpose:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,13 +35,13 @@ from neuron_batch.errors import RunError
 from neuron_batch.job.folder import RunFolder, input_fingerprint
 from neuron_batch.settings import DECLARED
 
-#: A requests.json row: the id, then these. prompt, stop and sampling are digests (the prompt
-#: as given: text, messages, token ids or prompt_len with what it shares (a Mooncake line's
-#: block ids, a prefix), with an OpenAI batch line's url and model; sampling: every other
-#: field of the engine's spec, job/request_spec.py, None when the request asks for none); the
-#: numbers are the values the engine gets (max_tokens after the default and the clamp to
-#: max_model_len; the seed only where the request samples). A row written before `sampling`
-#: existed reads as None there.
+#: A request digest row (requests.jsonl.gz): the id, then these. prompt, stop and sampling
+#: are digests (the prompt as given: text, messages, token ids or prompt_len with what it
+#: shares (a Mooncake line's block ids, a prefix), with an OpenAI batch line's url and model;
+#: sampling: every other field of the engine's spec, job/request_spec.py, None when the
+#: request asks for none); the numbers are the values the engine gets (max_tokens after the
+#: default and the clamp to max_model_len; the seed only where the request samples). A row
+#: written before `sampling` existed reads as None there.
 REQUEST_FIELDS = ("prompt", "max_tokens", "temperature", "seed", "stop", "sampling")
 #: The spec's keys with a column of their own (the rest are digested into `sampling`).
 _OWN_COLUMNS = ("max_tokens", "temperature", "seed", "stop", "ignore_eos")
@@ -118,6 +119,7 @@ class Changes:
 
     total: int = 0                                   # requests in the folder's run
     changed: list[tuple[str, list[str]]] = field(default_factory=list)   # (id, what changed)
+    num_changed: int = 0        # (`changed` keeps the first SHOWN: a message names no more)
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     reordered: bool = False
@@ -126,15 +128,15 @@ class Changes:
     reasons: list[str] = field(default_factory=list)      # selecting settings that changed
 
     def __bool__(self) -> bool:
-        return bool(self.changed or self.added or self.removed or self.reordered
+        return bool(self.num_changed or self.added or self.removed or self.reordered
                     or self.ids_differ or self.settings)
 
     def describe(self) -> str:
         parts = []
-        if self.changed:
-            shown = "; ".join(f"{rid}: {', '.join(what)}" for rid, what in self.changed[:SHOWN])
-            more = len(self.changed) - SHOWN
-            parts.append(f"{len(self.changed):,} of {self.total:,} requests changed ({shown}"
+        if self.num_changed:
+            shown = "; ".join(f"{rid}: {', '.join(what)}" for rid, what in self.changed)
+            more = self.num_changed - len(self.changed)
+            parts.append(f"{self.num_changed:,} of {self.total:,} requests changed ({shown}"
                          + (f"; and {more:,} more)" if more > 0 else ")"))
         if self.added:
             parts.append(f"{_requests(self.added)} added ({_ids(self.added)})")
@@ -160,16 +162,19 @@ def _ids(ids: list[str]) -> str:
     return ", ".join(ids[:SHOWN]) + (f", and {more:,} more" if more > 0 else "")
 
 
-def compare(folder: RunFolder, manifest: dict[str, Any] | None, rows: list[list[Any]],
-            settings, runtime: str) -> tuple[Changes, bool]:
+def compare(folder: RunFolder, manifest: dict[str, Any] | None,
+            rows: Callable[[], Iterable[list[Any]]], settings, runtime: str
+            ) -> tuple[Changes, bool]:
     """(what differs between the folder's run and this job, whether its content could be
-    checked: False for a folder written before requests.json, whose ids alone are compared)."""
+    checked: False for a folder written before the request digests, whose ids alone are
+    compared). `rows()` gives this job's rows, in input order, each time it is called."""
     manifest = manifest or {}
     changes = Changes()
-    stored = folder.read_requests()
+    stored = folder.iter_requests()
     if stored is not None:
-        _compare_requests(changes, stored, rows)
-    elif manifest.get("input_fingerprint") not in (None, input_fingerprint(r[0] for r in rows)):
+        _compare_requests(changes, stored, rows())
+    elif manifest.get("input_fingerprint") not in (None,
+                                                    input_fingerprint(r[0] for r in rows())):
         changes.ids_differ = True
     old_settings = manifest.get("settings") or {}
     now = settings.to_dict()
@@ -188,24 +193,47 @@ def compare(folder: RunFolder, manifest: dict[str, Any] | None, rows: list[list[
     return changes, stored is not None
 
 
-def _compare_requests(changes: Changes, stored: list[list[Any]], rows: list[list[Any]]) -> None:
+def _compare_requests(changes: Changes, stored: Iterable[list[Any]],
+                      rows: Iterable[list[Any]]) -> None:
+    """The two lists of rows walked side by side while their ids agree (a resume's case: it
+    holds one row at a time, whatever the job's size); from the first id that differs, what
+    is left of both is compared by id (a refusal's case: it holds what is left)."""
+    stored_rows, new_rows = iter(stored), iter(rows)
+    for old, new in itertools.zip_longest(stored_rows, new_rows):
+        if old is None or new is None or old[0] != new[0]:
+            rest_stored = [old, *stored_rows] if old is not None else list(stored_rows)
+            rest_new = [new, *new_rows] if new is not None else list(new_rows)
+            _compare_rest(changes, rest_stored, rest_new)
+            return
+        changes.total += 1
+        _compare_row(changes, old, new)
+
+
+def _compare_row(changes: Changes, old: list[Any], new: list[Any]) -> None:
     width = len(REQUEST_FIELDS)     # (an older row lacks the last columns: None there)
-    before = {row[0]: row[1:] + [None] * (width - len(row) + 1) for row in stored}
-    after = {row[0]: row[1:] for row in rows}
-    changes.total = len(stored)
+    was_values = old[1:] + [None] * (width - len(old) + 1)
+    if was_values == new[1:]:
+        return
+    what = []
+    for name, was, now in zip(REQUEST_FIELDS, was_values, new[1:]):
+        if was == now or (name == "seed" and None in (was, now)):
+            continue        # (a seed appearing or going: the temperature says why)
+        what.append(name if name in ("prompt", "stop", "sampling") else f"{name} {was} -> {now}")
+    if what:
+        changes.num_changed += 1
+        if len(changes.changed) < SHOWN:
+            changes.changed.append((new[0], what))
+
+
+def _compare_rest(changes: Changes, stored: list[list[Any]], rows: list[list[Any]]) -> None:
+    before = {row[0]: row for row in stored}
+    after = {row[0]: row for row in rows}
+    changes.total += len(stored)
     changes.added = [row[0] for row in rows if row[0] not in before]
     changes.removed = [row[0] for row in stored if row[0] not in after]
-    for rid, values in after.items():
-        old = before.get(rid)
-        if old is None or old == values:
-            continue
-        what = []
-        for name, was, now in zip(REQUEST_FIELDS, old, values):
-            if was == now or (name == "seed" and None in (was, now)):
-                continue        # (a seed appearing or going: the temperature says why)
-            what.append(name if name in ("prompt", "stop", "sampling")
-                        else f"{name} {was} -> {now}")
-        changes.changed.append((rid, what))
+    for rid, new in after.items():
+        if rid in before:
+            _compare_row(changes, before[rid], new)
     if not (changes.added or changes.removed):
         changes.reordered = [row[0] for row in stored] != [row[0] for row in rows]
 
@@ -239,10 +267,10 @@ def refusal(folder: RunFolder, changes: Changes) -> RunError:
 @dataclass
 class Start:
     """How this job takes the folder: its rows and checked settings (to record), whether it
-    starts a run anew (and then writes requests.json), and, with --restart, what the run moved
+    starts a run anew (and then writes the request digests), and, with --restart, what the run moved
     aside differed in (None: nothing is moved)."""
 
-    rows: Iterable[list[Any]]       # (a new run's: made as requests.json is written)
+    rows: Iterable[list[Any]]       # (made as the request digests are written)
     checked: dict[str, Any]
     fresh: bool
     moved: Changes | None = None
@@ -255,12 +283,14 @@ def take_folder(job, runtime: str) -> Start:
     if not folder.has_previous_run():
         return Start(iter_request_rows(job.workload.prepared.requests, settings), checked,
                      fresh=True)
-    rows = request_rows(job.workload.prepared.requests, settings)
+    def rows() -> Iterator[list[Any]]:
+        return iter_request_rows(job.workload.prepared.requests, settings)
+
     changes, content_checked = compare(folder, folder.read_manifest(), rows, settings, runtime)
     # --restart with --resume moves a run aside only when it could not be resumed as is: one
     # cron line then continues an interrupted night and never mixes two.
     if settings.restart and (changes or not content_checked or not settings.resume):
-        return Start(rows, checked, fresh=True, moved=changes)
+        return Start(rows(), checked, fresh=True, moved=changes)
     if changes:
         raise refusal(folder, changes)
     if not settings.resume:
@@ -270,4 +300,4 @@ def take_folder(job, runtime: str) -> Start:
         job.log(f"warning: {folder.path} was written by an older neuron-batch, which kept no "
                 f"digest of each request: only the request ids and settings are checked, not "
                 f"the prompts; --restart moves that run aside to start anew")
-    return Start(rows, checked, fresh=False)
+    return Start((), checked, fresh=False)

@@ -3,24 +3,24 @@ folder, exactly as in a local run folder (job/folder.py), and `BucketRun` mirror
 to the prefix while the run goes, so a host that dies loses at most one sync interval.
 
 Why a staging folder and a mirror rather than writing objects directly: the run folder's
-guarantees (every finished line flushed, a torn last line cut off, outputs.idx, records and
+guarantees (every finished line flushed, a torn last line cut off, outputs.index, records and
 attempts appended as they happen) rest on appending to files, which an object store cannot do;
 a local folder keeps them, and the mirror only ever uploads whole lines.
 
-In the bucket (the prefix holds what a local folder holds, except outputs.idx and scratch):
+In the bucket (the prefix holds what a local folder holds, except outputs.index and scratch):
     .lock                      who runs it (host, pid, heartbeat): storage/bucket_lock.py
     outputs/part-<offset>.jsonl  outputs as they finish: the lines of outputs.jsonl from byte
                                <offset> (15 digits) on; one every NEURON_BATCH_S3_PART_LINES
                                lines or NEURON_BATCH_S3_SYNC_S seconds, whichever comes first
     outputs.jsonl              all outputs in one object, written when an attempt ends (the
                                parts are then deleted)
-    run.json, requests.json, attempts.json, batch.json, errors.jsonl, report.json,
+    run.json, requests.jsonl.gz, attempts.json, batch.json, errors.jsonl, report.json,
     skipped.jsonl, records-*.jsonl, previous-*/   as in a local folder, uploaded when changed
                                (a JSONL file of 5 MiB or more that grew: only what it grew by,
                                the rest copied within the store)
 
 `--resume` on any host rebuilds the staging folder from the bucket first: outputs.jsonl, then
-each part that starts where it ends (so nothing twice), run.json and requests.json always the
+each part that starts where it ends (so nothing twice), run.json and the request digests always the
 bucket's (the resume fingerprint is checked against them). A staging folder already here whose
 outputs begin with the bucket's is kept as it is (same host: the outputs the bucket did not
 get yet are uploaded now); any other is replaced by the bucket's copy.
@@ -67,10 +67,13 @@ STAGING_ENV = "NEURON_BATCH_STAGING"
 DEFAULTS = {SYNC_ENV: 60.0, PART_LINES_ENV: 5000.0, RETRY_ENV: 300.0, STALE_ENV: 300.0}
 
 # (the names job/folder.py gives them; storage sits below job and cannot import it)
-OUTPUTS, DONE_INDEX = "outputs.jsonl", "outputs.idx"
+OUTPUTS = "outputs.jsonl"
+#: Local only: what is done, by job index (outputs.idx before 2026-12-05)
+_DONE_INDEXES = ("outputs.index", "outputs.idx")
 PARTS = "outputs/part-"
 _PART = re.compile(r"outputs/part-(\d{15})\.jsonl")
-_KEPT_FROM_BUCKET = ("run.json", "requests.json")   # the bucket's copy decides a resume
+#: The bucket's copies decide a resume (requests.json: a folder written before 2026-12-05).
+_KEPT_FROM_BUCKET = ("run.json", "requests.jsonl.gz", "requests.json")
 _CHUNK = 64 << 20       # one PUT up to this; a multipart upload of such parts above it
 _MIN_PART = 5 << 20     # S3's least part but the last: a file held from this size is appended
 _COPY_PART = 4 << 30    # a part copied within the store (S3's most: 5 GiB)
@@ -492,7 +495,8 @@ class BucketRun:
                 os.replace(fetched, local)
         fetched.unlink(missing_ok=True)
         if not keep:
-            (self.staging / DONE_INDEX).unlink(missing_ok=True)
+            for name in _DONE_INDEXES:
+                (self.staging / name).unlink(missing_ok=True)
         for rel in files:
             target = self.staging / rel
             if keep and target.exists() and rel not in _KEPT_FROM_BUCKET:
@@ -584,13 +588,13 @@ def _copy_object(client: Any, bucket: str, key: str, out: Any) -> int:
 
 def _files_of(folder: Path) -> Iterator[tuple[str, Path]]:
     """(relative name, path) of the files the bucket mirrors: every one but outputs.jsonl,
-    outputs.idx and hidden ones (the lock, temporary files, scratch)."""
+    outputs.index and hidden ones (the lock, temporary files, scratch)."""
     for root, dirs, names in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(names):
             path = Path(root) / name
             rel = path.relative_to(folder).as_posix()
-            if name.startswith(".") or rel in (OUTPUTS, DONE_INDEX):
+            if name.startswith(".") or rel == OUTPUTS or rel in _DONE_INDEXES:
                 continue
             yield rel, path
 

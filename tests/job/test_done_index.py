@@ -1,4 +1,4 @@
-"""outputs.idx: what --resume knows is done without reading every output back, whatever point
+"""outputs.index: what --resume knows is done without reading every output back, whatever point
 a run was killed at (a torn output line, a line without its index entry, a torn entry), and
 for a folder written before the index existed."""
 
@@ -62,7 +62,7 @@ def test_what_is_done_is_every_whole_line_whatever_the_kill_left(tmp_path_factor
     assert again.load_done(IDS) == 40 and again.done.ids_in(IDS) == set(IDS)
     lines = [json.loads(line)["id"] for line in outputs.read_text().splitlines()]
     assert sorted(lines) == sorted(IDS)
-    assert index.stat().st_size == 40 * 12      # every line has its entry
+    assert index.stat().st_size == 40 * 8      # every line has its entry
 
 
 def test_the_index_is_what_a_resume_reads(tmp_path):
@@ -81,7 +81,7 @@ def test_an_index_that_does_not_fit_its_outputs_is_rebuilt_from_them(tmp_path):
     (tmp_path / OUTPUTS).write_text(json.dumps({"id": "r9"}) + "\n")   # another file now
     folder = RunFolder(tmp_path)
     assert folder.load_done(IDS) == 1 and folder.done.ids_in(IDS) == {"r9"}
-    assert (tmp_path / DONE_INDEX).stat().st_size == 12
+    assert (tmp_path / DONE_INDEX).stat().st_size == 8
 
 
 def test_a_folder_from_before_the_index_resumes_and_gets_one(tmp_path):
@@ -90,7 +90,7 @@ def test_a_folder_from_before_the_index_resumes_and_gets_one(tmp_path):
     folder = RunFolder(tmp_path)
     assert folder.load_done(IDS) == 4
     assert folder.done.ids_in(IDS) == {"r4", "r0", "r9", "r11"}
-    assert (tmp_path / DONE_INDEX).stat().st_size == 4 * 12
+    assert (tmp_path / DONE_INDEX).stat().st_size == 4 * 8
 
 
 def test_a_line_written_without_its_index_gives_the_index_up(tmp_path):
@@ -180,7 +180,7 @@ def test_a_full_disk_names_the_folder_and_resume_finishes_once_there_is_room(tmp
     ids = [json.loads(line)["id"] for line in (tmp_path / OUTPUTS).read_text().splitlines()]
     assert sorted(ids) == sorted(IDS)
     last = RunFolder(tmp_path)
-    assert last.load_done(IDS) == 40 and (tmp_path / DONE_INDEX).stat().st_size == 40 * 12
+    assert last.load_done(IDS) == 40 and (tmp_path / DONE_INDEX).stat().st_size == 40 * 8
 
 
 @settings(max_examples=50, deadline=None)
@@ -210,3 +210,33 @@ def test_a_million_requests_done_are_a_bitmap_not_a_set_of_strings():
     for index in range(0, 1_000_000, 97):
         many.add(index, "")
     assert len(many) == len(range(0, 1_000_000, 97)) and len(many._bits) < 200_000
+
+
+def test_openai_lines_without_an_index_are_found_by_custom_id(tmp_path):
+    """A staging folder rebuilt from a bucket, or one from before outputs.index: OpenAI batch
+    lines name their request by custom_id only; past the first few, a table of the ids' hashes
+    finds them (not a scan each), and the index built says the same on the next resume."""
+    order = [39 - i for i in range(30)]
+    lines = [json.dumps({"id": f"batch_req_{n}", "custom_id": IDS[i], "response": None})
+             for n, i in enumerate(order)]
+    (tmp_path / OUTPUTS).write_text("\n".join(lines) + "\n")
+    (tmp_path / "outputs.idx").write_bytes(b"\x00" * 24)   # (an older folder's: given up)
+    folder = RunFolder(tmp_path)
+    assert folder.load_done(IDS) == 30
+    assert sorted(folder.done.indices()) == sorted(order)
+    assert not (tmp_path / "outputs.idx").exists()
+    assert (tmp_path / DONE_INDEX).stat().st_size == 30 * 8
+    again = RunFolder(tmp_path)
+    assert again.load_done(IDS) == 30
+    assert sorted(again.done.indices()) == sorted(order)
+
+
+def test_a_line_of_no_request_of_the_job_ends_the_index_there(tmp_path):
+    (tmp_path / OUTPUTS).write_text(json.dumps({"id": "r1", "index": 1}) + "\n"
+                                    + json.dumps({"id": "stranger", "index": 2}) + "\n")
+    folder = RunFolder(tmp_path)
+    assert folder.load_done(IDS) == 2
+    assert folder.done.has(1) and folder.done.has(None, "stranger")
+    folder.open_outputs()
+    folder.close_outputs()
+    assert not (tmp_path / DONE_INDEX).exists()

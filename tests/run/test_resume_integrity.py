@@ -8,6 +8,7 @@ On the simulated device: one real run makes a finished folder, each test resumes
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -85,7 +86,7 @@ def test_an_unchanged_job_resumes_as_before(night):
     assert again.exit_code == 0, again.output
     assert "all 2 requests already done" in again.output
     assert snapshot(out)["outputs.jsonl"] == before["outputs.jsonl"]
-    assert snapshot(out)["requests.json"] == before["requests.json"]
+    assert snapshot(out)["requests.jsonl.gz"] == before["requests.jsonl.gz"]
 
 
 def test_a_stopped_unchanged_job_finishes_only_what_is_left(night):
@@ -138,14 +139,16 @@ def test_every_request_field_is_part_of_the_requests_digest(night, asked):
 
 
 def test_a_folder_written_before_the_sampling_digest_still_resumes(night):
+    """Its digests in requests.json (one JSON document, before 2026-12-05), each row without
+    the last column."""
     out = night / "out"
-    requests = out / "requests.json"
-    rows = json.loads(requests.read_text())
-    table = rows["requests"] if isinstance(rows, dict) else rows
+    with gzip.open(out / "requests.jsonl.gz", "rt") as handle:
+        fields, *table = [json.loads(line) for line in handle]
     for row in table:
         assert row[-1] is None      # (nothing asked: no sampling digest)
         del row[-1]
-    requests.write_text(json.dumps(rows))
+    (out / "requests.json").write_text(json.dumps({**fields, "requests": table}))
+    (out / "requests.jsonl.gz").unlink()
     again = invoke([str(night / "prompts.jsonl"), *SIM, "--output", str(out), "--resume"])
     assert again.exit_code == 0, again.output
 
@@ -226,11 +229,11 @@ def test_restart_with_resume_leaves_an_unchanged_run_to_resume(night):
 
 
 def test_a_folder_from_before_request_digests_resumes_with_one_warning(night):
-    """run.json written by the previous version: no requests.json, no checked_settings. Its ids
+    """run.json written by an older version: no request digests, no checked_settings. Its ids
     are still checked (a changed one refused); otherwise it resumes, saying once what it could
     not check, and never claims the digests of content it did not see."""
     out = night / "out"
-    (out / "requests.json").unlink()
+    (out / "requests.jsonl.gz").unlink()
     manifest = json.loads((out / "run.json").read_text())
     del manifest["checked_settings"]
     (out / "run.json").write_text(json.dumps(manifest))
@@ -238,7 +241,7 @@ def test_a_folder_from_before_request_digests_resumes_with_one_warning(night):
     assert again.exit_code == 0, again.output
     assert again.output.count("was written by an older neuron-batch") == 1
     assert "all 2 requests already done" in again.output
-    assert not (out / "requests.json").exists()
+    assert not (out / "requests.jsonl.gz").exists()
     before = snapshot(out)
     other = write_jsonl(night / "other.jsonl", [NIGHT_1[0], {**NIGHT_1[1], "id": "c"}])
     message = refused(invoke([other, *SIM, "--output", str(out), "--resume"]), out, before)
@@ -254,7 +257,7 @@ def test_how_a_run_is_spread_watched_or_priced_is_not_a_change(night):
     out = night / "out"
     folder = RunFolder(out)
     manifest = folder.read_manifest()
-    stored = folder.read_requests()
+    stored = list(folder.iter_requests() or ())
     sim = dict(instance="inf2.8xlarge", architecture="llama-3.1-8b")
     # (prefix caching as the folder decided it: a resumed auto run takes that decision before
     # the check, run/prefix_auto.py)
@@ -265,7 +268,9 @@ def test_how_a_run_is_spread_watched_or_priced_is_not_a_change(night):
                        resume=True, restart=True, metrics_textfile="m.prom",
                        split_placement="in-turn", compiled_artifacts="/tmp/graphs")
     runtime = manifest["checked_settings"]["runtime"]
-    rows = [[*row] for row in stored]
+    def rows():
+        return ([*row] for row in stored)
+
     assert not compare(folder, manifest, rows, same, runtime)[0]
     other = RunSettings.of(**base, ignore_eos=True)
     changes, checked = compare(folder, manifest, rows, other, runtime)

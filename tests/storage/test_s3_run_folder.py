@@ -100,7 +100,7 @@ def test_a_job_in_and_out_of_s3(bucket, tmp_path):
     assert code == 0, said
     assert said == ""
     found = keys(bucket, "runs/night/")
-    assert {"outputs.jsonl", "run.json", "requests.json", "attempts.json", "batch.json",
+    assert {"outputs.jsonl", "run.json", "requests.jsonl.gz", "attempts.json", "batch.json",
             "report.json", "records-1.jsonl"} <= set(found)
     assert not [k for k in found if k.startswith(("outputs/", ".lock", "outputs.idx"))]
     assert sorted(r["index"] for r in outputs(bucket, "runs/night/")) == list(range(30))
