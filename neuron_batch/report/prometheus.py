@@ -70,67 +70,75 @@ _Samples = list[tuple[dict[str, Any], Any]]
 
 
 def _families(report: Report, timestamp: float, exit_code: int | None = None
-              ) -> list[tuple[str, str, str, _Samples]]:
-    """(name, type, help, [(labels, value)]) per metric family; None (and absent) values are
-    left out."""
-    requests = report.section("requests")
-    throughput = report.section("throughput")
-    padding = report.section("padding")
-    latency = report.section("latency")
-    kv = report.section("kv")
-    tokens = report.section("tokens")
-    steps = report.section("steps")
-    replicas = report.replicas or []
-    prefix = report.section("prefix_cache")
+              ) -> list[_Family]:
+    """(name, type, help, [(labels, value)]) per metric family, in the file's order; None
+    (and absent) values are left out."""
     # Every time of a simulated run is the virtual clock's, not the time the run took.
     simulated = report.section("config").device == "sim"
-    seconds = "simulated seconds" if simulated else "wall seconds"
-    per_second = "per simulated second" if simulated else "per second"
+    clock = ("simulated seconds", "per simulated second") if simulated else (
+        "wall seconds", "per second")
+    return [*_throughput_families(report, *clock), *_scheduler_families(report, clock[0]),
+            *_prefix_families(report), *_run_families(report, timestamp, exit_code, clock[1])]
 
-    def samples(label: str, values: dict[str, Any]) -> _Samples:
-        return [({label: key}, value) for key, value in values.items()
-                if or_none(value) is not None]
 
-    def single(value: Any) -> _Samples:
-        return [] if or_none(value) is None else [({}, value)]
+#: A metric family: (name, type, help, samples).
+_Family = tuple[str, str, str, _Samples]
 
-    def figures_of(section: Section, keys: tuple[str, ...]) -> dict[str, Any]:
-        return {key: getattr(section, key) for key in keys}
 
-    bucket_steps = _bucket_steps(padding)
-    latency_quantiles, latency_means = _latency_samples(latency)
-    enabled = prefix.enabled
+def _samples(label: str, values: dict[str, Any]) -> _Samples:
+    return [({label: key}, value) for key, value in values.items()
+            if or_none(value) is not None]
 
+
+def _single(value: Any) -> _Samples:
+    return [] if or_none(value) is None else [({}, value)]
+
+
+def _figures_of(section: Section, keys: tuple[str, ...]) -> dict[str, Any]:
+    return {key: getattr(section, key) for key in keys}
+
+
+def _throughput_families(report: Report, seconds: str, per_second: str) -> list[_Family]:
+    """What the run did: requests by outcome, its time, its rates, its tokens."""
+    throughput = report.section("throughput")
     return [
         ("requests_total", "counter", "Requests of the last run by outcome.",
-         samples("status", figures_of(requests, ("completed", "failed", "skipped",
-                                                 "pending")))),
+         _samples("status", _figures_of(report.section("requests"),
+                                        ("completed", "failed", "skipped", "pending")))),
         ("elapsed_seconds", "gauge", f"Elapsed time of the last run, in {seconds}.",
-         single(throughput.elapsed_s)),
+         _single(throughput.elapsed_s)),
         ("throughput_requests_per_second", "gauge", f"Completed requests {per_second}.",
-         single(throughput.requests_per_s)),
+         _single(throughput.requests_per_s)),
         ("throughput_input_tokens_per_second", "gauge", f"Prompt tokens {per_second}.",
-         single(throughput.input_tokens_per_s)),
+         _single(throughput.input_tokens_per_s)),
         ("throughput_output_tokens_per_second", "gauge", f"Generated tokens {per_second}.",
-         single(throughput.output_tokens_per_s)),
+         _single(throughput.output_tokens_per_s)),
         ("throughput_total_tokens_per_second", "gauge",
          f"Prompt plus generated tokens {per_second}.",
-         single(throughput.total_tokens_per_s)),
+         _single(throughput.total_tokens_per_s)),
         ("tokens_total", "counter", "Tokens of completed requests by kind.",
-         samples("kind", figures_of(tokens, ("input", "output")))),
+         _samples("kind", _figures_of(report.section("tokens"), ("input", "output")))),
+    ]
+
+
+def _scheduler_families(report: Report, seconds: str) -> list[_Family]:
+    """How the Neuron scheduler spent it: steps, padding, states, refusals, latency, KV."""
+    padding, kv = report.section("padding"), report.section("kv")
+    latency_quantiles, latency_means = _latency_samples(report.section("latency"))
+    return [
         ("steps_total", "counter", "Scheduler steps by kind.",
-         samples("kind", figures_of(steps, ("prefill", "decode", "empty")))),
+         _samples("kind", _figures_of(report.section("steps"), ("prefill", "decode", "empty")))),
         ("padding_waste_ratio", "gauge", "Share of padded work that was padding, by phase.",
-         samples("phase", {phase: padding.phase(phase).waste_fraction
-                           for phase in ("prefill", "decode")})),
+         _samples("phase", {phase: padding.phase(phase).waste_fraction
+                            for phase in ("prefill", "decode")})),
         ("bucket_steps_total", "counter",
          "Steps per compiled bucket (prefill chunks, decode batches); 0 means an unused graph.",
-         bucket_steps),
+         _bucket_steps(padding)),
         ("state_seconds", "gauge", f"Time the scheduler spent in each state, in {seconds}.",
-         samples("state", {name: figures.seconds
-                           for name, figures in (report.states or {}).items()})),
+         _samples("state", {name: figures.seconds
+                            for name, figures in (report.states or {}).items()})),
         ("admission_blocked_total", "counter", "Admission refusals of the queue head, by reason.",
-         samples("reason", report.section("admission_blocked").counts())),
+         _samples("reason", report.section("admission_blocked").counts())),
         ("latency_seconds", "gauge",
          f"Request latency quantiles (ttft, tpot, e2e), in {seconds}.",
          latency_quantiles),
@@ -138,33 +146,49 @@ def _families(report: Report, timestamp: float, exit_code: int | None = None
          latency_means),
         ("compiled_graphs", "gauge",
          "Graphs the run's layout compiles on Neuron (prefill + decode buckets).",
-         single(report.section("config").compiled_graphs)),
+         _single(report.section("config").compiled_graphs)),
         ("preemptions_total", "counter",
          "Requests vLLM preempted (Neuron cannot preempt: should stay 0).",
-         single(report.preemptions)),
+         _single(report.preemptions)),
         ("kv_peak_blocks", "gauge",
          "Most KV blocks reserved by the admission rule / really held by requests at once.",
-         samples("kind", {"reserved": kv.peak_reserved_blocks, "used": kv.peak_used_blocks})),
+         _samples("kind", {"reserved": kv.peak_reserved_blocks, "used": kv.peak_used_blocks})),
         ("kv_mean_used_ratio", "gauge", "Mean share of the usable KV blocks held by requests.",
-         single(kv.mean_used_fraction)),
+         _single(kv.mean_used_fraction)),
+    ]
+
+
+def _prefix_families(report: Report) -> list[_Family]:
+    """Prefix caching: whether it was on, what it served, what it could have served."""
+    prefix = report.section("prefix_cache")
+    enabled = prefix.enabled
+    return [
         ("prefix_cache_enabled", "gauge", "1 when the last run had prefix caching on.",
-         single(int(bool(enabled)) if present(enabled) else None)),
+         _single(int(bool(enabled)) if present(enabled) else None)),
         ("prefix_cache_tokens", "gauge",
          "Prompt tokens of the last run, served by the prefix cache (hit), computed by the device "
          "(computed) and at most servable by an unbounded cache (bound).",
-         samples("kind", {kind: getattr(prefix, f"{kind}_tokens")
-                          for kind in ("prompt", "hit", "computed", "bound")})),
+         _samples("kind", {kind: getattr(prefix, f"{kind}_tokens")
+                           for kind in ("prompt", "hit", "computed", "bound")})),
         ("prefix_cache_hit_ratio", "gauge", "Share of prompt tokens served by the prefix cache.",
-         single(prefix.hit_fraction)),
+         _single(prefix.hit_fraction)),
         ("prefix_cache_bound_ratio", "gauge",
          "Share of prompt tokens an unbounded prefix cache could serve.",
-         single(prefix.bound_fraction)),
+         _single(prefix.bound_fraction)),
+    ]
+
+
+def _run_families(report: Report, timestamp: float, exit_code: int | None,
+                  per_second: str) -> list[_Family]:
+    """When the run ended and how, and each replica's share of it."""
+    replicas = report.replicas or []
+    return [
         ("last_run_timestamp_seconds", "gauge", "When the last run's report was written.",
-         single(timestamp)),
+         _single(timestamp)),
         ("last_run_exit_code", "gauge",
          "The last run's exit code: 0 every request done, 3 some skipped or failed, 4 stopped "
          "(--max-runtime, a signal) with requests pending.",
-         single(exit_code)),
+         _single(exit_code)),
         ("replica_output_tokens_per_second", "gauge",
          f"Generated tokens {per_second} of each replica (--replicas runs).",
          [({"replica": str(r.get("replica"))}, r["output_tokens_per_s"])
