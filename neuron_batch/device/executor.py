@@ -186,36 +186,33 @@ class NeuronSimExecutor(Executor):
             for req_id in so.finished_req_ids:
                 pending.pop(req_id, None)
                 self._asks.pop(req_id, None)
-        token = self.token_id
-        new_reqs = so.scheduled_new_reqs
-        cached = so.scheduled_cached_reqs
         seqs_padded = getattr(so, "num_seqs_padded", None)
+        if seqs_padded is not None and not so.scheduled_new_reqs and not pending:
+            return self._decode_step(so, seqs_padded)
+        return self._general_step(so, seqs_padded)
 
-        if seqs_padded is not None and not new_reqs and not pending:
-            # NeuronScheduler decode step: every request samples one token.
-            req_ids = list(num_scheduled)
-            context = sum(cached.num_computed_tokens)
-            attended = getattr(so, "attended_len", None)
-            context = self._kv_read(seqs_padded, attended, context)
-            gathered = self._gathered(seqs_padded, attended) if self._gathered else 0
-            self.clock.now += self._decode_time(seqs_padded, context, gathered)
-            if self._asks or self.sampling.host:
-                self._charge_sampling(so, req_ids, seqs_padded)
-            return model_runner_output(
-                req_ids=req_ids, req_id_to_index=dict(zip(req_ids, range(len(req_ids)))),
-                sampled_token_ids=[[token] for _ in req_ids])
+    def _decode_step(self, so, seqs_padded: int) -> ModelRunnerOutput:
+        """A NeuronScheduler decode step: every request samples one token."""
+        req_ids = list(so.num_scheduled_tokens)
+        attended = getattr(so, "attended_len", None)
+        context = self._kv_read(seqs_padded, attended, sum(so.scheduled_cached_reqs
+                                                           .num_computed_tokens))
+        gathered = self._gathered(seqs_padded, attended) if self._gathered else 0
+        self.clock.now += self._decode_time(seqs_padded, context, gathered)
+        if self._asks or self.sampling.host:
+            self._charge_sampling(so, req_ids, seqs_padded)
+        token = self.token_id
+        return model_runner_output(
+            req_ids=req_ids, req_id_to_index=dict(zip(req_ids, range(len(req_ids)))),
+            sampled_token_ids=[[token] for _ in req_ids])
 
-        # General path: prefill chunks (NeuronScheduler: one request), or anything a
-        # scheduler without padding produced.
-        before: dict[str, int] = {}
-        for new in new_reqs:
-            before[new.req_id] = new.num_computed_tokens
-            asks = sampler_asks(new.sampling_params) if new.sampling_params else None
-            if asks is not None and (asks.constrained or asks.logprobs):
-                self._asks[new.req_id] = (asks.constrained, asks.logprobs)
-            prompt_len = len(new.prompt_token_ids) if new.prompt_token_ids is not None \
-                else new.num_computed_tokens + num_scheduled[new.req_id]
-            pending[new.req_id] = prompt_len
+    def _general_step(self, so, seqs_padded: int | None) -> ModelRunnerOutput:
+        """Prefill chunks (NeuronScheduler: one request), a decode-then-prefill step
+        (optimum-neuron), or anything a scheduler without padding produced."""
+        num_scheduled, pending, token = so.num_scheduled_tokens, self._prefill_prompt_len, \
+            self.token_id
+        before = self._admit(so.scheduled_new_reqs, num_scheduled)
+        cached = so.scheduled_cached_reqs
         before.update(zip(cached.req_ids, cached.num_computed_tokens))
         padded = getattr(so, "num_scheduled_tokens_padded", None)
         req_ids = list(num_scheduled)
@@ -239,16 +236,8 @@ class NeuronSimExecutor(Executor):
                 sampled.append([])
         seconds = 0.0
         if decode_seqs:
-            # (a decode-then-prefill step, optimum-neuron: its decode graph call first, as
-            # padded as a decode step; else a scheduler without padding's decodes)
-            attended = getattr(so, "attended_len", None)
-            if attended is not None and seqs_padded is not None:
-                read = self._kv_read(seqs_padded, attended, decode_context)
-                gathered = self._gathered(seqs_padded, attended) if self._gathered else 0
-                seconds += self._decode_time(seqs_padded, read, gathered)
-            else:
-                seconds += self._decode_time(seqs_padded or decode_seqs, decode_context)
-            so.decode_seconds = seconds     # where the step's decode record ends
+            seconds = so.decode_seconds = self._mixed_decode_time(  # (where its record ends)
+                so, seqs_padded, decode_seqs, decode_context)
         if prefill_padded:
             # NeuronScheduler says what the prefill's attention reads (the grid cell's prefix
             # bucket, whole segments): Shapes.prefill_step.
@@ -263,6 +252,32 @@ class NeuronSimExecutor(Executor):
         return model_runner_output(req_ids=req_ids,
                                    req_id_to_index=dict(zip(req_ids, range(len(req_ids)))),
                                    sampled_token_ids=sampled)
+
+    def _admit(self, new_reqs, num_scheduled: dict[str, int]) -> dict[str, int]:
+        """New requests' prompt lengths (pending until their prefill is done) and what they
+        ask of the sampler; {req_id: tokens computed before this step}."""
+        before: dict[str, int] = {}
+        for new in new_reqs:
+            before[new.req_id] = new.num_computed_tokens
+            asks = sampler_asks(new.sampling_params) if new.sampling_params else None
+            if asks is not None and (asks.constrained or asks.logprobs):
+                self._asks[new.req_id] = (asks.constrained, asks.logprobs)
+            prompt_len = len(new.prompt_token_ids) if new.prompt_token_ids is not None \
+                else new.num_computed_tokens + num_scheduled[new.req_id]
+            self._prefill_prompt_len[new.req_id] = prompt_len
+        return before
+
+    def _mixed_decode_time(self, so, seqs_padded: int | None, decode_seqs: int,
+                           decode_context: int) -> float:
+        """The decodes of a step that also prefills: a decode-then-prefill step's decode graph
+        call (optimum-neuron), as padded as a decode step; else a scheduler without padding's
+        decodes."""
+        attended = getattr(so, "attended_len", None)
+        if attended is not None and seqs_padded is not None:
+            read = self._kv_read(seqs_padded, attended, decode_context)
+            gathered = self._gathered(seqs_padded, attended) if self._gathered else 0
+            return self._decode_time(seqs_padded, read, gathered)
+        return self._decode_time(seqs_padded or decode_seqs, decode_context)
 
     def _charge_sampling(self, so, rows: list[str], padded_rows: int) -> None:
         """Advance the clock by the sampling of the `rows` that sample a token this step, and
