@@ -351,10 +351,15 @@ class StepTiler:
         self._cursor: float | None = None
         self._start = start
 
-    def copy_onto(self, aggregates: Aggregates) -> StepTiler:
+    def copy_onto(self, aggregates: Aggregates, in_system: InSystem | None = None
+                  ) -> StepTiler:
         """A tiler in this one's place (the step it holds, where its spans reached) feeding
-        `aggregates` (a copy of this one's): to close a copy without closing this."""
-        copy = StepTiler(aggregates, self.empty_at, self.max_num_seqs, self._start, self.fold)
+        `aggregates` (a copy of this one's): to close a copy without closing this. Where this
+        one asks an `InSystem`, the copy must ask a copy of it (`in_system`): its questions
+        fold events up to times this one has not reached yet."""
+        empty_at, fold = ((in_system.empty_at, in_system.fold) if in_system is not None
+                          else (self.empty_at, self.fold))
+        copy = StepTiler(aggregates, empty_at, self.max_num_seqs, self._start, fold)
         copy._held, copy._cursor = self._held, self._cursor
         return copy
 
@@ -426,6 +431,13 @@ class InSystem:
         self.finishes: deque[float] = deque()
         self.arrived = 0
         self.finished = 0
+
+    def copy(self) -> InSystem:
+        """An independent copy (the events not yet asked about: those of the work in flight)."""
+        other = InSystem()
+        other.arrivals, other.finishes = deque(self.arrivals), deque(self.finishes)
+        other.arrived, other.finished = self.arrived, self.finished
+        return other
 
     def arrive(self, t: float) -> None:
         self.arrivals.append(t)

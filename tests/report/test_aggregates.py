@@ -243,6 +243,30 @@ def test_a_file_cut_short_is_summarised_from_its_steps(tmp_path):
     close(summarize_run(load(path, streamed=True)), summarize(completed(reference)))
 
 
+def test_a_killed_engine_file_is_summarised_from_its_last_checkpoint(tmp_path, monkeypatch):
+    """A single engine's recorder writes a checkpoint after each block: a run killed -9 leaves
+    a file whose last checkpoint holds every step in it, so its report reads no step again
+    (the full pass held them all: ~0.4 GiB a 50k-request attempt) and says what the full pass
+    over the same file says."""
+    stream = ([("arrive", "r0", 0.0, 5), ("arrive", "r1", 0.5, 7), ("arrive", "r2", 6.0, 3)],
+              [(StepRecord(i, "ACTIVE_DECODE", "decode", [], 2, 2, 2, 2, 2, 10, None, i % 2, 2,
+                           0.5, 0.0), 0.7, 0.4 * (i % 3), i % 4 == 1) for i in range(12)],
+              [3, 7, 11], False)
+    path = tmp_path / "records-1.jsonl"
+    drive(stream, path)
+    lines = path.read_text().splitlines()
+    kinds = [json.loads(line)["type"] for line in lines]
+    last = len(kinds) - 1 - kinds[::-1].index("checkpoint")
+    assert "steps" in kinds[:last] and kinds[-1] == "summary"
+    killed = lines[:last + 1]
+    (tmp_path / "full-pass.jsonl").write_text(
+        "\n".join(line for line in killed if '"checkpoint"' not in line) + "\n")
+    expected = summarize_run(load(tmp_path / "full-pass.jsonl", streamed=True))
+    path.write_text("\n".join(killed) + "\n")
+    monkeypatch.setattr("neuron_batch.report.run_records._rebuild", None)   # (not called)
+    close(summarize_run(load(path, streamed=True)), expected)
+
+
 def test_a_steps_line_torn_before_its_count_reads_as_cut_short(tmp_path):
     """A killed process may leave its last line a block of steps cut before the block's count:
     the file reads up to its last whole line (this once raised AttributeError)."""
