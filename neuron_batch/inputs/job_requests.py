@@ -343,7 +343,7 @@ def _where_done(requests: Sequence[PreparedRequest], done: DoneSet, want: bool
 
 def ids_by_index(requests: Sequence[PreparedRequest]) -> Sequence[str | None]:
     """The job's request ids at their index in the job (`PromptRecord.index`; None where a
-    line was left out): how outputs.idx names a request (job/folder.py `load_done`)."""
+    line was left out): how outputs.index names a request (job/folder.py `load_done`)."""
     if isinstance(requests, JobRequests):   # (a streamed job's, from its arrays)
         return requests.ids_by_index()
     ids: list[str | None] = [None] * (max((r.record.index for r in requests), default=-1) + 1)

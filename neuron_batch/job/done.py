@@ -1,5 +1,5 @@
 """Which requests of a job have their output line: a bit per request, by its index in the job
-(`PromptRecord.index`, the index outputs.idx names it by), so that knowing what is done costs
+(`PromptRecord.index`, the index outputs.index names it by), so that knowing what is done costs
 an eighth of a byte a request, not a string (~100 bytes each in a set: 1 GB at 10M). A line
 whose request no index names (read from outputs.jsonl without the job's ids) is kept by id.
 Pure Python."""

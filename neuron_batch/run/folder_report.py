@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neuron_batch.errors import EXIT_FAILED, RunError
-from neuron_batch.inputs.job_requests import done_of, ids_by_index, job_figures
+from neuron_batch.inputs.job_requests import JobFigures, done_of, ids_by_index, job_figures
 from neuron_batch.job.batch_object import row_usage
 from neuron_batch.job.folder import REPORT, RunFolder
 from neuron_batch.job.job import Job
@@ -28,23 +28,39 @@ def build_report(job: Job) -> Report:
     """The report over the whole input, from every attempt's records and the outputs file:
     the records' figures (`summarize`), then what only the folder knows (outputs, attempts,
     cost), each a typed step on the report."""
-    from neuron_batch.report.metrics import summarize_run
-    from neuron_batch.report.replicas import has_replicas, summarize_replicas
-    from neuron_batch.report.run_records import concat, load
+    from neuron_batch.report.replicas import has_replicas
 
-    folder, settings = job.folder, job.settings
-    model, prepared, problems = job.workload.model, job.workload.prepared, job.workload.problems
+    folder, settings, prepared = job.folder, job.settings, job.workload.prepared
     layout = folder.records_layout()
     if not layout:
         raise RunError(f"{folder.path} has no scheduler records", EXIT_FAILED)
-    # Failed: what the last attempt could not run (a --resume tries those again).
-    ran = [a for a in folder.attempts() if "requests_failed" in a]
-    failed = ran[-1]["requests_failed"] if ran else 0
-    devices = [a.get("device") for a in folder.attempts() if a.get("device")]
     as_read = job_figures(prepared.requests)
+    # (only the replicas' report matches records to outputs by id: a set of the ids done)
+    done_ids = done_ids_of(folder, prepared) if has_replicas(layout) else set()
+    report = Report.new(_figures(job, layout, _run_config(job, as_read.openai), done_ids))
+    _tokens_from_outputs(report, folder)
+    _add_prefix_bound(report, prepared, folder.done, settings)
+    report.prefix_caching = (job.prefix_caching.to_dict() if job.prefix_caching is not None
+                             else (folder.read_manifest() or {}).get("prefix_caching"))
+    _count_requests(report, job, as_read)
+    _add_cost(report, settings)
+    attempts = folder.attempts()
+    report.attempts = [Attempt.from_dict(a) for a in attempts]
+    if any("part" in a for a in attempts):
+        report.split = split_section(attempts, folder, settings, job.simulated, done_ids)
+    report.output_dir = str(folder.path)
+    return report
+
+
+def _run_config(job: Job, openai: bool) -> dict[str, Any]:
+    """What the report's config says beside the records' own: the model, device, tokenizer,
+    defaults, inputs, order, and on the simulated device its target and graphs."""
+    folder, settings, model = job.folder, job.settings, job.workload.model
+    devices = [a.get("device") for a in folder.attempts() if a.get("device")]
     extra = {"model": model.name, "device": devices[-1] if devices else settings.device,
-             "tokenizer": prepared.tokenizer_name, "max_tokens": settings.max_tokens,
-             **report_defaults(settings, as_read.openai, model.path),
+             "tokenizer": job.workload.prepared.tokenizer_name,
+             "max_tokens": settings.max_tokens,
+             **report_defaults(settings, openai, model.path),
              "inputs": list(settings.inputs),
              "order": settings.order}
     if job.simulated:
@@ -60,30 +76,42 @@ def build_report(job: Job) -> Report:
                                            compiled=compiled_before(job))
         if settings.architecture:  # the model simulated, not the one lending its tokenizer
             extra["model"] = f"{extra['sim']['arch']} (simulated)"
-    total = len(prepared.requests) + len(problems)
-    completed = len(done_of(prepared.requests, folder.done))
-    # (only the replicas' report matches records to outputs by id: a set of the ids done)
-    done_ids = done_ids_of(folder, prepared) if has_replicas(layout) else set()
+    return extra
+
+
+def _figures(job: Job, layout: Any, extra: dict[str, Any], done_ids: set[str]
+             ) -> dict[str, Any]:
+    """The records' figures: the replicas' (their records matched to outputs by id), or a
+    single engine's, each attempt's file added up as it is read."""
+    from neuron_batch.report.metrics import summarize_run
+    from neuron_batch.report.replicas import has_replicas, summarize_replicas
+    from neuron_batch.report.run_records import concat, load
+
+    folder, settings, problems = job.folder, job.settings, job.workload.problems
+    total = len(job.workload.prepared.requests) + len(problems)
     if has_replicas(layout):
         extra.update(replicas=settings.replicas,
                      ray=next((a["ray"] for a in reversed(folder.attempts()) if a.get("ray")),
                               None))
         if "sim" in extra:
             extra["sim"]["num_instances"] = settings.num_instances
-        figures = summarize_replicas(layout, attempts=folder.attempts(), done_ids=done_ids,
-                                    simulated=job.simulated, extra_config=extra, total=total,
-                                    skipped=len(problems))
-    else:
-        # (the completed requests added up as each file is read: aborted or failed requests
-        # are not completed work, and no column of the whole run is held)
-        records = concat([load(p, ids=False, streamed=True) for p in folder.records_paths()])
-        figures = summarize_run(records, extra_config=extra, total=total,
-                                skipped=len(problems), failed=0)
-    report = Report.new(figures)
-    _tokens_from_outputs(report, folder)
-    _add_prefix_bound(report, prepared, folder.done, settings)
-    report.prefix_caching = (job.prefix_caching.to_dict() if job.prefix_caching is not None
-                             else (folder.read_manifest() or {}).get("prefix_caching"))
+        return summarize_replicas(layout, attempts=folder.attempts(), done_ids=done_ids,
+                                  simulated=job.simulated, extra_config=extra, total=total,
+                                  skipped=len(problems))
+    # (the completed requests added up as each file is read: aborted or failed requests are
+    # not completed work, and no column of the whole run is held)
+    records = concat([load(p, ids=False, streamed=True) for p in folder.records_paths()])
+    return summarize_run(records, extra_config=extra, total=total, skipped=len(problems),
+                         failed=0)
+
+
+def _count_requests(report: Report, job: Job, as_read: JobFigures) -> None:
+    """The report's request counts from the folder: completed (done), failed (what the last
+    attempt could not run: a --resume tries those again), pending, and max_tokens clamped."""
+    prepared = job.workload.prepared
+    ran = [a for a in job.folder.attempts() if "requests_failed" in a]
+    failed = ran[-1]["requests_failed"] if ran else 0
+    completed = len(done_of(prepared.requests, job.folder.done))
     requests = report.requests
     requests.completed = completed
     requests.failed = failed
@@ -95,13 +123,6 @@ def build_report(job: Job) -> Report:
     # what they were cut to (max_model_len - prompt), so the summary can say it
     requests.max_tokens_clamped_to = ({"min": min(clamped), "max": max(clamped)} if clamped
                                       else None)
-    _add_cost(report, settings)
-    attempts = folder.attempts()
-    report.attempts = [Attempt.from_dict(a) for a in attempts]
-    if any("part" in a for a in attempts):
-        report.split = split_section(attempts, folder, settings, job.simulated, done_ids)
-    report.output_dir = str(folder.path)
-    return report
 
 
 def compiled_before(job: Job) -> bool:
