@@ -91,38 +91,50 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, seqs_valu
     `neuron-batch run` line that reproduces it; writes plan.json, plan.csv and a plot of
     cost against completion time.
     """
-    from neuron_batch.bench.deadline import DeadlineError, parse_deadline
     from neuron_batch.bench.sweep_spec import default_jobs
     from neuron_batch.errors import RunError
     from neuron_batch.job.folder import default_output_dir
-    from neuron_batch.plan.candidates import PlanError, PlanSpec
-    from neuron_batch.plan.grid import check_instances, placements
-    from neuron_batch.runtimes.runtime import RuntimeNameError, get_runtime
+    from neuron_batch.plan.planner import PlanJob, run_plan
 
     if not architecture:
         raise click.UsageError("Missing option '--architecture': the model's shape to plan for "
                                "(a catalogue name such as llama-3.1-8b, or a config.json)")
+    if deadline is None:
+        raise click.UsageError("Missing option '--deadline': when the job must be done "
+                               "(6h, 06:00, 2026-12-01T06:00)")
+    base, spec, when = _plan_spec(
+        inputs, architecture, deadline, instances, max_num_instances, seqs_values,
+        max_prefill_buckets, splits, runtimes, compiled, weight_dtype, cost_profile, pricing,
+        prices, jobs, options)
+    log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
+    name = Path(inputs[0]).stem if not inputs[0].startswith("hf:") else "hf"
+    out_dir = Path(output) if output else default_output_dir((f"plan-{name}",))
+    job = PlanJob(base, spec, when, out_dir, jobs or default_jobs(), resume, log, quiet)
+    try:
+        code = run_plan(job)
+    except RunError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(error.exit_code)
+    sys.exit(code)
 
-    def runtime_list(text: str | None) -> tuple[str, ...]:
-        """--runtimes nxdi,optimum-neuron -> their names, each looked up where it enters."""
-        try:
-            return tuple(dict.fromkeys(get_runtime(n).name for n in (text or "").split(",")
-                                       if n.strip()))
-        except RuntimeNameError as error:
-            raise SettingsError(str(error).replace("--runtime ", "--runtimes: each ")) from None
 
-    from neuron_batch.plan.planner import PlanJob, plan_base, run_plan
+def _plan_spec(inputs, architecture, deadline, instances, max_num_instances, seqs_values,
+               max_prefill_buckets, splits, runtimes, compiled, weight_dtype, cost_profile,
+               pricing, prices, jobs, options):
+    """(the run settings planned from, the plan's spec, the deadline) from the options, each
+    checked: a bad one is a usage error (exit 2) before any input is read."""
+    from neuron_batch.bench.deadline import DeadlineError, parse_deadline
+    from neuron_batch.plan.candidates import PlanError, PlanSpec
+    from neuron_batch.plan.grid import check_instances, placements
+    from neuron_batch.plan.planner import plan_base
     from neuron_batch.report.cost import PricingError
 
     try:
-        if deadline is None:
-            raise click.UsageError("Missing option '--deadline': when the job must be done "
-                                   "(6h, 06:00, 2026-12-01T06:00)")
         seqs = tuple(int_list(seqs_values, "--max-num-seqs"))
         check_plan_options({"max_num_instances": max_num_instances,
                             "max_prefill_buckets": max_prefill_buckets, "jobs": jobs})
         names = check_instances([n for n in instances.split(",") if n.strip()])
-        weighed = runtime_list(runtimes)
+        weighed = _runtime_list(runtimes)
         price_of = parse_prices(prices, names)
         when = parse_deadline(deadline)
         settings = RunSettings.of(
@@ -142,13 +154,15 @@ def plan(inputs, architecture, deadline, instances, max_num_instances, seqs_valu
         placements(replace(spec, compiled=True))
     except (SettingsError, PlanError, DeadlineError, PricingError) as error:
         raise click.UsageError(str(error)) from None
-    log = (lambda message: None) if quiet else (lambda message: click.echo(message, err=True))
-    name = Path(inputs[0]).stem if not inputs[0].startswith("hf:") else "hf"
-    out_dir = Path(output) if output else default_output_dir((f"plan-{name}",))
-    job = PlanJob(base, spec, when, out_dir, jobs or default_jobs(), resume, log, quiet)
+    return base, spec, when
+
+
+def _runtime_list(text: str | None) -> tuple[str, ...]:
+    """--runtimes nxdi,optimum-neuron -> their names, each looked up where it enters."""
+    from neuron_batch.runtimes.runtime import RuntimeNameError, get_runtime
+
     try:
-        code = run_plan(job)
-    except RunError as error:
-        click.echo(f"error: {error}", err=True)
-        sys.exit(error.exit_code)
-    sys.exit(code)
+        return tuple(dict.fromkeys(get_runtime(n).name for n in (text or "").split(",")
+                                   if n.strip()))
+    except RuntimeNameError as error:
+        raise SettingsError(str(error).replace("--runtime ", "--runtimes: each ")) from None
