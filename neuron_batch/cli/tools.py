@@ -246,17 +246,7 @@ def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, 
         lengths = [n for n in lengths if n <= max_model_len]
     cost, candidates = None, None
     if objective == "time":
-        from neuron_batch.device.cost_model import StepCostModel, load_profile
-        from neuron_batch.device.hardware import default_tp
-
-        try:
-            inst, arch = _device(instance, architecture)
-            tp = tensor_parallel_size or default_tp(inst)
-            model = StepCostModel(load_profile(inst.name), inst, arch, tp,
-                                  weight_dtype=weight_dtype)
-        except (ValueError, FileNotFoundError) as error:
-            raise click.UsageError(str(error)) from None
-        cost = model.prefill_time
+        cost = _prefill_cost(instance, architecture, tensor_parallel_size, weight_dtype)
         candidates = range(1, min(max_num_batched_tokens, max_model_len) + 1)
     result = suggest_prefill(lengths, max_buckets=max_buckets,
                              max_num_batched_tokens=max_num_batched_tokens,
@@ -266,8 +256,30 @@ def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, 
     if as_json:
         click.echo(json.dumps(result))
         return
+    _say_suggestion(result, len(lengths), max_num_batched_tokens, follows,
+                    f"{instance} ({architecture})" if objective == "time" else None)
+
+
+def _prefill_cost(instance, architecture, tensor_parallel_size, weight_dtype):
+    """The modelled prefill time of a bucket on the simulated instance (--objective time)."""
+    from neuron_batch.device.cost_model import StepCostModel, load_profile
+    from neuron_batch.device.hardware import default_tp
+
+    try:
+        inst, arch = _device(instance, architecture)
+        tp = tensor_parallel_size or default_tp(inst)
+        model = StepCostModel(load_profile(inst.name), inst, arch, tp, weight_dtype=weight_dtype)
+    except (ValueError, FileNotFoundError) as error:
+        raise click.UsageError(str(error)) from None
+    return model.prefill_time
+
+
+def _say_suggestion(result, num_prompts: int, max_num_batched_tokens: int, follows,
+                    timed_on: str | None) -> None:
+    """The suggestion against the default powers of two, in words (`timed_on`: the instance
+    and model whose modelled prefill time was the objective)."""
     default = result["default"]
-    click.echo(f"{len(lengths):,} prompts -> {result['num_chunks']:,} prefill chunks "
+    click.echo(f"{num_prompts:,} prompts -> {result['num_chunks']:,} prefill chunks "
                + (f"(max_num_batched_tokens {max_num_batched_tokens:,})"
                   if follows.chunked_prefill else f"(whole prompts under {follows.name})"))
     click.echo(f"suggested ({len(result['buckets'])} buckets): {result['flag']} "
@@ -278,8 +290,8 @@ def buckets_suggest(inputs, max_buckets, max_num_batched_tokens, max_model_len, 
                f"{','.join(map(str, default['buckets']))}")
     click.echo(f"  padded tokens {default['padded_tokens']:,}: waste "
                f"{default['waste_fraction']:.1%}")
-    if objective == "time":
-        click.echo(f"modelled prefill time on {instance} ({architecture}): suggested "
+    if timed_on is not None:
+        click.echo(f"modelled prefill time on {timed_on}: suggested "
                    f"{result['cost']:,.1f} s, default {default['cost']:,.1f} s")
 
 
