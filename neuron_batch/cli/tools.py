@@ -56,6 +56,39 @@ def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size,
     from neuron_batch.device.calibrate import fit_from_steps
     from neuron_batch.device.cost_model import StepCostModel, save_profile
     from neuron_batch.device.hardware import default_tp
+
+    steps, runtime, prefix_caching = _timed_steps(run_dirs)
+    if len(steps) < 10:
+        raise click.UsageError(f"only {len(steps)} timed steps in {', '.join(run_dirs)}; "
+                               f"calibration needs at least 10")
+    try:
+        instance, architecture = _device(instance, architecture)
+        tp = tensor_parallel_size or default_tp(instance)
+        profile = fit_from_steps(steps, instance, architecture, tp, weight_dtype=weight_dtype,
+                                 runtime=runtime, prefix_caching=prefix_caching)
+    except (ValueError, FileNotFoundError) as error:
+        raise click.UsageError(str(error)) from None
+    startup = _compile_from_startup(run_dirs, instance, architecture, tp, weight_dtype,
+                                    runtime)
+    if startup is not None:
+        profile = profile.replace(compile=startup[0])
+    save_profile(profile, output)
+    model = StepCostModel(profile, instance, architecture, tp, weight_dtype=weight_dtype,
+                          runtime=runtime)
+    errors = sorted(abs(model.step_time(s) / ((s.t_end or s.t_start) - s.t_start) - 1)
+                    for s in steps)        # (every step kept has its end)
+    click.echo(f"fitted {len(steps):,} steps from {len(run_dirs)} run(s): median step-time "
+               f"error {errors[len(errors) // 2]:.1%}, p90 {errors[int(len(errors) * 0.9)]:.1%}")
+    click.echo(f"compile section: from {startup[1]}" if startup is not None else
+               "compile section: the built-in fit (no run's engine log shows a compile: every "
+               "start came from the cache, or none was on a Neuron host)")
+    click.echo(f"wrote {output}; use it with --device sim --cost-profile {output}")
+
+
+def _timed_steps(run_dirs):
+    """(every timed prefill and decode step of the run folders' records, the runtime whose
+    compiled shapes they ran, whether prefix caching was on in any): the runs must share a
+    runtime (their steps read different KV)."""
     from neuron_batch.runtimes.runtime import runtime_of
     from neuron_batch.scheduler.records import iter_records
 
@@ -78,32 +111,7 @@ def calibrate(run_dirs, published, instance, architecture, tensor_parallel_size,
         raise click.UsageError(f"the runs mix runtimes ({', '.join(sorted(runtimes))}): "
                                f"their steps read different KV; calibrate each on its own")
     # what a decode step reads is its runtime's compiled shape, as the records say
-    runtime = runtime_of({"runtime": runtimes.pop()} if runtimes else None)
-    if len(steps) < 10:
-        raise click.UsageError(f"only {len(steps)} timed steps in {', '.join(run_dirs)}; "
-                               f"calibration needs at least 10")
-    try:
-        instance, architecture = _device(instance, architecture)
-        tp = tensor_parallel_size or default_tp(instance)
-        profile = fit_from_steps(steps, instance, architecture, tp, weight_dtype=weight_dtype,
-                                 runtime=runtime, prefix_caching=any(caching))
-    except (ValueError, FileNotFoundError) as error:
-        raise click.UsageError(str(error)) from None
-    startup = _compile_from_startup(run_dirs, instance, architecture, tp, weight_dtype,
-                                    runtime)
-    if startup is not None:
-        profile = profile.replace(compile=startup[0])
-    save_profile(profile, output)
-    model = StepCostModel(profile, instance, architecture, tp, weight_dtype=weight_dtype,
-                          runtime=runtime)
-    errors = sorted(abs(model.step_time(s) / ((s.t_end or s.t_start) - s.t_start) - 1)
-                    for s in steps)        # (every step kept has its end)
-    click.echo(f"fitted {len(steps):,} steps from {len(run_dirs)} run(s): median step-time "
-               f"error {errors[len(errors) // 2]:.1%}, p90 {errors[int(len(errors) * 0.9)]:.1%}")
-    click.echo(f"compile section: from {startup[1]}" if startup is not None else
-               "compile section: the built-in fit (no run's engine log shows a compile: every "
-               "start came from the cache, or none was on a Neuron host)")
-    click.echo(f"wrote {output}; use it with --device sim --cost-profile {output}")
+    return steps, runtime_of({"runtime": runtimes.pop()} if runtimes else None), any(caching)
 
 
 def _device(instance: str, architecture: str | None = None):
