@@ -166,6 +166,40 @@ def prompt_words(runtime: Runtime | None,
                    f"({runtime.prefill_words})")
 
 
+def _length_axes(ax, log_x: bool, x_min: float, x_max: float) -> float:
+    """The histogram's axes (log x when asked, thousands' separators); the y axis's top, with
+    headroom for the bucket edges' markers."""
+    if log_x:
+        from matplotlib.ticker import LogLocator, NullFormatter
+
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    thousands_axis(ax.xaxis)
+    thousands_axis(ax.yaxis)
+    ax.set_xlim(x_min, x_max)
+    y_top = float(ax.get_ylim()[1] * 1.3)
+    ax.set_ylim(0, y_top)
+    return y_top
+
+
+def _draw_bucket_edges(ax, sets: list[tuple[str, list[int]]], lengths, y_top: float) -> None:
+    """Each configuration's bucket edges as vertical lines in its own colour and style, topped
+    by a marker at its own height (shared edges stay distinguishable), its legend entry saying
+    how many buckets and what share of prompts lie past its largest."""
+    for index, (name, buckets) in enumerate(sets):
+        colour, style = _BUCKET_STYLES[index % len(_BUCKET_STYLES)]
+        height = y_top * (0.96 - 0.05 * index)
+        label = f"{name}: {abbreviate_buckets(buckets, 34)}"
+        if buckets:
+            beyond = float((lengths > buckets[-1]).mean())
+            label += (f" ({len(buckets)} bucket{'s' if len(buckets) != 1 else ''}; "
+                      f"{_share(beyond)} of prompts > {buckets[-1]:,})")
+        ax.vlines(buckets, 0, height, colors=colour, linestyles=style, linewidth=1.6,
+                  alpha=0.9, zorder=3, label=label)
+        ax.scatter(buckets, [height] * len(buckets), marker="v", s=40, color=colour, zorder=4)
+
+
 def plot_prompt_histogram(prompt_lengths: Sequence[int],
                           bucket_sets: Mapping[str, Sequence[int] | str] | None,
                           path: str | Path, max_num_batched_tokens: int | None = None,
@@ -206,32 +240,12 @@ def plot_prompt_histogram(prompt_lengths: Sequence[int],
     left_out = int(lengths.size - shown.size)
     ax.hist(shown, bins=bins, color="#9fb7cf", edgecolor="white", linewidth=0.4,
             label="prompts", zorder=2)
-    if log_x:
-        from matplotlib.ticker import LogLocator, NullFormatter
-
-        ax.set_xscale("log")
-        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.xaxis.set_minor_formatter(NullFormatter())
-    thousands_axis(ax.xaxis)
-    thousands_axis(ax.yaxis)
-    ax.set_xlim(x_min, x_max)
-    y_top = ax.get_ylim()[1] * 1.3   # headroom for the edge markers
-    ax.set_ylim(0, y_top)
+    y_top = _length_axes(ax, log_x, x_min, x_max)
 
     if max_num_batched_tokens:
         ax.axvline(max_num_batched_tokens, color="black", linewidth=5, alpha=0.18, zorder=2.5,
                    label=budget_label)
-    for index, (name, buckets) in enumerate(sets):
-        colour, style = _BUCKET_STYLES[index % len(_BUCKET_STYLES)]
-        height = y_top * (0.96 - 0.05 * index)
-        label = f"{name}: {abbreviate_buckets(buckets, 34)}"
-        if buckets:
-            beyond = float((lengths > buckets[-1]).mean())
-            label += (f" ({len(buckets)} bucket{'s' if len(buckets) != 1 else ''}; "
-                      f"{_share(beyond)} of prompts > {buckets[-1]:,})")
-        ax.vlines(buckets, 0, height, colors=colour, linestyles=style, linewidth=1.6,
-                  alpha=0.9, zorder=3, label=label)
-        ax.scatter(buckets, [height] * len(buckets), marker="v", s=40, color=colour, zorder=4)
+    _draw_bucket_edges(ax, sets, lengths, y_top)
 
     p50, p90, p99 = (float(np.percentile(lengths, q)) for q in (50, 90, 99))
     stats = (f"{lengths.size:,} prompts: median {p50:,.0f}, p90 {p90:,.0f}, p99 {p99:,.0f}, "
