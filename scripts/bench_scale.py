@@ -81,26 +81,30 @@ def write_job(kind: str, size: int, workdir: Path, text_cap: int) -> Path:
     return path
 
 
-def tree_rss(pid: int) -> int:
-    """Memory of `pid` and every descendant, in bytes: the sum of their proportional set sizes
-    (Pss: a page two processes share counts half in each), so that a child forked for a moment
-    (vLLM runs tools in subprocesses) does not count its parent's pages twice; a child younger
-    than a second is not counted (the poll may read it mid-fork). RSS (statm)
-    where the kernel has no smaps_rollup. 0 for processes gone meanwhile."""
+def _tree_sum(pid: int, measure) -> int:
+    """`measure(p)` summed over `pid` and every descendant; a child younger than a second is
+    left out (read in the middle of its fork, its parent's pages counted in both: a 10k job
+    once read 1.03 GiB for its 0.53), and so is a process gone meanwhile."""
     total, stack = 0, [pid]
     while stack:
         current = stack.pop()
         try:
-            # (a child younger than a second is left out: read in the middle of its fork, its
-            # parent's pages counted in both, a 10k job once read 1.03 GiB for its 0.53)
             if current == pid or _age(current) >= 1.0:
-                total += _pss(current)
+                total += measure(current)
             for task in os.listdir(f"/proc/{current}/task"):
                 with open(f"/proc/{current}/task/{task}/children") as handle:
                     stack.extend(int(child) for child in handle.read().split())
         except (OSError, ValueError):
             continue
     return total
+
+
+def tree_rss(pid: int) -> int:
+    """Memory of `pid` and every descendant, in bytes: the sum of their proportional set sizes
+    (Pss: a page two processes share counts half in each), so that a child forked for a moment
+    (vLLM runs tools in subprocesses) does not count its parent's pages twice. RSS (statm)
+    where the kernel has no smaps_rollup."""
+    return _tree_sum(pid, _pss)
 
 
 def _age(pid: int) -> float:
@@ -116,21 +120,14 @@ def tree_anon(pid: int) -> int:
     """Anonymous memory resident in `pid` and its descendants (RssAnon), in bytes: what a
     process allocated itself, which no other process's mappings change. (Pss splits a shared
     library's pages among every process mapping it: another Python with torch loaded on the
-    machine lowers a run's Pss by up to ~0.1 GiB.) Children younger than a second left out."""
-    total, stack = 0, [pid]
-    while stack:
-        current = stack.pop()
-        try:
-            if current == pid or _age(current) >= 1.0:
-                with open(f"/proc/{current}/status") as handle:
-                    total += next((int(line.split()[1]) * 1024 for line in handle
-                                   if line.startswith("RssAnon:")), 0)
-            for task in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{task}/children") as handle:
-                    stack.extend(int(child) for child in handle.read().split())
-        except (OSError, ValueError):
-            continue
-    return total
+    machine lowers a run's Pss by up to ~0.1 GiB.)"""
+    return _tree_sum(pid, _anon)
+
+
+def _anon(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as handle:
+        return next((int(line.split()[1]) * 1024 for line in handle
+                     if line.startswith("RssAnon:")), 0)
 
 
 def _pss(pid: int) -> int:
