@@ -209,8 +209,8 @@ class NeuronSimExecutor(Executor):
     def _general_step(self, so, seqs_padded: int | None) -> ModelRunnerOutput:
         """Prefill chunks (NeuronScheduler: one request), a decode-then-prefill step
         (optimum-neuron), or anything a scheduler without padding produced."""
-        num_scheduled, pending, token = so.num_scheduled_tokens, self._prefill_prompt_len, \
-            self.token_id
+        num_scheduled, pending = so.num_scheduled_tokens, self._prefill_prompt_len
+        token = self.token_id
         before = self._admit(so.scheduled_new_reqs, num_scheduled)
         cached = so.scheduled_cached_reqs
         before.update(zip(cached.req_ids, cached.num_computed_tokens))

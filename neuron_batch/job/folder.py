@@ -367,9 +367,10 @@ def _ends_a_line(path: Path, offset: int) -> bool:
 class _Positions:
     """A request's index in the job from its output line: the line's own `index` where the job
     has that id there (a native line), else by its id (an OpenAI batch line): a scan for the
-    first few, then a table of the ids' hashes (8 + 8 bytes a request, built once)."""
+    first few in a small job, else a table of the ids' hashes (8 + 8 bytes a request, built
+    once; a scan of 10M ids decoded one by one takes ~10 s)."""
 
-    _SCANS = 8
+    _SCANS, _SCANNED_JOB = 8, 100_000
 
     def __init__(self, ids: Sequence[str | None]):
         self.ids, self.scans = ids, 0
@@ -379,7 +380,7 @@ class _Positions:
         ids = self.ids
         if isinstance(index, int) and 0 <= index < len(ids) and ids[index] == rid:
             return index
-        if self.scans < self._SCANS:
+        if self.scans < self._SCANS and len(ids) <= self._SCANNED_JOB:
             self.scans += 1
             try:
                 return ids.index(rid)

@@ -49,13 +49,9 @@ _OWN_COLUMNS = ("max_tokens", "temperature", "seed", "stop", "ignore_eos")
 SHOWN = 5           # requests named in a message; the rest are counted
 
 
-def request_rows(requests, settings) -> list[list[Any]]:
-    """Each prepared request's row (id + REQUEST_FIELDS), in input order."""
-    return list(iter_request_rows(requests, settings))
-
-
 def iter_request_rows(requests, settings) -> Iterator[list[Any]]:
-    """`request_rows` one at a time: a new run's are written as they are made, not held."""
+    """Each prepared request's row (id + REQUEST_FIELDS), in input order, one at a time (a
+    job's rows are never held: written as they are made, compared as they come)."""
     for request in requests:
         record = request.record
         spec = request_spec(request, settings)

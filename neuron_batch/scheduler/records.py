@@ -315,7 +315,9 @@ class Recorder:
         call a `checkpoint` line: the aggregates as a summary would hold them now. The
         replicas' actor calls this before it reads the file and ships what it holds; the
         scheduler's own summary line, written at shutdown, never reaches the driver, so a
-        replica's records end with the checkpoint of its last finished request."""
+        replica's records end with the checkpoint of its last finished request. The recorder
+        calls it itself whenever blocks are due (`_maybe_flush`), so a file killed -9 ends with
+        a checkpoint that holds its steps."""
         self._write_blocks()
         if self._file is None or self._tiler is None:
             return

@@ -185,13 +185,13 @@ def test_a_bad_prefix_is_named_by_file_line_and_field(tmp_path, bad_line, field,
 def test_a_record_digest_holds_what_it_shares():
     from types import SimpleNamespace
 
-    from neuron_batch.job.resume_check import request_rows
+    from neuron_batch.job.resume_check import iter_request_rows
 
     def row(**fields):
         record = PromptRecord(0, "a", "p:1", prompt_len=100, **fields)
         request = SimpleNamespace(record=record, max_tokens=4)
-        return request_rows([request], SimpleNamespace(temperature=0.0, seed=0, simulated=False,
-                                                           ignore_eos=False))[0][1]
+        return next(iter_request_rows([request], SimpleNamespace(
+            temperature=0.0, seed=0, simulated=False, ignore_eos=False)))[1]
 
     plain = row()
     assert len({plain, row(prefix_id="p", prefix_len=10), row(prefix_id="p", prefix_len=11),
