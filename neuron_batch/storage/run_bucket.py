@@ -49,6 +49,7 @@ from typing import Any
 
 from neuron_batch.errors import EXIT_INTERRUPTED
 from neuron_batch.storage.bucket_lock import LOCK_KEY, BucketLock
+from neuron_batch.storage.bucket_objects import CHUNK, BucketObjects
 from neuron_batch.storage.lines import whole_lines_end
 from neuron_batch.storage.urls import (
     EXTRAS,
@@ -74,9 +75,7 @@ PARTS = "outputs/part-"
 _PART = re.compile(r"outputs/part-(\d{15})\.jsonl")
 #: The bucket's copies decide a resume (requests.json: a folder written before 2026-12-05).
 _KEPT_FROM_BUCKET = ("run.json", "requests.jsonl.gz", "requests.json")
-_CHUNK = 64 << 20       # one PUT up to this; a multipart upload of such parts above it
 _MIN_PART = 5 << 20     # S3's least part but the last: a file held from this size is appended
-_COPY_PART = 4 << 30    # a part copied within the store (S3's most: 5 GiB)
 
 
 def is_bucket_output(output: str | None) -> bool:
@@ -156,6 +155,7 @@ class BucketRun:
         self.sync_s, self.part_lines = _setting(SYNC_ENV), int(_setting(PART_LINES_ENV))
         self.retry_s, self.stale_s = _setting(RETRY_ENV), _setting(STALE_ENV)
         self.client: Any = None
+        self.objects: BucketObjects     # (with the client, in open())
         self.lock: BucketLock | None = None
         self.failed: StorageError | None = None    # the store stopped answering: run stopped
         self.lost = False                           # another run took the lock over
@@ -185,6 +185,7 @@ class BucketRun:
         folder. StorageError (exit 2; 4 unreachable; 5 in use) before anything is written."""
         with translated(self.url):
             self.client = s3_client()
+            self.objects = BucketObjects(self.client, self.bucket)
             self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1)
             self.lock = BucketLock(self.client, self.url, self.bucket, self.prefix,
                                    self.stale_s)
@@ -345,13 +346,13 @@ class BucketRun:
                 self._scanned = self._lines_end
             while self._lines_end > self._end and (due or self._pending >= self.part_lines):
                 handle.seek(self._end)
-                part = handle.read(min(self._lines_end - self._end, _CHUNK))
+                part = handle.read(min(self._lines_end - self._end, CHUNK))
                 cut = part.rfind(b"\n") + 1
                 if cut == 0:        # (one line over 64 MiB: to its end)
                     part += handle.read(self._lines_end - self._end - len(part))
-                    cut = part.find(b"\n", _CHUNK) + 1
+                    cut = part.find(b"\n", CHUNK) + 1
                 key = f"{self.prefix}{PARTS}{self._end:015d}.jsonl"
-                self.client.put_object(Bucket=self.bucket, Key=key, Body=part[:cut])
+                self.objects.put_bytes(key, part[:cut])
                 self._parts.append(key)
                 self._pending = max(0, self._pending - part[:cut].count(b"\n"))
                 self._end += cut
@@ -359,7 +360,7 @@ class BucketRun:
 
     def _reset_outputs(self) -> None:
         keys = list(self._parts) + ([f"{self.prefix}{OUTPUTS}"] if self._whole else [])
-        self._delete(keys)
+        self.objects.delete(keys)
         self._parts, self._whole, self._end, self._inode = [], 0, 0, None
         self._scanned = self._lines_end = self._pending = 0
 
@@ -379,14 +380,14 @@ class BucketRun:
             # bucket's copy ends are still what they were)
             if rel.endswith(".jsonl") and inode == stat.st_ino and _MIN_PART <= held <= end \
                     and _tail_crc(path, held) == tail:
-                self._append_file(key, path, held, end)
+                self.objects.append_file(key, path, held, end)
             else:
-                self._put_file(key, path, 0, end)
+                self.objects.put_file(key, path, 0, end)
             self._appended[rel] = (stat.st_ino, end, _tail_crc(path, end))
             self._files[rel] = signature
             self._remote.add(rel)
         gone = sorted(self._remote - present)
-        self._delete([f"{self.prefix}{rel}" for rel in gone])
+        self.objects.delete([f"{self.prefix}{rel}" for rel in gone])
         self._remote -= set(gone)
         for rel in gone:
             self._files.pop(rel, None)
@@ -395,83 +396,15 @@ class BucketRun:
         """The bucket's outputs as one outputs.jsonl (the parts deleted after it is whole)."""
         if not self._parts and self._whole == self._end:
             return
-        self._put_file(f"{self.prefix}{OUTPUTS}", self.staging / OUTPUTS, 0, self._end)
+        self.objects.put_file(f"{self.prefix}{OUTPUTS}", self.staging / OUTPUTS, 0, self._end)
         self._whole = self._end
-        self._delete(self._parts)
+        self.objects.delete(self._parts)
         self._parts = []
 
-    def _put_file(self, key: str, path: Path, start: int, end: int) -> None:
-        with open(path, "rb") as handle:
-            handle.seek(start)
-            if end - start <= _CHUNK:
-                self.client.put_object(Bucket=self.bucket, Key=key,
-                                       Body=handle.read(end - start))
-                return
-        self._multipart(key, path, start, end)
-
-    def _append_file(self, key: str, path: Path, held: int, end: int) -> None:
-        """`key` made the first `end` bytes of `path` from the `held` it has (a prefix of
-        them) and the bytes after: a multipart upload whose first parts are copied within the
-        store, so a records file of a long run costs only what it grew by, not its size,
-        each sync. (S3 wants every part but the last of 5 MiB or more: only then.)"""
-        if end == held:
-            return
-        self._multipart(key, path, held, end, copied=held)
-
-    def _multipart(self, key: str, path: Path, start: int, end: int, copied: int = 0) -> None:
-        """`key` as bytes [start, end) of `path`, after the first `copied` bytes of the
-        object `key` is now (copied in the store)."""
-        with open(path, "rb") as handle:
-            handle.seek(start)
-            upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)
-            done: list[dict[str, Any]] = []
-            try:
-                # (equal copied parts: each of them 5 MiB or more, as S3 wants)
-                pieces = -(-copied // _COPY_PART)
-                size = -(-copied // pieces) if copied else 1
-                for first in range(0, copied, size):
-                    last = min(copied, first + size) - 1
-                    answer = self.client.upload_part_copy(
-                        Bucket=self.bucket, Key=key, UploadId=upload["UploadId"],
-                        PartNumber=len(done) + 1, CopySource={"Bucket": self.bucket, "Key": key},
-                        CopySourceRange=f"bytes={first}-{last}")
-                    done.append({"PartNumber": len(done) + 1,
-                                 "ETag": answer["CopyPartResult"]["ETag"]})
-                position = start
-                while position < end:
-                    data = handle.read(min(_CHUNK, end - position))
-                    answer = self.client.upload_part(
-                        Bucket=self.bucket, Key=key, UploadId=upload["UploadId"],
-                        PartNumber=len(done) + 1, Body=data)
-                    done.append({"PartNumber": len(done) + 1, "ETag": answer["ETag"]})
-                    position += len(data)
-                self.client.complete_multipart_upload(
-                    Bucket=self.bucket, Key=key, UploadId=upload["UploadId"],
-                    MultipartUpload={"Parts": done})
-            except BaseException:
-                self.client.abort_multipart_upload(Bucket=self.bucket, Key=key,
-                                                   UploadId=upload["UploadId"])
-                raise
-
-    def _delete(self, keys: list[str]) -> None:
-        for start in range(0, len(keys), 1000):
-            batch = keys[start:start + 1000]
-            if batch:
-                self.client.delete_objects(Bucket=self.bucket, Delete={
-                    "Objects": [{"Key": key} for key in batch], "Quiet": True})
-
     # -- resume: the staging folder from the bucket ----------------------------------------
-    def _listing(self) -> Iterator[tuple[str, int]]:
-        """(key relative to the prefix, size) of every object under it."""
-        pages = self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=self.prefix)
-        for page in pages:
-            for item in page.get("Contents", []):
-                yield item["Key"][len(self.prefix):], int(item["Size"])
-
     def _rebuild(self) -> None:
         whole, parts, files = 0, [], []
-        for rel, size in self._listing():
+        for rel, size in self.objects.listing(self.prefix):
             if rel == LOCK_KEY or rel.startswith(".neuron-batch-probe-"):
                 continue
             match = _PART.fullmatch(rel)
@@ -502,7 +435,7 @@ class BucketRun:
             if keep and target.exists() and rel not in _KEPT_FROM_BUCKET:
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
-            _download(self.client, self.bucket, f"{self.prefix}{rel}", target)
+            self.objects.download(f"{self.prefix}{rel}", target)
             stat = target.stat()
             self._files[rel] = (stat.st_size, stat.st_mtime_ns)
         self._remote = set(files)
@@ -518,7 +451,7 @@ class BucketRun:
         end = 0
         with open(target, "wb") as out:
             if whole:
-                end += _copy_object(self.client, self.bucket, f"{self.prefix}{OUTPUTS}", out)
+                end += self.objects.copy_into(f"{self.prefix}{OUTPUTS}", out)
             for start, size, rel in parts:
                 if start + size <= end:
                     continue            # (already in outputs.jsonl)
@@ -527,7 +460,7 @@ class BucketRun:
                              f"outputs; it and the parts after it are left out (their requests "
                              f"run again)")
                     break
-                end += _copy_object(self.client, self.bucket, f"{self.prefix}{rel}", out)
+                end += self.objects.copy_into(f"{self.prefix}{rel}", out)
         return end
 
 
@@ -558,7 +491,7 @@ def fetch_report_files(url: str, into: Path) -> list[str]:
         client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1)
         for name in REPORT_FILES:
             try:
-                _download(client, bucket, prefix + name, into / name)
+                BucketObjects(client, bucket).download(prefix + name, into / name)
             except Exception as error:
                 mapped = storage_error(url, error)
                 if mapped is None or mapped.code not in ("NoSuchKey", "404"):
@@ -570,20 +503,6 @@ def fetch_report_files(url: str, into: Path) -> list[str]:
         raise StorageError(url, "NoSuchKey", f"no run folder here (none of "
                            f"{', '.join(REPORT_FILES)})")
     return found
-
-
-def _download(client: Any, bucket: str, key: str, target: Path) -> None:
-    with open(target, "wb") as out:
-        _copy_object(client, bucket, key, out)
-
-
-def _copy_object(client: Any, bucket: str, key: str, out: Any) -> int:
-    body = client.get_object(Bucket=bucket, Key=key)["Body"]
-    copied = 0
-    for chunk in iter(lambda: body.read(1 << 20), b""):
-        out.write(chunk)
-        copied += len(chunk)
-    return copied
 
 
 def _files_of(folder: Path) -> Iterator[tuple[str, Path]]:

@@ -361,7 +361,7 @@ def test_a_grown_records_file_sends_only_what_it_grew_by(bucket, tmp_path, monke
                 return method(**kwargs)
             return counted
 
-    run.client = Counting(run.client)
+    run.objects.client = Counting(run.objects.client)    # (what sends the bytes)
     records = staging / "records-1.jsonl"
     line = json.dumps({"type": "requests", "blob": "x" * 1000}) + "\n"
 
