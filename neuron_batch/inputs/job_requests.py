@@ -12,6 +12,8 @@ before a request nobody checked reaches the engine.
 
 from __future__ import annotations
 
+import queue
+import threading
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -151,6 +153,15 @@ class JobRequests(Sequence[PreparedRequest]):
         for start in range(0, len(self.positions), WINDOW):
             yield from self._read(self.positions[start:start + WINDOW])
 
+    def windows(self) -> Iterator[list[PreparedRequest]]:
+        """The requests WINDOW at a time, each window's text tokenized (what the engine takes
+        next, made whole: `ReadAhead` makes them on a thread of its own)."""
+        for start in range(0, len(self.positions), WINDOW):
+            made = self._read(self.positions[start:start + WINDOW])
+            for window in {id(r.window): r.window for r in made if r.window is not None}.values():
+                window.tokenize()
+            yield made
+
     # Views, from the arrays alone (nothing read)
 
     def ids(self) -> Sequence[str]:
@@ -219,6 +230,80 @@ class JobRequests(Sequence[PreparedRequest]):
         elif record.prompt_token_ids is None:
             window.add(request)
         return request
+
+
+#: Windows a `ReadAhead` makes before the engine asks for them.
+AHEAD = 2
+_END = object()
+
+
+class ReadAhead(Iterator[PreparedRequest]):
+    """A job's requests in order, read from their inputs and their text tokenized on a thread
+    of its own, at most AHEAD windows ahead of the caller: a fast tokenizer's batch encoding
+    lets go of the GIL, so the next windows' tokens are made on another core while the engine
+    steps (inline, a window's tokens were made between two of its steps). What goes wrong in a
+    window (the input changed) is raised where the caller reaches it; what came before it was
+    handed over. `close` stops the thread (a run that ends early)."""
+
+    def __init__(self, requests: JobRequests, depth: int = AHEAD):
+        self._made: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._current: Iterator[PreparedRequest] = iter(())
+        self._thread = threading.Thread(target=self._make, args=(requests,),
+                                        name="neuron-batch-read-ahead", daemon=True)
+        self._thread.start()
+
+    def _make(self, requests: JobRequests) -> None:
+        try:
+            for window in requests.windows():
+                if not self._hand(window):
+                    return
+        except BaseException as error:      # (raised in the caller's thread, in its place)
+            self._hand(error)
+            return
+        self._hand(_END)
+
+    def _hand(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._made.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __next__(self) -> PreparedRequest:
+        while True:
+            request = next(self._current, None)
+            if request is not None:
+                return request
+            item = self._made.get()
+            if item is _END:
+                self._made.put(_END)        # (asked again: still the end)
+                raise StopIteration
+            if isinstance(item, BaseException):
+                raise item
+            self._current = iter(item)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def read_ahead(requests: Sequence[PreparedRequest]) -> Iterator[PreparedRequest]:
+    """`requests` in order, for an engine to take one by one: a streamed job whose prompts are
+    text, read and tokenized ahead on a thread (`ReadAhead`); anything else as it iterates
+    (a token-count job's reading is Python's own work, which a thread would only share the
+    GIL with)."""
+    if isinstance(requests, JobRequests) and requests.columns.tokenizer is not None:
+        return ReadAhead(requests)
+    return iter(requests)
+
+
+def close_reading(requests: Iterator[PreparedRequest]) -> None:
+    """Stop what `read_ahead` started (nothing, for a plain iterator)."""
+    if isinstance(requests, ReadAhead):
+        requests.close()
 
 
 class _Window:
@@ -350,6 +435,40 @@ def ids_by_index(requests: Sequence[PreparedRequest]) -> Sequence[str | None]:
     for request in requests:
         ids[request.record.index] = request.record.id
     return ids
+
+
+def lengths_of(requests: Sequence[PreparedRequest]) -> tuple[Sequence[int], Sequence[int]]:
+    """(prompt lengths, max_tokens) of the requests, in order: a `JobRequests`' from its
+    arrays (a layout weighs many cuts of a job: reading it again for each took a pass each)."""
+    if isinstance(requests, JobRequests):
+        columns, positions = requests.columns, requests.positions
+        return (array("i", (columns.prompt_len[p] for p in positions)),
+                array("i", (columns.max_tokens[p] for p in positions)))
+    return [r.prompt_len for r in requests], [r.max_tokens for r in requests]
+
+
+def split_by_length(requests: Sequence[PreparedRequest], cut: int
+                    ) -> tuple[Sequence[PreparedRequest], Sequence[PreparedRequest]]:
+    """(the requests whose prompt + max_tokens is at most `cut`, the rest), each in order:
+    views of a `JobRequests` (nothing read, nothing held but positions), lists otherwise."""
+    if isinstance(requests, JobRequests):
+        columns = requests.columns
+
+        def short(p: int) -> bool:
+            return columns.prompt_len[p] + columns.max_tokens[p] <= cut
+
+        return requests.where(short), requests.where(lambda p: not short(p))
+    return [r for r in requests if r.length <= cut], [r for r in requests if r.length > cut]
+
+
+def over_length(requests: Sequence[PreparedRequest], limit: int) -> Sequence[PreparedRequest]:
+    """The requests that reach past `limit` tokens (prompt + max_tokens) or whose max_tokens
+    the check cut to fit: a `JobRequests`' view (only those read when walked)."""
+    if isinstance(requests, JobRequests):
+        columns = requests.columns
+        return requests.where(lambda p: bool(columns.clamped[p])
+                              or columns.prompt_len[p] + columns.max_tokens[p] > limit)
+    return [r for r in requests if r.max_tokens_clamped or r.length > limit]
 
 
 def job_ids(requests: Sequence[PreparedRequest]) -> Sequence[str]:

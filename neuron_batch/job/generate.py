@@ -14,6 +14,7 @@ from neuron_batch.choices import Device
 from neuron_batch.engine.engine_log import ENGINE_LOG, engine_output_to
 from neuron_batch.engine.sampling_params import request_spec, sim_tokenizer
 from neuron_batch.errors import EXIT_FAILED, RunError
+from neuron_batch.inputs.job_requests import close_reading, read_ahead
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.inputs.prompt_records import InputChanged
 from neuron_batch.job.folder import OutputError
@@ -115,6 +116,7 @@ def _generate(job: Job, pending: Sequence[PreparedRequest], attempt: int) -> dic
     finally:
         if bar is not None:
             bar.close()
+        feed.close()
         engine.close()
         folder.close_outputs()
     return Attempt(attempt=attempt, ended=Ended(ended), requests_finished=progress.finished,
@@ -235,7 +237,7 @@ class Feed:
         self._engine, self._settings = engine, settings
         # (the engine's refusal and its handler under --on-error skip; None: a refusal raises)
         self._on_refused = on_refused
-        self._next = iter(pending)
+        self._next = read_ahead(pending)    # (text: tokenized on a thread, ahead of the engine)
         self._left = len(pending)
         self.limit = FEED_DEPTH * settings.max_num_seqs
         self.in_flight: dict[str, PreparedRequest] = {}     # added, not finished
@@ -257,6 +259,9 @@ class Feed:
                 self._on_refused[1](request, error)
                 continue
             self.in_flight[request.record.id] = request
+
+    def close(self) -> None:
+        close_reading(self._next)
 
     def unfinished(self) -> int:
         """Requests not finished: those in the engine and those not handed to it yet."""

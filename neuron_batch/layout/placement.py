@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_batch.choices import PlacementMode
+from neuron_batch.inputs.job_requests import job_ids, lengths_of
 
 IN_TURN, SIDE_BY_SIDE, AUTO = (PlacementMode.IN_TURN, PlacementMode.SIDE_BY_SIDE,
                                PlacementMode.AUTO)
@@ -156,8 +157,9 @@ class BoundEstimate:
         """A part's run time (memoised: a cut's parts are weighed under several
         assumptions about compile)."""
         share = part.requests[::max(part.settings.replicas, 1)]
-        key = (part.settings, len(share), share[0].record.id if share else None,
-               share[-1].record.id if share else None)
+        ids = job_ids(share)
+        key = (part.settings, len(share), ids[0] if share else None,
+               ids[-1] if share else None)
         if key not in self._memo:
             self._memo[key] = self._seconds(part)
         return self._memo[key]
@@ -179,20 +181,21 @@ class BoundEstimate:
         mml, slots = settings.max_model_len, settings.max_num_seqs
         shapes = settings.shapes()
         chunk = settings.max_num_batched_tokens if shapes.runtime.chunked_prefill else mml
-        stats = ShareStats.of([r.prompt_len for r in share],
-                              [r.max_tokens for r in share], max_num_batched_tokens=chunk,
+        prompts, outputs = lengths_of(share)      # (a streamed job's: not read again)
+        stats = ShareStats.of(prompts, outputs, max_num_batched_tokens=chunk,
                               max_model_len=mml, block_size=NEURON_BLOCK_SIZE)
         steps = max(decode_steps_bound(stats, max_num_seqs=slots,
                                        num_blocks=slots * -(-mml // NEURON_BLOCK_SIZE) + 1,
                                        block_size=NEURON_BLOCK_SIZE, max_model_len=mml,
                                        kv_reserve=settings.kv_reserve),
-                    max(r.max_tokens for r in share) - 1)
+                    max(outputs) - 1)
         prefill = prefill_seconds(self.model, stats, shapes.prefill_buckets or None)
         if steps <= 0:
             return prefill
         attention = shapes.attention_buckets
         if shapes.runtime.static_kv and attention and stats.decode_tokens:
-            weighted = sum((r.max_tokens - 1) * bucket_for(r.length, attention) for r in share)
+            weighted = sum((o - 1) * bucket_for(p + o, attention)
+                           for p, o in zip(prompts, outputs))
             return prefill + steps * self.model.decode_time(
                 slots, slots * weighted / stats.decode_tokens)
         return prefill + decode_seconds_bound(self.model, stats, steps=steps, max_num_seqs=slots)

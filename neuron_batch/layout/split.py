@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_batch.errors import RunError
+from neuron_batch.inputs.job_requests import lengths_of, over_length, split_by_length
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.layout.optimiser import optimal_buckets
 from neuron_batch.layout.placement import (
@@ -59,7 +60,7 @@ class Part:
 
     name: str                       # SHORT or LONG
     settings: RunSettings
-    requests: list[PreparedRequest]
+    requests: Sequence[PreparedRequest]     # a streamed job's view (nothing held), or a list
 
     def describe(self) -> dict[str, Any]:
         shapes = self.settings.shapes()
@@ -100,8 +101,9 @@ def fitted_count(sizes: Collection[int], count: int, maximum: int) -> int:
 
 def fitted_to(runtime: Runtime, requests: Sequence[PreparedRequest], max_model_len: int):
     """`fitted_buckets` for these requests."""
-    return fitted_buckets(runtime, [r.prompt_len for r in requests],
-                          [r.length for r in requests], max_model_len)
+    prompts, outputs = lengths_of(requests)
+    return fitted_buckets(runtime, prompts, [p + o for p, o in zip(prompts, outputs)],
+                          max_model_len)
 
 
 def cut_candidates(lengths: Sequence[int], slots_at, max_model_len: int, step: int = 128
@@ -139,8 +141,6 @@ def choose_cut(settings: RunSettings, requests: Sequence[PreparedRequest], slots
     if not runtime.static_kv or not requests:
         return None, (f"--split-at auto: no split (the {runtime.name} runtime's paged KV cache "
                       f"does not size its slots by max_model_len)")
-    # (a split's parts are lists: a streamed job is held here, issue 46's split case)
-    requests = list(requests)
     best, best_s, single_s = _best_cut(settings, requests, slots_at, estimate)
     words = (f"--split-at auto: no split: one layout is estimated fastest "
              f"({single_s / 3600:.2f} h with its start-up)" if best is None else
@@ -158,15 +158,16 @@ def choose_cut(settings: RunSettings, requests: Sequence[PreparedRequest], slots
     return best, words
 
 
-def _best_cut(settings: RunSettings, requests: list[PreparedRequest], slots_at, estimate
+def _best_cut(settings: RunSettings, requests: Sequence[PreparedRequest], slots_at, estimate
               ) -> tuple[int | None, float, float]:
     """(best cut or None, its estimated seconds, the single layout's) under `estimate`."""
     from bisect import bisect_right
 
     single = Part(LONG, settings.replace(split_at=None, split_placement=AUTO).validate(),
-                  list(requests))
+                  requests)
     single_s = estimate.seconds(single) + (estimate.compile_of(single) or 0.0)
-    ordered = sorted(r.length for r in requests)
+    prompts, outputs = lengths_of(requests)
+    ordered = sorted(p + o for p, o in zip(prompts, outputs))
 
     def slots(cut: int) -> int:
         return short_layout_slots(settings.replace(split_at=cut), slots_at,
@@ -183,7 +184,7 @@ def _best_cut(settings: RunSettings, requests: list[PreparedRequest], slots_at, 
     return best, best_s, single_s
 
 
-def placement_note(settings: RunSettings, pending: list[PreparedRequest], slots_at, estimate,
+def placement_note(settings: RunSettings, pending: Sequence[PreparedRequest], slots_at, estimate,
                    placement: SplitPlacement) -> str:
     """"" when the parts' placement does not rest on the start-up; else what it would be were
     every layout compiled fresh, or every one compiled before."""
@@ -208,7 +209,7 @@ def _compile_assumption(settings: RunSettings, requests, slots_at, estimate,
     load only (compiled before: --compiled, or the artifacts folder holds them)."""
     if cut is None:
         parts = [Part(LONG, settings.replace(split_at=None, split_placement=AUTO).validate(),
-                      list(requests))]
+                      requests)]
     else:
         parts = plan_parts(settings.replace(split_at=cut), requests, slots_at, estimate)[0]
     states = []
@@ -228,20 +229,19 @@ def resolved_cut(settings: RunSettings) -> int:
     return cut
 
 
-def check_split(settings: RunSettings, requests: list[PreparedRequest]) -> None:
+def check_split(settings: RunSettings, requests: Sequence[PreparedRequest]) -> None:
     """RunError (exit 2, nothing run) for a cut no request fits under, or a request longer than
     every layout (named: a batch job never cuts one short)."""
     if not requests:
         return
     split_at = resolved_cut(settings)
-    shortest = min(r.length for r in requests)
+    shortest = min(p + o for p, o in zip(*lengths_of(requests)))
     if split_at < shortest:
         raise RunError(f"--split-at {split_at:,} is below the shortest request (prompt + "
                        f"max_tokens = {shortest:,} tokens): no request would run in the short "
                        f"layout; choose a cut of at least {shortest:,} (--split-at {shortest})")
     # (a request whose max_tokens the input stage clamped to fit max_model_len is one too)
-    too_long = [r for r in requests if r.max_tokens_clamped
-                or r.length > settings.max_model_len]
+    too_long = list(over_length(requests, settings.max_model_len))
     if too_long:
         # What they ask for, before the input stage clamped max_tokens to fit.
         reach = {r.record.id: r.prompt_len
@@ -270,7 +270,7 @@ def short_layout_slots(settings: RunSettings, slots_at, num_requests: int) -> in
     return max(1, min(int(slots), MAX_SHORT_SLOTS, per_engine))
 
 
-def short_part(settings: RunSettings, requests: list[PreparedRequest], slots_at,
+def short_part(settings: RunSettings, requests: Sequence[PreparedRequest], slots_at,
                engines: int, runtime: Runtime) -> Part:
     """The short layout for `requests` served by `engines` engines (its slots are capped at
     an engine's share), under the run's `runtime`."""
@@ -283,7 +283,7 @@ def short_part(settings: RunSettings, requests: list[PreparedRequest], slots_at,
     return Part(SHORT, short.validate(), requests)
 
 
-def long_part(settings: RunSettings, requests: list[PreparedRequest], engines: int,
+def long_part(settings: RunSettings, requests: Sequence[PreparedRequest], engines: int,
               runtime: Runtime) -> Part:
     """The long layout (--max-model-len, --max-num-seqs) for `requests` on `engines` engines,
     under the run's `runtime`."""
@@ -293,7 +293,7 @@ def long_part(settings: RunSettings, requests: list[PreparedRequest], engines: i
     return Part(LONG, long.validate(), requests)
 
 
-def plan_parts(settings: RunSettings, pending: list[PreparedRequest], slots_at,
+def plan_parts(settings: RunSettings, pending: Sequence[PreparedRequest], slots_at,
                estimate=None, *, runtime: Runtime | None = None
                ) -> tuple[list[Part], SplitPlacement]:
     """The parts of the pending requests, short first, empty parts left out, and where they
@@ -304,8 +304,7 @@ def plan_parts(settings: RunSettings, pending: list[PreparedRequest], slots_at,
     run's (default: the one `settings` decided)."""
     runtime = runtime or settings.resolve_runtime()
     cut = resolved_cut(settings)
-    short = [r for r in pending if r.length <= cut]
-    long = [r for r in pending if r.length > cut]
+    short, long = split_by_length(pending, cut)
     replicas = settings.replicas
     parts = ([short_part(settings, short, slots_at, replicas, runtime)] if short else []) + \
         ([long_part(settings, long, replicas, runtime)] if long else [])

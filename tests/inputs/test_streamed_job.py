@@ -243,3 +243,65 @@ def test_the_job_arrays_hold_offsets_past_4_gib():
     assert list(columns.where) == [100, 5 << 30] and columns.where.itemsize == 8
     assert [columns.id_of(0), columns.id_of(1)] == ["first", "second"]
     assert columns._id_ends.itemsize == 4       # (ids of 11 bytes: still narrow)
+
+
+def test_read_ahead_hands_over_the_job_in_order_tokenized_on_its_own_thread(
+        tiny_model, tmp_path, monkeypatch):
+    """Text read ahead on a thread (what the engine takes): the same requests, in the same
+    order and with the same tokens, as the job walked in the caller's thread; each window's
+    text tokenized before it is handed over (on the reading thread); a token-count job is
+    walked as it is (no thread to share the GIL with)."""
+    import threading
+
+    monkeypatch.setattr(job_requests, "WINDOW", 16)
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(_mixed_lines(200))
+    workload, _ = _workload([path], tiny_model, shuffle=True, seed=2)
+    requests = workload.prepared.requests
+    tokenized_on = set()
+    real = job_requests._Window.tokenize
+
+    def tokenize(window):
+        tokenized_on.add(threading.current_thread().name)
+        real(window)
+
+    monkeypatch.setattr(job_requests._Window, "tokenize", tokenize)
+    ahead = job_requests.read_ahead(requests)
+    assert isinstance(ahead, job_requests.ReadAhead)
+    got = list(ahead)
+    assert tokenized_on == {"neuron-batch-read-ahead"}
+    assert all(r.window is None for r in got)               # (made whole before handed over)
+    assert _rows(got) == _rows(requests)
+    assert next(ahead, None) is None                        # (the end, asked again)
+    ahead.close()
+    trace = tmp_path / "trace.csv"
+    trace.write_text("num_prefill_tokens,num_decode_tokens\n" + "".join(
+        f"{10 + i},{1 + i % 3}\n" for i in range(40)))
+    tokens, _ = _workload([trace], tiny_model)
+    assert not isinstance(job_requests.read_ahead(tokens.prepared.requests),
+                          job_requests.ReadAhead)
+
+
+def test_read_ahead_raises_a_changed_input_where_the_caller_reaches_it(tiny_model, tmp_path,
+                                                                        monkeypatch):
+    """The windows before a changed line are handed over; the change is raised in the
+    caller's thread when it reaches that window; close() ends the thread of a run that stops
+    early."""
+    monkeypatch.setattr(job_requests, "WINDOW", 10)
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"id": f"r{i}", "prompt": f"say {i:03d} words"}) + "\n"
+                            for i in range(60)))
+    workload, _ = _workload([path], tiny_model)
+    _changed(path, 35, json.dumps({"id": "r34", "prompt": "say 999 words"}), same_stamp=True)
+    ahead = job_requests.read_ahead(workload.prepared.requests)
+    got = []
+    with pytest.raises(InputChanged) as caught:
+        for request in ahead:
+            got.append(request.record.id)
+    assert got == [f"r{i}" for i in range(30)]
+    assert f"{path}:35" in str(caught.value)
+    ahead.close()
+    stopped = job_requests.read_ahead(workload.prepared.requests)
+    next(stopped)
+    stopped.close()     # (its thread blocked on a full queue: it ends)
+    assert not stopped._thread.is_alive()
