@@ -27,8 +27,10 @@ records), so no shared filesystem is needed. If
 this actor's process dies, Ray restarts it (a new engine, a new `incarnation`) and retries its
 unfinished batches there.
 
-What travels through Ray Data is one row per batch each way, a single binary column holding the
-batch pickled (`pack`): the requests in (column "requests"), the results out (column "result").
+What travels through Ray Data is one row per batch each way: in, a key (column "batch"), which
+the replica trades for the batch itself at the driver's store (replicas/feed.py: the driver
+makes batches as the replicas drain, so it never holds the job); out, the results pickled
+(`pack`) in one binary column ("result").
 Ray Data's own work per call (building the output block, serializing and deserializing its
 columns) grows with the number of columns: with a column per field, about a third of the
 actor's Python time was Ray Data's (py-spy, whole trace, one replica, engine in-process).
@@ -65,8 +67,9 @@ from neuron_batch.settings import RunSettings
 #: (the report then reads its steps as they reached the folder).
 SHIP_EVERY_S = 5.0
 
-#: The one column of a batch going to a replica, and of its result coming back.
-REQUESTS_COLUMN = "requests"
+#: The one column of a batch going to a replica (its key at the driver's store), and of its
+#: result coming back.
+BATCH_COLUMN = "batch"
 RESULT_COLUMN = "result"
 #: The finish reason of a request vLLM refused when the replica added it (its words in
 #: stop_reason); nothing of it ran.
@@ -81,6 +84,7 @@ class ReplicaSpec:
     device: str                  # "sim", "cpu" or "neuron"
     target: Any = None           # the run's device.target.Target (job.target), None elsewhere
     sampling: Any = None         # what the job asks of the sampler (device_sampling.JobSampling)
+    store: Any = None            # the driver's batches (replicas/feed.py `_Store`, an actor)
 
     @property
     def simulated(self) -> bool:
@@ -154,6 +158,7 @@ class _Batch:
     requests: list[dict]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
+    numbers: list[int | None] = field(default_factory=list)   # the driver's, to free its room
     remaining: set[str] = field(default_factory=set)
     finished: list[Any] = field(default_factory=list)
 
@@ -188,11 +193,14 @@ class ReplicaWorker:
     async def __call__(self, batch):
         if self._error is not None:
             raise RuntimeError(f"the replica's engine failed earlier: {self._error!r}")
-        requests = [request for blob in batch.column(REQUESTS_COLUMN).to_pylist()
-                    for request in unpack(blob)]
+        requests, numbers = [], []
+        for key in batch.column(BATCH_COLUMN).to_pylist():
+            taken = unpack(await self.spec.store.take.remote(key))
+            requests += taken["requests"]
+            numbers.append(taken["number"])
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._inbox.put(_Batch(requests, loop, future))
+        self._inbox.put(_Batch(requests, loop, future, numbers))
         columns = await future
         return {RESULT_COLUMN: [pack(columns)]}
 
@@ -305,6 +313,7 @@ class ReplicaWorker:
             "pid": [self.pid] * n,
             "device": [self.device] * n,
             "ready_at": [self.ready_at] * n,
+            "batches": batch.numbers,
         }
         batch.loop.call_soon_threadsafe(_resolve, batch.future, columns)
 

@@ -1,8 +1,9 @@
 """Generation over N engines on Ray: the driver side of a `--replicas` run.
 
-The pending requests become a Ray Data dataset (`from_items`, one row and one block per batch
-of requests, the batch pickled in one cell: actor.py says why) and flow through
-`map_batches(ReplicaWorker, ...)` with a fixed pool of N actors, one engine each. Each actor
+The pending requests go to the replicas in batches, one Ray Data row and block per batch
+(`from_items` of batch keys, each traded at the driver's store for a batch made as the replicas
+drain: feed.py) and flow through `map_batches(ReplicaWorker, ...)` with a fixed pool of N
+actors, one engine each. Each actor
 takes several batches at once, so its engine is never drained between batches. Ray Data
 restarts an actor whose process dies and retries its unfinished batches there (its defaults:
 `max_restarts=-1`, `max_task_retries=-1`).
@@ -23,6 +24,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,16 +33,12 @@ from neuron_batch.engine.neuron_host import job_sampling_of
 from neuron_batch.engine.sampling_params import request_spec
 from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.inputs.prepare import PreparedRequest
+from neuron_batch.inputs.prompt_records import InputChanged
 from neuron_batch.job.generate import MAX_ERRORS_KEPT, progress_bar, stopped_by
 from neuron_batch.job.job import Job
 from neuron_batch.job.stop import RUNNING, RunSignals, deferring
-from neuron_batch.replicas.actor import (
-    REQUESTS_COLUMN,
-    ReplicaSpec,
-    ReplicaWorker,
-    encode_tokens,
-    pack,
-)
+from neuron_batch.replicas.actor import BATCH_COLUMN, ReplicaSpec, ReplicaWorker, encode_tokens
+from neuron_batch.replicas.feed import ROUNDS_AHEAD, BatchFeed
 from neuron_batch.replicas.results import ResultStream, ResultWriter
 from neuron_batch.report.model import Attempt, Ended
 
@@ -85,14 +83,14 @@ def batching(pending: int, replicas: int, max_num_seqs: int,
     return size, in_flight
 
 
-def generate_replicas(job: Job, pending: list[PreparedRequest], attempt: int) -> dict[str, Any]:
+def generate_replicas(job: Job, pending: Sequence[PreparedRequest], attempt: int) -> dict[str, Any]:
     """Run `pending` through the replicas; returns the attempt's record for attempts.json.
     What Ray itself writes to the driver's terminal (its C++ core's log lines) goes to the run
     folder's engine.log meanwhile, as vLLM's does on one engine."""
     return generate_side_by_side([(job, pending, attempt)])[0]
 
 
-def generate_side_by_side(flows: list[tuple[Job, list[PreparedRequest], int]]
+def generate_side_by_side(flows: list[tuple[Job, Sequence[PreparedRequest], int]]
                           ) -> list[dict[str, Any]]:
     """Several pools of replicas at once on one cluster (a --split-at run's parts side by
     side): each (job, pending, attempt) its own Ray Data pipeline of `job.settings.replicas`
@@ -109,13 +107,13 @@ class _Flow:
 
     job: Job
     attempt: int
-    pending: list[PreparedRequest]
+    feed: BatchFeed
     stream: ResultStream
     writer: ResultWriter
     done: bool = False
 
 
-def _start(job: Job, pending: list[PreparedRequest], attempt: int,
+def _start(job: Job, pending: Sequence[PreparedRequest], attempt: int,
            sim_devices: list[str] | None, first_replica: int, side_by_side: int | None
            ) -> _Flow:
     import ray.data
@@ -124,15 +122,16 @@ def _start(job: Job, pending: list[PreparedRequest], attempt: int,
     settings, placement = job.settings, job.cluster.placement
     size, in_flight = batching(len(pending), settings.replicas, settings.max_num_seqs,
                                simulated=job.simulated)
-    requests = [_request_item(request, settings) for request in pending]
-    items = [{REQUESTS_COLUMN: pack(requests[start:start + size])}
-             for start in range(0, len(requests), size)]
-    dataset = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
+    feed = BatchFeed(pending, size, ROUNDS_AHEAD * settings.replicas * in_flight,
+                     lambda request: _request_item(request, settings))
+    dataset = ray.data.from_items([{BATCH_COLUMN: key} for key in range(feed.batches)],
+                                  override_num_blocks=max(1, feed.batches))
     results = dataset.map_batches(
         ReplicaWorker,
         fn_constructor_kwargs={"spec": ReplicaSpec(
             settings, placement.device, job.target,
-            sampling=job_sampling_of(settings, job.workload.prepared.requests))},
+            sampling=job_sampling_of(settings, job.workload.prepared.requests),
+            store=feed.store)},
         batch_size=1, batch_format="pyarrow",
         compute=ActorPoolStrategy(size=settings.replicas,
                                   max_tasks_in_flight_per_actor=in_flight,
@@ -141,9 +140,8 @@ def _start(job: Job, pending: list[PreparedRequest], attempt: int,
         runtime_env={"env_vars": _worker_env()})
     job.log(f"{settings.replicas} replica(s) on Ray ({placement.describe()} each), batches of "
             f"{size}, {in_flight} in flight per replica")
-    by_id = {request.record.id: request for request in pending}
-    writer = ResultWriter(job, attempt, by_id, sim_devices, first_replica, side_by_side)
-    return _Flow(job, attempt, pending, ResultStream(results).start(), writer)
+    writer = ResultWriter(job, attempt, feed, sim_devices, first_replica, side_by_side)
+    return _Flow(job, attempt, feed, ResultStream(results).start(), writer)
 
 
 def _sim_devices(job: Job, firsts: list[int], total: int) -> list[list[str] | None]:
@@ -160,7 +158,8 @@ def _sim_devices(job: Job, firsts: list[int], total: int) -> list[list[str] | No
     return [labels[first:end] for first, end in zip(firsts, [*firsts[1:], total])]
 
 
-def _generate(flow_specs: list[tuple[Job, list[PreparedRequest], int]]) -> list[dict[str, Any]]:
+def _generate(flow_specs: list[tuple[Job, Sequence[PreparedRequest], int]]
+              ) -> list[dict[str, Any]]:
     job = flow_specs[0][0]
     settings, folder, log, cluster = job.settings, job.folder, job.log, job.cluster
     sizes = [flow_job.settings.replicas for flow_job, _, _ in flow_specs]
@@ -171,11 +170,11 @@ def _generate(flow_specs: list[tuple[Job, list[PreparedRequest], int]]) -> list[
              in zip(flow_specs, _sim_devices(job, firsts, sum(sizes)), firsts)]
     started = time.time()
     deadline = (time.monotonic() + settings.max_runtime) if settings.max_runtime else None
-    bar = progress_bar(settings, sum(len(flow.pending) for flow in flows))
+    bar = progress_bar(settings, sum(flow.feed.total for flow in flows))
     ended = "completed"
     next_node_check = time.monotonic() + NODE_CHECK_S
     lost: str | None = None                  # why the cluster cannot go on
-    failed: BaseException | None = None      # what a replica raised
+    failed: BaseException | None = None      # what a replica raised, or reading the job
 
     def write(flow: _Flow, table) -> None:
         added, _ = flow.writer.write(table, flow.job.log)
@@ -199,7 +198,8 @@ def _generate(flow_specs: list[tuple[Job, list[PreparedRequest], int]]) -> list[
                     if lost is not None:
                         break
                 active = [flow for flow in flows if not flow.done]
-                for flow in active:
+                failed = next((f.feed.error for f in active if f.feed.error is not None), None)
+                for flow in active if failed is None else ():
                     got = flow.stream.get(timeout=0.25 / len(active))
                     if got is None:
                         continue
@@ -225,6 +225,7 @@ def _generate(flow_specs: list[tuple[Job, list[PreparedRequest], int]]) -> list[
         folder.close_outputs()
         for flow in flows:
             flow.stream.stop()
+            flow.feed.stop()
         cluster.shutdown()   # stops the replicas (they belong to this driver's job)
     finished = sum(flow.writer.finished for flow in flows)
     if not stopped_cleanly:
@@ -233,6 +234,9 @@ def _generate(flow_specs: list[tuple[Job, list[PreparedRequest], int]]) -> list[
         raise RunError(f"{lost}; {finished} request(s) finished and are kept in "
                        f"{folder.path}; rerun with --resume when the cluster can hold the "
                        f"replicas (or with fewer --replicas)", EXIT_FAILED)
+    if isinstance(failed, InputChanged):    # (read again as a batch was made: not as checked)
+        raise RunError(f"{failed}; {finished:,} finished output(s) are kept in {folder.path}; "
+                       f"once the input is as it was, rerun with --resume", EXIT_FAILED)
     if failed is not None:
         raise _replica_failure(failed, finished, folder.path)
     return [_outcome(flow, ended, started, stop) for flow in flows]
@@ -245,9 +249,13 @@ def _outcome(flow: _Flow, ended: str, started: float, stop: RunSignals) -> dict[
     if flow.done:
         ended = "completed"
     if ended != "completed":
-        left = len(writer.by_id) - writer.finished - len(writer.errors)
+        left = flow.feed.total - writer.finished - len(writer.errors)
         job.log(f"{'--max-runtime reached' if ended == 'deadline' else 'stopping'}: "
                 f"abandoning {left} unfinished request(s); rerun with --resume")
+    missing = flow.feed.total - writer.finished - len(writer.errors)
+    if flow.done and missing > 0:   # (never so far: every row takes a batch, in the end)
+        job.log(f"warning: {missing:,} request(s) did not come back from the replicas; they "
+                f"are not in outputs.jsonl: rerun with --resume to run them")
     if writer.duplicates:
         job.log(f"{writer.duplicates} request(s) came back twice (a replica restarted) and "
                 f"were written once")

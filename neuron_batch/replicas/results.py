@@ -25,6 +25,7 @@ from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.job.folder import OutputError, RunFolder
 from neuron_batch.job.job import Job
 from neuron_batch.replicas.actor import REFUSED, RESULT_COLUMN, decode_tokens, unpack
+from neuron_batch.replicas.feed import BatchFeed
 from neuron_batch.scheduler.records import RequestRecord, requests_block
 
 #: Seconds to wait for Ray Data's threads after its execution is shut down (they poll every
@@ -106,7 +107,7 @@ def _shutdown_executions() -> None:
 class ResultWriter:
     """Writes what the replicas send back: outputs once each, records per replica process."""
 
-    def __init__(self, job: Job, attempt: int, by_id: dict[str, PreparedRequest],
+    def __init__(self, job: Job, attempt: int, feed: BatchFeed,
                  sim_devices: list[str] | None, first_replica: int = 0,
                  side_by_side: int | None = None):
         self.folder: RunFolder = job.folder
@@ -117,7 +118,10 @@ class ResultWriter:
         # so the report counts them at once even when a killed driver left no attempts line.
         self.side_by_side = side_by_side
         self.attempt = attempt
-        self.by_id = by_id
+        # The requests sent and not written yet, by id (what an output line is written from);
+        # told when a batch is written, so that the next one can be sent.
+        self.feed = feed
+        self.by_id = feed.in_flight
         self.outputs = job.outputs          # (job/outputs.py: outputs, error records, batch)
         self.simulated = job.simulated
         self.sim_devices = sim_devices
@@ -143,7 +147,14 @@ class ResultWriter:
             tokens += batch_tokens
         return added, tokens
 
-    def _write_batch(self, columns: dict[str, list], log) -> tuple[int, int]:
+    def _write_batch(self, columns: dict[str, Any], log) -> tuple[int, int]:
+        try:
+            return self._write_rows(columns, log)
+        finally:    # (written, or raising the run's end: either way its room is free)
+            for number in columns.get("batches", ()):
+                self.feed.written(number)
+
+    def _write_rows(self, columns: dict[str, Any], log) -> tuple[int, int]:
         if not columns["id"]:
             return 0, 0
         handle = self._records_file(columns, 0)
@@ -151,10 +162,11 @@ class ResultWriter:
         kept: list[RequestRecord] = []
         folder = self.folder
         for i, request_id in enumerate(columns["id"]):
-            request = self.by_id.get(request_id)
+            # (written once: it leaves `by_id` then, and comes back only from a retried batch)
+            request = self.by_id.pop(request_id, None)
             if request is None or folder.done.has(request.record.index, request_id) \
                     or request_id in self._failed:
-                self.duplicates += request is not None
+                self.duplicates += 1
                 continue
             if columns["finish_reason"][i] == REFUSED:   # vLLM refused it when added
                 self._failed.add(request_id)

@@ -359,6 +359,8 @@ def _said(settings: RunSettings, report: Report, outcome: dict[str, Any], folder
         code = EXIT_INTERRUPTED
     elif report.requests.skipped or report.requests.failed:
         code = EXIT_PARTIAL
+    elif report.requests.pending:   # (an attempt that ended with some never run: --resume)
+        code = EXIT_INTERRUPTED
     if settings.metrics_textfile:
         from neuron_batch.report.prometheus import prometheus_text, write_text_atomic
 

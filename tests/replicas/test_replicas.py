@@ -161,6 +161,32 @@ def test_sim_replicas_on_two_nodes(cluster, node_ids, tmp_path):
     assert batch["usage"]["output_tokens"] == report["tokens"]["output"]
 
 
+def test_the_driver_holds_only_the_batches_in_flight(cluster, tmp_path, monkeypatch):
+    """The driver makes batches as the replicas drain (replicas/feed.py): the requests it holds
+    (sent to the replicas, not yet written back) never pass two rounds of what every replica
+    runs at once, a third of this job; every request still ends in outputs.jsonl once."""
+    from neuron_batch.replicas import feed
+
+    held, caps = [], []
+    real_send = feed.BatchFeed._send
+
+    def send(self, number, batch):
+        sent = real_send(self, number, batch)
+        held.append(len(self.in_flight))
+        caps.append(self._cap * self._size)
+        return sent
+
+    monkeypatch.setattr(feed.BatchFeed, "_send", send)
+    out = tmp_path / "run"
+    result = invoke(["run", trace_slice(tmp_path / "t.csv", 3000), *SIM, "--ray",
+                     cluster.address, "--replicas", "2", "-q", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    ids = [row["id"] for row in outputs(out)]
+    assert len(ids) == len(set(ids)) == 3000
+    assert len(held) == len(caps) > 100
+    assert max(held) <= caps[0] < 3000 / 2
+
+
 def test_cpu_replicas_with_the_builtin_model(cluster, node_ids, tmp_path):
     out = tmp_path / "run"
     result = invoke(["run", "--device", "cpu", "--max-tokens", "4", "--ray", cluster.address,

@@ -84,3 +84,39 @@ def test_a_finished_requests_record_travels_with_its_own_output(tmp_path):
     recorder.flush()
     tail.read()
     assert sorted(tail.requests) == ["a", "b", "c"]
+
+
+def test_the_drivers_store_gives_a_retried_row_its_batch_and_every_row_one():
+    """The store between the driver and the replicas (feed.py), without a cluster: rows take
+    batches in the order sent, whichever row asks first; a row asked again (Ray Data retrying
+    it on a restarted replica) gets the batch it took, even while the first ask still waits;
+    once every batch has arrived (told by their count: Ray may run the calls out of order), a
+    row with none left gets an empty one; a batch written back is forgotten."""
+    import asyncio
+
+    from neuron_batch.replicas.actor import unpack
+    from neuron_batch.replicas.feed import _Store
+
+    async def scenario():
+        store = _Store()
+        waiting = asyncio.ensure_future(store.take(7))      # asks before anything is sent
+        retried = asyncio.ensure_future(store.take(7))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        await store.put(0, b"first")
+        await store.put(1, b"second")
+        assert await waiting == await retried == b"first"
+        assert await store.take(3) == b"second"
+        assert await store.take(7) == b"first"              # (a retry after it came)
+        await store.written(0)
+        await store.last_sent(3)                            # (the third is still on its way)
+        late = asyncio.ensure_future(store.take(9))
+        await asyncio.sleep(0)
+        assert not late.done()
+        await store.put(2, b"third")
+        assert await late == b"third"
+        ends = [unpack(await store.take(key)) for key in (7, 8)]
+        assert ends == [{"number": None, "requests": []}] * 2
+        assert await store.take(3) == b"second"             # (not written back yet)
+
+    asyncio.run(scenario())
