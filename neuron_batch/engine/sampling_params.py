@@ -30,13 +30,14 @@ def request_spec(request, settings: RunSettings) -> dict[str, Any]:
                          ignore_eos=settings.simulated or settings.ignore_eos)
 
 
-def sim_tokenizer(job, requests) -> str | None:
+def sim_tokenizer(job) -> str | None:
     """The tokenizer the simulated device detokenizes with: the run's (the model's, or the
-    built-in one standing in for it) where a request asks for stop strings, which vLLM matches
-    in the text; None elsewhere (the simulation then skips the text it does not need)."""
+    built-in one standing in for it) where a request of the job asks for stop strings, which
+    vLLM matches in the text; None elsewhere (the simulation then skips the text it does not
+    need)."""
     if not job.simulated or job.workload.tokenizer is None:
         return None
-    if not any(request.record.stop for request in requests):
+    if not job.workload.facts(job.settings).stop_strings:
         return None
     return job.workload.tokenizer.name_or_path
 

@@ -115,6 +115,20 @@ class PromptTokens(Sequence[list[int]]):
             return PromptTokens(self._requests[i])
         return self._requests[i].prompt_token_ids
 
+    def lengths(self) -> Sequence[int]:
+        """Every prompt's length, without making its tokens (a streamed job's from its arrays:
+        nothing read again, no text tokenized)."""
+        from neuron_batch.inputs.job_requests import lengths_of
+
+        return lengths_of(self._requests)[0]
+
+
+def prompt_lengths(prompts: Sequence[Sequence[int]]) -> Sequence[int]:
+    """The lengths of `prompts`: a `PromptTokens`' without making them."""
+    if isinstance(prompts, PromptTokens):
+        return prompts.lengths()
+    return [len(p) for p in prompts]
+
 
 def in_order(requests: Sequence[PreparedRequest], order: str, *,
              block_size: int = DEFAULT_BLOCK, by_length: bool = False

@@ -135,7 +135,6 @@ def _start_engine(job: Job, pending: Sequence[PreparedRequest], attempt: int):
     its arguments built, the model loaded (the graphs compiled or loaded on Neuron); from the
     engine on, a first signal lets the step loop close it."""
     from neuron_batch.engine.engine import Engine, engine_kwargs
-    from neuron_batch.engine.neuron_host import job_sampling_of
 
     settings, folder, log, model = job.settings, job.folder, job.log, job.workload.model
     enter(STARTING)     # (a split's second part starts its engine after the first one ran)
@@ -145,8 +144,8 @@ def _start_engine(job: Job, pending: Sequence[PreparedRequest], attempt: int):
     workdir.mkdir(exist_ok=True)
     kwargs = engine_kwargs(settings, device, model.path, folder.records_path(attempt), workdir,
                            has_tokenizer=model.has_tokenizer and not simulated, target=job.target,
-                           sampling=job_sampling_of(settings, pending),
-                           tokenizer=sim_tokenizer(job, pending), batch_arrival=True)
+                           sampling=job.workload.facts(settings).sampling,
+                           tokenizer=sim_tokenizer(job), batch_arrival=True)
     started = time.time()
     on_neuron = simulated or device == "neuron"
     if on_neuron:

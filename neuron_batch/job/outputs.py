@@ -316,7 +316,8 @@ class RunOutputs:
         settings = job.settings
         batch = BatchFile(job.folder.path, path, total=len(requests) + len(problems),
                           inputs=settings.inputs or ("(built-in prompts)",),
-                          endpoint=_endpoint(r.record for r in requests), model=served_name(job),
+                          endpoint=job.workload.facts(settings).endpoint,
+                          model=served_name(job),
                           max_runtime_s=settings.max_runtime)
         batch.start(done_rows, failed=len(rows))
         return cls(job, batch)
@@ -367,10 +368,5 @@ class RunOutputs:
             self._errors = None
 
 
-def _endpoint(records: Iterable[PromptRecord]) -> str | None:
-    """The OpenAI URL the run's requests were sent to (OpenAI takes one a batch; a file here
-    may mix them: then each, comma-separated), None for other inputs."""
-    urls = {record.openai["url"] for record in records if record.openai is not None}
-    return ",".join(sorted(urls)) or None
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from neuron_batch.engine.sampling_params import request_spec
 from neuron_batch.errors import RunError
+from neuron_batch.job.facts import FactsTally
 from neuron_batch.job.folder import RunFolder, input_fingerprint
 from neuron_batch.settings import DECLARED
 
@@ -49,12 +50,17 @@ _OWN_COLUMNS = ("max_tokens", "temperature", "seed", "stop", "ignore_eos")
 SHOWN = 5           # requests named in a message; the rest are counted
 
 
-def iter_request_rows(requests, settings) -> Iterator[list[Any]]:
+def iter_request_rows(requests, settings, learn=None) -> Iterator[list[Any]]:
     """Each prepared request's row (id + REQUEST_FIELDS), in input order, one at a time (a
-    job's rows are never held: written as they are made, compared as they come)."""
+    job's rows are never held: written as they are made, compared as they come). `learn`: the
+    job's Workload, told what the job asks beyond its tokens (job/facts.py) once every row
+    was made: the pass that reads the job for its rows spares one of their own."""
+    tally = FactsTally() if learn is not None else None
     for request in requests:
         record = request.record
         spec = request_spec(request, settings)
+        if tally is not None:
+            tally.add(request, spec)
         rest = {key: value for key, value in spec.items() if key not in _OWN_COLUMNS}
         if record.sampling and "ignore_eos" in record.sampling:  # (asked, not the run's)
             rest["ignore_eos"] = record.sampling["ignore_eos"]
@@ -62,6 +68,8 @@ def iter_request_rows(requests, settings) -> Iterator[list[Any]]:
                spec["temperature"], spec["seed"],
                _digest(json.dumps(record.stop).encode()) if record.stop else None,
                _digest(json.dumps(rest, sort_keys=True).encode()) if rest else None]
+    if tally is not None:
+        learn.learnt(settings, tally.result())
 
 
 def _prompt_digest(record) -> str:
@@ -277,10 +285,10 @@ def take_folder(job, runtime: str) -> Start:
     settings, folder = job.settings, job.folder
     checked = checked_settings(settings.to_dict(), runtime)
     if not folder.has_previous_run():
-        return Start(iter_request_rows(job.workload.prepared.requests, settings), checked,
-                     fresh=True)
+        return Start(iter_request_rows(job.workload.prepared.requests, settings,
+                                       learn=job.workload), checked, fresh=True)
     def rows() -> Iterator[list[Any]]:
-        return iter_request_rows(job.workload.prepared.requests, settings)
+        return iter_request_rows(job.workload.prepared.requests, settings, learn=job.workload)
 
     changes, content_checked = compare(folder, folder.read_manifest(), rows, settings, runtime)
     # --restart with --resume moves a run aside only when it could not be resumed as is: one

@@ -8,7 +8,7 @@ import json
 import sys
 from array import array
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -29,6 +29,7 @@ from neuron_batch.inputs.request_fields import (
 )
 from neuron_batch.inputs.request_paths import refusals, request_path, stop_refusals
 from neuron_batch.inputs.skipped import name_problems
+from neuron_batch.job.facts import JobFacts, job_facts, sampling_key
 from neuron_batch.job.request_spec import spec_problems
 from neuron_batch.settings import RunSettings
 
@@ -47,6 +48,24 @@ class Workload:
     problems: list[InputProblem]
     input_kind: str
     tokenizer: Any
+    _facts: dict[tuple, JobFacts] = field(default_factory=dict, repr=False)
+    #: The whole job's prefix bound by KV block size, where prefix caching's auto decision
+    #: counted it (a pass over every prompt's tokens): the report's, when every request
+    #: finished (run/folder_report.py).
+    prefix_bounds: dict[int, Any] = field(default_factory=dict, repr=False)
+
+    def facts(self, settings: RunSettings) -> JobFacts:
+        """What the whole job asks beyond its tokens (job/facts.py), learnt in one pass the
+        first time it is asked under these settings: an attempt that runs part of the job
+        (a resume, a split's part) sets its engine up as the whole job needs."""
+        key = sampling_key(settings)
+        if key not in self._facts:
+            self._facts[key] = job_facts(settings, self.prepared.requests)
+        return self._facts[key]
+
+    def learnt(self, settings: RunSettings, facts: JobFacts) -> None:
+        """What a pass over the whole job for something else learnt of it (job/facts.py)."""
+        self._facts.setdefault(sampling_key(settings), facts)
 
     def prompt_lengths(self) -> list[int]:
         requests = self.prepared.requests

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from neuron_batch.choices import prefix_caching_word
+from neuron_batch.inputs.prepare import prompt_lengths
 from neuron_batch.inputs.shared_prefix import shared_prefix_tokens
 from neuron_batch.layout.step_estimate import Estimate, block_chains, cache_hits, estimate
 from neuron_batch.settings import RunSettings
@@ -82,14 +83,17 @@ def platform_off(runtime) -> PrefixDecision:
 
 def decide(settings: RunSettings, prompts: Sequence[Sequence[int]], output_lens: Sequence[int],
            *, block: int, targets: tuple[Any, Any] | None = None,
-           compiled: tuple[bool, bool] = (False, False), neuron: bool = False
-           ) -> PrefixDecision:
+           compiled: tuple[bool, bool] = (False, False), neuron: bool = False,
+           bound: int | None = None) -> PrefixDecision:
     """Auto's decision for `prompts` (token ids, in submission order) and their output
     lengths, on `targets` = (the device without caching, with it) (device/target.py Target;
     None: no step model), whose graphs are `compiled` already (without, with). `neuron`: a
-    Neuron host (without a step model the cache is weighed by UNMODELLED_SHARE)."""
-    prompt_tokens = sum(len(p) for p in prompts)
-    bound = shared_prefix_tokens(prompts, block)
+    Neuron host (without a step model the cache is weighed by UNMODELLED_SHARE). `bound`: the
+    prompts' `shared_prefix_tokens`, where the caller counted it already (a pass over every
+    prompt's tokens)."""
+    prompt_tokens = sum(prompt_lengths(prompts))    # (a streamed job's: from its arrays)
+    if bound is None:
+        bound = shared_prefix_tokens(prompts, block)
     figures: dict[str, Any] = {"prompt_tokens": prompt_tokens, "bound_tokens": bound,
                                "block_size": block}
     if bound == 0:
@@ -131,7 +135,7 @@ def weigh(settings: RunSettings, prompts: Sequence[Sequence[int]], output_lens: 
           ) -> dict[str, Any]:
     """The step model's figures for the job with caching off and on (seconds: one engine's
     share of the steps when `settings.replicas` engines serve it, plus the start-up)."""
-    lens = [len(p) for p in prompts]
+    lens = prompt_lengths(prompts)
     out: dict[str, Any] = {}
     engines = max(settings.replicas, 1)
     chains = block_chains(prompts, block)

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_batch.engine.engine_log import ENGINE_LOG, engine_output_to
-from neuron_batch.engine.neuron_host import job_sampling_of
 from neuron_batch.engine.sampling_params import request_spec
 from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.inputs.prepare import PreparedRequest
@@ -130,7 +129,7 @@ def _start(job: Job, pending: Sequence[PreparedRequest], attempt: int,
         ReplicaWorker,
         fn_constructor_kwargs={"spec": ReplicaSpec(
             settings, placement.device, job.target,
-            sampling=job_sampling_of(settings, job.workload.prepared.requests),
+            sampling=job.workload.facts(settings).sampling,
             store=feed.store)},
         batch_size=1, batch_format="pyarrow",
         compute=ActorPoolStrategy(size=settings.replicas,

@@ -21,6 +21,7 @@ from neuron_batch.runtimes.prefix_grid import grid_size
 if TYPE_CHECKING:
     from neuron_batch.inputs.prepare import Prepared
     from neuron_batch.job.done import DoneRequests
+    from neuron_batch.job.workload import Workload
     from neuron_batch.settings import RunSettings
 
 
@@ -39,7 +40,7 @@ def build_report(job: Job) -> Report:
     done_ids = done_ids_of(folder, prepared) if has_replicas(layout) else set()
     report = Report.new(_figures(job, layout, _run_config(job, as_read.openai), done_ids))
     _tokens_from_outputs(report, folder)
-    _add_prefix_bound(report, prepared, folder.done, settings)
+    _add_prefix_bound(report, job.workload, folder.done, settings)
     report.prefix_caching = (job.prefix_caching.to_dict() if job.prefix_caching is not None
                              else (folder.read_manifest() or {}).get("prefix_caching"))
     _count_requests(report, job, as_read)
@@ -198,11 +199,13 @@ def done_ids_of(folder: RunFolder, prepared: Prepared) -> set[str]:
     return folder.done.ids_in(ids_by_index(prepared.requests))
 
 
-def _add_prefix_bound(report: Report, prepared: Prepared, done: DoneRequests,
+def _add_prefix_bound(report: Report, workload: Workload, done: DoneRequests,
                       settings: RunSettings) -> None:
     """`prefix_cache.bound_tokens`: what an unbounded cache could serve the completed requests'
     prompts, in whole blocks of the run's KV block (report/prefix_cache.py), and
-    `bound_error_tokens` where a job past inputs/prefix_bound.py's exact count estimated it."""
+    `bound_error_tokens` where a job past inputs/prefix_bound.py's exact count estimated it.
+    Every request completed: the bound auto's decision counted of the whole job, where it did
+    (the bound does not depend on the order), else counted here."""
     from neuron_batch.engine.engine import run_block_size
     from neuron_batch.inputs.prefix_bound import prefix_bound
     from neuron_batch.inputs.prepare import PromptTokens
@@ -211,9 +214,11 @@ def _add_prefix_bound(report: Report, prepared: Prepared, done: DoneRequests,
         return
     # (the engine's, as it reported it; the one the run decided with where it did not)
     block = or_none(report.config.block_size) or run_block_size(settings, None)
-    prompts = PromptTokens(done_of(prepared.requests, done))
-    # (streamed: one prompt at a time, and past its exact count in fixed memory)
-    bound = prefix_bound(prompts, block)
+    completed = done_of(workload.prepared.requests, done)
+    bound = workload.prefix_bounds.get(block)
+    if bound is None or len(completed) != len(workload.prepared.requests):
+        # (streamed: one prompt at a time, and past its exact count in fixed memory)
+        bound = prefix_bound(PromptTokens(completed), block)
     report.prefix_cache.with_bound(bound.tokens(), bound.error_tokens())
 
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from neuron_batch.choices import prefix_caching_word
+from neuron_batch.inputs.job_requests import lengths_of
 from neuron_batch.inputs.prepare import PromptTokens
 from neuron_batch.job.folder import RunFolder
 from neuron_batch.job.job import resolve_target
@@ -46,7 +47,8 @@ def settle(settings: RunSettings, workload: Workload, target: Target | None,
     runtime = (settings.resolve_runtime() if settings.simulated or runs_on_neuron(settings)
                else None)
     decision = (platform_off(runtime) if runtime is not None and not runtime.prefix_caching
-                else auto_decision(settings, in_order(), model_path))
+                else auto_decision(settings, in_order(), model_path,
+                                   bounds=workload.prefix_bounds))
     kept = _first_decision(settings)
     if kept is not None:
         if kept.enable != decision.enable:
@@ -61,9 +63,13 @@ def settle(settings: RunSettings, workload: Workload, target: Target | None,
     return settled, target, decision
 
 
-def auto_decision(settings: RunSettings, requests, model_path: str | None) -> PrefixDecision:
-    """Auto's decision for `requests` (in submission order) on the run's device."""
+def auto_decision(settings: RunSettings, requests, model_path: str | None, *,
+                  bounds: dict[int, Any] | None = None) -> PrefixDecision:
+    """Auto's decision for `requests` (in submission order: the whole job) on the run's
+    device. `bounds`: where the prefix bound it counts is kept, by block size (the report
+    reuses it: Workload.prefix_bounds)."""
     from neuron_batch.engine.neuron_host import runs_on_neuron
+    from neuron_batch.inputs.prefix_bound import prefix_bound
     from neuron_batch.job.startup import layout_compiled
 
     started = time.perf_counter()
@@ -79,15 +85,19 @@ def auto_decision(settings: RunSettings, requests, model_path: str | None) -> Pr
         layout_compiled(settings.replace(prefix_caching=True), on, model_path, requests)
         if on is not None else False)
     known = targets is not None
-    prompts, outputs = PromptTokens(requests), [r.max_tokens for r in requests]
+    # (a streamed job's lengths from its arrays: only the bound reads every prompt's tokens)
+    prompts, outputs = PromptTokens(requests), lengths_of(requests)[1]
+    bound = prefix_bound(prompts, block)
+    if bounds is not None:
+        bounds[block] = bound
     decision = decide(settings, prompts, outputs, block=block,
                       targets=targets, compiled=compiled,
-                      neuron=runs_on_neuron(settings))
+                      neuron=runs_on_neuron(settings), bound=bound.tokens())
     if known and compiled[0] != compiled[1]:
         # One layout's graphs are compiled (an earlier night's decision): that start-up is a
         # load, which holds the decision; say when tonight's input alone would go the other way.
         alone = decide(settings, prompts, outputs, block=block, targets=targets,
-                       compiled=(True, True))
+                       compiled=(True, True), bound=bound.tokens())
         if alone.enable != decision.enable:
             decision = replace(decision, reason=(
                 f"{decision.reason}; kept {prefix_caching_word(decision.enable)} because its "

@@ -139,27 +139,42 @@ class JobSampling:
 
 def job_sampling(all_params: Iterable) -> JobSampling:
     """Count what every request's SamplingParams ask (one pass)."""
-    num = constrained = n_sampled = logprob = prompt_logprob = embed = tools = 0
-    host_only: set[str] = set()
-    device: set[tuple] = set()
+    tally = SamplingTally()
     for params in all_params:
+        tally.add(params)
+    return tally.result()
+
+
+class SamplingTally:
+    """`job_sampling` a request at a time (for a pass over the job that does more besides)."""
+
+    def __init__(self) -> None:
+        self.num = self.constrained = self.n_sampled = self.logprob = 0
+        self.prompt_logprob = self.embed = self.tools = 0
+        self.host_only: set[str] = set()
+        self.device: set[tuple] = set()
+
+    def add(self, params) -> None:
+        self.num += 1
         if getattr(params, "embed", None) is not None:   # pooled, not sampled
-            num += 1
-            embed += 1
-            continue
+            self.embed += 1
+            return
         asks = sampler_asks(params)
-        num += 1
-        tools += getattr(params, "tools", None) is not None
-        constrained += asks.constrained
-        n_sampled += asks.n > 1
-        logprob += asks.logprobs
-        prompt_logprob += asks.prompt_logprobs
-        host_only.update(asks.host_only)
-        device.add(asks.device_params)
-    return JobSampling(num, constrained, n_sampled, logprob, prompt_logprob,
-                       tuple(name for name, _ in HOST_ONLY_DEFAULTS if name in host_only),
-                       mixed=len(device) > 1, embed_requests=embed,
-                       tool_requests=tools)
+        self.tools += getattr(params, "tools", None) is not None
+        self.constrained += asks.constrained
+        self.n_sampled += asks.n > 1
+        self.logprob += asks.logprobs
+        self.prompt_logprob += asks.prompt_logprobs
+        self.host_only.update(asks.host_only)
+        self.device.add(asks.device_params)
+
+    def result(self) -> JobSampling:
+        return JobSampling(self.num, self.constrained, self.n_sampled, self.logprob,
+                           self.prompt_logprob,
+                           tuple(name for name, _ in HOST_ONLY_DEFAULTS
+                                 if name in self.host_only),
+                           mixed=len(self.device) > 1, embed_requests=self.embed,
+                           tool_requests=self.tools)
 
 
 @dataclass(frozen=True)

@@ -305,3 +305,54 @@ def test_read_ahead_raises_a_changed_input_where_the_caller_reaches_it(tiny_mode
     next(stopped)
     stopped.close()     # (its thread blocked on a full queue: it ends)
     assert not stopped._thread.is_alive()
+
+
+@pytest.mark.parametrize("caching", ["auto", "off"])
+def test_a_run_reads_its_job_once_per_need_after_the_check(tiny_model, tmp_path, monkeypatch,
+                                                           caching):
+    """After the check, a fresh run reads its job again only where it must: for the request
+    rows (a pass that also learns what the job asks beyond its tokens: job/facts.py), as the
+    engine takes it, for the verdict's sample, for the report's prefix bound (under auto
+    prefix caching counted once, for the decision, and reused) and under auto, the prompts
+    sharing blocks, for the step model's weighing of the cache. What the sampler is asked, the OpenAI endpoint, the
+    prompt and output lengths and the report's bound each read every line again (minutes each
+    at 10M lines; text tokenized again each time). What the rows' pass learnt is what a pass
+    of its own finds; the report's bound is what a count of its own finds."""
+    from neuron_batch.inputs.prefix_bound import prefix_bound
+    from neuron_batch.inputs.prepare import PromptTokens
+    from neuron_batch.job.facts import job_facts
+    from neuron_batch.job.workload import Workload
+
+    lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
+              "body": {"model": "m", "prompt": "a shared system prompt " * 8 + f"say {i}",
+                       "max_tokens": 2, **({"stop": ["x"]} if i == 3 else {}),
+                       **({"logprobs": 1} if i % 5 == 0 else {})}} for i in range(40)]
+    path = tmp_path / "batch.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    read = []
+    real_read = job_requests.JobRequests._read
+    monkeypatch.setattr(job_requests.JobRequests, "_read",
+                        lambda self, positions: read.extend(positions) or real_read(
+                            self, positions))
+    learnt = []
+    real_learnt = Workload.learnt
+    monkeypatch.setattr(Workload, "learnt", lambda self, settings, facts: learnt.append(
+        (self, settings, facts)) or real_learnt(self, settings, facts))
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["run", str(path), "--model", tiny_model, "--device",
+                                       "sim", "--prefix-caching", caching, "-q", "-o",
+                                       str(out)])
+    assert result.exit_code == 0, result.output
+    passes = 5 if caching == "auto" else 4
+    assert sorted(read) == sorted(list(range(40)) * passes)
+    [(workload, settings, facts)] = learnt
+    read.clear()
+    assert facts == job_facts(settings, workload.prepared.requests)
+    assert facts.endpoint == "/v1/completions" and facts.stop_strings
+    assert facts.sampling.logprob_requests == 8 and facts.sampling.num_requests == 40
+    assert json.loads((out / "batch.json").read_text())["endpoint"] == "/v1/completions"
+    report = json.loads((out / "report.json").read_text())
+    if caching == "auto":
+        counted = prefix_bound(PromptTokens(workload.prepared.requests),
+                               report["config"]["block_size"]).tokens()
+        assert report["prefix_cache"]["bound_tokens"] == counted > 0

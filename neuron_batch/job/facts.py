@@ -1,0 +1,59 @@
+"""What a job asks beyond its tokens, learnt in a pass over its requests and kept: what it
+asks of the sampler (the engine's and the plugin's settings follow from it), the OpenAI
+endpoint its lines name (batch.json), whether any request has stop strings (the simulated
+device then detokenizes). Each was a pass of its own over the job, reading every line again
+(at 10M requests, a minute or more each before the first step); a run learns them in the pass
+that writes (or compares) its requests' rows (job/resume_check.py), anything else in one pass
+of their own (`job_facts`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_batch.engine.sampling_params import request_spec, spec_asks
+from neuron_batch.runtimes.sampling import JobSampling, SamplingTally
+from neuron_batch.settings import RunSettings
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    sampling: JobSampling
+    endpoint: str | None        # OpenAI's url (several: comma-separated); None other inputs
+    stop_strings: bool          # some request has stop strings
+
+
+class FactsTally:
+    """`JobFacts` a request at a time, from each request and its spec (request_spec)."""
+
+    def __init__(self) -> None:
+        self._sampling = SamplingTally()
+        self._urls: set[str] = set()
+        self._stops = False
+
+    def add(self, request, spec: dict[str, Any]) -> None:
+        record = request.record
+        if record.openai is not None:
+            self._urls.add(record.openai["url"])
+        self._stops = self._stops or bool(record.stop)
+        self._sampling.add(spec_asks(spec))
+
+    def result(self) -> JobFacts:
+        return JobFacts(self._sampling.result(), ",".join(sorted(self._urls)) or None,
+                        self._stops)
+
+
+def job_facts(settings: RunSettings, requests: Iterable) -> JobFacts:
+    """`JobFacts` of these prepared requests, in one pass (each request's spec as the engine
+    gets it under `settings`)."""
+    tally = FactsTally()
+    for request in requests:
+        tally.add(request, request_spec(request, settings))
+    return tally.result()
+
+
+def sampling_key(settings: RunSettings) -> tuple:
+    """The settings a request's spec depends on (request_spec): facts learnt under one
+    serve any settings with the same key (a sweep's configurations, a split's parts)."""
+    return (settings.temperature, settings.seed, settings.simulated, settings.ignore_eos)
