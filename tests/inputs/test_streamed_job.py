@@ -314,10 +314,11 @@ def test_a_run_reads_its_job_once_per_need_after_the_check(tiny_model, tmp_path,
     rows (a pass that also learns what the job asks beyond its tokens: job/facts.py), as the
     engine takes it, for the verdict's sample, for the report's prefix bound (under auto
     prefix caching counted once, for the decision, and reused) and under auto, the prompts
-    sharing blocks, for the step model's weighing of the cache. What the sampler is asked, the OpenAI endpoint, the
-    prompt and output lengths and the report's bound each read every line again (minutes each
-    at 10M lines; text tokenized again each time). What the rows' pass learnt is what a pass
-    of its own finds; the report's bound is what a count of its own finds."""
+    sharing blocks, for the step model's weighing of the cache. What the sampler is asked,
+    the OpenAI endpoint, the prompt and output lengths and the report's bound each read every
+    line again (minutes each at 10M lines; text tokenized again each time). What the rows'
+    pass learnt is what a pass of its own finds; the report's bound is what a count of its own
+    finds."""
     from neuron_batch.inputs.prefix_bound import prefix_bound
     from neuron_batch.inputs.prepare import PromptTokens
     from neuron_batch.job.facts import job_facts
