@@ -22,6 +22,7 @@ and times the run. It prints, against the run at `--base` requests (10k by defau
     .venv/bin/python scripts/bench_scale.py --tokenize 4000   # text: one at a time vs batches
     .venv/bin/python scripts/bench_scale.py --phases 100000   # RSS after each phase of one run
     .venv/bin/python scripts/bench_scale.py --inputs 10000,100000,1000000 --kinds tokens,text
+    .venv/bin/python scripts/bench_scale.py --startup 200000 --kinds tokens,text
 
 One run of each size: the ratios are between sizes of one invocation on one machine (the
 sizes differ by 10x, so noise of a few per cent does not hide a trend).
@@ -211,6 +212,10 @@ def main() -> None:
                              "its own, the check before the run (job/workload.py) and one "
                              "pass over the job as the engine takes it, their times and the "
                              "process's peak RSS, against the first size")
+    parser.add_argument("--startup", type=int, default=None, metavar="N",
+                        help="only time a run of N requests (per --kinds) from its start to "
+                             "its first step, against the check before the run in the same "
+                             "process (the passes over the job between them), medians of 3")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--json", default=None, help="write the figures here too")
     args = parser.parse_args()
@@ -220,6 +225,10 @@ def main() -> None:
         return inputs_check([int(n) for n in args.inputs.split(",")], args.kinds.split(","),
                             Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-")),
                             args.text_cap)
+    if args.startup:
+        return startup_check(args.startup, args.kinds.split(","),
+                             Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-")),
+                             args.text_cap)
     if args.phases:
         workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-"))
         workdir.mkdir(parents=True, exist_ok=True)
@@ -396,6 +405,62 @@ def inputs_check(sizes: list[int], kinds: list[str], workdir: Path, text_cap: in
             print(f"{kind:<7}{size:>10,}{check:>14.1f}{one_pass:>13.1f}{got['peak_gib']:>10.3f}"
                   f"{got['peak_gib'] / first[0]:>8.3f}{check / first[1]:>9.3f}"
                   f"{one_pass / first[2]:>8.3f}", flush=True)
+
+
+_STARTUP = """
+import json, os, sys, time
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+import neuron_batch.job.generate as generate
+import neuron_batch.job.workload as workload
+from neuron_batch.cli import main
+times = {"started": time.perf_counter()}
+load = workload.load_workload
+def timed_load(*args, **kwargs):
+    begun = time.perf_counter()
+    try:
+        return load(*args, **kwargs)
+    finally:
+        times["check"] = time.perf_counter() - begun
+workload.load_workload = timed_load
+class FirstStep(Exception):
+    pass
+def first_step(*args, **kwargs):
+    times["first_step"] = time.perf_counter() - times["started"]
+    raise FirstStep
+generate._step_loop = first_step
+try:
+    main(sys.argv[1:])
+except BaseException:
+    pass
+print(json.dumps(times))
+"""
+
+
+def startup_check(size: int, kinds: list[str], workdir: Path, text_cap: int) -> None:
+    """A run's start (issue 46, 48): per kind, seconds from the command's start to the first
+    step, the check's share of it, and what is left between them (the passes over the job
+    after the check: the request rows, auto prefix caching's bound, the engine's start), as
+    ratios to the check; medians of 3 fresh runs."""
+    import statistics
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    print(f"{'kind':<7}{'requests':>10}{'to step s':>11}{'check s':>9}{'rest s':>8}"
+          f"{'rest / check':>14}{'us/req':>8}", flush=True)
+    for kind in kinds:
+        job = write_job(kind, size, workdir, text_cap)
+        runs = []
+        for attempt in range(3):
+            argv = command(job, workdir / f"startup-{kind}-{attempt}")[3:]
+            argv[argv.index("--prefix-caching") + 1] = "auto"     # (the default)
+            got = subprocess.run([sys.executable, "-c", _STARTUP, *argv], env=env,
+                                 capture_output=True, text=True, cwd=ROOT)
+            runs.append(json.loads(got.stdout.strip().splitlines()[-1]))
+        to_step = statistics.median(r["first_step"] for r in runs)
+        check = statistics.median(r["check"] for r in runs)
+        print(f"{kind:<7}{size:>10,}{to_step:>11.1f}{check:>9.1f}{to_step - check:>8.1f}"
+              f"{(to_step - check) / check:>14.2f}{1e6 * to_step / size:>8.1f}", flush=True)
+        job.unlink()
 
 
 def lines_estimate(path: Path) -> int:

@@ -263,7 +263,7 @@ def run_sweep(spec: SweepSpec, sweep_dir: Path, *, log: Callable[[str], None]) -
         log(sentence)
     seqs_values, kv_values = fits.seqs_values, fits.kv_values
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    lengths = workload.prompt_lengths()
+    lengths = list(workload.prompt_lengths())     # (written into the sweep's data file)
     variants = prefix_variants(base, spec.caching_values, spec.order_values)
     jobs = spec.workers
     meta = _sweep_meta(spec, workload, fits, variants, lengths)

@@ -172,8 +172,9 @@ class JobRequests(Sequence[PreparedRequest]):
         it is asked for (a list of 10M ids would take ~700 MB)."""
         return _IdsByIndex(self.columns, self.positions)
 
-    def prompt_lengths(self) -> list[int]:
-        return [self.columns.prompt_len[p] for p in self.positions]
+    def prompt_lengths(self) -> Sequence[int]:
+        """Every prompt's length, from the arrays (4 bytes each)."""
+        return array("i", (self.columns.prompt_len[p] for p in self.positions))
 
     def where(self, keep: Callable[[int], bool]) -> JobRequests:
         """The requests whose position (in `columns`) `keep` keeps, in this order."""

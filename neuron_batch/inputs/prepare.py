@@ -118,9 +118,10 @@ class PromptTokens(Sequence[list[int]]):
     def lengths(self) -> Sequence[int]:
         """Every prompt's length, without making its tokens (a streamed job's from its arrays:
         nothing read again, no text tokenized)."""
-        from neuron_batch.inputs.job_requests import lengths_of
-
-        return lengths_of(self._requests)[0]
+        streamed = getattr(self._requests, "prompt_lengths", None)     # (a JobRequests)
+        if streamed is not None:
+            return streamed()
+        return [r.prompt_len for r in self._requests]
 
 
 def prompt_lengths(prompts: Sequence[Sequence[int]]) -> Sequence[int]:

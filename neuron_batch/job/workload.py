@@ -67,7 +67,7 @@ class Workload:
         """What a pass over the whole job for something else learnt of it (job/facts.py)."""
         self._facts.setdefault(sampling_key(settings), facts)
 
-    def prompt_lengths(self) -> list[int]:
+    def prompt_lengths(self) -> Sequence[int]:
         requests = self.prepared.requests
         if isinstance(requests, JobRequests):
             return requests.prompt_lengths()    # (from its arrays: nothing read again)
