@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from array import array
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from neuron_batch.choices import KvReserve
@@ -155,55 +156,89 @@ def fifo_starts(decode_steps: Sequence[int], max_num_seqs: int) -> list[int]:
     """Each request's first decode step when the requests are admitted in this order into
     max_num_seqs slots, each as soon as a slot frees (the earliest any in-order admission
     can start it; module docstring)."""
+    return list(iter_fifo_starts(decode_steps, max_num_seqs))
+
+
+def iter_fifo_starts(decode_steps: Iterable[int], max_num_seqs: int) -> Iterator[int]:
+    """`fifo_starts` a request at a time (nondecreasing: each takes the slot that frees
+    first), holding only the slots."""
     free = [0] * max(max_num_seqs, 1)
-    starts = []
     for steps in decode_steps:
         start = free[0]
         heapq.heapreplace(free, start + steps)
-        starts.append(start)
-    return starts
+        yield start
 
 
 class FifoSchedule:
     """Requests in their submission order admitted first come, first served into
     `max_num_seqs` slots (`fifo_starts`): its length in decode steps and, for a static KV
     cache, the stretches its time is summed over. What it holds depends on the requests and
-    the slots only, so a plan computes it once for every placement that serves them."""
+    the slots only, so a plan computes it once for every placement that serves them.
+
+    It keeps the caller's two sequences, not copies, and walks them again for each use: a
+    job of millions of requests costs it the slots, not lists of every start (the stretches
+    of up to CACHED_UP_TO requests are kept, 16 bytes each, for a plan that asks again)."""
+
+    CACHED_UP_TO = 1 << 18
 
     def __init__(self, prompt_lens: Sequence[int], output_lens: Sequence[int],
                  max_num_seqs: int):
         self.max_num_seqs = max_num_seqs
-        self._prompts = list(prompt_lens)
-        self._steps_of = [max(o - 1, 0) for o in output_lens]
-        self._starts = fifo_starts(self._steps_of, max_num_seqs)
-        self.length = max((s + d for s, d in zip(self._starts, self._steps_of)), default=0)
-        self._stretches: list[tuple[int, int]] | None = None
+        self._prompts, self._outputs = prompt_lens, output_lens
+        self.length = max((s + d for s, d in zip(iter_fifo_starts(self._steps(), max_num_seqs),
+                                                  self._steps())), default=0)
+        self._stretches: tuple[array, array] | None = None
 
-    def stretches(self) -> list[tuple[int, int]]:
+    def _steps(self) -> Iterator[int]:
+        return (max(o - 1, 0) for o in self._outputs)
+
+    def stretches(self) -> Iterator[tuple[int, int]]:
         """(first, count) for each stretch between two starts or finishes with a request
         running: its set of running requests is fixed, so the longest position + 1 is
         `first` at its first step and grows by one a step, for `count` steps (the request
-        with the largest prompt + 1 - start). Computed on first use."""
+        with the largest prompt + 1 - start)."""
         if self._stretches is not None:
-            return self._stretches
-        starts, steps_of, prompts = self._starts, self._steps_of, self._prompts
-        ends = sorted(s + d for s, d in zip(starts, steps_of) if d)
-        times = sorted(set(starts) | set(ends))
-        running: list[tuple[int, int]] = []      # (-(prompt + 1 - start), end): a max-heap
-        out: list[tuple[int, int]] = []
-        j, n = 0, len(starts)
-        for at, until in zip(times, times[1:]):
-            while j < n and starts[j] <= at:
-                if steps_of[j]:
-                    heapq.heappush(running, (-(prompts[j] + 1 - starts[j]),
-                                             starts[j] + steps_of[j]))
-                j += 1
-            while running and running[0][1] <= at:
-                heapq.heappop(running)
-            if running:
-                out.append((at - running[0][0], until - at))
-        self._stretches = out
-        return out
+            return zip(*self._stretches)
+        if len(self._outputs) > self.CACHED_UP_TO:
+            return self._walk()
+        firsts, counts = array("q"), array("q")
+        for first, count in self._walk():
+            firsts.append(first)
+            counts.append(count)
+        self._stretches = (firsts, counts)
+        return zip(firsts, counts)
+
+    def _walk(self) -> Iterator[tuple[int, int]]:
+        """The stretches in one pass: the times where the running set changes are the starts
+        (nondecreasing) merged with the ends of the requests started (a heap of at most the
+        slots), so nothing is held per request."""
+        slots = max(self.max_num_seqs, 1)
+        requests = zip(iter_fifo_starts(self._steps(), slots), self._steps(), self._prompts)
+        waiting = next(requests, None)       # the next request to start
+        ends: list[int] = []                 # started requests' ends (min-heap)
+        running: list[tuple[int, int]] = []  # (-(prompt + 1 - start), end): a max-heap
+        at: int | None = None
+        while waiting is not None or ends:
+            # the next time anything starts or ends
+            after = min(waiting[0] if waiting is not None else math.inf,
+                        ends[0] if ends else math.inf)
+            if at is not None:
+                while running and running[0][1] <= at:
+                    heapq.heappop(running)
+                if running:
+                    yield at - running[0][0], int(after) - at
+            at = int(after)
+            while waiting is not None and waiting[0] <= at:
+                start, steps, prompt = waiting
+                if steps:
+                    heapq.heappush(running, (-(prompt + 1 - start), start + steps))
+                    heapq.heappush(ends, start + steps)
+                waiting = next(requests, None)
+            while ends and ends[0] <= at:
+                heapq.heappop(ends)
+            if len(running) > 4 * slots:    # (ended entries wait for the top: drop them)
+                running = [entry for entry in running if entry[1] > at]
+                heapq.heapify(running)
 
     def bound(self, model, *, attention_buckets: Sequence[int] | None, static_kv: bool
               ) -> tuple[int, float]:
@@ -224,7 +259,7 @@ def ordered_decode_bound(model, prompt_lens: Sequence[int], output_lens: Sequenc
         model, attention_buckets=attention_buckets, static_kv=static_kv)
 
 
-def _static_decode_seconds(model, stretches: Sequence[tuple[int, int]], slots: int,
+def _static_decode_seconds(model, stretches: Iterable[tuple[int, int]], slots: int,
                            buckets: Sequence[int] | None) -> float:
     """The decode time of a FIFO schedule's `stretches` (`FifoSchedule.stretches`) under a
     static KV cache: each costs the steps in each bucket it crosses (buckets None: by

@@ -28,7 +28,7 @@ from typing import Any
 from neuron_batch.choices import prefix_caching_word
 from neuron_batch.inputs.prepare import prompt_lengths
 from neuron_batch.inputs.shared_prefix import shared_prefix_tokens
-from neuron_batch.layout.step_estimate import Estimate, block_chains, cache_hits, estimate
+from neuron_batch.layout.step_estimate import Estimate, cache_hits, estimate, iter_block_chains
 from neuron_batch.settings import RunSettings
 
 #: Estimates closer than this share of the steps' time (without caching) are level: the cache
@@ -138,7 +138,9 @@ def weigh(settings: RunSettings, prompts: Sequence[Sequence[int]], output_lens: 
     lens = prompt_lengths(prompts)
     out: dict[str, Any] = {}
     engines = max(settings.replicas, 1)
-    chains = block_chains(prompts, block)
+    # (made as the caching case's hits walk them: no prompt's chain is held, only the cache's
+    # blocks, at most the target's pool)
+    chains = iter_block_chains(prompts, block)
     for caching, target, ready in zip((False, True), targets, compiled):
         shapes = settings.replace(prefix_caching=caching).shapes(target.runtime)
         hits = (cache_hits(lens, chains, block, capacity=target.pool_blocks)

@@ -21,8 +21,9 @@ or one decode, so the run is the sum of its prefill steps and its decode steps.
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from neuron_batch.layout.bounds import FifoSchedule
@@ -47,23 +48,27 @@ class Estimate:
 def block_chains(prompts: Sequence[Sequence[int]], block: int) -> list[list[int]]:
     """Per prompt, the hash chain of its whole `block`-token blocks (block i's hash covers
     blocks 0..i, as vLLM's block hashes do): equal hashes are equal prefixes."""
-    chains = []
+    return list(iter_block_chains(prompts, block))
+
+
+def iter_block_chains(prompts: Iterable[Sequence[int]], block: int) -> Iterator[list[int]]:
+    """`block_chains` a prompt at a time: a pass that uses each chain once (`cache_hits` in
+    submission order) holds none of them."""
     for ids in prompts:
         chain, digest = [], 0
         for start in range(0, len(ids) - len(ids) % block, block):
             digest = hash((digest, tuple(ids[start:start + block])))
             chain.append(digest)
-        chains.append(chain)
-    return chains
+        yield chain
 
 
-def cache_hits(prompt_lens: Sequence[int], chains: Sequence[Sequence[int]], block: int,
-               capacity: int | None = None) -> list[int]:
+def cache_hits(prompt_lens: Sequence[int], chains: Iterable[Sequence[int]], block: int,
+               capacity: int | None = None) -> Sequence[int]:
     """Per request in submission order, the prompt tokens vLLM's prefix cache serves it:
     its leading whole blocks already computed and still held (`capacity` blocks, least
     recently used evicted; None: unbounded), at most prompt - 1 tokens."""
     held: OrderedDict[int, None] = OrderedDict()
-    out = []
+    out = array("i")        # (4 bytes a request: a 10M-request job's hits are 40 MB)
     for length, chain in zip(prompt_lens, chains):
         usable = max(length - 1, 0) // block
         hit = 0
@@ -141,7 +146,7 @@ def decode_seconds(model, shapes, prompt_lens: Sequence[int],
 def estimate(model, shapes, prompt_lens: Sequence[int], output_lens: Sequence[int],
              hits: Sequence[int] | None = None, chunk: int | None = None) -> Estimate:
     """The job's steps on `model` under `shapes` (hits None: no prefix cache)."""
-    hits = hits if hits is not None else [0] * len(prompt_lens)
+    hits = hits if hits is not None else array("i", [0]) * len(prompt_lens)
     decode, gather, doubled = decode_seconds(model, shapes, prompt_lens, output_lens)
     return Estimate(prefill_seconds(model, shapes, prompt_lens, hits, chunk), decode, gather,
                     doubled, sum(hits))

@@ -5,6 +5,9 @@ the simulated device itself is in tests/run/test_prefix_auto.py."""
 from __future__ import annotations
 
 import random
+import tracemalloc
+from array import array
+from collections.abc import Sequence
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -150,3 +153,43 @@ def test_hits_are_whole_blocks_an_earlier_prompt_computed(prompts, block, capaci
     assert sum(hits) <= shared_prefix_tokens(prompts, block)
     if capacity is not None:
         assert sum(hits) <= sum(cache_hits(lens, block_chains(prompts, block), block, None))
+
+
+class _Made(Sequence):
+    """`n` prompts made when read (a streamed job's view): a shared 64-token head and a tail
+    shorter than a block, so the cache only ever holds the head's two blocks."""
+
+    def __init__(self, n: int):
+        self.n, self.head = n, own(1, 2 * BLOCK, seed=99)[0]
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return self.head + [1 + i % 30000] * 20
+
+
+def test_weighing_holds_no_prompt_s_block_chain():
+    """Auto's weighing of a long job keeps a few bytes a prompt (its lengths and hits as
+    arrays), not each prompt's chain of block hashes: the peak of 20,000 prompts less that of
+    2,000 stays under 40 bytes a prompt more (the chains held cost ~140)."""
+    s = sim_settings()
+    tgts = targets(s)
+
+    def peak(n: int) -> int:
+        prompts, outs = _Made(n), array("i", [16]) * n
+        tracemalloc.start()
+        try:
+            decision = decide(s, prompts, outs, block=BLOCK, targets=tgts,
+                              bound=2 * BLOCK * (n - 1))
+            assert decision.figures["hit_tokens"] == 2 * BLOCK * (n - 1)
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    small, large = peak(2_000), peak(20_000)
+    assert (large - small) / 18_000 < 40, (small, large)

@@ -17,6 +17,7 @@ from neuron_batch.device.hardware import get_instance
 from neuron_batch.device.target import Target
 from neuron_batch.inputs.shared_prefix import prefix_order
 from neuron_batch.layout.bounds import (
+    FifoSchedule,
     ShareStats,
     fifo_starts,
     ordered_decode_bound,
@@ -73,6 +74,38 @@ def test_the_static_kv_decode_time_is_the_replayed_schedule(pairs, slots):
     want_steps, want_seconds = replay(prompts, outputs, slots, buckets)
     assert steps == want_steps
     assert seconds == pytest.approx(want_seconds, rel=1e-9)
+
+
+def replayed_positions(prompts, outputs, slots):
+    """The longest position + 1 of each decode step of the replayed schedule."""
+    waiting, running, out = list(zip(prompts, outputs)), [], []
+    while waiting or running:
+        while waiting and len(running) < slots:
+            prompt, output = waiting.pop(0)
+            if output > 1:
+                running.append([prompt + 1, output - 1])
+        if running:
+            out.append(max(position for position, _ in running))
+            running = [[position + 1, left - 1] for position, left in running if left > 1]
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 50), st.integers(1, 30)), min_size=0, max_size=80),
+       st.integers(1, 5), st.booleans())
+def test_the_stretches_walked_or_kept_are_the_replayed_steps(pairs, slots, kept):
+    """Each stretch (first, count) is `count` steps at first, first + 1, ...: laid end to end
+    they are the replay's steps, whether walked again for a long job (nothing held per
+    request) or kept for a short one."""
+    prompts, outputs = [p for p, _ in pairs], [o for _, o in pairs]
+    schedule = FifoSchedule(prompts, outputs, slots)
+    if not kept:
+        schedule.CACHED_UP_TO = -1
+    want = replayed_positions(prompts, outputs, slots)
+    for _ in range(2):      # (a second use reads what the first kept, or walks again)
+        got = [first + i for first, count in schedule.stretches() for i in range(count)]
+        assert got == want
+    assert schedule.length == len(want)
 
 
 @settings(max_examples=60, deadline=None)
