@@ -37,11 +37,30 @@ class FactsTally:
         if record.openai is not None:
             self._urls.add(record.openai["url"])
         self._stops = self._stops or bool(record.stop)
-        self._sampling.add(spec_asks(spec))
+        key = _asks_key(spec)
+        if key is None:
+            self._sampling.add(spec_asks(spec))
+        else:
+            self._sampling.add_keyed(key, lambda: spec_asks(spec))
 
     def result(self) -> JobFacts:
         return JobFacts(self._sampling.result(), ",".join(sorted(self._urls)) or None,
                         self._stops)
+
+
+#: Spec keys each request has its own value of, which no sampler reads (sampler_asks).
+_PER_REQUEST = frozenset({"max_tokens", "seed"})
+
+
+def _asks_key(spec: dict[str, Any]) -> tuple | None:
+    """The rest of the spec as a key, or None where a value is not hashable (stop strings,
+    a grammar, logit_bias: such a request is read on its own)."""
+    key = tuple(item for item in spec.items() if item[0] not in _PER_REQUEST)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def job_facts(settings: RunSettings, requests: Iterable) -> JobFacts:
