@@ -23,6 +23,8 @@ and times the run. It prints, against the run at `--base` requests (10k by defau
     .venv/bin/python scripts/bench_scale.py --phases 100000   # RSS after each phase of one run
     .venv/bin/python scripts/bench_scale.py --inputs 10000,100000,1000000 --kinds tokens,text
     .venv/bin/python scripts/bench_scale.py --startup 200000 --kinds tokens,text
+    .venv/bin/python scripts/bench_scale.py --weigh 100000,1000000   # auto's weighing
+    .venv/bin/python scripts/bench_scale.py --rows 200000     # the request rows' pass
 
 One run of each size: the ratios are between sizes of one invocation on one machine (the
 sizes differ by 10x, so noise of a few per cent does not hide a trend).
@@ -191,6 +193,7 @@ def lines(path: Path) -> int:
 
 
 def main() -> None:
+    global MAX_OUTPUT
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1000,10000,100000,1000000")
     parser.add_argument("--base", type=int, default=10_000, help="the size ratios are against")
@@ -216,15 +219,32 @@ def main() -> None:
                         help="only time a run of N requests (per --kinds) from its start to "
                              "its first step, against the check before the run in the same "
                              "process (the passes over the job between them), medians of 3")
+    parser.add_argument("--max-output", type=int, default=MAX_OUTPUT,
+                        help="output tokens a request at most (the 10M run in "
+                             "docs/measurements.md used 8: at 64 it takes ~5 h here)")
+    parser.add_argument("--weigh", default=None, metavar="N,N",
+                        help="only auto prefix caching's decision (layout/prefix_decision.py) "
+                             "on N prompts sharing a 64-token head, made as they are read, "
+                             "each size in a process of its own: its time and the memory it "
+                             "adds, a prompt, against the first size")
+    parser.add_argument("--rows", type=int, default=None, metavar="N",
+                        help="only the pass that makes a run's request rows "
+                             "(job/resume_check.py) over N token-count requests, against the "
+                             "check before it, in one process, medians of 3")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--json", default=None, help="write the figures here too")
     args = parser.parse_args()
+    MAX_OUTPUT = args.max_output
     if args.tokenize:
         return tokenize_check(args.tokenize, args.text_cap)
     if args.inputs:
         return inputs_check([int(n) for n in args.inputs.split(",")], args.kinds.split(","),
                             Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-")),
                             args.text_cap)
+    if args.weigh:
+        return weigh_check([int(n) for n in args.weigh.split(",")])
+    if args.rows:
+        return rows_check(args.rows, Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-")))
     if args.startup:
         return startup_check(args.startup, args.kinds.split(","),
                              Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-")),
@@ -461,6 +481,89 @@ def startup_check(size: int, kinds: list[str], workdir: Path, text_cap: int) -> 
         print(f"{kind:<7}{size:>10,}{to_step:>11.1f}{check:>9.1f}{to_step - check:>8.1f}"
               f"{(to_step - check) / check:>14.2f}{1e6 * to_step / size:>8.1f}", flush=True)
         job.unlink()
+
+
+_WEIGH = """
+import json, resource, sys, time
+from array import array
+from collections.abc import Sequence
+from neuron_batch.device.hardware import get_instance
+from neuron_batch.device.target import Target
+from neuron_batch.layout.prefix_decision import decide
+from neuron_batch.settings import RunSettings
+n, block = int(sys.argv[1]), 32
+s = RunSettings.of(inputs=("x",), device="sim", max_model_len=4096, max_num_seqs=8,
+                   instance="inf2.48xlarge", architecture="llama-3.1-8b").validate()
+targets = tuple(Target.resolve(instance=get_instance(s.instance), arch="llama-3.1-8b",
+                               runtime=s.resolve_runtime(), max_model_len=4096, max_num_seqs=8,
+                               prefix_caching=caching) for caching in (False, True))
+lengths = array("i", (84 + i % 200 for i in range(n)))
+class Made(Sequence):       # a streamed job: prompts made as they are read, lengths an array
+    head = list(range(1, 2 * block + 1))
+    def __len__(self):
+        return n
+    def __getitem__(self, i):
+        if not 0 <= i < n:
+            raise IndexError(i)
+        return self.head + [1 + i % 30000] * (lengths[i] - 2 * block)
+    def prompt_lengths(self):
+        return lengths
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+begun = time.perf_counter()
+decide(s, Made(), array("i", [16]) * n, block=block, targets=targets,
+       bound=2 * block * (n - 1))
+print(json.dumps({"s": time.perf_counter() - begun,
+                  "added": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024}))
+"""
+
+
+def weigh_check(sizes: list[int]) -> None:
+    """Auto prefix caching's decision on `sizes` prompts (issue 46: it held every prompt's
+    block hashes): per size, in a fresh process, its seconds and the peak memory it adds, a
+    prompt, as ratios to the first size."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    print(f"{'prompts':>10}{'s':>8}{'us/prompt':>11}{'x':>7}{'MiB added':>11}{'B/prompt':>10}",
+          flush=True)
+    base = None
+    for size in sizes:
+        got = subprocess.run([sys.executable, "-c", _WEIGH, str(size)], env=env, check=True,
+                             capture_output=True, text=True, cwd=ROOT)
+        run = json.loads(got.stdout.strip().splitlines()[-1])
+        per = 1e6 * run["s"] / size
+        base = base or per
+        print(f"{size:>10,}{run['s']:>8.1f}{per:>11.2f}{per / base:>7.2f}"
+              f"{run['added'] / 2**20:>11.1f}{run['added'] / size:>10.1f}", flush=True)
+
+
+def rows_check(size: int, workdir: Path) -> None:
+    """The pass that makes a fresh run's request rows (and learns what the job asks of the
+    sampler) over `size` token-count requests, against the check before it in the same
+    process: medians of 3, microseconds a request."""
+    import statistics
+
+    sys.path.insert(0, str(ROOT))
+    from neuron_batch.job.resume_check import iter_request_rows
+    from neuron_batch.job.workload import load_workload
+    from neuron_batch.settings import RunSettings
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    job = write_job("tokens", size, workdir, 0)
+    settings = RunSettings.of(inputs=(str(job),), device="sim", instance="inf2.8xlarge",
+                              architecture="llama-3.1-8b", max_model_len=MAX_MODEL_LEN,
+                              prefix_caching=False).validate()
+    checks, rows = [], []
+    for _ in range(3):
+        begun = time.perf_counter()
+        workload = load_workload(settings, lambda message: None)
+        checks.append(time.perf_counter() - begun)
+        begun = time.perf_counter()
+        count = sum(1 for _ in iter_request_rows(workload.prepared.requests, settings,
+                                                  learn=workload))
+        rows.append(time.perf_counter() - begun)
+    check, row = statistics.median(checks), statistics.median(rows)
+    print(f"{count:,} requests: check {check:.2f} s ({1e6 * check / size:.1f} us a request), "
+          f"rows {row:.2f} s ({1e6 * row / size:.1f} us), rows / check {row / check:.2f}")
+    job.unlink()
 
 
 def lines_estimate(path: Path) -> int:
