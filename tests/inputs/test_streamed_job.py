@@ -6,13 +6,16 @@ input or the line; and a real run stopped so finishes on --resume."""
 import json
 import os
 import tracemalloc
+from array import array
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 
 from neuron_batch.cli import main
 from neuron_batch.inputs import job_requests
-from neuron_batch.inputs.load import load_prompts
+from neuron_batch.inputs.load import InputScan, load_prompts
 from neuron_batch.inputs.prepare import in_order, prepare_requests
 from neuron_batch.inputs.prompt_records import InputChanged
 from neuron_batch.job.workload import load_workload
@@ -357,3 +360,11 @@ def test_a_run_reads_its_job_once_per_need_after_the_check(tiny_model, tmp_path,
         counted = prefix_bound(PromptTokens(workload.prepared.requests),
                                report["config"]["block_size"]).tokens()
         assert report["prefix_cache"]["bound_tokens"] == counted > 0
+
+
+@given(st.lists(st.integers(-2**63, 2**63 - 1), max_size=40))
+def test_the_hashes_say_duplicates_exactly_when_two_are_equal(hashes):
+    """The check's duplicate test over its id hashes (sorted where they lie, no copy)."""
+    scan = InputScan([os.devnull], exact_ids=False)
+    scan.id_hashes = array("q", hashes)
+    assert scan.has_duplicates() == (len(set(hashes)) < len(hashes))
