@@ -158,7 +158,7 @@ class SamplingTally:
         self.prompt_logprob = self.embed = self.tools = 0
         self.host_only: set[str] = set()
         self.device: set[tuple] = set()
-        self._read_for: dict[Hashable, tuple[bool, bool, SamplerAsks | None]] = {}
+        self._read_for: dict[Hashable, tuple[bool, SamplerAsks | None]] = {}
 
     def add(self, params) -> None:
         self._count(*self._read(params))
@@ -175,14 +175,16 @@ class SamplingTally:
         self._count(*read)
 
     @staticmethod
-    def _read(params) -> tuple[bool, bool, SamplerAsks | None]:
-        if getattr(params, "embed", None) is not None:   # pooled, not sampled
-            return True, False, None
-        return False, getattr(params, "tools", None) is not None, sampler_asks(params)
+    def _read(params) -> tuple[bool, SamplerAsks | None]:
+        """(whether it names tools, what it asks of the sampler; None: an embedding request,
+        pooled, not sampled)."""
+        if getattr(params, "embed", None) is not None:
+            return False, None
+        return getattr(params, "tools", None) is not None, sampler_asks(params)
 
-    def _count(self, embed: bool, tools: bool, asks: SamplerAsks | None) -> None:
+    def _count(self, tools: bool, asks: SamplerAsks | None) -> None:
         self.num += 1
-        if embed or asks is None:
+        if asks is None:
             self.embed += 1
             return
         self.tools += tools
