@@ -24,7 +24,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,12 +168,7 @@ def _generate(flow_specs: list[tuple[Job, Sequence[PreparedRequest], int]]
              for (flow_job, pending, attempt), devices, first
              in zip(flow_specs, _sim_devices(job, firsts, sum(sizes)), firsts)]
     started = time.time()
-    deadline = (time.monotonic() + settings.max_runtime) if settings.max_runtime else None
     bar = progress_bar(settings, sum(flow.feed.total for flow in flows))
-    ended = "completed"
-    next_node_check = time.monotonic() + NODE_CHECK_S
-    lost: str | None = None                  # why the cluster cannot go on
-    failed: BaseException | None = None      # what a replica raised, or reading the job
 
     def write(flow: _Flow, table) -> None:
         added, _ = flow.writer.write(table, flow.job.log)
@@ -185,31 +180,7 @@ def _generate(flow_specs: list[tuple[Job, Sequence[PreparedRequest], int]]
 
     try:
         with deferring(RUNNING) as stop:
-            while failed is None and not all(flow.done for flow in flows):
-                if deadline is not None and time.monotonic() >= deadline:
-                    stop.reason = stop.reason or "deadline"
-                if stop.reason is not None:
-                    ended = stop.reason
-                    break
-                if time.monotonic() >= next_node_check:
-                    next_node_check = time.monotonic() + NODE_CHECK_S
-                    lost = cluster.lost_node_message()
-                    if lost is not None:
-                        break
-                active = [flow for flow in flows if not flow.done]
-                failed = next((f.feed.error for f in active if f.feed.error is not None), None)
-                for flow in active if failed is None else ():
-                    got = flow.stream.get(timeout=0.25 / len(active))
-                    if got is None:
-                        continue
-                    kind, value = got
-                    if kind == "done":
-                        flow.done = True
-                    elif kind == "error":
-                        failed = value
-                        break
-                    else:
-                        write(flow, value)
+            ended, lost, failed = _drain(flows, settings, cluster, stop, write)
         # Stopping early: what already came back is kept. Ray Data's threads end before Ray
         # shuts down (results.py says why).
         stopped_cleanly = all([flow.stream.stop() for flow in flows])
@@ -239,6 +210,42 @@ def _generate(flow_specs: list[tuple[Job, Sequence[PreparedRequest], int]]
     if failed is not None:
         raise _replica_failure(failed, finished, folder.path)
     return [_outcome(flow, ended, started, stop) for flow in flows]
+
+
+def _drain(flows: list[_Flow], settings, cluster, stop: RunSignals,
+           write: Callable[[_Flow, Any], None]
+           ) -> tuple[str, str | None, BaseException | None]:
+    """Write each flow's results as they come back until every flow is done or the run must
+    end: (how it ended, why the cluster cannot go on or None, what a replica or reading the
+    job raised or None)."""
+    deadline = (time.monotonic() + settings.max_runtime) if settings.max_runtime else None
+    next_node_check = time.monotonic() + NODE_CHECK_S
+    failed: BaseException | None = None
+    while failed is None and not all(flow.done for flow in flows):
+        if deadline is not None and time.monotonic() >= deadline:
+            stop.reason = stop.reason or "deadline"
+        if stop.reason is not None:
+            return stop.reason, None, None
+        if time.monotonic() >= next_node_check:
+            next_node_check = time.monotonic() + NODE_CHECK_S
+            lost = cluster.lost_node_message()
+            if lost is not None:
+                return "completed", lost, None
+        active = [flow for flow in flows if not flow.done]
+        failed = next((f.feed.error for f in active if f.feed.error is not None), None)
+        for flow in active if failed is None else ():
+            got = flow.stream.get(timeout=0.25 / len(active))
+            if got is None:
+                continue
+            kind, value = got
+            if kind == "done":
+                flow.done = True
+            elif kind == "error":
+                failed = value
+                break
+            else:
+                write(flow, value)
+    return "completed", None, failed
 
 
 def _outcome(flow: _Flow, ended: str, started: float, stop: RunSignals) -> dict[str, Any]:
