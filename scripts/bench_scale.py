@@ -208,8 +208,9 @@ def main() -> None:
                              "batches (inputs/prepare.py), medians of 3, and stop")
     parser.add_argument("--phases", type=int, default=None, metavar="N",
                         help="only run one token-count job of N requests in this process and "
-                             "print its RSS (and peak) once the inputs are prepared, once the "
-                             "engine ran and once the report is built")
+                             "print its RSS (and peak) and seconds since its start once the "
+                             "inputs are prepared, once the engine ran and once the report is "
+                             "built (the report and verdict's cost: the last minus the second)")
     parser.add_argument("--inputs", default=None, metavar="N,N",
                         help="only the input half: per size (and --kinds), in a process of "
                              "its own, the check before the run (job/workload.py) and one "
@@ -367,10 +368,13 @@ def phases(job: Path, workdir: Path) -> None:
     import neuron_batch.run.folder_report as folder_report
     from neuron_batch.cli import main as cli
 
+    started = time.perf_counter()
+
     def said(phase: str) -> None:
         rss = tree_rss(os.getpid()) / 2**30
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-        print(f"{phase:<28} RSS {rss:.3f} GiB, peak {peak:.3f} GiB", flush=True)
+        print(f"{phase:<28} RSS {rss:.3f} GiB, peak {peak:.3f} GiB, at "
+              f"{time.perf_counter() - started:.1f} s", flush=True)
 
     def hooked(function, before: str | None, after: str):
         def call(*args, **kwargs):

@@ -19,7 +19,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast, overload
 
-from neuron_batch.inputs.prepare import TEXT_BATCH, PreparedRequest, synthetic_tokens
+from neuron_batch.inputs.prepare import (
+    TEXT_BATCH,
+    PreparedRequest,
+    SyntheticTokens,
+    synthetic_tokens,
+)
 from neuron_batch.inputs.prompt_records import InputChanged, InputProblem, InputReader, PromptRecord
 from neuron_batch.inputs.request_paths import asked_in, asks
 
@@ -58,6 +63,10 @@ class JobColumns:
         # and n where a request asks for more than one sample
         self.asks = bytearray()
         self.samples: dict[int, int] = {}
+        # records whose prompt is not a token count's own synthetic tokens (text, token ids,
+        # Mooncake block ids, a named prefix): none, and the job's prompts share nothing
+        # whatever their number (`own_prompts`), which the prefix bound need not walk
+        self.not_own = 0
         self._id_bytes = bytearray()
         self._id_ends = array("I")
         # made by the caller: what numbering gives a record read again (its default id and
@@ -98,6 +107,7 @@ class JobColumns:
                                | (_LOGPROBS if logprobs else 0))
         if n > 1:
             self.samples[position] = n
+        self.not_own += not request.own_prompt
 
     def __len__(self) -> int:
         return len(self.src)
@@ -175,6 +185,14 @@ class JobRequests(Sequence[PreparedRequest]):
     def prompt_lengths(self) -> Sequence[int]:
         """Every prompt's length, from the arrays (4 bytes each)."""
         return array("i", (self.columns.prompt_len[p] for p in self.positions))
+
+    def own_prompts(self) -> tuple[SyntheticTokens, int] | None:
+        """(their maker, the highest request index) where every prompt is its own synthetic
+        tokens (`PreparedRequest.own_prompt`), from the arrays; None where one is not."""
+        columns = self.columns
+        if columns.not_own or not len(self.positions):
+            return None
+        return synthetic_tokens(columns.vocab_size), max(columns.index)
 
     def where(self, keep: Callable[[int], bool]) -> JobRequests:
         """The requests whose position (in `columns`) `keep` keeps, in this order."""

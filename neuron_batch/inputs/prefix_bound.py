@@ -186,8 +186,13 @@ class PrefixBound:
 
 def prefix_bound(prompts: Sequence[Sequence[int]], block: int,
                  exact_limit: int = PrefixBound.EXACT_LIMIT) -> PrefixBound:
-    """The bound of `prompts`, each read once as they iterate."""
+    """The bound of `prompts`, each read once as they iterate; none read where they say they
+    share nothing (inputs/prepare.py `PromptTokens.share_nothing`: a token-count trace's own
+    synthetic prompts), whose bound is 0, exactly, at any size."""
     bound = PrefixBound(block, exact_limit)
+    share_nothing = getattr(prompts, "share_nothing", None)
+    if share_nothing is not None and share_nothing(block):
+        return bound
     for ids in prompts:
         bound.add(ids)
     return bound

@@ -67,6 +67,14 @@ class PreparedRequest:
         return self.synthetic.for_record(self.record)
 
     @property
+    def own_prompt(self) -> bool:
+        """A token count's prompt of its own tokens only (no Mooncake block ids, no named
+        prefix): it shares a block with no other such prompt (SyntheticTokens.make)."""
+        record = self.record
+        return (self.token_ids is None and record.prompt_len is not None
+                and record.hash_ids is None and record.prefix_id is None)
+
+    @property
     def length(self) -> int:
         """What the request can reach: its prompt plus every token it may generate."""
         return self.prompt_len + self.max_tokens
@@ -122,6 +130,24 @@ class PromptTokens(Sequence[list[int]]):
         if streamed is not None:
             return streamed()
         return [r.prompt_len for r in self._requests]
+
+
+    def share_nothing(self, block: int) -> bool:
+        """True where no whole block of `block` tokens of one prompt can be another's: every
+        prompt a token count's own synthetic tokens (`PreparedRequest.own_prompt`) and their
+        pool's windows distinct (`SyntheticTokens.own_blocks_distinct`). Learnt without
+        making a prompt (a streamed job's from its arrays): a 10M-line token-count trace's
+        prefix bound is 0 without the walk that took minutes."""
+        streamed = getattr(self._requests, "own_prompts", None)    # (a JobRequests)
+        if streamed is not None:
+            own = streamed()
+        else:
+            requests = self._requests
+            makers = {r.synthetic for r in requests}
+            maker = makers.pop() if len(makers) == 1 else None
+            own = (None if maker is None or not all(r.own_prompt for r in requests)
+                   else (maker, max(r.record.index for r in requests)))
+        return own is not None and own[0].own_blocks_distinct(block, own[1])
 
 
 def prompt_lengths(prompts: Sequence[Sequence[int]]) -> Sequence[int]:
@@ -185,6 +211,7 @@ class SyntheticTokens:
         self._digits = 1
         while self._base ** self._digits <= _MAX_NAME:
             self._digits += 1
+        self._distinct: dict[tuple[int, int], bool] = {}
 
     def make(self, index: int, length: int) -> list[int]:
         """Request `index`'s own tokens: a pool window at an offset of its own. The offsets
@@ -224,6 +251,38 @@ class SyntheticTokens:
             return self.with_prefix(record.prefix_id, record.prefix_len, record.index,
                                     record.prompt_len)
         return self.make(record.index, record.prompt_len)
+
+    def own_blocks_distinct(self, block: int, last_index: int) -> bool:
+        """Whether the own tokens (`make`) of requests 0..`last_index` never begin with the same
+        `block` tokens: then no whole KV block of one such prompt is ever another's, and a
+        job of only such prompts shares nothing (its prefix bound is 0, exactly). Checked on
+        the pool itself, not assumed: a lap's prompts are the pool's windows at distinct
+        offsets (7919 is odd: a bijection modulo the pool's size) after the lap's head, so it
+        takes (1) windows that never repeat and (2) no lap-0 window that spells a later lap's
+        head. False, conservatively, where either fails or the block is too short to tell."""
+        key = (block, last_index // _POOL_SIZE)
+        if key not in self._distinct:
+            self._distinct[key] = self._own_distinct(block, key[1] + 1)
+        return self._distinct[key]
+
+    def _own_distinct(self, block: int, laps: int) -> bool:
+        head = 1 + self._digits
+        if laps > 1 and block <= head:
+            return False    # (a lap's prompts all begin with its head)
+        width = min(block - head if laps > 1 else block, 8)     # (distinct at 8: at any more)
+        if width < 1:
+            return False
+        pool = self._pool
+        if len({tuple(pool[o:o + width]) for o in range(_POOL_SIZE)}) < _POOL_SIZE:
+            return False
+        lap_token = _FIRST_ORDINARY_TOKEN + _LAP_NAMESPACE
+        for o in range(_POOL_SIZE if laps > 1 else 0):
+            if pool[o] == lap_token:
+                digits = [t - _FIRST_ORDINARY_TOKEN for t in pool[o + 1:o + head]]
+                name = sum(d * self._base ** i for i, d in enumerate(digits))
+                if 1 <= name < laps:
+                    return False    # (a lap-0 prompt that begins with a later lap's head)
+        return True
 
     def _head(self, namespace: int, name: int) -> list[int]:
         head = [_FIRST_ORDINARY_TOKEN + namespace]

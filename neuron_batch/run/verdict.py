@@ -152,11 +152,16 @@ def weighed_sample(requests: Sequence[PreparedRequest], block: int, most: int = 
     their first KV block (a prompt shorter than a block is a group of its own), picked by the
     group's hash, 1 in round(n / most), so the sample keeps the prefix sharing the cache
     would find; where one group is most of the job (a system prompt every request shares),
-    every k-th request instead, which keeps the lengths but not that group's sharing."""
+    every k-th request instead, which keeps the lengths but not that group's sharing. Prompts
+    that share nothing (`PromptTokens.share_nothing`: a token-count trace's) are each a group
+    of their own: every k-th, none read but those."""
     n = len(requests)
     if n <= most:
         return list(requests), 1.0
     every = max(round(n / most), 2)
+    if PromptTokens(requests).share_nothing(block):
+        picked = list(requests[::every])
+        return picked, n / len(picked)
     picked = [r for i, r in enumerate(requests)
               if hash(tuple(r.prompt_token_ids[:block]) if len(r.prompt_token_ids) >= block
                       else i) % every == 0]

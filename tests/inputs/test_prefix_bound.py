@@ -105,3 +105,64 @@ def test_the_summary_says_an_estimated_bound_with_its_error():
     section.with_bound(400_000, error_tokens=3_000)
     assert "bound 40.0% +/- 0.3%" in (summary_words(section) or "")
     assert section.to_dict()["bound_error_tokens"] == 3_000
+
+
+# Prompts that share nothing by construction (a token-count trace's own synthetic tokens)
+
+
+def _own(indices, lengths, vocab=32_000, named=None):
+    from neuron_batch.inputs.prepare import prepare_requests
+    from neuron_batch.inputs.prompt_records import PromptRecord
+
+    records = [PromptRecord(i, f"r{i}", f"t:{i}", prompt_len=n, **(named or {}).get(i, {}))
+               for i, n in zip(indices, lengths)]
+    return prepare_requests(records, tokenizer=None, tokenizer_name=None, vocab_size=vocab,
+                            max_model_len=1 << 20, default_max_tokens=1).requests
+
+
+@settings(deadline=None, max_examples=30)
+@given(st.lists(st.integers(0, 3 * (1 << 16)), min_size=2, max_size=60, unique=True),
+       st.sampled_from([16, 32]), st.sampled_from([32_000, 1_000, 128_256]))
+def test_prompts_said_to_share_nothing_share_no_block(indices, block, vocab):
+    """Where `share_nothing` says so, walking the prompts finds no shared block (the bound it
+    skips is 0), across laps of the pool too; it learns that without making a prompt."""
+    from neuron_batch.inputs.prepare import PromptTokens
+
+    # (laps' first requests and their neighbours: where heads and offsets meet)
+    indices = sorted(set(indices) | {0, 1, 1 << 16, (1 << 16) + 1})
+    requests = _own(indices, [block + (i % 3) * 7 for i in indices], vocab)
+    prompts = PromptTokens(requests)
+    assert prompts.share_nothing(block)
+    assert prefix_bound([list(p) for p in prompts], block).tokens() == 0
+    assert by_sets([list(p) for p in prompts], block) == 0
+
+
+def test_share_nothing_is_false_for_what_can_share():
+    """Text or token ids, Mooncake block ids, a named prefix: the walk decides, not this."""
+    from neuron_batch.inputs.prepare import PromptTokens, synthetic_tokens
+
+    assert PromptTokens(_own(range(10), [40] * 10)).share_nothing(16)
+    assert not PromptTokens(_own(range(10), [40] * 10, named={
+        3: {"prefix_id": "sys", "prefix_len": 20}})).share_nothing(16)
+    assert not PromptTokens(_own(range(10), [40] * 10, named={
+        5: {"hash_ids": [1, 2]}})).share_nothing(16)
+    assert not PromptTokens(_own(range(10), [40] * 10)).share_nothing(1)   # too short to tell
+    tokens = synthetic_tokens(32_000)
+    # (a block no longer than a lap's head, where there are laps past the first)
+    assert not tokens.own_blocks_distinct(4, 3 << 16)
+    assert tokens.own_blocks_distinct(4, 100)
+
+
+def test_a_pool_that_repeats_or_spells_a_laps_head_is_not_said_to_share_nothing():
+    """The property is checked on the pool, not assumed: a window that repeats, or a first-lap
+    prompt that begins with a later lap's head, and it says False."""
+    from neuron_batch.inputs.prepare import _POOL_SIZE, SyntheticTokens
+
+    repeats = SyntheticTokens(32_000)
+    repeats._pool[500:508] = repeats._pool[900:908]
+    assert not repeats.own_blocks_distinct(16, 10)
+    spells = SyntheticTokens(32_000)
+    head = spells._head(2, 1)       # (the lap namespace: lap 1's prompts begin with it)
+    spells._pool[700:700 + len(head)] = head
+    assert spells.own_blocks_distinct(16, _POOL_SIZE - 1)      # (one lap: no heads)
+    assert not spells.own_blocks_distinct(16, _POOL_SIZE + 5)

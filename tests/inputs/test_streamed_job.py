@@ -362,6 +362,46 @@ def test_a_run_reads_its_job_once_per_need_after_the_check(tiny_model, tmp_path,
         assert report["prefix_cache"]["bound_tokens"] == counted > 0
 
 
+@pytest.mark.parametrize("caching", ["auto", "off"])
+def test_a_token_count_job_is_not_walked_for_a_prefix_bound(tiny_model, tmp_path, monkeypatch,
+                                                            caching):
+    """A token-count trace without block ids or named prefixes shares nothing by construction
+    (inputs/prepare.py SyntheticTokens): neither auto's decision nor the report walks its
+    prompts for a bound (at 10M requests those walks took over 12 minutes), and the bound it
+    says, 0, is what the walk finds; its verdict reads only the requests it weighs."""
+    from neuron_batch.inputs.prefix_bound import prefix_bound
+    from neuron_batch.run import verdict
+
+    path = tmp_path / "trace.csv"
+    path.write_text("prompt_len,max_tokens\n"
+                    + "".join(f"{20 + i * 7 % 90},{1 + i % 3}\n" for i in range(40)))
+    read = []
+    real_read = job_requests.JobRequests._read
+    monkeypatch.setattr(job_requests.JobRequests, "_read",
+                        lambda self, positions: read.extend(positions) or real_read(
+                            self, positions))
+    monkeypatch.setattr(verdict.weighed_sample, "__defaults__", (10,))   # (a sample of 40)
+    made = []
+    monkeypatch.setattr(job_requests.JobRequests, "own_prompts", lambda self, real=(
+        job_requests.JobRequests.own_prompts): made.append(self) or real(self))
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["run", str(path), "--model", tiny_model, "--device",
+                                       "sim", "--prefix-caching", caching, "-q", "-o",
+                                       str(out)])
+    assert result.exit_code == 0, result.output
+    # the rows' pass, the engine's, and the verdict's sample of every 4th
+    assert sorted(read) == sorted(list(range(40)) * 2 + list(range(0, 40, 4)))
+    assert made     # (asked, and learnt from the arrays)
+    report = json.loads((out / "report.json").read_text())
+    assert report["prefix_cache"]["bound_tokens"] == 0
+    assert report["verdict"]["sampled"] == {"requests": 10, "of": 40}
+    walked = prefix_bound([list(r.prompt_token_ids) for r in made[0]],
+                          report["config"]["block_size"])
+    assert walked.tokens() == 0
+    if caching == "auto":
+        assert "share no KV block" in json.dumps(report["prefix_caching"])
+
+
 @given(st.lists(st.integers(-2**63, 2**63 - 1), max_size=40))
 def test_the_hashes_say_duplicates_exactly_when_two_are_equal(hashes):
     """The check's duplicate test over its id hashes (sorted where they lie, no copy)."""
