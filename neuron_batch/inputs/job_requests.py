@@ -1,8 +1,8 @@
 """A job's requests without the job in memory: what each request needs to be found and run
-again (its input, byte offset or row, line, the digest of its bytes, id, prompt length,
-max_tokens) in compact arrays, 32 bytes a request and its id; the records themselves read again
-from their inputs a window at a time, as the engine takes them (`JobRequests`, a Sequence of
-`PreparedRequest`s made as they are reached), their text tokenized a window at a time.
+again in compact columns (job_columns.py `JobColumns`, ~18 bytes a request of a token-count
+trace); the records themselves read again from their inputs a window at a time, as the engine
+takes them (`JobRequests`, a Sequence of `PreparedRequest`s made as they are reached), their
+text tokenized a window at a time.
 
 The check before the run (job/workload.py) reads every input once, keeping no prompt. What it
 read is what runs: each input's size and time, and each line's digest, are compared as the
@@ -17,15 +17,16 @@ import threading
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, cast, overload
+from typing import Protocol, cast, overload
 
+from neuron_batch.inputs.job_columns import CONSTRAINED, LOGPROBS, OPENAI, JobColumns
 from neuron_batch.inputs.prepare import (
     TEXT_BATCH,
     PreparedRequest,
     SyntheticTokens,
     synthetic_tokens,
 )
-from neuron_batch.inputs.prompt_records import InputChanged, InputProblem, InputReader, PromptRecord
+from neuron_batch.inputs.prompt_records import InputChanged, InputProblem
 from neuron_batch.inputs.request_paths import asked_in, asks
 
 
@@ -43,107 +44,13 @@ class DoneSet(Protocol):
 WINDOW = 1024
 
 
-class JobColumns:
-    """Every record the check numbered (by its position), as arrays; and the inputs."""
-
-    def __init__(self, readers: Sequence[InputReader]):
-        self.readers = list(readers)
-        self.stamps = [reader.stamp() for reader in self.readers]
-        self.src = array("H")
-        # (4 bytes each while they fit, 8 past that: `_widened`)
-        self.where = array("I")
-        self.line = array("i")
-        self.digest = array("I")
-        self.index = array("i")         # the run's index (after --shuffle, --limit); -1 none
-        self.prompt_len = array("i")
-        self.max_tokens = array("i")
-        self.clamped = bytearray()
-        # what the report says of the requests (`job_figures`), kept as the check reads them
-        # so that the report does not read the job again: _OPENAI | _CONSTRAINED | _LOGPROBS,
-        # and n where a request asks for more than one sample
-        self.asks = bytearray()
-        self.samples: dict[int, int] = {}
-        # records whose prompt is not a token count's own synthetic tokens (text, token ids,
-        # Mooncake block ids, a named prefix): none, and the job's prompts share nothing
-        # whatever their number (`own_prompts`), which the prefix bound need not walk
-        self.not_own = 0
-        self._id_bytes = bytearray()
-        self._id_ends = array("I")
-        # made by the caller: what numbering gives a record read again (its default id and
-        # max_tokens, the OpenAI defaults) at (position, index)
-        self.finish: Callable[[PromptRecord, int, int], None] = lambda r, p, i: None
-        self.tokenizer: Any = None
-        self.tokenizer_name: str | None = None
-        self.vocab_size = 32_000
-
-    def add(self, src: int, where: int, line: int, digest: int, record_id: str) -> None:
-        """The next position's record, as scanned."""
-        self.src.append(src)
-        try:
-            self.where.append(where)
-        except OverflowError:       # an offset past 4 GiB
-            self.where = _widened(self.where, where)
-        self.line.append(line)
-        self.digest.append(digest & 0xFFFFFFFF)
-        self.index.append(-1)
-        self.prompt_len.append(0)
-        self.max_tokens.append(0)
-        self.clamped.append(0)
-        self.asks.append(0)
-        self._id_bytes += record_id.encode("utf-8", "surrogatepass")
-        try:
-            self._id_ends.append(len(self._id_bytes))
-        except OverflowError:
-            self._id_ends = _widened(self._id_ends, len(self._id_bytes))
-
-    def prepared(self, position: int, request: PreparedRequest) -> None:
-        """The check's request at `position`: its lengths, and what the report counts of it."""
-        self.prompt_len[position] = request.prompt_len
-        self.max_tokens[position] = request.max_tokens
-        self.clamped[position] = request.max_tokens_clamped
-        constrained, n, logprobs = asks(request.record)
-        self.asks[position] = ((_OPENAI if request.record.openai is not None else 0)
-                               | (_CONSTRAINED if constrained else 0)
-                               | (_LOGPROBS if logprobs else 0))
-        if n > 1:
-            self.samples[position] = n
-        self.not_own += not request.own_prompt
-
-    def __len__(self) -> int:
-        return len(self.src)
-
-    def id_of(self, position: int) -> str:
-        start = self._id_ends[position - 1] if position else 0
-        return self._id_bytes[start:self._id_ends[position]].decode("utf-8", "surrogatepass")
-
-    def check_stamps(self) -> None:
-        for reader, stamp in zip(self.readers, self.stamps):
-            now = reader.stamp()
-            if now != stamp:
-                raise InputChanged(
-                    f"{getattr(reader, 'label', reader)}: the input changed while the job ran "
-                    f"(its size or modification time is not what the check before the run "
-                    f"read): stopped before running a request nobody checked")
-
-
-_OPENAI, _CONSTRAINED, _LOGPROBS = 1, 2, 4
-
-
-def _widened(values: array, value: int) -> array:
-    """`values` as 8-byte integers, `value` appended: a column whose next value does not fit
-    its 4 bytes (a file offset past 4 GiB, ids past 4 GB)."""
-    wide = array("q", values)
-    wide.append(value)
-    return wide
-
-
 class JobRequests(Sequence[PreparedRequest]):
     """The job's requests in run order (`positions` into `JobColumns`), made as they are
     reached: iterating reads WINDOW of them at a time from their inputs."""
 
-    def __init__(self, columns: JobColumns, positions: array):
+    def __init__(self, columns: JobColumns, positions: Sequence[int]):
         self.columns = columns
-        self.positions = positions
+        self.positions = positions      # (an array, or a range: a job run as read)
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -192,7 +99,7 @@ class JobRequests(Sequence[PreparedRequest]):
         columns = self.columns
         if columns.not_own or not len(self.positions):
             return None
-        return synthetic_tokens(columns.vocab_size), max(columns.index)
+        return synthetic_tokens(columns.vocab_size), columns.indexed - 1
 
     def where(self, keep: Callable[[int], bool]) -> JobRequests:
         """The requests whose position (in `columns`) `keep` keeps, in this order."""
@@ -213,19 +120,20 @@ class JobRequests(Sequence[PreparedRequest]):
     def _read(self, positions: Sequence[int]) -> list[PreparedRequest]:
         columns = self.columns
         columns.check_stamps()
+        srcs, lines = columns.src.take(positions), columns.line.take(positions)
+        wheres = [columns.where[p] for p in positions]
         # Each input's lines in file order (a seek only where lines are not consecutive).
-        by_place = sorted(range(len(positions)), key=lambda k: (
-            columns.src[positions[k]], columns.where[positions[k]]))
+        by_place = sorted(range(len(positions)), key=lambda k: (srcs[k], wheres[k]))
         made: list[PreparedRequest | None] = [None] * len(positions)
         window = _Window(columns)
         k = 0
         while k < len(by_place):
-            src = columns.src[positions[by_place[k]]]
+            src = srcs[by_place[k]]
             group = []
-            while k < len(by_place) and columns.src[positions[by_place[k]]] == src:
+            while k < len(by_place) and srcs[by_place[k]] == src:
                 group.append(by_place[k])
                 k += 1
-            spots = [(columns.where[positions[j]], columns.line[positions[j]]) for j in group]
+            spots = [(wheres[j], lines[j]) for j in group]
             for j, (digest, item) in zip(group, columns.readers[src].read(spots)):
                 made[j] = self._request(positions[j], digest, item, window)
         return cast(list[PreparedRequest], made)     # (every one made above)
@@ -358,7 +266,7 @@ class _Window:
 class _Ids(Sequence[str]):
     """A job's ids in order, each decoded from the arrays as it is asked for."""
 
-    def __init__(self, columns: JobColumns, positions: array):
+    def __init__(self, columns: JobColumns, positions: Sequence[int]):
         self._columns, self._positions = columns, positions
 
     def __len__(self) -> int:
@@ -377,7 +285,7 @@ class _IdsByIndex(Sequence[str | None]):
     """A job's ids by their index in the job: a position a slot (4 bytes; -1 where a line was
     left out), the id decoded from the arrays as it is asked for."""
 
-    def __init__(self, columns: JobColumns, positions: array):
+    def __init__(self, columns: JobColumns, positions: Sequence[int]):
         self._columns = columns
         size = max((columns.index[p] for p in positions), default=-1) + 1
         self._at = array("i", [-1]) * size
@@ -412,10 +320,10 @@ def job_figures(requests: Sequence[PreparedRequest]) -> JobFigures:
         columns, positions = requests.columns, requests.positions
         flags = columns.asks    # (read by position as they go: no list a request long)
         return JobFigures(
-            openai=any(flags[p] & _OPENAI for p in positions),
+            openai=any(flags[p] & OPENAI for p in positions),
             clamped=[columns.max_tokens[p] for p in positions if columns.clamped[p]],
-            asked=asked_in((bool(flags[p] & _CONSTRAINED), columns.samples.get(p, 1),
-                            bool(flags[p] & _LOGPROBS)) for p in positions))
+            asked=asked_in((bool(flags[p] & CONSTRAINED), columns.samples.get(p, 1),
+                            bool(flags[p] & LOGPROBS)) for p in positions))
     return JobFigures(openai=any(r.record.openai is not None for r in requests),
                       clamped=[r.max_tokens for r in requests if r.max_tokens_clamped],
                       asked=asked_in(asks(r.record) for r in requests))

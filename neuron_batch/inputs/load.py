@@ -83,8 +83,9 @@ class InputScan:
     all items), given its default id and max_tokens; each line that is not one a problem.
 
     `exact_ids`: duplicate ids are found here, each a problem (a dict of every id: what a job
-    held in memory reads). Else only each id's hash is kept (`id_hashes`, 8 bytes a record)
-    and the caller asks `has_duplicates` after the pass, and reads again exactly if so."""
+    held in memory reads). Else only each given id's hash is kept (`id_hashes`, 8 bytes a
+    record that gives one) and the caller asks `has_duplicates` after the pass, and reads again
+    exactly if so."""
 
     def __init__(self, inputs: Sequence[str | Path], *, prompt_column: str = "prompt",
                  split: str = "train", default_max_tokens: int | None = None,
@@ -100,7 +101,10 @@ class InputScan:
                                    ignored=ignored) for spec in self.specs]
         self.default_max_tokens = default_max_tokens
         self.exact_ids = exact_ids
+        # the hashes of the ids lines give: a default id (the record's reading order) is
+        # unique by construction, and only a given id that is a number can be one
         self.id_hashes = array("q")
+        self._numeric_ids = self._default_ids = False
         self.records = 0        # records numbered so far
 
     @property
@@ -131,8 +135,11 @@ class InputScan:
                             record, id_field, given_id, first_source)
                         continue
                     first_source_by_id[record.id] = record.source
-                else:
+                elif given_id:
                     self.id_hashes.append(hash(record.id))
+                    self._numeric_ids = self._numeric_ids or record.id.isdecimal()
+                else:
+                    self._default_ids = True
                 self.records += 1
                 yield number, where, line, digest, record
             if empty:
@@ -158,6 +165,8 @@ class InputScan:
         the pass: it sorts `id_hashes` where they lie."""
         import numpy as np
 
+        if self._numeric_ids and self._default_ids:
+            return True     # (a given "7" may be line 7's default id: the exact pass tells)
         if len(self.id_hashes) < 2:
             return False
         # sorted in place, in the array's own buffer (np.unique made two copies: 160 MB more

@@ -143,10 +143,12 @@ class PromptTokens(Sequence[list[int]]):
             own = streamed()
         else:
             requests = self._requests
-            makers = {r.synthetic for r in requests}
-            maker = makers.pop() if len(makers) == 1 else None
-            own = (None if maker is None or not all(r.own_prompt for r in requests)
-                   else (maker, max(r.record.index for r in requests)))
+            own = None
+            if all(r.own_prompt for r in requests):
+                makers = {r.synthetic for r in requests}
+                maker = makers.pop() if len(makers) == 1 else None
+                if maker is not None:
+                    own = (maker, max(r.record.index for r in requests))
         return own is not None and own[0].own_blocks_distinct(block, own[1])
 
 

@@ -88,7 +88,7 @@ def test_a_large_job_is_weighed_on_a_sample_of_whole_prefix_groups():
     from neuron_batch.run.verdict import weighed_sample
 
     def request(group, i):
-        return SimpleNamespace(prompt_token_ids=[group] * 4 + [i] * 4)
+        return SimpleNamespace(prompt_token_ids=[group] * 4 + [i] * 4, own_prompt=False)
 
     small = [request(g, i) for g in range(10) for i in range(3)]
     assert weighed_sample(small, block=4, most=100) == (small, 1.0)

@@ -1,0 +1,97 @@
+"""A job's columns (inputs/job_columns.py): each gives back exactly what was put in, whatever
+the shape of the values, in less than a plain array where the values say it already."""
+
+from __future__ import annotations
+
+from array import array
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from neuron_batch.inputs.job_columns import JobColumns, Steps
+
+
+@given(st.integers(0, 1), st.lists(st.tuples(st.integers(0, 2**40), st.integers(1, 300)),
+                                   max_size=40))
+def test_steps_give_back_every_value_appended(step, runs):
+    """Runs of line numbers (step 1) or input numbers (step 0), of any lengths, a value past
+    2**31 among them: every value read back is the one appended, runs or dense."""
+    values = [first + step * k for first, length in runs for k in range(length)]
+    steps = Steps(step)
+    for value in values:
+        steps.append(value)
+    assert len(steps) == len(values)
+    assert list(steps) == values
+    assert steps[-1:] == values[-1:]
+
+
+def test_steps_keep_runs_and_turn_dense_only_where_runs_come_often():
+    lines = Steps(1)
+    for line in range(2, 100_002):          # a CSV's lines after its header
+        lines.append(line)
+    assert lines.runs == 1 and lines[99_999] == 100_001
+    blanks = Steps(1)
+    for line in range(1, 4000, 2):          # a blank line after every line
+        blanks.append(line)
+    assert blanks.runs == 0 and list(blanks) == list(range(1, 4000, 2))
+
+
+def test_ids_are_stored_only_where_a_line_gives_one_not_its_default():
+    """A trace without ids stores none (each is its reading order); the first id a line gives
+    starts the id column, and every id reads back as it was, defaults included."""
+    columns = JobColumns([])
+    for position in range(5):
+        columns.add(0, position * 10, position + 2, position, str(position), position)
+    assert columns._id_ends is None
+    columns.add(0, 50, 7, 5, "given", 5)
+    columns.add(0, 60, 9, 6, "7", 7)        # (a bad line before it: reading order 7)
+    assert [columns.id_of(p) for p in range(7)] == ["0", "1", "2", "3", "4", "given", "7"]
+    assert list(columns.line) == [2, 3, 4, 5, 6, 7, 9]
+
+
+def test_the_columns_hold_offsets_past_4_gib_and_lengths_past_2_bytes():
+    """Offsets and id ends take 4 bytes a request while they fit and 8 past that (a 10M-line
+    input is tens of GB): a line at 5 GiB is found again where it is; lengths take 2 bytes
+    until one needs 4."""
+    from neuron_batch.inputs.prepare import PreparedRequest
+    from neuron_batch.inputs.prompt_records import PromptRecord
+
+    columns = JobColumns([])
+    columns.add(0, 100, 2, 0xABCD, "first", 0)
+    columns.add(0, 5 << 30, 3, 0xABCE, "second", 1)
+    assert list(columns.where) == [100, 5 << 30] and columns.where.itemsize == 8
+    assert [columns.id_of(0), columns.id_of(1)] == ["first", "second"]
+    assert columns._id_ends.itemsize == 4       # (ids of 11 bytes: still narrow)
+    assert columns.prompt_len.itemsize == columns.max_tokens.itemsize == 2
+    columns.prepared(1, PreparedRequest(PromptRecord(1, "second", "s", prompt_len=70_000),
+                                        None, 131_000))
+    assert list(columns.prompt_len) == [0, 70_000] and list(columns.max_tokens) == [0, 131_000]
+
+
+def test_a_job_run_as_read_is_numbered_by_ranges_and_any_other_order_by_arrays():
+    columns = JobColumns([])
+    for position in range(6):
+        columns.add(0, position, position + 1, 0, str(position), position)
+    every = bytearray([1] * 6)
+    assert columns.number(None, every) == range(6) and columns.index == range(6)
+    some = bytearray([1, 1, 0, 1, 1, 1])
+    assert list(columns.number(None, some)) == [0, 1, 3, 4, 5]
+    positions = columns.number([4, 2, 0], some)     # (--shuffle --limit 3)
+    assert list(positions) == [4, 0] and isinstance(positions, array)
+    assert list(columns.index) == [2, -1, 1, -1, 0, -1] and columns.indexed == 3
+
+
+@given(st.integers(0, 1), st.lists(st.tuples(st.integers(0, 1000), st.integers(1, 30)),
+                                   min_size=1, max_size=30), st.data())
+def test_steps_take_what_one_at_a_time_gives(step, runs, data):
+    """A window of consecutive positions, taken run by run, or any positions: the values one
+    at a time give."""
+    steps = Steps(step)
+    for first, length in runs:
+        for k in range(length):
+            steps.append(first + step * k)
+    start = data.draw(st.integers(0, len(steps) - 1))
+    stop = data.draw(st.integers(start, len(steps)))
+    assert steps.take(range(start, stop)) == [steps[p] for p in range(start, stop)]
+    picked = data.draw(st.lists(st.integers(0, len(steps) - 1), max_size=10))
+    assert steps.take(picked) == [steps[p] for p in picked]
