@@ -283,14 +283,20 @@ class _Ids(Sequence[str]):
 
 class _IdsByIndex(Sequence[str | None]):
     """A job's ids by their index in the job: a position a slot (4 bytes; -1 where a line was
-    left out), the id decoded from the arrays as it is asked for."""
+    left out; none for a job run as read, whose index is its position), the id decoded from the
+    arrays as it is asked for."""
 
     def __init__(self, columns: JobColumns, positions: Sequence[int]):
         self._columns = columns
+        self._at: Sequence[int]
+        if isinstance(positions, range) and columns.index == positions:
+            self._at = positions    # (a job run as read: each at its own position)
+            return
         size = max((columns.index[p] for p in positions), default=-1) + 1
-        self._at = array("i", [-1]) * size
+        at = array("i", [-1]) * size
         for p in positions:
-            self._at[columns.index[p]] = p
+            at[columns.index[p]] = p
+        self._at = at
 
     def __len__(self) -> int:
         return len(self._at)

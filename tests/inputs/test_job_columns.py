@@ -95,3 +95,15 @@ def test_steps_take_what_one_at_a_time_gives(step, runs, data):
     assert steps.take(range(start, stop)) == [steps[p] for p in range(start, stop)]
     picked = data.draw(st.lists(st.integers(0, len(steps) - 1), max_size=10))
     assert steps.take(picked) == [steps[p] for p in picked]
+
+
+def test_ids_by_index_hold_no_slot_a_request_for_a_job_run_as_read():
+    from neuron_batch.inputs.job_requests import JobRequests
+
+    columns = JobColumns([])
+    for position in range(6):
+        columns.add(0, position, position + 1, 0, f"id{position}", position)
+    as_read = JobRequests(columns, columns.number(None, bytearray([1] * 6))).ids_by_index()
+    assert as_read._at == range(6) and list(as_read) == [f"id{p}" for p in range(6)]
+    shuffled = JobRequests(columns, columns.number([5, 0, 3], bytearray([1] * 6))).ids_by_index()
+    assert isinstance(shuffled._at, array) and list(shuffled) == ["id5", "id0", "id3"]
