@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.job.folder import guard_disk_full, write_json_atomic
+from neuron_batch.job.outputs_tally import OutputsTally
 
 BATCH = "batch.json"
 
@@ -41,23 +42,6 @@ STATUS_OF_ENDED = {"completed": ("completed", "completed_at"),
                    "interrupted": ("cancelled", "cancelled_at"),
                    "deadline": ("expired", "expired_at"),
                    "failed": ("failed", "failed_at")}
-
-
-def row_usage(row: dict[str, Any]) -> tuple[int, int, int]:
-    """(prompt, completion, cached) tokens of one outputs.jsonl line, of either shape."""
-    response = row.get("response")
-    if isinstance(response, dict):
-        usage = (response.get("body") or {}).get("usage") or {}
-        if "input_tokens" in usage:         # a Responses API body
-            details = usage.get("input_tokens_details") or {}
-            return (usage.get("input_tokens", 0), usage.get("output_tokens", 0),
-                    details.get("cached_tokens") or 0)
-        details = usage.get("prompt_tokens_details") or {}
-        return (usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
-                details.get("cached_tokens") or 0)
-    completion = (row["usage"]["completion_tokens"] if "usage" in row
-                  else row.get("num_output_tokens", 0))
-    return row.get("num_prompt_tokens", 0), completion, row.get("num_cached_tokens", 0)
 
 
 class BatchFile:
@@ -95,12 +79,14 @@ class BatchFile:
             return {}
 
     # -- counting --------------------------------------------------------------------------
-    def start(self, done_rows: Iterable[dict[str, Any]], failed: int) -> None:
-        """An attempt begins: the outputs already written (a --resume's) and the error records
-        written so far counted, and the file written."""
+    def start(self, done: OutputsTally, failed: int) -> None:
+        """An attempt begins: the outputs already written (a --resume's, their sums: nothing
+        read again) and the error records written so far counted, and the file written."""
         counts = self.obj["request_counts"]
-        for row in done_rows:
-            self._add(*row_usage(row))
+        counts["completed"] += done.completed
+        self.prompt += done.prompt_tokens
+        self.completion += done.completion_tokens
+        self.cached += done.cached_tokens
         counts["failed"] = failed
         self.write()
 

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from neuron_batch.job.done import DoneRequests
+from neuron_batch.job.outputs_tally import SAVE_EVERY, OutputsTally, load_tally, save_tally
 from neuron_batch.storage.lines import whole_lines_end
 
 OUTPUTS = "outputs.jsonl"
@@ -83,6 +84,7 @@ class RunFolder:
     _index: IO[bytes] | None = None
     _size: int = 0                  # outputs.jsonl's size, as this process wrote it
     _index_ok: bool = False         # outputs.index covers every line of outputs.jsonl
+    _tally: OutputsTally | None = None  # the sums over outputs.jsonl, while it is open
     done: DoneRequests = field(default_factory=DoneRequests)
 
     # -- locking --------------------------------------------------------------------------
@@ -303,6 +305,7 @@ class RunFolder:
         (else it is removed: the next --resume builds it again from outputs.jsonl)."""
         self._outputs = open(self.path / OUTPUTS, "ab")
         self._size = self._outputs.seek(0, os.SEEK_END)
+        self._tally = load_tally(self.path)
         if self._index_ok:
             self._index = open(self.path / DONE_INDEX, "ab")
         else:
@@ -317,6 +320,10 @@ class RunFolder:
             self._outputs.write(line)
             self._outputs.flush()
             self._size += len(line)
+            if self._tally is not None:
+                self._tally.add(row, len(line))
+                if self._tally.completed % SAVE_EVERY == 0:
+                    save_tally(self.path, self._tally)
             if self._index is not None:
                 if index is None:   # (a line it cannot name: the index is given up)
                     self._drop_index()
@@ -330,7 +337,16 @@ class RunFolder:
                                   f"--resume", exit_code=1) from None
             raise
 
+    def tally(self) -> OutputsTally:
+        """The sums over outputs.jsonl as it is now (job/outputs_tally.py)."""
+        return load_tally(self.path)
+
     def close_outputs(self) -> None:
+        if self._outputs is not None and self._tally is not None:
+            # (of the lines flushed whole; a full disk leaves the last save: a reader adds
+            # what it lacks)
+            save_tally(self.path, self._tally)
+        self._tally = None
         handles, self._outputs, self._index = (self._outputs, self._index), None, None
         for handle in handles:
             if handle is None:

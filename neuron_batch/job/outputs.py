@@ -31,7 +31,7 @@ import json
 import sys
 import time
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from neuron_batch.engine.models import BUILTIN_SERVED_NAME
@@ -41,6 +41,7 @@ from neuron_batch.inputs.prompt_records import InputProblem, PromptRecord
 from neuron_batch.inputs.skipped import source_position
 from neuron_batch.job.batch_object import BatchFile
 from neuron_batch.job.folder import guard_disk_full
+from neuron_batch.job.outputs_tally import OutputsTally
 
 if TYPE_CHECKING:
     from neuron_batch.job.job import Job
@@ -297,10 +298,10 @@ class RunOutputs:
         self._errors: IO[str] | None = None
 
     @classmethod
-    def begin(cls, job: Job, done_rows: Iterable[dict[str, Any]],
+    def begin(cls, job: Job, done: OutputsTally,
               problems: Sequence[InputProblem]) -> RunOutputs:
         """An attempt's writer: the error records of `problems` written, batch.json current
-        with the outputs already written (`done_rows`: a --resume's)."""
+        with the outputs already written (`done`: a --resume's, their sums)."""
         requests = job.workload.prepared.requests     # (a streamed job: read, not held)
         openai = job.workload.input_kind == "openai-batch"
         rows = [problem_error_row(problem, openai) for problem in problems]
@@ -319,7 +320,7 @@ class RunOutputs:
                           endpoint=job.workload.facts(settings).endpoint,
                           model=served_name(job),
                           max_runtime_s=settings.max_runtime)
-        batch.start(done_rows, failed=len(rows))
+        batch.start(done, failed=len(rows))
         return cls(job, batch)
 
     def response(self, request: PreparedRequest, done) -> None:

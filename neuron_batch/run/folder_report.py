@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from neuron_batch.errors import EXIT_FAILED, RunError
 from neuron_batch.inputs.job_requests import JobFigures, done_of, ids_by_index, job_figures
-from neuron_batch.job.batch_object import row_usage
 from neuron_batch.job.folder import REPORT, RunFolder
 from neuron_batch.job.job import Job
 from neuron_batch.job.request_spec import report_defaults
@@ -242,19 +241,15 @@ def _add_cost(report: Report, settings: RunSettings) -> None:
 
 
 def _tokens_from_outputs(report: Report, folder: RunFolder) -> None:
-    """Token totals and rates from outputs.jsonl, the record of what finished: scheduler records
-    of an attempt killed with -9 may lack its last fraction of a second."""
-    input_tokens = output_tokens = empty = 0
-    for row in folder.iter_outputs():   # (one line at a time: a list of them was ~800 B a request)
-        text = _output_text(row)
-        empty += text is not None and not text.strip()
-        prompt, completion, _ = row_usage(row)   # (of each shape a response line has)
-        input_tokens += prompt
-        output_tokens += completion
+    """Token totals and rates from outputs.jsonl, the record of what finished (scheduler
+    records of an attempt killed with -9 may lack its last fraction of a second): its sums as
+    written (job/outputs_tally.py), only the lines past their last save read."""
+    tally = folder.tally()
+    input_tokens, output_tokens = tally.prompt_tokens, tally.completion_tokens
     total = input_tokens + output_tokens
     report.tokens = Tokens(input=input_tokens, output=output_tokens, total=total)
     # blank outputs (text only: the simulated device writes none), for the summary's hint
-    report.requests.empty_outputs = empty
+    report.requests.empty_outputs = tally.empty
     throughput = report.throughput
     elapsed = throughput.elapsed_s
 
@@ -266,20 +261,6 @@ def _tokens_from_outputs(report: Report, folder: RunFolder) -> None:
     throughput.total_tokens_per_s = rate(total)
     report.total_num_tokens = total
     report.tokens_per_second = rate(total)
-
-
-def _output_text(row: dict[str, Any]) -> str | None:
-    """An outputs.jsonl line's generated text: `output`, or the OpenAI batch format's choice."""
-    if "response" not in row:
-        return row.get("output")
-    body = (row.get("response") or {}).get("body") or {}
-    if body.get("object") == "response":     # the Responses API's: its message's text
-        parts = [part for item in body.get("output") or [] for part in item.get("content") or []]
-        return "".join(part.get("text") or "" for part in parts) if parts else None
-    choices = ((row.get("response") or {}).get("body") or {}).get("choices") or [{}]
-    choice = choices[0]
-    return (choice.get("message") or {}).get("content") if "message" in choice \
-        else choice.get("text")
 
 
 def rerender(path: Path, *, shown_as: str | None = None) -> str:

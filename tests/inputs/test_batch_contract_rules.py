@@ -23,9 +23,10 @@ from neuron_batch.inputs.request_fields import (
 )
 from neuron_batch.inputs.request_paths import PATHS, stop_refusals
 from neuron_batch.job import batch_object
-from neuron_batch.job.batch_object import BatchFile, row_usage
+from neuron_batch.job.batch_object import BatchFile
 from neuron_batch.job.folder import OutputError
 from neuron_batch.job.outputs import problem_error_row, request_error_row
+from neuron_batch.job.outputs_tally import OutputsTally, row_usage
 
 
 def chat(custom_id: str = "a", **body) -> dict:
@@ -167,7 +168,9 @@ def test_batch_json_is_openais_batch_object_kept_current(tmp_path):
                       endpoint="/v1/chat/completions", model="m", clock=clock)
     done = {"response": {"body": {"usage": {"prompt_tokens": 10, "completion_tokens": 3,
                                             "prompt_tokens_details": {"cached_tokens": 4}}}}}
-    batch.start([done], failed=1)
+    tally = OutputsTally()
+    tally.add(done, 100)
+    batch.start(tally, failed=1)
     first = read(tmp_path)
     Batch.model_validate(first)
     assert first["status"] == "in_progress" and first["error_file_id"] is None
@@ -190,7 +193,7 @@ def test_batch_json_is_openais_batch_object_kept_current(tmp_path):
     clock.now += 100
     again = BatchFile(tmp_path, tmp_path / "errors.jsonl", total=5, inputs=["in.jsonl"],
                       endpoint=None, model="m", clock=clock)
-    again.start([], failed=0)
+    again.start(OutputsTally(), failed=0)
     assert read(tmp_path)["id"] == ended["id"]
     assert read(tmp_path)["created_at"] == first["created_at"] < read(tmp_path)["in_progress_at"]
 
@@ -200,7 +203,7 @@ def test_batch_json_is_openais_batch_object_kept_current(tmp_path):
 def test_how_an_attempt_ended_is_the_batch_status(tmp_path, ended, status):
     batch = BatchFile(tmp_path, tmp_path / "errors.jsonl", total=1, inputs=["x"],
                       endpoint=None, model="m")
-    batch.start([], failed=0)
+    batch.start(OutputsTally(), failed=0)
     batch.end(ended)
     assert read(tmp_path)["status"] == status
 
@@ -214,7 +217,7 @@ def test_a_batch_json_that_cannot_be_written_stops_the_run(tmp_path, monkeypatch
 
     monkeypatch.setattr(batch_object, "write_json_atomic", full)
     with pytest.raises(OutputError, match="disk is full"):
-        batch.start([], failed=0)
+        batch.start(OutputsTally(), failed=0)
 
 
 @given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**4), st.booleans()),
