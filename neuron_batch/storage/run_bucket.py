@@ -15,7 +15,8 @@ In the bucket (the prefix holds what a local folder holds, except outputs.index 
     outputs.jsonl              all outputs in one object, written when an attempt ends (the
                                parts are then deleted)
     run.json, requests.jsonl.gz, attempts.json, batch.json, errors.jsonl, report.json,
-    skipped.jsonl, records-*.jsonl, previous-*/   as in a local folder, uploaded when changed
+    outputs.tally.json, skipped.jsonl, records-*.jsonl, previous-*/
+                               as in a local folder, uploaded when changed
                                (a JSONL file of 5 MiB or more that grew: only what it grew by,
                                the rest copied within the store)
 
