@@ -203,10 +203,12 @@ def check_number(value: Any, field_name: str, *, minimum: float,
 
 def _number_from_text(text: str) -> int | float | str:
     """"12" -> 12, "0.5" -> 0.5; anything else is returned as is for the caller to reject."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
+    if "." not in text and "e" not in text and "E" not in text:
+        try:
+            return int(text)
+        except ValueError:
+            pass
+    # (int() takes none of ".eE": a trace's arrival column skips a failed int() a row)
     try:
         return float(text)
     except ValueError:

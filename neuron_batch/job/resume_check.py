@@ -57,19 +57,24 @@ def iter_request_rows(requests, settings, learn=None) -> Iterator[list[Any]]:
     was made: the pass that reads the job for its rows spares one of their own."""
     tally = FactsTally() if learn is not None else None
     for request in requests:
-        record = request.record
         spec = request_spec(request, settings)
         if tally is not None:
             tally.add(request, spec)
-        rest = {key: value for key, value in spec.items() if key not in _OWN_COLUMNS}
-        if record.sampling and "ignore_eos" in record.sampling:  # (asked, not the run's)
-            rest["ignore_eos"] = record.sampling["ignore_eos"]
-        yield [record.id, _prompt_digest(record), request.max_tokens,
-               spec["temperature"], spec["seed"],
-               _digest(json.dumps(record.stop).encode()) if record.stop else None,
-               _digest(json.dumps(rest, sort_keys=True).encode()) if rest else None]
+        yield request_row(request, spec)
     if tally is not None:
         learn.learnt(settings, tally.result())
+
+
+def request_row(request, spec: dict[str, Any]) -> list[Any]:
+    """One prepared request's row (id + REQUEST_FIELDS), of its spec (`request_spec`)."""
+    record = request.record
+    rest = {key: value for key, value in spec.items() if key not in _OWN_COLUMNS}
+    if record.sampling and "ignore_eos" in record.sampling:  # (asked, not the run's)
+        rest["ignore_eos"] = record.sampling["ignore_eos"]
+    return [record.id, _prompt_digest(record), request.max_tokens,
+            spec["temperature"], spec["seed"],
+            _digest(json.dumps(record.stop).encode()) if record.stop else None,
+            _digest(json.dumps(rest, sort_keys=True).encode()) if rest else None]
 
 
 def _prompt_digest(record) -> str:
@@ -284,11 +289,15 @@ def take_folder(job, runtime: str) -> Start:
     """Resume, start anew, or refuse (RunError, exit 2) before anything runs or is written."""
     settings, folder = job.settings, job.folder
     checked = checked_settings(settings.to_dict(), runtime)
-    if not folder.has_previous_run():
-        return Start(iter_request_rows(job.workload.prepared.requests, settings,
-                                       learn=job.workload), checked, fresh=True)
+    spool = job.workload.rows_spool     # (made by the check, where the order is the input's)
+
     def rows() -> Iterator[list[Any]]:
+        if spool is not None:
+            return iter(spool)
         return iter_request_rows(job.workload.prepared.requests, settings, learn=job.workload)
+
+    if not folder.has_previous_run():
+        return Start(spool if spool is not None else rows(), checked, fresh=True)
 
     changes, content_checked = compare(folder, folder.read_manifest(), rows, settings, runtime)
     # --restart with --resume moves a run aside only when it could not be resumed as is: one

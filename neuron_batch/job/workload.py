@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from neuron_batch.engine.sampling_params import request_spec
 from neuron_batch.errors import RunError
 from neuron_batch.inputs.job_columns import JobColumns
 from neuron_batch.inputs.job_requests import JobRequests
@@ -32,6 +33,8 @@ from neuron_batch.inputs.request_paths import refusals, request_path, stop_refus
 from neuron_batch.inputs.skipped import name_problems
 from neuron_batch.job.facts import JobFacts, job_facts, sampling_key
 from neuron_batch.job.request_spec import spec_problems
+from neuron_batch.job.resume_check import REQUEST_FIELDS, request_row
+from neuron_batch.job.rows_spool import RowsSpool
 from neuron_batch.settings import RunSettings
 
 if TYPE_CHECKING:
@@ -54,6 +57,9 @@ class Workload:
     #: counted it (a pass over every prompt's tokens): the report's, when every request
     #: finished (run/folder_report.py).
     prefix_bounds: dict[int, Any] = field(default_factory=dict, repr=False)
+    #: The request rows the check made on its way (job/rows_spool.py): a run whose order is
+    #: the input's; None otherwise (job/resume_check.py makes them in a pass of their own).
+    rows_spool: RowsSpool | None = field(default=None, repr=False)
 
     def facts(self, settings: RunSettings) -> JobFacts:
         """What the whole job asks beyond its tokens (job/facts.py), learnt in one pass the
@@ -85,10 +91,12 @@ def load_workload(settings: RunSettings, log: Callable[[str], None], *,
     is what runs the workload: only `run` has --on-error, so only its error suggests it. The
     run's device (`target`, or what `resolve` makes of the model once it is known) checks the
     --max-model-len a too-long prompt's fix names against its static KV cache."""
+    spool = command == "run" and not settings.shuffle
     try:
-        scan = _Scan(settings, log)
+        scan = _Scan(settings, log, spool=spool)
         if scan.duplicates:     # (rare: ids hashed alike) read again, every id held, to name them
-            scan = _Scan(settings, log, exact_ids=True)
+            scan.drop_rows()
+            scan = _Scan(settings, log, exact_ids=True, spool=spool)
     except InputError as error:
         raise RunError(str(error)) from None
     requests, problems = scan.requests, scan.problems
@@ -108,7 +116,11 @@ def load_workload(settings: RunSettings, log: Callable[[str], None], *,
                            + " --on-error skip to run the rest and report them")
     if not requests:
         raise RunError("no runnable prompts in the input")
-    return Workload(scan.model, prepared, problems, scan.kind, scan.columns.tokenizer)
+    workload = Workload(scan.model, prepared, problems, scan.kind, scan.columns.tokenizer,
+                        rows_spool=scan.rows)
+    if scan.facts is not None:     # (tallied as the rows were made)
+        workload.learnt(settings, scan.facts)
+    return workload
 
 
 #: Records checked at once by the pass before the run (refusals, defaults, tokenization).
@@ -122,8 +134,10 @@ class _Scan:
     and digest kept (inputs/job_columns.py `JobColumns`); every problem kept."""
 
     def __init__(self, settings: RunSettings, log: Callable[[str], None], *,
-                 exact_ids: bool = False):
+                 exact_ids: bool = False, spool: bool = False):
         self.settings, self.log = settings, log
+        # (the request rows, made as each request is checked: job/rows_spool.py)
+        self.rows = RowsSpool(["id", *REQUEST_FIELDS]) if spool else None
         inputs = InputScan(settings.inputs, prompt_column=settings.prompt_column,
                            split=settings.dataset_split, default_max_tokens=settings.max_tokens,
                            ignored=settings.ignore_field, exact_ids=exact_ids)
@@ -164,6 +178,7 @@ class _Scan:
                 self._check(chunk)
                 chunk = []
         self._check(chunk)
+        self.facts = self.rows.close() if self.rows is not None else None
         self.duplicates = not exact_ids and inputs.has_duplicates()
         self.kind = inputs.kind
         order = job_order(len(columns), shuffle=settings.shuffle, seed=settings.seed,
@@ -184,6 +199,12 @@ class _Scan:
         # (what only the check needed: not held while the job runs)
         inputs.id_hashes = array("q")
         self._ok, self._known, self._early, self._checked = bytearray(), array("i"), [], []
+
+    def drop_rows(self) -> None:
+        """This pass's rows are not the job's (a pass with every id held reads it again)."""
+        if self.rows is not None:
+            self.rows.discard()
+            self.rows = None
 
     def _finish(self, record: PromptRecord, position: int, index: int) -> None:
         """A record read again, given what the check gave it."""
@@ -232,10 +253,14 @@ class _Scan:
         name_problems(prepared.problems, chunk)
         self.longest_request = max(self.longest_request, prepared.longest_request)
         self.longest_prompt = max(self.longest_prompt, prepared.longest_prompt)
+        rows = self.rows
         for request in prepared.requests:
             position = request.record.index
             columns.prepared(position, request)
             self._ok[position] = 1
+            if rows is not None:
+                spec = request_spec(request, settings)
+                rows.add(request_row(request, spec), request, spec)
         self._checked += [(position_of[p.read_order], p)
                           for p in refused + unsampled + unmatched + prepared.problems]
 

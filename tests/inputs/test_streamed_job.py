@@ -330,15 +330,15 @@ def test_read_ahead_raises_a_changed_input_where_the_caller_reaches_it(tiny_mode
 @pytest.mark.parametrize("caching", ["auto", "off"])
 def test_a_run_reads_its_job_once_per_need_after_the_check(tiny_model, tmp_path, monkeypatch,
                                                            caching):
-    """After the check, a fresh run reads its job again only where it must: for the request
-    rows (a pass that also learns what the job asks beyond its tokens: job/facts.py), as the
-    engine takes it, for the verdict's sample, for the report's prefix bound (under auto
-    prefix caching counted once, for the decision, and reused) and under auto, the prompts
-    sharing blocks, for the step model's weighing of the cache. What the sampler is asked,
-    the OpenAI endpoint, the prompt and output lengths and the report's bound each read every
-    line again (minutes each at 10M lines; text tokenized again each time). What the rows'
-    pass learnt is what a pass of its own finds; the report's bound is what a count of its own
-    finds."""
+    """After the check, a fresh run reads its job again only where it must: as the engine
+    takes it, for the verdict's sample, for the report's prefix bound (under auto prefix
+    caching counted once, for the decision, and reused) and under auto, the prompts sharing
+    blocks, for the step model's weighing of the cache. The request rows, and what the job
+    asks beyond its tokens (job/facts.py), are made by the check itself (job/rows_spool.py:
+    a pass of their own before). What the sampler is asked, the OpenAI endpoint, the prompt
+    and output lengths and the report's bound each read every line again (minutes each at
+    10M lines; text tokenized again each time). What the check learnt is what a pass of its
+    own finds; the report's bound is what a count of its own finds."""
     from neuron_batch.inputs.prefix_bound import prefix_bound
     from neuron_batch.inputs.prepare import PromptTokens
     from neuron_batch.job.facts import job_facts
@@ -364,7 +364,7 @@ def test_a_run_reads_its_job_once_per_need_after_the_check(tiny_model, tmp_path,
                                        "sim", "--prefix-caching", caching, "-q", "-o",
                                        str(out)])
     assert result.exit_code == 0, result.output
-    passes = 5 if caching == "auto" else 4
+    passes = 4 if caching == "auto" else 3      # (the rows are the check's: rows_spool.py)
     assert sorted(read) == sorted(list(range(40)) * passes)
     [(workload, settings, facts)] = learnt
     read.clear()
@@ -406,8 +406,8 @@ def test_a_token_count_job_is_not_walked_for_a_prefix_bound(tiny_model, tmp_path
                                        "sim", "--prefix-caching", caching, "-q", "-o",
                                        str(out)])
     assert result.exit_code == 0, result.output
-    # the rows' pass, the engine's, and the verdict's sample of every 4th
-    assert sorted(read) == sorted(list(range(40)) * 2 + list(range(0, 40, 4)))
+    # the engine's and the verdict's sample of every 4th (the rows are the check's)
+    assert sorted(read) == sorted(list(range(40)) + list(range(0, 40, 4)))
     assert made     # (asked, and learnt from the arrays)
     report = json.loads((out / "report.json").read_text())
     assert report["prefix_cache"]["bound_tokens"] == 0

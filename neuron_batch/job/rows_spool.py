@@ -1,0 +1,87 @@
+"""A job's request rows (requests.jsonl.gz's: job/resume_check.py) made by the check before the
+run, as it reads each request, into an anonymous temporary file: a run whose order is the
+input's (no --shuffle) then needs no pass of its own over its inputs to make them, which read
+and parsed every line again (a third of the time before a 10M-line job's first step, issue
+48). Read back as often as asked (a resume compares them), or copied into the run folder as
+they are (a fresh run: nothing decoded). What the job asks beyond its tokens (job/facts.py) is
+tallied on the way. Nothing is left on disk whatever ends the process: the file has no name.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from neuron_batch.job.facts import FactsTally, JobFacts
+
+
+class RowsSpool:
+    """Rows added in input order (`add`), then `close`d: iterable again and again."""
+
+    def __init__(self, fields: list[str]):
+        self._file = tempfile.TemporaryFile()
+        # (as RunFolder.write_requests writes: gzip level 6, the fields line first)
+        self._gzip: gzip.GzipFile | None = gzip.GzipFile(fileobj=self._file, mode="wb",
+                                                         compresslevel=6)
+        self._gzip.write((json.dumps({"fields": fields}) + "\n").encode("utf-8"))
+        self.tally = FactsTally()
+        self.count = 0
+
+    def add(self, row: list[Any], request, spec: dict[str, Any]) -> None:
+        assert self._gzip is not None, "a closed spool takes no row"
+        self.tally.add(request, spec)
+        self._gzip.write((json.dumps(row, ensure_ascii=False) + "\n").encode(
+            "utf-8", "surrogatepass"))
+        self.count += 1
+
+    def close(self) -> JobFacts:
+        """Every row written; what the rows' requests ask beyond their tokens."""
+        if self._gzip is not None:
+            self._gzip.close()      # (the temporary file stays open: it is the spool)
+            self._file.flush()      # (read by os.pread: from the file, not its buffer)
+            self._gzip = None
+        return self.tally.result()
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        """The rows, one at a time (each iteration reads the file on its own)."""
+        assert self._gzip is None, "close the spool before reading it"
+        with gzip.GzipFile(fileobj=io.BufferedReader(_At(self._file.fileno())),
+                           mode="rb") as handle:
+            next(handle, None)          # (the fields line)
+            for line in handle:
+                yield json.loads(line)
+
+    def copy_to(self, path: Path) -> None:
+        """The gzip file as it is, at `path` (requests.jsonl.gz's bytes: nothing decoded)."""
+        assert self._gzip is None, "close the spool before copying it"
+        source = _At(self._file.fileno())
+        with open(path, "wb") as out:
+            while chunk := source.read(1 << 20):
+                out.write(chunk)
+
+    def discard(self) -> None:
+        self._gzip = None
+        self._file.close()
+
+
+class _At(io.RawIOBase):
+    """The spool's file read from its start at an offset of this reader's own (os.pread), so
+    two readers never move each other's place."""
+
+    def __init__(self, fd: int):
+        self._fd, self._at = fd, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = os.pread(self._fd, len(buffer), self._at)
+        buffer[:len(data)] = data
+        self._at += len(data)
+        return len(data)
