@@ -39,6 +39,7 @@ from neuron_batch.settings import RunSettings
 
 if TYPE_CHECKING:
     from neuron_batch.device.target import Target
+    from neuron_batch.inputs.prefix_bound import PrefixBound
 
 MAX_PROBLEMS_SHOWN = 20
 
@@ -92,11 +93,25 @@ def load_workload(settings: RunSettings, log: Callable[[str], None], *,
     run's device (`target`, or what `resolve` makes of the model once it is known) checks the
     --max-model-len a too-long prompt's fix names against its static KV cache."""
     spool = command == "run" and not settings.shuffle
+
+    def block_of(model) -> int:
+        """The run's KV block (engine/engine.py run_block_size), for the check's bound."""
+        from neuron_batch.engine.engine import run_block_size
+
+        device = target
+        if device is None and resolve is not None:
+            try:
+                device = resolve(settings, model.path)
+            except RunError:     # (refused as it is: that error comes once the inputs are right)
+                device = None
+        return run_block_size(settings, device)
+
     try:
-        scan = _Scan(settings, log, spool=spool)
+        scan = _Scan(settings, log, spool=spool, block_of=block_of if spool else None)
         if scan.duplicates:     # (rare: ids hashed alike) read again, every id held, to name them
             scan.drop_rows()
-            scan = _Scan(settings, log, exact_ids=True, spool=spool)
+            scan = _Scan(settings, log, exact_ids=True, spool=spool,
+                         block_of=block_of if spool else None)
     except InputError as error:
         raise RunError(str(error)) from None
     requests, problems = scan.requests, scan.problems
@@ -120,6 +135,8 @@ def load_workload(settings: RunSettings, log: Callable[[str], None], *,
                         rows_spool=scan.rows)
     if scan.facts is not None:     # (tallied as the rows were made)
         workload.learnt(settings, scan.facts)
+    if scan.bound is not None:      # (counted as the check tokenized: auto and the report's)
+        workload.prefix_bounds[scan.bound.block] = scan.bound
     return workload
 
 
@@ -134,7 +151,8 @@ class _Scan:
     and digest kept (inputs/job_columns.py `JobColumns`); every problem kept."""
 
     def __init__(self, settings: RunSettings, log: Callable[[str], None], *,
-                 exact_ids: bool = False, spool: bool = False):
+                 exact_ids: bool = False, spool: bool = False,
+                 block_of: Callable[[Any], int] | None = None):
         self.settings, self.log = settings, log
         # (the request rows, made as each request is checked: job/rows_spool.py)
         self.rows = RowsSpool(["id", *REQUEST_FIELDS]) if spool else None
@@ -144,6 +162,17 @@ class _Scan:
         self.path = request_path(str(settings.device), settings.resolve_runtime())
         self.model, self._source, self.tokenizer_name, vocab_size = _model_and_source(
             settings, log)
+        # The job's prefix bound (inputs/prefix_bound.py), counted as each prompt's tokens are
+        # made here: auto's decision and the report then tokenize no text again for it (a
+        # text job's start took twice its tokenizing). Given up at the first prompt whose
+        # tokens are not made here (a trace's synthetic ones: their own pass, or none where
+        # they share nothing); only for a job in input order (the check's requests are then
+        # the job's).
+        self.bound: PrefixBound | None = None
+        if block_of is not None:
+            from neuron_batch.inputs.prefix_bound import PrefixBound
+
+            self.bound = PrefixBound(block_of(self.model))
         self.columns = columns = JobColumns(inputs.readers)
         self._tokenizer_asked = False
         if vocab_size is None:      # (no config.json with it: the tokenizer's, else Llama's)
@@ -261,6 +290,11 @@ class _Scan:
             if rows is not None:
                 spec = request_spec(request, settings)
                 rows.add(request_row(request, spec), request, spec)
+            if self.bound is not None:
+                if request.token_ids is None:
+                    self.bound = None   # (synthetic tokens: not made here)
+                else:
+                    self.bound.add(request.token_ids)
         self._checked += [(position_of[p.read_order], p)
                           for p in refused + unsampled + unmatched + prepared.problems]
 

@@ -87,7 +87,10 @@ def auto_decision(settings: RunSettings, requests, model_path: str | None, *,
     known = targets is not None
     # (a streamed job's lengths from its arrays: only the bound reads every prompt's tokens)
     prompts, outputs = PromptTokens(requests), lengths_of(requests)[1]
-    bound = prefix_bound(prompts, block)
+    # (the check's, where it counted it as it tokenized: text not tokenized again)
+    bound = bounds.get(block) if bounds is not None else None
+    if bound is None:
+        bound = prefix_bound(prompts, block)
     if bounds is not None:
         bounds[block] = bound
     decision = decide(settings, prompts, outputs, block=block,

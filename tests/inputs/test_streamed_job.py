@@ -331,14 +331,14 @@ def test_read_ahead_raises_a_changed_input_where_the_caller_reaches_it(tiny_mode
 def test_a_run_reads_its_job_once_per_need_after_the_check(tiny_model, tmp_path, monkeypatch,
                                                            caching):
     """After the check, a fresh run reads its job again only where it must: as the engine
-    takes it, for the verdict's sample, for the report's prefix bound (under auto prefix
-    caching counted once, for the decision, and reused) and under auto, the prompts sharing
-    blocks, for the step model's weighing of the cache. The request rows, and what the job
-    asks beyond its tokens (job/facts.py), are made by the check itself (job/rows_spool.py:
-    a pass of their own before). What the sampler is asked, the OpenAI endpoint, the prompt
-    and output lengths and the report's bound each read every line again (minutes each at
-    10M lines; text tokenized again each time). What the check learnt is what a pass of its
-    own finds; the report's bound is what a count of its own finds."""
+    takes it, for the verdict's sample and under auto, the prompts sharing blocks, for the
+    step model's weighing of the cache. The request rows, what the job asks beyond its tokens
+    (job/facts.py) and the prefix bound auto and the report read are made by the check itself
+    as it tokenizes (each was a pass of its own before). What the sampler is asked, the
+    OpenAI endpoint, the prompt and output lengths and the report's bound each read every
+    line again (minutes each at 10M lines; text tokenized again each time). What the check
+    learnt is what a pass of its own finds; the report's bound is what a count of its own
+    finds."""
     from neuron_batch.inputs.prefix_bound import prefix_bound
     from neuron_batch.inputs.prepare import PromptTokens
     from neuron_batch.job.facts import job_facts
@@ -364,7 +364,8 @@ def test_a_run_reads_its_job_once_per_need_after_the_check(tiny_model, tmp_path,
                                        "sim", "--prefix-caching", caching, "-q", "-o",
                                        str(out)])
     assert result.exit_code == 0, result.output
-    passes = 4 if caching == "auto" else 3      # (the rows are the check's: rows_spool.py)
+    # (the rows and the prefix bound are the check's: job/rows_spool.py, job/workload.py)
+    passes = 3 if caching == "auto" else 2
     assert sorted(read) == sorted(list(range(40)) * passes)
     [(workload, settings, facts)] = learnt
     read.clear()
@@ -373,10 +374,9 @@ def test_a_run_reads_its_job_once_per_need_after_the_check(tiny_model, tmp_path,
     assert facts.sampling.logprob_requests == 8 and facts.sampling.num_requests == 40
     assert json.loads((out / "batch.json").read_text())["endpoint"] == "/v1/completions"
     report = json.loads((out / "report.json").read_text())
-    if caching == "auto":
-        counted = prefix_bound(PromptTokens(workload.prepared.requests),
-                               report["config"]["block_size"]).tokens()
-        assert report["prefix_cache"]["bound_tokens"] == counted > 0
+    counted = prefix_bound(PromptTokens(workload.prepared.requests),
+                           report["config"]["block_size"]).tokens()
+    assert report["prefix_cache"]["bound_tokens"] == counted > 0
 
 
 @pytest.mark.parametrize("caching", ["auto", "off"])

@@ -72,3 +72,30 @@ def test_a_shuffled_job_and_other_commands_make_no_rows_on_the_way(tiny_model, t
     settings = settings.replace(inputs=(str(clean),), shuffle=False)
     assert load_workload(settings, lambda _: None, command="bench").rows_spool is None
     assert load_workload(settings, lambda _: None).rows_spool is not None
+
+
+@pytest.mark.parametrize("values", [{}, {"limit": 50}, {"block_size": 16}])
+def test_the_checks_prefix_bound_is_the_walks(tiny_model, tmp_path, values):
+    """A job whose prompts the check tokenizes (text, messages, token ids): its prefix bound is
+    counted as they are made, and is what walking the job's prompts counts; a job with a
+    trace's synthetic prompts, or shuffled, leaves it to a pass of its own."""
+    from neuron_batch.inputs.prefix_bound import prefix_bound
+    from neuron_batch.inputs.prepare import PromptTokens
+
+    path = tmp_path / "p.jsonl"
+    lines = [{"prompt": "a system prompt every request shares " * 6 + f"then {i} " * (i % 7),
+              "max_tokens": 2} for i in range(120)]
+    lines += [{"prompt_token_ids": [5, 6, 7] * (10 + i % 20)} for i in range(30)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    settings = RunSettings.of((str(path),), model=tiny_model, device="sim", quiet=True,
+                              **values)
+    workload = load_workload(settings, lambda _: None)
+    [(block, bound)] = workload.prefix_bounds.items()
+    walked = prefix_bound([list(p) for p in PromptTokens(workload.prepared.requests)], block)
+    assert bound.tokens() == walked.tokens() > 0
+    assert block == values.get("block_size", block)
+    synthetic = tmp_path / "t.jsonl"
+    synthetic.write_text(json.dumps({"prompt_len": 40}) + "\n" + path.read_text())
+    assert not load_workload(settings.replace(inputs=(str(synthetic),)),
+                             lambda _: None).prefix_bounds
+    assert not load_workload(settings.replace(shuffle=True), lambda _: None).prefix_bounds
