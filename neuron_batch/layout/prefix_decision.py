@@ -84,13 +84,14 @@ def platform_off(runtime) -> PrefixDecision:
 def decide(settings: RunSettings, prompts: Sequence[Sequence[int]], output_lens: Sequence[int],
            *, block: int, targets: tuple[Any, Any] | None = None,
            compiled: tuple[bool, bool] = (False, False), neuron: bool = False,
-           bound: int | None = None) -> PrefixDecision:
+           bound: int | None = None, bound_error: int = 0) -> PrefixDecision:
     """Auto's decision for `prompts` (token ids, in submission order) and their output
     lengths, on `targets` = (the device without caching, with it) (device/target.py Target;
     None: no step model), whose graphs are `compiled` already (without, with). `neuron`: a
     Neuron host (without a step model the cache is weighed by UNMODELLED_SHARE). `bound`: the
     prompts' `shared_prefix_tokens`, where the caller counted it already (a pass over every
-    prompt's tokens)."""
+    prompt's tokens); `bound_error`: one standard error of it where it was estimated (within
+    two of 0, it is taken as 0)."""
     prompt_tokens = sum(prompt_lengths(prompts))    # (a streamed job's: from its arrays)
     if bound is None:
         bound = shared_prefix_tokens(prompts, block)
@@ -100,6 +101,15 @@ def decide(settings: RunSettings, prompts: Sequence[Sequence[int]], output_lens:
         return PrefixDecision("auto", False, f"the prompts share no KV block of {block} tokens "
                               f"(an unbounded cache would serve 0 of {prompt_tokens:,} prompt "
                               f"tokens), so caching would only cost", figures)
+    if bound <= 2 * bound_error:
+        # (past its exact count the bound is estimated, inputs/prefix_bound.py: a job that
+        # shares nothing reads as a little; weighing it walks every prompt again, for text a
+        # second tokenization of the whole job, to find what the estimate cannot tell from 0)
+        figures["bound_error_tokens"] = bound_error
+        return PrefixDecision("auto", False, f"the prompts share no KV block of {block} tokens "
+                              f"that the bound's estimate can tell from none ({bound:,} +- "
+                              f"{bound_error:,} of {prompt_tokens:,} prompt tokens), so caching "
+                              f"would only cost", figures)
     share = bound / prompt_tokens
     if targets is None or None in targets:
         if not neuron:

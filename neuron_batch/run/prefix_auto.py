@@ -95,12 +95,14 @@ def auto_decision(settings: RunSettings, requests, model_path: str | None, *,
         bounds[block] = bound
     decision = decide(settings, prompts, outputs, block=block,
                       targets=targets, compiled=compiled,
-                      neuron=runs_on_neuron(settings), bound=bound.tokens())
+                      neuron=runs_on_neuron(settings), bound=bound.tokens(),
+                      bound_error=bound.error_tokens())
     if known and compiled[0] != compiled[1]:
         # One layout's graphs are compiled (an earlier night's decision): that start-up is a
         # load, which holds the decision; say when tonight's input alone would go the other way.
         alone = decide(settings, prompts, outputs, block=block, targets=targets,
-                       compiled=(True, True), bound=bound.tokens())
+                       compiled=(True, True), bound=bound.tokens(),
+                       bound_error=bound.error_tokens())
         if alone.enable != decision.enable:
             decision = replace(decision, reason=(
                 f"{decision.reason}; kept {prefix_caching_word(decision.enable)} because its "

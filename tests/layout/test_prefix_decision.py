@@ -57,6 +57,27 @@ def test_a_job_that_shares_nothing_runs_without_the_cache_everywhere():
         assert decision.figures["bound_tokens"] == 0
 
 
+def test_an_estimated_bound_within_its_error_of_none_is_none_and_not_weighed(monkeypatch):
+    """Past its exact count the bound is estimated (inputs/prefix_bound.py): a job that shares
+    nothing reads as a little (50k text prompts: 222,656 +- 160,547 tokens), and weighing it
+    walked every prompt again. Within two standard errors of 0 it is taken as 0; a bound
+    clear of its error is weighed."""
+    from neuron_batch.layout import prefix_decision
+
+    s = sim_settings()
+    prompts = own(20, 700)
+    weighed = []
+    real = prefix_decision.weigh
+    monkeypatch.setattr(prefix_decision, "weigh",
+                        lambda *a, **k: weighed.append(1) or real(*a, **k))
+    decision = decide(s, prompts, [64] * 20, block=BLOCK, targets=targets(s), bound=640,
+                      bound_error=400)
+    assert not decision.enable and "tell from none (640 +- 400" in decision.reason
+    assert decision.figures["bound_error_tokens"] == 400 and not weighed
+    decide(s, prompts, [64] * 20, block=BLOCK, targets=targets(s), bound=640, bound_error=100)
+    assert weighed
+
+
 def test_the_cpu_turns_it_on_wherever_a_block_is_shared():
     s = RunSettings.of(inputs=("x",), device="cpu").validate()
     decision = decide(s, shared_instruction(4, 64, 100), [8] * 4, block=BLOCK)
