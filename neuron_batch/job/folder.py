@@ -38,7 +38,7 @@ import re
 import struct
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -344,7 +344,10 @@ class RunFolder:
             raise
 
     def tally(self) -> OutputsTally:
-        """The sums over outputs.jsonl as it is now (job/outputs_tally.py)."""
+        """The sums over outputs.jsonl as it is now (job/outputs_tally.py): the open file's, as
+        kept, else loaded."""
+        if self._tally is not None:
+            return replace(self._tally)
         return load_tally(self.path)
 
     def close_outputs(self) -> None:

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from neuron_batch.storage.lines import tail_crc
+
 OUTPUTS_TALLY = "outputs.tally.json"
 #: Output lines between two saves: what a run killed -9 leaves for the next reader to add.
 SAVE_EVERY = 65_536
-_TAIL = 64 << 10
 
 
 @dataclass
@@ -107,7 +107,11 @@ def load_tally(folder: Path, outputs: str = "outputs.jsonl") -> OutputsTally:
 def save_tally(folder: Path, tally: OutputsTally, outputs: str = "outputs.jsonl") -> None:
     """Write `tally` beside the outputs it sums (atomically: a reader finds the old or the new).
     A disk too full to take it leaves the old one: a reader adds what it lacks."""
-    data = {**asdict(tally), "tail_crc": _tail_crc(folder / outputs, tally.end)}
+    try:
+        crc = tail_crc(folder / outputs, tally.end)
+    except FileNotFoundError:
+        return      # (no outputs to sum: nothing to save)
+    data = {**asdict(tally), "tail_crc": crc}
     tmp = folder / f".{OUTPUTS_TALLY}.tmp"
     try:
         tmp.write_text(json.dumps(data) + "\n", encoding="utf-8")
@@ -123,16 +127,6 @@ def _saved(tally_path: Path, outputs: Path, size: int) -> OutputsTally | None:
         crc = int(data["tail_crc"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not 0 <= tally.end <= size or _tail_crc(outputs, tally.end) != crc:
+    if not 0 <= tally.end <= size or tail_crc(outputs, tally.end) != crc:
         return None
     return tally
-
-
-def _tail_crc(path: Path, end: int) -> int:
-    """CRC-32 of the (up to) 64 KiB of `path` before byte `end`."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(max(0, end - _TAIL))
-            return zlib.crc32(handle.read(min(end, _TAIL)))
-    except FileNotFoundError:
-        return 0

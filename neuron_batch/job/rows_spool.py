@@ -31,14 +31,12 @@ class RowsSpool:
                                                          compresslevel=6)
         self._gzip.write((json.dumps({"fields": fields}) + "\n").encode("utf-8"))
         self.tally = FactsTally()
-        self.count = 0
 
     def add(self, row: list[Any], request, spec: dict[str, Any]) -> None:
         assert self._gzip is not None, "a closed spool takes no row"
         self.tally.add(request, spec)
         self._gzip.write((json.dumps(row, ensure_ascii=False) + "\n").encode(
             "utf-8", "surrogatepass"))
-        self.count += 1
 
     def close(self) -> JobFacts:
         """Every row written; what the rows' requests ask beyond their tokens."""

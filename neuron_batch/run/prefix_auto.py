@@ -91,8 +91,8 @@ def auto_decision(settings: RunSettings, requests, model_path: str | None, *,
     bound = bounds.get(block) if bounds is not None else None
     if bound is None:
         bound = prefix_bound(prompts, block)
-    if bounds is not None:
-        bounds[block] = bound
+        if bounds is not None:
+            bounds[block] = bound
     decision = decide(settings, prompts, outputs, block=block,
                       targets=targets, compiled=compiled,
                       neuron=runs_on_neuron(settings), bound=bound.tokens(),

@@ -340,8 +340,8 @@ def _open_folder(job: Job, signals: RunSignals, ids: Sequence[str], started: flo
                                if job.prefix_caching is not None else None})
         write_skipped(folder.path, problems)
         folder.load_done(ids_by_index(prepared.requests))
-        job.outputs = RunOutputs.begin(job, folder.tally(), problems)
         folder.open_outputs()
+        job.outputs = RunOutputs.begin(job, folder.tally(), problems)
     except Interrupted as stop:
         if written or settings.resume or not folder.has_previous_run():
             record_stop(folder, stop, started, 0)

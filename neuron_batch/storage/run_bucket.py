@@ -43,7 +43,6 @@ import shutil
 import signal
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,7 @@ from typing import Any
 from neuron_batch.errors import EXIT_INTERRUPTED
 from neuron_batch.storage.bucket_lock import LOCK_KEY, BucketLock
 from neuron_batch.storage.bucket_objects import CHUNK, BucketObjects
-from neuron_batch.storage.lines import whole_lines_end
+from neuron_batch.storage.lines import tail_crc, whole_lines_end
 from neuron_batch.storage.urls import (
     EXTRAS,
     StorageError,
@@ -380,11 +379,11 @@ class BucketRun:
             # (appended to, not written anew: the same file, and the bytes before where the
             # bucket's copy ends are still what they were)
             if rel.endswith(".jsonl") and inode == stat.st_ino and _MIN_PART <= held <= end \
-                    and _tail_crc(path, held) == tail:
+                    and tail_crc(path, held) == tail:
                 self.objects.append_file(key, path, held, end)
             else:
                 self.objects.put_file(key, path, 0, end)
-            self._appended[rel] = (stat.st_ino, end, _tail_crc(path, end))
+            self._appended[rel] = (stat.st_ino, end, tail_crc(path, end))
             self._files[rel] = signature
             self._remote.add(rel)
         gone = sorted(self._remote - present)
@@ -517,13 +516,6 @@ def _files_of(folder: Path) -> Iterator[tuple[str, Path]]:
             if name.startswith(".") or rel == OUTPUTS or rel in _DONE_INDEXES:
                 continue
             yield rel, path
-
-
-def _tail_crc(path: Path, end: int) -> int:
-    """CRC-32 of the 64 KiB of `path` before byte `end`."""
-    with open(path, "rb") as handle:
-        handle.seek(max(0, end - (64 << 10)))
-        return zlib.crc32(handle.read(min(end, 64 << 10)))
 
 
 def _lines_end(path: Path, size: int) -> int:
