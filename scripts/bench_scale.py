@@ -25,6 +25,7 @@ and times the run. It prints, against the run at `--base` requests (10k by defau
     .venv/bin/python scripts/bench_scale.py --startup 200000 --kinds tokens,text
     .venv/bin/python scripts/bench_scale.py --weigh 100000,1000000   # auto's weighing
     .venv/bin/python scripts/bench_scale.py --rows 200000     # the request rows' pass
+    .venv/bin/python scripts/bench_scale.py --parts 1000000 --kinds tokens,text  # split check
 
 One run of each size: the ratios are between sizes of one invocation on one machine (the
 sizes differ by 10x, so noise of a few per cent does not hide a trend).
@@ -228,6 +229,11 @@ def main() -> None:
                              "on N prompts sharing a 64-token head, made as they are read, "
                              "each size in a process of its own: its time and the memory it "
                              "adds, a prompt, against the first size")
+    parser.add_argument("--parts", type=int, default=None, metavar="N",
+                        help="only the check before the run of an N-line JSON lines job (per "
+                        "--kinds: prompt_len lines, or text), in one process against split "
+                        "across every core (job/check_parts.py), each in a process of its own, "
+                        "medians of 3, and stop")
     parser.add_argument("--rows", type=int, default=None, metavar="N",
                         help="only the pass that makes a run's request rows "
                              "(job/resume_check.py) over N token-count requests, against the "
@@ -244,6 +250,9 @@ def main() -> None:
                             args.text_cap)
     if args.weigh:
         return weigh_check([int(n) for n in args.weigh.split(",")])
+    if args.parts:
+        return parts_check(args.parts, args.kinds.split(","), Path(args.workdir or tempfile.mkdtemp(
+            prefix="bench-scale-")), args.text_cap)
     if args.rows:
         return rows_check(args.rows, Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-")))
     if args.startup:
@@ -537,6 +546,56 @@ def weigh_check(sizes: list[int]) -> None:
         base = base or per
         print(f"{size:>10,}{run['s']:>8.1f}{per:>11.2f}{per / base:>7.2f}"
               f"{run['added'] / 2**20:>11.1f}{run['added'] / size:>10.1f}", flush=True)
+
+
+def parts_check(size: int, kinds: list[str], workdir: Path, text_cap: int) -> None:
+    """The check before the run (with its request rows, as `run` makes them) of `size` JSON
+    lines, in one process against split across this machine's cores (job/check_parts.py,
+    issue 48), each a process of its own, medians of 3: seconds, and the ratio."""
+    import statistics
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    code = ("import json, sys, time\n"
+            "from neuron_batch.job.workload import load_workload\n"
+            "from neuron_batch.settings import RunSettings\n"
+            "def main():\n"
+            "    s = RunSettings.of((sys.argv[1],), device='sim', instance='inf2.8xlarge',\n"
+            "        architecture='llama-3.1-8b', max_model_len=8192, quiet=True,\n"
+            "        prefix_caching=False)\n"
+            "    t0 = time.perf_counter(); w = load_workload(s, lambda _: None)\n"
+            "    print(json.dumps({'s': time.perf_counter() - t0,\n"
+            "                      'n': len(w.prepared.requests)}))\n"
+            "if __name__ == '__main__':\n"
+            "    main()\n")
+    script = workdir / "check.py"
+    script.write_text(code)
+    cores = len(os.sched_getaffinity(0))
+    print(f"{'kind':<7}{'requests':>10}{'one s':>8}{f'{cores} cores s':>12}{'ratio':>7}",
+          flush=True)
+    for kind in kinds:
+        rng = random.Random(size)
+        rows = trace_rows()
+        job = workdir / f"parts-{kind}-{size}.jsonl"
+        with open(job, "w") as handle:
+            for i in range(size):
+                prompt, output = rows[rng.randrange(len(rows))]
+                line = ({"prompt_len": prompt, "max_tokens": output} if kind == "tokens" else
+                        {"prompt": f"{i} " + " ".join(rng.choice(_WORDS) for _ in range(
+                            min(prompt, text_cap))), "max_tokens": output})
+                handle.write(json.dumps(line) + "\n")
+        times: dict[int, list[float]] = {1: [], cores: []}
+        for _ in range(3):
+            for processes in times:
+                env = {**os.environ, "PYTHONPATH": str(ROOT),
+                       "NEURON_BATCH_CHECK_PROCESSES": str(processes)}
+                got = json.loads(subprocess.run(
+                    [sys.executable, str(script), str(job)], env=env, capture_output=True,
+                    text=True, check=True).stdout.splitlines()[-1])
+                assert got["n"] == size, got
+                times[processes].append(got["s"])
+        job.unlink()
+        one, split = statistics.median(times[1]), statistics.median(times[cores])
+        print(f"{kind:<7}{size:>10,}{one:>8.1f}{split:>12.1f}{one / split:>7.2f}", flush=True)
 
 
 def rows_check(size: int, workdir: Path) -> None:

@@ -105,10 +105,41 @@ class Steps(Sequence[int]):
             at, run = end, run + 1
         return out
 
+    def extend_shifted(self, other: Steps, shift: int) -> None:
+        """`other`'s values, each plus `shift`, after these: run by run."""
+        if self._dense is None and other._dense is None:
+            for run, (start, first) in enumerate(zip(other._starts, other._firsts)):
+                end = other._starts[run + 1] if run + 1 < len(other._starts) else len(other)
+                self.append(first + shift)          # (a run of its own where it breaks one)
+                length = end - start - 1
+                if self._dense is not None:     # (that append made it dense)
+                    for k in range(1, length + 1):
+                        self.append(first + shift + self.step * k)
+                elif length:    # (the rest of the run: it goes on from what `append` kept)
+                    self._count += length
+                    self._last = first + shift + self.step * length
+            return
+        for value in other.take(range(len(other))):
+            self.append(value + shift)
+
     @property
     def runs(self) -> int:
         """Runs kept (0 once dense): what a test of its size looks at."""
         return len(self._starts)
+
+
+def _as_read(record: PromptRecord, position: int, index: int) -> None:
+    """A record read again before the check numbered the job: nothing more to give it."""
+
+
+def _joined(values: array, more: array) -> array:
+    """`values` then `more`, in the wider of their two sizes."""
+    if more.itemsize > values.itemsize:
+        values = array(more.typecode, values)
+    elif more.typecode != values.typecode:
+        more = array(values.typecode, more)
+    values.extend(more)
+    return values
 
 
 def _appended(values: array, value: int) -> array:
@@ -170,14 +201,15 @@ class JobColumns:
         self._id_ends: array | None = None
         # made by the caller: what numbering gives a record read again (its default id and
         # max_tokens, the OpenAI defaults) at (position, index)
-        self.finish: Callable[[PromptRecord, int, int], None] = lambda r, p, i: None
+        self.finish: Callable[[PromptRecord, int, int], None] = _as_read
         self.tokenizer: Any = None
         self.tokenizer_name: str | None = None
         self.vocab_size = 32_000
 
-    def add(self, src: int, where: int, line: int, digest: int, record_id: str,
+    def add(self, src: int, where: int, line: int, digest: int, record_id: str | None,
             read_order: int) -> None:
-        """The next position's record, as scanned (`read_order`: PromptRecord.read_order)."""
+        """The next position's record, as scanned (`read_order`: PromptRecord.read_order;
+        `record_id` None where its id is the default, str(read_order))."""
         position = len(self.digest)
         self.src.append(src)
         self.where = _appended(self.where, where)
@@ -188,14 +220,41 @@ class JobColumns:
         self.max_tokens.append(0)
         self.clamped.append(0)
         self.asks.append(0)
-        default = record_id == str(read_order)
         if self._id_ends is None:
-            if default:
+            if record_id is None:
                 return
             self._id_ends = array("I", [0]) * position     # (every one before: its default)
-        if not default:
+        if record_id is not None:
             self._id_bytes += record_id.encode("utf-8", "surrogatepass")
         self._id_ends = _appended(self._id_ends, len(self._id_bytes))
+
+    def extend(self, part: JobColumns, items: int, lines: int) -> None:
+        """`part`'s records after these (a part of a check split across processes,
+        job/check_parts.py, numbered from its own start): its reading order shifted by
+        `items` (the items read before it), its lines by `lines` where it comes from the
+        same input as the last record here."""
+        count = len(self)
+        self.src.extend_shifted(part.src, 0)
+        self.where = _joined(self.where, part.where)
+        self.line.extend_shifted(part.line, lines)
+        self.read_order.extend_shifted(part.read_order, items)
+        self.digest.extend(part.digest)
+        self.prompt_len = _joined(self.prompt_len, part.prompt_len)
+        self.max_tokens = _joined(self.max_tokens, part.max_tokens)
+        self.clamped += part.clamped
+        self.asks += part.asks
+        self.samples.update((count + position, n) for position, n in part.samples.items())
+        self.not_own += part.not_own
+        if part._id_ends is not None:
+            if self._id_ends is None:
+                self._id_ends = array("I", [0]) * count
+            base = len(self._id_bytes)
+            self._id_bytes += part._id_bytes
+            top = base + (part._id_ends[-1] if len(part._id_ends) else 0)
+            self._id_ends = _joined(self._id_ends, array(
+                "I" if top < 1 << 32 else "q", (base + end for end in part._id_ends)))
+        elif self._id_ends is not None:
+            self._id_ends = _joined(self._id_ends, array("I", [len(self._id_bytes)]) * len(part))
 
     def prepared(self, position: int, request: PreparedRequest) -> None:
         """The check's request at `position`: its lengths, and what the report counts of it."""

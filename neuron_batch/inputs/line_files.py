@@ -47,13 +47,41 @@ class LineInput:
         # JSON: the first object decides the format, so one stray line cannot flip it
         self.kind: str | None = "text" if text else None
         self.array = False
+        self.span_lines = 0     # (the lines `scan(span)` read: the next span's line shift)
 
     def stamp(self) -> tuple | None:
         return file_stamp(self.path)
 
-    def scan(self) -> Iterator[Scanned]:
+    def spans(self, parts: int) -> list[tuple[int, int]] | None:
+        """The file cut into about `parts` byte ranges, each starting at a line's start, for
+        a check split across processes (job/check_parts.py); None where it cannot be cut (a
+        JSON array, one item a whole file's parse) or is too small to be worth it."""
+        if self.array or suffix_of(self.path) == ".json" or parts < 2:
+            return None
         try:
             with open_binary(self.path) as handle:
+                size = handle.seek(0, 2)
+                starts = [0]
+                for part in range(1, parts):
+                    handle.seek(max(size * part // parts - 1, starts[-1]))
+                    handle.readline()       # (to the end of the line it lands in)
+                    at = handle.tell()
+                    if at >= size:
+                        break
+                    if at > starts[-1]:
+                        starts.append(at)
+        except OSError as exc:
+            raise InputError(f"{self.label}: cannot read: {exc.strerror or exc}") from exc
+        return list(zip(starts, [*starts[1:], size])) if len(starts) > 1 else None
+
+    def scan(self, span: tuple[int, int] | None = None) -> Iterator[Scanned]:
+        """Every item from the start; or, given `span` (`spans`), those whose lines start in
+        that byte range, numbered from 1 at its first line (the caller shifts them)."""
+        try:
+            with open_binary(self.path) as handle:
+                if span is not None:
+                    yield from self._span(handle, *span)
+                    return
                 head = handle.read(8192)
                 if b"\0" in head:
                     raise InputError(f"{self.label}: looks like a binary file (NUL bytes); "
@@ -70,13 +98,28 @@ class LineInput:
                 offset = 0
                 for number, raw in enumerate(handle, 1):
                     where, offset = offset, offset + len(raw)
-                    item = self._item(raw, number)
+                    item = self._item(raw, number, where)
                     if item is not None:
                         yield where, number, zlib.crc32(raw), item
         except OSError as exc:
             raise InputError(f"{self.label}: cannot read: {exc.strerror or exc}") from exc
         if self.kind is None:
             self.kind = "jsonl"
+
+    def _span(self, handle, start: int, end: int) -> Iterator[Scanned]:
+        if start == 0 and b"\0" in handle.read(8192):
+            raise InputError(f"{self.label}: looks like a binary file (NUL bytes); expected "
+                             "UTF-8 text (Parquet files need the .parquet extension)")
+        handle.seek(start)
+        offset, self.span_lines = start, 0
+        for number, raw in enumerate(handle, 1):
+            if offset >= end:
+                return
+            where, offset = offset, offset + len(raw)
+            self.span_lines = number
+            item = self._item(raw, number, where)
+            if item is not None:
+                yield where, number, zlib.crc32(raw), item
 
     def read(self, spots: Sequence[tuple[int, int]]) -> Iterator[tuple[int, Item | None]]:
         """(digest, item) of the lines at `spots` ((offset, line number), as `scan` gave
@@ -92,13 +135,13 @@ class LineInput:
                     if handle.tell() != where:
                         handle.seek(where)
                     raw = handle.readline()
-                    yield zlib.crc32(raw), self._item(raw, number)
+                    yield zlib.crc32(raw), self._item(raw, number, where)
         except OSError as exc:
             raise InputError(f"{self.label}: cannot read: {exc.strerror or exc}") from exc
 
-    def _item(self, raw: bytes, number: int) -> Item | None:
+    def _item(self, raw: bytes, number: int, where: int) -> Item | None:
         line = raw[:-1] if raw.endswith(b"\n") else raw
-        if number == 1:
+        if where == 0:
             line = line.removeprefix(_BOM)
         source = f"{self.label}:{number}"
         try:

@@ -106,6 +106,37 @@ class InputScan:
         self.id_hashes = array("q")
         self._numeric_ids = self._default_ids = False
         self.records = 0        # records numbered so far
+        self.items = 0          # items (records and problems) read so far
+        self._span: tuple[int, tuple[int, int]] | None = None
+
+    @classmethod
+    def of_span(cls, reader: InputReader, spec: str, number: int, span: tuple[int, int], *,
+                default_max_tokens: int | None) -> InputScan:
+        """One part of a check split across processes (job/check_parts.py): the items whose
+        lines start in `span` of input `number`, numbered (lines, reading order, positions)
+        from the part's own start: the caller shifts them by the parts before. Ids hashed for
+        the duplicate check, never held (`exact_ids` False)."""
+        scan = cls.__new__(cls)
+        scan.specs, scan.readers = [spec], [reader]
+        scan.default_max_tokens, scan.exact_ids = default_max_tokens, False
+        scan.id_hashes = array("q")
+        scan._numeric_ids = scan._default_ids = False
+        scan.records = scan.items = 0
+        scan._span = (number, span)
+        return scan
+
+    @property
+    def numeric_ids(self) -> bool:
+        return self._numeric_ids
+
+    @property
+    def default_ids(self) -> bool:
+        return self._default_ids
+
+    def took(self, numeric_ids: bool, default_ids: bool) -> None:
+        """What a part's ids were (`of_span`), for `has_duplicates` here."""
+        self._numeric_ids = self._numeric_ids or numeric_ids
+        self._default_ids = self._default_ids or default_ids
 
     @property
     def kind(self) -> str:
@@ -117,9 +148,16 @@ class InputScan:
         read_order = -1
         for number, (spec, reader) in enumerate(zip(self.specs, self.readers)):
             empty = True
-            for where, line, digest, item in reader.scan():
+            if self._span is not None:
+                number, span = self._span
+                assert isinstance(reader, LineInput)    # (only a line file is cut)
+                items = reader.scan(span)
+            else:
+                items = reader.scan()
+            for where, line, digest, item in items:
                 empty = False
                 read_order += 1
+                self.items += 1
                 if isinstance(item, InputProblem):
                     item.read_order = read_order
                     yield number, where, line, digest, item
@@ -142,9 +180,8 @@ class InputScan:
                     self._default_ids = True
                 self.records += 1
                 yield number, where, line, digest, record
-            if empty:
-                raise InputError(f"{spec}: no prompts found: the input is empty or holds only "
-                                 "blank lines")
+            if empty and self._span is None:    # (a part's: the parts' sum tells)
+                raise no_prompts(spec)
 
     def finish(self, record: PromptRecord, position: int, default_id: str | None = None
                ) -> None:
@@ -155,6 +192,7 @@ class InputScan:
         record.index = position
         if not record.id:
             record.id = default_id if default_id is not None else str(record.read_order)
+            record.default_id = True
         if record.max_tokens is None and record.openai is None:
             # (an OpenAI batch line without max_tokens runs up to the context, as there)
             record.max_tokens = self.default_max_tokens
@@ -174,6 +212,10 @@ class InputScan:
         hashes = np.frombuffer(self.id_hashes, dtype=np.int64)
         hashes.sort()
         return bool((hashes[1:] == hashes[:-1]).any())
+
+
+def no_prompts(spec: str) -> InputError:
+    return InputError(f"{spec}: no prompts found: the input is empty or holds only blank lines")
 
 
 def job_order(count: int, *, shuffle: bool, seed: int, limit: int | None) -> list[int] | None:

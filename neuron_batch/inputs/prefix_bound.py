@@ -94,13 +94,31 @@ class _Distinct:
             self.sorted = _merged(self.sorted, batch)
             if len(self.sorted) <= self.limit:
                 return
-            held, self.sorted = self.sorted, np.zeros(0, _U64)
-            self.registers = np.zeros(_REGISTERS, np.uint8)
-            # (a buffer at a time: the whole held array at once took five times its size)
-            for start in range(0, len(held), _BUFFER):
-                self._register(held[start:start + _BUFFER])
+            self._estimated()
             return
         self._register(batch)
+
+    def _estimated(self) -> None:
+        """From the exact count to the estimate: the held hashes into the registers."""
+        held, self.sorted = self.sorted, np.zeros(0, _U64)
+        self.registers = np.zeros(_REGISTERS, np.uint8)
+        # (a buffer at a time: the whole held array at once took five times its size)
+        for start in range(0, len(held), _BUFFER):
+            self._register(held[start:start + _BUFFER])
+
+    def merge(self, other: _Distinct) -> None:
+        """`other`'s hashes counted here too (the count of both together)."""
+        other._settle()
+        if other.registers is None:
+            for start in range(0, len(other.sorted), _BUFFER):
+                self._settle()
+                self._count(other.sorted[start:start + _BUFFER])
+            return
+        self._settle()
+        if self.registers is None:
+            self._estimated()
+        assert self.registers is not None
+        np.maximum(self.registers, other.registers, out=self.registers)
 
     def _register(self, batch: np.ndarray) -> None:
         assert self.registers is not None
@@ -165,6 +183,16 @@ class PrefixBound:
         if len(ids) == whole * block:
             self.aligned += 1
             self._aligned_ends.add(prefixes[-1:])
+
+    def merge(self, other: PrefixBound) -> None:
+        """`other`'s prompts counted here too (a part of a check split across processes):
+        the bound of both together, as one pass over all of them would count it."""
+        if other.block != self.block:
+            raise ValueError(f"bounds of blocks {self.block} and {other.block} do not add up")
+        self.whole_blocks += other.whole_blocks
+        self.aligned += other.aligned
+        self._prefixes.merge(other._prefixes)
+        self._aligned_ends.merge(other._aligned_ends)
 
     @property
     def exact(self) -> bool:

@@ -67,6 +67,9 @@ class PromptRecord:
     prompt_field: str | None = field(default=None, compare=False)
     sampling_fields: dict[str, str] | None = field(default=None, compare=False)  # key -> field
     read_order: int = field(default=-1, compare=False)
+    # Whether `id` is the default one (str(read_order)), not the line's: a check split into
+    # parts (job/check_parts.py) numbers each part from 0 and shifts such ids after.
+    default_id: bool = field(default=False, compare=False)
 
 
 class InputError(ValueError):

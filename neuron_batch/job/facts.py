@@ -43,6 +43,12 @@ class FactsTally:
         else:
             self._sampling.add_keyed(key, lambda: spec_asks(spec))
 
+    def merge(self, other: FactsTally) -> None:
+        """`other`'s requests counted here too (a part of a split check's)."""
+        self._sampling.merge(other._sampling)
+        self._urls |= other._urls
+        self._stops = self._stops or other._stops
+
     def result(self) -> JobFacts:
         return JobFacts(self._sampling.result(), ",".join(sorted(self._urls)) or None,
                         self._stops)

@@ -24,13 +24,33 @@ from neuron_batch.job.facts import FactsTally, JobFacts
 class RowsSpool:
     """Rows added in input order (`add`), then `close`d: iterable again and again."""
 
-    def __init__(self, fields: list[str]):
-        self._file = tempfile.TemporaryFile()
+    def __init__(self, fields: list[str] | None, path: Path | None = None):
+        """`fields` None, with a `path`: a part's rows (job/check_parts.py), plain JSON lines
+        in a file named so that another process can number and compress them, the fields
+        line left to the spool they join (`joined`)."""
+        self._file: Any = open(path, "w+b") if path is not None else tempfile.TemporaryFile()
         # (as RunFolder.write_requests writes: gzip level 6, the fields line first)
-        self._gzip: gzip.GzipFile | None = gzip.GzipFile(fileobj=self._file, mode="wb",
-                                                         compresslevel=6)
-        self._gzip.write((json.dumps({"fields": fields}) + "\n").encode("utf-8"))
+        self._gzip: Any = (gzip.GzipFile(fileobj=self._file, mode="wb", compresslevel=6)
+                           if fields is not None else self._file)
+        if fields is not None:
+            self._gzip.write((json.dumps({"fields": fields}) + "\n").encode("utf-8"))
         self.tally = FactsTally()
+
+    @classmethod
+    def joined(cls, fields: list[str], parts: list[Path], tally: FactsTally) -> RowsSpool:
+        """One closed spool of the fields line and then each part's rows, as they are (gzip
+        members one after another are one gzip file's data), what they ask `tally`."""
+        spool = cls(fields)
+        assert spool._gzip is not None
+        spool._gzip.close()
+        spool._gzip = None
+        for part in parts:
+            with open(part, "rb") as handle:
+                while chunk := handle.read(1 << 20):
+                    spool._file.write(chunk)
+        spool._file.flush()
+        spool.tally = tally
+        return spool
 
     def add(self, row: list[Any], request, spec: dict[str, Any]) -> None:
         assert self._gzip is not None, "a closed spool takes no row"
@@ -41,10 +61,16 @@ class RowsSpool:
     def close(self) -> JobFacts:
         """Every row written; what the rows' requests ask beyond their tokens."""
         if self._gzip is not None:
-            self._gzip.close()      # (the temporary file stays open: it is the spool)
+            if self._gzip is not self._file:
+                self._gzip.close()  # (the temporary file stays open: it is the spool)
             self._file.flush()      # (read by os.pread: from the file, not its buffer)
             self._gzip = None
         return self.tally.result()
+
+    def release(self) -> None:
+        """A part's file closed (it stays on disk, named, for its spool to join)."""
+        self.close()
+        self._file.close()
 
     def __iter__(self) -> Iterator[list[Any]]:
         """The rows, one at a time (each iteration reads the file on its own)."""

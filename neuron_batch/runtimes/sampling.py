@@ -195,6 +195,14 @@ class SamplingTally:
         self.host_only.update(asks.host_only)
         self.device.add(asks.device_params)
 
+    def merge(self, other: SamplingTally) -> None:
+        """`other`'s requests counted here too."""
+        for name in ("num", "constrained", "n_sampled", "logprob", "prompt_logprob", "embed",
+                     "tools"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.host_only |= other.host_only
+        self.device |= other.device
+
     def result(self) -> JobSampling:
         return JobSampling(self.num, self.constrained, self.n_sampled, self.logprob,
                            self.prompt_logprob,

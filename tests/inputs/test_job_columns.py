@@ -41,10 +41,10 @@ def test_ids_are_stored_only_where_a_line_gives_one_not_its_default():
     starts the id column, and every id reads back as it was, defaults included."""
     columns = JobColumns([])
     for position in range(5):
-        columns.add(0, position * 10, position + 2, position, str(position), position)
+        columns.add(0, position * 10, position + 2, position, None, position)
     assert columns._id_ends is None
     columns.add(0, 50, 7, 5, "given", 5)
-    columns.add(0, 60, 9, 6, "7", 7)        # (a bad line before it: reading order 7)
+    columns.add(0, 60, 9, 6, None, 7)       # (a bad line before it: reading order 7)
     assert [columns.id_of(p) for p in range(7)] == ["0", "1", "2", "3", "4", "given", "7"]
     assert list(columns.line) == [2, 3, 4, 5, 6, 7, 9]
 
@@ -71,7 +71,7 @@ def test_the_columns_hold_offsets_past_4_gib_and_lengths_past_2_bytes():
 def test_a_job_run_as_read_is_numbered_by_ranges_and_any_other_order_by_arrays():
     columns = JobColumns([])
     for position in range(6):
-        columns.add(0, position, position + 1, 0, str(position), position)
+        columns.add(0, position, position + 1, 0, None, position)
     every = bytearray([1] * 6)
     assert columns.number(None, every) == range(6) and columns.index == range(6)
     some = bytearray([1, 1, 0, 1, 1, 1])

@@ -1,0 +1,359 @@
+"""The check before the run split across processes, one part of the inputs' bytes each (issue
+48: a 10M-line file's check took minutes on one core; an inf2.8xlarge has 32 vCPUs).
+
+A line file (JSON lines, an OpenAI batch file, a Mooncake trace, text) is cut into byte ranges
+at line starts (inputs/line_files.py `LineInput.spans`), each checked by `Scan` in a process of
+its own exactly as one pass would check it, but numbered from its own start: its lines, its
+reading order, its positions. The parts are joined in order, each shifted by the ones before
+(`_Join`): the columns, the problems (their line and reading order), the prompt lengths, what
+the job asks, its prefix bound, the ids' hashes. Request rows carry two numbers a part cannot
+know, a default id (the reading order) and the run's seed for a request that samples without
+one (--seed plus its position): the part marks which rows hold them, and once the shifts are
+known each part's rows are written again with them shifted, in the same processes.
+
+Only where it pays and changes nothing: a job in input order (no --shuffle, no --limit: the
+request rows are made in the check), of line files only (a CSV's quoted field may hold a
+newline; a JSON array is one parse), of at least MIN_BYTES, on a host with more than one core.
+`NEURON_BATCH_CHECK_PROCESSES` sets the processes (1: never split).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from array import array
+from collections.abc import Iterator
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from json.decoder import scanstring  # type: ignore[attr-defined]
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, cast
+
+from neuron_batch.errors import RunError
+from neuron_batch.inputs.line_files import LineInput
+from neuron_batch.inputs.load import InputScan, no_prompts
+from neuron_batch.inputs.prompt_records import InputError, InputProblem
+from neuron_batch.job.check import DEFAULT_ID, RUN_SEED, ModelSource, Scan
+from neuron_batch.job.facts import FactsTally
+from neuron_batch.job.resume_check import REQUEST_FIELDS
+from neuron_batch.job.rows_spool import RowsSpool
+from neuron_batch.settings import RunSettings
+
+#: Lines (estimated from each file's first HEAD bytes) below which one process checks the job:
+#: the check takes ~15 us a line, a process of the pool about a second to start.
+MIN_LINES = 200_000
+#: Lines a part at least; and at most PARTS_A_PROCESS parts a process, for balance.
+PART_LINES = 50_000
+PARTS_A_PROCESS = 4
+HEAD = 1 << 16
+#: Items read at most to learn a JSON file's kind (its first object decides).
+KIND_ITEMS = 1000
+
+
+def processes() -> int:
+    """Processes a split check uses: NEURON_BATCH_CHECK_PROCESSES, else the cores this
+    process may run on."""
+    given = os.environ.get("NEURON_BATCH_CHECK_PROCESSES")
+    if given:
+        return max(1, int(given))
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+
+
+@dataclass
+class _Task:
+    settings: RunSettings
+    model: ModelSource
+    spool: bool
+    block: int | None
+    reader: LineInput
+    spec: str
+    number: int
+    span: tuple[int, int]
+    rows_path: Path | None
+
+
+@dataclass
+class _Part:
+    """What one part's check found, numbered from its own start."""
+
+    columns: Any                # (JobColumns)
+    parse_problems: list[InputProblem]
+    checked: list[tuple[int, InputProblem]]
+    early: list[int]
+    ok: bytearray
+    known: array
+    took_defaults: int
+    longest: tuple[int, int]    # (request, prompt)
+    bound: Any                  # (PrefixBound | None)
+    tokenizer_asked: bool
+    numbered_rows: bytearray | None
+    items: int
+    records: int
+    lines: int
+    id_hashes: array
+    numeric_ids: bool
+    default_ids: bool
+    tally: FactsTally | None
+
+
+@dataclass
+class _Failed:
+    """An error a part raised, carried back as its words (an exception's own arguments do not
+    always survive the trip between processes)."""
+
+    message: str
+    exit_code: int | None       # None: an InputError
+
+
+def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, *,
+                  spool: bool, block: int | None) -> Scan | None:
+    """The job checked in parts, one a process, joined (`Scan.read`'s result, as one pass
+    would leave it); None where it is not split (module docstring)."""
+    count = processes()
+    if (count < 2 or settings.shuffle or settings.limit is not None
+            or not all(isinstance(r, LineInput) for r in inputs.readers)):
+        return None
+    readers: list[LineInput] = list(inputs.readers)  # type: ignore[arg-type]
+    sizes = [_size_and_lines(reader) for reader in readers]
+    total = sum(lines for _, lines in sizes)
+    if total < MIN_LINES:
+        return None
+    tasks_spans: list[tuple[int, tuple[int, int]]] = []
+    for number, (reader, (size, lines)) in enumerate(zip(readers, sizes)):
+        parts = max(1, min(math.ceil(lines / PART_LINES),
+                           math.ceil(PARTS_A_PROCESS * count * lines / total)))
+        spans = reader.spans(parts) if size else [(0, 0)]
+        if spans is None:
+            if parts > 1 or reader.array:
+                return None     # (a JSON array, or a file that cannot be cut: one pass)
+            spans = [(0, size)]
+        if not _kind_known(reader):
+            return None
+        tasks_spans += [(number, span) for span in spans]
+    base = Scan(settings, model, readers=readers)
+    model = dataclasses.replace(model, vocab_size=base.columns.vocab_size)
+    with tempfile.TemporaryDirectory(prefix="neuron-batch-check-") as folder, \
+            _pool(count) as pool:
+        tasks = [_Task(settings, model, spool, block, readers[number], inputs.specs[number],
+                       number, span, Path(folder) / f"rows-{k}.jsonl" if spool else None)
+                 for k, (number, span) in enumerate(tasks_spans)]
+        join = _Join(base, inputs, block)
+        for task, part in zip(tasks, pool.map(_check_part, tasks)):
+            join.add(task, _raised(part))
+            if task.rows_path is not None:      # (its shifts are known: its rows made whole)
+                join.rows.append(pool.submit(_rows_part, task.rows_path,
+                                             *join.renumber[-1]))
+        join.done()
+    return base
+
+
+class _Join:
+    """The parts, in order, into one `Scan` (`base`) and the job's `InputScan`."""
+
+    def __init__(self, base: Scan, inputs: InputScan, block: int | None):
+        self.base, self.inputs = base, inputs
+        self.bound_block = block
+        self.bounds: list[Any] = []
+        self.tally = FactsTally()
+        self.items = self.records = 0
+        self.lines = 0              # lines of the current input read so far
+        self.number = -1            # the current input
+        self.input_items = 0        # items of the current input
+        self.tokenizer = False
+        # (the last part's: the marks of its numbered rows, its shifts; the rows made whole)
+        self.renumber: list[tuple[bytearray | None, int, int]] = []
+        self.rows: list[Future] = []
+
+    def add(self, task: _Task, part: _Part) -> None:
+        base, scan = self.base, part
+        if task.number != self.number:
+            self._input_done()
+            self.number, self.lines, self.input_items = task.number, 0, 0
+        items, records, lines = self.items, self.records, self.lines
+        base.columns.extend(scan.columns, items, lines)
+        label = task.reader.label
+        base.parse_problems += [_shifted(p, label, lines, items) for p in scan.parse_problems]
+        base.checked += [(position + records, _shifted(p, label, lines, items))
+                         for position, p in scan.checked]
+        base.early += [position + records for position in scan.early]
+        base.ok += scan.ok
+        base.known.extend(scan.known)
+        base.took_defaults += scan.took_defaults
+        base.longest_request = max(base.longest_request, scan.longest[0])
+        base.longest_prompt = max(base.longest_prompt, scan.longest[1])
+        self.bounds.append(scan.bound)
+        if part.tally is not None:
+            self.tally.merge(part.tally)
+        self.inputs.id_hashes.extend(part.id_hashes)
+        self.inputs.took(part.numeric_ids, part.default_ids)
+        self.tokenizer = self.tokenizer or scan.tokenizer_asked
+        self.renumber.append((scan.numbered_rows, items, records))
+        self.items += part.items
+        self.records += part.records
+        self.lines += part.lines
+        self.input_items += part.items
+
+    def _input_done(self) -> None:
+        if self.number >= 0 and not self.input_items:
+            raise no_prompts(self.inputs.specs[self.number])
+
+    def done(self) -> None:
+        self._input_done()
+        base, inputs = self.base, self.inputs
+        inputs.records, inputs.items = self.records, self.items
+        if self.tokenizer:      # (the job's text is tokenized again as it runs: here)
+            base.tokenizer()
+        if self.bound_block is not None and all(b is not None for b in self.bounds):
+            bound = self.bounds[0]
+            for other in self.bounds[1:]:
+                bound.merge(other)
+            base.bound = bound
+        if not self.rows:
+            return
+        made = [future.result() for future in self.rows]
+        for failed in made:
+            if isinstance(failed, _Failed):
+                _raise(failed)
+        base.rows = RowsSpool.joined(["id", *REQUEST_FIELDS], cast(list[Path], made),
+                                     self.tally)
+        base.facts = self.tally.result()
+
+
+def _check_part(task: _Task) -> _Part | _Failed:
+    """One part checked (in a process of the pool)."""
+    try:
+        scan = Scan(task.settings, task.model, spool=task.spool, block=task.block,
+                    rows_path=task.rows_path)
+        inputs = InputScan.of_span(task.reader, task.spec, task.number, task.span,
+                                   default_max_tokens=task.settings.max_tokens)
+        scan.read(inputs)
+    except InputError as error:
+        return _Failed(str(error), None)
+    except RunError as error:
+        return _Failed(str(error), error.exit_code)
+    tally = None
+    if scan.rows is not None:
+        tally = scan.rows.tally
+        scan.rows.release()
+        scan.rows = None
+    scan.columns.tokenizer = None       # (the parent loads its own where the job needs one)
+    return _Part(scan.columns, scan.parse_problems, scan.checked, scan.early, scan.ok,
+                 scan.known, scan.took_defaults, (scan.longest_request, scan.longest_prompt),
+                 scan.bound, scan.tokenizer_asked, scan.numbered_rows, inputs.items,
+                 inputs.records, task.reader.span_lines, inputs.id_hashes, inputs.numeric_ids,
+                 inputs.default_ids, tally)
+
+
+def _rows_part(path: Path, marks: bytearray | None, items: int, records: int
+               ) -> Path | _Failed:
+    """A part's rows (plain JSON lines) as a gzip member, its numbered rows' default ids
+    shifted by the items before it and run seeds by the records before it (in a process of
+    the pool): compressed once, the rows' JSON read again only where a number moves."""
+    import gzip
+
+    whole = path.with_suffix(".gz")
+    shift = marks is not None and (items or records) and any(marks)
+    try:
+        with open(path, "rb") as rows, open(whole, "wb") as raw, \
+                gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as out:
+            if not shift:
+                while chunk := rows.read(1 << 20):
+                    out.write(chunk)
+            else:
+                assert marks is not None
+                for mark, line in zip(marks, rows):
+                    out.write(_shifted_row(line, mark, items, records) if mark else line)
+        path.unlink()
+    except OSError as error:
+        return _Failed(f"{whole}: cannot write the check's rows: {error.strerror or error}", 1)
+    return whole
+
+
+def _shifted_row(line: bytes, mark: int, items: int, records: int) -> bytes:
+    """A row (json.dumps of [id, prompt, max_tokens, temperature, seed, stop, sampling],
+    job/resume_check.py request_row) with its default id shifted by `items` and its run seed
+    by `records`, as `mark` says: only those numbers rewritten."""
+    text = line.decode("utf-8", "surrogatepass")
+    row_id, end = scanstring(text, 2)
+    if mark & DEFAULT_ID:
+        row_id = str(int(row_id) + items)
+    rest = text[end:]
+    if mark & RUN_SEED:     # (", prompt, max_tokens, temperature, seed, ...": the 5th piece)
+        pieces = rest.split(", ", 5)
+        pieces[4] = str(int(pieces[4]) + records)
+        rest = ", ".join(pieces)
+    return (text[:1] + json.dumps(row_id, ensure_ascii=False) + rest).encode(
+        "utf-8", "surrogatepass")
+
+
+def _raised(part: _Part | _Failed) -> _Part:
+    if isinstance(part, _Failed):
+        _raise(part)
+    assert isinstance(part, _Part)
+    return part
+
+
+def _raise(failed: _Failed) -> None:
+    if failed.exit_code is None:
+        raise InputError(failed.message)
+    raise RunError(failed.message, failed.exit_code)
+
+
+def _shifted(problem: InputProblem, label: str, lines: int, items: int) -> InputProblem:
+    """A part's problem as the whole job's: its line (in `source`, "label:LINE") and its
+    reading order shifted by the parts before."""
+    source = problem.source
+    prefix = f"{label}:"
+    if lines and source.startswith(prefix) and source[len(prefix):].isdigit():
+        source = f"{prefix}{int(source[len(prefix):]) + lines}"
+    return dataclasses.replace(problem, source=source, read_order=problem.read_order + items)
+
+
+def _size_and_lines(reader: LineInput) -> tuple[int, int]:
+    """A file's bytes, and its lines as its first HEAD bytes' lines say."""
+    from neuron_batch.storage.urls import open_binary
+
+    try:
+        with open_binary(reader.path) as handle:
+            head = handle.read(HEAD)
+            size = handle.seek(0, 2)
+    except OSError as exc:
+        raise InputError(f"{reader.label}: cannot read: {exc.strerror or exc}") from exc
+    if len(head) == size:
+        return size, head.count(b"\n") + 1
+    return size, size * max(head.count(b"\n"), 1) // len(head)
+
+
+def _kind_known(reader: LineInput) -> bool:
+    """Whether the file's kind is known (its first object decides: every part must read it
+    as that), reading at most KIND_ITEMS items for it."""
+    if reader.kind is None:
+        for read, _ in enumerate(reader.scan(), 1):
+            if reader.kind is not None or read >= KIND_ITEMS:
+                break
+    return reader.kind is not None
+
+
+@contextmanager
+def _pool(count: int) -> Iterator[Executor]:
+    """`count` processes, started fresh (a fork would copy a tokenizer's threads), with one
+    string hash among them (the ids' hashes of every part are compared: hash() is salted per
+    process)."""
+    saved = os.environ.get("PYTHONHASHSEED")
+    # (set while the pool lives: its processes start as work is given to them)
+    os.environ["PYTHONHASHSEED"] = "0"
+    pool = ProcessPoolExecutor(count, mp_context=get_context("spawn"))
+    try:
+        yield pool
+    finally:
+        pool.shutdown(cancel_futures=True)
+        if saved is None:
+            del os.environ["PYTHONHASHSEED"]
+        else:
+            os.environ["PYTHONHASHSEED"] = saved

@@ -1,0 +1,234 @@
+"""The check before the run split across processes (job/check_parts.py) leaves the workload one
+pass leaves: the same columns, problems (lines and reading order), request rows (default ids
+and run seeds shifted), facts, prefix bound and requests read again; for every kind of line,
+two inputs, blank and bad lines, sampling asked or not. And the pieces the parts are joined
+with, shown on their own: runs of steps, columns, a row's numbers, a prefix bound's counts."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+
+from neuron_batch.inputs.job_columns import JobColumns, Steps
+from neuron_batch.inputs.prefix_bound import PrefixBound
+from neuron_batch.job import check_parts
+from neuron_batch.job.check import DEFAULT_ID, RUN_SEED
+from neuron_batch.job.workload import load_workload
+from neuron_batch.settings import RunSettings
+
+
+def _lines(n: int, seed: int) -> str:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        kind = i % 6
+        if kind == 0:
+            line = {"prompt": f"request {i} says hello " * (1 + i % 4), "max_tokens": 3,
+                    **({"stop": ["x"], "temperature": 0.7} if i % 12 == 0 else {})}
+        elif kind == 1:
+            line = {"id": f"q{seed}-{i}", "prompt_len": 10 + i % 90}
+        elif kind == 2:
+            line = {"prompt_token_ids": [5 + i % 50, 7, 9], "max_tokens": 1 + i % 4,
+                    "seed": i, "temperature": 0.5}
+        elif kind == 3:
+            line = {"id": f"q{seed}-{i}", "prompt_len": 20, "prefix_id": f"p{i % 3}",
+                    "prefix_len": 8, "temperature": 1.0}
+        elif kind == 4:
+            line = {"messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 2,
+                    "top_p": 0.5, "n": 1 + i % 2, "temperature": 0.8}
+        else:
+            line = {"id": f"é{seed}-{i}, \"quoted\"", "prompt_len": 9000 if i % 30 == 5 else 30}
+        out.append(json.dumps(line, ensure_ascii=False))
+        if rng.random() < 0.05:
+            out.append("")                               # blank: no item
+        if rng.random() < 0.03:
+            out.append("{not json")                      # bad: an item, not a record
+    return "\n".join(out) + "\n"
+
+
+def _workload(paths, tiny_model, monkeypatch, processes: int, **values):
+    monkeypatch.setenv("NEURON_BATCH_CHECK_PROCESSES", str(processes))
+    said: list[str] = []
+    settings = RunSettings.of(tuple(str(p) for p in paths), model=tiny_model, device="sim",
+                              quiet=True, on_error="skip", max_model_len=2048, **values)
+    return load_workload(settings, said.append), said, settings
+
+
+def _seen(workload):
+    requests = workload.prepared.requests
+    columns = requests.columns
+    n = len(columns)
+    return {
+        "rows": list(workload.rows_spool) if workload.rows_spool is not None else None,
+        "facts": list(workload._facts.values()),
+        "problems": [(str(p), p.read_order, p.too_long) for p in workload.problems],
+        "columns": [list(columns.src), list(columns.where), list(columns.line),
+                    list(columns.read_order), list(columns.digest), list(columns.prompt_len),
+                    list(columns.max_tokens), bytes(columns.clamped), bytes(columns.asks),
+                    columns.samples, columns.not_own, [columns.id_of(p) for p in range(n)]],
+        "requests": [(r.record.id, r.record.index, r.record.source, r.prompt_token_ids,
+                      r.max_tokens, r.record.temperature) for r in requests],
+        "bound": {block: (b.tokens(), b.exact) for block, b in workload.prefix_bounds.items()},
+    }
+
+
+@pytest.mark.parametrize("values", [{}, {"temperature": 0.3, "seed": 9}, {"max_tokens": 5}])
+def test_a_check_in_parts_is_the_check_in_one_process(tiny_model, tmp_path, monkeypatch,
+                                                      values):
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text(_lines(700, 1))
+    second.write_text(_lines(300, 2))
+    monkeypatch.setattr(check_parts, "MIN_LINES", 0)
+    monkeypatch.setattr(check_parts, "PART_LINES", 90)
+    split = []
+    read_in_parts = check_parts.read_in_parts
+
+    def spied(*args, **kwargs):
+        scan = read_in_parts(*args, **kwargs)
+        split.append(scan is not None)
+        return scan
+
+    monkeypatch.setattr("neuron_batch.job.workload.read_in_parts", spied)
+    whole, said_whole, _ = _workload([first, second], tiny_model, monkeypatch, 1, **values)
+    assert split == [False]
+    parts, said_parts, _ = _workload([first, second], tiny_model, monkeypatch, 2, **values)
+    assert split == [False, True]
+    assert not any("duplicate" in str(p) for p in whole.problems)   # (no second, exact pass)
+    seen_whole, seen_parts = _seen(whole), _seen(parts)
+    for key in seen_whole:
+        assert seen_parts[key] == seen_whole[key], key
+    assert said_parts == said_whole
+    # (what the comparison covers is there: problems of both kinds, in both inputs)
+    assert any("b.jsonl" in p[0] and "malformed" in p[0] for p in seen_whole["problems"])
+    assert any(p[2] for p in seen_whole["problems"])     # a prompt too long
+    assert len(seen_whole["rows"]) == len(whole.prepared.requests) > 800
+
+
+def test_an_openai_batch_file_in_parts(tiny_model, tmp_path, monkeypatch):
+    """Ids given, the model's defaults applied, requests that sample with the run's seed."""
+    lines = [json.dumps({"custom_id": f"c-{i}", "method": "POST", "url": "/v1/chat/completions",
+                         "body": {"model": "m", "max_tokens": 4,
+                                  "messages": [{"role": "user", "content": f"q {i}"}]}})
+             for i in range(400)]
+    path = tmp_path / "batch.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(check_parts, "MIN_LINES", 0)
+    monkeypatch.setattr(check_parts, "PART_LINES", 60)
+    whole = _seen(_workload([path], tiny_model, monkeypatch, 1)[0])
+    parts = _seen(_workload([path], tiny_model, monkeypatch, 2)[0])
+    assert parts == whole
+    assert [row[0] for row in whole["rows"][:2]] == ["c-0", "c-1"]
+
+
+def test_duplicate_ids_in_different_parts_are_named(tiny_model, tmp_path, monkeypatch):
+    lines = [json.dumps({"id": f"r{i}", "prompt_len": 5}) for i in range(300)]
+    lines[250] = json.dumps({"id": "r3", "prompt_len": 5})
+    path = tmp_path / "dup.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(check_parts, "MIN_LINES", 0)
+    monkeypatch.setattr(check_parts, "PART_LINES", 50)
+    workload = _workload([path], tiny_model, monkeypatch, 2)[0]
+    assert [str(p) for p in workload.problems] == [
+        f"{path}:251: field 'id': duplicate id 'r3' (first used at {path}:4); ids must be unique"]
+
+
+def test_an_input_of_only_blank_lines_is_named(tiny_model, tmp_path, monkeypatch):
+    from neuron_batch.errors import RunError
+
+    good, blank = tmp_path / "good.jsonl", tmp_path / "blank.jsonl"
+    good.write_text(_lines(200, 3))
+    blank.write_text("\n \n\n" * 100)
+    monkeypatch.setattr(check_parts, "MIN_LINES", 0)
+    monkeypatch.setattr(check_parts, "PART_LINES", 50)
+    with pytest.raises(RunError, match="blank.jsonl: no prompts found"):
+        _workload([good, blank], tiny_model, monkeypatch, 2)
+
+
+def test_a_small_job_is_checked_in_one_process(tiny_model, tmp_path, monkeypatch):
+    path = tmp_path / "small.jsonl"
+    path.write_text(_lines(50, 4))
+    monkeypatch.setenv("NEURON_BATCH_CHECK_PROCESSES", "2")
+    settings = RunSettings.of((str(path),), model=tiny_model, device="sim", quiet=True)
+    from neuron_batch.inputs.load import InputScan
+    from neuron_batch.job.check import model_source
+
+    inputs = InputScan(settings.inputs, exact_ids=False)
+    assert check_parts.read_in_parts(settings, model_source(settings, lambda _: None), inputs,
+                                     spool=True, block=None) is None
+
+
+# The pieces, pure
+
+
+@given(st.integers(0, 1), st.lists(st.lists(st.integers(0, 50), max_size=40), min_size=1,
+                                   max_size=5), st.integers(0, 1000))
+def test_steps_extended_hold_the_values_shifted(step, parts, shift):
+    whole, joined = Steps(step), Steps(step)
+    for values in parts:
+        part = Steps(step)
+        for value in values:
+            part.append(value)
+            whole.append(value + shift)
+        joined.extend_shifted(part, shift)
+    assert list(joined) == list(whole) and len(joined) == len(whole)
+
+
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 1 << 33),
+                          st.one_of(st.none(), st.text(max_size=5))), min_size=1, max_size=40),
+       st.integers(1, 39))
+def test_columns_joined_are_the_columns_of_one_pass(records, cut):
+    """Two parts' columns, numbered from their own starts, joined: one pass's."""
+    cut = min(cut, len(records))
+    whole, first, second = JobColumns([]), JobColumns([]), JobColumns([])
+    for position, (src, where, given_id) in enumerate(records):
+        whole.add(src, where, position + 1, position, given_id, position)
+        part, at = (first, position) if position < cut else (second, position - cut)
+        part.add(src, where, at + 1, position, given_id, at)
+    whole.samples = {p: 2 for p in range(0, len(records), 3)}
+    first.samples = {p: 2 for p in range(0, cut, 3)}
+    second.samples = {p - cut: 2 for p in range(cut, len(records)) if p % 3 == 0}
+    first.extend(second, cut, cut)
+    n = len(records)
+    assert [first.id_of(p) for p in range(n)] == [whole.id_of(p) for p in range(n)]
+    for name in ("src", "where", "line", "read_order", "digest", "prompt_len"):
+        assert list(getattr(first, name)) == list(getattr(whole, name)), name
+    assert first.samples == whole.samples
+
+
+@given(st.text(), st.integers(0, 10**6), st.one_of(st.none(), st.integers(0, 2**40)),
+       st.integers(0, 3), st.integers(0, 10**6), st.integers(0, 10**6))
+def test_a_rows_numbers_shift_and_nothing_else(given_id, read_order, seed, mark, items,
+                                               records):
+    default = bool(mark & DEFAULT_ID)
+    if mark & RUN_SEED and seed is None:
+        seed = 17
+    row = [str(read_order) if default else given_id, "abc123", 5, 0.7, seed,
+           None, "d1e2"]
+    line = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass")
+    shifted = json.loads(check_parts._shifted_row(line, mark, items, records))
+    expected = list(row)
+    if default:
+        expected[0] = str(read_order + items)
+    if mark & RUN_SEED:
+        expected[4] = seed + records
+    assert shifted == expected
+
+
+@hypothesis_settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), max_size=40), max_size=30), st.integers(1, 29),
+       st.sampled_from([4, 1 << 19]))
+def test_prefix_bounds_merged_count_as_one_pass(prompts, cut, exact_limit):
+    """Exact, or estimated (a limit of 4 distinct prefixes): the merged counts are one
+    pass's over every prompt (registers merged by their maximum are the registers of all)."""
+    whole, first, second = (PrefixBound(4, exact_limit) for _ in range(3))
+    for k, prompt in enumerate(prompts):
+        whole.add(prompt)
+        (first if k < cut else second).add(prompt)
+    first.merge(second)
+    assert first.tokens() == whole.tokens() and first.exact == whole.exact
+    assert first.error_tokens() == whole.error_tokens()
