@@ -340,20 +340,25 @@ def _kind_known(reader: LineInput) -> bool:
     return reader.kind is not None
 
 
+#: The pool's processes' environment: one string hash among them (the ids' hashes of every
+#: part are compared; hash() is salted per process), and a tokenizer of one thread in each (a
+#: process a core already: a fast tokenizer's own threads in each would be cores squared).
+_POOL_ENV = {"PYTHONHASHSEED": "0", "TOKENIZERS_PARALLELISM": "false"}
+
+
 @contextmanager
 def _pool(count: int) -> Iterator[Executor]:
-    """`count` processes, started fresh (a fork would copy a tokenizer's threads), with one
-    string hash among them (the ids' hashes of every part are compared: hash() is salted per
-    process)."""
-    saved = os.environ.get("PYTHONHASHSEED")
-    # (set while the pool lives: its processes start as work is given to them)
-    os.environ["PYTHONHASHSEED"] = "0"
+    """`count` processes, started fresh (a fork would copy a tokenizer's threads), in
+    `_POOL_ENV` (set while the pool lives: its processes start as work is given to them)."""
+    saved = {key: os.environ.get(key) for key in _POOL_ENV}
+    os.environ.update(_POOL_ENV)
     pool = ProcessPoolExecutor(count, mp_context=get_context("spawn"))
     try:
         yield pool
     finally:
         pool.shutdown(cancel_futures=True)
-        if saved is None:
-            del os.environ["PYTHONHASHSEED"]
-        else:
-            os.environ["PYTHONHASHSEED"] = saved
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
