@@ -230,10 +230,13 @@ def main() -> None:
                              "each size in a process of its own: its time and the memory it "
                              "adds, a prompt, against the first size")
     parser.add_argument("--parts", type=int, default=None, metavar="N",
-                        help="only the check before the run of an N-line JSON lines job (per "
-                        "--kinds: prompt_len lines, or text), in one process against split "
+                        help="only the check before the run of an N-line job (per --kinds: "
+                        "tokens, JSON lines of prompt_len; text; trace, the token-count CSV), "
+                        "in one process against split "
                         "across every core (job/check_parts.py), each in a process of its own, "
                         "medians of 3, and stop")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="with --parts: runs of each, their median kept")
     parser.add_argument("--rows", type=int, default=None, metavar="N",
                         help="only the pass that makes a run's request rows "
                              "(job/resume_check.py) over N token-count requests, against the "
@@ -252,7 +255,7 @@ def main() -> None:
         return weigh_check([int(n) for n in args.weigh.split(",")])
     if args.parts:
         return parts_check(args.parts, args.kinds.split(","), Path(args.workdir or tempfile.mkdtemp(
-            prefix="bench-scale-")), args.text_cap)
+            prefix="bench-scale-")), args.text_cap, args.repeats)
     if args.rows:
         return rows_check(args.rows, Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-")))
     if args.startup:
@@ -548,10 +551,11 @@ def weigh_check(sizes: list[int]) -> None:
               f"{run['added'] / 2**20:>11.1f}{run['added'] / size:>10.1f}", flush=True)
 
 
-def parts_check(size: int, kinds: list[str], workdir: Path, text_cap: int) -> None:
-    """The check before the run (with its request rows, as `run` makes them) of `size` JSON
-    lines, in one process against split across this machine's cores (job/check_parts.py,
-    issue 48), each a process of its own, medians of 3: seconds, and the ratio."""
+def parts_check(size: int, kinds: list[str], workdir: Path, text_cap: int,
+                repeats: int = 3) -> None:
+    """The check before the run (with its request rows, as `run` makes them) of `size` lines,
+    in one process against split across this machine's cores (job/check_parts.py, issue 48),
+    each a process of its own, medians of `repeats`: seconds, and the ratio."""
     import statistics
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -573,18 +577,9 @@ def parts_check(size: int, kinds: list[str], workdir: Path, text_cap: int) -> No
     print(f"{'kind':<7}{'requests':>10}{'one s':>8}{f'{cores} cores s':>12}{'ratio':>7}",
           flush=True)
     for kind in kinds:
-        rng = random.Random(size)
-        rows = trace_rows()
-        job = workdir / f"parts-{kind}-{size}.jsonl"
-        with open(job, "w") as handle:
-            for i in range(size):
-                prompt, output = rows[rng.randrange(len(rows))]
-                line = ({"prompt_len": prompt, "max_tokens": output} if kind == "tokens" else
-                        {"prompt": f"{i} " + " ".join(rng.choice(_WORDS) for _ in range(
-                            min(prompt, text_cap))), "max_tokens": output})
-                handle.write(json.dumps(line) + "\n")
+        job = _parts_job(kind, size, workdir, text_cap)
         times: dict[int, list[float]] = {1: [], cores: []}
-        for _ in range(3):
+        for _ in range(repeats):
             for processes in times:
                 env = {**os.environ, "PYTHONPATH": str(ROOT),
                        "NEURON_BATCH_CHECK_PROCESSES": str(processes)}
@@ -596,6 +591,24 @@ def parts_check(size: int, kinds: list[str], workdir: Path, text_cap: int) -> No
         job.unlink()
         one, split = statistics.median(times[1]), statistics.median(times[cores])
         print(f"{kind:<7}{size:>10,}{one:>8.1f}{split:>12.1f}{one / split:>7.2f}", flush=True)
+
+
+def _parts_job(kind: str, size: int, workdir: Path, text_cap: int) -> Path:
+    """`size` requests drawn from the trace: JSON lines of prompt_len ("tokens") or of text,
+    or the token-count CSV the other checks run ("trace")."""
+    if kind == "trace":
+        return write_job("tokens", size, workdir, text_cap)
+    rng = random.Random(size)
+    rows = trace_rows()
+    job = workdir / f"parts-{kind}-{size}.jsonl"
+    with open(job, "w") as handle:
+        for i in range(size):
+            prompt, output = rows[rng.randrange(len(rows))]
+            line = ({"prompt_len": prompt, "max_tokens": output} if kind == "tokens" else
+                    {"prompt": f"{i} " + " ".join(rng.choice(_WORDS) for _ in range(
+                        min(prompt, text_cap))), "max_tokens": output})
+            handle.write(json.dumps(line) + "\n")
+    return job
 
 
 def rows_check(size: int, workdir: Path) -> None:

@@ -52,27 +52,10 @@ class LineInput:
     def stamp(self) -> tuple | None:
         return file_stamp(self.path)
 
-    def spans(self, parts: int) -> list[tuple[int, int]] | None:
-        """The file cut into about `parts` byte ranges, each starting at a line's start, for
-        a check split across processes (job/check_parts.py); None where it cannot be cut (a
-        JSON array, one item a whole file's parse) or is too small to be worth it."""
-        if self.array or suffix_of(self.path) == ".json" or parts < 2:
-            return None
-        try:
-            with open_binary(self.path) as handle:
-                size = handle.seek(0, 2)
-                starts = [0]
-                for part in range(1, parts):
-                    handle.seek(max(size * part // parts - 1, starts[-1]))
-                    handle.readline()       # (to the end of the line it lands in)
-                    at = handle.tell()
-                    if at >= size:
-                        break
-                    if at > starts[-1]:
-                        starts.append(at)
-        except OSError as exc:
-            raise InputError(f"{self.label}: cannot read: {exc.strerror or exc}") from exc
-        return list(zip(starts, [*starts[1:], size])) if len(starts) > 1 else None
+    def cuttable(self) -> bool:
+        """Whether `scan(span)` reads it (`cut_spans`): every line file but a JSON array (one
+        item a whole file's parse)."""
+        return suffix_of(self.path) != ".json"
 
     def scan(self, span: tuple[int, int] | None = None) -> Iterator[Scanned]:
         """Every item from the start; or, given `span` (`spans`), those whose lines start in
@@ -186,6 +169,26 @@ class LineInput:
         return [self._record(_expect_object(obj, f"{self.label}:item {position}"),
                              f"{self.label}:item {position}")
                 for position, obj in enumerate(array)]
+
+
+def cut_spans(path: Path | str, label: str, parts: int) -> list[tuple[int, int]]:
+    """A file's bytes cut into about `parts` ranges, each starting at a line's start, for a
+    check split across processes (job/check_parts.py)."""
+    try:
+        with open_binary(path) as handle:
+            size = handle.seek(0, 2)
+            starts = [0]
+            for part in range(1, parts):
+                handle.seek(max(size * part // parts - 1, starts[-1]))
+                handle.readline()       # (to the end of the line it lands in)
+                at = handle.tell()
+                if at >= size:
+                    break
+                if at > starts[-1]:
+                    starts.append(at)
+    except OSError as exc:
+        raise InputError(f"{label}: cannot read: {exc.strerror or exc}") from exc
+    return list(zip(starts, [*starts[1:], size]))
 
 
 def _not_utf8(source: str, error: UnicodeDecodeError) -> InputProblem:

@@ -150,7 +150,7 @@ class InputScan:
             empty = True
             if self._span is not None:
                 number, span = self._span
-                assert isinstance(reader, LineInput)    # (only a line file is cut)
+                assert isinstance(reader, (LineInput, CsvInput))    # (what can be cut)
                 items = reader.scan(span)
             else:
                 items = reader.scan()

@@ -76,6 +76,11 @@ class InputError(ValueError):
     """An input that cannot be used at all; the message names it and says what to do."""
 
 
+class Uncut(InputError):
+    """A part of a file cut at line starts (job/check_parts.py) that cannot be read on its own
+    (a CSV row whose quoted value goes on past its line): the file is read in one pass."""
+
+
 class InputChanged(InputError, RunError):
     """An input read again while the job runs is not what the check before it read (its size
     or time, or a line's bytes): the run stops (exit 1) rather than run requests nobody

@@ -27,6 +27,7 @@ from neuron_batch.inputs.prompt_records import (
     Item,
     PromptRecord,
     Scanned,
+    Uncut,
     check_id,
     check_int,
     check_number,
@@ -182,15 +183,32 @@ class CsvInput:
         self.delimiter = delimiter
         self.kind: str | None = None
         self._wanted: list[tuple[str, int]] = []
+        self.span_lines = 0     # (the lines `scan(span)` read: the next span's line shift)
         self._width = 0
         self._mapper: RowMapper | None = None
 
     def stamp(self) -> tuple | None:
         return file_stamp(self.path)
 
-    def scan(self) -> Iterator[Scanned]:
+    def cuttable(self) -> bool:
+        """Whether `scan(span)` can read its parts: once its header is read (`scan`), and
+        where rows read on their own need nothing an earlier row set (a TIMESTAMP column's
+        time zero: the first row's, known here only once it is read)."""
+        mapper = self._mapper
+        return mapper is not None and (mapper.layout.arrival_column not in
+                                       _DATETIME_ARRIVAL_COLUMNS or mapper.time_origin is not None)
+
+    def scan(self, span: tuple[int, int] | None = None) -> Iterator[Scanned]:
+        """Every row from the start; or, given `span` (inputs/line_files.py `cut_spans`; the
+        header read first by a `scan` of the whole), the rows that start in that byte range,
+        numbered from 1 at its first line. A part with a line of an odd number of quotes (a
+        quoted value that goes on past its line: the cut may have landed inside it) raises
+        `Uncut`."""
         if csv.field_size_limit() < _CSV_FIELD_LIMIT:
             csv.field_size_limit(_CSV_FIELD_LIMIT)
+        if span is not None:
+            yield from self._span(*span)
+            return
         with self._open() as handle:
             lines = _Lines(handle)
             reader = csv.reader(lines, delimiter=self.delimiter)
@@ -215,6 +233,23 @@ class CsvInput:
                     where = lines.start_of(first_line)
                     if cells:   # (not a blank line)
                         yield where, first_line, _digest(cells), self._row(cells, first_line)
+
+    def _span(self, start: int, end: int) -> Iterator[Scanned]:
+        with self._open() as handle:
+            handle.seek(start)
+            lines = _Lines(handle, 0, start, end=end)
+            reader = csv.reader(lines, delimiter=self.delimiter)
+            self.span_lines = 0
+            with self._readable(reader):
+                if start == 0:
+                    next(reader, None)      # (the header)
+                last_line = reader.line_num
+                for cells in reader:
+                    first_line, last_line = last_line + 1, reader.line_num
+                    where = lines.start_of(first_line)
+                    if cells:
+                        yield where, first_line, _digest(cells), self._row(cells, first_line)
+            self.span_lines = lines.line
 
     def read(self, spots: Sequence[tuple[int, int]]) -> Iterator[tuple[int, Item | None]]:
         with self._open() as handle:
@@ -271,21 +306,33 @@ class _Lines:
     """A binary file's lines as text for the csv module, remembering where each line starts
     (only since the last row asked: `start_of` forgets the rest)."""
 
-    def __init__(self, handle: BinaryIO, line: int = 0, offset: int = 0):
+    def __init__(self, handle: BinaryIO, line: int = 0, offset: int = 0,
+                 end: int | None = None):
         self._handle, self._line, self._offset = handle, line, offset
         self._starts: dict[int, int] = {}
+        # a part's (CsvInput._span): where it ends, and every line checked for its quotes
+        self._end = end
+
+    @property
+    def line(self) -> int:
+        return self._line
 
     def __iter__(self) -> _Lines:
         return self
 
     def __next__(self) -> str:
+        if self._end is not None and self._offset >= self._end:
+            raise StopIteration
         raw = self._handle.readline()
         if not raw:
             raise StopIteration
+        if self._end is not None and raw.count(b'"') % 2:
+            raise Uncut(f"line {self._line + 1} of a part holds a quoted value that goes on "
+                        "past it")
         self._line += 1
-        self._starts[self._line] = self._offset
+        self._starts[self._line] = at = self._offset
         self._offset += len(raw)
-        if self._line == 1:
+        if at == 0:
             raw = raw.removeprefix(b"\xef\xbb\xbf")
         return raw.decode("utf-8")
 

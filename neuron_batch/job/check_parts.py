@@ -1,20 +1,23 @@
 """The check before the run split across processes, one part of the inputs' bytes each (issue
 48: a 10M-line file's check took minutes on one core; an inf2.8xlarge has 32 vCPUs).
 
-A line file (JSON lines, an OpenAI batch file, a Mooncake trace, text) is cut into byte ranges
-at line starts (inputs/line_files.py `LineInput.spans`), each checked by `Scan` in a process of
-its own exactly as one pass would check it, but numbered from its own start: its lines, its
-reading order, its positions. The parts are joined in order, each shifted by the ones before
-(`_Join`): the columns, the problems (their line and reading order), the prompt lengths, what
-the job asks, its prefix bound, the ids' hashes. Request rows carry two numbers a part cannot
-know, a default id (the reading order) and the run's seed for a request that samples without
-one (--seed plus its position): the part marks which rows hold them, and once the shifts are
-known each part's rows are written again with them shifted, in the same processes.
+A line file (JSON lines, an OpenAI batch file, a Mooncake trace, text) or a CSV is cut into
+byte ranges at line starts (inputs/line_files.py `cut_spans`), each checked by `Scan` in a
+process of its own exactly as one pass would check it, but numbered from its own start: its
+lines, its reading order, its positions. The parts are joined in order, each shifted by the
+ones before (`_Join`): the columns, the problems (their line and reading order), the prompt
+lengths, what the job asks, its prefix bound, the ids' hashes. Request rows carry two numbers
+a part cannot know, a default id (the reading order) and the run's seed for a request that
+samples without one (--seed plus its position): the part marks which rows hold them, and once
+the shifts are known each part's rows are made whole (those numbers shifted, compressed) in
+the same processes.
 
-Only where it pays and changes nothing: a job in input order (no --shuffle, no --limit: the
-request rows are made in the check), of line files only (a CSV's quoted field may hold a
-newline; a JSON array is one parse), of at least MIN_BYTES, on a host with more than one core.
-`NEURON_BATCH_CHECK_PROCESSES` sets the processes (1: never split).
+Only where it pays and changes nothing: a job in input order (no --shuffle, no --limit) of
+about MIN_LINES lines or more, on a host with more than one core; not a JSON array (one
+parse), a table or data set, nor a CSV where a row needs the one before (a quoted value over
+two lines: a part that meets one gives the job back to one pass, `Uncut`; a TIMESTAMP column
+whose first row gives no time zero). `NEURON_BATCH_CHECK_PROCESSES` sets the processes (1:
+never split).
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ from pathlib import Path
 from typing import Any, cast
 
 from neuron_batch.errors import RunError
-from neuron_batch.inputs.line_files import LineInput
+from neuron_batch.inputs.line_files import LineInput, cut_spans
 from neuron_batch.inputs.load import InputScan, no_prompts
 from neuron_batch.inputs.prompt_records import InputError, InputProblem
+from neuron_batch.inputs.tables import CsvInput
 from neuron_batch.job.check import DEFAULT_ID, RUN_SEED, ModelSource, Scan
 from neuron_batch.job.facts import FactsTally
 from neuron_batch.job.resume_check import REQUEST_FIELDS
@@ -71,7 +75,7 @@ class _Task:
     model: ModelSource
     spool: bool
     block: int | None
-    reader: LineInput
+    reader: LineInput | CsvInput
     spec: str
     number: int
     span: tuple[int, int]
@@ -117,24 +121,20 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
     would leave it); None where it is not split (module docstring)."""
     count = processes()
     if (count < 2 or settings.shuffle or settings.limit is not None
-            or not all(isinstance(r, LineInput) for r in inputs.readers)):
+            or not all(isinstance(r, (LineInput, CsvInput)) for r in inputs.readers)):
         return None
-    readers: list[LineInput] = list(inputs.readers)  # type: ignore[arg-type]
+    readers: list[LineInput | CsvInput] = list(inputs.readers)  # type: ignore[arg-type]
     sizes = [_size_and_lines(reader) for reader in readers]
     total = sum(lines for _, lines in sizes)
     if total < MIN_LINES:
         return None
     tasks_spans: list[tuple[int, tuple[int, int]]] = []
     for number, (reader, (size, lines)) in enumerate(zip(readers, sizes)):
+        if not _kind_known(reader) or not reader.cuttable():
+            return None     # (a JSON array, a CSV whose rows need the one before: one pass)
         parts = max(1, min(math.ceil(lines / PART_LINES),
                            math.ceil(PARTS_A_PROCESS * count * lines / total)))
-        spans = reader.spans(parts) if size else [(0, 0)]
-        if spans is None:
-            if parts > 1 or reader.array:
-                return None     # (a JSON array, or a file that cannot be cut: one pass)
-            spans = [(0, size)]
-        if not _kind_known(reader):
-            return None
+        spans = cut_spans(reader.path, reader.label, parts) if parts > 1 else [(0, size)]
         tasks_spans += [(number, span) for span in spans]
     base = Scan(settings, model, readers=readers)
     model = dataclasses.replace(model, vocab_size=base.columns.vocab_size)
@@ -145,6 +145,10 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
                  for k, (number, span) in enumerate(tasks_spans)]
         join = _Join(base, inputs, block)
         for task, part in zip(tasks, pool.map(_check_part, tasks)):
+            if isinstance(part, _Failed) and part.exit_code is None:
+                # (a part's input problem, say a CSV value over two lines: one pass reads the
+                # job again and names it as it names any, by its line in the whole file)
+                return None
             join.add(task, _raised(part))
             if task.rows_path is not None:      # (its shifts are known: its rows made whole)
                 join.rows.append(pool.submit(_rows_part, task.rows_path,
@@ -315,7 +319,7 @@ def _shifted(problem: InputProblem, label: str, lines: int, items: int) -> Input
     return dataclasses.replace(problem, source=source, read_order=problem.read_order + items)
 
 
-def _size_and_lines(reader: LineInput) -> tuple[int, int]:
+def _size_and_lines(reader: LineInput | CsvInput) -> tuple[int, int]:
     """A file's bytes, and its lines as its first HEAD bytes' lines say."""
     from neuron_batch.storage.urls import open_binary
 
@@ -330,7 +334,7 @@ def _size_and_lines(reader: LineInput) -> tuple[int, int]:
     return size, size * max(head.count(b"\n"), 1) // len(head)
 
 
-def _kind_known(reader: LineInput) -> bool:
+def _kind_known(reader: LineInput | CsvInput) -> bool:
     """Whether the file's kind is known (its first object decides: every part must read it
     as that), reading at most KIND_ITEMS items for it."""
     if reader.kind is None:

@@ -232,3 +232,36 @@ def test_prefix_bounds_merged_count_as_one_pass(prompts, cut, exact_limit):
     first.merge(second)
     assert first.tokens() == whole.tokens() and first.exact == whole.exact
     assert first.error_tokens() == whole.error_tokens()
+
+
+def _csv(n: int, quoted_newline_at: int | None = None) -> str:
+    out = ["arrived_at,num_prefill_tokens,num_decode_tokens,id"]
+    for i in range(n):
+        out.append(f"{i * 0.01:.2f},{10 + i % 700},{1 + i % 30},\"r,{i}\"")
+        if i % 97 == 3:
+            out.append("")
+        if i % 211 == 7:
+            out.append(f"{i},x,3,bad{i}")
+    if quoted_newline_at is not None:
+        out[quoted_newline_at] = f"1.0,20,3,\"two\nlines {quoted_newline_at}\""
+    return "\ufeff" + "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("quoted_newline_at", [None, 700])
+def test_a_csv_trace_in_parts_is_the_csv_in_one_process(tiny_model, tmp_path, monkeypatch,
+                                                        quoted_newline_at):
+    """A CSV is cut at line starts too (a BOM, blank and bad rows, quoted commas); one with
+    a quoted value over two lines is given back to one pass, whatever part meets it."""
+    path = tmp_path / "trace.csv"
+    path.write_text(_csv(900, quoted_newline_at))
+    monkeypatch.setattr(check_parts, "MIN_LINES", 0)
+    monkeypatch.setattr(check_parts, "PART_LINES", 100)
+    split = []
+    read_in_parts = check_parts.read_in_parts
+    monkeypatch.setattr("neuron_batch.job.workload.read_in_parts",
+                        lambda *a, **k: split.append(read_in_parts(*a, **k)) or split[-1])
+    whole = _seen(_workload([path], tiny_model, monkeypatch, 1)[0])
+    parts = _seen(_workload([path], tiny_model, monkeypatch, 2)[0])
+    assert [scan is not None for scan in split] == [False, quoted_newline_at is None]
+    assert parts == whole
+    assert len(whole["problems"]) >= 4 and whole["requests"][0][0] == "r,0"
