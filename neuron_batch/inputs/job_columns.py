@@ -1,6 +1,6 @@
 """A job's records as compact columns (`JobColumns`): what each needs to be found and run again
 (its input, byte offset or row, line, the digest of its bytes, id, run index, prompt length,
-max_tokens), kept by the check before the run (job/workload.py), read by `JobRequests`
+max_tokens), kept by the check before the run (job/check.py), read by `JobRequests`
 (job_requests.py). Pure logic.
 
 Memory is what sets how big a job fits (issue 46: 10M requests on one host), so a column keeps

@@ -4,7 +4,7 @@ trace); the records themselves read again from their inputs a window at a time, 
 takes them (`JobRequests`, a Sequence of `PreparedRequest`s made as they are reached), their
 text tokenized a window at a time.
 
-The check before the run (job/workload.py) reads every input once, keeping no prompt. What it
+The check before the run (job/check.py) reads every input once, keeping no prompt. What it
 read is what runs: each input's size and time, and each line's digest, are compared as the
 line is read again; a difference stops the run (`InputChanged`), naming the input and line,
 before a request nobody checked reaches the engine.
