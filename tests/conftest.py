@@ -56,3 +56,28 @@ def tiny_embedding_model(tmp_path_factory):
     (path / "config.json").write_text(json.dumps(
         {**TINY_LLAMA, "architectures": ["LlamaModel"], "bos_token_id": 2, "eos_token_id": 3}))
     return str(path)
+
+
+@pytest.fixture
+def split_check(monkeypatch):
+    """`split_check(part_lines)`: every job's check before the run split into parts of about
+    that many lines (job/check_parts.py), whatever its size, on as many processes as
+    NEURON_BATCH_CHECK_PROCESSES says; returns a list that says, check by check, whether it
+    was split."""
+    from neuron_batch.job import check_parts
+
+    split: list[bool] = []
+    read_in_parts = check_parts.read_in_parts
+
+    def spied(*args, **kwargs):
+        scan = read_in_parts(*args, **kwargs)
+        split.append(scan is not None)
+        return scan
+
+    def split_at(part_lines: int) -> list[bool]:
+        monkeypatch.setattr(check_parts, "MIN_LINES", 0)
+        monkeypatch.setattr(check_parts, "PART_LINES", part_lines)
+        monkeypatch.setattr("neuron_batch.job.workload.read_in_parts", spied)
+        return split
+
+    return split_at

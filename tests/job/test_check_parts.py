@@ -79,21 +79,11 @@ def _seen(workload):
 
 @pytest.mark.parametrize("values", [{}, {"temperature": 0.3, "seed": 9}, {"max_tokens": 5}])
 def test_a_check_in_parts_is_the_check_in_one_process(tiny_model, tmp_path, monkeypatch,
-                                                      values):
+                                                      split_check, values):
     first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     first.write_text(_lines(700, 1))
     second.write_text(_lines(300, 2))
-    monkeypatch.setattr(check_parts, "MIN_LINES", 0)
-    monkeypatch.setattr(check_parts, "PART_LINES", 90)
-    split = []
-    read_in_parts = check_parts.read_in_parts
-
-    def spied(*args, **kwargs):
-        scan = read_in_parts(*args, **kwargs)
-        split.append(scan is not None)
-        return scan
-
-    monkeypatch.setattr("neuron_batch.job.workload.read_in_parts", spied)
+    split = split_check(90)
     whole, said_whole, _ = _workload([first, second], tiny_model, monkeypatch, 1, **values)
     assert split == [False]
     parts, said_parts, _ = _workload([first, second], tiny_model, monkeypatch, 2, **values)
@@ -109,7 +99,7 @@ def test_a_check_in_parts_is_the_check_in_one_process(tiny_model, tmp_path, monk
     assert len(seen_whole["rows"]) == len(whole.prepared.requests) > 800
 
 
-def test_an_openai_batch_file_in_parts(tiny_model, tmp_path, monkeypatch):
+def test_an_openai_batch_file_in_parts(tiny_model, tmp_path, monkeypatch, split_check):
     """Ids given, the model's defaults applied, requests that sample with the run's seed."""
     lines = [json.dumps({"custom_id": f"c-{i}", "method": "POST", "url": "/v1/chat/completions",
                          "body": {"model": "m", "max_tokens": 4,
@@ -117,34 +107,34 @@ def test_an_openai_batch_file_in_parts(tiny_model, tmp_path, monkeypatch):
              for i in range(400)]
     path = tmp_path / "batch.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    monkeypatch.setattr(check_parts, "MIN_LINES", 0)
-    monkeypatch.setattr(check_parts, "PART_LINES", 60)
+    split = split_check(60)
     whole = _seen(_workload([path], tiny_model, monkeypatch, 1)[0])
     parts = _seen(_workload([path], tiny_model, monkeypatch, 2)[0])
-    assert parts == whole
+    assert split == [False, True] and parts == whole
     assert [row[0] for row in whole["rows"][:2]] == ["c-0", "c-1"]
 
 
-def test_duplicate_ids_in_different_parts_are_named(tiny_model, tmp_path, monkeypatch):
+def test_duplicate_ids_in_different_parts_are_named(tiny_model, tmp_path, monkeypatch,
+                                                    split_check):
     lines = [json.dumps({"id": f"r{i}", "prompt_len": 5}) for i in range(300)]
     lines[250] = json.dumps({"id": "r3", "prompt_len": 5})
     path = tmp_path / "dup.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    monkeypatch.setattr(check_parts, "MIN_LINES", 0)
-    monkeypatch.setattr(check_parts, "PART_LINES", 50)
+    split = split_check(50)
     workload = _workload([path], tiny_model, monkeypatch, 2)[0]
+    assert split == [True]      # (then the exact pass, in one process, names them)
     assert [str(p) for p in workload.problems] == [
         f"{path}:251: field 'id': duplicate id 'r3' (first used at {path}:4); ids must be unique"]
 
 
-def test_an_input_of_only_blank_lines_is_named(tiny_model, tmp_path, monkeypatch):
+def test_an_input_of_only_blank_lines_is_named(tiny_model, tmp_path, monkeypatch,
+                                               split_check):
     from neuron_batch.errors import RunError
 
     good, blank = tmp_path / "good.jsonl", tmp_path / "blank.jsonl"
     good.write_text(_lines(200, 3))
     blank.write_text("\n \n\n" * 100)
-    monkeypatch.setattr(check_parts, "MIN_LINES", 0)
-    monkeypatch.setattr(check_parts, "PART_LINES", 50)
+    split_check(50)
     with pytest.raises(RunError, match="blank.jsonl: no prompts found"):
         _workload([good, blank], tiny_model, monkeypatch, 2)
 
@@ -249,19 +239,14 @@ def _csv(n: int, quoted_newline_at: int | None = None) -> str:
 
 @pytest.mark.parametrize("quoted_newline_at", [None, 700])
 def test_a_csv_trace_in_parts_is_the_csv_in_one_process(tiny_model, tmp_path, monkeypatch,
-                                                        quoted_newline_at):
+                                                        split_check, quoted_newline_at):
     """A CSV is cut at line starts too (a BOM, blank and bad rows, quoted commas); one with
     a quoted value over two lines is given back to one pass, whatever part meets it."""
     path = tmp_path / "trace.csv"
     path.write_text(_csv(900, quoted_newline_at))
-    monkeypatch.setattr(check_parts, "MIN_LINES", 0)
-    monkeypatch.setattr(check_parts, "PART_LINES", 100)
-    split = []
-    read_in_parts = check_parts.read_in_parts
-    monkeypatch.setattr("neuron_batch.job.workload.read_in_parts",
-                        lambda *a, **k: split.append(read_in_parts(*a, **k)) or split[-1])
+    split = split_check(100)
     whole = _seen(_workload([path], tiny_model, monkeypatch, 1)[0])
     parts = _seen(_workload([path], tiny_model, monkeypatch, 2)[0])
-    assert [scan is not None for scan in split] == [False, quoted_newline_at is None]
+    assert split == [False, quoted_newline_at is None]
     assert parts == whole
     assert len(whole["problems"]) >= 4 and whole["requests"][0][0] == "r,0"

@@ -127,11 +127,10 @@ def test_doctor_lists_an_input_url_and_names_who_reads_it(bucket):
 
 
 def test_an_object_is_checked_in_parts_as_a_local_file_in_one(bucket, tmp_path, tiny_model,
-                                                              monkeypatch):
+                                                              monkeypatch, split_check):
     """A big input in S3 is cut into byte ranges read by processes of their own (issue 48: a
     10M-line file's check on every core): the workload is the local file's, checked in one
     process, problems named by URL and line."""
-    from neuron_batch.job import check_parts
     from neuron_batch.job.workload import load_workload
     from neuron_batch.settings import RunSettings
 
@@ -142,12 +141,7 @@ def test_an_object_is_checked_in_parts_as_a_local_file_in_one(bucket, tmp_path, 
     url = _put(bucket, "big/in.jsonl", data)
     local = tmp_path / "in.jsonl"
     local.write_bytes(data)
-    monkeypatch.setattr(check_parts, "MIN_LINES", 0)
-    monkeypatch.setattr(check_parts, "PART_LINES", 100)
-    split = []
-    read_in_parts = check_parts.read_in_parts
-    monkeypatch.setattr("neuron_batch.job.workload.read_in_parts",
-                        lambda *a, **k: split.append(read_in_parts(*a, **k)) or split[-1])
+    split = split_check(100)
 
     def checked(spec, processes):
         monkeypatch.setenv("NEURON_BATCH_CHECK_PROCESSES", str(processes))
@@ -159,7 +153,7 @@ def test_an_object_is_checked_in_parts_as_a_local_file_in_one(bucket, tmp_path, 
                 [(r.record.id, r.record.source, r.prompt_len) for r in requests])
 
     in_parts, in_one = checked(url, 2), checked(str(local), 1)
-    assert [scan is not None for scan in split] == [True, False]
+    assert split == [True, False]
     assert in_parts[0] == in_one[0]
     assert in_parts[1] == [f"{url}:451: malformed JSON: Expecting property name enclosed in "
                            "double quotes (column 2)"]
