@@ -26,6 +26,7 @@ and times the run. It prints, against the run at `--base` requests (10k by defau
     .venv/bin/python scripts/bench_scale.py --weigh 100000,1000000   # auto's weighing
     .venv/bin/python scripts/bench_scale.py --rows 200000     # the request rows' pass
     .venv/bin/python scripts/bench_scale.py --parts 1000000 --kinds tokens,text  # split check
+    .venv/bin/python scripts/bench_scale.py --prefix-order 1000000   # --order prefix's memory
 
 One run of each size: the ratios are between sizes of one invocation on one machine (the
 sizes differ by 10x, so noise of a few per cent does not hide a trend).
@@ -235,6 +236,10 @@ def main() -> None:
                         "in one process against split "
                         "across every core (job/check_parts.py), each in a process of its own, "
                         "medians of 3, and stop")
+    parser.add_argument("--prefix-order", type=int, default=None, metavar="N",
+                        help="only `--order prefix` (longest first) over an N-row token-count "
+                        "trace, in a process of its own: its seconds and the memory it adds "
+                        "(peak RSS over the job's), against `--order length`, and stop")
     parser.add_argument("--repeats", type=int, default=3,
                         help="with --parts: runs of each, their median kept")
     parser.add_argument("--rows", type=int, default=None, metavar="N",
@@ -253,6 +258,9 @@ def main() -> None:
                             args.text_cap)
     if args.weigh:
         return weigh_check([int(n) for n in args.weigh.split(",")])
+    if args.prefix_order:
+        return prefix_order_check(args.prefix_order, Path(args.workdir or tempfile.mkdtemp(
+            prefix="bench-scale-")))
     if args.parts:
         return parts_check(args.parts, args.kinds.split(","), Path(args.workdir or tempfile.mkdtemp(
             prefix="bench-scale-")), args.text_cap, args.repeats)
@@ -591,6 +599,45 @@ def parts_check(size: int, kinds: list[str], workdir: Path, text_cap: int,
         job.unlink()
         one, split = statistics.median(times[1]), statistics.median(times[cores])
         print(f"{kind:<7}{size:>10,}{one:>8.1f}{split:>12.1f}{one / split:>7.2f}", flush=True)
+
+
+_ORDER = """
+import json, resource, sys, time
+from neuron_batch.inputs.prepare import in_order
+from neuron_batch.job.workload import load_workload
+from neuron_batch.settings import RunSettings
+def main():
+    s = RunSettings.of((sys.argv[1],), device="sim", instance="inf2.8xlarge",
+                       architecture="llama-3.1-8b", max_model_len=8192, quiet=True)
+    requests = load_workload(s, lambda _: None).prepared.requests
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    begun = time.perf_counter()
+    ordered = in_order(requests, sys.argv[2], block_size=16, by_length=True)
+    took = time.perf_counter() - begun
+    print(json.dumps({"s": took, "n": len(ordered), "added_mib":
+                      (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024}))
+if __name__ == "__main__":
+    main()
+"""
+
+
+def prefix_order_check(size: int, workdir: Path) -> None:
+    """`--order prefix` (longest first, blocks of 16) over `size` rows of the token-count
+    trace, against `--order length`, each in a process of its own after the check: seconds,
+    and the peak RSS it adds over the check's (issue 46: what the order needs, not the job)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    job = write_job("tokens", size, workdir, 0)
+    script = workdir / "order.py"
+    script.write_text(_ORDER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    print(f"{'order':<8}{'requests':>10}{'seconds':>9}{'added MiB':>11}", flush=True)
+    for order in ("length", "prefix"):
+        got = json.loads(subprocess.run([sys.executable, str(script), str(job), order], env=env,
+                                        capture_output=True, text=True, check=True
+                                        ).stdout.splitlines()[-1])
+        assert got["n"] == size, got
+        print(f"{order:<8}{size:>10,}{got['s']:>9.1f}{got['added_mib']:>11.1f}", flush=True)
+    job.unlink()
 
 
 def _parts_job(kind: str, size: int, workdir: Path, text_cap: int) -> Path:

@@ -93,6 +93,12 @@ class JobRequests(Sequence[PreparedRequest]):
         """Every prompt's length, from the arrays (4 bytes each)."""
         return array("i", (self.columns.prompt_len[p] for p in self.positions))
 
+    def request_lengths(self) -> Sequence[int]:
+        """Every request's prompt + max_tokens (`PreparedRequest.length`), from the arrays."""
+        columns = self.columns
+        return array("i", (columns.prompt_len[p] + columns.max_tokens[p]
+                           for p in self.positions))
+
     def own_prompts(self) -> tuple[SyntheticTokens, int] | None:
         """(their maker, the highest request index) where every prompt is its own synthetic
         tokens (`PreparedRequest.own_prompt`), from the arrays; None where one is not."""

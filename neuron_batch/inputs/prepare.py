@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from neuron_batch.inputs.mooncake import MAX_HASH_ID, MOONCAKE_BLOCK
 from neuron_batch.inputs.prompt_records import InputProblem, PromptRecord
-from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK, prefix_order
+from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK, prefix_order, prefix_order_alone
 from neuron_batch.inputs.tool_calls import TOOLS, takes_tools, tools_of
 from neuron_batch.runtimes.buckets import round_model_len
 
@@ -174,8 +174,14 @@ def in_order(requests: Sequence[PreparedRequest], order: str, *,
         return (requests.longest_first() if streamed       # type: ignore[attr-defined]
                 else sorted(requests, key=lambda r: -r.length))
     if order == "prefix":
-        lengths = [r.length for r in requests] if by_length else None
-        order_of = prefix_order(PromptTokens(requests), block_size, lengths)
+        lengths = None
+        if by_length:       # (a streamed job's from its arrays: nothing read again)
+            lengths = (requests.request_lengths() if streamed  # type: ignore[attr-defined]
+                       else [r.length for r in requests])
+        tokens = PromptTokens(requests)
+        order_of = (prefix_order_alone(tokens, tokens.lengths(), block_size, lengths)
+                    if tokens.share_nothing(block_size)
+                    else prefix_order(tokens, block_size, lengths))
         return (requests.reordered(order_of) if streamed    # type: ignore[attr-defined]
                 else [requests[i] for i in order_of])
     return requests if streamed else list(requests)

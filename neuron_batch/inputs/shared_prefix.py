@@ -177,6 +177,55 @@ def prefix_order(prompts: Sequence[Sequence[int]], block: int = DEFAULT_BLOCK,
     return out
 
 
+def prefix_order_alone(prompts: Sequence[Sequence[int]], prompt_lengths: Sequence[int],
+                       block: int, lengths: Sequence[int] | None = None) -> Sequence[int]:
+    """`prefix_order` of prompts no two of which begin with the same whole block (a
+    token-count trace's own synthetic prompts: inputs/prepare.py `PromptTokens.share_nothing`),
+    without the trie: it held a node for every prompt, and at 10M requests the job's memory is
+    the point (issue 46). Each prompt of a whole block or more is then a branch of its own,
+    ranked from its length alone; only the shorter ones are made (`prompts[i]`), since the
+    trie keys a partial block by its tokens: identical short prompts are one branch, empty
+    ones end at the root. Ranked as `prefix_order` ranks branches: input order, or with
+    `lengths` (prompt + max_tokens) the longest first, ties by input order."""
+    import numpy as np
+
+    count = len(prompt_lengths)
+    index: np.ndarray = np.arange(count, dtype=np.int64)
+    short = np.asarray(prompt_lengths, dtype=np.int64) < block
+    alone = index[~short]
+    longest = np.asarray(lengths, dtype=np.int64) if lengths is not None else None
+    if longest is not None:
+        alone = alone[np.lexsort((alone, -longest[alone]))]
+    if not short.any():
+        return alone if longest is not None else range(count)
+    # the short prompts' branches, as the trie's root holds them: (rank, members)
+    same: dict[bytes | tuple[int, ...], list[int]] = {}
+    for i in index[short].tolist():
+        same.setdefault(_key(prompts[i], 0, block) if prompt_lengths[i] else b"", []).append(i)
+    branches = []
+    for key, members in same.items():
+        if longest is None:
+            branches.append(((0, members[0]), members))
+            continue
+        members = sorted(members, key=lambda i: -longest[i])    # (stable: then by index)
+        top = max(longest[i] for i in members)
+        # (a node's rank is its first prompt's index; the root's own ends, its longest's)
+        branches.append(((-int(top), members[0] if not key else min(members)), members))
+    branches.sort(key=lambda branch: branch[0])
+    # each group's place among the prompts alone, whose (rank, index) keys are sorted: one
+    # number each, rank * (count + 1) + index, in the same order
+    keys = (-longest[alone] if longest is not None else np.zeros(len(alone), np.int64)
+            ) * (count + 1) + alone
+    out: list[np.ndarray] = []
+    done = 0
+    for (first, second), members in branches:
+        at = int(np.searchsorted(keys, first * (count + 1) + second))
+        out += [alone[done:at], np.asarray(members, dtype=np.int64)]
+        done = at
+    out.append(alone[done:])
+    return np.concatenate(out)
+
+
 def shared_prefix_tokens(prompts: Sequence[Sequence[int]], block: int) -> int:
     """The prompt tokens an unbounded prefix cache of `block`-token blocks serves `prompts` at
     most, in the best order: every shared whole block computed once.

@@ -15,7 +15,11 @@ from hypothesis import strategies as st
 
 from neuron_batch.inputs.prepare import PreparedRequest, in_order
 from neuron_batch.inputs.prompt_records import PromptRecord
-from neuron_batch.inputs.shared_prefix import prefix_order, shared_prefix_tokens
+from neuron_batch.inputs.shared_prefix import (
+    prefix_order,
+    prefix_order_alone,
+    shared_prefix_tokens,
+)
 from neuron_batch.settings import RunSettings, SettingsError
 
 
@@ -107,6 +111,43 @@ def test_prefix_order_without_sharing_is_the_input_or_the_length_order(sizes, by
                 for i, m in enumerate(sizes)]
     got = in_order(requests, "prefix", block_size=32, by_length=by_length)
     assert got == in_order(requests, "length" if by_length else "input")
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 70), st.integers(1, 9)), max_size=40),
+       st.sampled_from([1, 4, 16]), st.booleans())
+def test_prefix_order_alone_is_the_tries_walk_where_no_first_block_is_shared(sizes, block,
+                                                                           by_length):
+    """Prompts that begin with blocks of their own (a token-count trace's own synthetic
+    prompts), short ones (no whole block) among them, identical short ones and empty ones too:
+    the order from lengths (and the short prompts' tokens) is the trie's walk, with and
+    without ranking by length."""
+    prompts = [[1000 + i] * p if p >= block else [5] * p for i, (p, _) in enumerate(sizes)]
+    lengths = [p + m for p, m in sizes] if by_length else None
+    alone = prefix_order_alone(prompts, [p for p, _ in sizes], block, lengths)
+    assert list(alone) == prefix_order(prompts, block, lengths)
+
+
+def test_a_streamed_trace_in_prefix_order_builds_no_trie(tmp_path, monkeypatch):
+    """`--order prefix` over a token-count trace: its prompts share nothing (known from its
+    arrays), so its order comes from the lengths, no prompt made, no trie built."""
+    from neuron_batch.inputs import prepare
+    from neuron_batch.job.workload import load_workload
+
+    path = tmp_path / "trace.csv"
+    path.write_text("num_prefill_tokens,num_decode_tokens\n"
+                    + "".join(f"{5 + i * 37 % 300},{1 + i % 7}\n" for i in range(400)))
+    settings_ = RunSettings.of((str(path),), device="sim", quiet=True)
+    requests = load_workload(settings_, lambda _: None).prepared.requests
+    expected = prefix_order(list(prepare.PromptTokens(requests)), 16,
+                            [r.length for r in requests])
+
+    def no_trie(*args, **kwargs):
+        raise AssertionError("the trie was built")
+
+    monkeypatch.setattr(prepare, "prefix_order", no_trie)
+    ordered = in_order(requests, "prefix", block_size=16, by_length=True)
+    assert [r.record.index for r in ordered] == expected
 
 
 def test_prefix_order_groups_a_shared_instruction_and_ranks_groups_by_their_longest():
