@@ -23,13 +23,16 @@ never split).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
 import tempfile
 from array import array
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
 from json.decoder import scanstring  # type: ignore[attr-defined]
@@ -59,14 +62,20 @@ HEAD = 1 << 16
 KIND_ITEMS = 1000
 
 
+#: Processes at most by default: each holds ~70 MB (its imports), and past a few dozen the
+#: parent's joining, not the parts, sets the time.
+MAX_PROCESSES = 32
+
+
 def processes() -> int:
     """Processes a split check uses: NEURON_BATCH_CHECK_PROCESSES, else the cores this
-    process may run on."""
+    process may run on, at most MAX_PROCESSES."""
     given = os.environ.get("NEURON_BATCH_CHECK_PROCESSES")
     if given:
         return max(1, int(given))
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-        os.cpu_count() or 1)
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+             else os.cpu_count() or 1)
+    return min(cores, MAX_PROCESSES)
 
 
 @dataclass
@@ -139,22 +148,43 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
     base = Scan(settings, model, readers=readers)
     model = dataclasses.replace(model, vocab_size=base.columns.vocab_size)
     with tempfile.TemporaryDirectory(prefix="neuron-batch-check-") as folder, \
-            _pool(count) as pool:
+            _pool(min(count, len(tasks_spans))) as pool:
         tasks = [_Task(settings, model, spool, block, readers[number], inputs.specs[number],
                        number, span, Path(folder) / f"rows-{k}.jsonl" if spool else None)
                  for k, (number, span) in enumerate(tasks_spans)]
         join = _Join(base, inputs, block)
-        for task, part in zip(tasks, pool.map(_check_part, tasks)):
-            if isinstance(part, _Failed) and part.exit_code is None:
-                # (a part's input problem, say a CSV value over two lines: one pass reads the
-                # job again and names it as it names any, by its line in the whole file)
-                return None
-            join.add(task, _raised(part))
-            if task.rows_path is not None:      # (its shifts are known: its rows made whole)
-                join.rows.append(pool.submit(_rows_part, task.rows_path,
-                                             *join.renumber[-1]))
-        join.done()
+        try:
+            for task, part in _in_order(pool, tasks, 2 * count):
+                if isinstance(part, _Failed) and part.exit_code is None:
+                    # (a part's input problem, say a CSV value over two lines: one pass reads
+                    # the job again and names it as it names any, by its line in the file)
+                    return None
+                join.add(task, _raised(part))
+                if task.rows_path is not None:  # (its shifts are known: its rows made whole)
+                    join.rows.append(pool.submit(_rows_part, task.rows_path,
+                                                 *join.renumber[-1]))
+            join.done()
+        except BrokenProcessPool:   # (a process killed, say by the kernel for memory)
+            return None
     return base
+
+
+def _in_order(pool: Executor, tasks: list[_Task], ahead: int
+              ) -> Iterator[tuple[_Task, _Part | _Failed]]:
+    """Each task's part, in order, with at most `ahead` parts given to the pool and not yet
+    taken: a part's rows are made whole (`_rows_part`, given to the pool as it is taken)
+    before all the parts are checked, so the plain rows on disk, and the parts waiting in
+    memory, are a few parts', not the job's."""
+    waiting: deque[tuple[_Task, Future]] = deque()
+    queued = iter(tasks)
+    for task in itertools.islice(queued, ahead):
+        waiting.append((task, pool.submit(_check_part, task)))
+    while waiting:
+        task, future = waiting.popleft()
+        part = future.result()
+        for following in itertools.islice(queued, 1):
+            waiting.append((following, pool.submit(_check_part, following)))
+        yield task, part
 
 
 class _Join:
@@ -241,6 +271,9 @@ def _check_part(task: _Task) -> _Part | _Failed:
         return _Failed(str(error), None)
     except RunError as error:
         return _Failed(str(error), error.exit_code)
+    except OSError as error:    # (the part's rows: a full disk)
+        return _Failed(f"{task.rows_path}: cannot write the check's rows: "
+                       f"{error.strerror or error}", 1)
     tally = None
     if scan.rows is not None:
         tally = scan.rows.tally

@@ -77,7 +77,7 @@ def _seen(workload):
     }
 
 
-@pytest.mark.parametrize("values", [{}, {"temperature": 0.3, "seed": 9}, {"max_tokens": 5}])
+@pytest.mark.parametrize("values", [{}, {"temperature": 0.3, "seed": 9, "max_tokens": 5}])
 def test_a_check_in_parts_is_the_check_in_one_process(tiny_model, tmp_path, monkeypatch,
                                                       split_check, values):
     first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
@@ -132,7 +132,7 @@ def test_an_input_of_only_blank_lines_is_named(tiny_model, tmp_path, monkeypatch
     from neuron_batch.errors import RunError
 
     good, blank = tmp_path / "good.jsonl", tmp_path / "blank.jsonl"
-    good.write_text(_lines(200, 3))
+    good.write_text("".join(json.dumps({"prompt_len": 5 + i}) + "\n" for i in range(200)))
     blank.write_text("\n \n\n" * 100)
     split_check(50)
     with pytest.raises(RunError, match="blank.jsonl: no prompts found"):
