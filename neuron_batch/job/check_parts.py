@@ -200,6 +200,8 @@ class _Join:
         self.number = -1            # the current input
         self.input_items = 0        # items of the current input
         self.tokenizer = False
+        self.id_hashes = array("q")
+        self.numeric_ids = self.default_ids = False
         # (the last part's: the marks of its numbered rows, its shifts; the rows made whole)
         self.renumber: list[tuple[bytearray | None, int, int]] = []
         self.rows: list[Future] = []
@@ -224,8 +226,9 @@ class _Join:
         self.bounds.append(scan.bound)
         if part.tally is not None:
             self.tally.merge(part.tally)
-        self.inputs.id_hashes.extend(part.id_hashes)
-        self.inputs.took(part.numeric_ids, part.default_ids)
+        self.id_hashes.extend(part.id_hashes)
+        self.numeric_ids = self.numeric_ids or part.numeric_ids
+        self.default_ids = self.default_ids or part.default_ids
         self.tokenizer = self.tokenizer or scan.tokenizer_asked
         self.renumber.append((scan.numbered_rows, items, records))
         self.items += part.items
@@ -240,7 +243,10 @@ class _Join:
     def done(self) -> None:
         self._input_done()
         base, inputs = self.base, self.inputs
+        # (only now: a job given back to one pass is read by the same `inputs`, untouched)
         inputs.records, inputs.items = self.records, self.items
+        inputs.id_hashes = self.id_hashes
+        inputs.took(self.numeric_ids, self.default_ids)
         if self.tokenizer:      # (the job's text is tokenized again as it runs: here)
             base.tokenizer()
         if self.bound_block is not None and all(b is not None for b in self.bounds):
