@@ -22,11 +22,15 @@ from neuron_batch.job.workload import load_workload
 from neuron_batch.settings import RunSettings
 
 
-def _lines(n: int, seed: int) -> str:
+def _lines(n: int, seed: int, text: bool = True) -> str:
+    """`n` lines of every kind; `text` False: none a tokenizer reads (text, messages), so the
+    parts' processes load none (seconds each)."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
         kind = i % 6
+        if not text and kind in (0, 4):
+            kind = 2
         if kind == 0:
             line = {"prompt": f"request {i} says hello " * (1 + i % 4), "max_tokens": 3,
                     **({"stop": ["x"], "temperature": 0.7} if i % 12 == 0 else {})}
@@ -80,9 +84,10 @@ def _seen(workload):
 @pytest.mark.parametrize("values", [{}, {"temperature": 0.3, "seed": 9, "max_tokens": 5}])
 def test_a_check_in_parts_is_the_check_in_one_process(tiny_model, tmp_path, monkeypatch,
                                                       split_check, values):
+    text = not values       # (the run's seed on every request: shown without text)
     first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    first.write_text(_lines(700, 1))
-    second.write_text(_lines(300, 2))
+    first.write_text(_lines(700, 1, text))
+    second.write_text(_lines(300, 2, text))
     split = split_check(90)
     whole, said_whole, _ = _workload([first, second], tiny_model, monkeypatch, 1, **values)
     assert split == [False]
