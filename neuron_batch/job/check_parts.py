@@ -75,7 +75,18 @@ def processes() -> int:
         return max(1, int(given))
     cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
              else os.cpu_count() or 1)
-    return min(cores, MAX_PROCESSES)
+    return min(cores, _cgroup_cpus() or cores, MAX_PROCESSES)
+
+
+def _cgroup_cpus(path: str = "/sys/fs/cgroup/cpu.max") -> int | None:
+    """The CPUs a container's quota allows (cgroup v2 `cpu.max`: "QUOTA PERIOD", or "max"),
+    which the affinity mask does not show; None where there is no quota."""
+    try:
+        with open(path) as handle:
+            quota, period = handle.read().split()[:2]
+        return max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        return None
 
 
 @dataclass

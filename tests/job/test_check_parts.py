@@ -255,3 +255,15 @@ def test_a_csv_trace_in_parts_is_the_csv_in_one_process(tiny_model, tmp_path, mo
     assert split == [False, quoted_newline_at is None]
     assert parts == whole
     assert len(whole["problems"]) >= 4 and whole["requests"][0][0] == "r,0"
+
+
+def test_a_containers_cpu_quota_caps_the_processes(tmp_path, monkeypatch):
+    quota = tmp_path / "cpu.max"
+    quota.write_text("250000 100000\n")
+    assert check_parts._cgroup_cpus(str(quota)) == 3
+    quota.write_text("max 100000\n")
+    assert check_parts._cgroup_cpus(str(quota)) is None
+    assert check_parts._cgroup_cpus(str(tmp_path / "none")) is None
+    monkeypatch.delenv("NEURON_BATCH_CHECK_PROCESSES", raising=False)
+    monkeypatch.setattr(check_parts, "_cgroup_cpus", lambda: 1)
+    assert check_parts.processes() == 1
