@@ -250,42 +250,42 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="write the figures here too")
     args = parser.parse_args()
     MAX_OUTPUT = args.max_output
+    kinds = args.kinds.split(",")
+
+    def workdir() -> Path:
+        return Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-"))
+
     if args.tokenize:
         return tokenize_check(args.tokenize, args.text_cap)
     if args.inputs:
-        return inputs_check([int(n) for n in args.inputs.split(",")], args.kinds.split(","),
-                            Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-")),
+        return inputs_check([int(n) for n in args.inputs.split(",")], kinds, workdir(),
                             args.text_cap)
     if args.weigh:
         return weigh_check([int(n) for n in args.weigh.split(",")])
     if args.prefix_order:
-        return prefix_order_check(args.prefix_order, Path(args.workdir or tempfile.mkdtemp(
-            prefix="bench-scale-")))
+        return prefix_order_check(args.prefix_order, workdir())
     if args.parts:
-        return parts_check(args.parts, args.kinds.split(","), Path(args.workdir or tempfile.mkdtemp(
-            prefix="bench-scale-")), args.text_cap, args.repeats)
+        return parts_check(args.parts, kinds, workdir(), args.text_cap, args.repeats)
     if args.rows:
-        return rows_check(args.rows, Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-")))
+        return rows_check(args.rows, workdir())
     if args.startup:
-        return startup_check(args.startup, args.kinds.split(","),
-                             Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-")),
-                             args.text_cap)
+        return startup_check(args.startup, kinds, workdir(), args.text_cap)
     if args.phases:
-        workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-"))
-        workdir.mkdir(parents=True, exist_ok=True)
-        return phases(write_job("tokens", args.phases, workdir, args.text_cap), workdir)
+        folder = workdir()
+        folder.mkdir(parents=True, exist_ok=True)
+        return phases(write_job("tokens", args.phases, folder, args.text_cap), folder)
     sizes = sorted(int(s) for s in args.sizes.split(","))
     if args.base not in sizes or sizes.index(args.base) == 0:
         parser.error("--base must be one of --sizes, and not the smallest (its marginal time "
                      "per request is measured from the size before it)")
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    folder = workdir()
+    folder.mkdir(parents=True, exist_ok=True)
     results: dict = {}
-    for kind in args.kinds.split(","):
+    for kind in kinds:
         runs = {}
         for size in sizes:
-            job = write_job(kind, size, workdir, args.text_cap)
-            out = workdir / f"run-{kind}-{size}"
+            job = write_job(kind, size, folder, args.text_cap)
+            out = folder / f"run-{kind}-{size}"
             runs[size] = measure(command(job, out))
             runs[size]["outputs"] = lines(out / "outputs.jsonl")
             runs[size]["folder_b_per_req"] = round(beside_outputs(out) / size, 1)
@@ -307,11 +307,11 @@ def main() -> None:
                 run["marginal_ratio"] = round(run["marginal_ms"] / base["marginal_ms"], 3)
         results[kind] = runs
     if args.resume_at is not None:
-        results["resume"] = resume_check(sizes[-1], args.resume_at, workdir, args.text_cap,
+        results["resume"] = resume_check(sizes[-1], args.resume_at, folder, args.text_cap,
                                          results.get("tokens", {}).get(sizes[-1]))
     print(f"{'kind':<7}{'requests':>10}{'wall s':>9}{'peak GiB':>10}{'RSS x':>8}"
           f"{'anon GiB':>10}{'anon x':>8}{'ms/req':>9}{'time x':>8}{'folder B/req':>14}")
-    for kind in args.kinds.split(","):
+    for kind in kinds:
         for size, run in results[kind].items():
             print(f"{kind:<7}{size:>10,}{run['wall_s']:>9.1f}{run['peak_rss_gib']:>10.3f}"
                   f"{run['rss_ratio']:>8.3f}{run['peak_anon_gib']:>10.3f}"

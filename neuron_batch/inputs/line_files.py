@@ -10,6 +10,7 @@ read whole, each time: its items have no line of their own to seek to).
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
@@ -58,43 +59,35 @@ class LineInput:
         return suffix_of(self.path) != ".json"
 
     def scan(self, span: tuple[int, int] | None = None) -> Iterator[Scanned]:
-        """Every item from the start; or, given `span` (`spans`), those whose lines start in
-        that byte range, numbered from 1 at its first line (the caller shifts them)."""
+        """Every item from the start; or, given `span` (`cut_spans`), those whose lines start
+        in that byte range, numbered from 1 at its first line (the caller shifts them)."""
+        start, end = span if span is not None else (0, math.inf)
         try:
             with open_binary(self.path) as handle:
-                if span is not None:
-                    yield from self._span(handle, *span)
-                    return
-                head = handle.read(8192)
-                if b"\0" in head:
-                    raise InputError(f"{self.label}: looks like a binary file (NUL bytes); "
-                                     "expected UTF-8 text (Parquet files need the .parquet "
-                                     "extension)")
-                if (self.kind is None and suffix_of(self.path) == ".json"
-                        and head.lstrip()[:1] == b"["):
-                    handle.seek(0)
-                    self.array = True
-                    for position, each in enumerate(self._array_items(handle.read())):
-                        yield position, position, 0, each
-                    return
-                handle.seek(0)
-                offset = 0
-                for number, raw in enumerate(handle, 1):
-                    where, offset = offset, offset + len(raw)
-                    item = self._item(raw, number, where)
-                    if item is not None:
-                        yield where, number, zlib.crc32(raw), item
+                if start == 0:
+                    head = handle.read(8192)
+                    if b"\0" in head:
+                        raise InputError(f"{self.label}: looks like a binary file (NUL bytes); "
+                                         "expected UTF-8 text (Parquet files need the .parquet "
+                                         "extension)")
+                    if (span is None and self.kind is None
+                            and suffix_of(self.path) == ".json" and head.lstrip()[:1] == b"["):
+                        handle.seek(0)
+                        self.array = True
+                        for position, each in enumerate(self._array_items(handle.read())):
+                            yield position, position, 0, each
+                        return
+                handle.seek(start)
+                yield from self._lines(handle, start, end)
         except OSError as exc:
             raise InputError(f"{self.label}: cannot read: {exc.strerror or exc}") from exc
         if self.kind is None:
             self.kind = "jsonl"
 
-    def _span(self, handle, start: int, end: int) -> Iterator[Scanned]:
-        if start == 0 and b"\0" in handle.read(8192):
-            raise InputError(f"{self.label}: looks like a binary file (NUL bytes); expected "
-                             "UTF-8 text (Parquet files need the .parquet extension)")
-        handle.seek(start)
-        offset, self.span_lines = start, 0
+    def _lines(self, handle, offset: int, end: float) -> Iterator[Scanned]:
+        """The items of the lines from `offset` (a line's start) to the first that starts at
+        or past `end`; `span_lines` the lines read."""
+        self.span_lines = 0
         for number, raw in enumerate(handle, 1):
             if offset >= end:
                 return

@@ -99,6 +99,10 @@ class InputScan:
         self.specs = expand_inputs(inputs)
         self.readers = [open_input(spec, prompt_column=prompt_column, split=split,
                                    ignored=ignored) for spec in self.specs]
+        self._numbering(default_max_tokens, exact_ids, None)
+
+    def _numbering(self, default_max_tokens: int | None, exact_ids: bool,
+                   span: tuple[int, tuple[int, int]] | None) -> None:
         self.default_max_tokens = default_max_tokens
         self.exact_ids = exact_ids
         # the hashes of the ids lines give: a default id (the record's reading order) is
@@ -107,7 +111,7 @@ class InputScan:
         self._numeric_ids = self._default_ids = False
         self.records = 0        # records numbered so far
         self.items = 0          # items (records and problems) read so far
-        self._span: tuple[int, tuple[int, int]] | None = None
+        self._span = span
 
     @classmethod
     def of_span(cls, reader: InputReader, spec: str, number: int, span: tuple[int, int], *,
@@ -118,11 +122,7 @@ class InputScan:
         the duplicate check, never held (`exact_ids` False)."""
         scan = cls.__new__(cls)
         scan.specs, scan.readers = [spec], [reader]
-        scan.default_max_tokens, scan.exact_ids = default_max_tokens, False
-        scan.id_hashes = array("q")
-        scan._numeric_ids = scan._default_ids = False
-        scan.records = scan.items = 0
-        scan._span = (number, span)
+        scan._numbering(default_max_tokens, False, (number, span))
         return scan
 
     @property

@@ -75,6 +75,15 @@ class _Distinct:
     def exact(self) -> bool:
         return self.registers is None
 
+    def __getstate__(self) -> dict:
+        """Counted, without the buffer (1 MiB of room): what a part of a split check sends."""
+        self._settle()
+        return {key: value for key, value in self.__dict__.items() if key != "_buffer"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._buffer = np.empty(_BUFFER, _U64)
+
     def add(self, hashes: np.ndarray) -> None:
         if self._held + len(hashes) > _BUFFER:
             self._settle()

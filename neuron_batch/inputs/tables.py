@@ -225,14 +225,7 @@ class CsvInput:
                 self._wanted = [(name, position_by_column[name]) for name in layout.columns()]
                 self._width = len(header)
                 self._mapper = RowMapper(layout, from_text=True)
-                last_line = reader.line_num
-                for cells in reader:
-                    # line_num is the line a row ends on; a quoted value may span lines, so a
-                    # row starts on the line after the previous row ended.
-                    first_line, last_line = last_line + 1, reader.line_num
-                    where = lines.start_of(first_line)
-                    if cells:   # (not a blank line)
-                        yield where, first_line, _digest(cells), self._row(cells, first_line)
+                yield from self._rows(reader, lines)
 
     def _span(self, start: int, end: int) -> Iterator[Scanned]:
         with self._open() as handle:
@@ -243,13 +236,19 @@ class CsvInput:
             with self._readable(reader):
                 if start == 0:
                     next(reader, None)      # (the header)
-                last_line = reader.line_num
-                for cells in reader:
-                    first_line, last_line = last_line + 1, reader.line_num
-                    where = lines.start_of(first_line)
-                    if cells:
-                        yield where, first_line, _digest(cells), self._row(cells, first_line)
+                yield from self._rows(reader, lines)
             self.span_lines = lines.line
+
+    def _rows(self, reader, lines: _Lines) -> Iterator[Scanned]:
+        """The rows `reader` reads from `lines` (their first line and where it starts)."""
+        last_line = reader.line_num
+        for cells in reader:
+            # line_num is the line a row ends on; a quoted value may span lines, so a row
+            # starts on the line after the previous row ended.
+            first_line, last_line = last_line + 1, reader.line_num
+            where = lines.start_of(first_line)
+            if cells:   # (not a blank line)
+                yield where, first_line, _digest(cells), self._row(cells, first_line)
 
     def read(self, spots: Sequence[tuple[int, int]]) -> Iterator[tuple[int, Item | None]]:
         with self._open() as handle:

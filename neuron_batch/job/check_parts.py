@@ -163,7 +163,7 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
         tasks = [_Task(settings, model, spool, block, readers[number], inputs.specs[number],
                        number, span, Path(folder) / f"rows-{k}.jsonl" if spool else None)
                  for k, (number, span) in enumerate(tasks_spans)]
-        join = _Join(base, inputs, block)
+        join = _Join(base, inputs, block, pool)
         try:
             for task, part in _in_order(pool, tasks, 2 * count):
                 if isinstance(part, _Failed) and part.exit_code is None:
@@ -171,9 +171,6 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
                     # the job again and names it as it names any, by its line in the file)
                     return None
                 join.add(task, _raised(part))
-                if task.rows_path is not None:  # (its shifts are known: its rows made whole)
-                    join.rows.append(pool.submit(_rows_part, task.rows_path,
-                                                 *join.renumber[-1]))
             join.done()
         except BrokenProcessPool:   # (a process killed, say by the kernel for memory)
             return None
@@ -199,12 +196,14 @@ def _in_order(pool: Executor, tasks: list[_Task], ahead: int
 
 
 class _Join:
-    """The parts, in order, into one `Scan` (`base`) and the job's `InputScan`."""
+    """The parts, in order, into one `Scan` (`base`) and the job's `InputScan`; each part's
+    rows given to the `pool` to be made whole once its shifts are known."""
 
-    def __init__(self, base: Scan, inputs: InputScan, block: int | None):
-        self.base, self.inputs = base, inputs
-        self.bound_block = block
-        self.bounds: list[Any] = []
+    def __init__(self, base: Scan, inputs: InputScan, block: int | None, pool: Executor):
+        self.base, self.inputs, self.pool = base, inputs, pool
+        # the job's prefix bound, merged part by part; None once a part has none
+        self.bound: Any = None
+        self.counting = block is not None
         self.tally = FactsTally()
         self.items = self.records = 0
         self.lines = 0              # lines of the current input read so far
@@ -213,35 +212,41 @@ class _Join:
         self.tokenizer = False
         self.id_hashes = array("q")
         self.numeric_ids = self.default_ids = False
-        # (the last part's: the marks of its numbered rows, its shifts; the rows made whole)
-        self.renumber: list[tuple[bytearray | None, int, int]] = []
         self.rows: list[Future] = []
 
     def add(self, task: _Task, part: _Part) -> None:
-        base, scan = self.base, part
+        base = self.base
         if task.number != self.number:
             self._input_done()
             self.number, self.lines, self.input_items = task.number, 0, 0
         items, records, lines = self.items, self.records, self.lines
-        base.columns.extend(scan.columns, items, lines)
+        base.columns.extend(part.columns, items, lines)
         label = task.reader.label
-        base.parse_problems += [_shifted(p, label, lines, items) for p in scan.parse_problems]
+        base.parse_problems += [_shifted(p, label, lines, items) for p in part.parse_problems]
         base.checked += [(position + records, _shifted(p, label, lines, items))
-                         for position, p in scan.checked]
-        base.early += [position + records for position in scan.early]
-        base.ok += scan.ok
-        base.known.extend(scan.known)
-        base.took_defaults += scan.took_defaults
-        base.longest_request = max(base.longest_request, scan.longest[0])
-        base.longest_prompt = max(base.longest_prompt, scan.longest[1])
-        self.bounds.append(scan.bound)
+                         for position, p in part.checked]
+        base.early += [position + records for position in part.early]
+        base.ok += part.ok
+        base.known.extend(part.known)
+        base.took_defaults += part.took_defaults
+        base.longest_request = max(base.longest_request, part.longest[0])
+        base.longest_prompt = max(base.longest_prompt, part.longest[1])
+        if self.counting:
+            if part.bound is None:
+                self.counting, self.bound = False, None     # (synthetic prompts: not here)
+            elif self.bound is None:
+                self.bound = part.bound
+            else:
+                self.bound.merge(part.bound)
         if part.tally is not None:
             self.tally.merge(part.tally)
         self.id_hashes.extend(part.id_hashes)
         self.numeric_ids = self.numeric_ids or part.numeric_ids
         self.default_ids = self.default_ids or part.default_ids
-        self.tokenizer = self.tokenizer or scan.tokenizer_asked
-        self.renumber.append((scan.numbered_rows, items, records))
+        self.tokenizer = self.tokenizer or part.tokenizer_asked
+        if task.rows_path is not None:      # (its shifts are known: its rows made whole)
+            self.rows.append(self.pool.submit(_rows_part, task.rows_path, part.numbered_rows,
+                                              items, records))
         self.items += part.items
         self.records += part.records
         self.lines += part.lines
@@ -260,11 +265,7 @@ class _Join:
         inputs.took(self.numeric_ids, self.default_ids)
         if self.tokenizer:      # (the job's text is tokenized again as it runs: here)
             base.tokenizer()
-        if self.bound_block is not None and all(b is not None for b in self.bounds):
-            bound = self.bounds[0]
-            for other in self.bounds[1:]:
-                bound.merge(other)
-            base.bound = bound
+        base.bound = self.bound
         if not self.rows:
             return
         made = [future.result() for future in self.rows]
