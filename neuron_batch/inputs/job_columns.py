@@ -22,6 +22,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, overload
 
+from neuron_batch.inputs.plain_rows import PlainRows
 from neuron_batch.inputs.prepare import PreparedRequest
 from neuron_batch.inputs.prompt_records import InputChanged, InputReader, PromptRecord
 from neuron_batch.inputs.request_paths import asks
@@ -104,6 +105,25 @@ class Steps(Sequence[int]):
                        else [first] * (end - at))
             at, run = end, run + 1
         return out
+
+    def extend(self, values: Sequence[int]) -> None:
+        """`values` appended, a run at a time (a block of a trace's rows: inputs/plain_rows.py)."""
+        if self._dense is not None or len(values) < 2:
+            for value in values:
+                self.append(value)
+            return
+        import numpy as np
+
+        held = np.asarray(values, dtype=np.int64)
+        starts = [0, *(np.flatnonzero(np.diff(held) != self.step) + 1).tolist(), len(held)]
+        for start, end in zip(starts, starts[1:]):
+            self.append(int(held[start]))       # (a run of its own where it breaks one)
+            if self._dense is not None:
+                for value in held[start + 1:end].tolist():
+                    self.append(value)
+            elif end - start > 1:   # (the rest of the run: it goes on from what `append` kept)
+                self._count += end - start - 1
+                self._last = int(held[end - 1])
 
     def extend_shifted(self, other: Steps, shift: int) -> None:
         """`other`'s values, each plus `shift`, after these: run by run."""
@@ -227,6 +247,44 @@ class JobColumns:
         if record_id is not None:
             self._id_bytes += record_id.encode("utf-8", "surrogatepass")
         self._id_ends = _appended(self._id_ends, len(self._id_bytes))
+
+    def add_plain(self, src: int, rows: PlainRows) -> None:
+        """A block of plain rows (inputs/plain_rows.py), as `add` adds each: their ids their
+        default ones, nothing prepared yet (`prepared_plain`)."""
+        count = len(rows)
+        self.src.extend([src] * count)
+        if len(self.where) and self.where.typecode == "I" and max(rows.where) >= 1 << 32:
+            self.where = widened(self.where, rows.where[0])
+            self.where.pop()
+        self.where.extend(array(self.where.typecode, rows.where))
+        self.line.extend(rows.line)
+        self.read_order.extend(range(rows.read_order, rows.read_order + count))
+        self.digest.extend(rows.digest)
+        for column in (self.prompt_len, self.max_tokens):
+            column.frombytes(bytes(count * column.itemsize))
+        self.clamped += bytes(count)
+        self.asks += bytes(count)
+        if self._id_ends is not None:
+            self._id_ends = _joined(self._id_ends, array("I", [len(self._id_bytes)]) * count)
+
+    def prepared_plain(self, positions: Sequence[int], prompt_len: Sequence[int],
+                       max_tokens: Sequence[int], clamped: Sequence[int], not_own: int) -> None:
+        """`prepared` for plain rows (inputs/plain_rows.py) at `positions`: their requests'
+        lengths and clamps; `not_own` of them not their own synthetic prompts. (Such a row
+        asks nothing the report counts: no OpenAI line, no sampling fields.)"""
+        import numpy as np
+
+        at = np.asarray(positions, dtype=np.int64)
+        for name, values in (("prompt_len", prompt_len), ("max_tokens", max_tokens)):
+            column = getattr(self, name)
+            top = max(values, default=0)
+            if top > np.iinfo(np.dtype(column.typecode)).max:     # (widened first)
+                column = widened(column, top)
+                column.pop()
+                setattr(self, name, column)
+            np.frombuffer(column, dtype=column.typecode)[at] = values
+        np.frombuffer(self.clamped, dtype=np.uint8)[at] = clamped
+        self.not_own += not_own
 
     def extend(self, part: JobColumns, items: int, lines: int) -> None:
         """`part`'s records after these (a part of a check split across processes,

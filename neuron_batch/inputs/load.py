@@ -16,12 +16,14 @@ from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
 from neuron_batch.inputs.line_files import LineInput
+from neuron_batch.inputs.plain_rows import PlainRows
 from neuron_batch.inputs.prompt_records import (
     InputError,
     InputProblem,
     InputReader,
     LoadedPrompts,
     PromptRecord,
+    Scanned,
 )
 from neuron_batch.inputs.tables import (
     CsvInput,
@@ -73,8 +75,9 @@ def expand_inputs(inputs: Sequence[str | Path]) -> list[str]:
 # Numbering: one pass over every input
 
 
-#: (the input's number, where the item lies in it, its line or row, its digest, the item)
-ScannedItem = tuple[int, int, int, int, PromptRecord | InputProblem]
+#: (the input's number, where the item lies in it, its line or row, its digest, the item; a
+#: block of plain rows: -1, -1, 0, the block)
+ScannedItem = tuple[int, int, int, int, PromptRecord | InputProblem | PlainRows]
 
 
 class InputScan:
@@ -85,11 +88,15 @@ class InputScan:
     `exact_ids`: duplicate ids are found here, each a problem (a dict of every id: what a job
     held in memory reads). Else only each given id's hash is kept (`id_hashes`, 8 bytes a
     record that gives one) and the caller asks `has_duplicates` after the pass, and reads again
-    exactly if so."""
+    exactly if so.
+
+    `plain`: a trace's rows that hold nothing but plain numbers come as blocks
+    (inputs/plain_rows.py `PlainRows`), numbered here (only without `exact_ids`: a block's ids
+    are its default ones, which no given id can take where only hashes are kept)."""
 
     def __init__(self, inputs: Sequence[str | Path], *, prompt_column: str = "prompt",
                  split: str = "train", default_max_tokens: int | None = None,
-                 ignored: Collection[str] = (), exact_ids: bool = True):
+                 ignored: Collection[str] = (), exact_ids: bool = True, plain: bool = False):
         if isinstance(inputs, (str, Path)):
             inputs = [inputs]  # one path, not a sequence of one-character "paths"
         if default_max_tokens is not None and default_max_tokens < 1:
@@ -99,12 +106,13 @@ class InputScan:
         self.specs = expand_inputs(inputs)
         self.readers = [open_input(spec, prompt_column=prompt_column, split=split,
                                    ignored=ignored) for spec in self.specs]
-        self._numbering(default_max_tokens, exact_ids, None)
+        self._numbering(default_max_tokens, exact_ids, None, plain)
 
     def _numbering(self, default_max_tokens: int | None, exact_ids: bool,
-                   span: tuple[int, tuple[int, int]] | None) -> None:
+                   span: tuple[int, tuple[int, int]] | None, plain: bool) -> None:
         self.default_max_tokens = default_max_tokens
         self.exact_ids = exact_ids
+        self.plain = plain and not exact_ids
         # the hashes of the ids lines give: a default id (the record's reading order) is
         # unique by construction, and only a given id that is a number can be one
         self.id_hashes = array("q")
@@ -115,14 +123,14 @@ class InputScan:
 
     @classmethod
     def of_span(cls, reader: InputReader, spec: str, number: int, span: tuple[int, int], *,
-                default_max_tokens: int | None) -> InputScan:
+                default_max_tokens: int | None, plain: bool = False) -> InputScan:
         """One part of a check split across processes (job/check_parts.py): the items whose
         lines start in `span` of input `number`, numbered (lines, reading order, positions)
         from the part's own start: the caller shifts them by the parts before. Ids hashed for
         the duplicate check, never held (`exact_ids` False)."""
         scan = cls.__new__(cls)
         scan.specs, scan.readers = [spec], [reader]
-        scan._numbering(default_max_tokens, False, (number, span))
+        scan._numbering(default_max_tokens, False, (number, span), plain)
         return scan
 
     @property
@@ -148,14 +156,29 @@ class InputScan:
         read_order = -1
         for number, (spec, reader) in enumerate(zip(self.specs, self.readers)):
             empty = True
-            if self._span is not None:
-                number, span = self._span
-                assert isinstance(reader, (LineInput, CsvInput))    # (what can be cut)
-                items = reader.scan(span)
+            items: Iterator[Scanned | PlainRows]
+            if isinstance(reader, CsvInput):
+                items = reader.scan(self._span[1] if self._span else None, plain=self.plain)
+            elif self._span is not None:
+                assert isinstance(reader, LineInput)    # (what can be cut)
+                items = reader.scan(self._span[1])
             else:
                 items = reader.scan()
-            for where, line, digest, item in items:
+            if self._span is not None:
+                number = self._span[0]
+            for scanned in items:
                 empty = False
+                if isinstance(scanned, PlainRows):
+                    rows = len(scanned)
+                    scanned.read_order, scanned.position = read_order + 1, self.records
+                    scanned.finish = self.finish
+                    read_order += rows
+                    self.items += rows
+                    self.records += rows
+                    self._default_ids = True
+                    yield number, -1, -1, 0, scanned
+                    continue
+                where, line, digest, item = scanned
                 read_order += 1
                 self.items += 1
                 if isinstance(item, InputProblem):
@@ -253,6 +276,7 @@ def load_prompts(inputs: Sequence[str | Path], *, prompt_column: str = "prompt",
         if isinstance(item, InputProblem):
             problems.append(item)
         else:
+            assert isinstance(item, PromptRecord)   # (no `plain`: no blocks)
             records.append(item)
     order = job_order(len(records), shuffle=shuffle, seed=seed, limit=limit)
     if order is not None:

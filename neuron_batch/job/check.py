@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from array import array
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from neuron_batch.errors import RunError
 from neuron_batch.inputs.job_columns import JobColumns
 from neuron_batch.inputs.job_requests import JobRequests
 from neuron_batch.inputs.load import InputScan, describe_job, job_order, prompt_token_count
+from neuron_batch.inputs.plain_rows import PlainRows
 from neuron_batch.inputs.prepare import prepare_requests
 from neuron_batch.inputs.prompt_records import InputProblem, PromptRecord
 from neuron_batch.inputs.request_fields import (
@@ -98,6 +100,10 @@ class Scan:
         self.known = array("i")         # prompt lengths known without a tokenizer
         self.early: list[int] = []      # positions of problems found before tokenizing
         self.facts: Any = None
+        # a plain row's outcome by its two counts (`_plain`): its request's template, or None
+        # where the rows of that pair go the record path (a problem, or more than counts)
+        self._outcomes: dict[tuple[int, int], _Outcome | None] = {}
+        self._alike: Counter[_Outcome] = Counter()    # (rows of each, for the facts' tally)
 
     def read(self, inputs: InputScan) -> None:
         """Every item of `inputs` read, checked CHECK_CHUNK records at a time."""
@@ -107,6 +113,11 @@ class Scan:
         upto = settings.limit if settings.limit is not None and not settings.shuffle else None
         chunk: list[PromptRecord] = []
         for src, where, line, digest, item in inputs:
+            if isinstance(item, PlainRows):
+                self._check(chunk)      # (rows are spooled in input order)
+                chunk = []
+                self._plain(src, item, upto)
+                continue
             if isinstance(item, InputProblem):
                 self.parse_problems.append(item)
                 continue
@@ -120,6 +131,7 @@ class Scan:
                 self._check(chunk)
                 chunk = []
         self._check(chunk)
+        self._tally()
         self.facts = self.rows.close() if self.rows is not None else None
 
     def number(self, inputs: InputScan, log: Callable[[str], None]) -> None:
@@ -216,6 +228,128 @@ class Scan:
                     self.bound.add(request.token_ids)
         self.checked += [(position_of[p.read_order], p)
                          for p in refused + unsampled + unmatched + prepared.problems]
+
+
+    def _plain(self, src: int, rows: PlainRows, upto: int | None) -> None:
+        """A block of a trace's plain rows (inputs/plain_rows.py): each pair of counts checked
+        once, on one real record of it (`_outcome`), its outcome given to every row of the
+        pair (lengths, row, facts); a pair with a problem or anything more is checked record
+        by record, in its place."""
+        columns, start = self.columns, len(self.columns)
+        assert start == rows.position, (start, rows.position)
+        columns.add_plain(src, rows)
+        self.ok += bytes(len(rows))
+        outcomes = self._outcomes
+        positions: list[int] = []
+        alike: list[_Outcome] = []
+        for i, pair in enumerate(zip(rows.prompt_len, rows.max_tokens)):
+            if upto is not None and start + i >= upto:
+                break
+            outcome = outcomes.get(pair, _UNSEEN)
+            if outcome is _UNSEEN:
+                if len(outcomes) >= _OUTCOMES:
+                    self._tally()
+                    outcomes.clear()
+                outcome = outcomes[pair] = self._outcome(rows.record(i))
+            if outcome is None:
+                self._took(positions, alike, rows)
+                positions, alike = [], []
+                self._check([rows.record(i)])
+            else:
+                positions.append(start + i)
+                alike.append(outcome)
+        self._took(positions, alike, rows)
+
+    def _tally(self) -> None:
+        """What the plain rows checked so far ask, told to the rows' tally (job/facts.py)."""
+        if self.rows is not None:
+            for outcome, times in self._alike.items():
+                self.rows.tally.add(outcome.request, outcome.spec, times)
+        self._alike.clear()
+
+    def _outcome(self, record: PromptRecord) -> _Outcome | None:
+        """What the check makes of `record` (a plain row) on its own, where every row with its
+        counts comes out alike: no problem, nothing but counts asked; else None."""
+        settings = self.settings
+        records, refused = refusals([record], self.path)
+        records, unsampled = spec_problems(records, settings)
+        if refused or unsampled or record.stop or record.sampling or record.openai:
+            return None
+        took = apply_openai_defaults(records, self._defaults,
+                                     run_temperature=settings.temperature,
+                                     honours=self.path.honours)
+        prepared = prepare_requests(records, tokenizer=None, tokenizer_name=self.tokenizer_name,
+                                    vocab_size=self.columns.vocab_size,
+                                    max_model_len=settings.max_model_len,
+                                    default_max_tokens=settings.max_tokens,
+                                    longest_prompt_graph=self._graph)
+        if prepared.problems or prepared.requests[0].token_ids is not None:
+            return None
+        (request,) = prepared.requests
+        spec = request_spec(request, settings)
+        row = request_row(request, spec)
+        seeded = spec["seed"] is not None
+        encode = json.JSONEncoder(ensure_ascii=False).encode
+        middle = ", ".join(encode(value) for value in row[1:4])
+        tail = "".join(", " + encode(value) for value in row[5:])
+        outcome = _Outcome(request, spec, took, middle, tail, seeded, _numbered(record, spec),
+                           request.own_prompt)
+        if outcome.row(record.id, record.index, settings.seed) != encode(row) + "\n":
+            return None     # (an id JSON would escape: not a plain row's)
+        return outcome
+
+    def _took(self, positions: list[int], alike: list[_Outcome], rows: PlainRows) -> None:
+        """Plain rows at `positions` checked, each with the outcome of its pair in `alike`."""
+        if not positions:
+            return
+        columns, settings = self.columns, self.settings
+        requests = [outcome.request for outcome in alike]
+        columns.prepared_plain(positions, [r.prompt_len for r in requests],
+                               [r.max_tokens for r in requests],
+                               [r.max_tokens_clamped for r in requests],
+                               sum(not outcome.own_prompt for outcome in alike))
+        ok = self.ok
+        for position in positions:
+            ok[position] = 1
+        self.known.extend(r.record.prompt_len for r in requests)
+        self.longest_request = max(self.longest_request,
+                                   max(r.prompt_len + r.max_tokens for r in requests))
+        self.longest_prompt = max(self.longest_prompt, max(r.prompt_len for r in requests))
+        self.took_defaults += sum(outcome.took for outcome in alike)
+        self.bound = None       # (a trace's synthetic tokens: not made here)
+        if self.rows is not None:
+            seed, first = settings.seed, rows.read_order - rows.position
+            self.rows.write("".join(outcome.row(str(first + position), position, seed)
+                                    for position, outcome in zip(positions, alike)))
+            self._alike.update(alike)
+            if self.numbered_rows is not None:
+                self.numbered_rows += bytes(outcome.numbered for outcome in alike)
+
+
+_UNSEEN: Any = object()
+#: Pairs of counts whose outcome `Scan._plain` keeps (past them it starts again).
+_OUTCOMES = 1 << 16
+
+
+@dataclass(eq=False)
+class _Outcome:
+    """A plain row's check (`Scan._outcome`): the request standing for its pair's rows, its
+    spec, the OpenAI defaults it took, its row's JSON but for its id and seed."""
+
+    request: Any
+    spec: dict[str, Any]
+    took: int
+    middle: str             # (the row's JSON after the id, up to its seed)
+    tail: str               # (and after the seed)
+    seeded: bool            # its seed is the run's --seed plus its position
+    numbered: int           # `_numbered`
+    own_prompt: bool        # (PreparedRequest.own_prompt)
+
+    def row(self, record_id: str, position: int, seed: int) -> str:
+        """The row (job/resume_check.py `request_row`) of the row at `position`, id
+        `record_id` (digits: a default id), as the spool writes it."""
+        return (f'["{record_id}", {self.middle}, '
+                f'{seed + position if self.seeded else "null"}{self.tail}]\n')
 
 
 #: `Scan.numbered_rows` bits: a row whose id is its default (its reading order), whose seed is

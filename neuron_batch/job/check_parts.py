@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 import os
 import tempfile
@@ -283,7 +282,7 @@ def _check_part(task: _Task) -> _Part | _Failed:
         scan = Scan(task.settings, task.model, spool=task.spool, block=task.block,
                     rows_path=task.rows_path)
         inputs = InputScan.of_span(task.reader, task.spec, task.number, task.span,
-                                   default_max_tokens=task.settings.max_tokens)
+                                   default_max_tokens=task.settings.max_tokens, plain=True)
         scan.read(inputs)
     except InputError as error:
         return _Failed(str(error), None)
@@ -322,8 +321,13 @@ def _rows_part(path: Path, marks: bytearray | None, items: int, records: int
                     out.write(chunk)
             else:
                 assert marks is not None
+                batch: list[bytes] = []     # (gzip's own work a write: a batch at a time)
                 for mark, line in zip(marks, rows):
-                    out.write(_shifted_row(line, mark, items, records) if mark else line)
+                    batch.append(_shifted_row(line, mark, items, records) if mark else line)
+                    if len(batch) >= 1024:
+                        out.write(b"".join(batch))
+                        batch.clear()
+                out.write(b"".join(batch))
         path.unlink()
     except OSError as error:
         return _Failed(f"{whole}: cannot write the check's rows: {error.strerror or error}", 1)
@@ -335,16 +339,18 @@ def _shifted_row(line: bytes, mark: int, items: int, records: int) -> bytes:
     job/resume_check.py request_row) with its default id shifted by `items` and its run seed
     by `records`, as `mark` says: only those numbers rewritten."""
     text = line.decode("utf-8", "surrogatepass")
-    row_id, end = scanstring(text, 2)
-    if mark & DEFAULT_ID:
-        row_id = str(int(row_id) + items)
+    if mark & DEFAULT_ID:   # (digits: nothing JSON escapes)
+        end = text.index('"', 2) + 1
+        head = f'["{int(text[2:end - 1]) + items}"'
+    else:
+        end = scanstring(text, 2)[1]
+        head = text[:end]
     rest = text[end:]
     if mark & RUN_SEED:     # (", prompt, max_tokens, temperature, seed, ...": the 5th piece)
         pieces = rest.split(", ", 5)
         pieces[4] = str(int(pieces[4]) + records)
         rest = ", ".join(pieces)
-    return (text[:1] + json.dumps(row_id, ensure_ascii=False) + rest).encode(
-        "utf-8", "surrogatepass")
+    return (head + rest).encode("utf-8", "surrogatepass")
 
 
 def _raised(part: _Part | _Failed) -> _Part:

@@ -32,16 +32,18 @@ class FactsTally:
         self._urls: set[str] = set()
         self._stops = False
 
-    def add(self, request, spec: dict[str, Any]) -> None:
+    def add(self, request, spec: dict[str, Any], times: int = 1) -> None:
+        """`request`, or `times` requests that ask what it asks (a trace's plain rows)."""
         record = request.record
         if record.openai is not None:
             self._urls.add(record.openai["url"])
         self._stops = self._stops or bool(record.stop)
         key = _asks_key(spec)
         if key is None:
-            self._sampling.add(spec_asks(spec))
+            for _ in range(times):
+                self._sampling.add(spec_asks(spec))
         else:
-            self._sampling.add_keyed(key, lambda: spec_asks(spec))
+            self._sampling.add_keyed(key, lambda: spec_asks(spec), times)
 
     def merge(self, other: FactsTally) -> None:
         """`other`'s requests counted here too (a part of a split check's)."""

@@ -35,6 +35,7 @@ class RowsSpool:
         if fields is not None:
             self._gzip.write((json.dumps({"fields": fields}) + "\n").encode("utf-8"))
         self.tally = FactsTally()
+        self._pending: list[str] = []
 
     @classmethod
     def joined(cls, fields: list[str], parts: list[Path], tally: FactsTally) -> RowsSpool:
@@ -55,12 +56,28 @@ class RowsSpool:
     def add(self, row: list[Any], request, spec: dict[str, Any]) -> None:
         assert self._gzip is not None, "a closed spool takes no row"
         self.tally.add(request, spec)
-        self._gzip.write((json.dumps(row, ensure_ascii=False) + "\n").encode(
-            "utf-8", "surrogatepass"))
+        # (a write a row was a third of the spool's cost: gzip's own work per call)
+        self._pending.append(_ENCODE(row))
+        if len(self._pending) >= _PENDING:
+            self._flush()
+
+    def write(self, rows: str) -> None:
+        """Rows already made (lines of JSON, as `add` writes them), their requests told to
+        `tally` by the caller (a trace's plain rows: job/check.py)."""
+        assert self._gzip is not None, "a closed spool takes no row"
+        self._flush()
+        self._gzip.write(rows.encode("utf-8", "surrogatepass"))
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._pending.append("")
+            self._gzip.write("\n".join(self._pending).encode("utf-8", "surrogatepass"))
+            self._pending = []
 
     def close(self) -> JobFacts:
         """Every row written; what the rows' requests ask beyond their tokens."""
         if self._gzip is not None:
+            self._flush()
             if self._gzip is not self._file:
                 self._gzip.close()  # (the temporary file stays open: it is the spool)
             self._file.flush()      # (read by os.pread: from the file, not its buffer)
@@ -92,6 +109,12 @@ class RowsSpool:
     def discard(self) -> None:
         self._gzip = None
         self._file.close()
+
+
+#: A row as `add` writes it (one encoder: json.dumps made one a call).
+_ENCODE = json.JSONEncoder(ensure_ascii=False).encode
+#: Rows `add` holds before it writes them.
+_PENDING = 256
 
 
 class _At(io.RawIOBase):

@@ -136,7 +136,7 @@ def _scanned(settings: RunSettings, model: ModelSource, *, spool: bool, block: i
     and its inputs can be cut (job/check_parts.py); else in this process."""
     inputs = InputScan(settings.inputs, prompt_column=settings.prompt_column,
                        split=settings.dataset_split, default_max_tokens=settings.max_tokens,
-                       ignored=settings.ignore_field, exact_ids=exact_ids)
+                       ignored=settings.ignore_field, exact_ids=exact_ids, plain=True)
     if not exact_ids:
         scan = read_in_parts(settings, model, inputs, spool=spool, block=block)
         if scan is not None:

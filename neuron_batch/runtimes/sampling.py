@@ -163,16 +163,16 @@ class SamplingTally:
     def add(self, params) -> None:
         self._count(*self._read(params))
 
-    def add_keyed(self, key: Hashable, make: Callable[[], Any]) -> None:
-        """`add(make())`, where requests with equal `key` ask the same of the sampler: read
-        once per key (a job's requests mostly differ in what no sampler reads: at 10M
-        requests, reading each was seconds of the pass before the first step)."""
+    def add_keyed(self, key: Hashable, make: Callable[[], Any], times: int = 1) -> None:
+        """`add(make())` (`times` over), where requests with equal `key` ask the same of the
+        sampler: read once per key (a job's requests mostly differ in what no sampler reads:
+        at 10M requests, reading each was seconds of the pass before the first step)."""
         read = self._read_for.get(key)
         if read is None:
             read = self._read(make())
             if len(self._read_for) < self.KEYS:
                 self._read_for[key] = read
-        self._count(*read)
+        self._count(*read, times)
 
     @staticmethod
     def _read(params) -> tuple[bool, SamplerAsks | None]:
@@ -182,16 +182,16 @@ class SamplingTally:
             return False, None
         return getattr(params, "tools", None) is not None, sampler_asks(params)
 
-    def _count(self, tools: bool, asks: SamplerAsks | None) -> None:
-        self.num += 1
+    def _count(self, tools: bool, asks: SamplerAsks | None, times: int = 1) -> None:
+        self.num += times
         if asks is None:
-            self.embed += 1
+            self.embed += times
             return
-        self.tools += tools
-        self.constrained += asks.constrained
-        self.n_sampled += asks.n > 1
-        self.logprob += asks.logprobs
-        self.prompt_logprob += asks.prompt_logprobs
+        self.tools += tools * times
+        self.constrained += asks.constrained * times
+        self.n_sampled += (asks.n > 1) * times
+        self.logprob += asks.logprobs * times
+        self.prompt_logprob += asks.prompt_logprobs * times
         self.host_only.update(asks.host_only)
         self.device.add(asks.device_params)
 

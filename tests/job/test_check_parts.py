@@ -59,7 +59,7 @@ def _workload(paths, tiny_model, monkeypatch, processes: int, **values):
     monkeypatch.setenv("NEURON_BATCH_CHECK_PROCESSES", str(processes))
     said: list[str] = []
     settings = RunSettings.of(tuple(str(p) for p in paths), model=tiny_model, device="sim",
-                              quiet=True, on_error="skip", max_model_len=2048, **values)
+                              quiet=True, on_error="skip", **{"max_model_len": 2048, **values})
     return load_workload(settings, said.append), said, settings
 
 

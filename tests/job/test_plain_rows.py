@@ -1,0 +1,151 @@
+"""A trace's plain rows read as blocks (inputs/plain_rows.py, tables.py `CsvInput._plain`) and
+checked a pair of counts at a time (job/check.py `Scan._plain`) leave the workload the row
+path leaves, field by field: columns, problems (text, reading order, too long or not), request
+rows (byte for byte), facts, log lines, requests read again. Shown over traces hypothesis
+makes of plain rows and every kind of row that is not one (a problem, a quote, a carriage
+return, a byte that is not ASCII, a count with a point or a sign), under settings that seed,
+clamp, limit and shuffle; and split across processes."""
+
+from __future__ import annotations
+
+import gzip
+import random
+
+import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+
+from neuron_batch.errors import RunError
+from neuron_batch.inputs import tables
+from neuron_batch.inputs.tables import CsvInput
+from neuron_batch.job.check import Scan
+from tests.job.test_check_parts import _seen, _workload
+
+HEADERS = (("num_prefill_tokens", "num_decode_tokens", "arrived_at"),
+           ("ContextTokens", "GeneratedTokens"),          # (no arrival column)
+           ("arrived_at", "num_decode_tokens", "note", "num_prefill_tokens"))
+
+#: Rows that are not plain: each goes the row path (a problem, or a record it reads its way).
+NOT_PLAIN = ["0,5,1.0", "12,0,1", "12.0,5,1", " 12,5,1", "12,5", "12,5,1,9", "-3,5,1",
+             "12,5,-1", "1e3,5,1", "12,5,abc", "12,,1", "1234567890,5,1", "12,5,1e2",
+             "12,5,.", "0012,05,1.5", "12,5,nan", "9000,5,1"]
+#: Rows that make the reader hand the rest of its part to the csv module.
+SWITCH = ['"12",5,1', "12,5,1\r", "\u0661\u0662,5,1", '12,"5\n",1']
+
+
+def _row(kind: str, rng: random.Random, width: int) -> str:
+    if kind == "plain":
+        # (few pairs: most rows take the outcome of another row's record)
+        cells = [str(rng.choice((1, 2047, 2100))), str(rng.choice((5, 60))),
+                 rng.choice(("0", "12", "0.25", "3.", ".5"))]
+    elif kind == "blank":
+        return ""
+    elif kind == "switch":
+        return rng.choice(SWITCH)
+    else:
+        return rng.choice(NOT_PLAIN)
+    return ",".join(cells[:width])
+
+
+def _trace(header: tuple[str, ...], kinds: list[str], seed: int, crlf: bool,
+           last_end: bool = True) -> str:
+    rng = random.Random(seed)
+    width = min(len(header), 3)
+    lines = []
+    for kind in kinds:
+        line = _row(kind, rng, width)
+        if len(header) == 4 and line and kind == "plain":     # (a column the trace ignores)
+            prompt, most, arrival = line.split(",")
+            line = f"{arrival},{most},n{seed},{prompt}"
+        lines.append(line)
+    end = "\r\n" if crlf else "\n"
+    return ",".join(header) + end + end.join(lines) + (end if last_end else "")
+
+
+def _compare(tmp_path, tiny_model, monkeypatch, text: str, values: dict, processes: int = 1):
+    """The workload of `text` by the row path and with plain rows: equal, or the same error."""
+    path = tmp_path / "trace.csv"
+    path.write_text(text, newline="")
+    plain_at = CsvInput._plain_at
+    with monkeypatch.context() as patched:
+        patched.setattr(CsvInput, "_plain_at", lambda self: None)     # the row path only
+        whole = _seen_of(path, tiny_model, patched, 1, values, tmp_path / "whole.gz")
+    assert CsvInput._plain_at is plain_at
+    blocks = _seen_of(path, tiny_model, monkeypatch, processes, values, tmp_path / "blocks.gz")
+    assert blocks.keys() == whole.keys()
+    for key in whole:
+        assert blocks[key] == whole[key], key
+    return whole
+
+
+def _seen_of(path, tiny_model, monkeypatch, processes: int, values: dict, spool) -> dict:
+    try:
+        workload, said, _ = _workload([path], tiny_model, monkeypatch, processes, **values)
+    except RunError as error:
+        return {"error": str(error)}
+    return {**_seen(workload), "said": said, "spooled": _spooled(workload, spool)}
+
+
+def _spooled(workload, path) -> bytes | None:
+    if workload.rows_spool is None:
+        return None
+    workload.rows_spool.copy_to(path)
+    return gzip.decompress(path.read_bytes())
+
+
+SETTINGS = [{}, {"temperature": 0.7, "seed": 11}, {"limit": 9}, {"shuffle": True, "seed": 2},
+            {"max_model_len": 2060}]
+
+
+@hypothesis_settings(max_examples=40, deadline=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kinds=st.lists(st.sampled_from(["plain"] * 6 + ["blank", "other", "switch"]),
+                      min_size=1, max_size=60),
+       header=st.sampled_from(HEADERS), values=st.sampled_from(SETTINGS),
+       crlf=st.booleans(), last_end=st.booleans(), seed=st.integers(0, 99),
+       chunk=st.sampled_from([5, 64, 1 << 16]))
+def test_plain_rows_leave_what_the_row_path_leaves(tiny_model, tmp_path, monkeypatch, kinds,
+                                                    header, values, crlf, last_end, seed, chunk):
+    monkeypatch.setattr(tables, "_PLAIN_CHUNK", chunk)   # (lines across chunks, or longer)
+    _compare(tmp_path, tiny_model, monkeypatch, _trace(header, kinds, seed, crlf, last_end),
+             values)
+
+
+def test_each_pair_of_counts_is_checked_once(tiny_model, tmp_path, monkeypatch):
+    """The rows go as blocks (what the comparisons above cover is the lane, not the row path
+    twice): 3,000 rows of 40 pairs, one record checked a pair; a row too long is named at its
+    own line, once a row."""
+    checked = []
+    outcome = Scan._outcome
+
+    def spied(self, record):
+        checked.append(record.source)
+        return outcome(self, record)
+
+    monkeypatch.setattr(Scan, "_outcome", spied)
+    rows = [f"{3000 if i % 40 == 39 else 10 + i % 40},{1 + i % 8},{i / 100:.2f}"
+            for i in range(3000)]
+    text = "num_prefill_tokens,num_decode_tokens,arrived_at\n" + "\n".join(rows) + "\n"
+    seen = _compare(tmp_path, tiny_model, monkeypatch, text, {"seed": 5, "temperature": 1.0})
+    assert len(checked) == 40
+    assert [p[0].split(":")[1].split(" ")[0] for p in seen["problems"]] == [
+        str(i + 2) for i in range(3000) if i % 40 == 39]
+    assert len(seen["rows"]) == 3000 - 3000 // 40
+
+
+@pytest.mark.parametrize("switch", [False, True])
+def test_plain_rows_in_parts(tiny_model, tmp_path, monkeypatch, split_check, switch):
+    """Split across two processes (job/check_parts.py), each part's blocks numbered from its
+    own start and shifted as they join; with a quoted row late in the file, the part that
+    holds it reads on with the csv module."""
+    rng = random.Random(3)
+    kinds = ["plain"] * 1500 + ["other"] * 40 + ["blank"] * 20
+    rng.shuffle(kinds)
+    text = _trace(HEADERS[0], kinds, 4, crlf=False)
+    if switch:
+        text += '"40",2,9\n' + "".join(f"{5 + i},{1 + i % 3},9.5\n" for i in range(200))
+    split = split_check(300)
+    _compare(tmp_path, tiny_model, monkeypatch, text, {"temperature": 0.5, "seed": 1},
+             processes=2)
+    assert split == [False, True]
