@@ -39,6 +39,7 @@ import csv
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -495,11 +496,18 @@ def startup_check(size: int, kinds: list[str], workdir: Path, text_cap: int) -> 
         job = write_job(kind, size, workdir, text_cap)
         runs = []
         for attempt in range(3):
-            argv = command(job, workdir / f"startup-{kind}-{attempt}")[3:]
+            out = workdir / f"startup-{kind}-{attempt}"
+            shutil.rmtree(out, ignore_errors=True)      # (an earlier size's run: refused)
+            argv = command(job, out)[3:]
             argv[argv.index("--prefix-caching") + 1] = "auto"     # (the default)
             got = subprocess.run([sys.executable, "-c", _STARTUP, *argv], env=env,
                                  capture_output=True, text=True, cwd=ROOT)
-            runs.append(json.loads(got.stdout.strip().splitlines()[-1]))
+            run = json.loads(got.stdout.strip().splitlines()[-1])
+            if "first_step" not in run:
+                sys.exit(f"the run of {job} stopped before its first step: "
+                         f"{got.stdout[-2000:]}{got.stderr[-2000:]}")
+            runs.append(run)
+            shutil.rmtree(out, ignore_errors=True)
         to_step = statistics.median(r["first_step"] for r in runs)
         check = statistics.median(r["check"] for r in runs)
         print(f"{kind:<7}{size:>10,}{to_step:>11.1f}{check:>9.1f}{to_step - check:>8.1f}"

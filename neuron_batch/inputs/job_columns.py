@@ -357,6 +357,26 @@ class JobColumns:
                 return self._id_bytes[start:ends[position]].decode("utf-8", "surrogatepass")
         return str(self.read_order[position])
 
+    def taken(self, name: str, positions: Sequence[int]) -> array:
+        """Column `name` ("prompt_len", "max_tokens") at `positions`, as 4-byte integers: at
+        once, over the array (a value at a time was ~0.3 s a million)."""
+        import numpy as np
+
+        column = getattr(self, name)
+        values = np.frombuffer(column, dtype=column.typecode)
+        if isinstance(positions, range) and positions.step == 1:
+            picked = values[positions.start:positions.stop]
+        else:
+            picked = values[np.asarray(positions, dtype=np.int64)]
+        return array("i", picked.astype(np.int32).tobytes())
+
+    def ids_of(self, positions: Sequence[int]) -> list[str]:
+        """`id_of` each of `positions`: a job whose every id is its default, from its reading
+        order's runs (a call an id was ~1 s a million)."""
+        if self._id_ends is None:
+            return list(map(str, self.read_order.take(positions)))
+        return [self.id_of(p) for p in positions]
+
     def check_stamps(self) -> None:
         for reader, stamp in zip(self.readers, self.stamps):
             now = reader.stamp()

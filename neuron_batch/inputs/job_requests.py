@@ -37,6 +37,9 @@ class DoneSet(Protocol):
     @property
     def by_id(self) -> bool: ...
 
+    @property
+    def bits(self) -> bytes | bytearray: ...
+
     def has(self, index: int | None, request_id: str | None = None) -> bool: ...
 
 #: Requests read again at once: their lines are read in file order, their texts tokenized in
@@ -89,15 +92,18 @@ class JobRequests(Sequence[PreparedRequest]):
         it is asked for (a list of 10M ids would take ~700 MB)."""
         return _IdsByIndex(self.columns, self.positions)
 
-    def prompt_lengths(self) -> Sequence[int]:
+    def prompt_lengths(self) -> array:
         """Every prompt's length, from the arrays (4 bytes each)."""
-        return array("i", (self.columns.prompt_len[p] for p in self.positions))
+        return self.columns.taken("prompt_len", self.positions)
 
-    def request_lengths(self) -> Sequence[int]:
+    def request_lengths(self) -> array:
         """Every request's prompt + max_tokens (`PreparedRequest.length`), from the arrays."""
-        columns = self.columns
-        return array("i", (columns.prompt_len[p] + columns.max_tokens[p]
-                           for p in self.positions))
+        prompts, outputs = (self.columns.taken(name, self.positions)
+                            for name in ("prompt_len", "max_tokens"))
+        import numpy as np
+
+        both = np.frombuffer(prompts, dtype=np.int32) + np.frombuffer(outputs, dtype=np.int32)
+        return array("i", both.tobytes())
 
     def own_prompts(self) -> tuple[SyntheticTokens, int] | None:
         """(their maker, the highest request index) where every prompt is its own synthetic
@@ -110,6 +116,25 @@ class JobRequests(Sequence[PreparedRequest]):
     def where(self, keep: Callable[[int], bool]) -> JobRequests:
         """The requests whose position (in `columns`) `keep` keeps, in this order."""
         return JobRequests(self.columns, array("i", (p for p in self.positions if keep(p))))
+
+    def where_done(self, bits: bytes | bytearray, want: bool) -> JobRequests:
+        """The requests whose index's bit in `bits` (job/done.py: bit i of byte i // 8) is
+        `want`, in this order; itself where that is all of them (a fresh run's pending). Over
+        arrays: a call a request was ~1 s a million before a run's first step."""
+        import numpy as np
+
+        positions = np.asarray(self.positions, dtype=np.int64)
+        index = self.columns.index
+        at = positions if isinstance(index, range) else np.asarray(index, dtype=np.int64)[
+            positions]
+        flags = np.unpackbits(np.frombuffer(bytes(bits), dtype=np.uint8), bitorder="little")
+        finished: np.ndarray = np.zeros(len(at), dtype=bool)
+        inside = (at >= 0) & (at < len(flags))
+        finished[inside] = flags[at[inside]].astype(bool)
+        keep = finished if want else ~finished
+        if keep.all():
+            return self
+        return JobRequests(self.columns, array("i", positions[keep].astype(np.int32).tobytes()))
 
     def longest_first(self) -> JobRequests:
         """--order length: prompt + max_tokens, longest first, ties in this order."""
@@ -284,7 +309,13 @@ class _Ids(Sequence[str]):
         return self._columns.id_of(self._positions[i])
 
     def __iter__(self) -> Iterator[str]:
-        return map(self._columns.id_of, self._positions)
+        positions, columns = self._positions, self._columns
+        for start in range(0, len(positions), _IDS_AT_ONCE):   # (a batch at a time)
+            yield from columns.ids_of(positions[start:start + _IDS_AT_ONCE])
+
+
+#: Ids `_Ids` decodes at once.
+_IDS_AT_ONCE = 65536
 
 
 class _IdsByIndex(Sequence[str | None]):
@@ -357,6 +388,8 @@ def pending_of(requests: Sequence[PreparedRequest], done: DoneSet
 def _where_done(requests: Sequence[PreparedRequest], done: DoneSet, want: bool
                 ) -> Sequence[PreparedRequest]:
     if isinstance(requests, JobRequests):
+        if not done.by_id:      # (by index alone: the bits against the job's indices)
+            return requests.where_done(done.bits, want)
         columns = requests.columns
         by_id = done.by_id      # (the ids decoded only where some done line has no index)
         return requests.where(lambda p: done.has(
@@ -381,8 +414,7 @@ def lengths_of(requests: Sequence[PreparedRequest]) -> tuple[Sequence[int], Sequ
     arrays (a layout weighs many cuts of a job: reading it again for each took a pass each)."""
     if isinstance(requests, JobRequests):
         columns, positions = requests.columns, requests.positions
-        return (array("i", (columns.prompt_len[p] for p in positions)),
-                array("i", (columns.max_tokens[p] for p in positions)))
+        return columns.taken("prompt_len", positions), columns.taken("max_tokens", positions)
     return [r.prompt_len for r in requests], [r.max_tokens for r in requests]
 
 

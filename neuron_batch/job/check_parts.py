@@ -46,6 +46,7 @@ from neuron_batch.inputs.prompt_records import InputError, InputProblem
 from neuron_batch.inputs.tables import CsvInput
 from neuron_batch.job.check import DEFAULT_ID, RUN_SEED, ModelSource, Scan
 from neuron_batch.job.facts import FactsTally
+from neuron_batch.job.folder import REQUESTS_LEVEL
 from neuron_batch.job.resume_check import REQUEST_FIELDS
 from neuron_batch.job.rows_spool import RowsSpool
 from neuron_batch.settings import RunSettings
@@ -315,7 +316,7 @@ def _rows_part(path: Path, marks: bytearray | None, items: int, records: int
     shift = marks is not None and (items or records) and any(marks)
     try:
         with open(path, "rb") as rows, open(whole, "wb") as raw, \
-                gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as out:
+                gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=REQUESTS_LEVEL) as out:
             if not shift:
                 while chunk := rows.read(1 << 20):
                     out.write(chunk)

@@ -43,6 +43,11 @@ class DoneRequests:
         """Whether some done request is known by its id alone (so `has` needs the id too)."""
         return bool(self._ids)
 
+    @property
+    def bits(self) -> bytearray:
+        """The done indices' bits: index i's is bit i % 8 of byte i // 8 (little-endian)."""
+        return self._bits
+
     def __len__(self) -> int:
         return self._count
 

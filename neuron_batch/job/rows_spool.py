@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_batch.job.facts import FactsTally, JobFacts
+from neuron_batch.job.folder import REQUESTS_LEVEL
 
 
 class RowsSpool:
@@ -29,8 +30,9 @@ class RowsSpool:
         in a file named so that another process can number and compress them, the fields
         line left to the spool they join (`joined`)."""
         self._file: Any = open(path, "w+b") if path is not None else tempfile.TemporaryFile()
-        # (as RunFolder.write_requests writes: gzip level 6, the fields line first)
-        self._gzip: Any = (gzip.GzipFile(fileobj=self._file, mode="wb", compresslevel=6)
+        # (as RunFolder.write_requests writes: its gzip level, the fields line first)
+        self._gzip: Any = (gzip.GzipFile(fileobj=self._file, mode="wb",
+                                         compresslevel=REQUESTS_LEVEL)
                            if fields is not None else self._file)
         if fields is not None:
             self._gzip.write((json.dumps({"fields": fields}) + "\n").encode("utf-8"))
