@@ -144,6 +144,35 @@ def test_an_input_of_only_blank_lines_is_named(tiny_model, tmp_path, monkeypatch
         _workload([good, blank], tiny_model, monkeypatch, 2)
 
 
+def test_a_process_that_dies_gives_the_job_back_to_one_pass(tiny_model, tmp_path, monkeypatch,
+                                                              split_check):
+    """A process of the pool killed (here each exits as it starts, as one the kernel kills
+    for memory would stop: a real `BrokenProcessPool`) is not the job's failure: one pass
+    checks it, and leaves what it leaves without the split."""
+    import contextlib
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    path = tmp_path / "a.jsonl"
+    path.write_text(_lines(400, 5, text=False))
+    whole = _seen(_workload([path], tiny_model, monkeypatch, 1)[0])
+
+    @contextlib.contextmanager
+    def dying(count):
+        pool = ProcessPoolExecutor(count, mp_context=get_context("spawn"), initializer=os._exit,
+                                   initargs=(9,))
+        try:
+            yield pool
+        finally:
+            pool.shutdown(cancel_futures=True)
+
+    monkeypatch.setattr(check_parts, "_pool", dying)
+    split = split_check(60)
+    assert _seen(_workload([path], tiny_model, monkeypatch, 2)[0]) == whole
+    assert split == [False]     # (tried, given back)
+
+
 def test_a_small_job_is_checked_in_one_process(tiny_model, tmp_path, monkeypatch):
     path = tmp_path / "small.jsonl"
     path.write_text(_lines(50, 4))
