@@ -5,7 +5,8 @@ Inputs, chosen by prefix, extension or what a directory holds, each read as a st
 (`InputReader`: one pass that keeps no prompt, and the lines read again at their offsets):
 
 - `.jsonl` / `.json`, OpenAI batch files, Mooncake traces, plain text (`line_files.py`);
-- `.csv` / `.tsv` / `.parquet`, `hf:NAME[:CONFIG]` and `save_to_disk` folders (`tables.py`).
+- `.csv` / `.tsv` (`csv_file.py`), `.parquet`, `hf:NAME[:CONFIG]` and `save_to_disk` folders
+  (`tables.py`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from array import array
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
+from neuron_batch.inputs.csv_file import CsvInput
 from neuron_batch.inputs.line_files import LineInput
 from neuron_batch.inputs.plain_rows import PlainRows
 from neuron_batch.inputs.prompt_records import (
@@ -25,12 +27,7 @@ from neuron_batch.inputs.prompt_records import (
     PromptRecord,
     Scanned,
 )
-from neuron_batch.inputs.tables import (
-    CsvInput,
-    ParquetInput,
-    read_hub_dataset,
-    read_saved_dataset,
-)
+from neuron_batch.inputs.tables import ParquetInput, read_hub_dataset, read_saved_dataset
 from neuron_batch.storage.urls import expand, is_url, suffix_of
 
 

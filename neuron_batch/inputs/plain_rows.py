@@ -3,7 +3,7 @@
 the run made and checked 10M records, ~15 us each on one core (issue 48: "a 10M-line file
 starts within seconds").
 
-The reader (tables.py `CsvInput`) puts a row here only when the row path would read it as a
+The reader (csv_file.py `CsvInput`) puts a row here only when the row path would read it as a
 plain record: the two counts as digits, at least 1, an arrival as digits with at most one
 point, every column where the header puts it. Any other row (a quote, a gap, a sign, a
 letter, non-ASCII bytes) goes the row path, which names its problem as it always did. Rows
@@ -34,7 +34,7 @@ class PlainRows:
     prompt_len: array = field(default_factory=lambda: array("q"))
     max_tokens: array = field(default_factory=lambda: array("q"))
     texts: list[bytes] = field(default_factory=list)  # each row's line (`record` reads one)
-    #: (the row's cells, its line) -> the row path's item for it (tables.py `CsvInput._row`)
+    #: (the row's cells, its line) -> the row path's item for it (csv_file.py `CsvInput._row`)
     make: Callable[[list[str], int], Any] | None = None
     delimiter: bytes = b","
     read_order: int = 0

@@ -1,7 +1,8 @@
 """The records every prompt source becomes, the problems that name file, line and field, and the
 field checks every reader shares.
 
-What each input may hold (readers in `line_files.py` and `tables.py`, chosen in `load.py`):
+What each input may hold (readers in `line_files.py`, `csv_file.py` and `tables.py`, chosen in
+`load.py`):
 
 - `.jsonl` / `.json`: one object a line with one of `prompt`, `messages`, `prompt_token_ids`,
   `prompt_len`; optional `id`/`custom_id`, the request's fields (request_fields.py: sampling,
@@ -324,9 +325,9 @@ Scanned = tuple[int, int, int, Item]
 
 
 class InputReader(Protocol):
-    """One input read as a stream (line_files.py LineInput, tables.py's readers): checked in
-    one pass that keeps no prompt (`scan`), read again a window at a time as the job runs
-    (`read`, its spots in ascending order)."""
+    """One input read as a stream (line_files.py LineInput, csv_file.py CsvInput, tables.py's
+    readers): checked in one pass that keeps no prompt (`scan`), read again a window at a time
+    as the job runs (`read`, its spots in ascending order)."""
 
     kind: str | None
 

@@ -1,35 +1,27 @@
-"""Readers for tables: CSV/TSV, Parquet and Hugging Face data sets share one column layout
-(a prompt column, or a request trace's token counts). Each is a stream (prompt_records.py
-`InputReader`): a CSV's rows by the byte offset of their first line, a Parquet file's and a
-data set's ROWS_AT_ONCE rows at a time (the hub's with `datasets`' streaming=True).
+"""Tables: CSV/TSV (csv_file.py), Parquet and Hugging Face data sets share one column layout
+(a prompt column, or a request trace's token counts: `choose_layout`, `RowMapper`). Parquet
+files and data sets are read as streams (prompt_records.py `InputReader`), ROWS_AT_ONCE rows
+at a time (the hub's with `datasets`' streaming=True).
 
-Line numbers of CSV files are 1-based file lines (the header is line 1); rows of Parquet files
-and data sets are 0-based positions, as pandas and `datasets` count them.
+Rows of Parquet files and data sets are 0-based positions, as pandas and `datasets` count them.
 """
 
 from __future__ import annotations
 
-import csv
 import json
-import zlib
-from array import array
-from collections.abc import Generator, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, overload
+from typing import Any
 
-from neuron_batch.inputs.plain_rows import BLOCK_ROWS, PlainRows
 from neuron_batch.inputs.prompt_records import (
     PROMPT_FIELDS,
     FieldError,
     InputError,
-    InputProblem,
     Item,
     PromptRecord,
     Scanned,
-    Uncut,
     check_id,
     check_int,
     check_number,
@@ -47,10 +39,8 @@ TRACE_COLUMNS = (
     ("num_prefill_tokens", "num_decode_tokens", "arrived_at"),  # Azure, as vidur keeps it: seconds
     ("ContextTokens", "GeneratedTokens", "TIMESTAMP"),         # Azure's raw trace: datetimes
 )
-_DATETIME_ARRIVAL_COLUMNS = {"TIMESTAMP"}
+DATETIME_ARRIVAL_COLUMNS = {"TIMESTAMP"}
 
-# csv's default 128 KiB field limit would reject a long prompt as a malformed file.
-_CSV_FIELD_LIMIT = 1 << 30
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,7 +133,7 @@ class RowMapper:
         return record, layout.id_column or "id"
 
     def _arrival_s(self, value: Any, column: str) -> float:
-        if column not in _DATETIME_ARRIVAL_COLUMNS:
+        if column not in DATETIME_ARRIVAL_COLUMNS:
             return check_number(value, column, minimum=0.0, from_text=self.from_text)
         if isinstance(value, str):
             try:
@@ -173,305 +163,6 @@ def _json_cell(text: str, column: str) -> Any:
         return json.loads(text)
     except ValueError:
         raise FieldError(column, f"expected a JSON array in this cell, got {text[:40]!r}") from None
-
-
-class CsvInput:
-    """A CSV/TSV file as a stream of rows (line_files.LineInput's shape): each row with the
-    byte offset of its first line and a digest of its cells."""
-
-    def __init__(self, path: Path | str, label: str, prompt_column: str, *,
-                 delimiter: str = ","):
-        self.path, self.label, self.prompt_column = path, label, prompt_column
-        self.delimiter = delimiter
-        self.kind: str | None = None
-        self._wanted: list[tuple[str, int]] = []
-        self.span_lines = 0     # (the lines `scan(span)` read: the next span's line shift)
-        self._width = 0
-        self._mapper: RowMapper | None = None
-
-    def stamp(self) -> tuple | None:
-        return file_stamp(self.path)
-
-    def cuttable(self) -> bool:
-        """Whether `scan(span)` can read its parts: once its header is read (`scan`), and
-        where rows read on their own need nothing an earlier row set (a TIMESTAMP column's
-        time zero: the first row's, known here only once it is read)."""
-        mapper = self._mapper
-        return mapper is not None and (mapper.layout.arrival_column not in
-                                       _DATETIME_ARRIVAL_COLUMNS or mapper.time_origin is not None)
-
-    @overload
-    def scan(self, span: tuple[int, int] | None = None, *, plain: Literal[False] = False
-             ) -> Iterator[Scanned]: ...
-
-    @overload
-    def scan(self, span: tuple[int, int] | None = None, *, plain: bool) -> Iterator[
-            Scanned | PlainRows]: ...
-
-    def scan(self, span: tuple[int, int] | None = None, *, plain: bool = False
-             ) -> Iterator[Scanned | PlainRows]:
-        """Every row from the start; or, given `span` (inputs/line_files.py `cut_spans`; the
-        header read first by a `scan` of the whole), the rows that start in that byte range,
-        numbered from 1 at its first line. A part with a line of an odd number of quotes (a
-        quoted value that goes on past its line: the cut may have landed inside it) raises
-        `Uncut`. `plain`: a trace's plain rows come as `PlainRows` blocks (`_plain`)."""
-        if csv.field_size_limit() < _CSV_FIELD_LIMIT:
-            csv.field_size_limit(_CSV_FIELD_LIMIT)
-        if span is not None:
-            yield from self._span(*span, plain=plain)
-            return
-        with self._open() as handle:
-            lines = _Lines(handle)
-            reader = csv.reader(lines, delimiter=self.delimiter)
-            with self._readable(lines):
-                header = next(reader, None)
-                if header is None:
-                    self.kind = "csv"
-                    return
-                layout = choose_layout(header, self.prompt_column, self.label)
-                self.kind = "trace" if layout.is_trace else "csv"
-                position_by_column: dict[str, int] = {}
-                for position, name in enumerate(header):
-                    position_by_column.setdefault(name, position)  # a repeated name: the first
-                self._wanted = [(name, position_by_column[name]) for name in layout.columns()]
-                self._width = len(header)
-                self._mapper = RowMapper(layout, from_text=True)
-            yield from self._after(handle, lines.offset, lines.line, None, plain)
-
-    def _span(self, start: int, end: int, *, plain: bool) -> Iterator[Scanned | PlainRows]:
-        with self._open() as handle:
-            handle.seek(start)
-            self.span_lines, line = 0, 0
-            if start == 0:          # (the header: read by the `scan` of the whole)
-                header = handle.readline()
-                if header.count(b'"') % 2:
-                    raise Uncut("the header holds a quoted value that goes on past its line")
-                start, line = len(header), 1
-            self.span_lines = yield from self._after(handle, start, line, end, plain)
-
-    def _after(self, handle: BinaryIO, offset: int, line: int, end: int | None, plain: bool
-               ) -> Generator[Scanned | PlainRows, None, int]:
-        """The rows from `offset` (after line `line`) to `end` (None: the end of the file):
-        plain ones as blocks while they come (`_plain`), the rest by the csv module; returns
-        the last line read."""
-        at = self._plain_at() if plain else None
-        if at is not None:
-            offset, line, done = yield from self._plain(handle, offset, line, end, at)
-            if done:
-                return line
-            handle.seek(offset)
-        lines = _Lines(handle, line, offset, end=end)
-        reader = csv.reader(lines, delimiter=self.delimiter)
-        with self._readable(lines):
-            yield from self._rows(reader, lines)
-        return lines.line
-
-    def _rows(self, reader, lines: _Lines) -> Iterator[Scanned]:
-        """The rows `reader` reads from `lines` (their first line and where it starts)."""
-        last_line = lines.line
-        for cells in reader:
-            # the csv module reads no line ahead: `lines.line` is the line a row ends on; a
-            # quoted value may span lines, so a row starts on the line after the last ended
-            first_line, last_line = last_line + 1, lines.line
-            where = lines.start_of(first_line)
-            if cells:   # (not a blank line)
-                yield where, first_line, _digest(cells), self._row(cells, first_line)
-
-    def _plain_at(self) -> tuple[int, int, int | None] | None:
-        """Where a row's prompt count, generated count and arrival (None: no such column) lie,
-        for a trace of nothing else in seconds (its rows may be plain: `_plain`); None for any
-        other table."""
-        assert self._mapper is not None
-        layout = self._mapper.layout
-        wanted = dict(self._wanted)
-        arrival = layout.arrival_column
-        if (not layout.is_trace or arrival in _DATETIME_ARRIVAL_COLUMNS
-                or len(wanted) != (3 if arrival else 2) or layout.max_tokens_column is None):
-            return None
-        return (wanted[layout.prompt_column], wanted[layout.max_tokens_column],
-                wanted[arrival] if arrival else None)
-
-    def _plain(self, handle: BinaryIO, offset: int, line: int, end: int | None,
-               at: tuple[int, int, int | None]
-               ) -> Generator[Scanned | PlainRows, None, tuple[int, int, bool]]:
-        """The rows from `offset` (after line `line`) to `end`, read a chunk of lines at a
-        time without the csv module: each plain one (inputs/plain_rows.py) into a block, any
-        other through the row path (`_row`, its cells split at the delimiter: what the csv
-        module reads of a line without quotes). Stops before a chunk that holds a quote, a
-        carriage return inside a line or a byte that is not ASCII, which the csv module then
-        reads; returns (where it stopped, the last line read, whether that was the end)."""
-        prompt_at, max_at, arrival_at = at
-        delimiter, width = self.delimiter.encode(), self._width
-        # the block's columns (as lists until it is yielded: the fastest to append to)
-        wheres: list[int] = []
-        numbers: list[int] = []
-        digests: list[int] = []
-        counts: list[int] = []
-        asked: list[int] = []
-        texts: list[bytes] = []
-        crc32 = zlib.crc32
-        rest, done = b"", True
-        while True:
-            chunk = handle.read(_PLAIN_CHUNK)
-            data = rest + chunk
-            if not data:
-                break
-            cut = data.rfind(b"\n") + 1 if chunk else len(data)
-            if not cut:             # (a line longer than a chunk: read on)
-                rest = data
-                continue
-            data, rest = data[:cut], data[cut:]
-            if b'"' in data or not data.isascii() or data.count(b"\r") != data.count(b"\r\n"):
-                done = False
-                break
-            rows = data.split(b"\n")
-            if not rows[-1]:
-                rows.pop()
-            for raw in rows:
-                start = offset
-                if end is not None and start >= end:
-                    break
-                offset += len(raw) + 1
-                line += 1
-                if raw.endswith(b"\r"):
-                    raw = raw[:-1]
-                if not raw:
-                    continue        # (a blank line: no row)
-                cells = raw.split(delimiter)
-                if len(cells) == width:
-                    prompt, most = cells[prompt_at], cells[max_at]
-                    arrival = cells[arrival_at] if arrival_at is not None else b"0"
-                    # (token counts as digits, >= 1, below 10**9; seconds as digits with at
-                    # most one point among them: what the row path reads as they are)
-                    if (prompt.isdigit() and most.isdigit() and len(prompt) < 10
-                            and len(most) < 10 and arrival.replace(b".", b"", 1).isdigit()
-                            and (count := int(prompt)) and (most_tokens := int(most))):
-                        wheres.append(start)
-                        numbers.append(line)
-                        digests.append(crc32(raw.replace(delimiter, b"\x1f")))
-                        counts.append(count)
-                        asked.append(most_tokens)
-                        texts.append(raw)
-                        if len(texts) >= BLOCK_ROWS:
-                            yield self._block(wheres, numbers, digests, counts, asked, texts)
-                            wheres, numbers, digests, counts, asked, texts = [], [], [], [], [], []
-                        continue
-                if texts:
-                    yield self._block(wheres, numbers, digests, counts, asked, texts)
-                    wheres, numbers, digests, counts, asked, texts = [], [], [], [], [], []
-                text = [cell.decode("ascii") for cell in cells]
-                yield start, line, _digest(text), self._row(text, line)
-            else:
-                continue
-            break               # (past `end`)
-        if texts:
-            yield self._block(wheres, numbers, digests, counts, asked, texts)
-        return offset, line, done
-
-    def _block(self, wheres: list[int], numbers: list[int], digests: list[int],
-               counts: list[int], asked: list[int], texts: list[bytes]) -> PlainRows:
-        return PlainRows(array("q", wheres), array("q", numbers), array("I", digests),
-                         array("q", counts), array("q", asked), texts, make=self._row,
-                         delimiter=self.delimiter.encode())
-
-    def read(self, spots: Sequence[tuple[int, int]]) -> Iterator[tuple[int, Item | None]]:
-        with self._open() as handle:
-            for where, number in spots:
-                handle.seek(where)
-                lines = _Lines(handle, number - 1, where)
-                reader = csv.reader(lines, delimiter=self.delimiter)
-                with self._readable(lines):
-                    cells = next(reader, None)
-                yield (_digest(cells), self._row(cells, number)) if cells else (0, None)
-
-    @contextmanager
-    def _open(self) -> Iterator[BinaryIO]:
-        opened = open_binary(self.path)     # (a local path or a URL: storage/urls.py)
-        try:
-            handle = opened.__enter__()
-        except OSError as exc:
-            raise InputError(f"{self.label}: cannot read: {exc.strerror or exc}") from exc
-        try:
-            yield handle
-        finally:
-            opened.__exit__(None, None, None)
-
-    @contextmanager
-    def _readable(self, lines: _Lines) -> Iterator[None]:
-        try:
-            yield
-        except UnicodeDecodeError as exc:
-            raise InputError(f"{self.label}: not UTF-8 text near line {lines.line} "
-                             f"({exc.reason}); save it as UTF-8") from exc
-        except csv.Error as exc:
-            raise InputError(f"{self.label}:{lines.line}: unreadable CSV: {exc}") from exc
-
-    def _row(self, cells: list[str], first_line: int) -> Item:
-        source = f"{self.label}:{first_line}"
-        if len(cells) > self._width:
-            separator = "tab" if self.delimiter == "\t" else "comma"
-            return InputProblem(source, None, f"{len(cells)} values but the header has "
-                                f"{self._width} columns (an unquoted {separator}?)")
-        # An empty cell, or one a short row lacks, is a missing value (as pandas reads it).
-        row = {name: (cells[position] if position < len(cells) else "") or None
-               for name, position in self._wanted}
-        assert self._mapper is not None     # (set by scan, before any row)
-        try:
-            return self._mapper.record(row, source)
-        except FieldError as error:
-            return field_problem(source, error)
-
-
-def _digest(cells: list[str]) -> int:
-    return zlib.crc32("\x1f".join(cells).encode("utf-8", "surrogatepass"))
-
-
-#: Bytes a plain read (`CsvInput._plain`) takes at once (its lines, split, are ~4x that).
-_PLAIN_CHUNK = 1 << 16
-
-
-class _Lines:
-    """A binary file's lines as text for the csv module, remembering where each line starts
-    (only since the last row asked: `start_of` forgets the rest)."""
-
-    def __init__(self, handle: BinaryIO, line: int = 0, offset: int = 0,
-                 end: int | None = None):
-        self._handle, self._line, self._offset = handle, line, offset
-        self._starts: dict[int, int] = {}
-        # a part's (CsvInput._span): where it ends, and every line checked for its quotes
-        self._end = end
-
-    @property
-    def line(self) -> int:
-        return self._line
-
-    @property
-    def offset(self) -> int:
-        return self._offset
-
-    def __iter__(self) -> _Lines:
-        return self
-
-    def __next__(self) -> str:
-        if self._end is not None and self._offset >= self._end:
-            raise StopIteration
-        raw = self._handle.readline()
-        if not raw:
-            raise StopIteration
-        if self._end is not None and raw.count(b'"') % 2:
-            raise Uncut(f"line {self._line + 1} of a part holds a quoted value that goes on "
-                        "past it")
-        self._line += 1
-        self._starts[self._line] = at = self._offset
-        self._offset += len(raw)
-        if at == 0:
-            raw = raw.removeprefix(b"\xef\xbb\xbf")
-        return raw.decode("utf-8")
-
-    def start_of(self, line: int) -> int:
-        where = self._starts.get(line, self._offset)
-        self._starts.clear()
-        return where
 
 
 #: Rows of a Parquet file or data set decoded at once.

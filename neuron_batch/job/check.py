@@ -132,6 +132,7 @@ class Scan:
                 chunk = []
         self._check(chunk)
         self._tally()
+        self._outcomes.clear()      # (what only the check needed: not held while the job runs)
         self.facts = self.rows.close() if self.rows is not None else None
 
     def number(self, inputs: InputScan, log: Callable[[str], None]) -> None:
@@ -229,7 +230,6 @@ class Scan:
         self.checked += [(position_of[p.read_order], p)
                          for p in refused + unsampled + unmatched + prepared.problems]
 
-
     def _plain(self, src: int, rows: PlainRows, upto: int | None) -> None:
         """A block of a trace's plain rows (inputs/plain_rows.py): each pair of counts checked
         once, on one real record of it (`_outcome`), its outcome given to every row of the
@@ -278,7 +278,8 @@ class Scan:
         took = apply_openai_defaults(records, self._defaults,
                                      run_temperature=settings.temperature,
                                      honours=self.path.honours)
-        prepared = prepare_requests(records, tokenizer=None, tokenizer_name=self.tokenizer_name,
+        prepared = prepare_requests(records, tokenizer=self.columns.tokenizer,
+                                    tokenizer_name=self.tokenizer_name,
                                     vocab_size=self.columns.vocab_size,
                                     max_model_len=settings.max_model_len,
                                     default_max_tokens=settings.max_tokens,
@@ -330,7 +331,7 @@ class Scan:
 
 _UNSEEN: Any = object()
 #: Pairs of counts whose outcome `Scan._plain` keeps (past them it starts again).
-_OUTCOMES = 1 << 16
+_OUTCOMES = 1 << 14
 
 
 @dataclass(eq=False)

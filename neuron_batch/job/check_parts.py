@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any, cast
 
 from neuron_batch.errors import RunError
+from neuron_batch.inputs.csv_file import CsvInput
 from neuron_batch.inputs.line_files import LineInput, cut_spans
 from neuron_batch.inputs.load import InputScan, no_prompts
 from neuron_batch.inputs.prompt_records import InputError, InputProblem
-from neuron_batch.inputs.tables import CsvInput
 from neuron_batch.job.check import DEFAULT_ID, RUN_SEED, ModelSource, Scan
 from neuron_batch.job.facts import FactsTally
 from neuron_batch.job.folder import REQUESTS_LEVEL

@@ -1,4 +1,4 @@
-"""A trace's plain rows read as blocks (inputs/plain_rows.py, tables.py `CsvInput._plain`) and
+"""A trace's plain rows read as blocks (inputs/plain_rows.py, csv_file.py `CsvInput._plain`) and
 checked a pair of counts at a time (job/check.py `Scan._plain`) leave the workload the row
 path leaves, field by field: columns, problems (text, reading order, too long or not), request
 rows (byte for byte), facts, log lines, requests read again. Shown over traces hypothesis
@@ -17,8 +17,8 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from neuron_batch.errors import RunError
-from neuron_batch.inputs import tables
-from neuron_batch.inputs.tables import CsvInput
+from neuron_batch.inputs import csv_file
+from neuron_batch.inputs.csv_file import CsvInput
 from neuron_batch.job.check import Scan
 from tests.job.test_check_parts import _seen, _workload
 
@@ -107,7 +107,7 @@ SETTINGS = [{}, {"temperature": 0.7, "seed": 11}, {"limit": 9}, {"shuffle": True
        chunk=st.sampled_from([5, 64, 1 << 16]))
 def test_plain_rows_leave_what_the_row_path_leaves(tiny_model, tmp_path, monkeypatch, kinds,
                                                     header, values, crlf, last_end, seed, chunk):
-    monkeypatch.setattr(tables, "_PLAIN_CHUNK", chunk)   # (lines across chunks, or longer)
+    monkeypatch.setattr(csv_file, "_PLAIN_CHUNK", chunk)   # (lines across chunks, or longer)
     _compare(tmp_path, tiny_model, monkeypatch, _trace(header, kinds, seed, crlf, last_end),
              values)
 
