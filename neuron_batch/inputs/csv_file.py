@@ -14,6 +14,7 @@ import zlib
 from array import array
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO, Literal, overload
 
@@ -137,22 +138,35 @@ class CsvInput:
             if cells:   # (not a blank line)
                 yield where, first_line, _digest(cells), self._row(cells, first_line)
 
-    def _plain_at(self) -> tuple[int, int, int | None] | None:
+    def _plain_at(self) -> tuple[int, int, int | None, bool] | None:
         """Where a row's prompt count, generated count and arrival (None: no such column) lie,
-        for a trace of nothing else in seconds (its rows may be plain: `_plain`); None for any
-        other table."""
+        and whether arrivals are dates and times, for a trace of nothing else (its rows may
+        be plain: `_plain`); None for any other table."""
         assert self._mapper is not None
         layout = self._mapper.layout
         wanted = dict(self._wanted)
         arrival = layout.arrival_column
-        if (not layout.is_trace or arrival in DATETIME_ARRIVAL_COLUMNS
-                or len(wanted) != (3 if arrival else 2) or layout.max_tokens_column is None):
+        if (not layout.is_trace or len(wanted) != (3 if arrival else 2)
+                or layout.max_tokens_column is None):
             return None
         return (wanted[layout.prompt_column], wanted[layout.max_tokens_column],
-                wanted[arrival] if arrival else None)
+                wanted[arrival] if arrival else None, arrival in DATETIME_ARRIVAL_COLUMNS)
+
+    def _plain_time(self, cell: bytes) -> bool:
+        """A date and time the row path reads as it is, against a time zero of the same kind
+        (with or without a time zone); none before the first row set time zero."""
+        assert self._mapper is not None
+        origin = self._mapper.time_origin
+        if origin is None:
+            return False
+        try:
+            value = datetime.fromisoformat(cell.decode("ascii"))
+        except ValueError:
+            return False
+        return (value.tzinfo is None) == (origin.tzinfo is None)
 
     def _plain(self, handle: BinaryIO, offset: int, line: int, end: int | None,
-               at: tuple[int, int, int | None]
+               at: tuple[int, int, int | None, bool]
                ) -> Generator[Scanned | PlainRows, None, tuple[int, int, bool]]:
         """The rows from `offset` (after line `line`) to `end`, read a chunk of lines at a
         time without the csv module: each plain one (inputs/plain_rows.py) into a block, any
@@ -160,7 +174,7 @@ class CsvInput:
         module reads of a line without quotes). Stops before a chunk that holds a quote, a
         carriage return inside a line or a byte that is not ASCII, which the csv module then
         reads; returns (where it stopped, the last line read, whether that was the end)."""
-        prompt_at, max_at, arrival_at = at
+        prompt_at, max_at, arrival_at, dated = at
         delimiter, width = self.delimiter.encode(), self._width
         # the block's columns (as lists until it is yielded: the fastest to append to)
         wheres: list[int] = []
@@ -204,7 +218,9 @@ class CsvInput:
                     # (token counts as digits, >= 1, below 10**9; seconds as digits with at
                     # most one point among them: what the row path reads as they are)
                     if (prompt.isdigit() and most.isdigit() and len(prompt) < 10
-                            and len(most) < 10 and arrival.replace(b".", b"", 1).isdigit()
+                            and len(most) < 10
+                            and (self._plain_time(arrival) if dated
+                                 else arrival.replace(b".", b"", 1).isdigit())
                             and (count := int(prompt)) and (most_tokens := int(most))):
                         wheres.append(start)
                         numbers.append(line)

@@ -5,8 +5,9 @@ starts within seconds").
 
 The reader (csv_file.py `CsvInput`) puts a row here only when the row path would read it as a
 plain record: the two counts as digits, at least 1, an arrival as digits with at most one
-point, every column where the header puts it. Any other row (a quote, a gap, a sign, a
-letter, non-ASCII bytes) goes the row path, which names its problem as it always did. Rows
+point (or a date and time of the first row's kind), every column where the header puts it.
+Any other row (a quote, a gap, a sign, a letter, non-ASCII bytes) goes the row path, which
+names its problem as it always did. Rows
 alike in their two counts are alike to every check (job/check.py `Scan`), which checks one
 real record of each pair (`record`) and gives its outcome to the others. Pure logic.
 """

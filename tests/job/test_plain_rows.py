@@ -24,7 +24,11 @@ from tests.job.test_check_parts import _seen, _workload
 
 HEADERS = (("num_prefill_tokens", "num_decode_tokens", "arrived_at"),
            ("ContextTokens", "GeneratedTokens"),          # (no arrival column)
-           ("arrived_at", "num_decode_tokens", "note", "num_prefill_tokens"))
+           ("arrived_at", "num_decode_tokens", "note", "num_prefill_tokens"),
+           ("ContextTokens", "GeneratedTokens", "TIMESTAMP"))     # (Azure's raw: dates)
+#: Arrivals in a TIMESTAMP column: with and without a fraction or a time zone, and no date.
+TIMES = ("2023-11-16 18:15:46.6800000", "2023-11-16 18:15:47", "2023-11-16T18:15:48.5",
+         "2023-11-16 18:15:49+00:00", "2023-13-16 18:15:46")
 
 #: Rows that are not plain: each goes the row path (a problem, or a record it reads its way).
 NOT_PLAIN = ["0,5,1.0", "12,0,1", "12.0,5,1", " 12,5,1", "12,5", "12,5,1,9", "-3,5,1",
@@ -34,11 +38,11 @@ NOT_PLAIN = ["0,5,1.0", "12,0,1", "12.0,5,1", " 12,5,1", "12,5", "12,5,1,9", "-3
 SWITCH = ['"12",5,1', "12,5,1\r", "\u0661\u0662,5,1", '12,"5\n",1']
 
 
-def _row(kind: str, rng: random.Random, width: int) -> str:
+def _row(kind: str, rng: random.Random, width: int, dated: bool = False) -> str:
     if kind == "plain":
         # (few pairs: most rows take the outcome of another row's record)
         cells = [str(rng.choice((1, 2047, 2100))), str(rng.choice((5, 60))),
-                 rng.choice(("0", "12", "0.25", "3.", ".5"))]
+                 rng.choice(TIMES if dated else ("0", "12", "0.25", "3.", ".5"))]
     elif kind == "blank":
         return ""
     elif kind == "switch":
@@ -54,7 +58,7 @@ def _trace(header: tuple[str, ...], kinds: list[str], seed: int, crlf: bool,
     width = min(len(header), 3)
     lines = []
     for kind in kinds:
-        line = _row(kind, rng, width)
+        line = _row(kind, rng, width, dated=header[-1] == "TIMESTAMP")
         if len(header) == 4 and line and kind == "plain":     # (a column the trace ignores)
             prompt, most, arrival = line.split(",")
             line = f"{arrival},{most},n{seed},{prompt}"
