@@ -432,22 +432,28 @@ TEXT_BATCH = 512
 
 
 class _TextBatches:
-    """The token ids of `records`' plain text prompts, encoded TEXT_BATCH at a time as the
-    records are walked in order (a fast tokenizer's batch encoding runs on all cores; one
-    prompt at a time runs on one), each batch dropped once passed. `ids` answers None for a
-    record it does not tokenize (messages, token ids, prompt_len; or no fast tokenizer):
-    `_token_ids` does those one by one."""
+    """The token ids of `records`' plain text prompts and chats (messages without tools),
+    encoded TEXT_BATCH at a time as the records are walked in order (a fast tokenizer's batch
+    encoding runs on all cores; one prompt at a time runs on one, and a chat at a time paid
+    the tokenizer's own overhead for each: ~200 us a line of an OpenAI chat batch file), each
+    batch dropped once passed. `ids` answers None for a record it does not tokenize (token
+    ids, prompt_len, a chat with tools or whose batch the template refused; or no fast
+    tokenizer): `_token_ids` does those one by one."""
 
     def __init__(self, records: Sequence[PromptRecord], tokenizer: Any):
         self._records = records
+        self._chats = bool(getattr(tokenizer, "chat_template", None))
         self._on = bool(getattr(tokenizer, "is_fast", False)) and any(
-            _plain_text(r) for r in records)
+            self._batched(r) for r in records)
         self._tokenizer = tokenizer
         self._next = 0                  # the first record not batched yet
         self._batch: dict[int, list[int]] = {}     # id(record) -> its ids
 
+    def _batched(self, record: PromptRecord) -> bool:
+        return _plain_text(record) or (self._chats and _plain_chat(record))
+
     def ids(self, record: PromptRecord) -> list[int] | None:
-        if not self._on or not _plain_text(record):
+        if not self._on or not self._batched(record):
             return None
         got = self._batch.pop(id(record), None)
         while got is None and self._next < len(self._records):
@@ -456,11 +462,24 @@ class _TextBatches:
         return got
 
     def _encode_next(self) -> None:
-        chunk = [r for r in self._records[self._next:self._next + TEXT_BATCH] if _plain_text(r)]
+        chunk = self._records[self._next:self._next + TEXT_BATCH]
         self._next += TEXT_BATCH
-        if chunk:
-            encoded = self._tokenizer([r.prompt for r in chunk]).input_ids
-            self._batch.update((id(r), list(ids)) for r, ids in zip(chunk, encoded))
+        texts = [r for r in chunk if _plain_text(r)]
+        if texts:
+            encoded = self._tokenizer([r.prompt for r in texts]).input_ids
+            self._batch.update((id(r), list(ids)) for r, ids in zip(texts, encoded))
+        chats = [r for r in chunk if self._chats and _plain_chat(r)]
+        if chats:
+            # (as `_token_ids` renders one: each conversation rendered alone, then the texts
+            # tokenized without special tokens, in one call)
+            try:
+                rendered = self._tokenizer.apply_chat_template(
+                    [r.messages for r in chats], add_generation_prompt=True, tokenize=True)
+            except Exception:   # (a template that refuses one: each is tried on its own)
+                return
+            if isinstance(rendered, dict) or hasattr(rendered, "input_ids"):
+                rendered = rendered["input_ids"]
+            self._batch.update((id(r), list(ids)) for r, ids in zip(chats, rendered))
 
 
 def batch_token_ids(records: Sequence[PromptRecord], tokenizer: Any,
@@ -478,6 +497,10 @@ def batch_token_ids(records: Sequence[PromptRecord], tokenizer: Any,
 def _plain_text(record: PromptRecord) -> bool:
     return (record.prompt is not None and record.messages is None
             and record.prompt_token_ids is None and record.prompt_len is None)
+
+
+def _plain_chat(record: PromptRecord) -> bool:
+    return record.messages is not None and tools_of(record) is None
 
 
 class _NeedsTokenizer(Exception):

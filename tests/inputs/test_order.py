@@ -200,10 +200,14 @@ def test_the_bound_on_hand_made_prompts():
     assert shared_prefix_tokens([], 32) == 0
 
 
-def test_text_tokenized_in_batches_is_what_one_prompt_at_a_time_gives(tmp_path, monkeypatch):
-    """Plain text prompts are encoded a batch at a time (a fast tokenizer's batch encoding runs
-    on all cores) and kept as 4-byte ids; each request gets exactly the ids it would alone,
-    messages and token counts among them keep theirs."""
+@pytest.mark.parametrize("refused", [False, True])
+def test_text_tokenized_in_batches_is_what_one_prompt_at_a_time_gives(tmp_path, monkeypatch,
+                                                                      refused):
+    """Plain text prompts and chats are encoded a batch at a time (a fast tokenizer's batch
+    encoding runs on all cores) and kept as 4-byte ids; each request gets exactly the ids it
+    would alone (a chat: its template rendered, then tokenized without special tokens), token
+    counts among them keep theirs. A batch of chats the template refuses is rendered chat by
+    chat, as before."""
     from neuron_batch.engine.models import ModelError, load_tokenizer, resolve_model
     from neuron_batch.inputs import prepare as prepare_module
     from neuron_batch.inputs.load import load_prompts
@@ -215,9 +219,14 @@ def test_text_tokenized_in_batches_is_what_one_prompt_at_a_time_gives(tmp_path, 
         pytest.skip(f"no built-in model here: {error}")
     tokenizer = load_tokenizer(info)
     rows = []
-    for i in range(11):
+    for i in range(14):
         if i % 4 == 1:
             rows.append({"messages": [{"role": "user", "content": f"hello {i}"}]})
+        elif i % 4 == 3:
+            rows.append({"messages": [{"role": "system", "content": f"be brief {i}"},
+                                      {"role": "user", "content": "hi " * i},
+                                      {"role": "assistant", "content": "yes"},
+                                      {"role": "user", "content": "and?"}]})
         elif i % 4 == 2:
             rows.append({"prompt_len": 5 + i})
         else:
@@ -226,14 +235,33 @@ def test_text_tokenized_in_batches_is_what_one_prompt_at_a_time_gives(tmp_path, 
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     records = load_prompts([path], default_max_tokens=4).records
     monkeypatch.setattr(prepare_module, "TEXT_BATCH", 3)
+    calls = []
+    render = type(tokenizer).apply_chat_template
+
+    def counted(self, conversation, *args, **kwargs):
+        batched = bool(conversation) and isinstance(conversation[0], list)
+        calls.append(batched)
+        if refused and batched:
+            raise ValueError("no batches here")
+        return render(self, conversation, *args, **kwargs)
+
+    monkeypatch.setattr(type(tokenizer), "apply_chat_template", counted)
     prepared = prepare_requests(records, tokenizer=tokenizer, tokenizer_name=info.name,
                                 vocab_size=len(tokenizer), max_model_len=512,
                                 default_max_tokens=4)
-    assert len(prepared.requests) == 11
+    assert len(prepared.requests) == 14
+    monkeypatch.setattr(type(tokenizer), "apply_chat_template", render)
     for row, request in zip(rows, prepared.requests):
         ids = request.prompt_token_ids
         assert isinstance(ids, list) and request.prompt_len == len(ids)
         if "prompt" in row:
             assert ids == tokenizer(row["prompt"]).input_ids
-        elif "prompt_len" in row:
+        elif "messages" in row:
+            one = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True,
+                                                tokenize=True)
+            assert ids == list(one["input_ids"] if hasattr(one, "keys") else one)
+        else:
             assert len(ids) == row["prompt_len"] and request.token_ids is None
+    # (the chats went in batches: 7 chats, batches of 3 records; one by one where refused)
+    assert calls.count(True) >= 3
+    assert calls.count(False) == (7 if refused else 0)
