@@ -247,8 +247,12 @@ class CsvInput:
     def _block(self, wheres: list[int], numbers: list[int], digests: list[int],
                counts: list[int], asked: list[int], texts: list[bytes]) -> PlainRows:
         return PlainRows(array("q", wheres), array("q", numbers), array("I", digests),
-                         array("q", counts), array("q", asked), texts, make=self._row,
-                         delimiter=self.delimiter.encode())
+                         array("q", counts), array("q", asked), texts, make=self._plain_item)
+
+    def _plain_item(self, raw: bytes, line: int, where: int) -> Item:
+        """A plain row's item by the row path (`PlainRows.record`)."""
+        return self._row([cell.decode("ascii") for cell in raw.split(self.delimiter.encode())],
+                         line)
 
     def read(self, spots: Sequence[tuple[int, int]]) -> Iterator[tuple[int, Item | None]]:
         with self._open() as handle:

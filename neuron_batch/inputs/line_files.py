@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import zlib
+from array import array
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from neuron_batch.inputs.json_requests import (
     record_from_batch_request,
@@ -22,6 +24,7 @@ from neuron_batch.inputs.json_requests import (
     request_id,
 )
 from neuron_batch.inputs.mooncake import is_mooncake, record_from_mooncake
+from neuron_batch.inputs.plain_rows import BLOCK_ROWS, PlainRows
 from neuron_batch.inputs.prompt_records import (
     FieldError,
     InputError,
@@ -36,6 +39,36 @@ from neuron_batch.inputs.prompt_records import (
 from neuron_batch.storage.urls import open_binary, suffix_of
 
 _BOM = b"\xef\xbb\xbf"
+
+#: A JSON line of nothing but a prompt_len (and max_tokens after it), as json.dumps writes one
+#: (or without its spaces): both at least 1, below 10**9, no leading zero (JSON has none).
+_PLAIN_LINE = re.compile(rb'\{"prompt_len": ?([1-9][0-9]{0,8})'
+                         rb'(?:, ?"max_tokens": ?([1-9][0-9]{0,8}))?\}\r?\n?')
+
+
+class _Block:
+    """A block's columns as they are read (lists: the fastest to append to)."""
+
+    def __init__(self) -> None:
+        self.wheres: list[int] = []
+        self.lines: list[int] = []
+        self.digests: list[int] = []
+        self.counts: list[int] = []
+        self.asked: list[int] = []
+        self.texts: list[bytes] = []
+
+    def add(self, where: int, line: int, digest: int, found: re.Match, raw: bytes) -> None:
+        self.wheres.append(where)
+        self.lines.append(line)
+        self.digests.append(digest)
+        self.counts.append(int(found[1]))
+        self.asked.append(int(found[2] or 0))   # (0: none given, the run's default)
+        self.texts.append(raw)
+
+    def rows(self, make) -> PlainRows:
+        return PlainRows(array("q", self.wheres), array("q", self.lines),
+                         array("I", self.digests), array("q", self.counts),
+                         array("q", self.asked), self.texts, make=make)
 
 
 class LineInput:
@@ -58,9 +91,20 @@ class LineInput:
         item a whole file's parse)."""
         return suffix_of(self.path) != ".json"
 
-    def scan(self, span: tuple[int, int] | None = None) -> Iterator[Scanned]:
+    @overload
+    def scan(self, span: tuple[int, int] | None = None, *, plain: Literal[False] = False
+             ) -> Iterator[Scanned]: ...
+
+    @overload
+    def scan(self, span: tuple[int, int] | None = None, *, plain: bool) -> Iterator[
+            Scanned | PlainRows]: ...
+
+    def scan(self, span: tuple[int, int] | None = None, *, plain: bool = False
+             ) -> Iterator[Scanned | PlainRows]:
         """Every item from the start; or, given `span` (`cut_spans`), those whose lines start
-        in that byte range, numbered from 1 at its first line (the caller shifts them)."""
+        in that byte range, numbered from 1 at its first line (the caller shifts them).
+        `plain`: JSON lines of nothing but a prompt_len (and max_tokens), written as
+        json.dumps writes them, come as `PlainRows` blocks (inputs/plain_rows.py)."""
         start, end = span if span is not None else (0, math.inf)
         try:
             with open_binary(self.path) as handle:
@@ -78,24 +122,45 @@ class LineInput:
                             yield position, position, 0, each
                         return
                 handle.seek(start)
-                yield from self._lines(handle, start, end)
+                yield from self._lines(handle, start, end, plain)
         except OSError as exc:
             raise InputError(f"{self.label}: cannot read: {exc.strerror or exc}") from exc
         if self.kind is None:
             self.kind = "jsonl"
 
-    def _lines(self, handle, offset: int, end: float) -> Iterator[Scanned]:
+    def _lines(self, handle, offset: int, end: float, plain: bool = False
+               ) -> Iterator[Scanned | PlainRows]:
         """The items of the lines from `offset` (a line's start) to the first that starts at
-        or past `end`; `span_lines` the lines read."""
+        or past `end`; `span_lines` the lines read. `plain`: once the file is known to be
+        JSON lines (its first object), a line `_PLAIN_LINE` matches goes into a block."""
         self.span_lines = 0
+        block = _Block()
+        match = _PLAIN_LINE.fullmatch
         for number, raw in enumerate(handle, 1):
             if offset >= end:
-                return
+                break
             where, offset = offset, offset + len(raw)
             self.span_lines = number
+            if plain and self.kind == "jsonl" and (found := match(raw)):
+                block.add(where, number, zlib.crc32(raw), found, raw)
+                if len(block.texts) >= BLOCK_ROWS:
+                    yield block.rows(self._plain_item)
+                    block = _Block()
+                continue
             item = self._item(raw, number, where)
             if item is not None:
+                if block.texts:
+                    yield block.rows(self._plain_item)
+                    block = _Block()
                 yield where, number, zlib.crc32(raw), item
+        if block.texts:
+            yield block.rows(self._plain_item)
+
+    def _plain_item(self, raw: bytes, line: int, where: int) -> Item:
+        """A plain line's item by the line path (`PlainRows.record`)."""
+        item = self._item(raw, line, where)
+        assert item is not None
+        return item
 
     def read(self, spots: Sequence[tuple[int, int]]) -> Iterator[tuple[int, Item | None]]:
         """(digest, item) of the lines at `spots` ((offset, line number), as `scan` gave

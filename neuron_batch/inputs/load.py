@@ -154,12 +154,10 @@ class InputScan:
         for number, (spec, reader) in enumerate(zip(self.specs, self.readers)):
             empty = True
             items: Iterator[Scanned | PlainRows]
-            if isinstance(reader, CsvInput):
+            if isinstance(reader, (CsvInput, LineInput)):   # (what can be cut, and blocks)
                 items = reader.scan(self._span[1] if self._span else None, plain=self.plain)
-            elif self._span is not None:
-                assert isinstance(reader, LineInput)    # (what can be cut)
-                items = reader.scan(self._span[1])
             else:
+                assert self._span is None
                 items = reader.scan()
             if self._span is not None:
                 number = self._span[0]

@@ -35,9 +35,8 @@ class PlainRows:
     prompt_len: array = field(default_factory=lambda: array("q"))
     max_tokens: array = field(default_factory=lambda: array("q"))
     texts: list[bytes] = field(default_factory=list)  # each row's line (`record` reads one)
-    #: (the row's cells, its line) -> the row path's item for it (csv_file.py `CsvInput._row`)
-    make: Callable[[list[str], int], Any] | None = None
-    delimiter: bytes = b","
+    #: (a row's line as read, its line number, its offset) -> the row path's item for it
+    make: Callable[[bytes, int, int], Any] | None = None
     read_order: int = 0
     position: int = 0
     #: load.InputScan.finish: what numbering gives the record at a position
@@ -49,8 +48,7 @@ class PlainRows:
     def record(self, i: int) -> Any:
         """The `i`th row's record as the row path makes and numbers it."""
         assert self.make is not None and self.finish is not None
-        cells = [cell.decode("ascii") for cell in self.texts[i].split(self.delimiter)]
-        item = self.make(cells, self.line[i])
+        item = self.make(self.texts[i], self.line[i], self.where[i])
         record, _ = item                # (a plain row is a record: the reader made sure)
         record.read_order = self.read_order + i
         self.finish(record, self.position + i)

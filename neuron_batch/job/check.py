@@ -104,6 +104,7 @@ class Scan:
         # where the rows of that pair go the record path (a problem, or more than counts)
         self._outcomes: dict[tuple[int, int], _Outcome | None] = {}
         self._alike: Counter[_Outcome] = Counter()    # (rows of each, for the facts' tally)
+        self._outcomes_of = -1                          # (the input they are of)
 
     def read(self, inputs: InputScan) -> None:
         """Every item of `inputs` read, checked CHECK_CHUNK records at a time."""
@@ -237,6 +238,10 @@ class Scan:
         by record, in its place."""
         columns, start = self.columns, len(self.columns)
         assert start == rows.position, (start, rows.position)
+        if src != self._outcomes_of:    # (an input's own: its rows' fields are its own)
+            self._tally()
+            self._outcomes.clear()
+            self._outcomes_of = src
         columns.add_plain(src, rows)
         self.ok += bytes(len(rows))
         outcomes = self._outcomes

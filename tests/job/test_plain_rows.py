@@ -9,7 +9,9 @@ clamp, limit and shuffle; and split across processes."""
 from __future__ import annotations
 
 import gzip
+import json
 import random
+import re
 
 import pytest
 from hypothesis import HealthCheck, given
@@ -17,7 +19,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from neuron_batch.errors import RunError
-from neuron_batch.inputs import csv_file
+from neuron_batch.inputs import csv_file, line_files
 from neuron_batch.inputs.csv_file import CsvInput
 from neuron_batch.job.check import Scan
 from tests.job.test_check_parts import _seen, _workload
@@ -67,13 +69,15 @@ def _trace(header: tuple[str, ...], kinds: list[str], seed: int, crlf: bool,
     return ",".join(header) + end + end.join(lines) + (end if last_end else "")
 
 
-def _compare(tmp_path, tiny_model, monkeypatch, text: str, values: dict, processes: int = 1):
+def _compare(tmp_path, tiny_model, monkeypatch, text: str, values: dict, processes: int = 1,
+             name: str = "trace.csv"):
     """The workload of `text` by the row path and with plain rows: equal, or the same error."""
-    path = tmp_path / "trace.csv"
+    path = tmp_path / name
     path.write_text(text, newline="")
     plain_at = CsvInput._plain_at
     with monkeypatch.context() as patched:
         patched.setattr(CsvInput, "_plain_at", lambda self: None)     # the row path only
+        patched.setattr(line_files, "_PLAIN_LINE", re.compile(rb"(?!)"))
         whole = _seen_of(path, tiny_model, patched, 1, values, tmp_path / "whole.gz")
     assert CsvInput._plain_at is plain_at
     blocks = _seen_of(path, tiny_model, monkeypatch, processes, values, tmp_path / "blocks.gz")
@@ -153,3 +157,50 @@ def test_plain_rows_in_parts(tiny_model, tmp_path, monkeypatch, split_check, swi
     _compare(tmp_path, tiny_model, monkeypatch, text, {"temperature": 0.5, "seed": 1},
              processes=2)
     assert split == [False, True]
+
+
+#: JSON lines that are not plain: each goes the line path (a problem, or a record it reads).
+JSON_NOT_PLAIN = ['{"prompt_len": 0}', '{"prompt_len": 5, "max_tokens": 0}',
+                  '{"prompt_len": 012}', '{"prompt_len": 5, "temperature": 0.5}',
+                  '{"max_tokens": 5, "prompt_len": 7}', '{not json', '{"id": "x", "prompt_len": 5}',
+                  '{"prompt_len": 5, "max_tokens": 3, "max_tokens": 4}', '{"prompt_len": 9000}',
+                  '{"prompt_len": 1e3}', '{"prompt_len": 5 }', '  ', '[1]']
+
+
+@hypothesis_settings(max_examples=40, deadline=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kinds=st.lists(st.sampled_from(["plain"] * 6 + ["blank", "other"]), min_size=1,
+                      max_size=60),
+       values=st.sampled_from(SETTINGS), crlf=st.booleans(), seed=st.integers(0, 99),
+       first=st.sampled_from(['{"prompt_len": 4, "max_tokens": 2}', '{"prompt": "hi"}']))
+def test_plain_json_lines_leave_what_the_line_path_leaves(tiny_model, tmp_path, monkeypatch,
+                                                          kinds, values, crlf, seed, first):
+    """JSON lines of a prompt_len (and max_tokens), as json.dumps writes them or without its
+    spaces, among lines of every other kind; the first line decides the file's kind and
+    always goes the line path."""
+    rng = random.Random(seed)
+    lines = [first]
+    for kind in kinds:
+        if kind == "plain":
+            line = {"prompt_len": rng.choice((1, 2047, 2100))}
+            if rng.random() < 0.7:
+                line["max_tokens"] = rng.choice((5, 60))
+            lines.append(json.dumps(line, separators=rng.choice(((", ", ": "), (",", ":")))))
+        elif kind == "blank":
+            lines.append("")
+        else:
+            lines.append(rng.choice(JSON_NOT_PLAIN))
+    end = "\r\n" if crlf else "\n"
+    _compare(tmp_path, tiny_model, monkeypatch, end.join(lines) + end, values,
+             name="job.jsonl")
+
+
+def test_plain_json_lines_in_parts(tiny_model, tmp_path, monkeypatch, split_check):
+    rng = random.Random(8)
+    lines = [json.dumps({"prompt_len": 1 + rng.randrange(40), "max_tokens": 1 + i % 3})
+             if i % 50 else rng.choice(JSON_NOT_PLAIN) for i in range(1600)]
+    split = split_check(300)
+    seen = _compare(tmp_path, tiny_model, monkeypatch, "\n".join(lines) + "\n",
+                    {"temperature": 0.5, "seed": 1}, processes=2, name="job.jsonl")
+    assert split == [False, True]
+    assert len(seen["rows"]) > 1500
