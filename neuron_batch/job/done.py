@@ -44,6 +44,11 @@ class DoneRequests:
         return bool(self._ids)
 
     @property
+    def by_id_ids(self) -> set[str]:
+        """The ids of the done requests no index names."""
+        return self._ids
+
+    @property
     def bits(self) -> bytearray:
         """The done indices' bits: index i's is bit i % 8 of byte i // 8 (little-endian)."""
         return self._bits

@@ -23,11 +23,15 @@ drained, and the unavoidable tail at the end of the run.
 Every figure comes from each replica's running aggregates (its records' summary line), merged;
 no step is read again. Scheduler records of a request are kept once, for requests in
 outputs.jsonl: a request that ran twice (a replica restarted, a driver killed between writing
-its output and its records) counts once.
+its output and its records) counts once. Its records are added up block by block as they are
+read (report/run_records.py `load(streamed=True)`), no column held; the done requests are
+known by 64-bit hashes of their ids (`DoneIds`: 9 bytes a request, not a set of strings), so
+two ids would have to hash alike (odds ~n^2 / 2^65: 3e-6 at 10M requests) to be counted as one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -36,6 +40,36 @@ import numpy as np
 
 from neuron_batch.report.metrics import summarize_run
 from neuron_batch.report.run_records import RequestColumns, RunRecords, concat, load, merge
+
+
+class DoneIds:
+    """The done requests' ids (`ids`), as sorted 64-bit hashes, each counted once a pass
+    (`firsts`; `again` starts a pass)."""
+
+    def __init__(self, ids: Iterable[str]):
+        self._hashes: np.ndarray = np.unique(np.fromiter((hash(i) for i in ids),
+                                                         dtype=np.int64))
+        self._seen: np.ndarray = np.zeros(len(self._hashes), dtype=bool)
+
+    def again(self) -> None:
+        self._seen[:] = False
+
+    def firsts(self, requests: RequestColumns) -> list[int]:
+        """The rows of `requests` that count: not aborted, done, and not seen before in this
+        pass (each then seen)."""
+        hashes = np.fromiter(map(hash, requests.req_id), dtype=np.int64,
+                             count=len(requests.req_id))
+        at = np.asarray(np.searchsorted(self._hashes, hashes))
+        inside = at < len(self._hashes)
+        done: np.ndarray = np.zeros(len(hashes), dtype=bool)
+        done[inside] = self._hashes[at[inside]] == hashes[inside]
+        keep: list[int] = []
+        seen, slots = self._seen, at.tolist()
+        for row in np.flatnonzero(done).tolist():
+            if requests.finish_reason[row] != "abort" and not seen[slots[row]]:
+                seen[slots[row]] = True
+                keep.append(row)
+        return keep
 
 
 @dataclass
@@ -57,7 +91,8 @@ def has_replicas(layout: dict[int, Any]) -> bool:
 
 
 def summarize_replicas(layout: dict[int, Path | dict[int, list[Path]]], *,
-                       attempts: list[dict[str, Any]], done_ids: set[str], simulated: bool,
+                       attempts: list[dict[str, Any]], done_ids: Iterable[str] | DoneIds,
+                       simulated: bool,
                        extra_config: dict[str, Any], total: int, skipped: int) -> dict[str, Any]:
     """The report dict (as `metrics.summarize_run` makes it) over every attempt's records: the
     units' aggregates merged (time per state in replica-seconds), their requests joined."""
@@ -104,15 +139,15 @@ def run_elapsed(elapsed: list[tuple[int, float]], group: dict[int, int | None]) 
 
 
 def attempt_figures(layout: dict[int, Path | dict[int, list[Path]]], *,
-                    attempts: list[dict[str, Any]], done_ids: set[str], simulated: bool
-                    ) -> dict[int, dict[str, Any]]:
+                    attempts: list[dict[str, Any]], done_ids: Iterable[str] | DoneIds,
+                    simulated: bool) -> dict[int, dict[str, Any]]:
     """Per attempt, its share of `summarize_replicas`'s figures (a --split-at part's): its
     `elapsed_s` as the run's elapsed time counts it (so the attempts' add up to the run's),
     `output_tokens` of its requests kept, and on replicas per replica its `requests`,
     `output_tokens` and `elapsed_s`."""
     figures = {}
     for attempt, units, elapsed in _attempt_units(layout, attempts, done_ids, simulated):
-        done = [_done(u.records.requests) for u in units]
+        done = [_done(u.records) for u in units]
         figures[attempt] = {
             "elapsed_s": elapsed,
             "output_tokens": sum(tokens for _, tokens in done),
@@ -122,30 +157,30 @@ def attempt_figures(layout: dict[int, Path | dict[int, list[Path]]], *,
     return figures
 
 
-def _done(requests: RequestColumns) -> tuple[int, int]:
+def _done(records: RunRecords) -> tuple[int, int]:
     """(finished requests, their output tokens)."""
-    done = ~np.isnan(requests.finished)
-    return int(done.sum()), int(requests.num_output_tokens[done].sum())
+    figures = records.request_figures()
+    return figures.completed, figures.output_tokens
 
 
 def _attempt_units(layout: dict[int, Path | dict[int, list[Path]]], attempts: list[dict[str, Any]],
-                   done_ids: set[str], simulated: bool) -> list[tuple[int, list[_Unit], float]]:
+                   done_ids: Iterable[str] | DoneIds, simulated: bool
+                   ) -> list[tuple[int, list[_Unit], float]]:
     """(attempt, its units, its elapsed time) in attempt order: a request's records kept once
     over the whole run (in the first attempt that finished it); elapsed as the module text says
     (on the simulated device, or a single engine, the longest unit's; else `generation_s`)."""
     wall = {a.get("attempt"): a.get("generation_s") for a in attempts}
     out = []
-    seen: set[str] = set()
+    done = done_ids if isinstance(done_ids, DoneIds) else DoneIds(done_ids)
+    done.again()
     for attempt, entry in layout.items():
         attempt_units = []
         if isinstance(entry, dict):
             for replica, paths in sorted(entry.items()):
-                records = concat([load(p) for p in paths])
+                records = concat([load(p, streamed=True, keep=done.firsts) for p in paths])
                 attempt_units.append(_Unit(records, replica, records.meta))
         else:
-            attempt_units.append(_Unit(load(entry)))
-        for unit in attempt_units:
-            unit.records.requests = _once(unit.records.requests, done_ids, seen)
+            attempt_units.append(_Unit(load(entry, streamed=True, keep=done.firsts)))
         longest = max((u.elapsed for u in attempt_units), default=0.0)
         measured = wall.get(attempt)
         elapsed = longest if simulated or not isinstance(entry, dict) or measured is None \
@@ -165,7 +200,7 @@ def replica_rows(units: list[_Unit], max_num_seqs: int) -> list[dict[str, Any]]:
         elapsed = sum(p.elapsed for p in parts)
         count = output_tokens = 0
         for part in parts:
-            done, tokens = _done(part.records.requests)
+            done, tokens = _done(part.records)
             count, output_tokens = count + done, output_tokens + tokens
         meta = [m for p in parts for m in p.meta]
         # (the replica lines' node and device: strings, the missing and empty left out)
@@ -185,13 +220,3 @@ def replica_rows(units: list[_Unit], max_num_seqs: int) -> list[dict[str, Any]]:
             "restarts": sum(1 for m in meta if m.get("restart")),
         })
     return rows
-
-
-def _once(requests: RequestColumns, done_ids: set[str], seen: set[str]) -> RequestColumns:
-    keep = []
-    for i, (req_id, reason) in enumerate(zip(requests.req_id, requests.finish_reason)):
-        if reason == "abort" or req_id not in done_ids or req_id in seen:
-            continue
-        seen.add(req_id)
-        keep.append(i)
-    return requests.take(keep)

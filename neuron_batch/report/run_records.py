@@ -8,15 +8,15 @@ issue 46, or an attempt killed before it closed its file) gets them by one pass 
 steps, as the report was built before. A single engine's requests are added up block by
 block as they are read (`load(streamed=True)`, report/request_figures.py: sums, and latency
 percentiles exact to 131,072 requests, within 0.5% past them), so its report holds nothing a
-request; the replicas' report keeps them as compact columns (~90 bytes a request: their
-once-per-request rule matches records to outputs by id).
+request; so are a replica's, those its `keep` counts (report/replicas.py: each request once,
+matched to outputs by the hashes of their ids).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,13 +159,16 @@ class RunRecords:
         return both
 
 
-def load(path: str | Path, *, ids: bool = True, streamed: bool = False) -> RunRecords:
+def load(path: str | Path, *, ids: bool = True, streamed: bool = False,
+         keep: Callable[[RequestColumns], Sequence[int]] | None = None) -> RunRecords:
     """A records file as the report reads it (see the module text): its summary's aggregates,
     else those of its last checkpoint where that holds every step in the file (a replica's
     records: scheduler/records.py `Recorder.flush`), else one pass over its steps. `ids`:
     the requests' ids read too (RequestColumns.with_ids). `streamed`: the completed requests
     added up block by block into `figures` (report/request_figures.py), no column held: what a
-    single engine's report needs, in memory that does not grow with the run."""
+    single engine's report needs, in memory that does not grow with the run. `keep` (with
+    `streamed`): the rows of a block (its ids read) that count, in place of the completed
+    ones (a replica's: report/replicas.py, each request once)."""
     path = Path(path)
     config, final, steps_in_file, meta = None, None, 0, []
     tables: dict[str, Any] = {}     # the checkpoints' table changes, added up
@@ -190,9 +193,10 @@ def load(path: str | Path, *, ids: bool = True, streamed: bool = False) -> RunRe
             kind = obj.pop("type", None)
             if kind == "requests":
                 if figures is not None:
-                    block = RequestColumns(with_ids=False)
+                    block = RequestColumns(with_ids=keep is not None)
                     block.add_block(obj)
-                    figures.add(block.done().completed())
+                    block.done()
+                    figures.add(block.completed() if keep is None else block.take(keep(block)))
                 else:
                     requests.add_block(obj)
             elif kind == "config":
@@ -216,9 +220,11 @@ def load(path: str | Path, *, ids: bool = True, streamed: bool = False) -> RunRe
         if final["type"] == "summary" or aggregates.num_steps == steps_in_file:
             return RunRecords(config, aggregates, dict(final.get("admission_blocked") or {}),
                               requests.done(), meta, figures)
-    rebuilt = _rebuild(path, ids and not streamed)
+    rebuilt = _rebuild(path, (ids and not streamed) or keep is not None)
     if streamed:    # (an old or torn file: its columns read whole, once, then added up)
-        rebuilt.figures = RequestFigures.of(rebuilt.requests.completed())
+        whole = rebuilt.requests
+        rebuilt.figures = RequestFigures.of(whole.completed() if keep is None
+                                            else whole.take(keep(whole)))
         rebuilt.requests = RequestColumns(with_ids=False)
     return rebuilt
 

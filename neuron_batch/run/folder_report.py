@@ -3,6 +3,7 @@ over the whole input; and `neuron-batch report DIR`."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from neuron_batch.inputs.prepare import Prepared
     from neuron_batch.job.done import DoneRequests
     from neuron_batch.job.workload import Workload
+    from neuron_batch.report.replicas import DoneIds
     from neuron_batch.settings import RunSettings
 
 
@@ -28,15 +30,15 @@ def build_report(job: Job) -> Report:
     """The report over the whole input, from every attempt's records and the outputs file:
     the records' figures (`summarize`), then what only the folder knows (outputs, attempts,
     cost), each a typed step on the report."""
-    from neuron_batch.report.replicas import has_replicas
+    from neuron_batch.report.replicas import DoneIds, has_replicas
 
     folder, settings, prepared = job.folder, job.settings, job.workload.prepared
     layout = folder.records_layout()
     if not layout:
         raise RunError(f"{folder.path} has no scheduler records", EXIT_FAILED)
     as_read = job_figures(prepared.requests)
-    # (only the replicas' report matches records to outputs by id: a set of the ids done)
-    done_ids = done_ids_of(folder, prepared) if has_replicas(layout) else set()
+    # (only the replicas' report matches records to outputs by id: the done ids' hashes)
+    done_ids = done_ids_of(folder, prepared) if has_replicas(layout) else DoneIds(())
     report = Report.new(_figures(job, layout, _run_config(job, as_read.openai), done_ids))
     _tokens_from_outputs(report, folder)
     _add_prefix_bound(report, job.workload, folder.done, settings)
@@ -79,7 +81,7 @@ def _run_config(job: Job, openai: bool) -> dict[str, Any]:
     return extra
 
 
-def _figures(job: Job, layout: Any, extra: dict[str, Any], done_ids: set[str]
+def _figures(job: Job, layout: Any, extra: dict[str, Any], done_ids: DoneIds
              ) -> dict[str, Any]:
     """The records' figures: the replicas' (their records matched to outputs by id), or a
     single engine's, each attempt's file added up as it is read."""
@@ -137,7 +139,7 @@ def compiled_before(job: Job) -> bool:
 
 
 def split_section(attempts: list[dict[str, Any]], folder: RunFolder, settings: RunSettings,
-                  simulated: bool, done_ids: set[str]) -> dict[str, Any]:
+                  simulated: bool, done_ids: DoneIds) -> dict[str, Any]:
     """A --split-at run's parts: each attempt that ran a part, its layout and its own figures
     (from its records), and the compile time of the layouts (both are compiled). A part run on
     replicas counts as the whole report does (report/replicas.py attempt_figures): its elapsed time
@@ -192,10 +194,15 @@ def split_section(attempts: list[dict[str, Any]], folder: RunFolder, settings: R
     return out
 
 
-def done_ids_of(folder: RunFolder, prepared: Prepared) -> set[str]:
-    """The done requests' ids: the replicas' report matches their records to outputs by id
-    (a set of strings only a --replicas run's report holds)."""
-    return folder.done.ids_in(ids_by_index(prepared.requests))
+def done_ids_of(folder: RunFolder, prepared: Prepared) -> DoneIds:
+    """The done requests' ids, as the replicas' report matches their records to outputs:
+    hashed as they are decoded (report/replicas.py `DoneIds`), none held."""
+    from neuron_batch.report.replicas import DoneIds
+
+    done = folder.done
+    by_index = ids_by_index(prepared.requests)
+    ids = (by_index[index] for index in done.indices() if index < len(by_index))
+    return DoneIds(itertools.chain((i for i in ids if i is not None), done.by_id_ids))
 
 
 def _add_prefix_bound(report: Report, workload: Workload, done: DoneRequests,

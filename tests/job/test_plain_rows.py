@@ -167,7 +167,7 @@ JSON_NOT_PLAIN = ['{"prompt_len": 0}', '{"prompt_len": 5, "max_tokens": 0}',
                   '{"prompt_len": 1e3}', '{"prompt_len": 5 }', '  ', '[1]']
 
 
-@hypothesis_settings(max_examples=40, deadline=None,
+@hypothesis_settings(max_examples=25, deadline=None,
                      suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kinds=st.lists(st.sampled_from(["plain"] * 6 + ["blank", "other"]), min_size=1,
                       max_size=60),

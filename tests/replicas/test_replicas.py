@@ -308,16 +308,16 @@ def test_max_runtime_while_the_replicas_start(cluster, tmp_path):
     in a new Ray worker): the stop comes while Ray Data still waits for its first result, and
     the run still ends cleanly with exit 4, nothing written twice, --resume finishing it."""
     out = tmp_path / "run"
-    trace = trace_slice(tmp_path / "t.csv", 300)
+    trace = trace_slice(tmp_path / "t.csv", 120)
     args = ["run", trace, *SIM, "--ray", cluster.address, "--replicas", "2", "-o", str(out)]
     proc = start_driver([*args, "--max-runtime", "1"])
     assert proc.wait(timeout=300) == 4
     assert "--max-runtime reached" in proc.stdout.read().decode()
-    assert len(outputs(out)) < 300
+    assert len(outputs(out)) < 120
     resumed = invoke([*args, "--resume", "-q"])
     assert resumed.exit_code == 0, resumed.output
     ids = [row["id"] for row in outputs(out)]
-    assert len(ids) == len(set(ids)) == 300
+    assert len(ids) == len(set(ids)) == 120
 
 
 def test_a_split_run_runs_each_part_across_both_replicas(cluster, node_ids, tmp_path):

@@ -386,3 +386,30 @@ def test_a_replica_error_is_found_under_rays_wrappers():
     assert _failed_to_start(wrapped)
     assert _root_cause(RuntimeError("boom")) == "RuntimeError: boom"
     assert not _failed_to_start(RuntimeError("boom"))
+
+
+@given(st.lists(st.lists(st.tuples(st.sampled_from("abcdefgh"),
+                                   st.sampled_from(["length", "stop", "abort"])), max_size=12),
+                max_size=5),
+       st.sets(st.sampled_from("abcdefg")))
+def test_done_ids_count_each_request_once_as_a_set_of_strings_did(blocks, done):
+    """`DoneIds` (the done ids' hashes, a bit each for seen) keeps the rows the rule kept with
+    sets of strings: not aborted, in outputs, the first time over the pass's blocks; `again`
+    starts a pass."""
+    from neuron_batch.report.replicas import DoneIds
+    from neuron_batch.report.run_records import RequestColumns
+
+    ids = DoneIds(iter(done))
+    for _ in range(2):
+        ids.again()
+        seen: set[str] = set()
+        for block in blocks:
+            columns = RequestColumns()
+            columns.req_id = [req_id for req_id, _ in block]
+            columns.finish_reason = [reason for _, reason in block]
+            expected = []
+            for row, (req_id, reason) in enumerate(block):
+                if reason != "abort" and req_id in done and req_id not in seen:
+                    seen.add(req_id)
+                    expected.append(row)
+            assert ids.firsts(columns) == expected
