@@ -22,6 +22,8 @@ Examples:
     .venv/bin/python scripts/bench_records.py                      # 10k and 100k requests
     .venv/bin/python scripts/bench_records.py --sizes 1000 10000 --repeats 3
     .venv/bin/python scripts/bench_records.py --max-num-seqs 12 --min-out 200 --max-out 600
+    .venv/bin/python scripts/bench_records.py --replicas --sizes 10000 200000 --min-out 1 \
+        --max-out 4                      # a --replicas run's report
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ class Clock:
         return self.now
 
 
-def simulate(n: int, slots: int, min_out: int, max_out: int, path: Path, seed: int = 1):
+def simulate(n: int, slots: int, min_out: int, max_out: int, path: Path, seed: int = 1,
+             prefix: str = "request"):
     """Drive a Recorder (keeping nothing) through a FIFO run of n requests; (steps, wall
     seconds the recorder took, the records kept for the old format)."""
     rng = random.Random(seed)
@@ -72,7 +75,7 @@ def simulate(n: int, slots: int, min_out: int, max_out: int, path: Path, seed: i
     spent = 0.0
     waiting = []
     for i in range(n):
-        waiting.append((f"request-{i:07d}", rng.randint(100, 2000), rng.randint(min_out, max_out)))
+        waiting.append((f"{prefix}-{i:07d}", rng.randint(100, 2000), rng.randint(min_out, max_out)))
         began = time.perf_counter()
         recorder.request_arrived(waiting[-1][0], waiting[-1][1])
         spent += time.perf_counter() - began
@@ -148,6 +151,54 @@ def build_old(path: Path) -> float:
     return time.perf_counter() - began
 
 
+def replicas_report(args) -> int:
+    """The report of two replicas' records (each --sizes requests, ids of their own, every
+    one done), built as a run folder builds it: its peak traced memory and seconds a
+    request, the large size against the small (1.0: the report's memory is a request's
+    worth at both sizes; what does not grow with the job, the imports, is left out)."""
+    import tracemalloc
+
+    from neuron_batch.job.folder import RunFolder
+    from neuron_batch.report.replicas import summarize_replicas
+
+    try:
+        from neuron_batch.report.replicas import DoneIds
+    except ImportError:     # (a tree before DoneIds, on PYTHONPATH: the set its report took)
+        DoneIds = set
+
+    rows = {}
+    for n in args.sizes:
+        with tempfile.TemporaryDirectory() as tmp:
+            ids = []
+            for replica in (0, 1):
+                path = Path(tmp) / f"records-1-r{replica}.jsonl"
+                simulate(n, args.max_num_seqs, args.min_out, args.max_out, path,
+                         seed=replica, prefix=f"r{replica}")
+                path.with_name("old-" + path.name).unlink()
+                ids += [f"r{replica}-{i:07d}" for i in range(n)]
+            layout = RunFolder(Path(tmp)).records_layout()
+            tracemalloc.start()
+            began = time.perf_counter()
+            done = DoneIds(iter(ids))
+            del ids
+            report = summarize_replicas(layout, attempts=[{"attempt": 1}], done_ids=done,
+                                        simulated=True, extra_config={}, total=2 * n,
+                                        skipped=0)
+            seconds = time.perf_counter() - began
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            assert report["requests"]["completed"] == 2 * n, report["requests"]
+            rows[n] = (peak, seconds)
+            print(f"{2 * n:>10,} requests on 2 replicas: report peak {peak / 2**20:7.1f} MiB "
+                  f"({peak / (2 * n):6.1f} B/request), {seconds:6.2f} s "
+                  f"({seconds / (2 * n) * 1e6:5.1f} us/request)", flush=True)
+    (small_peak, small_s), (large_peak, large_s) = (rows[n] for n in args.sizes)
+    scale = args.sizes[1] / args.sizes[0]
+    print(f"{args.sizes[1]:,} / {args.sizes[0]:,}: peak memory {large_peak / small_peak:.2f}x "
+          f"for {scale:.0f}x the requests; time a request {large_s / small_s / scale:.2f}x")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs=2, default=[10_000, 100_000])
@@ -157,7 +208,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-old", action="store_true",
                         help="do not build the old report (slow at large sizes)")
+    parser.add_argument("--replicas", action="store_true",
+                        help="only a --replicas run's report (report/replicas.py): two "
+                        "replicas' records of each size, the report's peak traced memory and "
+                        "time a request, the large size against the small")
     args = parser.parse_args()
+    if args.replicas:
+        return replicas_report(args)
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.sizes:
