@@ -64,8 +64,9 @@ class DoneRequests:
                         yield byte * 8 + bit
 
     def ids_in(self, ids_by_index: Sequence[str | None]) -> set[str]:
-        """The done requests' ids (`ids_by_index`: the job's ids at their index): the replicas'
-        report matches their records to outputs by id; and tests."""
+        """The done requests' ids (`ids_by_index`: the job's ids at their index), as a set: for
+        a small job's checks (the replicas' report hashes them instead, report/replicas.py
+        `DoneIds`)."""
         out = set(self._ids)
         out.update(rid for index in self.indices() if index < len(ids_by_index)
                    and (rid := ids_by_index[index]) is not None)
