@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import csv
 import zlib
-from array import array
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO, Literal, overload
 
-from neuron_batch.inputs.plain_rows import BLOCK_ROWS, PlainRows
+from neuron_batch.inputs.plain_rows import BLOCK_ROWS, PlainBlock, PlainRows
 from neuron_batch.inputs.prompt_records import (
     FieldError,
     InputError,
@@ -176,13 +175,7 @@ class CsvInput:
         reads; returns (where it stopped, the last line read, whether that was the end)."""
         prompt_at, max_at, arrival_at, dated = at
         delimiter, width = self.delimiter.encode(), self._width
-        # the block's columns (as lists until it is yielded: the fastest to append to)
-        wheres: list[int] = []
-        numbers: list[int] = []
-        digests: list[int] = []
-        counts: list[int] = []
-        asked: list[int] = []
-        texts: list[bytes] = []
+        block = PlainBlock()
         crc32 = zlib.crc32
         rest, done = b"", True
         while True:
@@ -222,32 +215,21 @@ class CsvInput:
                             and (self._plain_time(arrival) if dated
                                  else arrival.replace(b".", b"", 1).isdigit())
                             and (count := int(prompt)) and (most_tokens := int(most))):
-                        wheres.append(start)
-                        numbers.append(line)
-                        digests.append(crc32(raw.replace(delimiter, b"\x1f")))
-                        counts.append(count)
-                        asked.append(most_tokens)
-                        texts.append(raw)
-                        if len(texts) >= BLOCK_ROWS:
-                            yield self._block(wheres, numbers, digests, counts, asked, texts)
-                            wheres, numbers, digests, counts, asked, texts = [], [], [], [], [], []
+                        block.add(start, line, crc32(raw.replace(delimiter, b"\x1f")), count,
+                                  most_tokens, raw)
+                        if len(block) >= BLOCK_ROWS:
+                            yield block.take(self._plain_item)
                         continue
-                if texts:
-                    yield self._block(wheres, numbers, digests, counts, asked, texts)
-                    wheres, numbers, digests, counts, asked, texts = [], [], [], [], [], []
+                if len(block):
+                    yield block.take(self._plain_item)
                 text = [cell.decode("ascii") for cell in cells]
                 yield start, line, _digest(text), self._row(text, line)
             else:
                 continue
             break               # (past `end`)
-        if texts:
-            yield self._block(wheres, numbers, digests, counts, asked, texts)
+        if len(block):
+            yield block.take(self._plain_item)
         return offset, line, done
-
-    def _block(self, wheres: list[int], numbers: list[int], digests: list[int],
-               counts: list[int], asked: list[int], texts: list[bytes]) -> PlainRows:
-        return PlainRows(array("q", wheres), array("q", numbers), array("I", digests),
-                         array("q", counts), array("q", asked), texts, make=self._plain_item)
 
     def _plain_item(self, raw: bytes, line: int, where: int) -> Item:
         """A plain row's item by the row path (`PlainRows.record`)."""

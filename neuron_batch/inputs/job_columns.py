@@ -117,30 +117,28 @@ class Steps(Sequence[int]):
         held = np.asarray(values, dtype=np.int64)
         starts = [0, *(np.flatnonzero(np.diff(held) != self.step) + 1).tolist(), len(held)]
         for start, end in zip(starts, starts[1:]):
-            self.append(int(held[start]))       # (a run of its own where it breaks one)
-            if self._dense is not None:
-                for value in held[start + 1:end].tolist():
-                    self.append(value)
-            elif end - start > 1:   # (the rest of the run: it goes on from what `append` kept)
-                self._count += end - start - 1
-                self._last = int(held[end - 1])
+            self._append_run(int(held[start]), end - start)
 
     def extend_shifted(self, other: Steps, shift: int) -> None:
         """`other`'s values, each plus `shift`, after these: run by run."""
         if self._dense is None and other._dense is None:
             for run, (start, first) in enumerate(zip(other._starts, other._firsts)):
                 end = other._starts[run + 1] if run + 1 < len(other._starts) else len(other)
-                self.append(first + shift)          # (a run of its own where it breaks one)
-                length = end - start - 1
-                if self._dense is not None:     # (that append made it dense)
-                    for k in range(1, length + 1):
-                        self.append(first + shift + self.step * k)
-                elif length:    # (the rest of the run: it goes on from what `append` kept)
-                    self._count += length
-                    self._last = first + shift + self.step * length
+                self._append_run(first + shift, end - start)
             return
         for value in other.take(range(len(other))):
             self.append(value + shift)
+
+    def _append_run(self, first: int, length: int) -> None:
+        """`length` values from `first` on, `step` apart: the first appended (a run of its
+        own where it breaks one), the rest added to the run it is in."""
+        self.append(first)
+        if self._dense is not None:     # (that append made it dense)
+            for k in range(1, length):
+                self.append(first + self.step * k)
+        elif length > 1:
+            self._count += length - 1
+            self._last = first + self.step * (length - 1)
 
     @property
     def runs(self) -> int:

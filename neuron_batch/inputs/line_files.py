@@ -13,7 +13,6 @@ import json
 import math
 import re
 import zlib
-from array import array
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -24,7 +23,7 @@ from neuron_batch.inputs.json_requests import (
     request_id,
 )
 from neuron_batch.inputs.mooncake import is_mooncake, record_from_mooncake
-from neuron_batch.inputs.plain_rows import BLOCK_ROWS, PlainRows
+from neuron_batch.inputs.plain_rows import BLOCK_ROWS, PlainBlock, PlainRows
 from neuron_batch.inputs.prompt_records import (
     FieldError,
     InputError,
@@ -44,31 +43,6 @@ _BOM = b"\xef\xbb\xbf"
 #: (or without its spaces): both at least 1, below 10**9, no leading zero (JSON has none).
 _PLAIN_LINE = re.compile(rb'\{"prompt_len": ?([1-9][0-9]{0,8})'
                          rb'(?:, ?"max_tokens": ?([1-9][0-9]{0,8}))?\}\r?\n?')
-
-
-class _Block:
-    """A block's columns as they are read (lists: the fastest to append to)."""
-
-    def __init__(self) -> None:
-        self.wheres: list[int] = []
-        self.lines: list[int] = []
-        self.digests: list[int] = []
-        self.counts: list[int] = []
-        self.asked: list[int] = []
-        self.texts: list[bytes] = []
-
-    def add(self, where: int, line: int, digest: int, found: re.Match, raw: bytes) -> None:
-        self.wheres.append(where)
-        self.lines.append(line)
-        self.digests.append(digest)
-        self.counts.append(int(found[1]))
-        self.asked.append(int(found[2] or 0))   # (0: none given, the run's default)
-        self.texts.append(raw)
-
-    def rows(self, make) -> PlainRows:
-        return PlainRows(array("q", self.wheres), array("q", self.lines),
-                         array("I", self.digests), array("q", self.counts),
-                         array("q", self.asked), self.texts, make=make)
 
 
 class LineInput:
@@ -134,7 +108,7 @@ class LineInput:
         or past `end`; `span_lines` the lines read. `plain`: once the file is known to be
         JSON lines (its first object), a line `_PLAIN_LINE` matches goes into a block."""
         self.span_lines = 0
-        block = _Block()
+        block = PlainBlock()
         match = _PLAIN_LINE.fullmatch
         for number, raw in enumerate(handle, 1):
             if offset >= end:
@@ -142,19 +116,18 @@ class LineInput:
             where, offset = offset, offset + len(raw)
             self.span_lines = number
             if plain and self.kind == "jsonl" and (found := match(raw)):
-                block.add(where, number, zlib.crc32(raw), found, raw)
-                if len(block.texts) >= BLOCK_ROWS:
-                    yield block.rows(self._plain_item)
-                    block = _Block()
+                block.add(where, number, zlib.crc32(raw), int(found[1]), int(found[2] or 0),
+                          raw)
+                if len(block) >= BLOCK_ROWS:
+                    yield block.take(self._plain_item)
                 continue
             item = self._item(raw, number, where)
             if item is not None:
-                if block.texts:
-                    yield block.rows(self._plain_item)
-                    block = _Block()
+                if len(block):
+                    yield block.take(self._plain_item)
                 yield where, number, zlib.crc32(raw), item
-        if block.texts:
-            yield block.rows(self._plain_item)
+        if len(block):
+            yield block.take(self._plain_item)
 
     def _plain_item(self, raw: bytes, line: int, where: int) -> Item:
         """A plain line's item by the line path (`PlainRows.record`)."""

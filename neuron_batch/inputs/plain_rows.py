@@ -3,20 +3,21 @@
 the run made and checked 10M records, ~15 us each on one core (issue 48: "a 10M-line file
 starts within seconds").
 
-The reader (csv_file.py `CsvInput`) puts a row here only when the row path would read it as a
-plain record: the two counts as digits, at least 1, an arrival as digits with at most one
-point (or a date and time of the first row's kind), every column where the header puts it.
-Any other row (a quote, a gap, a sign, a letter, non-ASCII bytes) goes the row path, which
-names its problem as it always did. Rows
-alike in their two counts are alike to every check (job/check.py `Scan`), which checks one
-real record of each pair (`record`) and gives its outcome to the others. Pure logic.
+A reader puts a row here only when its row path would read it as a plain record: a CSV trace's
+(csv_file.py `CsvInput`: the two counts as digits, at least 1, an arrival as digits with at
+most one point or a date and time of the first row's kind, every column where the header
+puts it), or a JSON line of nothing but a prompt_len and max_tokens (line_files.py). Any other
+row (a quote, a gap, a sign, a letter, non-ASCII bytes) goes the row path, which names its
+problem as it always did. Rows alike in their two counts are alike to every check
+(job/check.py `Scan`), which checks one real record of each pair (`record`) and gives its
+outcome to the others. Pure logic.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 #: Rows a block holds at most (the reader yields a block when it is full).
@@ -29,14 +30,14 @@ class PlainRows:
     path digests it) and counts. Numbered by `load.InputScan` (`read_order`, `position`: the
     first row's, the rest following by one) before anything reads a record of it."""
 
-    where: array = field(default_factory=lambda: array("q"))
-    line: array = field(default_factory=lambda: array("q"))
-    digest: array = field(default_factory=lambda: array("I"))
-    prompt_len: array = field(default_factory=lambda: array("q"))
-    max_tokens: array = field(default_factory=lambda: array("q"))
-    texts: list[bytes] = field(default_factory=list)  # each row's line (`record` reads one)
+    where: array
+    line: array
+    digest: array
+    prompt_len: array
+    max_tokens: array               # (0: none given, the run's default)
+    texts: list[bytes]              # each row's line (`record` reads one)
     #: (a row's line as read, its line number, its offset) -> the row path's item for it
-    make: Callable[[bytes, int, int], Any] | None = None
+    make: Callable[[bytes, int, int], Any]
     read_order: int = 0
     position: int = 0
     #: load.InputScan.finish: what numbering gives the record at a position
@@ -47,9 +48,45 @@ class PlainRows:
 
     def record(self, i: int) -> Any:
         """The `i`th row's record as the row path makes and numbers it."""
-        assert self.make is not None and self.finish is not None
+        assert self.finish is not None
         item = self.make(self.texts[i], self.line[i], self.where[i])
         record, _ = item                # (a plain row is a record: the reader made sure)
         record.read_order = self.read_order + i
         self.finish(record, self.position + i)
         return record
+
+
+class PlainBlock:
+    """A block's columns as a reader reads them (lists: the fastest to append to), made a
+    `PlainRows` by `take`, which starts the next block."""
+
+    def __init__(self) -> None:
+        self._start()
+
+    def _start(self) -> None:
+        self.wheres: list[int] = []
+        self.lines: list[int] = []
+        self.digests: list[int] = []
+        self.counts: list[int] = []
+        self.asked: list[int] = []      # (0: none given, the run's default)
+        self.texts: list[bytes] = []
+
+    def add(self, where: int, line: int, digest: int, prompt_len: int, max_tokens: int,
+            text: bytes) -> None:
+        self.wheres.append(where)
+        self.lines.append(line)
+        self.digests.append(digest)
+        self.counts.append(prompt_len)
+        self.asked.append(max_tokens)
+        self.texts.append(text)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def take(self, make: Callable[[bytes, int, int], Any]) -> PlainRows:
+        """The rows added, as a block whose records `make` makes (`PlainRows.make`)."""
+        rows = PlainRows(array("q", self.wheres), array("q", self.lines),
+                         array("I", self.digests), array("q", self.counts),
+                         array("q", self.asked), self.texts, make=make)
+        self._start()
+        return rows

@@ -301,8 +301,11 @@ class Scan:
         outcome = _Outcome(request, spec, took, middle, tail, seeded, _numbered(record, spec),
                            request.own_prompt, request.prompt_len, request.max_tokens,
                            request.max_tokens_clamped, prompt_token_count(record) or 0)
-        if outcome.row(record.id, record.index, settings.seed) != encode(row) + "\n":
-            return None     # (an id JSON would escape: not a plain row's)
+        # (the row as `_rows` makes it, by its default id: a given id, or one JSON would
+        # escape, is not a plain row's)
+        if _rows([record.index], [outcome], record.read_order - record.index,
+                 settings.seed) != encode(row) + "\n":
+            return None
         return outcome
 
     def _took(self, positions: list[int], alike: list[_Outcome], rows: PlainRows) -> None:
@@ -324,11 +327,8 @@ class Scan:
         self.took_defaults += sum(o.took * times for o, times in counts.items())
         self.bound = None       # (a trace's synthetic tokens: not made here)
         if self.rows is not None:
-            seed, first = self.settings.seed, rows.read_order - rows.position
-            # (`_Outcome.row`, inline: a call a row was a fifth of the block's time)
-            self.rows.write("".join([
-                f'["{first + p}", {o.middle}, {seed + p if o.seeded else "null"}{o.tail}]\n'
-                for p, o in zip(positions, alike)]))
+            self.rows.write(_rows(positions, alike, rows.read_order - rows.position,
+                                  self.settings.seed))
             self._alike.update(counts)
             if self.numbered_rows is not None:
                 self.numbered_rows += bytes([o.numbered for o in alike])
@@ -358,11 +358,14 @@ class _Outcome:
     clamped: bool
     known: int              # (load.prompt_token_count of its record)
 
-    def row(self, record_id: str, position: int, seed: int) -> str:
-        """The row (job/resume_check.py `request_row`) of the row at `position`, id
-        `record_id` (digits: a default id), as the spool writes it."""
-        return (f'["{record_id}", {self.middle}, '
-                f'{seed + position if self.seeded else "null"}{self.tail}]\n')
+
+def _rows(positions: Sequence[int], alike: Sequence[_Outcome], shift: int, seed: int) -> str:
+    """The rows (job/resume_check.py `request_row`, as the spool writes them) of the plain
+    rows at `positions`, each of its outcome in `alike`: its default id (its position plus
+    `shift`, its reading order) and, where its pair samples, its seed (--seed plus its
+    position). One comprehension: a call a row was a fifth of a block's time."""
+    return "".join([f'["{shift + p}", {o.middle}, {seed + p if o.seeded else "null"}{o.tail}]\n'
+                    for p, o in zip(positions, alike)])
 
 
 #: `Scan.numbered_rows` bits: a row whose id is its default (its reading order), whose seed is

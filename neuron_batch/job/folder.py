@@ -56,9 +56,9 @@ _ENTRY = struct.Struct("<II")
 _OLD_DONE_INDEX = "outputs.idx"
 MANIFEST = "run.json"
 REQUESTS = "requests.jsonl.gz"
-#: REQUESTS' gzip level: 1, not 6. A row is ~55 bytes of JSON; at a million rows level 6
-#: took 1.37 s to compress them to 13.5 bytes a row, level 1 0.36 s to 15.2 (measured on a
-#: token-count trace's rows): the check before a 10M-line run spent ~10 s on the difference.
+#: REQUESTS' gzip level: 1, not 6. A row is ~55 bytes of JSON; a million rows whose prompt
+#: digests all differ took 1.37 s at level 6 to compress to 13.5 bytes a row, 0.36 s at level
+#: 1 to 15.2 (a trace's rows repeat their digests and compress faster at either level).
 REQUESTS_LEVEL = 1
 OLD_REQUESTS = "requests.json"      # (folders written before 2026-12-05: read, never written)
 PREVIOUS = "previous-"
