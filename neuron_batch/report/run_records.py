@@ -174,6 +174,7 @@ def load(path: str | Path, *, ids: bool = True, streamed: bool = False,
     tables: dict[str, Any] = {}     # the checkpoints' table changes, added up
     requests = RequestColumns(with_ids=ids and not streamed)
     figures = RequestFigures() if streamed else None
+    blocks = False      # (a requests block read: its rows added up, `keep` asked of them)
     with open(path, encoding="utf-8") as handle:
         for line in handle:
             if line.startswith('{"type":"steps"'):
@@ -192,6 +193,7 @@ def load(path: str | Path, *, ids: bool = True, streamed: bool = False,
                 break       # a torn last line from a killed process
             kind = obj.pop("type", None)
             if kind == "requests":
+                blocks = True
                 if figures is not None:
                     block = RequestColumns(with_ids=keep is not None)
                     block.add_block(obj)
@@ -220,11 +222,16 @@ def load(path: str | Path, *, ids: bool = True, streamed: bool = False,
         if final["type"] == "summary" or aggregates.num_steps == steps_in_file:
             return RunRecords(config, aggregates, dict(final.get("admission_blocked") or {}),
                               requests.done(), meta, figures)
-    rebuilt = _rebuild(path, (ids and not streamed) or keep is not None)
-    if streamed:    # (an old or torn file: its columns read whole, once, then added up)
-        whole = rebuilt.requests
-        rebuilt.figures = RequestFigures.of(whole.completed() if keep is None
-                                            else whole.take(keep(whole)))
+    # (no summary, or a checkpoint short of the file's steps: the steps read again)
+    counted = keep is not None and blocks
+    rebuilt = _rebuild(path, (ids and not streamed) or (keep is not None and not counted))
+    if streamed:
+        if counted:     # (its requests' blocks added up already: `keep` marks what it took)
+            rebuilt.figures = figures
+        else:           # (an old file, a request a line: its columns read whole, once)
+            whole = rebuilt.requests
+            rebuilt.figures = RequestFigures.of(whole.completed() if keep is None
+                                                else whole.take(keep(whole)))
         rebuilt.requests = RequestColumns(with_ids=False)
     return rebuilt
 

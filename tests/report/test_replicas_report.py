@@ -413,3 +413,41 @@ def test_done_ids_count_each_request_once_as_a_set_of_strings_did(blocks, done):
                     seen.add(req_id)
                     expected.append(row)
             assert ids.firsts(columns) == expected
+
+
+@pytest.mark.parametrize("torn", [False, True])
+def test_a_replicas_requests_count_once_when_its_steps_are_read_again(tmp_path, torn):
+    """A replica's records in blocks whose last checkpoint does not hold every step (a
+    process that died before its next one, or a file cut short) is read again for its steps;
+    its requests, added up as its blocks were read, still count, once each."""
+    from neuron_batch.report.replicas import summarize_replicas
+    from neuron_batch.scheduler.records import Recorder
+
+    config = RunConfig(4, 256, 1024, 32, 100, 3, [128, 256], [1, 2, 4], "x")
+    for replica in (0, 1):
+        clock = [0.0]
+        path = tmp_path / f"records-1-r{replica}.jsonl"
+        recorder = Recorder(clock=lambda now=clock: now[0], path=path, keep=False)
+        recorder.start(config)
+        for i in range(6):
+            req_id = f"r{replica}-{i}"
+            recorder.request_arrived(req_id, 10)
+            recorder.requests[req_id].admitted = clock[0]
+            recorder.add_step(_step(i, clock[0], None, 0, 1, kind="prefill"))
+            clock[0] += 1.0
+            recorder.finish_oldest_step()
+            recorder.requests[req_id].first_token = clock[0]
+            recorder.request_finished(req_id, 3, "length", clock[0])
+        recorder.close()
+        if torn and replica == 1:      # (no summary, no checkpoint: its steps read again)
+            kept = [line for line in path.read_text().splitlines()
+                    if '"type":"summary"' not in line.replace(" ", "")
+                    and '"type":"checkpoint"' not in line.replace(" ", "")]
+            path.write_text("\n".join(kept) + "\n")
+    layout = RunFolder(tmp_path).records_layout()
+    done = {f"r{replica}-{i}" for replica in (0, 1) for i in range(6)}
+    report = summarize_replicas(layout, attempts=[{"attempt": 1}], done_ids=done,
+                                simulated=True, extra_config={"max_num_seqs": 4}, total=12,
+                                skipped=0)
+    assert [r["requests"] for r in report["replicas"]] == [6, 6]
+    assert report["tokens"]["output"] == 12 * 3
