@@ -66,8 +66,9 @@ def trace_rows() -> list[tuple[int, int]]:
 
 
 def write_job(kind: str, size: int, workdir: Path, text_cap: int) -> Path:
-    """`size` requests drawn (seeded) from the trace: a token-count CSV, or JSON lines of text
-    prompts of about the same number of tokens (cut to `text_cap` words: text takes disk)."""
+    """`size` requests drawn (seeded) from the trace: a token-count CSV ("tokens"), JSON lines
+    of prompt_len that share instructions ("shared"), or JSON lines of text prompts of about
+    the same number of tokens (cut to `text_cap` words: text takes disk)."""
     rng = random.Random(size)
     rows = trace_rows()
     if kind == "tokens":
@@ -77,6 +78,17 @@ def write_job(kind: str, size: int, workdir: Path, text_cap: int) -> Path:
             for i in range(size):
                 prompt, output = rows[rng.randrange(len(rows))]
                 handle.write(f"{i * 0.01:.2f},{prompt},{output}\n")
+        return path
+    if kind == "shared":        # each prompt_len's first 512 tokens one of 50 instructions
+        path = workdir / f"shared-{size}.jsonl"
+        with open(path, "w") as handle:
+            for _ in range(size):
+                prompt, output = rows[rng.randrange(len(rows))]
+                handle.write(json.dumps({"prompt_len": min(prompt + 512,
+                                                           MAX_MODEL_LEN - output - 1),
+                                         "max_tokens": output,
+                                         "prefix_id": f"instruction-{rng.randrange(50)}",
+                                         "prefix_len": 512}) + "\n")
         return path
     path = workdir / f"text-{size}.jsonl"
     with open(path, "w") as handle:
@@ -631,21 +643,26 @@ if __name__ == "__main__":
 
 def prefix_order_check(size: int, workdir: Path) -> None:
     """`--order prefix` (longest first, blocks of 16) over `size` rows of the token-count
-    trace, against `--order length`, each in a process of its own after the check: seconds,
-    and the peak RSS it adds over the check's (issue 46: what the order needs, not the job)."""
+    trace (whose prompts share nothing) and of JSON lines of the same lengths that each begin
+    with one of 50 shared instructions (`shared`: the trie), against `--order length`, each in
+    a process of its own after the check: seconds, and the peak RSS it adds over the check's
+    (issue 46: what the order needs, not the job)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    job = write_job("tokens", size, workdir, 0)
     script = workdir / "order.py"
     script.write_text(_ORDER)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    print(f"{'order':<8}{'requests':>10}{'seconds':>9}{'added MiB':>11}", flush=True)
-    for order in ("length", "prefix"):
-        got = json.loads(subprocess.run([sys.executable, str(script), str(job), order], env=env,
-                                        capture_output=True, text=True, check=True
-                                        ).stdout.splitlines()[-1])
-        assert got["n"] == size, got
-        print(f"{order:<8}{size:>10,}{got['s']:>9.1f}{got['added_mib']:>11.1f}", flush=True)
-    job.unlink()
+    print(f"{'job':<8}{'order':<8}{'requests':>10}{'seconds':>9}{'us/req':>8}{'added MiB':>11}"
+          f"{'B/req':>7}", flush=True)
+    for kind in ("tokens", "shared"):
+        job = write_job(kind, size, workdir, 0)
+        for order in ("length", "prefix"):
+            got = json.loads(subprocess.run([sys.executable, str(script), str(job), order],
+                                            env=env, capture_output=True, text=True, check=True
+                                            ).stdout.splitlines()[-1])
+            assert got["n"] == size, got
+            print(f"{kind:<8}{order:<8}{size:>10,}{got['s']:>9.1f}{1e6 * got['s'] / size:>8.1f}"
+                  f"{got['added_mib']:>11.1f}{got['added_mib'] * 2**20 / size:>7.0f}", flush=True)
+        job.unlink()
 
 
 def _parts_job(kind: str, size: int, workdir: Path, text_cap: int) -> Path:

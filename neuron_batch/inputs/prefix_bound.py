@@ -15,36 +15,27 @@ of distinct hashes. They are kept exactly (a sorted array of the hashes) until t
 little is the worst case: there the bound's error is 0.41% of its whole prompt tokens; where
 they share much, the distinct prefixes are fewer and so is the error (`error_tokens`).
 
-The hash of a prefix is `_mix` of a running sum of its blocks' hashes, each block's a random
-odd linear form of its tokens mixed with its position: vectorized per prompt. On 20,000
-prompts of the Mooncake trace (5,400 tokens each, blocks of 32) it takes ~65 us a prompt, most
-of it reading the list of ids into an array; the block trie it replaced in the report took
-~28 us a prompt but held ~400 bytes a prompt.
+A prefix is named by its hash (inputs/block_hashes.py), made over arrays a prompt at a time.
+On 20,000 prompts of the Mooncake trace (5,400 tokens each, blocks of 32) it takes ~65 us a
+prompt, most of it reading the list of ids into an array; the block trie it replaced in the
+report took ~28 us a prompt but held ~400 bytes a prompt.
 """
 
 from __future__ import annotations
 
 import math
-from array import array
 from collections.abc import Sequence
 
 import numpy as np
 
+from neuron_batch.inputs.block_hashes import BlockHashes
+
 _U64 = np.uint64
-#: splitmix64's finalizer: every output bit depends on every input bit
-_MIX1, _MIX2 = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)
-_GOLDEN = _U64(0x9E3779B97F4A7C15)
 #: HyperLogLog: 2**_P registers, one byte each
 _P = 16
 _REGISTERS = 1 << _P
 #: hashes held before they are sorted into the distinct ones (or into the registers)
 _BUFFER = 1 << 17
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    x = (x ^ (x >> _U64(30))) * _MIX1
-    x = (x ^ (x >> _U64(27))) * _MIX2
-    return x ^ (x >> _U64(31))
 
 
 def _merged(distinct: np.ndarray, batch: np.ndarray) -> np.ndarray:
@@ -164,32 +155,25 @@ class PrefixBound:
         if block < 1:
             raise ValueError(f"block must be >= 1, got {block}")
         self.block = block
-        # fixed, not per process: a resumed report counts as the first did
-        rng = np.random.default_rng(0x5EED_B10C)
-        self._coefficients = rng.integers(0, 1 << 63, size=block, dtype=_U64) * _U64(2) + _U64(1)
+        self._hashes = BlockHashes(block)
         self._prefixes = _Distinct(exact_limit)
         self._aligned_ends = _Distinct(exact_limit)
         self.whole_blocks = 0
         self.aligned = 0
 
     def add(self, ids: Sequence[int]) -> None:
-        block = self.block
-        whole = len(ids) // block
-        if not whole:
-            return      # (no whole block: nothing to share, nothing served)
-        self.whole_blocks += whole
-        try:
-            packed = array("I", ids)    # (the whole list: a slice of it first costs a copy)
-        except OverflowError:   # a token id past 32 bits (no vocabulary has one)
-            packed = array("Q", ids)
-        tokens = np.frombuffer(packed, dtype=np.uint32 if packed.typecode == "I" else _U64)
-        tokens = tokens[:whole * block]
-        blocks = (tokens.astype(_U64).reshape(whole, block) * self._coefficients).sum(
-            axis=1, dtype=_U64)
-        blocks = _mix(blocks + np.arange(1, whole + 1, dtype=_U64) * _GOLDEN)
-        prefixes = _mix(np.cumsum(blocks, dtype=_U64))
+        if len(ids) >= self.block:  # (no whole block: nothing to share, nothing served)
+            self.add_prefixes(self._hashes.whole(ids), aligned=not len(ids) % self.block)
+
+    def add_prefixes(self, prefixes: np.ndarray, *, aligned: bool) -> None:
+        """A prompt by the hashes of its whole-block prefixes (block_hashes.py; a pass that
+        made them for something else: inputs/shared_prefix.py), `aligned` where it ends on a
+        block's end."""
+        if not len(prefixes):
+            return
+        self.whole_blocks += len(prefixes)
         self._prefixes.add(prefixes)
-        if len(ids) == whole * block:
+        if aligned:
             self.aligned += 1
             self._aligned_ends.add(prefixes[-1:])
 

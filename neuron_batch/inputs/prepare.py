@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from neuron_batch.inputs.mooncake import MAX_HASH_ID, MOONCAKE_BLOCK
+from neuron_batch.inputs.prefix_bound import PrefixBound
 from neuron_batch.inputs.prompt_records import InputProblem, PromptRecord
 from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK, prefix_order, prefix_order_alone
 from neuron_batch.inputs.tool_calls import TOOLS, takes_tools, tools_of
@@ -160,15 +161,17 @@ def prompt_lengths(prompts: Sequence[Sequence[int]]) -> Sequence[int]:
 
 
 def in_order(requests: Sequence[PreparedRequest], order: str, *,
-             block_size: int = DEFAULT_BLOCK, by_length: bool = False
-             ) -> Sequence[PreparedRequest]:
+             block_size: int = DEFAULT_BLOCK, by_length: bool = False,
+             bounds: dict[int, Any] | None = None) -> Sequence[PreparedRequest]:
     """`requests` as `run --order` submits them: as read ("input"), longest first ("length":
     prompt + max_tokens, ties in input order), or grouped by the prefixes they share
     ("prefix": inputs/shared_prefix.py `prefix_order` over KV blocks of `block_size` tokens, its
     branches longest first when `by_length`). Under NxDI every decode step attends the bucket of
     the longest running request, so running requests of like lengths together cuts the
     attention padding; longest first also leaves short requests, not a long one, to drain at
-    the end. Requests sharing a prefix run together while its blocks are still cached."""
+    the end. Requests sharing a prefix run together while its blocks are still cached.
+    `bounds`: where the prefix order keeps the prefix bound it counts on its way, by block
+    (Workload.prefix_bounds: `requests` are the whole job), unless it holds one already."""
     streamed = hasattr(requests, "longest_first")   # a JobRequests: views, nothing read
     if order == "length":
         return (requests.longest_first() if streamed       # type: ignore[attr-defined]
@@ -179,9 +182,14 @@ def in_order(requests: Sequence[PreparedRequest], order: str, *,
             lengths = (requests.request_lengths() if streamed  # type: ignore[attr-defined]
                        else [r.length for r in requests])
         tokens = PromptTokens(requests)
-        order_of = (prefix_order_alone(tokens, tokens.lengths(), block_size, lengths)
-                    if tokens.share_nothing(block_size)
-                    else prefix_order(tokens, block_size, lengths))
+        if tokens.share_nothing(block_size):
+            order_of = prefix_order_alone(tokens, tokens.lengths(), block_size, lengths)
+        else:
+            counts = bounds is not None and block_size not in bounds
+            bound = PrefixBound(block_size) if counts else None
+            order_of = prefix_order(tokens, block_size, lengths, bound)
+            if bounds is not None and bound is not None:
+                bounds[block_size] = bound
         return (requests.reordered(order_of) if streamed    # type: ignore[attr-defined]
                 else [requests[i] for i in order_of])
     return requests if streamed else list(requests)

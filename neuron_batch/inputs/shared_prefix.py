@@ -1,21 +1,34 @@
 """What a job's prompts share, over KV blocks of their token ids: the order that runs requests
 sharing a prefix together (`run --order prefix`), and the prompt tokens an unbounded prefix
 cache could serve (the report's `prefix_cache.bound_tokens`, counted by inputs/prefix_bound.py
-as the prompts stream). Pure Python.
+as the prompts stream). Pure logic (numpy).
 
 The order reads a trie of the prompts' blocks (vLLM's prefix cache matches whole blocks from a
 prompt's start, so a prompt's cacheable prefixes are exactly its paths from the root). The trie
-is compressed: a run of blocks without a branch is one edge, labelled by a slice of the prompt
-that first made it, and blocks are compared as list slices. Building it costs comparisons in C
-over the shared tokens and Python work per branch, not per block: scripts/bench_order.py times
+is compressed: a run of blocks without a branch is one edge, labelled by the prompt that first
+made it. A path is named by its 64-bit hash (inputs/block_hashes.py), so each prompt is read
+once, in order, and hashed over arrays: a node's children are keyed by the hash one block
+further, and a prompt that reaches the end of an edge with the edge's own hash follows it
+without reading the edge's prompt again. Only a prompt that parts from an edge inside it reads
+the edge's prompt's hashes (kept for the last `RECENT` prompts; a streamed job's record is
+sought again past them). Tokens were compared before, the edge's prompt read again for every
+prompt that passed it: a streamed job of 100k prompts sharing an instruction spent ~25 s
+there. Two paths under one node would have to hash alike to be taken for one: odds about
+n**2 / 2**65 for n children (3e-6 at 10M), where a prompt would then be grouped with the
+other's branch, which changes the order and never the outputs. scripts/bench_order.py times
 the 12,031 prompts (145 M tokens) of the Mooncake trace.
 """
 
 from __future__ import annotations
 
 import gc
-from array import array
+from collections import OrderedDict
 from collections.abc import Sequence
+
+import numpy as np
+
+from neuron_batch.inputs.block_hashes import BlockHashes
+from neuron_batch.inputs.prefix_bound import PrefixBound, prefix_bound
 
 #: The KV block of the simulated device and of the Beta plugin (vLLM's CPU default is larger;
 #: a smaller block only splits groups more finely): the order's block when the run names none.
@@ -24,24 +37,25 @@ DEFAULT_BLOCK = 32
 
 #: A node's children and terminals before it has any: one shared empty value, never written
 #: (most nodes are leaves, and a dict and a list each per prompt were most of the trie's size).
-_NO_CHILDREN: dict[bytes | tuple[int, ...], _Node] = {}
+_NO_CHILDREN: dict[int, _Node] = {}
 _NO_TERMINALS: list[int] = []
 
 
 class _Node:
     """A point in the trie: the prompts whose first `depth` blocks are this path."""
 
-    __slots__ = ("children", "depth", "longest", "src", "terminals")
+    __slots__ = ("children", "depth", "end", "longest", "src", "terminals")
 
-    def __init__(self, src: int, depth: int):
-        self.src = src              # the prompt whose tokens label the edge into this node:
+    def __init__(self, src: int, depth: int, end: int):
+        self.src = src              # the prompt whose blocks label the edge into this node:
                                     # the first to reach it, so the least index below it
         self.depth = depth          # blocks from the root (the last may be a partial one)
-        self.children = _NO_CHILDREN    # by the next block's tokens (`_key`)
+        self.end = end              # the hash of this path (block_hashes.py `units`)
+        self.children = _NO_CHILDREN    # by the hash of the path one block further
         self.terminals = _NO_TERMINALS  # prompts that end here: identical ones, by index
         self.longest = 0            # the longest request below it (order by length)
 
-    def add_child(self, key: bytes | tuple[int, ...], child: _Node) -> None:
+    def add_child(self, key: int, child: _Node) -> None:
         if self.children is _NO_CHILDREN:
             self.children = {}
         self.children[key] = child
@@ -52,68 +66,98 @@ class _Node:
         self.terminals.append(index)
 
 
-def _key(ids: Sequence[int], start: int, block: int) -> bytes | tuple[int, ...]:
-    """A block's tokens as a dict key: 4 bytes a token (a tuple of them was 8 bytes a token
-    and the tuple's own header), equal exactly where the tokens are. (A token id past 32 bits,
-    which no vocabulary has, keeps the tuple: the same tokens still give the same key.)"""
-    tokens = ids[start:start + block]
-    try:
-        return array("I", tokens).tobytes()
-    except OverflowError:
-        return tuple(tokens)
-
-
-def _matched(a: Sequence[int], b: Sequence[int], known: int, last: int, block: int) -> int:
-    """The most blocks, between `known` (already equal) and `last`, in which `a` and `b` agree
-    from the start: a partial block equals only the same partial block."""
-    if a[known * block:last * block] == b[known * block:last * block]:
+def _matched(a: np.ndarray, b: np.ndarray, known: int, last: int) -> int:
+    """The most blocks, between `known` (already equal) and `last`, in which the prompts of
+    path hashes `a` and `b` agree from the start: the last depth whose hashes are equal (a
+    prefix equal to a depth is equal to every depth before it)."""
+    if a[last - 1] == b[last - 1]:
         return last
     good, bad = known, last
     while bad - good > 1:
         mid = (good + bad) // 2
-        if a[good * block:mid * block] == b[good * block:mid * block]:
+        if a[mid - 1] == b[mid - 1]:
             good = mid
         else:
             bad = mid
     return good
 
 
-def _build(prompts: Sequence[Sequence[int]], block: int) -> _Node:
+class _Recent:
+    """The path hashes of the prompts read last, by index: an edge's prompt is read again
+    (`prompts[i]`: a streamed job's record sought in its file) only when a later prompt parts
+    from it inside the edge and it has left these."""
+
+    def __init__(self, prompts: Sequence[Sequence[int]], hashes: BlockHashes, size: int):
+        self._prompts, self._hashes, self._size = prompts, hashes, size
+        self._held: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def keep(self, index: int, units: np.ndarray) -> None:
+        self._held[index] = units
+        if len(self._held) > self._size:
+            self._held.popitem(last=False)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        units = self._held.get(index)
+        if units is None:
+            units = self._hashes.units(self._prompts[index])
+            self.keep(index, units)
+        else:
+            self._held.move_to_end(index)
+        return units
+
+
+#: Prompts whose path hashes `_Recent` holds (a few KB each at most).
+RECENT = 4096
+
+
+def _build(prompts: Sequence[Sequence[int]], block: int, bound: PrefixBound | None) -> _Node:
     """The compressed block trie of `prompts`, inserted in index order."""
-    if block < 1:
-        raise ValueError(f"block must be >= 1, got {block}")
-    # The slices compared are garbage at once; the collector, woken by them, would walk every
-    # prompt's list each time (most of the time on a long trace). Nothing here makes cycles.
+    hashes = BlockHashes(block)     # (raises for a block < 1)
+    # Nothing here makes cycles; the collector, woken by the nodes made, would walk them all
+    # again and again (most of the time on a long trace).
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _insert_all(prompts, block)
+        return _insert_all(prompts, hashes, bound)
     finally:
         if collecting:
             gc.enable()
 
 
-def _insert_all(prompts: Sequence[Sequence[int]], block: int) -> _Node:
-    root = _Node(-1, 0)
+def _insert_all(prompts: Sequence[Sequence[int]], hashes: BlockHashes,
+                bound: PrefixBound | None) -> _Node:
+    """Each prompt, read once in index order (a streamed job's a window at a time), down the
+    trie by its path hashes: a node is entered when the prompt's hash at the node's depth is
+    the node's own, so only a prompt that parts from an edge's prompt inside the edge needs
+    that prompt's hashes (`_Recent`). Each one's whole-block hashes go to `bound` too."""
+    root = _Node(-1, 0, 0)
+    recent = _Recent(prompts, hashes, RECENT)
+    block = hashes.block
     for index, ids in enumerate(prompts):
-        units = -(-len(ids) // block)
+        units = hashes.units(ids)
+        recent.keep(index, units)
+        if bound is not None:
+            bound.add_prefixes(units[:len(ids) // block], aligned=not len(ids) % block)
+        count = len(units)
         node, depth = root, 0
-        while depth < units:
-            start = depth * block
-            key = _key(ids, start, block)
+        while depth < count:
+            key = int(units[depth])
             child = node.children.get(key)
             if child is None:
-                child = _Node(index, units)
+                child = _Node(index, count, int(units[-1]))
                 node.add_child(key, child)
-                depth = units
                 node = child
                 break
-            other = prompts[child.src]
-            matched = _matched(ids, other, depth + 1, min(child.depth, units), block)
+            last = min(child.depth, count)
+            if last == child.depth and int(units[last - 1]) == child.end:
+                node, depth = child, last       # (the whole edge: the common case)
+                continue
+            other = recent[child.src]
+            matched = _matched(units, other, depth + 1, last)
             if matched < child.depth:       # they part inside the edge: split it there
-                middle = _Node(child.src, matched)
+                middle = _Node(child.src, matched, int(other[matched - 1]))
                 node.children[key] = middle
-                middle.add_child(_key(other, matched * block, block), child)
+                middle.add_child(int(other[matched]), child)
                 child = middle
             node, depth = child, matched
         node.add_terminal(index)
@@ -130,7 +174,8 @@ def _preorder(root: _Node) -> list[_Node]:
 
 
 def prefix_order(prompts: Sequence[Sequence[int]], block: int = DEFAULT_BLOCK,
-                 lengths: Sequence[int] | None = None) -> list[int]:
+                 lengths: Sequence[int] | None = None, bound: PrefixBound | None = None
+                 ) -> list[int]:
     """The indices of `prompts` in prefix order: a depth-first walk of their block trie, so
     requests that share a prefix of whole `block`-token blocks are adjacent, those sharing the
     longest prefixes closest, and identical prompts next to each other. A group runs while its
@@ -143,8 +188,14 @@ def prefix_order(prompts: Sequence[Sequence[int]], block: int = DEFAULT_BLOCK,
     longest running request, so like lengths should run together; ranking whole branches
     (rather than sorting within groups) keeps each group whole and, where nothing is shared,
     gives exactly `--order length`, as without sharing it gives the input order.
+
+    `bound`: a prefix bound of `block` (inputs/prefix_bound.py) that counts the prompts on the
+    way, from the hashes the trie makes (auto prefix caching asks for both: one pass over a
+    streamed job's prompts, not two).
     """
-    root = _build(prompts, block)
+    if bound is not None and bound.block != block:
+        raise ValueError(f"a bound of blocks of {bound.block} for an order of {block}")
+    root = _build(prompts, block, bound)
     if lengths is not None:
         for node in reversed(_preorder(root)):     # children before their parents
             node.longest = max([lengths[i] for i in node.terminals]
@@ -199,9 +250,12 @@ def prefix_order_alone(prompts: Sequence[Sequence[int]], prompt_lengths: Sequenc
     if not short.any():
         return alone if longest is not None else range(count)
     # the short prompts' branches, as the trie's root holds them: (rank, members)
-    same: dict[bytes | tuple[int, ...], list[int]] = {}
+    hashes = BlockHashes(block)
+    same: dict[int | None, list[int]] = {}
     for i in index[short].tolist():
-        same.setdefault(_key(prompts[i], 0, block) if prompt_lengths[i] else b"", []).append(i)
+        # (a short prompt's one partial block: the trie's key for it; an empty one, the root)
+        same.setdefault(int(hashes.units(prompts[i])[0]) if prompt_lengths[i] else None,
+                        []).append(i)
     branches = []
     for key, members in same.items():
         if longest is None:
@@ -210,7 +264,7 @@ def prefix_order_alone(prompts: Sequence[Sequence[int]], prompt_lengths: Sequenc
         members = sorted(members, key=lambda i: -longest[i])    # (stable: then by index)
         top = max(longest[i] for i in members)
         # (a node's rank is its first prompt's index; the root's own ends, its longest's)
-        branches.append(((-int(top), members[0] if not key else min(members)), members))
+        branches.append(((-int(top), members[0] if key is not None else min(members)), members))
     branches.sort(key=lambda branch: branch[0])
     # each group's place among the prompts alone, whose (rank, index) keys are sorted: one
     # number each, rank * (count + 1) + index, in the same order
@@ -240,6 +294,4 @@ def shared_prefix_tokens(prompts: Sequence[Sequence[int]], block: int) -> int:
     earlier, longer one. Counted as the prompts stream, in bounded memory (exact to
     inputs/prefix_bound.py's limit, estimated past it): `prefix_bound` for whether it was.
     """
-    from neuron_batch.inputs.prefix_bound import prefix_bound
-
     return prefix_bound(prompts, block).tokens()

@@ -49,6 +49,10 @@ class Workload:
     #: The request rows the check made on its way (job/rows_spool.py): a run whose order is
     #: the input's; None otherwise (job/resume_check.py makes them in a pass of their own).
     rows_spool: RowsSpool | None = field(default=None, repr=False)
+    #: The whole job in a submission order (run/runner.py `submission_order`), by (order, KV
+    #: block, longest first): auto prefix caching weighs the order the run then submits, and
+    #: a prefix order over a long trace takes a pass over every prompt to make.
+    orders: dict[tuple, Sequence] = field(default_factory=dict, repr=False)
 
     def facts(self, settings: RunSettings) -> JobFacts:
         """What the whole job asks beyond its tokens (job/facts.py), learnt in one pass the

@@ -145,7 +145,7 @@ def _prepare(settings: RunSettings, workload: Workload | None, log):
     # (before a split is weighed, a Neuron host is checked or anything loads: all take it)
     settings, target, prefix_decision = settle(
         settings, workload, target,
-        lambda: submission_order(settings, workload.prepared.requests, target), log)
+        lambda: submission_order(settings, workload.prepared.requests, target, workload), log)
     if settings.split_at == SPLIT_AUTO:
         settings = auto_split(settings, workload, target, log)
     if settings.split_at is not None:
@@ -196,20 +196,31 @@ def auto_split(settings: RunSettings, workload: Workload, target: Target | None,
                        "scripts/split_what_if.py weigh them)")
     slots_at, estimate = split_inputs(target, workload.model.path)
     cut, words = choose_cut(settings, submission_order(settings, workload.prepared.requests,
-                                                       target), slots_at, estimate)
+                                                       target, workload), slots_at, estimate)
     log(words)
     return settings.replace(split_at=cut)
 
 
-def submission_order(settings: RunSettings, requests, target: Target | None) -> Sequence:
+def submission_order(settings: RunSettings, requests, target: Target | None,
+                     workload: Workload | None = None) -> Sequence:
     """`requests` in the order `--order` submits them (inputs/prepare.py `in_order`): prefix
     order over the run's KV blocks (engine.run_block_size: the one the engine uses), its
-    groups longest first under a runtime whose decode pads every slot to the longest (nxdi)."""
+    groups longest first under a runtime whose decode pads every slot to the longest (nxdi).
+    With the `workload` whose whole job `requests` is: made once (`Workload.orders`)."""
     from neuron_batch.engine.engine import run_block_size
 
     runtime = target.runtime if target is not None else settings.resolve_runtime()
-    return in_order(requests, settings.order, block_size=run_block_size(settings, target),
-                    by_length=runtime.static_kv)
+    block = run_block_size(settings, target)
+    # (pending requests as many as the job's are the whole job, in its order)
+    whole = (workload if workload is not None
+             and len(requests) == len(workload.prepared.requests) else None)
+    orders = whole.orders if whole is not None else {}
+    key = (settings.order, block, runtime.static_kv)
+    if key not in orders:
+        orders[key] = in_order(requests, settings.order, block_size=block,
+                               by_length=runtime.static_kv,
+                               bounds=whole.prefix_bounds if whole is not None else None)
+    return orders[key]
 
 
 def check_neuron_host(settings: RunSettings, workload) -> None:
@@ -244,8 +255,9 @@ def _run_locked(job: Job, signals: RunSignals) -> RunResult:
     ids = job_ids(prepared.requests)
     started = time.time()
     _open_folder(job, signals, ids, started)
+    # (nothing done yet: the whole job, whose order auto prefix caching may have made)
     pending = submission_order(settings, pending_of(prepared.requests, folder.done),
-                               job.target)
+                               job.target, job.workload)
     attempts = record_killed(folder, folder.attempts())
     # (numbered past every attempt that left records, rather than overwrite them)
     attempt = max([len(attempts), *folder.records_layout()]) + 1

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuron_batch.inputs.prepare import PreparedRequest, in_order
+from neuron_batch.inputs.prefix_bound import PrefixBound
+from neuron_batch.inputs.prepare import PreparedRequest, PromptTokens, in_order
 from neuron_batch.inputs.prompt_records import PromptRecord
 from neuron_batch.inputs.shared_prefix import (
     prefix_order,
@@ -265,3 +266,73 @@ def test_text_tokenized_in_batches_is_what_one_prompt_at_a_time_gives(tmp_path, 
     # (the chats went in batches: 7 chats, batches of 3 records; one by one where refused)
     assert calls.count(True) >= 3
     assert calls.count(False) == (7 if refused else 0)
+
+
+def walk_of_a_plain_trie(prompts: list[list[int]], block: int,
+                         lengths: list[int] | None) -> list[int]:
+    """`prefix_order` as its docstring says it, over token tuples (no hashes, no compressed
+    edges): the prompts that share `depth` blocks split by their next block (a last partial
+    block is a block of its own), each branch ranked by its first prompt, or with `lengths`
+    by its longest request first; the prompts that end there are one branch, longest first
+    with `lengths`, ranked by that one."""
+    units = [[tuple(p[s:s + block]) for s in range(0, len(p), block)] for p in prompts]
+
+    def walk(members: list[int], depth: int) -> list[int]:
+        ends = [i for i in members if len(units[i]) == depth]
+        groups: dict[tuple, list[int]] = {}
+        for i in members:
+            if len(units[i]) > depth:
+                groups.setdefault(units[i][depth], []).append(i)
+        branches = []
+        for group in groups.values():
+            rank = (-max(lengths[i] for i in group) if lengths else 0, group[0])
+            branches.append((rank, walk(group, depth + 1)))
+        if ends:
+            if lengths:
+                ends = sorted(ends, key=lambda i: -lengths[i])
+            branches.append(((-lengths[ends[0]] if lengths else 0, ends[0]), ends))
+        return [i for _, branch in sorted(branches) for i in branch]
+
+    return walk(list(range(len(prompts))), 0)
+
+
+@settings(deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2), max_size=9), max_size=14), st.integers(1, 3),
+       st.booleans(), st.data(), st.sampled_from([1, 2, 4096]))
+def test_prefix_order_is_the_walk_of_a_plain_trie(prompts, block, by_length, data, recent):
+    """The hashed, compressed trie walks as the plain one does; with room for one prompt's
+    hashes or two, each edge's prompt is read again from `prompts` as it parts."""
+    from neuron_batch.inputs import shared_prefix
+
+    lengths = [data.draw(st.integers(1, 30)) for _ in prompts] if by_length else None
+    kept, shared_prefix.RECENT = shared_prefix.RECENT, recent
+    bound = PrefixBound(block)
+    try:
+        assert prefix_order(prompts, block, lengths, bound) == walk_of_a_plain_trie(
+            prompts, block, lengths)
+    finally:
+        shared_prefix.RECENT = kept
+    # the bound counted on the way is the one a pass of its own counts
+    assert bound.tokens() == shared_prefix_tokens(prompts, block)
+
+
+def test_a_streamed_jobs_prefix_order_counts_its_bound_on_the_way(tmp_path):
+    """`in_order` with somewhere to keep it: the job's bound, from the order's own pass,
+    is the bound's own pass's; one there already is kept as it is."""
+    from neuron_batch.inputs.prefix_bound import prefix_bound
+    from neuron_batch.job.workload import load_workload
+
+    path = tmp_path / "shared.jsonl"
+    path.write_text("".join(json.dumps({"prompt_len": 40 + i % 90, "prefix_id": f"p{i % 3}",
+                                        "prefix_len": 37, "max_tokens": 2}) + "\n"
+                            for i in range(300)))
+    requests = load_workload(RunSettings.of((str(path),), device="sim", quiet=True),
+                             lambda _: None).prepared.requests
+    bounds: dict = {}
+    ordered = in_order(requests, "prefix", block_size=16, bounds=bounds)
+    alone = prefix_bound(PromptTokens(requests), 16)
+    assert bounds[16].tokens() == alone.tokens() > 0
+    assert [r.record.index for r in ordered] == prefix_order(list(PromptTokens(requests)), 16)
+    kept = {16: alone}
+    in_order(requests, "prefix", block_size=16, bounds=kept)
+    assert kept[16] is alone

@@ -269,10 +269,12 @@ def test_split_at_auto_on_a_neuron_host_uses_its_instance_s_model(monkeypatch):
 
     from neuron_batch.errors import RunError
     from neuron_batch.job.job import resolve_target
+    from neuron_batch.job.workload import Workload
     from neuron_batch.run.runner import auto_split
 
-    workload = SimpleNamespace(model=SimpleNamespace(path="llama-3.1-8b", name="llama"),
-                               prepared=SimpleNamespace(requests=trace_requests(1500)))
+    workload = Workload(model=SimpleNamespace(path="llama-3.1-8b", name="llama"),
+                        prepared=SimpleNamespace(requests=trace_requests(1500)), problems=[],
+                        input_kind="trace", tokenizer=None)
     host = RunSettings.of(("x",), device="neuron", runtime="nxdi", max_model_len=14208,
                        max_num_seqs=7, order="length", split_at="auto",
                        tensor_parallel_size=2,
@@ -280,8 +282,8 @@ def test_split_at_auto_on_a_neuron_host_uses_its_instance_s_model(monkeypatch):
     target = resolve_target(host, workload.model.path)
     assert (target.instance.name, target.tp, target.runtime.name) == ("inf2.8xlarge", 2, "nxdi")
     twin = sim_settings(split_at="auto")
-    twin_workload = SimpleNamespace(model=SimpleNamespace(path="llama-3.1-8b", name="llama"),
-                                    prepared=workload.prepared)
+    twin_workload = Workload(model=workload.model, prepared=workload.prepared, problems=[],
+                             input_kind="trace", tokenizer=None)
     assert auto_split(host, workload, target, print).split_at == \
         auto_split(twin, twin_workload, resolve_target(twin, None), print).split_at
     # a host that is not an instance the hardware table knows (no --instance, no EC2 name)
