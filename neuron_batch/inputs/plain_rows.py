@@ -16,7 +16,7 @@ outcome to the others. Pure logic.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +82,25 @@ class PlainBlock:
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    def extend(self, wheres: Sequence[int], lines: Sequence[int], digests: Sequence[int],
+               counts: Sequence[int], asked: Sequence[int], texts: Sequence[bytes],
+               make: Callable[[bytes, int, int], Any]) -> Iterator[PlainRows]:
+        """Rows given as columns (a reader's chunk of plain lines read at once), added as
+        `add` adds them one at a time: each block they fill taken (`take`) as it fills, so
+        that the blocks and where they end are the ones a row at a time makes."""
+        mine = (self.wheres, self.lines, self.digests, self.counts, self.asked, self.texts)
+        given = (wheres, lines, digests, counts, asked, texts)
+        done, total = 0, len(texts)
+        while done < total:
+            room = BLOCK_ROWS - len(self)
+            for column, values in zip(mine, given):
+                column.extend(values[done:done + room])
+            done += room
+            if len(self) >= BLOCK_ROWS:
+                yield self.take(make)
+                mine = (self.wheres, self.lines, self.digests, self.counts, self.asked,
+                        self.texts)
 
     def take(self, make: Callable[[bytes, int, int], Any]) -> PlainRows:
         """The rows added, as a block whose records `make` makes (`PlainRows.make`)."""
