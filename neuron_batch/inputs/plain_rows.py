@@ -89,7 +89,8 @@ class PlainBlock:
         """Rows given as columns (a reader's chunk of plain lines read at once), added as
         `add` adds them one at a time: each block they fill taken (`take`) as it fills, so
         that the blocks and where they end are the ones a row at a time makes."""
-        mine = (self.wheres, self.lines, self.digests, self.counts, self.asked, self.texts)
+        mine: tuple[list[Any], ...] = (self.wheres, self.lines, self.digests, self.counts,
+                                       self.asked, self.texts)
         given = (wheres, lines, digests, counts, asked, texts)
         done, total = 0, len(texts)
         while done < total:

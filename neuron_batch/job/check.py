@@ -405,8 +405,8 @@ class Scan:
         import numpy as np
 
         first_at = rows.position + after
-        self.columns.prepared_plain(np.arange(first_at, first_at + len(slots), dtype=np.int64),
-                                    pairs.prompt_len[slots].tolist(),
+        at = cast(Sequence[int], np.arange(first_at, first_at + len(slots), dtype=np.int64))
+        self.columns.prepared_plain(at, pairs.prompt_len[slots].tolist(),
                                     pairs.max_tokens[slots].tolist(),
                                     pairs.clamped[slots].tolist(),
                                     int(np.count_nonzero(pairs.not_own[slots])))
@@ -434,6 +434,20 @@ class _Pairs:
     2**31: the readers' counts are below 10**9) in order, its slot (its outcome's number in
     `outcomes`, in the order they were made; _ALONE: none), and what each outcome gives its
     rows, picked by slot; `times`: the rows of each taken since `Scan._settle`."""
+
+    # (numpy arrays: numpy is imported where it is used, as elsewhere in the check)
+    keys: Any
+    slot_of: Any
+    objects: Any
+    prompt_len: Any
+    max_tokens: Any
+    request_len: Any
+    took: Any
+    times: Any
+    clamped: Any
+    numbered: Any
+    not_own: Any
+    known: Any
 
     def __init__(self, known: dict[tuple[int, int], _Outcome | None]) -> None:
         import numpy as np
@@ -472,7 +486,7 @@ class _Pairs:
         self.keys = keys[order]
         self.slot_of = np.concatenate([self.slot_of, np.array(slots, dtype=np.int64)])[order]
         self.outcomes += taken
-        objects = np.empty(len(taken), dtype=object)
+        objects: Any = np.empty(len(taken), dtype=object)
         objects[:] = taken
 
         def grown(column: Any, values: list[Any]) -> Any:
