@@ -52,6 +52,11 @@ _PLAIN_FOUND = re.compile(rb"(" + _PLAIN_JSON + rb"\r?\n)")
 _PLAIN_CHUNK = 1 << 16
 
 
+#: `PlainBlock.add`'s columns of a chunk's rows: offsets, lines (numpy arrays), digests, prompt
+#: counts, generated counts, texts.
+_Columns = tuple[Any, Any, list[int], Any, Any, list[bytes]]
+
+
 class LineInput:
     """One line-based file as a stream of (where, line, digest, item): `scan` reads it from
     the start, `read` reads the items at given offsets again."""
@@ -233,8 +238,7 @@ def _chunks(handle) -> Iterator[bytes]:
         yield data
 
 
-def _plain_columns(data: bytes, offset: int, number: int) -> tuple[
-        list[int], range, list[int], list[int], list[int], list[bytes]] | None:
+def _plain_columns(data: bytes, offset: int, number: int) -> _Columns | None:
     """`PlainBlock.add`'s columns of `data`'s lines (from `offset`, after line `number`), as
     `LineInput._lines` makes them a line at a time; None unless each is a plain one."""
     import numpy as np
@@ -250,10 +254,8 @@ def _plain_columns(data: bytes, offset: int, number: int) -> tuple[
         return None
     # (each line starts after the last one's newline)
     starts = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n"))
-    starts[1:] = starts[:-1] + 1
-    starts[0] = 0
-    starts += offset
-    return (starts.tolist(), range(number + 1, number + 1 + len(texts)),
+    starts = np.concatenate(([offset], starts[:-1] + (offset + 1)))
+    return (starts, np.arange(number + 1, number + 1 + len(texts), dtype=np.int64),
             list(map(zlib.crc32, texts)), list(map(int, prompts)),
             list(map(int, most)) if b"" not in most else [int(m) if m else 0 for m in most],
             texts)
