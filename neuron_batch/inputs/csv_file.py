@@ -16,6 +16,7 @@ from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from functools import cache
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, overload
 
@@ -293,8 +294,9 @@ class CsvInput:
                              .split("\n")))
         except ValueError:
             return False
-        naive = origin.tzinfo is None
-        return all((each.tzinfo is None) == naive for each in times)
+        # (fromisoformat's time zone is a datetime.timezone, never false: with none, None)
+        zones = map(attrgetter("tzinfo"), times)
+        return not any(zones) if origin.tzinfo is None else all(zones)
 
     def _plain_item(self, raw: bytes, line: int, where: int) -> Item:
         """A plain row's item by the row path (`PlainRows.record`)."""
