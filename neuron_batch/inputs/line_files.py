@@ -243,8 +243,9 @@ def _plain_columns(data: bytes, offset: int, number: int) -> _Columns | None:
     `LineInput._lines` makes them a line at a time; None unless each is a plain one."""
     import numpy as np
 
-    found = _PLAIN_FOUND.findall(data)
-    if not found:
+    # (a chunk whose first line is not one is not looked through: a job of prompts pays
+    # nothing for plain lines it has none of)
+    if not data.startswith(b'{"prompt_len":') or not (found := _PLAIN_FOUND.findall(data)):
         return None
     # (itemgetter mapped: zip(*found) took as long as the findall)
     texts, prompts, most = (list(map(itemgetter(k), found)) for k in range(3))
