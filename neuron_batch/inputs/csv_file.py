@@ -178,9 +178,10 @@ class CsvInput:
         """The rows from `offset` (after line `line`) to `end`, read a chunk of lines at a
         time without the csv module: each plain one (inputs/plain_rows.py) into a block, any
         other through the row path (`_row`, its cells split at the delimiter: what the csv
-        module reads of a line without quotes). Stops before a chunk that holds a quote, a
-        carriage return inside a line or a byte that is not ASCII, which the csv module then
-        reads; returns (where it stopped, the last line read, whether that was the end)."""
+        module reads of a line without quotes); a chunk of nothing but plain rows, all at once
+        (`_plain_columns`). Stops before a chunk that holds a quote, a carriage return inside
+        a line or a byte that is not ASCII, which the csv module then reads; returns (where it
+        stopped, the last line read, whether that was the end)."""
         prompt_at, max_at, arrival_at, dated = at
         delimiter, width = self.delimiter.encode(), self._width
         block = PlainBlock()
