@@ -9,11 +9,13 @@ read whole, each time: its items have no line of their own to seek to).
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
 import zlib
 from collections.abc import Collection, Iterator, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -41,8 +43,18 @@ _BOM = b"\xef\xbb\xbf"
 
 #: A JSON line of nothing but a prompt_len (and max_tokens after it), as json.dumps writes one
 #: (or without its spaces): both at least 1, below 10**9, no leading zero (JSON has none).
-_PLAIN_LINE = re.compile(rb'\{"prompt_len": ?([1-9][0-9]{0,8})'
-                         rb'(?:, ?"max_tokens": ?([1-9][0-9]{0,8}))?\}\r?\n?')
+_PLAIN_JSON = rb'\{"prompt_len": ?([1-9][0-9]{0,8})(?:, ?"max_tokens": ?([1-9][0-9]{0,8}))?\}'
+_PLAIN_LINE = re.compile(_PLAIN_JSON + rb"\r?\n?")
+#: One such line among others (`LineInput._lines` reads a chunk of them at once), with its
+#: newline: itself, its prompt_len, its max_tokens.
+_PLAIN_FOUND = re.compile(rb"(" + _PLAIN_JSON + rb"\r?\n)")
+#: Bytes `LineInput._lines` reads at once where lines may be plain (and the rest of a line).
+_PLAIN_CHUNK = 1 << 16
+
+
+#: `PlainBlock.add`'s columns of a chunk's rows: offsets, lines (numpy arrays), digests, prompt
+#: counts, generated counts, texts.
+_Columns = tuple[Any, Any, list[int], Any, Any, list[bytes]]
 
 
 class LineInput:
@@ -106,26 +118,40 @@ class LineInput:
                ) -> Iterator[Scanned | PlainRows]:
         """The items of the lines from `offset` (a line's start) to the first that starts at
         or past `end`; `span_lines` the lines read. `plain`: once the file is known to be
-        JSON lines (its first object), a line `_PLAIN_LINE` matches goes into a block."""
-        self.span_lines = 0
+        JSON lines (its first object), a line `_PLAIN_LINE` matches goes into a block; read
+        a chunk of lines at a time, a chunk of nothing but such lines all at once."""
+        self.span_lines = number = 0
         block = PlainBlock()
         match = _PLAIN_LINE.fullmatch
-        for number, raw in enumerate(handle, 1):
-            if offset >= end:
-                break
-            where, offset = offset, offset + len(raw)
-            self.span_lines = number
-            if plain and self.kind == "jsonl" and (found := match(raw)):
-                block.add(where, number, zlib.crc32(raw), int(found[1]), int(found[2] or 0),
-                          raw)
-                if len(block) >= BLOCK_ROWS:
-                    yield block.take(self._plain_item)
+        for data in _chunks(handle) if plain else [None]:
+            # (a chunk of plain lines wholly before `end`: as columns, at once; a line at a
+            # time was most of a token-count job's read)
+            if (data is not None and self.kind == "jsonl" and offset + len(data) <= end
+                    and (columns := _plain_columns(data, offset, number)) is not None):
+                yield from block.extend(*columns, make=self._plain_item)
+                offset += len(data)
+                number = self.span_lines = number + len(columns[-1])
                 continue
-            item = self._item(raw, number, where)
-            if item is not None:
-                if len(block):
-                    yield block.take(self._plain_item)
-                yield where, number, zlib.crc32(raw), item
+            for raw in handle if data is None else io.BytesIO(data):
+                if offset >= end:
+                    break
+                number += 1
+                where, offset = offset, offset + len(raw)
+                self.span_lines = number
+                if plain and self.kind == "jsonl" and (found := match(raw)):
+                    block.add(where, number, zlib.crc32(raw), int(found[1]),
+                              int(found[2] or 0), raw)
+                    if len(block) >= BLOCK_ROWS:
+                        yield block.take(self._plain_item)
+                    continue
+                item = self._item(raw, number, where)
+                if item is not None:
+                    if len(block):
+                        yield block.take(self._plain_item)
+                    yield where, number, zlib.crc32(raw), item
+            else:
+                continue
+            break               # (past `end`)
         if len(block):
             yield block.take(self._plain_item)
 
@@ -200,6 +226,40 @@ class LineInput:
         return [self._record(_expect_object(obj, f"{self.label}:item {position}"),
                              f"{self.label}:item {position}")
                 for position, obj in enumerate(array)]
+
+
+def _chunks(handle) -> Iterator[bytes]:
+    """`handle`'s bytes from where it is, a chunk of whole lines at a time: _PLAIN_CHUNK and
+    the rest of the line it ends in (read by `readline`: a line longer than a chunk is read
+    once, not again with each chunk after it)."""
+    while data := handle.read(_PLAIN_CHUNK):
+        if not data.endswith(b"\n"):
+            data += handle.readline()
+        yield data
+
+
+def _plain_columns(data: bytes, offset: int, number: int) -> _Columns | None:
+    """`PlainBlock.add`'s columns of `data`'s lines (from `offset`, after line `number`), as
+    `LineInput._lines` makes them a line at a time; None unless each is a plain one."""
+    import numpy as np
+
+    # (a chunk whose first line is not one is not looked through: a job of prompts pays
+    # nothing for plain lines it has none of)
+    if not data.startswith(b'{"prompt_len":') or not (found := _PLAIN_FOUND.findall(data)):
+        return None
+    # (itemgetter mapped: zip(*found) took as long as the findall)
+    texts, prompts, most = (list(map(itemgetter(k), found)) for k in range(3))
+    # (lines found one after another, none overlapping, that add up to the chunk: they are
+    # all of it, one after another; a second pass to match the whole was a third of this)
+    if sum(map(len, texts)) != len(data):
+        return None
+    # (each line starts after the last one's newline)
+    starts = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n"))
+    starts = np.concatenate(([offset], starts[:-1] + (offset + 1)))
+    return (starts, np.arange(number + 1, number + 1 + len(texts), dtype=np.int64),
+            list(map(zlib.crc32, texts)), list(map(int, prompts)),
+            list(map(int, most)) if b"" not in most else [int(m) if m else 0 for m in most],
+            texts)
 
 
 def cut_spans(path: Path | str, label: str, parts: int) -> list[tuple[int, int]]:

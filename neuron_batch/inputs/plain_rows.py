@@ -16,7 +16,7 @@ outcome to the others. Pure logic.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,13 +57,19 @@ class PlainRows:
 
 
 class PlainBlock:
-    """A block's columns as a reader reads them (lists: the fastest to append to), made a
-    `PlainRows` by `take`, which starts the next block."""
+    """A block's columns as a reader reads them, made a `PlainRows` by `take`, which starts
+    the next block: rows added one at a time in lists (the fastest to append to), rows added
+    at once (`extend`: numpy arrays or lists) as pieces, kept in their order."""
 
     def __init__(self) -> None:
         self._start()
 
     def _start(self) -> None:
+        self._pieces: list[tuple[Any, ...]] = []    # (each: the six columns of its rows)
+        self._held = 0                              # (the rows of `_pieces`)
+        self._lists()
+
+    def _lists(self) -> None:
         self.wheres: list[int] = []
         self.lines: list[int] = []
         self.digests: list[int] = []
@@ -81,12 +87,52 @@ class PlainBlock:
         self.texts.append(text)
 
     def __len__(self) -> int:
-        return len(self.texts)
+        return self._held + len(self.texts)
+
+    def extend(self, wheres: Sequence[int], lines: Sequence[int], digests: Sequence[int],
+               counts: Sequence[int], asked: Sequence[int], texts: Sequence[bytes],
+               make: Callable[[bytes, int, int], Any]) -> Iterator[PlainRows]:
+        """Rows given as columns (a reader's chunk of plain lines read at once), added as
+        `add` adds them one at a time: each block they fill taken (`take`) as it fills, so
+        that the blocks and where they end are the ones a row at a time makes."""
+        given = (wheres, lines, digests, counts, asked, texts)
+        done, total = 0, len(texts)
+        while done < total:
+            self._piece()               # (the rows added one at a time before them)
+            room = BLOCK_ROWS - len(self)
+            self._pieces.append(tuple(values[done:done + room] for values in given))
+            self._held += min(room, total - done)
+            done += room
+            if len(self) >= BLOCK_ROWS:
+                yield self.take(make)
+
+    def _piece(self) -> None:
+        """The rows in the lists made a piece (so that rows added at once come after them)."""
+        if self.texts:
+            self._pieces.append((self.wheres, self.lines, self.digests, self.counts,
+                                 self.asked, self.texts))
+            self._held += len(self.texts)
+            self._lists()
 
     def take(self, make: Callable[[bytes, int, int], Any]) -> PlainRows:
         """The rows added, as a block whose records `make` makes (`PlainRows.make`)."""
-        rows = PlainRows(array("q", self.wheres), array("q", self.lines),
-                         array("I", self.digests), array("q", self.counts),
-                         array("q", self.asked), self.texts, make=make)
+        if not self._pieces:
+            rows = PlainRows(array("q", self.wheres), array("q", self.lines),
+                             array("I", self.digests), array("q", self.counts),
+                             array("q", self.asked), self.texts, make=make)
+        else:
+            import numpy as np
+
+            self._piece()
+            pieces = self._pieces
+
+            def joined(k: int, typecode: str) -> array:
+                # (an array's bytes: no int made of each value, as array(typecode, list) does)
+                return array(typecode, np.concatenate(
+                    [np.asarray(piece[k], dtype=typecode) for piece in pieces]).tobytes())
+
+            rows = PlainRows(joined(0, "q"), joined(1, "q"), joined(2, "I"), joined(3, "q"),
+                             joined(4, "q"), [text for piece in pieces for text in piece[5]],
+                             make=make)
         self._start()
         return rows

@@ -19,8 +19,9 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from neuron_batch.errors import RunError
-from neuron_batch.inputs import csv_file, line_files
+from neuron_batch.inputs import csv_file, line_files, plain_rows
 from neuron_batch.inputs.csv_file import CsvInput
+from neuron_batch.job import check
 from neuron_batch.job.check import Scan
 from tests.job.test_check_parts import _seen, _workload
 
@@ -78,6 +79,7 @@ def _compare(tmp_path, tiny_model, monkeypatch, text: str, values: dict, process
     with monkeypatch.context() as patched:
         patched.setattr(CsvInput, "_plain_at", lambda self: None)     # the row path only
         patched.setattr(line_files, "_PLAIN_LINE", re.compile(rb"(?!)"))
+        patched.setattr(line_files, "_PLAIN_FOUND", re.compile(rb"(?!)"))
         whole = _seen_of(path, tiny_model, patched, 1, values, tmp_path / "whole.gz")
     assert CsvInput._plain_at is plain_at
     blocks = _seen_of(path, tiny_model, monkeypatch, processes, values, tmp_path / "blocks.gz")
@@ -112,12 +114,24 @@ SETTINGS = [{}, {"temperature": 0.7, "seed": 11}, {"limit": 9}, {"shuffle": True
                       min_size=1, max_size=60),
        header=st.sampled_from(HEADERS), values=st.sampled_from(SETTINGS),
        crlf=st.booleans(), last_end=st.booleans(), seed=st.integers(0, 99),
-       chunk=st.sampled_from([5, 64, 1 << 16]))
+       chunk=st.sampled_from([5, 64, 1 << 16]), small=st.booleans())
 def test_plain_rows_leave_what_the_row_path_leaves(tiny_model, tmp_path, monkeypatch, kinds,
-                                                    header, values, crlf, last_end, seed, chunk):
+                                                    header, values, crlf, last_end, seed, chunk,
+                                                    small):
     monkeypatch.setattr(csv_file, "_PLAIN_CHUNK", chunk)   # (lines across chunks, or longer)
+    if small:
+        _small_blocks(monkeypatch)
     _compare(tmp_path, tiny_model, monkeypatch, _trace(header, kinds, seed, crlf, last_end),
              values)
+
+
+def _small_blocks(monkeypatch) -> None:
+    """Blocks of a few rows, and a few pairs' outcomes kept (check.py `_OUTCOMES`): a run of
+    rows across blocks, the pairs kept started again mid-block (a block read a row at a time)
+    and between blocks (found again by numpy)."""
+    for module in (plain_rows, csv_file, line_files):
+        monkeypatch.setattr(module, "BLOCK_ROWS", 7)
+    monkeypatch.setattr(check, "_OUTCOMES", 3)
 
 
 def test_each_pair_of_counts_is_checked_once(tiny_model, tmp_path, monkeypatch):
@@ -172,9 +186,11 @@ JSON_NOT_PLAIN = ['{"prompt_len": 0}', '{"prompt_len": 5, "max_tokens": 0}',
 @given(kinds=st.lists(st.sampled_from(["plain"] * 6 + ["blank", "other"]), min_size=1,
                       max_size=60),
        values=st.sampled_from(SETTINGS), crlf=st.booleans(), seed=st.integers(0, 99),
-       first=st.sampled_from(['{"prompt_len": 4, "max_tokens": 2}', '{"prompt": "hi"}']))
+       first=st.sampled_from(['{"prompt_len": 4, "max_tokens": 2}', '{"prompt": "hi"}']),
+       chunk=st.sampled_from([5, 64, 1 << 16]), small=st.booleans())
 def test_plain_json_lines_leave_what_the_line_path_leaves(tiny_model, tmp_path, monkeypatch,
-                                                          kinds, values, crlf, seed, first):
+                                                          kinds, values, crlf, seed, first,
+                                                          chunk, small):
     """JSON lines of a prompt_len (and max_tokens), as json.dumps writes them or without its
     spaces, among lines of every other kind; the first line decides the file's kind and
     always goes the line path."""
@@ -191,6 +207,9 @@ def test_plain_json_lines_leave_what_the_line_path_leaves(tiny_model, tmp_path, 
         else:
             lines.append(rng.choice(JSON_NOT_PLAIN))
     end = "\r\n" if crlf else "\n"
+    monkeypatch.setattr(line_files, "_PLAIN_CHUNK", chunk)
+    if small:
+        _small_blocks(monkeypatch)
     _compare(tmp_path, tiny_model, monkeypatch, end.join(lines) + end, values,
              name="job.jsonl")
 
