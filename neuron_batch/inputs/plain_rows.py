@@ -9,8 +9,8 @@ most one point or a date and time of the first row's kind, every column where th
 puts it), or a JSON line of nothing but a prompt_len and max_tokens (line_files.py). Any other
 row (a quote, a gap, a sign, a letter, non-ASCII bytes) goes the row path, which names its
 problem as it always did. Rows alike in their two counts are alike to every check
-(job/check.py `Scan`), which checks one real record of each pair (`record`) and gives its
-outcome to the others. Pure logic.
+(job/plain_check.py `PlainCheck`), which checks one real record of each pair (`record`) and
+gives its outcome to the others. Pure logic.
 """
 
 from __future__ import annotations

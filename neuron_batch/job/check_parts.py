@@ -44,9 +44,10 @@ from neuron_batch.inputs.csv_file import CsvInput
 from neuron_batch.inputs.line_files import LineInput, cut_spans
 from neuron_batch.inputs.load import InputScan, no_prompts
 from neuron_batch.inputs.prompt_records import InputError, InputProblem
-from neuron_batch.job.check import DEFAULT_ID, RUN_SEED, ModelSource, Scan
+from neuron_batch.job.check import ModelSource, Scan
 from neuron_batch.job.facts import FactsTally
 from neuron_batch.job.folder import REQUESTS_LEVEL
+from neuron_batch.job.plain_check import DEFAULT_ID, RUN_SEED
 from neuron_batch.job.resume_check import REQUEST_FIELDS
 from neuron_batch.job.rows_spool import RowsSpool
 from neuron_batch.settings import RunSettings

@@ -65,7 +65,7 @@ class RowsSpool:
 
     def write(self, rows: str) -> None:
         """Rows already made (lines of JSON, as `add` writes them), their requests told to
-        `tally` by the caller (a trace's plain rows: job/check.py)."""
+        `tally` by the caller (a trace's plain rows: job/plain_check.py)."""
         assert self._gzip is not None, "a closed spool takes no row"
         self._flush()
         self._gzip.write(rows.encode("utf-8", "surrogatepass"))

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from neuron_batch.inputs.job_columns import JobColumns, Steps
 from neuron_batch.inputs.prefix_bound import PrefixBound
 from neuron_batch.job import check_parts
-from neuron_batch.job.check import DEFAULT_ID, RUN_SEED
+from neuron_batch.job.plain_check import DEFAULT_ID, RUN_SEED
 from neuron_batch.job.workload import load_workload
 from neuron_batch.settings import RunSettings
 

@@ -1,7 +1,7 @@
 """A trace's plain rows read as blocks (inputs/plain_rows.py, csv_file.py `CsvInput._plain`) and
-checked a pair of counts at a time (job/check.py `Scan._plain`) leave the workload the row
-path leaves, field by field: columns, problems (text, reading order, too long or not), request
-rows (byte for byte), facts, log lines, requests read again. Shown over traces hypothesis
+checked a pair of counts at a time (job/plain_check.py `PlainCheck.block`) leave the workload
+the row path leaves, field by field: columns, problems (text, reading order, too long or not),
+request rows (byte for byte), facts, log lines, requests read again. Shown over traces hypothesis
 makes of plain rows and every kind of row that is not one (a problem, a quote, a carriage
 return, a byte that is not ASCII, a count with a point or a sign), under settings that seed,
 clamp, limit and shuffle; and split across processes."""
@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from neuron_batch.errors import RunError
 from neuron_batch.inputs import csv_file, line_files, plain_rows
 from neuron_batch.inputs.csv_file import CsvInput
-from neuron_batch.job import check
-from neuron_batch.job.check import Scan
+from neuron_batch.job import plain_check
+from neuron_batch.job.plain_check import PlainCheck
 from tests.job.test_check_parts import _seen, _workload
 
 HEADERS = (("num_prefill_tokens", "num_decode_tokens", "arrived_at"),
@@ -126,12 +126,12 @@ def test_plain_rows_leave_what_the_row_path_leaves(tiny_model, tmp_path, monkeyp
 
 
 def _small_blocks(monkeypatch) -> None:
-    """Blocks of a few rows, and a few pairs' outcomes kept (check.py `_OUTCOMES`): a run of
+    """Blocks of a few rows, and a few pairs' outcomes kept (plain_check.py `_OUTCOMES`): a run of
     rows across blocks, the pairs kept started again mid-block (a block read a row at a time)
     and between blocks (found again by numpy)."""
     for module in (plain_rows, csv_file, line_files):
         monkeypatch.setattr(module, "BLOCK_ROWS", 7)
-    monkeypatch.setattr(check, "_OUTCOMES", 3)
+    monkeypatch.setattr(plain_check, "_OUTCOMES", 3)
 
 
 def test_each_pair_of_counts_is_checked_once(tiny_model, tmp_path, monkeypatch):
@@ -139,13 +139,13 @@ def test_each_pair_of_counts_is_checked_once(tiny_model, tmp_path, monkeypatch):
     twice): 3,000 rows of 40 pairs, one record checked a pair; a row too long is named at its
     own line, once a row."""
     checked = []
-    outcome = Scan._outcome
+    outcome = PlainCheck._outcome
 
     def spied(self, record):
         checked.append(record.source)
         return outcome(self, record)
 
-    monkeypatch.setattr(Scan, "_outcome", spied)
+    monkeypatch.setattr(PlainCheck, "_outcome", spied)
     rows = [f"{3000 if i % 40 == 39 else 10 + i % 40},{1 + i % 8},{i / 100:.2f}"
             for i in range(3000)]
     text = "num_prefill_tokens,num_decode_tokens,arrived_at\n" + "\n".join(rows) + "\n"
