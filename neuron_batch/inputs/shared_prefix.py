@@ -22,6 +22,7 @@ the 12,031 prompts (145 M tokens) of the Mooncake trace.
 from __future__ import annotations
 
 import gc
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -37,7 +38,7 @@ DEFAULT_BLOCK = 32
 
 #: A node's children and terminals before it has any: one shared empty value, never written
 #: (most nodes are leaves, and a dict and a list each per prompt were most of the trie's size).
-_NO_CHILDREN: dict[int, _Node] = {}
+_NO_CHILDREN: dict[int, _Node | int] = {}
 _NO_TERMINALS: list[int] = []
 
 
@@ -51,11 +52,12 @@ class _Node:
                                     # the first to reach it, so the least index below it
         self.depth = depth          # blocks from the root (the last may be a partial one)
         self.end = end              # the hash of this path (block_hashes.py `units`)
-        self.children = _NO_CHILDREN    # by the hash of the path one block further
+        self.children = _NO_CHILDREN    # by the hash of the path one block further (a leaf
+                                        # of one prompt: its index, `_insert_all`)
         self.terminals = _NO_TERMINALS  # prompts that end here: identical ones, by index
         self.longest = 0            # the longest request below it (order by length)
 
-    def add_child(self, key: int, child: _Node) -> None:
+    def add_child(self, key: int, child: _Node | int) -> None:
         if self.children is _NO_CHILDREN:
             self.children = {}
         self.children[key] = child
@@ -129,38 +131,57 @@ def _insert_all(prompts: Sequence[Sequence[int]], hashes: BlockHashes,
     """Each prompt, read once in index order (a streamed job's a window at a time), down the
     trie by its path hashes: a node is entered when the prompt's hash at the node's depth is
     the node's own, so only a prompt that parts from an edge's prompt inside the edge needs
-    that prompt's hashes (`_Recent`). Each one's whole-block hashes go to `bound` too."""
+    that prompt's hashes (`_Recent`). Each one's whole-block hashes go to `bound` too.
+
+    A prompt no other has reached yet is a leaf held as its index alone (its depth and path
+    hash in two arrays, 12 bytes a prompt): a node with its keys was ~300 bytes, and most
+    prompts of a job end on a leaf of their own. It becomes a `_Node` when a later prompt goes
+    down through it."""
     root = _Node(-1, 0, 0)
     recent = _Recent(prompts, hashes, RECENT)
     block = hashes.block
+    depth_of, end_of = array("i"), array("Q")      # (a leaf's, by its prompt's index)
     for index, ids in enumerate(prompts):
         units = hashes.units(ids)
         recent.keep(index, units)
         if bound is not None:
             bound.add_prefixes(units[:len(ids) // block], aligned=not len(ids) % block)
         count = len(units)
-        node, depth = root, 0
+        depth_of.append(count)
+        end_of.append(int(units[-1]) if count else 0)
+        node: _Node | None = root
+        depth = 0
         while depth < count:
+            assert node is not None
             key = int(units[depth])
             child = node.children.get(key)
             if child is None:
-                child = _Node(index, count, int(units[-1]))
-                node.add_child(key, child)
-                node = child
+                node.add_child(key, index)      # (a leaf: the prompt's own, ending it)
+                node = None
                 break
-            last = min(child.depth, count)
-            if last == child.depth and int(units[last - 1]) == child.end:
-                node, depth = child, last       # (the whole edge: the common case)
-                continue
-            other = recent[child.src]
-            matched = _matched(units, other, depth + 1, last)
-            if matched < child.depth:       # they part inside the edge: split it there
-                middle = _Node(child.src, matched, int(other[matched - 1]))
-                node.children[key] = middle
-                middle.add_child(int(other[matched]), child)
-                child = middle
+            if isinstance(child, int):
+                src, edge, end = child, depth_of[child], end_of[child]
+            else:
+                src, edge, end = child.src, child.depth, child.end
+            last = min(edge, count)
+            if last == edge and int(units[last - 1]) == end:
+                matched = last                  # (the whole edge: the common case)
+            else:
+                other = recent[src]
+                matched = _matched(units, other, depth + 1, last)
+                if matched < edge:          # they part inside the edge: split it there
+                    middle = _Node(src, matched, int(other[matched - 1]))
+                    node.children[key] = middle
+                    middle.add_child(int(other[matched]), child)
+                    node, depth = middle, matched
+                    continue
+            if isinstance(child, int):      # through a leaf: a node now, its prompt ending there
+                child = _Node(src, edge, end)
+                child.add_terminal(src)
+                node.children[key] = child
             node, depth = child, matched
-        node.add_terminal(index)
+        if node is not None:
+            node.add_terminal(index)
     return root
 
 
@@ -169,7 +190,7 @@ def _preorder(root: _Node) -> list[_Node]:
     while stack:
         node = stack.pop()
         nodes.append(node)
-        stack.extend(node.children.values())
+        stack.extend(child for child in node.children.values() if not isinstance(child, int))
     return nodes
 
 
@@ -199,7 +220,8 @@ def prefix_order(prompts: Sequence[Sequence[int]], block: int = DEFAULT_BLOCK,
     if lengths is not None:
         for node in reversed(_preorder(root)):     # children before their parents
             node.longest = max([lengths[i] for i in node.terminals]
-                               + [child.longest for child in node.children.values()], default=0)
+                               + [lengths[child] if isinstance(child, int) else child.longest
+                                  for child in node.children.values()], default=0)
 
         def rank(first: int, longest: int) -> tuple[int, int]:
             return -longest, first
@@ -215,7 +237,9 @@ def prefix_order(prompts: Sequence[Sequence[int]], block: int = DEFAULT_BLOCK,
             out.extend(item)
             continue
         branches: list[tuple[tuple[int, int], _Node | list[int]]] = [
-            (rank(child.src, child.longest), child) for child in item.children.values()]
+            (rank(child, lengths[child] if lengths is not None else 0), [child])
+            if isinstance(child, int) else (rank(child.src, child.longest), child)
+            for child in item.children.values()]
         if item.terminals:
             same = item.terminals
             if lengths is not None:
@@ -264,7 +288,7 @@ def prefix_order_alone(prompts: Sequence[Sequence[int]], prompt_lengths: Sequenc
         members = sorted(members, key=lambda i: -longest[i])    # (stable: then by index)
         top = max(longest[i] for i in members)
         # (a node's rank is its first prompt's index; the root's own ends, its longest's)
-        branches.append(((-int(top), members[0] if key is not None else min(members)), members))
+        branches.append(((-int(top), members[0] if key is None else min(members)), members))
     branches.sort(key=lambda branch: branch[0])
     # each group's place among the prompts alone, whose (rank, index) keys are sorted: one
     # number each, rank * (count + 1) + index, in the same order
