@@ -259,11 +259,9 @@ def prefix_order_alone(prompts: Sequence[Sequence[int]], prompt_lengths: Sequenc
     without the trie: it held a node for every prompt, and at 10M requests the job's memory is
     the point (issue 46). Each prompt of a whole block or more is then a branch of its own,
     ranked from its length alone; only the shorter ones are made (`prompts[i]`), since the
-    trie keys a partial block by its tokens: identical short prompts are one branch, empty
-    ones end at the root. Ranked as `prefix_order` ranks branches: input order, or with
-    `lengths` (prompt + max_tokens) the longest first, ties by input order."""
-    import numpy as np
-
+    trie keys a partial block by its tokens (their hash): identical short prompts are one
+    branch, empty ones end at the root. Ranked as `prefix_order` ranks branches: input order,
+    or with `lengths` (prompt + max_tokens) the longest first, ties by input order."""
     count = len(prompt_lengths)
     index: np.ndarray = np.arange(count, dtype=np.int64)
     short = np.asarray(prompt_lengths, dtype=np.int64) < block
