@@ -27,15 +27,13 @@ from neuron_batch.job.request_spec import spec_problems
 from neuron_batch.job.resume_check import request_row
 
 if TYPE_CHECKING:
-    from array import array as Array
-
     from neuron_batch.inputs.job_columns import JobColumns
     from neuron_batch.inputs.request_paths import RequestPath
     from neuron_batch.job.rows_spool import RowsSpool
     from neuron_batch.settings import RunSettings
 
 
-class Scan(Protocol):
+class ScanState(Protocol):
     """What of job/check.py's `Scan` the plain rows' check reads and adds to (a protocol:
     the check imports this module)."""
 
@@ -48,7 +46,7 @@ class Scan(Protocol):
     rows: RowsSpool | None
     numbered_rows: bytearray | None
     ok: bytearray
-    known: Array
+    known: array
     bound: Any
     longest_request: int
     longest_prompt: int
@@ -62,7 +60,7 @@ class PlainCheck:
     seen, kept for the input being read up to _OUTCOMES pairs; `forget` tells what they asked
     to the facts' tally and lets them go (at the end of an input and of the pass)."""
 
-    def __init__(self, scan: Scan):
+    def __init__(self, scan: ScanState):
         self.scan = scan
         # a plain row's outcome by its two counts: its request's template, or None where the
         # rows of that pair go the record path (a problem, or more than counts)
@@ -271,10 +269,10 @@ _NEW, _ALONE = -2, -1
 
 
 class _Pairs:
-    """`Scan._outcomes` as arrays: each pair's key (its counts as one int64, both below
+    """`PlainCheck._outcomes` as arrays: each pair's key (its counts as one int64, both below
     2**31: the readers' counts are below 10**9) in order, its slot (its outcome's number in
     `outcomes`, in the order they were made; _ALONE: none), and what each outcome gives its
-    rows, picked by slot; `times`: the rows of each taken since `Scan._settle`."""
+    rows, picked by slot; `times`: the rows of each taken since `PlainCheck._settle`."""
 
     # (numpy arrays: numpy is imported where it is used, as elsewhere in the check)
     keys: Any
@@ -346,13 +344,13 @@ class _Pairs:
 
 
 _UNSEEN: Any = object()
-#: Pairs of counts whose outcome `Scan._plain` keeps (past them it starts again).
+#: Pairs of counts whose outcome `PlainCheck.block` keeps (past them it starts again).
 _OUTCOMES = 1 << 14
 
 
 @dataclass(eq=False, slots=True)
 class _Outcome:
-    """A plain row's check (`Scan._outcome`): the request standing for its pair's rows, its
+    """A plain row's check (`PlainCheck._outcome`): the request standing for its pair's rows, its
     spec, the OpenAI defaults it took, its row's JSON but for its id and seed."""
 
     request: Any
