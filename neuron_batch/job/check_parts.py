@@ -29,7 +29,7 @@ import os
 import tempfile
 from array import array
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
@@ -137,9 +137,12 @@ class _Failed:
 
 
 def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, *,
-                  spool: bool, block: int | None) -> Scan | None:
+                  spool: bool, block: int | None,
+                  meanwhile: Callable[[], None] | None = None) -> Scan | None:
     """The job checked in parts, one a process, joined (`Scan.read`'s result, as one pass
-    would leave it); None where it is not split (module docstring)."""
+    would leave it); None where it is not split (module docstring). `meanwhile`: called once
+    the first parts are given to the processes, while this one would only wait for them
+    (job/generate.py `prefetch_vllm`)."""
     count = processes()
     if (count < 2 or settings.shuffle or settings.limit is not None
             or not all(isinstance(r, (LineInput, CsvInput)) for r in inputs.readers)):
@@ -166,7 +169,7 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
                  for k, (number, span) in enumerate(tasks_spans)]
         join = _Join(base, inputs, block, pool)
         try:
-            for task, part in _in_order(pool, tasks, 2 * count):
+            for task, part in _in_order(pool, tasks, 2 * count, meanwhile):
                 if isinstance(part, _Failed) and part.exit_code is None:
                     # (a part's input problem, say a CSV value over two lines: one pass reads
                     # the job again and names it as it names any, by its line in the file)
@@ -178,7 +181,8 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
     return base
 
 
-def _in_order(pool: Executor, tasks: list[_Task], ahead: int
+def _in_order(pool: Executor, tasks: list[_Task], ahead: int,
+              meanwhile: Callable[[], None] | None = None
               ) -> Iterator[tuple[_Task, _Part | _Failed]]:
     """Each task's part, in order, with at most `ahead` parts given to the pool and not yet
     taken: a part's rows are made whole (`_rows_part`, given to the pool as it is taken)
@@ -188,6 +192,8 @@ def _in_order(pool: Executor, tasks: list[_Task], ahead: int
     queued = iter(tasks)
     for task in itertools.islice(queued, ahead):
         waiting.append((task, pool.submit(_check_part, task)))
+    if meanwhile is not None:   # (the processes are started: they were spawned as given work)
+        meanwhile()
     while waiting:
         task, future = waiting.popleft()
         part = future.result()

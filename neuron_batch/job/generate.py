@@ -4,10 +4,13 @@ phase) or --max-runtime."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from neuron_batch.choices import Device
@@ -38,8 +41,46 @@ runtime_clock = time.monotonic
 def generate(job: Job, pending: Sequence[PreparedRequest], attempt: int) -> dict[str, Any]:
     """Run `pending` through one engine; returns the attempt's record for attempts.json.
     vLLM's and the kernels' own output goes to the run folder's engine.log meanwhile."""
-    with engine_output_to(job.folder.path / ENGINE_LOG, preload=_import_vllm):
+    with engine_output_to(_engine_log(job), preload=_import_vllm):
         return _generate(job, pending, attempt)
+
+
+#: What vLLM said while `prefetch_vllm` imported it, before the run folder was opened: put at
+#: the head of the run's engine.log (`_engine_log`).
+_prefetched: list[str] = []
+
+
+def prefetch_vllm() -> None:
+    """vLLM and its LLM entry point imported now, while the processes of a split check read
+    the job (job/check_parts.py `meanwhile`): the run's start then waits for the longer of the
+    two rather than both (the imports are ~7 s of a simulated run's start here). Their output
+    goes to a file of its own, kept for the run's engine.log (not made yet: nothing is written
+    to the run folder before the check passes). A failed import is left to the engine's start,
+    which raises it as it always did."""
+    if "vllm.entrypoints.llm" in sys.modules:
+        return
+    with tempfile.TemporaryDirectory(prefix="neuron-batch-vllm-") as folder:
+        path = Path(folder) / ENGINE_LOG
+        with contextlib.suppress(Exception):
+            with engine_output_to(path, preload=_import_engine):
+                pass
+        if path.exists():
+            _prefetched.append(path.read_text(encoding="utf-8", errors="replace"))
+
+
+def _import_engine() -> None:
+    _import_vllm()
+    import vllm.entrypoints.llm  # noqa: F401
+
+
+def _engine_log(job: Job) -> Path:
+    """The run's engine.log, headed by what an earlier import of vLLM said (`prefetch_vllm`)."""
+    path = job.folder.path / ENGINE_LOG
+    if _prefetched:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write("".join(_prefetched))
+        _prefetched.clear()
+    return path
 
 
 def _import_vllm() -> None:
@@ -60,7 +101,7 @@ def resolved_device(job: Job) -> str:
     run (`job.device`). vLLM is imported with its chatter going to engine.log, as `generate`
     does."""
     if job.device is None and job.settings.device == Device.AUTO:
-        with engine_output_to(job.folder.path / ENGINE_LOG, preload=_import_vllm):
+        with engine_output_to(_engine_log(job), preload=_import_vllm):
             return _device(job)
     return _device(job)
 

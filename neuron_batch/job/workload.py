@@ -76,14 +76,15 @@ class Workload:
 
 def load_workload(settings: RunSettings, log: Callable[[str], None], *,
                   command: str = "run", target: Target | None = None,
-                  resolve: Callable[[RunSettings, str], Target | None] | None = None
-                  ) -> Workload:
+                  resolve: Callable[[RunSettings, str], Target | None] | None = None,
+                  meanwhile: Callable[[], None] | None = None) -> Workload:
     """Read every input once and check it before anything slow happens: a bad line anywhere
     fails in a second, before any model loads. The check keeps no prompt: the job's requests
     (`JobRequests`) are read again, a window at a time, as the engine takes them. `command`
     is what runs the workload: only `run` has --on-error, so only its error suggests it. The
     run's device (`target`, or what `resolve` makes of the model once it is known) checks the
-    --max-model-len a too-long prompt's fix names against its static KV cache."""
+    --max-model-len a too-long prompt's fix names against its static KV cache. `meanwhile`:
+    what this process does while a split check's processes read the job (check_parts.py)."""
     spool = command == "run" and not settings.shuffle
 
     def block_of(model) -> int:
@@ -101,7 +102,8 @@ def load_workload(settings: RunSettings, log: Callable[[str], None], *,
     try:
         model = model_source(settings, log)
         block = block_of(model.model) if spool else None
-        scan, inputs = _scanned(settings, model, spool=spool, block=block, exact_ids=False)
+        scan, inputs = _scanned(settings, model, spool=spool, block=block, exact_ids=False,
+                                meanwhile=meanwhile)
         if inputs.has_duplicates():     # (rare: ids hashed alike) read again, every id held
             scan.drop_rows()
             scan, inputs = _scanned(settings, model, spool=spool, block=block, exact_ids=True)
@@ -135,14 +137,16 @@ def load_workload(settings: RunSettings, log: Callable[[str], None], *,
 
 
 def _scanned(settings: RunSettings, model: ModelSource, *, spool: bool, block: int | None,
-             exact_ids: bool) -> tuple[Scan, InputScan]:
+             exact_ids: bool, meanwhile: Callable[[], None] | None = None
+             ) -> tuple[Scan, InputScan]:
     """The check's pass over the job: in parts, one a process, where the job is big enough
     and its inputs can be cut (job/check_parts.py); else in this process."""
     inputs = InputScan(settings.inputs, prompt_column=settings.prompt_column,
                        split=settings.dataset_split, default_max_tokens=settings.max_tokens,
                        ignored=settings.ignore_field, exact_ids=exact_ids, plain=True)
     if not exact_ids:
-        scan = read_in_parts(settings, model, inputs, spool=spool, block=block)
+        scan = read_in_parts(settings, model, inputs, spool=spool, block=block,
+                             meanwhile=meanwhile)
         if scan is not None:
             return scan, inputs
     scan = Scan(settings, model, spool=spool, block=block, readers=inputs.readers)

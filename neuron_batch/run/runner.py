@@ -10,6 +10,7 @@ and reports (`folder_report.py`).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -137,7 +138,8 @@ def _prepare(settings: RunSettings, workload: Workload | None, log):
     # A device that names its architecture resolves (and a layout that cannot load is
     # refused) before the inputs and the model are read; any other once the model is known.
     target = resolve_target(settings, None)
-    workload = workload or load_workload(settings, log, target=target, resolve=resolve_target)
+    workload = workload or load_workload(settings, log, target=target, resolve=resolve_target,
+                                         meanwhile=_engine_prefetch(settings))
     if target is None:
         target = resolve_target(settings, workload.model.path)
     from neuron_batch.run.prefix_auto import settle
@@ -159,6 +161,21 @@ def _prepare(settings: RunSettings, workload: Workload | None, log):
     if runs_on_neuron(settings):
         check_neuron_host(settings, workload)
     return target, workload, settings, prefix_decision
+
+
+def _engine_prefetch(settings: RunSettings) -> Callable[[], None] | None:
+    """What this process does while a split check's processes read the job: import vLLM
+    (job/generate.py `prefetch_vllm`) where it starts the engine itself, on the CPU or the
+    simulated device. Not on Ray (the driver imports no vLLM), nor on a Neuron host (its
+    plugin's import there is untried); NEURON_BATCH_PREFETCH_VLLM=0 turns it off."""
+    from neuron_batch.choices import Device
+
+    if (settings.uses_ray or settings.device not in (Device.CPU, Device.SIM)
+            or os.environ.get("NEURON_BATCH_PREFETCH_VLLM", "1") == "0"):
+        return None
+    from neuron_batch.job.generate import prefetch_vllm
+
+    return prefetch_vllm
 
 
 def split_inputs(target: Target | None, model_path: str | None):

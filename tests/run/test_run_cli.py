@@ -465,3 +465,40 @@ def test_report_of_a_run_folder_without_a_report_says_what_happened(tmp_path):
     assert "--resume" in result.output and "is it a neuron-batch run folder" not in result.output
     elsewhere = CliRunner().invoke(main, ["report", str(tmp_path)])
     assert "a neuron-batch run folder?" in elsewhere.output
+
+
+_SPLIT_RUN = """
+import json, sys
+from neuron_batch.job import check_parts, generate
+check_parts.MIN_LINES, check_parts.PART_LINES = 0, 100    # (a small job's check split)
+prefetch = generate.prefetch_vllm
+def spied():
+    prefetch()
+    with open(sys.argv[1], "w") as seen:
+        json.dump({"imported": "vllm.entrypoints.llm" in sys.modules,
+                   "said": "".join(generate._prefetched)}, seen)
+generate.prefetch_vllm = spied
+from neuron_batch.cli import main
+main(sys.argv[2:])
+"""
+
+
+def test_a_split_checks_processes_run_while_this_one_imports_vllm_and_quiet_stays_silent(
+        tmp_path):
+    """Where the check is split across processes, this one imports vLLM meanwhile
+    (job/generate.py `prefetch_vllm`); under --quiet nothing reaches the terminal still, and
+    what vLLM said as it was imported heads the run's engine.log."""
+    path = write_jsonl(tmp_path / "p.jsonl", token_prompts(400, max_tokens=2))
+    out, seen = tmp_path / "run", tmp_path / "seen"
+    proc = subprocess.run(
+        [sys.executable, "-c", _SPLIT_RUN, str(seen), "run", path, "--device", "sim",
+         "--instance", "inf2.xlarge", "--architecture", "tinyllama-1.1b", "-o", str(out), "-q"],
+        capture_output=True, timeout=600,
+        env={**os.environ, "VLLM_LOGGING_LEVEL": "INFO", "NEURON_BATCH_CHECK_PROCESSES": "2"})
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert proc.stdout == b"" and proc.stderr == b""
+    prefetched = json.loads(seen.read_text())
+    assert prefetched["imported"]           # (during the check, before the folder was made)
+    assert len(read_outputs(out)) == 400
+    assert prefetched["said"] and (out / "engine.log").read_text().startswith(
+        prefetched["said"])
