@@ -74,9 +74,14 @@ def processes() -> int:
     given = os.environ.get("NEURON_BATCH_CHECK_PROCESSES")
     if given:
         return max(1, int(given))
-    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+    return min(cores(), MAX_PROCESSES)
+
+
+def cores() -> int:
+    """The cores this process may run on: its affinity mask, within a container's quota."""
+    count = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
              else os.cpu_count() or 1)
-    return min(cores, _cgroup_cpus() or cores, MAX_PROCESSES)
+    return min(count, _cgroup_cpus() or count)
 
 
 def _cgroup_cpus(path: str = "/sys/fs/cgroup/cpu.max") -> int | None:

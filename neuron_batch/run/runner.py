@@ -163,15 +163,25 @@ def _prepare(settings: RunSettings, workload: Workload | None, log):
     return target, workload, settings, prefix_decision
 
 
+#: Cores from which a run imports vLLM during a split check by default (`_engine_prefetch`).
+PREFETCH_CORES = 4
+
+
 def _engine_prefetch(settings: RunSettings) -> Callable[[], None] | None:
     """What this process does while a split check's processes read the job: import vLLM
     (job/generate.py `prefetch_vllm`) where it starts the engine itself, on the CPU or the
-    simulated device. Not on Ray (the driver imports no vLLM), nor on a Neuron host (its
-    plugin's import there is untried); NEURON_BATCH_PREFETCH_VLLM=0 turns it off."""
+    simulated device, on a host of PREFETCH_CORES cores or more. With fewer, the import's CPU
+    time only slows the check's processes (2 cores: a 10M start 17.5 -> 16.7 s), and their
+    memory beside vLLM's raised a 1M run's peak by ~40 MB (anonymous 1.12x -> 1.21x the 10k
+    run's: issue 46's bound is 1.2x). Not on Ray (the driver imports no vLLM), nor on a Neuron
+    host (its plugin's import there is untried). NEURON_BATCH_PREFETCH_VLLM=1 or 0 decides."""
     from neuron_batch.choices import Device
+    from neuron_batch.job.check_parts import cores
 
-    if (settings.uses_ray or settings.device not in (Device.CPU, Device.SIM)
-            or os.environ.get("NEURON_BATCH_PREFETCH_VLLM", "1") == "0"):
+    if settings.uses_ray or settings.device not in (Device.CPU, Device.SIM):
+        return None
+    wanted = os.environ.get("NEURON_BATCH_PREFETCH_VLLM")
+    if wanted == "0" or (wanted != "1" and cores() < PREFETCH_CORES):
         return None
     from neuron_batch.job.generate import prefetch_vllm
 

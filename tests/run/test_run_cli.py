@@ -494,7 +494,8 @@ def test_a_split_checks_processes_run_while_this_one_imports_vllm_and_quiet_stay
         [sys.executable, "-c", _SPLIT_RUN, str(seen), "run", path, "--device", "sim",
          "--instance", "inf2.xlarge", "--architecture", "tinyllama-1.1b", "-o", str(out), "-q"],
         capture_output=True, timeout=600,
-        env={**os.environ, "VLLM_LOGGING_LEVEL": "INFO", "NEURON_BATCH_CHECK_PROCESSES": "2"})
+        env={**os.environ, "VLLM_LOGGING_LEVEL": "INFO", "NEURON_BATCH_CHECK_PROCESSES": "2",
+             "NEURON_BATCH_PREFETCH_VLLM": "1"})     # (whatever the cores: runner.py)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     assert proc.stdout == b"" and proc.stderr == b""
     prefetched = json.loads(seen.read_text())
@@ -502,3 +503,28 @@ def test_a_split_checks_processes_run_while_this_one_imports_vllm_and_quiet_stay
     assert len(read_outputs(out)) == 400
     assert prefetched["said"] and (out / "engine.log").read_text().startswith(
         prefetched["said"])
+
+
+def test_vllm_is_imported_during_the_check_by_default_only_with_cores_to_spare(monkeypatch):
+    """runner.py `_engine_prefetch`: on the CPU or the simulated device, from PREFETCH_CORES
+    cores (with fewer the import only slows the check's processes), or as
+    NEURON_BATCH_PREFETCH_VLLM says; never for Ray's replicas or a Neuron host."""
+    from neuron_batch.job import check_parts
+    from neuron_batch.run import runner
+    from neuron_batch.settings import RunSettings
+
+    def prefetch(device, cores, wanted=None, **more):
+        monkeypatch.setattr(check_parts, "cores", lambda: cores)
+        if wanted is None:
+            monkeypatch.delenv("NEURON_BATCH_PREFETCH_VLLM", raising=False)
+        else:
+            monkeypatch.setenv("NEURON_BATCH_PREFETCH_VLLM", wanted)
+        return runner._engine_prefetch(RunSettings.of(("x",), device=device, **more))
+
+    assert prefetch("sim", runner.PREFETCH_CORES) is not None
+    assert prefetch("cpu", 16) is not None
+    assert prefetch("sim", runner.PREFETCH_CORES - 1) is None
+    assert prefetch("sim", 2, "1") is not None
+    assert prefetch("sim", 16, "0") is None
+    assert prefetch("neuron", 16, "1") is None
+    assert prefetch("sim", 16, replicas=2) is None
