@@ -20,7 +20,13 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, overload
 
-from neuron_batch.inputs.plain_rows import BLOCK_ROWS, PlainBlock, PlainRows
+from neuron_batch.inputs.plain_rows import (
+    BLOCK_ROWS,
+    PlainBlock,
+    PlainColumns,
+    PlainRows,
+    line_starts,
+)
 from neuron_batch.inputs.prompt_records import (
     FieldError,
     InputError,
@@ -36,11 +42,6 @@ from neuron_batch.storage.urls import open_binary
 
 # csv's default 128 KiB field limit would reject a long prompt as a malformed file.
 _CSV_FIELD_LIMIT = 1 << 30
-
-
-#: `PlainBlock.add`'s columns of a chunk's rows: offsets, lines (numpy arrays), digests, prompt
-#: counts, generated counts, texts.
-_Columns = tuple[Any, Any, list[int], Any, Any, list[bytes]]
 
 
 class CsvInput:
@@ -251,7 +252,7 @@ class CsvInput:
         return offset, line, done
 
     def _plain_columns(self, data: bytes, offset: int, line: int,
-                       at: tuple[int, int, int | None, bool]) -> _Columns | None:
+                       at: tuple[int, int, int | None, bool]) -> PlainColumns | None:
         """The rows of `data` (lines from `offset`, after line `line`, each of them plain but
         for what `_plain_lines` cannot see: a count of 0, a date the row path reads its own
         way) as `PlainBlock.add`'s columns, each as `_plain` makes it a row at a time; None
@@ -276,11 +277,8 @@ class CsvInput:
         texts.pop()                 # (after the last newline)
         digests = list(map(zlib.crc32, text.replace(delimiter, b"\x1f").split(b"\n")))
         digests.pop()
-        # (each line starts after the last one's newline: in the bytes as read, a carriage
-        # return before it counted)
-        starts = (ends[width - 1::width] if text is data else
-                  np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n")))
-        starts = np.concatenate(([offset], starts[:-1] + (offset + 1)))
+        # (without carriage returns, each row's last cell ends at its newline)
+        starts = line_starts(data, offset, ends[width - 1::width] if text is data else None)
         return (starts, np.arange(line + 1, line + 1 + len(texts), dtype=np.int64), digests,
                 counts, asked, texts)
 

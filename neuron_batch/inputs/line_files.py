@@ -25,7 +25,13 @@ from neuron_batch.inputs.json_requests import (
     request_id,
 )
 from neuron_batch.inputs.mooncake import is_mooncake, record_from_mooncake
-from neuron_batch.inputs.plain_rows import BLOCK_ROWS, PlainBlock, PlainRows
+from neuron_batch.inputs.plain_rows import (
+    BLOCK_ROWS,
+    PlainBlock,
+    PlainColumns,
+    PlainRows,
+    line_starts,
+)
 from neuron_batch.inputs.prompt_records import (
     FieldError,
     InputError,
@@ -50,11 +56,6 @@ _PLAIN_LINE = re.compile(_PLAIN_JSON + rb"\r?\n?")
 _PLAIN_FOUND = re.compile(rb"(" + _PLAIN_JSON + rb"\r?\n)")
 #: Bytes `LineInput._lines` reads at once where lines may be plain (and the rest of a line).
 _PLAIN_CHUNK = 1 << 16
-
-
-#: `PlainBlock.add`'s columns of a chunk's rows: offsets, lines (numpy arrays), digests, prompt
-#: counts, generated counts, texts.
-_Columns = tuple[Any, Any, list[int], Any, Any, list[bytes]]
 
 
 class LineInput:
@@ -238,7 +239,7 @@ def _chunks(handle) -> Iterator[bytes]:
         yield data
 
 
-def _plain_columns(data: bytes, offset: int, number: int) -> _Columns | None:
+def _plain_columns(data: bytes, offset: int, number: int) -> PlainColumns | None:
     """`PlainBlock.add`'s columns of `data`'s lines (from `offset`, after line `number`), as
     `LineInput._lines` makes them a line at a time; None unless each is a plain one."""
     import numpy as np
@@ -253,10 +254,8 @@ def _plain_columns(data: bytes, offset: int, number: int) -> _Columns | None:
     # all of it, one after another; a second pass to match the whole was a third of this)
     if sum(map(len, texts)) != len(data):
         return None
-    # (each line starts after the last one's newline)
-    starts = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n"))
-    starts = np.concatenate(([offset], starts[:-1] + (offset + 1)))
-    return (starts, np.arange(number + 1, number + 1 + len(texts), dtype=np.int64),
+    return (line_starts(data, offset),
+            np.arange(number + 1, number + 1 + len(texts), dtype=np.int64),
             list(map(zlib.crc32, texts)), list(map(int, prompts)),
             list(map(int, most)) if b"" not in most else [int(m) if m else 0 for m in most],
             texts)

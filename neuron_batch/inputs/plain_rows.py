@@ -20,6 +20,22 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+#: A chunk's rows as columns, as a reader reads them at once for `PlainBlock.extend`: offsets,
+#: lines (numpy arrays), digests, prompt counts, generated counts, texts.
+PlainColumns = tuple[Any, Any, list[int], Any, Any, list[bytes]]
+
+
+def line_starts(data: bytes, offset: int, newlines: Any = None) -> Any:
+    """Where each line of `data` (lines that each end with a newline, read from `offset`)
+    starts in the file: after the newline before it, a carriage return before that counted.
+    `newlines`: their positions in `data`, where the reader has them already."""
+    import numpy as np
+
+    if newlines is None:
+        newlines = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n"))
+    return np.concatenate(([offset], newlines[:-1] + (offset + 1)))
+
+
 #: Rows a block holds at most (the reader yields a block when it is full).
 BLOCK_ROWS = 4096
 
