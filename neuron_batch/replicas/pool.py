@@ -259,7 +259,7 @@ def _outcome(flow: _Flow, ended: str, started: float, stop: RunSignals) -> dict[
         job.log(f"{'--max-runtime reached' if ended == 'deadline' else 'stopping'}: "
                 f"abandoning {left} unfinished request(s); rerun with --resume")
     missing = flow.feed.total - writer.finished - len(writer.errors)
-    if flow.done and missing > 0:   # (never so far: every row takes a batch, in the end)
+    if flow.done and missing > 0:   # (a guard: feed.py's store gives every batch one row)
         job.log(f"warning: {missing:,} request(s) did not come back from the replicas; they "
                 f"are not in outputs.jsonl: rerun with --resume to run them")
     if writer.duplicates:
