@@ -281,6 +281,35 @@ def cut_spans(path: Path | str, label: str, parts: int) -> list[tuple[int, int]]
     return list(zip(starts, [*starts[1:], size]))
 
 
+_BLANKS = re.compile(rb"\n\n+")
+
+
+def count_items(path: Path | str, start: int, end: int | None, *, header: bool = False
+                ) -> tuple[int, int]:
+    """(bytes read, items) of a local file from byte `start` (a line's start) to `end` (its
+    end: None), as lines count them: each line but blank ones, and but the file's first where
+    it is a `header` and `start` is 0. Bad lines are items too; a CR-LF blank line, or a value
+    over two lines, is counted as an item: callers take this for a guess."""
+    lines = blank = read = 0
+    last = b"\n"
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        while end is None or start + read < end:
+            chunk = handle.read((1 << 22) if end is None else min(1 << 22, end - start - read))
+            if not chunk:
+                break
+            read += len(chunk)
+            lines += chunk.count(b"\n")
+            # (each newline right after another ends a blank line: runs of them are rare)
+            blank += sum(len(run) - 1 for run in _BLANKS.findall(chunk))
+            blank += last == b"\n" and chunk[:1] == b"\n"
+            last = chunk[-1:]
+    if end is None and last != b"\n":
+        lines += 1      # (a last line without its newline)
+    first = 1 if header and start == 0 and lines else 0
+    return read, max(0, lines - blank - first)
+
+
 def _not_utf8(source: str, error: UnicodeDecodeError) -> InputProblem:
     return InputProblem(source, None, f"not valid UTF-8 ({error.reason} at byte {error.start + 1})")
 

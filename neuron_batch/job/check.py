@@ -29,7 +29,7 @@ from neuron_batch.inputs.request_fields import (
 )
 from neuron_batch.inputs.request_paths import refusals, request_path, stop_refusals
 from neuron_batch.inputs.skipped import name_problems
-from neuron_batch.job.plain_check import PlainCheck, numbering_of
+from neuron_batch.job.plain_check import PlainCheck, based_row, numbering_of
 from neuron_batch.job.request_spec import spec_problems
 from neuron_batch.job.resume_check import REQUEST_FIELDS, request_row
 from neuron_batch.job.rows_spool import RowsSpool
@@ -67,6 +67,9 @@ class Scan:
                      if spool else None)
         # (rows whose id or seed is the part's numbering: shifted once the parts are joined)
         self.numbered_rows = bytearray() if rows_path is not None else None
+        # What a part's rows add to those numbers, its guess of the items and records before
+        # it (job/check_parts.py): a good guess leaves its rows as they are once joined.
+        self.row_base = (0, 0)
         self.path = request_path(str(settings.device), settings.resolve_runtime())
         self.model, self._source = model.model, model.source
         self.tokenizer_name = model.tokenizer_name
@@ -217,9 +220,13 @@ class Scan:
             self.ok[position] = 1
             if rows is not None:
                 spec = request_spec(request, settings)
-                rows.add(request_row(request, spec), request, spec)
+                row = request_row(request, spec)
                 if numbered is not None:
-                    numbered.append(numbering_of(request.record, spec))
+                    mark = numbering_of(request.record, spec)
+                    numbered.append(mark)
+                    if mark and self.row_base != (0, 0):
+                        row = based_row(row, mark, *self.row_base)
+                rows.add(row, request, spec)
             if self.bound is not None:
                 if request.token_ids is None:
                     self.bound = None   # (synthetic tokens: not made here)

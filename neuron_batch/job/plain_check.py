@@ -45,6 +45,7 @@ class ScanState(Protocol):
     columns: JobColumns
     rows: RowsSpool | None
     numbered_rows: bytearray | None
+    row_base: tuple[int, int]
     ok: bytearray
     known: array
     bound: Any
@@ -232,8 +233,10 @@ class PlainCheck:
         self.scan.took_defaults += sum(o.took * times for o, times in counts.items())
         self.scan.bound = None       # (a trace's synthetic tokens: not made here)
         if self.scan.rows is not None:
-            self.scan.rows.write(_rows(positions[0], alike, rows.read_order - rows.position,
-                                  self.scan.settings.seed))
+            items, records = self.scan.row_base
+            self.scan.rows.write(_rows(positions[0], alike,
+                                       rows.read_order - rows.position + items,
+                                       self.scan.settings.seed + records))
             self._alike.update(counts)
             if self.scan.numbered_rows is not None:
                 self.scan.numbered_rows += bytes([o.numbered for o in alike])
@@ -257,8 +260,10 @@ class PlainCheck:
         self.scan.took_defaults += int(pairs.took[slots].sum())
         self.scan.bound = None       # (a trace's synthetic tokens: not made here)
         if self.scan.rows is not None:
+            items, records = self.scan.row_base
             self.scan.rows.write(_rows(first_at, pairs.objects[slots].tolist(),
-                                  rows.read_order - rows.position, self.scan.settings.seed))
+                                       rows.read_order - rows.position + items,
+                                       self.scan.settings.seed + records))
             pairs.times += np.bincount(slots, minlength=len(pairs.times))
             if self.scan.numbered_rows is not None:
                 self.scan.numbered_rows += pairs.numbered[slots].tobytes()
@@ -384,6 +389,17 @@ def _rows(first: int, alike: Sequence[_Outcome], shift: int, seed: int) -> str:
 #: `Scan.numbered_rows` bits: a row whose id is its default (its reading order), whose seed is
 #: the run's seed plus its position.
 DEFAULT_ID, RUN_SEED = 1, 2
+
+
+def based_row(row: list[Any], mark: int, items: int, records: int) -> list[Any]:
+    """A request's row (job/resume_check.py `request_row`) with what `mark` says is a part's
+    numbering moved on: its default id by `items`, its run seed by `records`."""
+    row = list(row)
+    if mark & DEFAULT_ID:
+        row[0] = str(int(row[0]) + items)
+    if mark & RUN_SEED:
+        row[4] += records
+    return row
 
 
 def numbering_of(record: PromptRecord, spec: dict[str, Any]) -> int:

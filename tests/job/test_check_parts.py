@@ -296,3 +296,62 @@ def test_a_containers_cpu_quota_caps_the_processes(tmp_path, monkeypatch):
     monkeypatch.delenv("NEURON_BATCH_CHECK_PROCESSES", raising=False)
     monkeypatch.setattr(check_parts, "_cgroup_cpus", lambda: 1)
     assert check_parts.processes() == 1
+
+
+@hypothesis_settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.lists(st.booleans(), min_size=1, max_size=60),
+                          st.booleans()), min_size=1, max_size=3),
+       st.integers(1, 9))
+def test_each_parts_guess_is_the_items_before_it(inputs, parts):
+    """`_guesses`: the items (lines but blank ones and a CSV's header) of the local files
+    before each part, the files cut as a split check cuts them, with or without a newline at
+    a file's end. Right, no part's rows are rewritten when the parts are joined."""
+    import tempfile
+    from pathlib import Path
+
+    from neuron_batch.inputs.csv_file import CsvInput
+    from neuron_batch.inputs.line_files import LineInput, cut_spans
+
+    with tempfile.TemporaryDirectory() as folder:
+        readers, spans, truth = [], [], []
+        before = 0
+        for number, (is_csv, lines, last_newline) in enumerate(inputs):
+            path = Path(folder) / f"in{number}.{'csv' if is_csv else 'jsonl'}"
+            body = ["prompt_len,max_tokens"] if is_csv else []
+            body += ['{"prompt_len": %d}' % i if filled else "" for i, filled in enumerate(lines)]
+            text = "\n".join(body) + ("\n" if last_newline else "")
+            path.write_bytes(text.encode())
+            readers.append(CsvInput(path, path.name, "prompt") if is_csv
+                           else LineInput(path, path.name))
+            for start, end in cut_spans(path, path.name, parts):
+                spans.append((number, (start, end)))
+                head = text.encode()[:start].decode().split("\n")[:-1] if start else []
+                truth.append(before + sum(1 for line in head[1 if is_csv else 0:] if line))
+            before += sum(1 for line in body[1 if is_csv else 0:] if line)
+        guesses = check_parts._guesses(readers, spans)
+        assert [next(guesses) for _ in spans] == [(items, items) for items in truth]
+        assert next(guesses) == (0, 0)
+
+
+def test_a_clean_trace_in_parts_rewrites_no_row(tiny_model, tmp_path, monkeypatch, split_check):
+    """A trace of good lines only, in two files: every part's guess is right, so its rows go to
+    the spool as written (no row read again), and they are the rows of one pass."""
+    first, second = tmp_path / "a.csv", tmp_path / "b.jsonl"
+    first.write_text("prompt_len,max_tokens\n" + "".join(f"{10 + i % 90},{1 + i % 7}\n"
+                                                           for i in range(600)))
+    second.write_text("".join('{"prompt_len": %d}\n' % (5 + i % 50) for i in range(400)))
+    split = split_check(90)
+    missed: list[tuple[int, int]] = []
+    add = check_parts._Join.add
+
+    def spied(self, task, part):
+        missed.append((self.items - task.base[0], self.records - task.base[1]))
+        return add(self, task, part)
+
+    monkeypatch.setattr(check_parts._Join, "add", spied)
+    values = {"temperature": 0.4, "seed": 5}      # (a run seed in every row too)
+    whole = _seen(_workload([first, second], tiny_model, monkeypatch, 1, **values)[0])
+    parts = _seen(_workload([first, second], tiny_model, monkeypatch, 2, **values)[0])
+    assert split == [False, True] and len(missed) > 4
+    assert set(missed) == {(0, 0)}
+    assert parts == whole and len(whole["rows"]) == 1000
