@@ -30,12 +30,13 @@ import itertools
 import math
 import os
 import tempfile
+import threading
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from multiprocessing import get_context
@@ -179,12 +180,14 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
         join = _Join(base, inputs, block, pool)
         try:
             guesses = _guesses(readers, tasks_spans) if spool else None
-            for task, part in _in_order(pool, tasks, 2 * count, meanwhile, guesses):
-                if isinstance(part, _Failed) and part.exit_code is None:
-                    # (a part's input problem, say a CSV value over two lines: one pass reads
-                    # the job again and names it as it names any, by its line in the file)
-                    return None
-                join.add(task, _raised(part))
+            # (closed before anything is raised or said: `meanwhile` has ended by then)
+            with closing(_in_order(pool, tasks, 2 * count, meanwhile, guesses)) as checked:
+                for task, part in checked:
+                    if isinstance(part, _Failed) and part.exit_code is None:
+                        # (a part's input problem, say a CSV value over two lines: one pass
+                        # reads the job again and names it as it names any, by its line)
+                        return None
+                    join.add(task, _raised(part))
             join.done()
         except BrokenProcessPool:   # (a process killed, say by the kernel for memory)
             return None
@@ -194,12 +197,17 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
 def _in_order(pool: Executor, tasks: list[_Task], ahead: int,
               meanwhile: Callable[[], None] | None = None,
               guesses: Iterator[tuple[int, int]] | None = None
-              ) -> Iterator[tuple[_Task, _Part | _Failed]]:
+              ) -> Generator[tuple[_Task, _Part | _Failed], None, None]:
     """Each task's part, in order, with at most `ahead` parts given to the pool and not yet
     taken: a part's rows are made whole (`_rows_part`, given to the pool as it is taken)
     before all the parts are checked, so the plain rows on disk, and the parts waiting in
     memory, are a few parts', not the job's. `guesses`: each task's `base` in turn, taken as
-    the task is given out (made meanwhile: the first needs none)."""
+    the task is given out (made meanwhile: the first needs none). `meanwhile` runs on a thread
+    of its own once the first parts are out, while this one goes on giving parts out as parts
+    come back: run here, it left the processes idle from the end of those first parts until
+    it returned (on 32 cores, a 10M-line job's first 64 parts of 128 take a fraction of a
+    second; vLLM's import, `meanwhile` in a run, ~7 s). It has ended when this generator
+    ends or is closed: what it does may hold the terminal's descriptors."""
     waiting: deque[tuple[_Task, Future]] = deque()
     queued = iter(tasks)
 
@@ -210,14 +218,20 @@ def _in_order(pool: Executor, tasks: list[_Task], ahead: int,
 
     for task in itertools.islice(queued, ahead):
         give(task)
+    beside = None
     if meanwhile is not None:   # (the processes are started: they were spawned as given work)
-        meanwhile()
-    while waiting:
-        task, future = waiting.popleft()
-        part = future.result()
-        for following in itertools.islice(queued, 1):
-            give(following)
-        yield task, part
+        beside = threading.Thread(target=meanwhile, name="neuron-batch-meanwhile", daemon=True)
+        beside.start()
+    try:
+        while waiting:
+            task, future = waiting.popleft()
+            part = future.result()
+            for following in itertools.islice(queued, 1):
+                give(following)
+            yield task, part
+    finally:
+        if beside is not None:
+            beside.join()
 
 
 class _Join:

@@ -355,3 +355,35 @@ def test_a_clean_trace_in_parts_rewrites_no_row(tiny_model, tmp_path, monkeypatc
     assert split == [False, True] and len(missed) > 4
     assert set(missed) == {(0, 0)}
     assert parts == whole and len(whole["rows"]) == 1000
+
+
+def test_parts_are_given_out_while_meanwhile_runs():
+    """`meanwhile` (a run's import of vLLM) runs beside the hand-out of parts: every part
+    can come back before it returns (run in line, it held the parts after the first `ahead`
+    until it ended), and it has ended when the parts have all been taken."""
+    import threading
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    class AtOnce:       # (a pool whose parts are done as soon as they are given)
+        def submit(self, fn, task):
+            future: Future = Future()
+            future.set_result(f"part {task.n}")
+            return future
+
+    tasks = [SimpleNamespace(n=n, base=None) for n in range(9)]
+    all_back, ended = threading.Event(), threading.Event()
+
+    def meanwhile():
+        if all_back.wait(5):
+            ended.set()
+
+    got = []
+    for _task, part in check_parts._in_order(AtOnce(), tasks, 2, meanwhile,
+                                             iter([(0, 0), (3, 3)])):
+        got.append(part)
+        if len(got) == len(tasks):
+            all_back.set()
+    assert ended.is_set()
+    assert got == [f"part {n}" for n in range(9)]
+    assert [t.base for t in tasks] == [(0, 0), (3, 3)] + [(0, 0)] * 7
