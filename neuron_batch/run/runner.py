@@ -173,8 +173,9 @@ def _engine_prefetch(settings: RunSettings) -> Callable[[], None] | None:
     simulated device, on a host of PREFETCH_CORES cores or more. With fewer, the import's CPU
     time shares the cores with the check's processes (2 cores: a 10M start 15.3 -> 13.7 s),
     and their memory beside vLLM's raised a 1M run's peak by ~40 MB (anonymous 1.12x -> 1.21x
-    the 10k run's: issue 46's bound is 1.2x). Not on Ray (the driver imports no vLLM), nor on a Neuron
-    host (its plugin's import there is untried). NEURON_BATCH_PREFETCH_VLLM=1 or 0 decides."""
+    the 10k run's: issue 46's bound is 1.2x). Not on Ray (the driver imports no vLLM), nor on
+    a Neuron host (its plugin's import there is untried). NEURON_BATCH_PREFETCH_VLLM=1 or 0
+    decides."""
     from neuron_batch.choices import Device
     from neuron_batch.job.check_parts import cores
 
