@@ -15,52 +15,12 @@ os.environ.setdefault("NEURON_BATCH_RECORDS_IN_MEMORY", "1")
 import json  # noqa: E402
 
 import pytest  # noqa: E402
-
-#: The suite's slowest files, slowest first (their time in the README's two-worker run on
-#: 2026-12-06 at 516444b, seconds): handed out before every other file, so that no long file
-#: starts late and runs on alone. xdist's own order is by a file's number of tests, which put
-#: the Ray replica file (14 tests, 549 s) in at 256 s: it ended 72 s after the other worker's
-#: last file, and a later start would have run the suite past 15 minutes. A stale list costs
-#: balance only.
-SLOW_FILES = ("tests/replicas/test_replicas.py",            # 549
-              "tests/run/test_run_cli.py",                  # 140
-              "tests/test_readme_commands.py",              # 111
-              "tests/run/test_signals.py",                  # 77
-              "tests/storage/test_s3_run_folder.py",        # 73
-              "tests/plan/test_plan.py",                    # 58
-              "tests/bench/test_bench.py")                  # 47
+from suite_order import slow_files_first_scheduler  # noqa: E402
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile` with SLOW_FILES handed out first, the others after them in xdist's
-    own order (most tests first)."""
-    if config.getoption("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class SlowFilesFirst(LoadFileScheduling):
-        ordered = False
-
-        def _assign_work_unit(self, node) -> None:
-            # (the queue of files is whole at the first hand-out, none given yet; the workers'
-            # own collections, which their reports index, are left as they are)
-            if not self.ordered:
-                self.ordered = True
-                for name in slow_files_first(self.workqueue):
-                    self.workqueue.move_to_end(name)
-            super()._assign_work_unit(node)
-
-    return SlowFilesFirst(config, log)
-
-
-def slow_files_first(queue):
-    """The files of `queue` (file -> its tests) in the order they are handed out: SLOW_FILES
-    in theirs, then the others, most tests first (xdist's order)."""
-    def rank(name):
-        return ((SLOW_FILES.index(name), 0) if name in SLOW_FILES
-                else (len(SLOW_FILES), -len(queue[name])))
-
-    return sorted(queue, key=rank)
+    """`--dist loadfile` with the slow files handed out first (tests/suite_order.py)."""
+    return slow_files_first_scheduler(config, log)
 
 
 #: A tiny llama (head_dim 64: vLLM's CPU attention rejects 16) for random-weight engine runs.

@@ -1,11 +1,11 @@
-"""The order the suite's files are handed to its two workers (tests/conftest.py): the slow files
+"""The order the suite's files are handed to its two workers (tests/suite_order.py): the slow files
 first, named as they are."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import SLOW_FILES, slow_files_first
+from suite_order import SLOW_FILES, slow_files_first
 
 ROOT = Path(__file__).resolve().parents[1]
 
