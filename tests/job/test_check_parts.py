@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 from hypothesis import given
@@ -303,34 +304,57 @@ def test_a_containers_cpu_quota_caps_the_processes(tmp_path, monkeypatch):
                           st.booleans()), min_size=1, max_size=3),
        st.integers(1, 9))
 def test_each_parts_guess_is_the_items_before_it(inputs, parts):
-    """`_guesses`: the items (lines but blank ones and a CSV's header) of the local files
-    before each part, the files cut as a split check cuts them, with or without a newline at
-    a file's end. Right, no part's rows are rewritten when the parts are joined."""
+    """`_Hand`: each part's guess is the items (lines but blank ones and a CSV's header) of the
+    files before it, the files cut as a split check cuts them, with or without a newline at a
+    file's end; the same for the files in object storage (fsspec's memory://), each part
+    copied to a local file first, its bytes at their offsets, and removed once taken. Right,
+    no part's rows are rewritten when the parts are joined."""
     import tempfile
     from pathlib import Path
+    from types import SimpleNamespace
+
+    import fsspec
 
     from neuron_batch.inputs.csv_file import CsvInput
     from neuron_batch.inputs.line_files import LineInput, cut_spans
 
+    store = fsspec.filesystem("memory")
     with tempfile.TemporaryDirectory() as folder:
-        readers, spans, truth = [], [], []
+        tasks = {"local": [], "url": []}
+        truth, texts = [], {}
         before = 0
         for number, (is_csv, lines, last_newline) in enumerate(inputs):
-            path = Path(folder) / f"in{number}.{'csv' if is_csv else 'jsonl'}"
+            name = f"in{number}.{'csv' if is_csv else 'jsonl'}"
             body = ["prompt_len,max_tokens"] if is_csv else []
             body += ['{"prompt_len": %d}' % i if filled else "" for i, filled in enumerate(lines)]
-            text = "\n".join(body) + ("\n" if last_newline else "")
-            path.write_bytes(text.encode())
-            readers.append(CsvInput(path, path.name, "prompt") if is_csv
-                           else LineInput(path, path.name))
-            for start, end in cut_spans(path, path.name, parts):
-                spans.append((number, (start, end)))
-                head = text.encode()[:start].decode().split("\n")[:-1] if start else []
+            text = ("\n".join(body) + ("\n" if last_newline else "")).encode()
+            path, url = Path(folder) / name, f"memory://guesses/{name}"
+            path.write_bytes(text)
+            store.pipe(url, text)
+            texts[number] = text
+            for start, end in cut_spans(path, name, parts):
+                for where, spec in (("local", path), ("url", url)):
+                    reader = (CsvInput(spec, name, "prompt") if is_csv
+                              else LineInput(spec, name))
+                    tasks[where].append(SimpleNamespace(reader=reader, span=(start, end),
+                                                        number=number, base=None))
+                head = text[:start].decode().split("\n")[:-1] if start else []
                 truth.append(before + sum(1 for line in head[1 if is_csv else 0:] if line))
             before += sum(1 for line in body[1 if is_csv else 0:] if line)
-        guesses = check_parts._guesses(readers, spans)
-        assert [next(guesses) for _ in spans] == [(items, items) for items in truth]
-        assert next(guesses) == (0, 0)
+        copies = Path(folder) / "copies"
+        copies.mkdir()
+        for where, given in tasks.items():
+            with check_parts._Hand(copies, given, counting=True, window=2) as hand:
+                for task in given:
+                    hand.give(task)
+                    local = Path(task.reader.path)
+                    assert local.parent == (copies if where == "url" else Path(folder))
+                    start, end = task.span
+                    assert local.read_bytes()[start:end] == texts[task.number][start:end]
+                    hand.taken(task)
+            assert [task.base for task in given] == [(items, items) for items in truth], where
+        assert not any(copies.iterdir())
+        store.rm("memory://guesses", recursive=True)
 
 
 def test_a_clean_trace_in_parts_rewrites_no_row(tiny_model, tmp_path, monkeypatch, split_check):
@@ -378,12 +402,63 @@ def test_parts_are_given_out_while_meanwhile_runs():
         if all_back.wait(5):
             ended.set()
 
+    class Hand:         # (each task's base its number as it is given; the order taken)
+        def __init__(self):
+            self.order = []
+
+        def give(self, task):
+            task.base = (task.n, task.n)
+
+        def taken(self, task):
+            self.order.append(task.n)
+
+    hand = Hand()
     got = []
-    for _task, part in check_parts._in_order(AtOnce(), tasks, 2, meanwhile,
-                                             iter([(0, 0), (3, 3)])):
+    for _task, part in check_parts._in_order(AtOnce(), tasks, 2, meanwhile, hand):
         got.append(part)
         if len(got) == len(tasks):
             all_back.set()
     assert ended.is_set()
     assert got == [f"part {n}" for n in range(9)]
-    assert [t.base for t in tasks] == [(0, 0), (3, 3)] + [(0, 0)] * 7
+    assert [t.base for t in tasks] == [(n, n) for n in range(9)]
+    assert hand.order == list(range(9))
+
+
+def test_parts_of_an_object_are_checked_from_their_copies(tiny_model, tmp_path, monkeypatch,
+                                                          split_check):
+    """An input in object storage checked in parts (fsspec's memory://, which the pool's
+    processes, started fresh, cannot see: only this process holds its objects) is the local
+    file's check in one process, offsets, lines, problems and rows alike, its sources named by
+    URL: each part's process reads the local copy it was given, never the object."""
+    import fsspec
+
+    lines = [json.dumps({"prompt": f"say {i} " + "word " * (i % 9), "max_tokens": 1 + i % 5})
+             if i % 3 else json.dumps({"prompt_len": 4 + i % 30}) for i in range(500)]
+    lines[123], lines[321] = "{bad", ""
+    data = ("\n".join(lines) + "\n").encode()
+    url = "memory://parts/in.jsonl"
+    fsspec.filesystem("memory").pipe(url, data)
+    local = tmp_path / "in.jsonl"
+    local.write_bytes(data)
+    split = split_check(90)
+
+    def full(*_):
+        raise check_parts._NoRoom("No space left on device")
+
+    try:
+        remote = _seen(_workload([url], tiny_model, monkeypatch, 2)[0])
+        # (no disk for a copy: the check goes back to one pass, which streams the object)
+        monkeypatch.setattr(check_parts, "_copied", full)
+        streamed = _seen(_workload([url], tiny_model, monkeypatch, 2)[0])
+    finally:
+        fsspec.filesystem("memory").rm("memory://parts", recursive=True)
+    whole = _seen(_workload([local], tiny_model, monkeypatch, 1)[0])
+    assert split == [True, False, False]
+    assert streamed == remote
+
+    def named(seen, spec):      # (memory:// names an object memory:///...)
+        text = json.dumps(seen, default=repr)
+        return json.loads(re.sub(re.escape(str(spec)).replace("//", "//+"), "INPUT", text))
+
+    assert named(remote, url) == named(whole, local)
+    assert len(whole["problems"]) == 1 and len(whole["requests"]) == 498

@@ -159,3 +159,56 @@ def test_an_object_is_checked_in_parts_as_a_local_file_in_one(bucket, tmp_path, 
                            "double quotes (column 2)"]
     assert [r[0] for r in in_parts[2]] == [r[0] for r in in_one[2]]
     assert in_parts[2][-1][1] == f"{url}:600"
+
+
+def test_an_objects_parts_are_read_once_each_and_need_no_rewrite(bucket, tmp_path, tiny_model,
+                                                                 monkeypatch, split_check):
+    """A clean trace in S3, in parts: each part's bytes are copied to a local file as it is
+    given out (the object read once, a ranged read a part), every part's guess of the items
+    before it is right (no row read again when the parts are joined), the rows, lengths and
+    sources are the local file's in one pass, and no copy is left behind."""
+    from neuron_batch.job import check_parts
+    from neuron_batch.job.workload import load_workload
+    from neuron_batch.settings import RunSettings
+
+    data = ("prompt_len,max_tokens\n" + "".join(f"{10 + i % 90},{1 + i % 7}\n"
+                                                for i in range(700))).encode()
+    url = _put(bucket, "big/trace.csv", data)
+    local = tmp_path / "trace.csv"
+    local.write_bytes(data)
+    split = split_check(100)
+    missed, copies, read = [], [], []
+    add, copied = check_parts._Join.add, check_parts._copied
+
+    def spied_add(self, task, part):
+        missed.append((self.items - task.base[0], self.records - task.base[1]))
+        return add(self, task, part)
+
+    def spied_copy(reader, span, path):
+        read.append(span)
+        made = copied(reader, span, path)
+        copies.append(path)
+        return made
+
+    monkeypatch.setattr(check_parts._Join, "add", spied_add)
+    monkeypatch.setattr(check_parts, "_copied", spied_copy)
+
+    def checked(spec, processes):
+        monkeypatch.setenv("NEURON_BATCH_CHECK_PROCESSES", str(processes))
+        settings = RunSettings.of((spec,), model=tiny_model, device="sim", quiet=True,
+                                  temperature=0.5, seed=3)
+        workload = load_workload(settings, lambda _: None)
+        return (list(workload.rows_spool),
+                [(r.record.source, r.prompt_len) for r in workload.prepared.requests])
+
+    in_parts, in_one = checked(url, 2), checked(str(local), 1)
+    assert split == [True, False]
+    assert len(read) > 4 and sorted(read) == read
+    assert read[0][0] == 0 and read[-1][1] == len(data)
+    assert all(a[1] == b[0] for a, b in zip(read, read[1:]))     # each byte once
+    assert set(missed) == {(0, 0)}
+    assert in_parts[0] == in_one[0] and len(in_one[0]) == 700
+    assert [source.replace(url, "L") for source, _ in in_parts[1]] == \
+        [source.replace(str(local), "L") for source, _ in in_one[1]]
+    assert [n for _, n in in_parts[1]] == [n for _, n in in_one[1]]
+    assert copies and not any(path.exists() for path in copies)
