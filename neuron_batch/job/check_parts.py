@@ -155,6 +155,8 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
     would leave it); None where it is not split (module docstring). `meanwhile`: called once
     the first parts are given to the processes, while this one would only wait for them
     (job/generate.py `prefetch_vllm`)."""
+    from neuron_batch.storage.urls import is_url
+
     count = processes()
     if (count < 2 or settings.shuffle or settings.limit is not None
             or not all(isinstance(r, (LineInput, CsvInput)) for r in inputs.readers)):
@@ -170,6 +172,8 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
             return None     # (a JSON array, a CSV whose rows need the one before: one pass)
         parts = max(1, min(math.ceil(lines / PART_LINES),
                            math.ceil(PARTS_A_PROCESS * count * lines / total)))
+        if is_url(str(reader.path)):    # (its parts are copied to disk: `_Hand`)
+            parts = max(parts, math.ceil(size / COPY_CHUNK))
         spans = cut_spans(reader.path, reader.label, parts) if parts > 1 else [(0, size)]
         tasks_spans += [(number, span) for span in spans]
     base = Scan(settings, model, readers=readers)
@@ -427,8 +431,10 @@ class _NoRoom(Exception):
     """No disk for a part of an object in storage (`_Hand`)."""
 
 
-#: Bytes a read of a part of an object in storage (`_copied`); threads that copy at most (one
-#: stream of S3 gives ~100 MB/s: a 32-core host checks a trace faster than one stream feeds it).
+#: Bytes a read of a part of an object in storage (`_copied`), and an object's part at most
+#: (its copy is on disk from a little before the part is given out until it is taken: at most
+#: three parts a process); threads that copy at most (one stream of S3 gives ~100 MB/s: a
+#: 32-core host checks a trace faster than one stream feeds it).
 COPY_CHUNK = 64 << 20
 MAX_COPIERS = 8
 
