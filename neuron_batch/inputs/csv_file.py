@@ -20,6 +20,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, overload
 
+from neuron_batch.inputs.line_files import reach
 from neuron_batch.inputs.plain_rows import (
     BLOCK_ROWS,
     PlainBlock,
@@ -303,7 +304,7 @@ class CsvInput:
                          line)
 
     def read(self, spots: Sequence[tuple[int, int]]) -> Iterator[tuple[int, Item | None]]:
-        with self._open() as handle:
+        with self._open(reach(spots)) as handle:
             for where, number in spots:
                 handle.seek(where)
                 lines = _Lines(handle, number - 1, where)
@@ -313,8 +314,8 @@ class CsvInput:
                 yield (_digest(cells), self._row(cells, number)) if cells else (0, None)
 
     @contextmanager
-    def _open(self) -> Iterator[BinaryIO]:
-        opened = open_binary(self.path)     # (a local path or a URL: storage/urls.py)
+    def _open(self, lines: tuple[int, int] | None = None) -> Iterator[BinaryIO]:
+        opened = open_binary(self.path, lines)      # (a local path or a URL: storage/urls.py)
         try:
             handle = opened.__enter__()
         except OSError as exc:

@@ -166,7 +166,8 @@ class LineInput:
         """(digest, item) of the lines at `spots` ((offset, line number), as `scan` gave
         them), in that order; item None where the line is blank now."""
         try:
-            with open_binary(self.path) as handle:
+            lines = reach(spots) if not self.array else None
+            with open_binary(self.path, lines) as handle:
                 if self.array:
                     items = self._array_items(handle.read())
                     for position, _ in spots:
@@ -279,6 +280,15 @@ def cut_spans(path: Path | str, label: str, parts: int) -> list[tuple[int, int]]
     except OSError as exc:
         raise InputError(f"{label}: cannot read: {exc.strerror or exc}") from exc
     return list(zip(starts, [*starts[1:], size]))
+
+
+def reach(spots: Sequence[tuple[int, int]]) -> tuple[int, int] | None:
+    """The first and last line starts of `spots` ((offset, line number) pairs): the bytes a
+    read of them needs (storage/urls.py `open_binary`)."""
+    if not spots:
+        return None
+    offsets = [where for where, _ in spots]
+    return min(offsets), max(offsets)
 
 
 _BLANKS = re.compile(rb"\n\n+")

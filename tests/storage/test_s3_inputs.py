@@ -215,3 +215,59 @@ def test_an_objects_parts_are_read_once_each_and_need_no_rewrite(bucket, tmp_pat
         [source.replace(str(local), "L") for source, _ in in_one[1]]
     assert [n for _, n in in_parts[1]] == [n for _, n in in_one[1]]
     assert copies and not any(path.exists() for path in copies)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv"])
+def test_a_window_read_again_fetches_its_lines_not_a_block(bucket, tmp_path, monkeypatch,
+                                                              kind):
+    """The requests of a running job are read again from their input a window at a time
+    (inputs/job_requests.py): from S3, a window's lines are fetched with LINE_SLACK more, not
+    s3fs's 50 MB block (a 200k-line text job's check took 4x the local file's), and the
+    lines read are the object's."""
+    import s3fs
+
+    from neuron_batch.inputs.csv_file import CsvInput
+    from neuron_batch.inputs.line_files import LineInput
+    from neuron_batch.storage.urls import LINE_SLACK, locate
+
+    text = [json.dumps({"prompt": f"line {i} " + "x" * 200}) for i in range(20_000)]
+    if kind == "csv":
+        text = ["prompt"] + [f"line {i} " + "x" * 200 for i in range(20_000)]
+    data = ("\n".join(text) + "\n").encode()
+    url = _put(bucket, f"window/in.{kind}", data)
+    local = tmp_path / f"in.{kind}"
+    local.write_bytes(data)
+    reader = LineInput(url, url) if kind == "jsonl" else CsvInput(url, url, "prompt")
+    list(reader.scan())                     # (the kind, a CSV's header: as the check reads)
+    fetched = []
+    store = locate(url).fs      # (fsspec keeps one: its sync methods are bound as it is made)
+    fetch, cat = s3fs.core.S3File._fetch_range, store.cat_file
+
+    def spied_fetch(self, start, end):      # (an s3fs file's reads)
+        fetched.append(end - start)
+        return fetch(self, start, end)
+
+    def spied_cat(path, start=None, end=None, **options):
+        fetched.append(end - start)
+        return cat(path, start=start, end=end, **options)
+
+    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", spied_fetch)
+    monkeypatch.setattr(store, "cat_file", spied_cat)
+    monkeypatch.setattr("neuron_batch.storage.urls.LINES_AT_ONCE", 1 << 20)
+    starts = [0]
+    for line in data.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    first = 5_001 if kind == "csv" else 5_000       # (a line's number is its index + 1)
+    spots = [(starts[k], k + 1) for k in range(first, first + 1024)]
+    got = list(reader.read(spots))
+    same = LineInput(local, url) if kind == "jsonl" else CsvInput(local, url, "prompt")
+    list(same.scan())
+    assert got == list(same.read(spots)) and len(got) == 1024
+    assert all(item is not None for _, item in got)
+    assert len(fetched) == 1
+    assert sum(fetched) <= spots[-1][0] - spots[0][0] + LINE_SLACK < len(data) / 4
+    fetched.clear()         # (a window out of input order: each line where it is)
+    scattered = spots[::97] + [(starts[19_000], 19_001)]
+    got = list(reader.read(scattered))
+    assert len(got) == len(scattered) and all(item is not None for _, item in got)
+    assert sum(fetched) <= len(scattered) * LINE_SLACK < len(data) / 4
