@@ -125,9 +125,9 @@ def open_binary(spec: str | Path, lines: tuple[int, int] | None = None) -> Itera
     ranges as it is read, never downloaded whole first). `lines`: the caller reads only the
     lines that start from the first offset to the second (a window of requests read again as
     the job runs); an object is then fetched as that range and LINE_SLACK more (`_Fetched`),
-    not in s3fs's blocks of 50 MB (a window of 1,024 text prompts, ~450 kB, fetched 50 MB: a
-    200k-line text job's check took 4x the local file's). Local errors are the OSError they
-    are; a URL's are StorageError."""
+    not in s3fs's blocks of 50 MB (a window of 1,024 text prompts, ~450 kB, fetched 50 MB, or
+    the rest of the object). Otherwise it is streamed (STREAM_BLOCK). Local errors are the
+    OSError they are; a URL's are StorageError."""
     if not is_url(str(spec)):
         with open(spec, "rb") as handle:
             yield handle
