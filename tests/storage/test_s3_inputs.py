@@ -221,9 +221,9 @@ def test_an_objects_parts_are_read_once_each_and_need_no_rewrite(bucket, tmp_pat
 def test_a_window_read_again_fetches_its_lines_not_a_block(bucket, tmp_path, monkeypatch,
                                                               kind):
     """The requests of a running job are read again from their input a window at a time
-    (inputs/job_requests.py): from S3, a window's lines are fetched with LINE_SLACK more, not
-    s3fs's 50 MB block (a 200k-line text job's check took 4x the local file's), and the
-    lines read are the object's."""
+    (inputs/job_requests.py): from S3, a window's lines are fetched with LINE_SLACK more in
+    one read, not s3fs's 50 MB block (~450 kB of text prompts fetched 50 MB), a window spread
+    across the file a line at a time; the lines read are the local file's."""
     import s3fs
 
     from neuron_batch.inputs.csv_file import CsvInput
