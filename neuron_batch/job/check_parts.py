@@ -210,11 +210,11 @@ def _in_order(pool: Executor, tasks: list[_Task], ahead: int,
     before all the parts are checked, so the plain rows on disk, and the parts waiting in
     memory, are a few parts', not the job's. `hand`: what is done to each task as it is given
     out and once its part is taken (`_Hand`). `meanwhile` runs on a thread of its own once
-    the first parts are out, while this one goes on giving parts out as parts
-    come back: run here, it left the processes idle from the end of those first parts until
-    it returned (on 32 cores, a 10M-line job's first 64 parts of 128 take a fraction of a
-    second; vLLM's import, `meanwhile` in a run, ~7 s). It has ended when this generator
-    ends or is closed: what it does may hold the terminal's descriptors."""
+    the first parts are out, while this one goes on giving parts out as parts come back:
+    run here, it left the processes idle from the end of those first parts until it returned
+    (on 32 cores, a 10M-line job's first 64 parts of 128 take a fraction of a second; vLLM's
+    import, `meanwhile` in a run, ~7 s). It has ended when this generator ends or is closed:
+    what it does may hold the terminal's descriptors."""
     waiting: deque[tuple[_Task, Future]] = deque()
     queued = iter(tasks)
 
@@ -509,20 +509,13 @@ def _copied(reader: LineInput | CsvInput, span: tuple[int, int], path: Path
     for a 164 MB trace in moto). A store's error is raised as one pass would raise it
     (storage/urls.py StorageError); any other OSError (a full disk, say) as `_NoRoom`, on
     which one pass streams the object instead."""
-    from neuron_batch.storage.urls import locate, translated
+    from neuron_batch.storage.urls import fetch_range
 
-    url = str(reader.path)
-    where = locate(url)
     start, end = span
     try:
         with open(path, "wb") as out:
             out.seek(start)
-            while (at := out.tell()) < end:
-                with translated(url):
-                    chunk = where.fs.cat_file(where.path, start=at,
-                                              end=min(at + COPY_CHUNK, end))
-                if not chunk:
-                    break
+            for chunk in fetch_range(str(reader.path), start, end, COPY_CHUNK):
                 out.write(chunk)
     except OSError as error:
         raise _NoRoom(str(error)) from error

@@ -150,6 +150,19 @@ def open_binary(spec: str | Path, lines: tuple[int, int] | None = None) -> Itera
         raw.close()
 
 
+def fetch_range(url: str, start: int, end: int, chunk: int) -> Iterator[bytes]:
+    """The bytes of `url`'s object from `start` to `end` (or its end), one ranged read of at
+    most `chunk` bytes at a time; a store's error as StorageError."""
+    where = locate(url)
+    while start < end:
+        with translated(url):
+            data = where.fs.cat_file(where.path, start=start, end=min(start + chunk, end))
+        if not data:
+            return
+        yield data
+        start += len(data)
+
+
 class _Fetched(io.RawIOBase):
     """An object's bytes from `start` on, fetched (one ranged read each) as they are read: the
     first `first` bytes at once, then as much again each time a read goes past them; a seek
