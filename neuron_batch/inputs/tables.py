@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from neuron_batch.inputs.prompt_records import (
     PROMPT_FIELDS,
@@ -32,6 +32,7 @@ from neuron_batch.inputs.prompt_records import (
     set_prefix,
     set_prompt,
 )
+from neuron_batch.inputs.table_spill import SpilledRows, spill
 from neuron_batch.storage.urls import open_binary
 
 #: Request-trace columns: (prompt tokens, generated tokens, arrival); the first pair found wins.
@@ -191,6 +192,10 @@ class _RowInput:
     def batches(self) -> Iterator[dict[str, list]]:
         raise NotImplementedError
 
+    def _goes_back(self, number: int) -> bool:
+        """Whether `read` would start the table from the top again for row `number`."""
+        return self._rows is not None and not -1 < self._next[0] <= number
+
     def stamp(self) -> tuple | None:
         return None
 
@@ -241,18 +246,36 @@ class ParquetInput(_RowInput):
         except self._unreadable as exc:
             raise InputError(f"{label}: not a readable Parquet file ({exc})") from exc
         self._columns = self.layout(names, prompt_column, "parquet").columns()
+        self._spilled: SpilledRows | Literal[False] | None = None    # (False: no room)
 
     def stamp(self) -> tuple | None:
         return file_stamp(self.path)
 
+    def read(self, spots: Sequence[tuple[int, int]]) -> Iterator[tuple[int, Item | None]]:
+        # Rows read from the top again each time a window goes back grew with the square of
+        # the job (inputs/table_spill.py): from the first read that goes back, every row is
+        # read where it lies in a spilled copy.
+        if self._spilled is None and spots and self._goes_back(spots[0][0]):
+            self._spilled = spill(self._arrow_batches()) or False
+        if not self._spilled:
+            yield from super().read(spots)
+            return
+        found = dict(self._spilled.rows([number for number, _ in spots]))
+        for number, _ in spots:
+            row = found.get(number)
+            yield (0, self._row(row, number)) if row is not None else (0, None)
+
     def batches(self) -> Iterator[dict[str, list]]:
+        for batch in self._arrow_batches():
+            yield {name: batch.column(name).to_pylist() for name in self._columns}
+
+    def _arrow_batches(self) -> Iterator[Any]:
         import pyarrow.parquet
 
         try:
             with open_binary(self.path) as handle:
                 table = pyarrow.parquet.ParquetFile(handle)
-                for batch in table.iter_batches(batch_size=ROWS_AT_ONCE, columns=self._columns):
-                    yield {name: batch.column(name).to_pylist() for name in self._columns}
+                yield from table.iter_batches(batch_size=ROWS_AT_ONCE, columns=self._columns)
         except self._unreadable as exc:
             raise InputError(f"{self.label}: not a readable Parquet file ({exc})") from exc
 

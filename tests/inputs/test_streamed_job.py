@@ -84,8 +84,13 @@ def test_a_streamed_job_runs_what_the_job_read_whole_runs(tiny_model, tmp_path, 
     assert requests[5].record.id == list(requests)[5].record.id     # random access too
 
 
-def test_tables_streamed_csv_parquet_saved_and_hub_data_sets(tiny_model, tmp_path):
+def test_tables_streamed_csv_parquet_saved_and_hub_data_sets(tiny_model, tmp_path,
+                                                             monkeypatch):
     import datasets
+
+    # (windows of 16 rows: a shuffled job's windows go back, and a Parquet file's are then
+    # read from its spilled copy, inputs/table_spill.py)
+    monkeypatch.setattr(job_requests, "WINDOW", 16)
 
     rows = {"TIMESTAMP": [f"2023-11-16 18:15:{10 + i % 40:02d}.5" for i in range(120)],
             "ContextTokens": [20 + i % 300 for i in range(120)],

@@ -304,3 +304,41 @@ def test_an_object_read_as_a_stream_is_fetched_once_in_blocks(bucket, monkeypatc
     with open_binary(url) as handle:
         assert handle.readline() == data[:data.index(b"\n") + 1]
     assert sum(end - start for start, end in fetched) < 1.2 * (1 << 20)
+
+
+def test_a_shuffled_parquet_job_fetches_its_object_a_few_times_not_once_a_window(
+        bucket, tmp_path, monkeypatch, tiny_model):
+    """A Parquet job run in another order than its rows' reads its rows again from a spilled
+    copy (inputs/table_spill.py): the object is fetched for the check, the first window and
+    the spill, where reading each window from the top fetched it once a window (here 30);
+    the requests are the local file's."""
+    import pyarrow
+    import pyarrow.parquet
+    import s3fs
+
+    from neuron_batch.inputs import job_requests
+    from neuron_batch.job.workload import load_workload
+    from neuron_batch.settings import RunSettings
+
+    table = pyarrow.table({"prompt": [f"question {i} " + "z" * (i % 50) for i in range(3000)],
+                           "max_tokens": [1 + i % 9 for i in range(3000)]})
+    local = tmp_path / "in.parquet"
+    pyarrow.parquet.write_table(table, local)
+    url = _put(bucket, "shuffled/in.parquet", local.read_bytes())
+    monkeypatch.setattr(job_requests, "WINDOW", 100)
+    fetched = []
+    fetch = s3fs.core.S3File._fetch_range
+
+    def spied(self, start, end):
+        fetched.append(end - start)
+        return fetch(self, start, end)
+
+    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", spied)
+    read = {}
+    for job in (url, str(local)):
+        settings = RunSettings.of((job,), model=tiny_model, device="sim", quiet=True,
+                                  shuffle=True, seed=4)
+        requests = load_workload(settings, lambda _: None).prepared.requests
+        read[job] = [(r.record.id, r.record.prompt, r.max_tokens) for r in requests]
+    assert read[url] == read[str(local)] and len(read[url]) == 3000
+    assert sum(fetched) <= 4 * local.stat().st_size
