@@ -1,13 +1,15 @@
-"""A table's rows where any one can be read: a Parquet file's chosen columns, written once to an
-uncompressed Arrow IPC file in the temporary folder and memory-mapped (`spill`), for a job that
-reads its rows again in another order than the file's (--shuffle, --order, a resume's spread
-rows: inputs/job_requests.py reads a window of 1,024 requests at a time, in job order).
+"""A table's rows where any one can be read: the chosen columns of a Parquet file or of a data
+set streamed from the hub, written once to an uncompressed Arrow IPC file in the temporary
+folder and memory-mapped (`spill`), for a job that reads its rows again in another order than
+the table's (--shuffle, --order, a resume's spread rows: inputs/job_requests.py reads a window
+of 1,024 requests at a time, in job order).
 
 Why: a Parquet file's rows can only be decoded from the start of their row group, and a
-writer's row group is commonly the whole file (pyarrow's default is 1Mi rows). Reading each
-window from the top again made a shuffled job's reads grow with the square of its rows (100k
-text prompts: 6.7 s of reading against 0.26 s in order; 10M would have taken most of a day),
-and for a file in S3 each window fetched the object again (scripts/bench_table_reads.py).
+writer's row group is commonly the whole file (pyarrow's default is 1Mi rows); a streamed data
+set can only start again from its top. Reading each window from the top made a shuffled job's
+reads grow with the square of its rows (100k rows of a trace: 6.8 s against 0.6 s in order;
+10M would have taken most of a day), and for a file in S3 each window fetched the object again
+(scripts/bench_table_reads.py).
 
 The file is unlinked as soon as it is mapped: the space comes back when the process ends,
 however it ends. Its size is the chosen columns' uncompressed Arrow size (about the text of
@@ -50,9 +52,9 @@ class SpilledRows:
 
 
 def spill(batches: Iterator[Any]) -> SpilledRows | None:
-    """`batches` (pyarrow RecordBatches of one schema) written to a temporary Arrow file and
-    mapped; None where the disk has no room for it, or for no rows. A store's error is raised:
-    the table could not be read at all."""
+    """`batches` (pyarrow record batches or tables of one schema) written to a temporary Arrow
+    file and mapped; None where the disk has no room for it, or for no rows. A store's error
+    is raised: the table could not be read at all."""
     import pyarrow as pa
 
     first = next(batches, None)
@@ -63,9 +65,9 @@ def spill(batches: Iterator[Any]) -> SpilledRows | None:
     try:
         try:
             with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, first.schema) as writer:
-                writer.write_batch(first)
+                writer.write(first)
                 for batch in batches:
-                    writer.write_batch(batch)
+                    writer.write(batch)
             # (zero-copy: the table's buffers are the mapped file's pages, not this process's)
             table = pa.ipc.open_file(pa.memory_map(path, "r")).read_all()
         except StorageError:

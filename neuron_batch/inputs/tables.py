@@ -172,7 +172,8 @@ ROWS_AT_ONCE = 4096
 
 class _RowInput:
     """A table read a batch of rows at a time (Parquet, data sets): rows come again in order
-    from where the last read ended (a read of an earlier row starts the table again)."""
+    from where the last read ended; from the first read of an earlier row, from a spilled
+    copy (or, where there is none, from the top again)."""
 
     kind: str | None
 
@@ -182,6 +183,7 @@ class _RowInput:
         self._rows: Iterator[tuple[int, dict[str, Any]]] | None = None
         # the next row the open stream gives, and its cells
         self._next: tuple[int, dict[str, Any]] = (-1, {})
+        self._spilled: SpilledRows | Literal[False] | None = None    # (False: not spilled)
 
     def layout(self, names: list[str], prompt_column: str, kind: str) -> TableLayout:
         layout = choose_layout(names, prompt_column, self.label)
@@ -204,6 +206,20 @@ class _RowInput:
             yield number, number, 0, self._row(row, number)
 
     def read(self, spots: Sequence[tuple[int, int]]) -> Iterator[tuple[int, Item | None]]:
+        # A table's rows decode only from the start of a row group (commonly the whole file):
+        # read from the top each time a window went back, the reads grew with the square of
+        # the job. From the first read that goes back, every row is read where it lies in a
+        # spilled copy (inputs/table_spill.py), where the table gives Arrow batches and the
+        # disk has room.
+        if self._spilled is None and spots and self._goes_back(spots[0][0]):
+            batches = self._arrow_batches()
+            self._spilled = (spill(batches) if batches is not None else None) or False
+        if self._spilled:
+            found = dict(self._spilled.rows([number for number, _ in spots]))
+            for number, _ in spots:
+                row = found.get(number)
+                yield (0, self._row(row, number)) if row is not None else (0, None)
+            return
         for number, _ in spots:
             if self._rows is None or self._next[0] > number:
                 self._rows = self._all_rows()
@@ -211,6 +227,11 @@ class _RowInput:
             while -1 < self._next[0] < number:
                 self._next = next(self._rows, (-1, {}))
             yield (0, self._row(self._next[1], number)) if self._next[0] == number else (0, None)
+
+    def _arrow_batches(self) -> Iterator[Any] | None:
+        """The table's chosen columns as pyarrow record batches or tables, in row order; None
+        where it cannot give them (then it is never spilled)."""
+        return None
 
     def _all_rows(self) -> Iterator[tuple[int, dict[str, Any]]]:
         number = 0
@@ -246,24 +267,9 @@ class ParquetInput(_RowInput):
         except self._unreadable as exc:
             raise InputError(f"{label}: not a readable Parquet file ({exc})") from exc
         self._columns = self.layout(names, prompt_column, "parquet").columns()
-        self._spilled: SpilledRows | Literal[False] | None = None    # (False: no room)
 
     def stamp(self) -> tuple | None:
         return file_stamp(self.path)
-
-    def read(self, spots: Sequence[tuple[int, int]]) -> Iterator[tuple[int, Item | None]]:
-        # Rows read from the top again each time a window goes back grew with the square of
-        # the job (inputs/table_spill.py): from the first read that goes back, every row is
-        # read where it lies in a spilled copy.
-        if self._spilled is None and spots and self._goes_back(spots[0][0]):
-            self._spilled = spill(self._arrow_batches()) or False
-        if not self._spilled:
-            yield from super().read(spots)
-            return
-        found = dict(self._spilled.rows([number for number, _ in spots]))
-        for number, _ in spots:
-            row = found.get(number)
-            yield (0, self._row(row, number)) if row is not None else (0, None)
 
     def batches(self) -> Iterator[dict[str, list]]:
         for batch in self._arrow_batches():
@@ -368,3 +374,7 @@ class DatasetInput(_RowInput):
     def batches(self) -> Iterator[dict[str, list]]:
         for batch in self._dataset.iter(batch_size=ROWS_AT_ONCE):
             yield {name: batch[name] for name in self._columns}
+
+    def _arrow_batches(self) -> Iterator[Any] | None:
+        # (the hub's, streamed: read from the top again, it streamed the data set again)
+        return self._dataset.with_format("arrow").iter(batch_size=ROWS_AT_ONCE)

@@ -124,3 +124,28 @@ print("same rows")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "same rows" in done.stdout
     assert [p.name for p in tmp_path.iterdir()] == ["p.parquet"]
+
+
+def test_a_streamed_data_set_is_streamed_twice_not_once_a_window(tmp_path, monkeypatch):
+    """A data set streamed from the hub (here a local folder, streamed as the hub's is) can
+    only start again from its top: read again in another order, it is streamed for the first
+    window and for the spill, and gives the rows a read in order gives."""
+    pytest.importorskip("datasets")
+    from neuron_batch.inputs.tables import read_hub_dataset
+
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    write_table(hub / "train.parquet", 500, seed=3)
+    spec = f"hf:{hub}"
+    want = read_in_windows(read_hub_dataset(spec, "prompt", "train"), list(range(500)), 500)
+    table = read_hub_dataset(spec, "prompt", "train")
+    streamed = []
+    for name in ("batches", "_arrow_batches"):
+        real = getattr(table, name)
+        monkeypatch.setattr(table, name, lambda real=real, name=name: streamed.append(name)
+                            or real())
+    order = list(range(500))
+    random.Random(5).shuffle(order)
+    got = read_in_windows(table, order, 25)
+    assert {n: as_read(i) for n, i in got.items()} == {n: as_read(i) for n, i in want.items()}
+    assert streamed == ["batches", "_arrow_batches"]
