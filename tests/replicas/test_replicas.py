@@ -138,33 +138,12 @@ def replica_pid(folder: Path, replica: int) -> int | None:
 
 
 # -- the two-node cluster ------------------------------------------------------------------------
-def test_sim_replicas_on_two_nodes(cluster, node_ids, tmp_path):
-    out = tmp_path / "run"
-    result = invoke(["run", trace_slice(tmp_path / "t.csv", 300), *SIM, "--ray", cluster.address,
-                     "--replicas", "2", "-o", str(out)])
-    assert result.exit_code == 0, result.output
-    ids = [row["id"] for row in outputs(out)]
-    assert len(ids) == len(set(ids)) == 300
-    report = report_of(out)
-    assert report["requests"]["completed"] == 300 and report["requests"]["pending"] == 0
-    replicas = report["replicas"]
-    assert {r["node"] for r in replicas} == node_ids          # both nodes used
-    assert all(r["requests"] > 0 for r in replicas)
-    assert_totals_match_replicas(report)
-    assert report["throughput"]["elapsed_s"] == max(r["elapsed_s"] for r in replicas)
-    assert report["config"]["replicas"] == 2
-    assert [r["device"] for r in replicas] == ["sim inf2.48xlarge#0 cores 0-3",
-                                               "sim inf2.48xlarge#0 cores 4-7"]
-    assert "Replicas (2" in result.output                     # the terminal table
-    batch = json.loads((out / "batch.json").read_text())      # written as the replicas finish
-    assert batch["request_counts"] == {"total": 300, "completed": 300, "failed": 0}
-    assert batch["usage"]["output_tokens"] == report["tokens"]["output"]
-
-
-def test_the_driver_holds_only_the_batches_in_flight(cluster, tmp_path, monkeypatch):
-    """The driver makes batches as the replicas drain (replicas/feed.py): the requests it holds
-    (sent to the replicas, not yet written back) never pass two rounds of what every replica
-    runs at once, a third of this job; every request still ends in outputs.jsonl once."""
+def test_sim_replicas_on_two_nodes(cluster, node_ids, tmp_path, monkeypatch):
+    """A trace on two simulated replicas, one on each node: every request once, the report's
+    totals the replicas', batch.json written as they finish. The driver makes batches as the
+    replicas drain (replicas/feed.py): the requests it holds (sent to the replicas, not yet
+    written back) never pass two rounds of what every replica runs at once, a third of this
+    job. (One run for both: each run starts two Ray workers that import vLLM.)"""
     from neuron_batch.replicas import feed
 
     held, caps = [], []
@@ -179,12 +158,26 @@ def test_the_driver_holds_only_the_batches_in_flight(cluster, tmp_path, monkeypa
     monkeypatch.setattr(feed.BatchFeed, "_send", send)
     out = tmp_path / "run"
     result = invoke(["run", trace_slice(tmp_path / "t.csv", 3000), *SIM, "--ray",
-                     cluster.address, "--replicas", "2", "-q", "-o", str(out)])
+                     cluster.address, "--replicas", "2", "-o", str(out)])
     assert result.exit_code == 0, result.output
     ids = [row["id"] for row in outputs(out)]
     assert len(ids) == len(set(ids)) == 3000
     assert len(held) == len(caps) > 100
     assert max(held) <= caps[0] < 3000 / 2
+    report = report_of(out)
+    assert report["requests"]["completed"] == 3000 and report["requests"]["pending"] == 0
+    replicas = report["replicas"]
+    assert {r["node"] for r in replicas} == node_ids          # both nodes used
+    assert all(r["requests"] > 0 for r in replicas)
+    assert_totals_match_replicas(report)
+    assert report["throughput"]["elapsed_s"] == max(r["elapsed_s"] for r in replicas)
+    assert report["config"]["replicas"] == 2
+    assert [r["device"] for r in replicas] == ["sim inf2.48xlarge#0 cores 0-3",
+                                               "sim inf2.48xlarge#0 cores 4-7"]
+    assert "Replicas (2" in result.output                     # the terminal table
+    batch = json.loads((out / "batch.json").read_text())      # written as the replicas finish
+    assert batch["request_counts"] == {"total": 3000, "completed": 3000, "failed": 0}
+    assert batch["usage"]["output_tokens"] == report["tokens"]["output"]
 
 
 def test_every_batch_line_ends_in_one_record_on_cpu_replicas(cluster, node_ids, tmp_path):
