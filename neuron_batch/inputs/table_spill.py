@@ -24,8 +24,6 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from neuron_batch.storage.urls import StorageError
-
 
 class SpilledRows:
     """A table's rows, read by their 0-based number (`rows`)."""
@@ -53,8 +51,9 @@ class SpilledRows:
 
 def spill(batches: Iterator[Any]) -> SpilledRows | None:
     """`batches` (pyarrow record batches or tables of one schema) written to a temporary Arrow
-    file and mapped; None where the disk has no room for it, or for no rows. A store's error
-    is raised: the table could not be read at all."""
+    file and mapped; None for no rows, or where it could not be written (a full disk; or an
+    OSError the batches raise, which the caller's read from the top then meets and names as
+    it always has)."""
     import pyarrow as pa
 
     first = next(batches, None)
@@ -70,9 +69,7 @@ def spill(batches: Iterator[Any]) -> SpilledRows | None:
                     writer.write(batch)
             # (zero-copy: the table's buffers are the mapped file's pages, not this process's)
             table = pa.ipc.open_file(pa.memory_map(path, "r")).read_all()
-        except StorageError:
-            raise
-        except OSError:         # (a full disk: pyarrow raises its IOError as OSError)
+        except OSError:         # (pyarrow raises its IOError as OSError)
             return None
     finally:
         os.unlink(path)
