@@ -16,12 +16,12 @@ part, a CR-LF blank line: a row at a time, which took a 10M-line trace's check 7
 every part's rows were rewritten). A part of an input in object storage is copied to a local
 file first, as it is given out, and checked and counted there: one ranged read a part.
 
-Only where it pays and changes nothing: a job in input order (no --shuffle, no --limit) of
-about MIN_LINES lines or more, on a host with more than one core; not a JSON array (one
-parse), a table or data set, nor a CSV where a row needs the one before (a quoted value over
-two lines: a part that meets one gives the job back to one pass, `Uncut`; a TIMESTAMP column
-whose first row gives no time zero). `NEURON_BATCH_CHECK_PROCESSES` sets the processes (1:
-never split).
+Only where it pays and changes nothing: a job without --limit (a --shuffle's order is made
+from the joined columns, as after one pass) of about MIN_LINES lines or more, on a host with
+more than one core; not a JSON array (one parse), a table or data set, nor a CSV where a row
+needs the one before (a quoted value over two lines: a part that meets one gives the job back
+to one pass, `Uncut`; a TIMESTAMP column whose first row gives no time zero).
+`NEURON_BATCH_CHECK_PROCESSES` sets the processes (1: never split).
 """
 
 from __future__ import annotations
@@ -158,7 +158,9 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
     from neuron_batch.storage.urls import is_url
 
     count = processes()
-    if (count < 2 or settings.shuffle or settings.limit is not None
+    # (--shuffle: its order is made once the parts are joined, as after one pass; --limit
+    # without it leaves the records past the limit unchecked, which a part cannot place)
+    if (count < 2 or settings.limit is not None
             or not all(isinstance(r, (LineInput, CsvInput)) for r in inputs.readers)):
         return None
     readers: list[LineInput | CsvInput] = list(inputs.readers)  # type: ignore[arg-type]

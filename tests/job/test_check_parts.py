@@ -82,10 +82,11 @@ def _seen(workload):
     }
 
 
-@pytest.mark.parametrize("values", [{}, {"temperature": 0.3, "seed": 9, "max_tokens": 5}])
+@pytest.mark.parametrize("values", [{}, {"temperature": 0.3, "seed": 9, "max_tokens": 5},
+                                    {"shuffle": True, "seed": 5}])
 def test_a_check_in_parts_is_the_check_in_one_process(tiny_model, tmp_path, monkeypatch,
                                                       split_check, values):
-    text = not values       # (the run's seed on every request: shown without text)
+    text = "temperature" not in values     # (the run's seed on every request: no text)
     first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     first.write_text(_lines(700, 1, text))
     second.write_text(_lines(300, 2, text))
@@ -102,7 +103,14 @@ def test_a_check_in_parts_is_the_check_in_one_process(tiny_model, tmp_path, monk
     # (what the comparison covers is there: problems of both kinds, in both inputs)
     assert any("b.jsonl" in p[0] and "malformed" in p[0] for p in seen_whole["problems"])
     assert any(p[2] for p in seen_whole["problems"])     # a prompt too long
-    assert len(seen_whole["rows"]) == len(whole.prepared.requests) > 800
+    assert len(whole.prepared.requests) > 800
+    if values.get("shuffle"):       # (no rows made: a shuffled job's are made in their order)
+        assert seen_whole["rows"] is None
+        lines = [int(r[2].rsplit(":", 1)[1]) for r in seen_whole["requests"]
+                 if "a.jsonl" in r[2]]
+        assert lines != sorted(lines)   # (the job's order is not the file's)
+    else:
+        assert len(seen_whole["rows"]) == len(whole.prepared.requests)
 
 
 def test_an_openai_batch_file_in_parts(tiny_model, tmp_path, monkeypatch, split_check):
