@@ -20,6 +20,7 @@ from neuron_batch.inputs.mooncake import MAX_HASH_ID, MOONCAKE_BLOCK
 from neuron_batch.inputs.prefix_bound import PrefixBound
 from neuron_batch.inputs.prompt_records import InputProblem, PromptRecord
 from neuron_batch.inputs.shared_prefix import DEFAULT_BLOCK, prefix_order, prefix_order_alone
+from neuron_batch.inputs.text_tokens import TextTokens
 from neuron_batch.inputs.tool_calls import TOOLS, takes_tools, tools_of
 from neuron_batch.runtimes.buckets import round_model_len
 
@@ -454,6 +455,7 @@ class _TextBatches:
         self._on = bool(getattr(tokenizer, "is_fast", False)) and any(
             self._batched(r) for r in records)
         self._tokenizer = tokenizer
+        self._tokens = TextTokens(tokenizer) if self._on else None
         self._next = 0                  # the first record not batched yet
         self._batch: dict[int, list[int]] = {}     # id(record) -> its ids
 
@@ -472,22 +474,23 @@ class _TextBatches:
     def _encode_next(self) -> None:
         chunk = self._records[self._next:self._next + TEXT_BATCH]
         self._next += TEXT_BATCH
+        assert self._tokens is not None     # (`ids` batches nothing while off)
         texts = [r for r in chunk if _plain_text(r)]
         if texts:
-            encoded = self._tokenizer([r.prompt for r in texts]).input_ids
-            self._batch.update((id(r), list(ids)) for r, ids in zip(texts, encoded))
+            encoded = self._tokens.ids([cast(str, r.prompt) for r in texts], special=True)
+            self._batch.update((id(r), ids) for r, ids in zip(texts, encoded))
         chats = [r for r in chunk if self._chats and _plain_chat(r)]
         if chats:
-            # (as `_token_ids` renders one: each conversation rendered alone, then the texts
-            # tokenized without special tokens, in one call)
+            # (as `_token_ids` renders one, and as the template's own tokenize=True does:
+            # each conversation rendered alone, then the texts tokenized without special
+            # tokens, at once)
             try:
                 rendered = self._tokenizer.apply_chat_template(
-                    [r.messages for r in chats], add_generation_prompt=True, tokenize=True)
+                    [r.messages for r in chats], add_generation_prompt=True, tokenize=False)
             except Exception:   # (a template that refuses one: each is tried on its own)
                 return
-            if isinstance(rendered, dict) or hasattr(rendered, "input_ids"):
-                rendered = rendered["input_ids"]
-            self._batch.update((id(r), list(ids)) for r, ids in zip(chats, rendered))
+            encoded = self._tokens.ids(rendered, special=False)
+            self._batch.update((id(r), ids) for r, ids in zip(chats, encoded))
 
 
 def batch_token_ids(records: Sequence[PromptRecord], tokenizer: Any,
