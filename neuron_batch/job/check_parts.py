@@ -327,11 +327,17 @@ class _Join:
         base.facts = self.tally.result()
 
 
+#: The tokenizer a process of the pool loaded for its first part that needed one, kept for
+#: its later parts (up to PARTS_A_PROCESS): a load took ~0.5 s a part. A pool lives for one
+#: check, so one job.
+_TOKENIZERS: dict[str, Any] = {}
+
+
 def _check_part(task: _Task) -> _Part | _Failed:
     """One part checked (in a process of the pool)."""
     try:
         scan = Scan(task.settings, task.model, spool=task.spool, block=task.block,
-                    rows_path=task.rows_path)
+                    rows_path=task.rows_path, tokenizers=_TOKENIZERS)
         scan.row_base = task.base
         inputs = InputScan.of_span(task.reader, task.spec, task.number, task.span,
                                    default_max_tokens=task.settings.max_tokens, plain=True)

@@ -470,3 +470,26 @@ def test_parts_of_an_object_are_checked_from_their_copies(tiny_model, tmp_path, 
 
     assert named(remote, url) == named(whole, local)
     assert len(whole["problems"]) == 1 and len(whole["requests"]) == 498
+
+
+def test_a_processes_parts_share_the_tokenizer_its_first_part_loaded(tiny_model, monkeypatch):
+    """Each part's Scan loads the tokenizer when a record first needs it; the parts a pool
+    process checks after its first keep that one (check_parts._TOKENIZERS), where each loaded
+    its own before (~0.5 s a part). A Scan given no such dict loads its own."""
+    from neuron_batch.engine import models
+    from neuron_batch.job.check import Scan, model_source
+
+    loads = []
+    real = models.load_tokenizer
+    monkeypatch.setattr(models, "load_tokenizer",
+                        lambda source: loads.append(source.path) or real(source))
+    settings = RunSettings.of(("x.jsonl",), model=tiny_model, device="sim", quiet=True)
+    source = model_source(settings, lambda _: None)
+    held: dict = {}
+    first, second = (Scan(settings, source, tokenizers=held) for _ in range(2))
+    assert first.tokenizer() is second.tokenizer() is not None
+    assert len(loads) == 1 and list(held) == loads
+    alone = Scan(settings, source)
+    assert alone.tokenizer() is not None and alone.tokenizer() is not first.tokenizer()
+    assert len(loads) == 2
+    assert first.tokenizer_name == alone.tokenizer_name == source.tokenizer_name
