@@ -29,11 +29,13 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +68,14 @@ def read_all(job: str, shuffle: bool) -> float:
     return took
 
 
+@contextmanager
+def _removed(folder: Path) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="20000,100000,1000000", help="rows (comma)")
@@ -83,7 +93,7 @@ def main() -> None:
         server = moto_server(workdir)
     else:
         server = nullcontext(None)
-    with server as endpoint:
+    with server as endpoint, _removed(workdir):
         store = None
         if endpoint is not None:
             os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench",

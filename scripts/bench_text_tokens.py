@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -93,27 +94,30 @@ def main() -> None:
 
     tokenizer = load_tokenizer(resolve_model(None))
     workdir = Path(tempfile.mkdtemp(prefix="neuron-batch-tokens-bench-"))
-    path = bench_scale.write_job("text", max(args.texts, args.lines), workdir, 64)
-    texts = [json.loads(line)["prompt"] for line in path.open()][:args.texts]
-    print(f"{'what':<26}{'call':>10}{'direct':>10}{'call/direct':>13}", flush=True)
-    for chats in (False, True):
-        times = {way: [per_prompt(tokenizer, texts, chats, way == "direct")
-                       for _ in range(args.repeats)] for way in ("call", "direct")}
-        call, direct = (statistics.median(times[w]) for w in ("call", "direct"))
-        what = f"{len(texts):,} {'chats' if chats else 'texts'} (us each)"
+    try:
+        path = bench_scale.write_job("text", max(args.texts, args.lines), workdir, 64)
+        texts = [json.loads(line)["prompt"] for line in path.open()][:args.texts]
+        print(f"{'what':<26}{'call':>10}{'direct':>10}{'call/direct':>13}", flush=True)
+        for chats in (False, True):
+            times = {way: [per_prompt(tokenizer, texts, chats, way == "direct")
+                           for _ in range(args.repeats)] for way in ("call", "direct")}
+            call, direct = (statistics.median(times[w]) for w in ("call", "direct"))
+            what = f"{len(texts):,} {'chats' if chats else 'texts'} (us each)"
+            print(f"{what:<26}{call:>10.1f}{direct:>10.1f}{call / direct:>13.2f}", flush=True)
+        lines = workdir / "lines.jsonl"
+        with path.open() as source, lines.open("w") as out:
+            for _, line in zip(range(args.lines), source):
+                out.write(line)
+        check_seconds(lines, True)          # (imports, the model's files)
+        seconds: dict[str, list[float]] = {"call": [], "direct": []}
+        for _ in range(args.repeats):       # (turn about)
+            seconds["call"].append(check_seconds(lines, False))
+            seconds["direct"].append(check_seconds(lines, True))
+        call, direct = (statistics.median(seconds[w]) for w in ("call", "direct"))
+        what = f"check, {args.lines:,} lines (s)"
         print(f"{what:<26}{call:>10.1f}{direct:>10.1f}{call / direct:>13.2f}", flush=True)
-    lines = workdir / "lines.jsonl"
-    with path.open() as source, lines.open("w") as out:
-        for _, line in zip(range(args.lines), source):
-            out.write(line)
-    check_seconds(lines, True)          # (imports, the model's files)
-    seconds: dict[str, list[float]] = {"call": [], "direct": []}
-    for _ in range(args.repeats):       # (turn about)
-        seconds["call"].append(check_seconds(lines, False))
-        seconds["direct"].append(check_seconds(lines, True))
-    call, direct = (statistics.median(seconds[w]) for w in ("call", "direct"))
-    what = f"check, {args.lines:,} lines (s)"
-    print(f"{what:<26}{call:>10.1f}{direct:>10.1f}{call / direct:>13.2f}", flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
