@@ -9,8 +9,11 @@ same vLLM code the engine runs.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import json
+import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -57,8 +60,16 @@ def tiny_model_dir(vocab_size: int = TINY_LLAMA_CONFIG["vocab_size"]) -> str:
     """A directory holding only a config.json, created once per process (per vocabulary: a
     scheduler given a tokenizer needs the model's vocabulary to be the tokenizer's)."""
     path = Path(tempfile.mkdtemp(prefix="neuron-batch-tiny-model-"))
+    # (one a process: each run left one in /tmp; a forked child inherits the hook, and only
+    # the process that made the folder removes it)
+    atexit.register(_remove_if_made_here, path, os.getpid())
     (path / "config.json").write_text(json.dumps({**TINY_LLAMA_CONFIG, "vocab_size": vocab_size}))
     return str(path)
+
+
+def _remove_if_made_here(path: Path, pid: int) -> None:
+    if os.getpid() == pid:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def make_scheduler(
