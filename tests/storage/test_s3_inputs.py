@@ -23,6 +23,25 @@ def _put(bucket: str, key: str, data: bytes) -> str:
     return f"s3://{bucket}/{key}"
 
 
+def _spy_fetches(monkeypatch) -> list[tuple[int, int]]:
+    """The (start, end) of each byte range an s3fs file fetches from here on."""
+    import s3fs
+
+    fetched: list[tuple[int, int]] = []
+    fetch = s3fs.core.S3File._fetch_range
+
+    def spied(self, start, end):
+        fetched.append((start, end))
+        return fetch(self, start, end)
+
+    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", spied)
+    return fetched
+
+
+def _bytes(fetched: list[tuple[int, int]]) -> int:
+    return sum(end - start for start, end in fetched)
+
+
 def _jsonl(rows) -> bytes:
     return "".join(json.dumps(row) + "\n" for row in rows).encode()
 
@@ -224,7 +243,6 @@ def test_a_window_read_again_fetches_its_lines_not_a_block(bucket, tmp_path, mon
     (inputs/job_requests.py): from S3, a window's lines are fetched with LINE_SLACK more in
     one read, not s3fs's 50 MB block (~450 kB of text prompts fetched 50 MB), a window spread
     across the file a line at a time; the lines read are the local file's."""
-    import s3fs
 
     from neuron_batch.inputs.csv_file import CsvInput
     from neuron_batch.inputs.line_files import LineInput
@@ -239,19 +257,14 @@ def test_a_window_read_again_fetches_its_lines_not_a_block(bucket, tmp_path, mon
     local.write_bytes(data)
     reader = LineInput(url, url) if kind == "jsonl" else CsvInput(url, url, "prompt")
     list(reader.scan())                     # (the kind, a CSV's header: as the check reads)
-    fetched = []
+    fetched = _spy_fetches(monkeypatch)     # (an s3fs file's reads)
     store = locate(url).fs      # (fsspec keeps one: its sync methods are bound as it is made)
-    fetch, cat = s3fs.core.S3File._fetch_range, store.cat_file
-
-    def spied_fetch(self, start, end):      # (an s3fs file's reads)
-        fetched.append(end - start)
-        return fetch(self, start, end)
+    cat = store.cat_file
 
     def spied_cat(path, start=None, end=None, **options):
-        fetched.append(end - start)
+        fetched.append((start, end))
         return cat(path, start=start, end=end, **options)
 
-    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", spied_fetch)
     monkeypatch.setattr(store, "cat_file", spied_cat)
     monkeypatch.setattr("neuron_batch.storage.urls.LINES_AT_ONCE", 1 << 20)
     starts = [0]
@@ -265,12 +278,12 @@ def test_a_window_read_again_fetches_its_lines_not_a_block(bucket, tmp_path, mon
     assert got == list(same.read(spots)) and len(got) == 1024
     assert all(item is not None for _, item in got)
     assert len(fetched) == 1
-    assert sum(fetched) <= spots[-1][0] - spots[0][0] + LINE_SLACK < len(data) / 4
+    assert _bytes(fetched) <= spots[-1][0] - spots[0][0] + LINE_SLACK < len(data) / 4
     fetched.clear()         # (a window out of input order: each line where it is)
     scattered = spots[::97] + [(starts[19_000], 19_001)]
     got = list(reader.read(scattered))
     assert len(got) == len(scattered) and all(item is not None for _, item in got)
-    assert sum(fetched) <= len(scattered) * LINE_SLACK < len(data) / 4
+    assert _bytes(fetched) <= len(scattered) * LINE_SLACK < len(data) / 4
 
 
 def test_an_object_read_as_a_stream_is_fetched_once_in_blocks(bucket, monkeypatch):
@@ -278,7 +291,6 @@ def test_an_object_read_as_a_stream_is_fetched_once_in_blocks(bucket, monkeypatc
     STREAM_BLOCK fetches: each byte fetched once, the items the object's, and a line read
     fetches a buffer's worth, not the object (s3fs's own file read a line by reading and
     slicing a 50 MB block: a 200k-line text job's check took 4x the local file's)."""
-    import s3fs
 
     from neuron_batch.inputs.line_files import LineInput
     from neuron_batch.storage.urls import open_binary
@@ -286,24 +298,17 @@ def test_an_object_read_as_a_stream_is_fetched_once_in_blocks(bucket, monkeypatc
     data = "".join(json.dumps({"prompt": f"p {i} " + "y" * (i % 900)}) + "\n"
                    for i in range(7000)).encode()
     url = _put(bucket, "stream/in.jsonl", data)
-    fetched = []
-    fetch = s3fs.core.S3File._fetch_range
-
-    def spied(self, start, end):
-        fetched.append((start, end))
-        return fetch(self, start, end)
-
-    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", spied)
+    fetched = _spy_fetches(monkeypatch)
     monkeypatch.setattr("neuron_batch.storage.urls.STREAM_BLOCK", 1 << 16)
     items = [item for *_, item in LineInput(url, url).scan()]
     assert len(items) == 7000 and items[-1][0].prompt.startswith("p 6999 ")
     assert len(data) > 3 << 20
-    assert sum(end - start for start, end in fetched) <= len(data) + 2 * (1 << 16)
+    assert _bytes(fetched) <= len(data) + 2 * (1 << 16)
     assert all(a[1] <= b[0] for a, b in zip(fetched, fetched[1:]))     # none twice
     fetched.clear()
     with open_binary(url) as handle:
         assert handle.readline() == data[:data.index(b"\n") + 1]
-    assert sum(end - start for start, end in fetched) < 1.2 * (1 << 20)
+    assert _bytes(fetched) < 1.2 * (1 << 20)
 
 
 def test_a_shuffled_parquet_job_fetches_its_object_a_few_times_not_once_a_window(
@@ -314,7 +319,6 @@ def test_a_shuffled_parquet_job_fetches_its_object_a_few_times_not_once_a_window
     the requests are the local file's."""
     import pyarrow
     import pyarrow.parquet
-    import s3fs
 
     from neuron_batch.inputs import job_requests
     from neuron_batch.job.workload import load_workload
@@ -326,14 +330,7 @@ def test_a_shuffled_parquet_job_fetches_its_object_a_few_times_not_once_a_window
     pyarrow.parquet.write_table(table, local)
     url = _put(bucket, "shuffled/in.parquet", local.read_bytes())
     monkeypatch.setattr(job_requests, "WINDOW", 100)
-    fetched = []
-    fetch = s3fs.core.S3File._fetch_range
-
-    def spied(self, start, end):
-        fetched.append(end - start)
-        return fetch(self, start, end)
-
-    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", spied)
+    fetched = _spy_fetches(monkeypatch)
     read = {}
     for job in (url, str(local)):
         settings = RunSettings.of((job,), model=tiny_model, device="sim", quiet=True,
@@ -341,4 +338,4 @@ def test_a_shuffled_parquet_job_fetches_its_object_a_few_times_not_once_a_window
         requests = load_workload(settings, lambda _: None).prepared.requests
         read[job] = [(r.record.id, r.record.prompt, r.max_tokens) for r in requests]
     assert read[url] == read[str(local)] and len(read[url]) == 3000
-    assert sum(fetched) <= 4 * local.stat().st_size
+    assert _bytes(fetched) <= 4 * local.stat().st_size
