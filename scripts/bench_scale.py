@@ -26,6 +26,7 @@ and times the run. It prints, against the run at `--base` requests (10k by defau
     .venv/bin/python scripts/bench_scale.py --weigh 100000,1000000   # auto's weighing
     .venv/bin/python scripts/bench_scale.py --rows 200000     # the request rows' pass
     .venv/bin/python scripts/bench_scale.py --parts 1000000 --kinds tokens,text  # split check
+    .venv/bin/python scripts/bench_scale.py --parts 300000 --kinds parquet-tokens,parquet-text
     .venv/bin/python scripts/bench_scale.py --prefix-order 1000000   # --order prefix's memory
 
 One run of each size: the ratios are between sizes of one invocation on one machine (the
@@ -667,20 +668,30 @@ def prefix_order_check(size: int, workdir: Path) -> None:
 
 def _parts_job(kind: str, size: int, workdir: Path, text_cap: int) -> Path:
     """`size` requests drawn from the trace: JSON lines of prompt_len ("tokens") or of text,
-    or the token-count CSV the other checks run ("trace")."""
+    the same as a Parquet file ("parquet-tokens", "parquet-text": pyarrow's row groups, 1Mi
+    rows each), or the token-count CSV the other checks run ("trace")."""
     if kind == "trace":
         return write_job("tokens", size, workdir, text_cap)
     rng = random.Random(size)
     rows = trace_rows()
-    job = workdir / f"parts-{kind}-{size}.jsonl"
+    lines = kind.removeprefix("parquet-")
+    job = workdir / f"parts-{lines}-{size}.jsonl"
     with open(job, "w") as handle:
         for i in range(size):
             prompt, output = rows[rng.randrange(len(rows))]
-            line = ({"prompt_len": prompt, "max_tokens": output} if kind == "tokens" else
+            line = ({"prompt_len": prompt, "max_tokens": output} if lines == "tokens" else
                     {"prompt": f"{i} " + " ".join(rng.choice(_WORDS) for _ in range(
                         min(prompt, text_cap))), "max_tokens": output})
             handle.write(json.dumps(line) + "\n")
-    return job
+    if lines == kind:
+        return job
+    import pyarrow.json
+    import pyarrow.parquet
+
+    table = workdir / f"parts-{lines}-{size}.parquet"
+    pyarrow.parquet.write_table(pyarrow.json.read_json(job), table)
+    job.unlink()
+    return table
 
 
 def rows_check(size: int, workdir: Path) -> None:

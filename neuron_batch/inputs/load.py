@@ -27,7 +27,12 @@ from neuron_batch.inputs.prompt_records import (
     PromptRecord,
     Scanned,
 )
-from neuron_batch.inputs.tables import ParquetInput, read_hub_dataset, read_saved_dataset
+from neuron_batch.inputs.tables import (
+    DatasetInput,
+    ParquetInput,
+    read_hub_dataset,
+    read_saved_dataset,
+)
 from neuron_batch.storage.urls import expand, is_url, suffix_of
 
 
@@ -66,6 +71,14 @@ def expand_inputs(inputs: Sequence[str | Path]) -> list[str]:
     for spec in inputs:
         out.extend(expand(str(spec)) if is_url(str(spec)) else [str(spec)])
     return out
+
+
+#: The readers whose parts `scan(span)` reads, each on its own, where `cuttable()` says so
+#: (job/check_parts.py): line files and CSVs by byte ranges at line starts, Parquet files and
+#: saved data sets by rows (`ROW_READERS`).
+ROW_READERS = (ParquetInput, DatasetInput)
+CUT_READERS = (LineInput, CsvInput, *ROW_READERS)
+CutReader = LineInput | CsvInput | ParquetInput | DatasetInput
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,7 +167,7 @@ class InputScan:
         for number, (spec, reader) in enumerate(zip(self.specs, self.readers)):
             empty = True
             items: Iterator[Scanned | PlainRows]
-            if isinstance(reader, (CsvInput, LineInput)):   # (what can be cut, and blocks)
+            if isinstance(reader, CUT_READERS):   # (what can be cut, and blocks)
                 items = reader.scan(self._span[1] if self._span else None, plain=self.plain)
             else:
                 assert self._span is None

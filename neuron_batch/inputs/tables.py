@@ -133,6 +133,17 @@ class RowMapper:
             set_prefix(record, prefix_id, prefix_len, from_text=from_text)
         return record, layout.id_column or "id"
 
+    def take_origin(self, row: Mapping[str, Any]) -> None:
+        """Time zero taken from `row` (the table's first) where its arrival is a date and
+        time, as reading it first would take it: a part of the table read on its own (job/
+        check_parts.py) then times its rows as one pass would."""
+        column = self.layout.arrival_column
+        if column in DATETIME_ARRIVAL_COLUMNS and self.time_origin is None:
+            try:
+                self._arrival_s(row.get(column), column)
+            except FieldError:
+                pass    # (no time zero: the table is read in one pass, which names the row)
+
     def _arrival_s(self, value: Any, column: str) -> float:
         if column not in DATETIME_ARRIVAL_COLUMNS:
             return check_number(value, column, minimum=0.0, from_text=self.from_text)
@@ -184,6 +195,8 @@ class _RowInput:
         # the next row the open stream gives, and its cells
         self._next: tuple[int, dict[str, Any]] = (-1, {})
         self._spilled: SpilledRows | Literal[False] | None = None    # (False: not spilled)
+        self._zero_looked = False
+        self.span_lines = 0     # (the rows `scan(span)` read: the next span's line shift)
 
     def layout(self, names: list[str], prompt_column: str, kind: str) -> TableLayout:
         layout = choose_layout(names, prompt_column, self.label)
@@ -194,6 +207,70 @@ class _RowInput:
     def batches(self) -> Iterator[dict[str, list]]:
         raise NotImplementedError
 
+    def _time_zero(self) -> bool:
+        """Whether the rows' arrivals can be timed: a TIMESTAMP column's time zero is the
+        table's first row's, taken from it here where nothing has read it yet (rows read
+        again out of order, or a part of the table read on its own, would each take their
+        first row's)."""
+        mapper = self._mapper
+        assert mapper is not None
+        if mapper.layout.arrival_column not in DATETIME_ARRIVAL_COLUMNS:
+            return True
+        if mapper.time_origin is None and not self._zero_looked:
+            self._zero_looked = True    # (a first row without a time: looked at once)
+            for _, row in self._all_rows():
+                mapper.take_origin(row)
+                break
+        return mapper.time_origin is not None
+
+    # -- parts: a check split across processes (job/check_parts.py) reads rows `span`
+    # [start, end) of the table in each; its rows keep their own numbers (where and source),
+    # their lines counted from the part's start as a line file's are.
+
+    def group_rows(self) -> list[int]:
+        """The rows of each group a part decodes from the start of ([] where unknown)."""
+        return []
+
+    def _rows_in(self, start: int, end: int) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Rows [start, end) with their numbers."""
+        raise NotImplementedError
+
+    def cuttable(self) -> bool:
+        """Whether a part read on its own (`scan(span)`) reads its rows as one pass would:
+        its rows can be found where they lie, and a TIMESTAMP column's time zero
+        (`_time_zero`) is known."""
+        return bool(self.group_rows()) and self._time_zero()
+
+    def spans(self, parts: int, *, whole_groups: bool) -> list[tuple[int, int]]:
+        """The rows cut into about `parts` spans of as many rows; `whole_groups`: cut only
+        between row groups (a part then reads only its own groups' bytes: an object in
+        storage is fetched once, not once a part of a group)."""
+        groups = self.group_rows()
+        total = sum(groups)
+        if whole_groups:
+            cuts, before = [0], 0
+            for rows in groups[:-1]:
+                before += rows
+                if before - cuts[-1] >= total / parts:
+                    cuts.append(before)
+        else:
+            cuts = sorted({total * k // parts for k in range(parts)})
+        return [(start, end) for start, end in zip(cuts, [*cuts[1:], total]) if end > start]
+
+    def scan(self, span: tuple[int, int] | None = None, *, plain: bool = False
+             ) -> Iterator[Scanned]:
+        """Every row; given `span`, the rows in it, their lines from its start (`span_lines`
+        then the span's rows). (`plain`: a line file's blocks of plain rows; none here.)"""
+        if span is None:
+            for number, row in self._all_rows():
+                yield number, number, 0, self._row(row, number)
+            return
+        start, end = span
+        self.span_lines = 0
+        for number, row in self._rows_in(start, end):
+            yield number, number - start, 0, self._row(row, number)
+        self.span_lines = end - start
+
     def _goes_back(self, number: int) -> bool:
         """Whether `read` would start the table from the top again for row `number`."""
         return self._rows is not None and not -1 < self._next[0] <= number
@@ -201,16 +278,13 @@ class _RowInput:
     def stamp(self) -> tuple | None:
         return None
 
-    def scan(self) -> Iterator[Scanned]:
-        for number, row in self._all_rows():
-            yield number, number, 0, self._row(row, number)
-
     def read(self, spots: Sequence[tuple[int, int]]) -> Iterator[tuple[int, Item | None]]:
         # A table's rows decode only from the start of a row group (commonly the whole file):
         # read from the top each time a window went back, the reads grew with the square of
         # the job. From the first read that goes back, every row is read where it lies in a
         # spilled copy (inputs/table_spill.py), where the table gives Arrow batches and the
         # disk has room.
+        self._time_zero()
         if self._spilled is None and spots and self._goes_back(spots[0][0]):
             batches = self._arrow_batches()
             self._spilled = (spill(batches) if batches is not None else None) or False
@@ -263,13 +337,52 @@ class ParquetInput(_RowInput):
         self._unreadable = (OSError, ValueError, pyarrow.ArrowException)
         try:
             with open_binary(path) as handle:   # (a local path or a URL: storage/urls.py)
-                names = pyarrow.parquet.read_schema(handle).names
+                meta = pyarrow.parquet.ParquetFile(handle).metadata
+                names = meta.schema.to_arrow_schema().names
+                # (each row group's rows, from the one footer read: a split check's parts)
+                self._groups = [meta.row_group(k).num_rows
+                                for k in range(meta.num_row_groups)]
         except self._unreadable as exc:
             raise InputError(f"{label}: not a readable Parquet file ({exc})") from exc
         self._columns = self.layout(names, prompt_column, "parquet").columns()
 
     def stamp(self) -> tuple | None:
         return file_stamp(self.path)
+
+    def group_rows(self) -> list[int]:
+        """The rows of each row group, as the file's footer counts them."""
+        return self._groups
+
+    def _rows_in(self, start: int, end: int) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Rows [start, end), decoded from the start of the row group that holds `start`
+        (a row decodes only from there) and only in the groups the span touches."""
+        import pyarrow.parquet
+
+        firsts, chosen = [0], []    # (each group's first row)
+        for k, rows in enumerate(self.group_rows()):
+            if firsts[-1] < end and firsts[-1] + rows > start:
+                chosen.append(k)
+            firsts.append(firsts[-1] + rows)
+        if not chosen:
+            return
+        number = firsts[chosen[0]]
+        try:
+            with open_binary(self.path) as handle:
+                table = pyarrow.parquet.ParquetFile(handle)
+                for batch in table.iter_batches(batch_size=ROWS_AT_ONCE, row_groups=chosen,
+                                                columns=self._columns):
+                    if number + len(batch) > start:
+                        low = max(start - number, 0)
+                        kept = batch.slice(low, max(0, min(end - number, len(batch)) - low))
+                        names = list(self._columns)
+                        columns = [kept.column(name).to_pylist() for name in names]
+                        for k, values in enumerate(zip(*columns)):
+                            yield number + low + k, dict(zip(names, values))
+                    number += len(batch)
+                    if number >= end:
+                        return
+        except self._unreadable as exc:
+            raise InputError(f"{self.label}: not a readable Parquet file ({exc})") from exc
 
     def batches(self) -> Iterator[dict[str, list]]:
         for batch in self._arrow_batches():
@@ -363,6 +476,7 @@ class DatasetInput(_RowInput):
             yield from super().read(spots)
             return
         # A saved data set is memory-mapped Arrow: its rows are read where they are.
+        self._time_zero()
         rows = [number for number, _ in spots if number < len(self._dataset)]
         columns = self._dataset[rows] if rows else {}
         found = {number: {name: columns[name][k] for name in self._columns}
@@ -370,6 +484,19 @@ class DatasetInput(_RowInput):
         for number, _ in spots:
             row = found.get(number)
             yield (0, self._row(row, number)) if row is not None else (0, None)
+
+    def group_rows(self) -> list[int]:
+        # (a saved data set is memory-mapped Arrow: a part reads its rows where they lie; the
+        # hub's, streamed, has no rows but in order)
+        return [len(self._dataset)] if self._folder is not None else []
+
+    def _rows_in(self, start: int, end: int) -> Iterator[tuple[int, dict[str, Any]]]:
+        number = start
+        for batch in self._dataset.select(range(start, end)).iter(batch_size=ROWS_AT_ONCE):
+            columns = [batch[name] for name in self._columns]
+            for values in zip(*columns):
+                yield number, dict(zip(self._columns, values))
+                number += 1
 
     def batches(self) -> Iterator[dict[str, list]]:
         for batch in self._dataset.iter(batch_size=ROWS_AT_ONCE):

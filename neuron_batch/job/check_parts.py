@@ -15,12 +15,16 @@ processes, and those numbers rewritten only where the guess was wrong (a bad lin
 part, a CR-LF blank line: a row at a time, which took a 10M-line trace's check 7 s of CPU when
 every part's rows were rewritten). A part of an input in object storage is copied to a local
 file first, as it is given out, and checked and counted there: one ranged read a part.
+A Parquet file or a saved data set is cut by rows instead (inputs/tables.py `spans`; an
+object in storage only between row groups, each part's process reading its own groups where
+they lie), its rows keeping their own numbers, its parts' items known exactly from the spans.
 
 Only where it pays and changes nothing: a job without --limit (a --shuffle's order is made
 from the joined columns, as after one pass) of about MIN_LINES lines or more, on a host with
-more than one core; not a JSON array (one parse), a table or data set, nor a CSV where a row
-needs the one before (a quoted value over two lines: a part that meets one gives the job back
-to one pass, `Uncut`; a TIMESTAMP column whose first row gives no time zero).
+more than one core; not a JSON array (one parse) or a data set streamed from the hub, nor a
+CSV where a row needs the one before (a quoted value over two lines: a part that meets one
+gives the job back to one pass, `Uncut`; a TIMESTAMP column whose first row gives no time
+zero).
 `NEURON_BATCH_CHECK_PROCESSES` sets the processes (1: never split).
 """
 
@@ -48,8 +52,15 @@ from typing import Any, cast
 from neuron_batch.errors import RunError
 from neuron_batch.inputs.csv_file import CsvInput
 from neuron_batch.inputs.line_files import LineInput, count_items, cut_spans
-from neuron_batch.inputs.load import InputScan, no_prompts
+from neuron_batch.inputs.load import (
+    CUT_READERS,
+    ROW_READERS,
+    CutReader,
+    InputScan,
+    no_prompts,
+)
 from neuron_batch.inputs.prompt_records import InputError, InputProblem
+from neuron_batch.inputs.tables import DatasetInput
 from neuron_batch.job.check import ModelSource, Scan
 from neuron_batch.job.facts import FactsTally
 from neuron_batch.job.folder import REQUESTS_LEVEL
@@ -107,7 +118,7 @@ class _Task:
     model: ModelSource
     spool: bool
     block: int | None
-    reader: LineInput | CsvInput
+    reader: CutReader
     spec: str
     number: int
     span: tuple[int, int]
@@ -161,9 +172,9 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
     # (--shuffle: its order is made once the parts are joined, as after one pass; --limit
     # without it leaves the records past the limit unchecked, which a part cannot place)
     if (count < 2 or settings.limit is not None
-            or not all(isinstance(r, (LineInput, CsvInput)) for r in inputs.readers)):
+            or not all(isinstance(r, CUT_READERS) for r in inputs.readers)):
         return None
-    readers: list[LineInput | CsvInput] = list(inputs.readers)  # type: ignore[arg-type]
+    readers: list[CutReader] = list(inputs.readers)  # type: ignore[arg-type]
     sizes = [_size_and_lines(reader) for reader in readers]
     total = sum(lines for _, lines in sizes)
     if total < MIN_LINES:
@@ -174,10 +185,15 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
             return None     # (a JSON array, a CSV whose rows need the one before: one pass)
         parts = max(1, min(math.ceil(lines / PART_LINES),
                            math.ceil(PARTS_A_PROCESS * count * lines / total)))
-        if is_url(str(reader.path)):    # (its parts are copied to disk: `_Hand`)
-            parts = max(parts, math.ceil(size / COPY_CHUNK))
-        spans = cut_spans(reader.path, reader.label, parts) if parts > 1 else [(0, size)]
+        if isinstance(reader, ROW_READERS):    # (rows; in storage, whole row groups)
+            spans = reader.spans(parts, whole_groups=_in_storage(reader))
+        else:
+            if is_url(str(reader.path)):    # (its parts are copied to disk: `_Hand`)
+                parts = max(parts, math.ceil(size / COPY_CHUNK))
+            spans = cut_spans(reader.path, reader.label, parts) if parts > 1 else [(0, size)]
         tasks_spans += [(number, span) for span in spans]
+    if len(tasks_spans) < 2:
+        return None     # (one Parquet file of one row group in storage, say)
     base = Scan(settings, model, readers=readers)
     model = dataclasses.replace(model, vocab_size=base.columns.vocab_size)
     with tempfile.TemporaryDirectory(prefix="neuron-batch-check-") as folder, \
@@ -462,10 +478,10 @@ class _Hand:
       out (`count_items`: a 164 MB trace's lines in 0.3 s)."""
 
     def __init__(self, folder: Path, tasks: list[_Task], *, counting: bool, window: int):
-        from neuron_batch.storage.urls import is_url
-
         self.folder, self.counting, self.before = folder, counting, 0
-        remote = [task for task in tasks if is_url(str(task.reader.path))]
+        # (a table's part reads its own rows where they lie: nothing to copy)
+        remote = [task for task in tasks if _in_storage(task.reader)
+                  and not isinstance(task.reader, ROW_READERS)]
         self.copier = (ThreadPoolExecutor(min(window, MAX_COPIERS),
                                           thread_name_prefix="neuron-batch-copy")
                        if remote else None)
@@ -484,7 +500,7 @@ class _Hand:
     def _copy(self, task: _Task) -> None:
         from neuron_batch.storage.urls import suffix_of
 
-        assert self.copier is not None
+        assert self.copier is not None and not isinstance(task.reader, ROW_READERS)
         local = self.folder / f"input-{task.number}-{task.span[0]}{suffix_of(task.reader.path)}"
         self.copies[id(task)] = (local, self.copier.submit(_copied, task.reader, task.span,
                                                            local))
@@ -497,7 +513,11 @@ class _Hand:
                 self._copy(following)
         if self.counting:
             task.base = (self.before, self.before)
-            path, (start, end) = task.reader.path, task.span
+            reader, (start, end) = task.reader, task.span
+            if isinstance(reader, ROW_READERS):     # (every row an item)
+                self.before += end - start
+                return
+            path = reader.path
             last = end >= os.path.getsize(path)     # (to its end: a last line without "\n")
             self.before += count_items(path, start, None if last else end,
                                        header=isinstance(task.reader, CsvInput))[1]
@@ -532,9 +552,20 @@ def _copied(reader: LineInput | CsvInput, span: tuple[int, int], path: Path
     return copied
 
 
-def _size_and_lines(reader: LineInput | CsvInput) -> tuple[int, int]:
-    """A file's bytes, and its lines as its first HEAD bytes' lines say."""
+def _in_storage(reader: CutReader) -> bool:
+    """Whether the input is an object in storage (a saved data set is a local folder)."""
+    from neuron_batch.storage.urls import is_url
+
+    return not isinstance(reader, DatasetInput) and is_url(str(reader.path))
+
+
+def _size_and_lines(reader: CutReader) -> tuple[int, int]:
+    """A file's bytes, and its lines as its first HEAD bytes' lines say (a table cut by rows:
+    no bytes, its rows: a Parquet file's footer counts them)."""
     from neuron_batch.storage.urls import open_binary
+
+    if isinstance(reader, ROW_READERS):
+        return 0, sum(reader.group_rows())
 
     try:
         with open_binary(reader.path) as handle:
@@ -547,7 +578,7 @@ def _size_and_lines(reader: LineInput | CsvInput) -> tuple[int, int]:
     return size, size * max(head.count(b"\n"), 1) // len(head)
 
 
-def _kind_known(reader: LineInput | CsvInput) -> bool:
+def _kind_known(reader: CutReader) -> bool:
     """Whether the file's kind is known (its first object decides: every part must read it
     as that), reading at most KIND_ITEMS items for it."""
     if reader.kind is None:

@@ -493,3 +493,131 @@ def test_a_processes_parts_share_the_tokenizer_its_first_part_loaded(tiny_model,
     assert alone.tokenizer() is not None and alone.tokenizer() is not first.tokenizer()
     assert len(loads) == 2
     assert first.tokenizer_name == alone.tokenizer_name == source.tokenizer_name
+
+
+def _parquet(path, n: int, *, group_rows: int, trace: bool = False) -> None:
+    """`_table(n, trace)` in row groups of `group_rows`."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(_table(n, trace), path, row_group_size=group_rows)
+
+
+def _table(n: int, trace: bool = False):
+    """`n` rows: prompts (some empty, some too long, a max_tokens of 0 here and there, ids
+    given or not), or a trace timed by TIMESTAMP."""
+    from datetime import datetime, timedelta
+
+    import pyarrow as pa
+
+    if trace:
+        start = datetime(2023, 11, 16, 18, 15, 46)
+        table = pa.table({
+            "TIMESTAMP": [start + timedelta(seconds=0.37 * i) for i in range(n)],
+            "ContextTokens": [10 + i % 700 for i in range(n)],
+            "GeneratedTokens": [1 + i % 30 if i % 113 != 9 else 0 for i in range(n)]})
+    else:
+        table = pa.table({
+            "prompt": ["" if i % 151 == 4 else "word " * (3000 if i % 233 == 8 else 1 + i % 9)
+                       + f"row {i}" for i in range(n)],
+            "max_tokens": [0 if i % 127 == 11 else 1 + i % 5 for i in range(n)],
+            "id": [f"p-{i}" if i % 3 else None for i in range(n)]})
+    return table
+
+
+@pytest.mark.parametrize("values", [{}, {"shuffle": True, "seed": 5}])
+def test_parquet_files_in_parts_are_the_files_in_one_process(tiny_model, tmp_path, monkeypatch,
+                                                           split_check, values):
+    """Parquet files are cut by rows, across and within row groups: each part decodes its
+    groups only, its rows keeping their own numbers (a problem's row, a request's source),
+    and a TIMESTAMP's time zero is the file's first row in every part."""
+    text, trace = tmp_path / "text.parquet", tmp_path / "trace.parquet"
+    _parquet(text, 700, group_rows=97)
+    _parquet(trace, 500, group_rows=1000, trace=True)
+    split = split_check(90)
+    whole, said_whole, _ = _workload([text, trace], tiny_model, monkeypatch, 1, **values)
+    parts, said_parts, _ = _workload([text, trace], tiny_model, monkeypatch, 2, **values)
+    assert split == [False, True]
+    seen_whole, seen_parts = _seen(whole), _seen(parts)
+    for key in seen_whole:
+        assert seen_parts[key] == seen_whole[key], key
+    assert said_parts == said_whole
+    problems = [p[0] for p in seen_whole["problems"]]
+    assert any("text.parquet:row 4:" in p for p in problems)           # in the first part
+    assert any("text.parquet:row 608:" in p for p in problems)         # in a later one
+    assert any("trace.parquet:row 461:" in p for p in problems)
+    assert any(p[2] for p in seen_whole["problems"])                    # a prompt too long
+    def arrivals(workload):
+        return [(r.record.source, r.record.arrival_s) for r in workload.prepared.requests
+                if "trace.parquet" in r.record.source]
+
+    assert arrivals(parts) == arrivals(whole)
+    times = {int(source.rsplit("row ", 1)[1]): at for source, at in arrivals(parts)}
+    assert times[0] == 0 and times[499] == pytest.approx(0.37 * 499)
+
+
+@hypothesis_settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=6), st.integers(1, 12),
+       st.booleans())
+def test_parquet_spans_cover_the_rows_once(tmp_path_factory, groups, parts, whole_groups):
+    """A Parquet file's spans: contiguous, none empty, every row once; with `whole_groups`,
+    cut only between row groups; and the rows each span reads are the file's rows there."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from neuron_batch.inputs.tables import ParquetInput
+
+    path = tmp_path_factory.mktemp("spans") / "t.parquet"
+    total = sum(groups)
+    with pq.ParquetWriter(path, pa.schema([("prompt_len", pa.int64())])) as writer:
+        first = 0
+        for rows in groups:
+            writer.write_table(pa.table({"prompt_len": range(first + 1, first + rows + 1)}))
+            first += rows
+    reader = ParquetInput(path, "t.parquet", "prompt")
+    assert reader.group_rows() == groups
+    spans = reader.spans(parts, whole_groups=whole_groups)
+    assert spans[0][0] == 0 and spans[-1][1] == total
+    assert all(a < b for a, b in spans) and all(b == c for (_, b), (c, _) in zip(spans, spans[1:]))
+    assert len(spans) <= max(parts, 1)
+    if whole_groups:
+        bounds = {sum(groups[:k]) for k in range(len(groups) + 1)}
+        assert {a for a, _ in spans} <= bounds
+    for start, end in spans:
+        got = [(where, line, item[0].prompt_len) for where, line, _, item
+               in reader.scan((start, end))]
+        assert got == [(n, n - start, n + 1) for n in range(start, end)]
+        assert reader.span_lines == end - start
+
+
+def test_a_tables_rows_read_again_out_of_order_keep_the_first_rows_time_zero(tmp_path):
+    """A TIMESTAMP trace read again from a later row first (a shuffled job's first window,
+    or a run after a check in parts) times each row from the table's first row, not from the
+    first row read."""
+    from neuron_batch.inputs.tables import ParquetInput
+
+    path = tmp_path / "trace.parquet"
+    _parquet(path, 50, group_rows=20, trace=True)
+    reader = ParquetInput(path, "trace.parquet", "prompt")
+    got = {number: item[0].arrival_s
+           for number, (_, item) in zip((31, 5, 0), reader.read([(31, 31), (5, 5), (0, 0)]))}
+    assert got == pytest.approx({31: 0.37 * 31, 5: 0.37 * 5, 0: 0.0})
+
+
+def test_a_saved_data_set_in_parts_is_the_data_set_in_one_process(tiny_model, tmp_path,
+                                                                 monkeypatch, split_check):
+    """A data set saved with save_to_disk (memory-mapped Arrow) is cut by rows too, each
+    part's process mapping the same files; one streamed from the hub is not (its rows come
+    only in order)."""
+    datasets = pytest.importorskip("datasets")
+    folder = tmp_path / "saved"
+    datasets.Dataset(_table(600)).save_to_disk(str(folder))
+    split = split_check(90)
+    whole = _seen(_workload([folder], tiny_model, monkeypatch, 1)[0])
+    parts = _seen(_workload([folder], tiny_model, monkeypatch, 2)[0])
+    assert split == [False, True]
+    assert parts == whole
+    assert any("saved:row 457:" in p[0] for p in whole["problems"])
+    streamed = datasets.Dataset(_table(10)).to_iterable_dataset()
+    from neuron_batch.inputs.tables import DatasetInput
+
+    assert not DatasetInput(streamed, "hf:x", "prompt", "hf:x[train] row ").cuttable()

@@ -339,3 +339,50 @@ def test_a_shuffled_parquet_job_fetches_its_object_a_few_times_not_once_a_window
         read[job] = [(r.record.id, r.record.prompt, r.max_tokens) for r in requests]
     assert read[url] == read[str(local)] and len(read[url]) == 3000
     assert _bytes(fetched) <= 4 * local.stat().st_size
+
+
+def test_a_parquet_object_is_checked_in_parts_of_whole_row_groups(bucket, tmp_path, tiny_model,
+                                                                  monkeypatch, split_check):
+    """A Parquet object in S3 checked in parts: each part's process reads its own row groups
+    from the store (cut only between groups: no group's bytes fetched by two parts), and the
+    workload is the local file's in one process, problems named by URL and row."""
+    import pyarrow
+    import pyarrow.parquet
+
+    from neuron_batch.inputs.tables import ParquetInput
+    from neuron_batch.job.workload import load_workload
+    from neuron_batch.settings import RunSettings
+
+    table = pyarrow.table({"prompt": [f"question {i} " + "z" * (i % 30) if i != 333 else ""
+                                      for i in range(700)],
+                           "max_tokens": [1 + i % 9 for i in range(700)]})
+    local = tmp_path / "in.parquet"
+    pyarrow.parquet.write_table(table, local, row_group_size=64)
+    url = _put(bucket, "parts/in.parquet", local.read_bytes())
+    split = split_check(100)
+    cuts: list[list[tuple[int, int]]] = []
+    spans = ParquetInput.spans
+
+    def spied(self, parts, *, whole_groups):
+        cuts.append(spans(self, parts, whole_groups=whole_groups))
+        return cuts[-1]
+
+    monkeypatch.setattr(ParquetInput, "spans", spied)
+
+    def checked(spec, processes):
+        monkeypatch.setenv("NEURON_BATCH_CHECK_PROCESSES", str(processes))
+        settings = RunSettings.of((spec,), model=tiny_model, device="sim", quiet=True,
+                                  on_error="skip")
+        workload = load_workload(settings, lambda _: None)
+        return (list(workload.rows_spool), [str(p) for p in workload.problems],
+                [(r.record.id, r.record.source, r.prompt_len)
+                 for r in workload.prepared.requests])
+
+    in_parts, in_one = checked(url, 2), checked(str(local), 1)
+    assert split == [True, False] and len(cuts) == 1 and len(cuts[0]) > 1
+    assert all(start % 64 == 0 for start, _ in cuts[0])
+    assert in_parts[0] == in_one[0] and len(in_one[0]) == 699
+    assert in_parts[1] == [p.replace(str(local), url) for p in in_one[1]]
+    assert in_parts[1][0].startswith(f"{url}:row 333:")
+    assert [(i, s.replace(url, "L"), n) for i, s, n in in_parts[2]] == \
+        [(i, s.replace(str(local), "L"), n) for i, s, n in in_one[2]]
