@@ -13,8 +13,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
+from neuron_batch.inputs.plain_rows import PlainRows
+from neuron_batch.inputs.plain_tables import plain_block, plain_columns
 from neuron_batch.inputs.prompt_records import (
     PROMPT_FIELDS,
     FieldError,
@@ -187,6 +189,7 @@ class _RowInput:
     copy (or, where there is none, from the top again)."""
 
     kind: str | None
+    _columns: list[str]     # (the columns the job reads)
 
     def __init__(self, label: str, source_prefix: str):
         self.label, self.source_prefix = label, source_prefix
@@ -231,9 +234,20 @@ class _RowInput:
         """The rows of each group a part decodes from the start of ([] where unknown)."""
         return []
 
-    def _rows_in(self, start: int, end: int) -> Iterator[tuple[int, dict[str, Any]]]:
-        """Rows [start, end) with their numbers."""
-        raise NotImplementedError
+    def counts_only(self) -> bool:
+        """Whether, by its columns' types, the table's rows are token counts its check reads
+        as blocks (inputs/plain_tables.py), ~2 us a row: about what a split check's join
+        takes a row, so such a table is not worth cutting (job/check_parts.py)."""
+        import pyarrow as pa
+
+        assert self._mapper is not None
+        at, schema = plain_columns(self._mapper.layout), self._schema()
+        return at is not None and schema is not None and all(
+            pa.types.is_integer(schema.field(name).type) for name in at[:2] if name)
+
+    def _schema(self) -> Any:
+        """The table's Arrow schema (None where unknown)."""
+        return None
 
     def cuttable(self) -> bool:
         """Whether a part read on its own (`scan(span)`) reads its rows as one pass would:
@@ -257,19 +271,61 @@ class _RowInput:
             cuts = sorted({total * k // parts for k in range(parts)})
         return [(start, end) for start, end in zip(cuts, [*cuts[1:], total]) if end > start]
 
+    @overload
+    def scan(self, span: tuple[int, int] | None = None, *, plain: Literal[False] = False
+             ) -> Iterator[Scanned]: ...
+
+    @overload
+    def scan(self, span: tuple[int, int] | None = None, *, plain: bool) -> Iterator[
+            Scanned | PlainRows]: ...
+
     def scan(self, span: tuple[int, int] | None = None, *, plain: bool = False
-             ) -> Iterator[Scanned]:
+             ) -> Iterator[Scanned | PlainRows]:
         """Every row; given `span`, the rows in it, their lines from its start (`span_lines`
-        then the span's rows). (`plain`: a line file's blocks of plain rows; none here.)"""
-        if span is None:
-            for number, row in self._all_rows():
-                yield number, number, 0, self._row(row, number)
-            return
-        start, end = span
+        then the span's rows). `plain`: a batch of rows of nothing but token counts comes as
+        one `PlainRows` block (inputs/plain_tables.py)."""
+        start, end = span if span is not None else (0, -1)
         self.span_lines = 0
-        for number, row in self._rows_in(start, end):
-            yield number, number - start, 0, self._row(row, number)
-        self.span_lines = end - start
+        assert self._mapper is not None
+        layout = self._mapper.layout
+        at = plain_columns(layout) if plain else None
+        if at is None:
+            rows = self._all_rows() if span is None else self._rows_in(start, end)
+            for number, row in rows:
+                yield number, number - start, 0, self._row(row, number)
+        else:   # (rows of nothing but counts: a batch at a time, as a block where it can be)
+            dated = layout.arrival_column in DATETIME_ARRIVAL_COLUMNS
+            timed = dated and self._time_zero()
+            for first, batch in self._arrow_rows(span):
+                block = plain_block(batch, first, start, at, gaps=not layout.is_trace,
+                                    dated=dated, timed=timed, row=self._row)
+                if block is not None:
+                    yield block
+                    continue
+                for number, row in _rows_of(batch, first, self._columns):
+                    yield number, number - start, 0, self._row(row, number)
+        if span is not None:
+            self.span_lines = end - start
+
+    def _arrow_rows(self, span: tuple[int, int] | None) -> Iterator[tuple[int, Any]]:
+        """The table's rows (or `span`'s) as Arrow batches, each with its first row's
+        number."""
+        if span is not None:
+            yield from self._arrow_span(*span)
+            return
+        number = 0
+        for batch in self._arrow_batches() or ():
+            yield number, batch
+            number += len(batch)
+
+    def _arrow_span(self, start: int, end: int) -> Iterator[tuple[int, Any]]:
+        """Rows [start, end) as Arrow batches, each with its first row's number."""
+        raise NotImplementedError
+
+    def _rows_in(self, start: int, end: int) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Rows [start, end) with their numbers."""
+        for first, batch in self._arrow_span(start, end):
+            yield from _rows_of(batch, first, self._columns)
 
     def _goes_back(self, number: int) -> bool:
         """Whether `read` would start the table from the top again for row `number`."""
@@ -324,6 +380,14 @@ class _RowInput:
             return field_problem(source, error)
 
 
+def _rows_of(batch: Any, first: int, names: list[str]
+             ) -> Iterator[tuple[int, dict[str, Any]]]:
+    """An Arrow batch's rows as cells by column, numbered from `first`."""
+    columns = [batch.column(name).to_pylist() for name in names]
+    for k, values in enumerate(zip(*columns)):
+        yield first + k, dict(zip(names, values))
+
+
 class ParquetInput(_RowInput):
     def __init__(self, path: Path | str, label: str, prompt_column: str):
         super().__init__(label, f"{label}:row ")
@@ -338,7 +402,8 @@ class ParquetInput(_RowInput):
         try:
             with open_binary(path) as handle:   # (a local path or a URL: storage/urls.py)
                 meta = pyarrow.parquet.ParquetFile(handle).metadata
-                names = meta.schema.to_arrow_schema().names
+                self._arrow_schema = meta.schema.to_arrow_schema()
+                names = self._arrow_schema.names
                 # (each row group's rows, from the one footer read: a split check's parts)
                 self._groups = [meta.row_group(k).num_rows
                                 for k in range(meta.num_row_groups)]
@@ -353,7 +418,10 @@ class ParquetInput(_RowInput):
         """The rows of each row group, as the file's footer counts them."""
         return self._groups
 
-    def _rows_in(self, start: int, end: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    def _schema(self) -> Any:
+        return self._arrow_schema
+
+    def _arrow_span(self, start: int, end: int) -> Iterator[tuple[int, Any]]:
         """Rows [start, end), decoded from the start of the row group that holds `start`
         (a row decodes only from there) and only in the groups the span touches."""
         import pyarrow.parquet
@@ -373,11 +441,8 @@ class ParquetInput(_RowInput):
                                                 columns=self._columns):
                     if number + len(batch) > start:
                         low = max(start - number, 0)
-                        kept = batch.slice(low, max(0, min(end - number, len(batch)) - low))
-                        names = list(self._columns)
-                        columns = [kept.column(name).to_pylist() for name in names]
-                        for k, values in enumerate(zip(*columns)):
-                            yield number + low + k, dict(zip(names, values))
+                        yield number + low, batch.slice(
+                            low, max(0, min(end - number, len(batch)) - low))
                     number += len(batch)
                     if number >= end:
                         return
@@ -485,18 +550,19 @@ class DatasetInput(_RowInput):
             row = found.get(number)
             yield (0, self._row(row, number)) if row is not None else (0, None)
 
+    def _schema(self) -> Any:
+        return self._dataset.data.schema if self._folder is not None else None
+
     def group_rows(self) -> list[int]:
         # (a saved data set is memory-mapped Arrow: a part reads its rows where they lie; the
         # hub's, streamed, has no rows but in order)
         return [len(self._dataset)] if self._folder is not None else []
 
-    def _rows_in(self, start: int, end: int) -> Iterator[tuple[int, dict[str, Any]]]:
-        number = start
-        for batch in self._dataset.select(range(start, end)).iter(batch_size=ROWS_AT_ONCE):
-            columns = [batch[name] for name in self._columns]
-            for values in zip(*columns):
-                yield number, dict(zip(self._columns, values))
-                number += 1
+    def _arrow_span(self, start: int, end: int) -> Iterator[tuple[int, Any]]:
+        rows = self._dataset.select(range(start, end)).with_format("arrow")
+        for batch in rows.iter(batch_size=ROWS_AT_ONCE):
+            yield start, batch
+            start += len(batch)
 
     def batches(self) -> Iterator[dict[str, list]]:
         for batch in self._dataset.iter(batch_size=ROWS_AT_ONCE):

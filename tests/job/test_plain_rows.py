@@ -19,7 +19,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from neuron_batch.errors import RunError
-from neuron_batch.inputs import csv_file, line_files, plain_rows
+from neuron_batch.inputs import csv_file, line_files, plain_rows, tables
 from neuron_batch.inputs.csv_file import CsvInput
 from neuron_batch.job import plain_check
 from neuron_batch.job.plain_check import PlainCheck
@@ -70,16 +70,23 @@ def _trace(header: tuple[str, ...], kinds: list[str], seed: int, crlf: bool,
     return ",".join(header) + end + end.join(lines) + (end if last_end else "")
 
 
-def _compare(tmp_path, tiny_model, monkeypatch, text: str, values: dict, processes: int = 1,
+def _compare(tmp_path, tiny_model, monkeypatch, text, values: dict, processes: int = 1,
              name: str = "trace.csv"):
-    """The workload of `text` by the row path and with plain rows: equal, or the same error."""
+    """The workload of `text` (a file's text, or a table and its row groups' rows) by the row
+    path and with plain rows: equal, or the same error."""
     path = tmp_path / name
-    path.write_text(text, newline="")
+    if isinstance(text, str):
+        path.write_text(text, newline="")
+    else:       # (a table and its row groups' rows: Parquet)
+        import pyarrow.parquet
+
+        pyarrow.parquet.write_table(text[0], path, row_group_size=text[1])
     plain_at = CsvInput._plain_at
     with monkeypatch.context() as patched:
         patched.setattr(CsvInput, "_plain_at", lambda self: None)     # the row path only
         patched.setattr(line_files, "_PLAIN_LINE", re.compile(rb"(?!)"))
         patched.setattr(line_files, "_PLAIN_FOUND", re.compile(rb"(?!)"))
+        patched.setattr(tables, "plain_columns", lambda layout: None)
         whole = _seen_of(path, tiny_model, patched, 1, values, tmp_path / "whole.gz")
     assert CsvInput._plain_at is plain_at
     blocks = _seen_of(path, tiny_model, monkeypatch, processes, values, tmp_path / "blocks.gz")
@@ -134,11 +141,9 @@ def _small_blocks(monkeypatch) -> None:
     monkeypatch.setattr(plain_check, "_OUTCOMES", 3)
 
 
-def test_each_pair_of_counts_is_checked_once(tiny_model, tmp_path, monkeypatch):
-    """The rows go as blocks (what the comparisons above cover is the lane, not the row path
-    twice): 3,000 rows of 40 pairs, one record checked a pair; a row too long is named at its
-    own line, once a row."""
-    checked = []
+def _spy_outcomes(monkeypatch) -> list[str]:
+    """The source of each record a pair of counts is checked on (`PlainCheck._outcome`)."""
+    checked: list[str] = []
     outcome = PlainCheck._outcome
 
     def spied(self, record):
@@ -146,6 +151,14 @@ def test_each_pair_of_counts_is_checked_once(tiny_model, tmp_path, monkeypatch):
         return outcome(self, record)
 
     monkeypatch.setattr(PlainCheck, "_outcome", spied)
+    return checked
+
+
+def test_each_pair_of_counts_is_checked_once(tiny_model, tmp_path, monkeypatch):
+    """The rows go as blocks (what the comparisons above cover is the lane, not the row path
+    twice): 3,000 rows of 40 pairs, one record checked a pair; a row too long is named at its
+    own line, once a row."""
+    checked = _spy_outcomes(monkeypatch)
     rows = [f"{3000 if i % 40 == 39 else 10 + i % 40},{1 + i % 8},{i / 100:.2f}"
             for i in range(3000)]
     text = "num_prefill_tokens,num_decode_tokens,arrived_at\n" + "\n".join(rows) + "\n"
@@ -223,3 +236,100 @@ def test_plain_json_lines_in_parts(tiny_model, tmp_path, monkeypatch, split_chec
                     {"temperature": 0.5, "seed": 1}, processes=2, name="job.jsonl")
     assert split == [False, True]
     assert len(seen["rows"]) > 1500
+
+
+#: A Parquet table's layouts: (prompt count, max_tokens, arrival, another column).
+TABLE_LAYOUTS = [("num_prefill_tokens", "num_decode_tokens", "arrived_at", None),
+                 ("ContextTokens", "GeneratedTokens", None, None),
+                 ("ContextTokens", "GeneratedTokens", "TIMESTAMP", None),
+                 ("prompt_len", "max_tokens", None, None),
+                 ("prompt_len", None, None, None),
+                 ("prompt_len", "max_tokens", None, "id")]
+#: Rows that are not plain, by what is wrong (each goes the row path: a problem, or a row
+#: too long for the run, whose pair is then checked row by row).
+TABLE_NOT_PLAIN = ["prompt gap", "prompt 0", "prompt -3", "prompt 10**9", "prompt 9000",
+                   "most gap", "most 0", "most 10**9", "arrival gap", "arrival -1",
+                   "arrival nan", "arrival inf"]
+
+
+def _table(layout, kinds: list[str], seed: int, floats: bool):
+    """A table of `layout` whose rows are plain, or not as `kinds` says (TABLE_NOT_PLAIN)."""
+    from datetime import datetime, timedelta, timezone
+
+    import pyarrow as pa
+
+    prompt, most, arrival, other = layout
+    rng = random.Random(seed)
+    start = datetime(2023, 11, 16, 18, 15, 46, tzinfo=timezone.utc if seed % 2 else None)
+    values = {"gap": None, "0": 0, "-3": -3, "10**9": 10**9, "9000": 9000, "-1": -1.0,
+              "nan": float("nan"), "inf": float("inf")}
+    cells: dict[str, list] = {name: [] for name in layout if name}
+    for i, kind in enumerate(kinds):
+        where, _, what = kind.partition(" ")
+        cells[prompt].append(values[what] if where == "prompt" else rng.choice((1, 2047, 2100)))
+        if most:
+            cells[most].append(values[what] if where == "most" else rng.choice((5, 60)))
+        if arrival == "TIMESTAMP":
+            cells[arrival].append(None if kind == "arrival gap"
+                                  else start + timedelta(seconds=i))
+        elif arrival:
+            cells[arrival].append(values[what] if where == "arrival"
+                                  else rng.choice((0, 0.25, 12)))
+        if other:
+            cells[other].append(f"r{i}")
+    counts = pa.float64() if floats else pa.int64()
+    types = {prompt: counts, most: counts, "arrived_at": pa.float64(),
+             "TIMESTAMP": pa.timestamp("us", tz="UTC" if seed % 2 else None)}
+    return pa.table({name: pa.array(column, type=types.get(name, pa.string()))
+                     for name, column in cells.items()})
+
+
+@hypothesis_settings(max_examples=80, deadline=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kinds=st.lists(st.sampled_from(["plain"] * 20 + TABLE_NOT_PLAIN), min_size=1,
+                      max_size=60),
+       layout=st.sampled_from(TABLE_LAYOUTS), values=st.sampled_from(SETTINGS),
+       seed=st.integers(0, 99), groups=st.sampled_from([3, 16, 1000]),
+       batch=st.sampled_from([4, 4096]), floats=st.booleans(), small=st.booleans())
+def test_plain_table_rows_leave_what_the_row_path_leaves(tiny_model, tmp_path, monkeypatch,
+                                                         kinds, layout, values, seed, groups,
+                                                         batch, floats, small):
+    """A Parquet table's batches of nothing but plain counts (inputs/plain_tables.py) among
+    batches that hold a row that is not one (a gap, a count below 1 or too big, an arrival
+    that is not a time or a number >= 0), in row groups and batches of a few rows or many,
+    counts as integers (or floats: the row path only), with another column (the row path)."""
+    monkeypatch.setattr(tables, "ROWS_AT_ONCE", batch)
+    if small:
+        _small_blocks(monkeypatch)
+    _compare(tmp_path, tiny_model, monkeypatch, (_table(layout, kinds, seed, floats), groups),
+             values, name="trace.parquet")
+
+
+def test_a_parquet_traces_rows_go_as_blocks_and_in_parts(tiny_model, tmp_path, monkeypatch,
+                                                         split_check):
+    """What the comparison above covers is the lane: 3,000 rows of 40 pairs, one record
+    checked a pair; a row too long named at its own row; not split across processes, unless
+    it is (as beside an input that is not counts only)."""
+    import pyarrow as pa
+
+    checked = _spy_outcomes(monkeypatch)
+    table = pa.table({"num_prefill_tokens": [3000 if i % 40 == 39 else 10 + i % 40
+                                             for i in range(3000)],
+                      "num_decode_tokens": [1 + i % 8 for i in range(3000)],
+                      "arrived_at": [i / 100 for i in range(3000)]})
+    values = {"seed": 5, "temperature": 1.0}
+    seen = _compare(tmp_path, tiny_model, monkeypatch, (table, 700), values,
+                    name="trace.parquet")
+    assert len(checked) == 40
+    assert [int(p[0].split(":row ")[1].split(":")[0]) for p in seen["problems"]] == [
+        i for i in range(3000) if i % 40 == 39]
+    assert len(seen["rows"]) == 3000 - 3000 // 40
+    # (a table of integer counts only is checked in one pass however big: its blocks take
+    # about what a split's join would; its parts are read as blocks too, beside another input)
+    split = split_check(500)
+    _compare(tmp_path, tiny_model, monkeypatch, (table, 700), values, processes=2,
+             name="trace.parquet")
+    monkeypatch.setattr(tables.ParquetInput, "counts_only", lambda self: False)
+    _compare(tmp_path, tiny_model, monkeypatch, (table, 700), values, processes=2,
+             name="trace.parquet")
+    assert split == [False, False, False, True]
