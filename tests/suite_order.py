@@ -11,7 +11,7 @@ from __future__ import annotations
 #: the Ray replica file (14 tests, 549 s) in at 256 s: it ended 72 s after the other worker's
 #: last file, and a later start would have run the suite past 15 minutes. A stale list costs
 #: balance only.
-SLOW_FILES = ("tests/replicas/test_replicas.py",            # 549
+SLOW_FILES = ("tests/replicas/test_replicas.py",            # 549 (~150 since -m 'not ray_faults')
               "tests/run/test_run_cli.py",                  # 140
               "tests/test_readme_commands.py",              # 111
               "tests/run/test_signals.py",                  # 77

@@ -4,7 +4,10 @@ simulated device and on the CPU with the built-in model; kill -9 of a replica's 
 driver; `--replicas 1` through Ray against the plain path; a node lost for good.
 
 Slow (each run starts Ray workers that import vLLM): the cluster is shared by the module and
-the inputs are small.
+the inputs are small. The README's suite runs the first three (two nodes on the simulated
+device, the CPU's real engines, one replica against the plain path); the fault and layout
+tests, marked `ray_faults`, ran 2x slower beside the suite's other worker and were a third of
+its work: CI runs them in a step of their own (.ci/run), as can anyone, with `-m ray_faults`.
 """
 
 from __future__ import annotations
@@ -235,6 +238,7 @@ def test_every_batch_line_ends_in_one_record_on_cpu_replicas(cluster, node_ids, 
     assert report["config"]["device"] == "cpu"
 
 
+@pytest.mark.ray_faults
 def test_a_killed_replica_is_restarted_and_nothing_is_lost(cluster, tmp_path):
     out = tmp_path / "run"
     proc = start_driver(["run", trace_slice(tmp_path / "t.csv", 800), *SIM,
@@ -271,6 +275,7 @@ def test_one_replica_through_ray_counts_as_the_plain_path(cluster, tmp_path):
     assert b["replicas"][0]["requests"] == a["requests"]["completed"]
 
 
+@pytest.mark.ray_faults
 @pytest.mark.parametrize("split", [[], ["--split-at", "2048", "--split-placement",
                                           "side-by-side"]], ids=["one-pool", "side-by-side"])
 def test_sigterm_stops_the_replicas_and_resume_finishes(cluster, tmp_path, split):
@@ -307,6 +312,7 @@ def test_sigterm_stops_the_replicas_and_resume_finishes(cluster, tmp_path, split
         assert_resumed_placement(report_of(out), stopped, "side-by-side")
 
 
+@pytest.mark.ray_faults
 def test_a_split_run_runs_each_part_across_both_replicas(cluster, node_ids, tmp_path):
     """--split-at with --replicas: the short part on both replicas, then the long one; each
     request once, the run's elapsed time the sum of the parts' (each its slowest replica's)."""
@@ -340,6 +346,7 @@ def test_a_split_run_runs_each_part_across_both_replicas(cluster, node_ids, tmp_
     assert "each across 2 replicas" in result.output
 
 
+@pytest.mark.ray_faults
 def test_split_parts_side_by_side_run_at_once_each_on_its_own_replica(cluster, node_ids,
                                                                      tmp_path):
     """--split-placement side-by-side: the short part on one replica while the long one runs on
@@ -377,6 +384,7 @@ def test_split_parts_side_by_side_run_at_once_each_on_its_own_replica(cluster, n
     assert "side by side, short on 1 replica(s), long on 1" in result.output
 
 
+@pytest.mark.ray_faults
 def test_a_killed_split_run_on_replicas_resumes_each_request_once(cluster, tmp_path):
     """kill -9 of the driver of a split run in turn: --resume runs what is left, each request
     once, and the killed attempt is recorded as killed. (Side by side is stopped and resumed by
@@ -398,6 +406,7 @@ def test_a_killed_split_run_on_replicas_resumes_each_request_once(cluster, tmp_p
     assert_resumed_placement(report, set(), "in-turn")
 
 
+@pytest.mark.ray_faults
 def test_a_lost_node_stops_the_run_and_resume_finishes_it(cluster, tmp_path):
     """Last in the module: it takes the cluster's second node away."""
     out = tmp_path / "run"
