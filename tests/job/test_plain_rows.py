@@ -72,11 +72,15 @@ def _trace(header: tuple[str, ...], kinds: list[str], seed: int, crlf: bool,
 
 def _compare(tmp_path, tiny_model, monkeypatch, text, values: dict, processes: int = 1,
              name: str = "trace.csv"):
-    """The workload of `text` (a file's text, or a table and its row groups' rows) by the row
-    path and with plain rows: equal, or the same error."""
+    """The workload of `text` (a file's text, or a table and its row groups' rows: None, a
+    saved data set) by the row path and with plain rows: equal, or the same error."""
     path = tmp_path / name
     if isinstance(text, str):
         path.write_text(text, newline="")
+    elif text[1] is None:   # (a table saved as a data set)
+        import datasets
+
+        datasets.Dataset(text[0]).save_to_disk(str(path))
     else:       # (a table and its row groups' rows: Parquet)
         import pyarrow.parquet
 
@@ -333,3 +337,19 @@ def test_a_parquet_traces_rows_go_as_blocks_and_in_parts(tiny_model, tmp_path, m
     _compare(tmp_path, tiny_model, monkeypatch, (table, 700), values, processes=2,
              name="trace.parquet")
     assert split == [False, False, False, True]
+
+
+def test_a_saved_data_sets_plain_rows_go_as_blocks(tiny_model, tmp_path, monkeypatch):
+    """A data set saved with save_to_disk (Arrow tables, not Parquet batches) of a trace's
+    counts: blocks too, one record checked a pair, the row path's workload."""
+    pytest.importorskip("datasets")
+    monkeypatch.setattr(tables, "ROWS_AT_ONCE", 64)
+    checked = _spy_outcomes(monkeypatch)
+    kinds = ["plain"] * 300
+    kinds[7], kinds[150] = "prompt 0", "arrival -1"
+    table = _table(TABLE_LAYOUTS[0], kinds, 4, False)
+    seen = _compare(tmp_path, tiny_model, monkeypatch, (table, None), {"seed": 3},
+                    name="saved")
+    assert 0 < len(checked) <= 6 * 3        # (a pair a batch at most: 6 pairs)
+    assert [int(p[0].split(":row ")[1].split(":")[0]) for p in seen["problems"]
+            if not p[2]] == [7, 150]             # (the rest: prompts too long)
