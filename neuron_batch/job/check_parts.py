@@ -9,7 +9,7 @@ ones before (`_Join`): the columns, the problems (their line and reading order),
 lengths, what the job asks, its prefix bound, the ids' hashes. Request rows carry two numbers
 a part cannot know, a default id (the reading order) and the run's seed for a request that
 samples without one (--seed plus its position). A part writes them from a guess of the items
-before it (`_Hand`: the lines of the parts before, counted as each is given out) and marks which
+before it (`PartHand`: the lines of the parts before, counted as each is given out) and marks which
 rows hold them; once the parts are joined, each part's rows are compressed in the same
 processes, and those numbers rewritten only where the guess was wrong (a bad line before the
 part, a CR-LF blank line: a row at a time, which took a 10M-line trace's check 7 s of CPU when
@@ -31,7 +31,6 @@ zero).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import itertools
 import math
@@ -41,7 +40,7 @@ import threading
 from array import array
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -51,8 +50,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from neuron_batch.errors import RunError
-from neuron_batch.inputs.csv_file import CsvInput
-from neuron_batch.inputs.line_files import LineInput, count_items, cut_spans
+from neuron_batch.inputs.line_files import cut_spans
 from neuron_batch.inputs.load import (
     CUT_READERS,
     ROW_READERS,
@@ -61,10 +59,11 @@ from neuron_batch.inputs.load import (
     no_prompts,
 )
 from neuron_batch.inputs.prompt_records import InputError, InputProblem
-from neuron_batch.inputs.tables import DatasetInput
+from neuron_batch.job import part_hand
 from neuron_batch.job.check import ModelSource, Scan
 from neuron_batch.job.facts import FactsTally
 from neuron_batch.job.folder import REQUESTS_LEVEL
+from neuron_batch.job.part_hand import PartHand
 from neuron_batch.job.plain_check import DEFAULT_ID, RUN_SEED
 from neuron_batch.job.resume_check import REQUEST_FIELDS
 from neuron_batch.job.rows_spool import RowsSpool
@@ -189,10 +188,10 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
         parts = max(1, min(math.ceil(lines / PART_LINES),
                            math.ceil(PARTS_A_PROCESS * count * lines / total)))
         if isinstance(reader, ROW_READERS):    # (rows; in storage, whole row groups)
-            spans = reader.spans(parts, whole_groups=_in_storage(reader))
+            spans = reader.spans(parts, whole_groups=part_hand.in_storage(reader))
         else:
-            if is_url(str(reader.path)):    # (its parts are copied to disk: `_Hand`)
-                parts = max(parts, math.ceil(size / COPY_CHUNK))
+            if is_url(str(reader.path)):    # (its parts are copied to disk: `PartHand`)
+                parts = max(parts, math.ceil(size / part_hand.COPY_CHUNK))
             spans = cut_spans(reader.path, reader.label, parts) if parts > 1 else [(0, size)]
         tasks_spans += [(number, span) for span in spans]
     if len(tasks_spans) < 2:
@@ -207,7 +206,7 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
         join = _Join(base, inputs, block, pool)
         try:
             # (closed before anything is raised or said: `meanwhile` has ended by then)
-            with _Hand(Path(folder), tasks, counting=spool, window=count) as hand, \
+            with PartHand(Path(folder), tasks, counting=spool, window=count) as hand, \
                     closing(_in_order(pool, tasks, 2 * count, meanwhile, hand)) as checked:
                 for task, part in checked:
                     if isinstance(part, _Failed) and part.exit_code is None:
@@ -218,19 +217,19 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
             join.done()
         except BrokenProcessPool:   # (a process killed, say by the kernel for memory)
             return None
-        except _NoRoom:             # (no disk for a part of an object: one pass streams it)
+        except part_hand.NoRoom:    # (no disk for a part of an object: one pass streams it)
             return None
     return base
 
 
 def _in_order(pool: Executor, tasks: list[_Task], ahead: int,
-              meanwhile: Callable[[], None] | None = None, hand: _Hand | None = None
+              meanwhile: Callable[[], None] | None = None, hand: PartHand | None = None
               ) -> Generator[tuple[_Task, _Part | _Failed], None, None]:
     """Each task's part, in order, with at most `ahead` parts given to the pool and not yet
     taken: a part's rows are made whole (`_rows_part`, given to the pool as it is taken)
     before all the parts are checked, so the plain rows on disk, and the parts waiting in
     memory, are a few parts', not the job's. `hand`: what is done to each task as it is given
-    out and once its part is taken (`_Hand`). `meanwhile` runs on a thread of its own once
+    out and once its part is taken (`PartHand`). `meanwhile` runs on a thread of its own once
     the first parts are out, while this one goes on giving parts out as parts come back:
     run here, it left the processes idle from the end of those first parts until it returned
     (on 32 cores, a 10M-line job's first 64 parts of 128 take a fraction of a second; vLLM's
@@ -452,114 +451,6 @@ def _shifted(problem: InputProblem, label: str, lines: int, items: int) -> Input
     if lines and source.startswith(prefix) and source[len(prefix):].isdigit():
         source = f"{prefix}{int(source[len(prefix):]) + lines}"
     return dataclasses.replace(problem, source=source, read_order=problem.read_order + items)
-
-
-class _NoRoom(Exception):
-    """No disk for a part of an object in storage (`_Hand`)."""
-
-
-#: Bytes a read of a part of an object in storage (`_copied`), and an object's part at most
-#: (its copy is on disk from a little before the part is given out until it is taken: at most
-#: three parts a process); threads that copy at most (one stream of S3 gives ~100 MB/s: a
-#: 32-core host checks a trace faster than one stream feeds it).
-COPY_CHUNK = 64 << 20
-MAX_COPIERS = 8
-
-
-class _Hand:
-    """What is done to each part as it is given out, in order, and once it is taken
-    (`_in_order`); a context: its copies have ended when it exits.
-    - A part of an input in object storage is read from a copy in `folder` (`_copied`): the
-      object is read once, a ranged read or a few a part, on up to `window` threads that keep
-      `window` parts ahead of the hand-out (the disk they take: the parts given out and not
-      taken, and `window` more), and the part is counted on this host. Read by the parts
-      themselves, a trace's 10M lines in S3 (moto) took 1.8x the local file's check: the
-      store's reads, and every part's rows rewritten for want of a count. A copy is removed
-      once its part is taken.
-    - `counting` (the rows are spooled): its `base`, its guess of the items (and records: as
-      many) before it, the items of the parts given out before it, each counted as it is given
-      out (`count_items`: a 164 MB trace's lines in 0.3 s)."""
-
-    def __init__(self, folder: Path, tasks: list[_Task], *, counting: bool, window: int):
-        self.folder, self.counting, self.before = folder, counting, 0
-        # (a table's part reads its own rows where they lie: nothing to copy)
-        remote = [task for task in tasks if _in_storage(task.reader)
-                  and not isinstance(task.reader, ROW_READERS)]
-        self.copier = (ThreadPoolExecutor(min(window, MAX_COPIERS),
-                                          thread_name_prefix="neuron-batch-copy")
-                       if remote else None)
-        self.copies: dict[int, tuple[Path, Future]] = {}    # id(task) -> its copy
-        self.queued = iter(remote)
-        for task in itertools.islice(self.queued, window):
-            self._copy(task)
-
-    def __enter__(self) -> _Hand:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        if self.copier is not None:
-            self.copier.shutdown(cancel_futures=True)   # (waits for the copies under way)
-
-    def _copy(self, task: _Task) -> None:
-        from neuron_batch.storage.urls import suffix_of
-
-        assert self.copier is not None and not isinstance(task.reader, ROW_READERS)
-        local = self.folder / f"input-{task.number}-{task.span[0]}{suffix_of(task.reader.path)}"
-        self.copies[id(task)] = (local, self.copier.submit(_copied, task.reader, task.span,
-                                                           local))
-
-    def give(self, task: _Task) -> None:
-        made = self.copies.get(id(task))
-        if made is not None:
-            task.reader = made[1].result()
-            for following in itertools.islice(self.queued, 1):
-                self._copy(following)
-        if self.counting:
-            task.base = (self.before, self.before)
-            reader, (start, end) = task.reader, task.span
-            if isinstance(reader, ROW_READERS):     # (every row an item)
-                self.before += end - start
-                return
-            path = reader.path
-            last = end >= os.path.getsize(path)     # (to its end: a last line without "\n")
-            self.before += count_items(path, start, None if last else end,
-                                       header=isinstance(task.reader, CsvInput))[1]
-
-    def taken(self, task: _Task) -> None:
-        made = self.copies.pop(id(task), None)
-        if made is not None:
-            made[0].unlink(missing_ok=True)
-
-
-def _copied(reader: LineInput | CsvInput, span: tuple[int, int], path: Path
-            ) -> LineInput | CsvInput:
-    """`reader` reading `path`, a copy of `span` of its object at the object's own offsets
-    (the bytes before it a hole of a sparse file: no disk), so that the part's offsets, lines
-    and problems are the object's, named by its URL (its label). Read a ranged GET of
-    COPY_CHUNK at a time (fewer, longer reads: an s3fs file's read-ahead took 2.3x as long
-    for a 164 MB trace in moto). A store's error is raised as one pass would raise it
-    (storage/urls.py StorageError); any other OSError (a full disk, say) as `_NoRoom`, on
-    which one pass streams the object instead."""
-    from neuron_batch.storage.urls import fetch_range
-
-    start, end = span
-    try:
-        with open(path, "wb") as out:
-            out.seek(start)
-            for chunk in fetch_range(str(reader.path), start, end, COPY_CHUNK):
-                out.write(chunk)
-    except OSError as error:
-        raise _NoRoom(str(error)) from error
-    copied = copy.copy(reader)
-    copied.path = path
-    return copied
-
-
-def _in_storage(reader: CutReader) -> bool:
-    """Whether the input is an object in storage (a saved data set is a local folder)."""
-    from neuron_batch.storage.urls import is_url
-
-    return not isinstance(reader, DatasetInput) and is_url(str(reader.path))
 
 
 def _size_and_lines(reader: CutReader) -> tuple[int, int]:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from neuron_batch.inputs.job_columns import JobColumns, Steps
 from neuron_batch.inputs.prefix_bound import PrefixBound
-from neuron_batch.job import check_parts
+from neuron_batch.job import check_parts, part_hand
 from neuron_batch.job.plain_check import DEFAULT_ID, RUN_SEED
 from neuron_batch.job.workload import load_workload
 from neuron_batch.settings import RunSettings
@@ -312,7 +312,7 @@ def test_a_containers_cpu_quota_caps_the_processes(tmp_path, monkeypatch):
                           st.booleans()), min_size=1, max_size=3),
        st.integers(1, 9))
 def test_each_parts_guess_is_the_items_before_it(inputs, parts):
-    """`_Hand`: each part's guess is the items (lines but blank ones and a CSV's header) of the
+    """`PartHand`: each part's guess is the items (lines but blank ones and a CSV's header) of the
     files before it, the files cut as a split check cuts them, with or without a newline at a
     file's end; the same for the files in object storage (fsspec's memory://), each part
     copied to a local file first, its bytes at their offsets, and removed once taken. Right,
@@ -352,7 +352,7 @@ def test_each_parts_guess_is_the_items_before_it(inputs, parts):
         copies = Path(folder) / "copies"
         copies.mkdir()
         for where, given in tasks.items():
-            with check_parts._Hand(copies, given, counting=True, window=2) as hand:
+            with part_hand.PartHand(copies, given, counting=True, window=2) as hand:
                 for task in given:
                     hand.give(task)
                     local = Path(task.reader.path)
@@ -451,12 +451,12 @@ def test_parts_of_an_object_are_checked_from_their_copies(tiny_model, tmp_path, 
     split = split_check(90)
 
     def full(*_):
-        raise check_parts._NoRoom("No space left on device")
+        raise part_hand.NoRoom("No space left on device")
 
     try:
         remote = _seen(_workload([url], tiny_model, monkeypatch, 2)[0])
         # (no disk for a copy: the check goes back to one pass, which streams the object)
-        monkeypatch.setattr(check_parts, "_copied", full)
+        monkeypatch.setattr(part_hand, "copied", full)
         streamed = _seen(_workload([url], tiny_model, monkeypatch, 2)[0])
     finally:
         fsspec.filesystem("memory").rm("memory://parts", recursive=True)
