@@ -57,6 +57,37 @@ class BlockHashes:
         equal last hashes are identical prompts."""
         return self._prefixes(ids, partial=True)
 
+    def whole_of(self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """`whole` of each of `prompts` at once: (their hashes, one prompt's after another;
+        how many each has). The same hashes as `whole` a prompt at a time, made over one
+        array for them all: numpy's cost a call, ~20 us, was most of a short prompt's."""
+        if not prompts:
+            return np.empty(0, dtype=_U64), np.zeros(0, dtype=np.int64)
+        block = self.block
+        lengths = np.fromiter((len(ids) for ids in prompts), dtype=np.int64,
+                              count=len(prompts))
+        packed = array("I")
+        try:
+            for ids in prompts:
+                packed.extend(ids)
+        except OverflowError:   # a token id past 32 bits (no vocabulary has one)
+            packed = array("Q")
+            for ids in prompts:
+                packed.extend(ids)
+        tokens = np.frombuffer(packed, dtype=np.uint32 if packed.typecode == "I" else _U64)
+        counts = lengths // block
+        owner: np.ndarray = np.repeat(np.arange(len(prompts)), counts)     # each block's prompt
+        firsts = np.cumsum(counts) - counts                     # each prompt's first block
+        number = np.arange(len(owner), dtype=np.int64) - firsts[owner]     # within its prompt
+        starts = (np.cumsum(lengths) - lengths)[owner] + number * block
+        forms = tokens[starts[:, None] + np.arange(block)].astype(_U64) @ self._coefficients
+        blocks = mix(forms + (number + 1).astype(_U64) * _GOLDEN)
+        # (one running sum for all: a prompt's own is it less the sum before its first block;
+        # the sums wrap at 2**64 alike, so the difference is the prompt's own sum)
+        sums = np.cumsum(blocks, dtype=_U64)
+        before = np.concatenate([np.zeros(1, _U64), sums])[firsts]
+        return mix(sums - before[owner]), counts
+
     def _prefixes(self, ids: Sequence[int], *, partial: bool) -> np.ndarray:
         block = self.block
         whole, rest = divmod(len(ids), block)

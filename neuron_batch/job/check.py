@@ -236,11 +236,13 @@ class Scan:
                     if mark and self.row_base != (0, 0):
                         row = based_row(row, mark, *self.row_base)
                 rows.add(row, request, spec)
-            if self.bound is not None:
-                if request.token_ids is None:
-                    self.bound = None   # (synthetic tokens: not made here)
-                else:
-                    self.bound.add(request.token_ids)
+        if self.bound is not None:
+            tokens = [ids for request in prepared.requests
+                      if (ids := request.token_ids) is not None]
+            if len(tokens) < len(prepared.requests):
+                self.bound = None   # (synthetic tokens: not made here)
+            else:       # (the chunk's prompts hashed together: PrefixBound.add_all)
+                self.bound.add_all(tokens)
         self.checked += [(position_of[p.read_order], p)
                          for p in refused + unsampled + unmatched + prepared.problems]
 

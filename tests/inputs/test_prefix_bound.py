@@ -166,3 +166,32 @@ def test_a_pool_that_repeats_or_spells_a_laps_head_is_not_said_to_share_nothing(
     spells._pool[700:700 + len(head)] = head
     assert spells.own_blocks_distinct(16, _POOL_SIZE - 1)      # (one lap: no heads)
     assert not spells.own_blocks_distinct(16, _POOL_SIZE + 5)
+
+
+@settings(deadline=None)
+@given(st.lists(st.lists(st.integers(0, 40), max_size=40), max_size=20),
+       st.integers(1, 9), st.booleans(), st.integers(1, 64))
+def test_prompts_hashed_together_are_hashed_as_one_at_a_time(prompts, block, wide,
+                                                             batch_tokens):
+    # a batch's hashes are every prompt's own, in order; a bound fed in batches of any size
+    # counts what one fed a prompt at a time does (and ids past 32 bits take the wide path)
+    from neuron_batch.inputs.block_hashes import BlockHashes
+
+    if wide and prompts and prompts[0]:
+        prompts[0][0] += 2 ** 40
+    hashes = BlockHashes(block)
+    together, counts = hashes.whole_of(prompts)
+    alone = [hashes.whole(ids) for ids in prompts]
+    assert [int(n) for n in counts] == [len(h) for h in alone]
+    assert together.tolist() == [int(h) for each in alone for h in each]
+    one_by_one = PrefixBound(block)
+    for ids in prompts:
+        one_by_one.add(ids)
+    batched = PrefixBound(block)
+    prefix_bound_module.BATCH_TOKENS, saved = batch_tokens, prefix_bound_module.BATCH_TOKENS
+    try:
+        batched.add_all(prompts)
+    finally:
+        prefix_bound_module.BATCH_TOKENS = saved
+    assert (batched.tokens(), batched.whole_blocks, batched.aligned) == (
+        one_by_one.tokens(), one_by_one.whole_blocks, one_by_one.aligned)
