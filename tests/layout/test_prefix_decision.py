@@ -214,3 +214,15 @@ def test_weighing_holds_no_prompt_s_block_chain():
 
     small, large = peak(2_000), peak(20_000)
     assert (large - small) / 18_000 < 40, (small, large)
+
+
+def test_block_chains_made_in_batches_are_each_prompts_own():
+    # more prompts than a batch (step_estimate.CHAIN_BATCH), of every length around a block
+    from neuron_batch.inputs.block_hashes import BlockHashes
+    from neuron_batch.layout import step_estimate
+
+    rng = random.Random(5)
+    prompts = [[rng.randrange(50) for _ in range(rng.randrange(0, 40))]
+               for _ in range(step_estimate.CHAIN_BATCH * 2 + 7)]
+    hashes = BlockHashes(8)
+    assert block_chains(prompts, 8) == [hashes.whole(ids).tolist() for ids in prompts]
