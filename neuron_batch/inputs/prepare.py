@@ -451,7 +451,10 @@ class _TextBatches:
 
     def __init__(self, records: Sequence[PromptRecord], tokenizer: Any):
         self._records = records
-        self._chats = bool(getattr(tokenizer, "chat_template", None))
+        # (asked only where a chat is: a part's Rust tokenizer loads transformers to answer,
+        # inputs/rust_tokenizer.py)
+        self._chats = (any(_plain_chat(r) for r in records)
+                       and bool(getattr(tokenizer, "chat_template", None)))
         self._on = bool(getattr(tokenizer, "is_fast", False)) and any(
             self._batched(r) for r in records)
         self._tokenizer = tokenizer

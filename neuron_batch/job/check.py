@@ -61,11 +61,13 @@ class Scan:
 
     def __init__(self, settings: RunSettings, model: ModelSource, *, spool: bool = False,
                  block: int | None = None, rows_path: Path | None = None,
-                 readers: Sequence[Any] = (), tokenizers: dict[str, Any] | None = None):
+                 readers: Sequence[Any] = (), tokenizers: dict[str, Any] | None = None,
+                 loader: Callable[[Any], Any] | None = None):
         self.settings = settings
         # (tokenizers loaded before, by source: a process of a split check keeps the one its
-        # first part loaded for the parts after it, ~0.5 s each)
-        self._tokenizers = tokenizers
+        # first part loaded for the parts after it, ~0.5 s each; made by `loader` there:
+        # inputs/rust_tokenizer.py)
+        self._tokenizers, self._loader = tokenizers, loader
         self.rows = (RowsSpool(None if rows_path else ["id", *REQUEST_FIELDS], path=rows_path)
                      if spool else None)
         # (rows whose id or seed is the part's numbering: shifted once the parts are joined)
@@ -186,7 +188,7 @@ class Scan:
                     self.columns.tokenizer = load_tokenizer(self._source)
                 else:
                     if key not in held:
-                        held[key] = load_tokenizer(self._source)
+                        held[key] = (self._loader or load_tokenizer)(self._source)
                     self.columns.tokenizer = held[key]
             if self.columns.tokenizer is None:
                 self.tokenizer_name = None

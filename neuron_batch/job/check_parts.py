@@ -27,6 +27,12 @@ CSV where a row needs the one before (a quoted value over two lines: a part that
 gives the job back to one pass, `Uncut`; a TIMESTAMP column whose first row gives no time
 zero).
 `NEURON_BATCH_CHECK_PROCESSES` sets the processes (1: never split).
+
+A part tokenizes plain text with the model's tokenizer.json in Rust (inputs/rust_tokenizer.py:
+no transformers import, ~5 s and ~450 MB a process), and the parent compares a few texts of
+each part with the transformers tokenizer it loads for the run, while the parts are checked;
+where they differ the job is checked again in one pass. `NEURON_BATCH_PART_TOKENIZER=full`
+loads the transformers tokenizer in every part, as before (to compare the two).
 """
 
 from __future__ import annotations
@@ -148,6 +154,9 @@ class _Part:
     numeric_ids: bool
     default_ids: bool
     tally: FactsTally | None
+    #: texts its Rust tokenizer encoded, with their ids, for the parent to compare with the
+    #: transformers tokenizer's (inputs/rust_tokenizer.py)
+    samples: list[tuple[str, bool, list[int]]]
 
 
 @dataclass
@@ -203,7 +212,9 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
         tasks = [_Task(settings, model, spool, block, readers[number], inputs.specs[number],
                        number, span, Path(folder) / f"rows-{k}.jsonl" if spool else None)
                  for k, (number, span) in enumerate(tasks_spans)]
-        join = _Join(base, inputs, block, pool)
+        # (with `meanwhile` importing vLLM, which imports transformers: the tokenizer loads
+        # after it, not beside it, as two threads importing one package may not)
+        join = _Join(base, inputs, block, pool, load_beside=meanwhile is None)
         try:
             # (closed before anything is raised or said: `meanwhile` has ended by then)
             with PartHand(Path(folder), tasks, counting=spool, window=count) as hand, \
@@ -216,6 +227,8 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
                     join.add(task, _raised(part))
             join.done()
         except BrokenProcessPool:   # (a process killed, say by the kernel for memory)
+            return None
+        except _Disagrees:      # (the parts' Rust tokenizer is not the model's: one pass)
             return None
         except part_hand.NoRoom:    # (no disk for a part of an object: one pass streams it)
             return None
@@ -267,8 +280,10 @@ class _Join:
     """The parts, in order, into one `Scan` (`base`) and the job's `InputScan`; each part's
     rows given to the `pool` to be made whole once its shifts are known."""
 
-    def __init__(self, base: Scan, inputs: InputScan, block: int | None, pool: Executor):
+    def __init__(self, base: Scan, inputs: InputScan, block: int | None, pool: Executor,
+                 load_beside: bool = False):
         self.base, self.inputs, self.pool = base, inputs, pool
+        self.load_beside = load_beside
         # the job's prefix bound, merged part by part; None once a part has none
         self.bound: Any = None
         self.counting = block is not None
@@ -281,6 +296,11 @@ class _Join:
         self.id_hashes = array("q")
         self.numeric_ids = self.default_ids = False
         self.rows: list[Future] = []
+        self.samples: list[tuple[str, bool, list[int]]] = []
+        # the job's tokenizer, loaded beside the join once a part needed one (transformers'
+        # import, ~5 s, was this process's last step after the parts); what it raised
+        self._loading: threading.Thread | None = None
+        self._load_failed: BaseException | None = None
 
     def add(self, task: _Task, part: _Part) -> None:
         base = self.base
@@ -312,6 +332,11 @@ class _Join:
         self.numeric_ids = self.numeric_ids or part.numeric_ids
         self.default_ids = self.default_ids or part.default_ids
         self.tokenizer = self.tokenizer or part.tokenizer_asked
+        self.samples += part.samples
+        if self.tokenizer and self.load_beside and self._loading is None:
+            self._loading = threading.Thread(target=self._load, daemon=True,
+                                             name="neuron-batch-tokenizer")
+            self._loading.start()
         if task.rows_path is not None:      # (its shifts are known: its rows made whole)
             self.rows.append(self.pool.submit(_rows_part, task.rows_path, part.numbered_rows,
                                               items - task.base[0], records - task.base[1]))
@@ -320,6 +345,21 @@ class _Join:
         self.lines += part.lines
         self.input_items += part.items
 
+    def _load(self) -> None:
+        try:
+            self.base.tokenizer()
+        except BaseException as error:     # (raised where the join ends: `done`)
+            self._load_failed = error
+
+    def loaded(self) -> None:
+        """The job's tokenizer loaded (`_load`) and what its load raised raised here."""
+        if self._loading is not None:
+            self._loading.join()
+            if self._load_failed is not None:
+                raise self._load_failed
+        elif self.tokenizer:    # (the job's text is tokenized again as it runs)
+            self.base.tokenizer()
+
     def _input_done(self) -> None:
         if self.number >= 0 and not self.input_items:
             raise no_prompts(self.inputs.specs[self.number])
@@ -327,12 +367,16 @@ class _Join:
     def done(self) -> None:
         self._input_done()
         base, inputs = self.base, self.inputs
+        self.loaded()
+        if self.samples:    # (before `inputs` is touched: one pass may read it again)
+            from neuron_batch.inputs.rust_tokenizer import disagree
+
+            if disagree(base.tokenizer(), self.samples) is not None:
+                raise _Disagrees
         # (only now: a job given back to one pass is read by the same `inputs`, untouched)
         inputs.records, inputs.items = self.records, self.items
         inputs.id_hashes = self.id_hashes
         inputs.took(self.numeric_ids, self.default_ids)
-        if self.tokenizer:      # (the job's text is tokenized again as it runs: here)
-            base.tokenizer()
         base.bound = self.bound
         if not self.rows:
             return
@@ -351,11 +395,28 @@ class _Join:
 _TOKENIZERS: dict[str, Any] = {}
 
 
+class _Disagrees(Exception):
+    """A part's Rust tokenizer gave other ids than the model's transformers tokenizer."""
+
+
+def _part_tokenizer(source: Any) -> Any:
+    """A part's tokenizer: the model's tokenizer.json in Rust where it is on disk (no
+    transformers import: inputs/rust_tokenizer.py), else the transformers one."""
+    from neuron_batch.engine.models import load_tokenizer
+
+    rust = None
+    if source.source != "hub" and os.environ.get("NEURON_BATCH_PART_TOKENIZER") != "full":
+        from neuron_batch.inputs.rust_tokenizer import RustTokenizer
+
+        rust = RustTokenizer.of(source.path, lambda: load_tokenizer(source))
+    return rust if rust is not None else load_tokenizer(source)
+
+
 def _check_part(task: _Task) -> _Part | _Failed:
     """One part checked (in a process of the pool)."""
     try:
         scan = Scan(task.settings, task.model, spool=task.spool, block=task.block,
-                    rows_path=task.rows_path, tokenizers=_TOKENIZERS)
+                    rows_path=task.rows_path, tokenizers=_TOKENIZERS, loader=_part_tokenizer)
         scan.row_base = task.base
         inputs = InputScan.of_span(task.reader, task.spec, task.number, task.span,
                                    default_max_tokens=task.settings.max_tokens, plain=True)
@@ -372,12 +433,14 @@ def _check_part(task: _Task) -> _Part | _Failed:
         tally = scan.rows.tally
         scan.rows.release()
         scan.rows = None
+    taken = getattr(scan.columns.tokenizer, "taken_samples", None)
+    samples = taken() if taken is not None else []
     scan.columns.tokenizer = None       # (the parent loads its own where the job needs one)
     return _Part(scan.columns, scan.parse_problems, scan.checked, scan.early, scan.ok,
                  scan.known, scan.took_defaults, (scan.longest_request, scan.longest_prompt),
                  scan.bound, scan.tokenizer_asked, scan.numbered_rows, inputs.items,
                  inputs.records, task.reader.span_lines, inputs.id_hashes, inputs.numeric_ids,
-                 inputs.default_ids, tally)
+                 inputs.default_ids, tally, samples)
 
 
 def _rows_part(path: Path, marks: bytearray | None, items: int, records: int
