@@ -254,6 +254,11 @@ def main() -> None:
                         help="only `--order prefix` (longest first) over an N-row token-count "
                         "trace, in a process of its own: its seconds and the memory it adds "
                         "(peak RSS over the job's), against `--order length`, and stop")
+    parser.add_argument("--part-tokenizer", type=int, default=None, metavar="N",
+                        help="the split check of N text lines with its parts' tokenizer in "
+                        "Rust (inputs/rust_tokenizer.py) against the transformers one "
+                        "(NEURON_BATCH_PART_TOKENIZER=full): seconds and the process tree's "
+                        "peak Pss, medians of --repeats")
     parser.add_argument("--repeats", type=int, default=3,
                         help="with --parts: runs of each, their median kept")
     parser.add_argument("--rows", type=int, default=None, metavar="N",
@@ -280,6 +285,9 @@ def main() -> None:
         return prefix_order_check(args.prefix_order, workdir())
     if args.parts:
         return parts_check(args.parts, kinds, workdir(), args.text_cap, args.repeats)
+    if args.part_tokenizer:
+        return part_tokenizer_check(args.part_tokenizer, workdir(), args.text_cap,
+                                    args.repeats)
     if args.rows:
         return rows_check(args.rows, workdir())
     if args.startup:
@@ -587,21 +595,7 @@ def parts_check(size: int, kinds: list[str], workdir: Path, text_cap: int,
     each a process of its own, medians of `repeats`: seconds, and the ratio."""
     import statistics
 
-    workdir.mkdir(parents=True, exist_ok=True)
-    code = ("import json, sys, time\n"
-            "from neuron_batch.job.workload import load_workload\n"
-            "from neuron_batch.settings import RunSettings\n"
-            "def main():\n"
-            "    s = RunSettings.of((sys.argv[1],), device='sim', instance='inf2.8xlarge',\n"
-            "        architecture='llama-3.1-8b', max_model_len=8192, quiet=True,\n"
-            "        prefix_caching=False)\n"
-            "    t0 = time.perf_counter(); w = load_workload(s, lambda _: None)\n"
-            "    print(json.dumps({'s': time.perf_counter() - t0,\n"
-            "                      'n': len(w.prepared.requests)}))\n"
-            "if __name__ == '__main__':\n"
-            "    main()\n")
-    script = workdir / "check.py"
-    script.write_text(code)
+    script = _check_script(workdir)
     cores = len(os.sched_getaffinity(0))
     print(f"{'kind':<7}{'requests':>10}{'one s':>8}{f'{cores} cores s':>12}{'ratio':>7}",
           flush=True)
@@ -620,6 +614,63 @@ def parts_check(size: int, kinds: list[str], workdir: Path, text_cap: int,
         job.unlink()
         one, split = statistics.median(times[1]), statistics.median(times[cores])
         print(f"{kind:<7}{size:>10,}{one:>8.1f}{split:>12.1f}{one / split:>7.2f}", flush=True)
+
+
+#: The check before the run of the job named by argv[1], as `run` makes it: seconds, requests.
+_CHECK = """
+import json, sys, time
+from neuron_batch.job.workload import load_workload
+from neuron_batch.settings import RunSettings
+def main():
+    s = RunSettings.of((sys.argv[1],), device='sim', instance='inf2.8xlarge',
+        architecture='llama-3.1-8b', max_model_len=8192, quiet=True, prefix_caching=False)
+    t0 = time.perf_counter(); w = load_workload(s, lambda _: None)
+    print(json.dumps({'s': time.perf_counter() - t0, 'n': len(w.prepared.requests)}))
+if __name__ == '__main__':
+    main()
+"""
+
+
+def _check_script(workdir: Path) -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
+    script = workdir / "check.py"
+    script.write_text(_CHECK)
+    return script
+
+
+def part_tokenizer_check(size: int, workdir: Path, text_cap: int, repeats: int) -> None:
+    """The check before the run of `size` text lines split across this machine's cores, its
+    parts' tokenizer the transformers one (`full`: each part's process imports transformers
+    and torch) against tokenizer.json in Rust (`rust`), turn about: medians of `repeats` of
+    the wall seconds and of the process tree's peak Pss, and the ratios."""
+    import statistics
+
+    script = _check_script(workdir)
+    job = _parts_job("text", size, workdir, text_cap)
+    cores = len(os.sched_getaffinity(0))
+    got: dict[str, list[tuple[float, int]]] = {"full": [], "rust": []}
+    for _ in range(repeats):
+        for way in got:
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "NEURON_BATCH_PART_TOKENIZER": way,
+                   "NEURON_BATCH_CHECK_PROCESSES": str(cores)}
+            process = subprocess.Popen([sys.executable, str(script), str(job)], env=env,
+                                       stdout=subprocess.PIPE, text=True)
+            peak = 0
+            while process.poll() is None:
+                peak = max(peak, tree_rss(process.pid))
+                time.sleep(0.1)
+            out = json.loads(process.stdout.read().splitlines()[-1])
+            assert out["n"] == size, out
+            got[way].append((out["s"], peak))
+    job.unlink()
+    print(f"{'parts tokenizer':<16}{'lines':>9}{'s':>8}{'peak Pss GiB':>14}", flush=True)
+    medians = {}
+    for way, runs in got.items():
+        medians[way] = (statistics.median(s for s, _ in runs),
+                        statistics.median(p for _, p in runs))
+        print(f"{way:<16}{size:>9,}{medians[way][0]:>8.1f}{medians[way][1] / 2**30:>14.2f}")
+    print(f"{'full / rust':<16}{'':>9}{medians['full'][0] / medians['rust'][0]:>8.2f}"
+          f"{medians['full'][1] / medians['rust'][1]:>14.2f}")
 
 
 _ORDER = """

@@ -63,6 +63,7 @@ from neuron_batch.inputs.load import (
     CutReader,
     InputScan,
     no_prompts,
+    prompt_token_count,
 )
 from neuron_batch.inputs.prompt_records import InputError, InputProblem
 from neuron_batch.job import part_hand
@@ -87,17 +88,22 @@ KIND_ITEMS = 1000
 
 
 #: Processes at most by default: each holds ~70 MB (its imports), and past a few dozen the
-#: parent's joining, not the parts, sets the time.
+#: parent's joining (~1.5 us a line), not the parts (token counts: 2-15 us a line), sets the
+#: time.
 MAX_PROCESSES = 32
+#: ... where the job's prompts are text: a part's check is then its tokenizer's, ~150 us a
+#: line, which the join keeps up with to about a hundred processes (each ~85 MB with its Rust
+#: tokenizer: inputs/rust_tokenizer.py). An inf2.48xlarge has 192 vCPUs, a trn1.32xlarge 128.
+MAX_TEXT_PROCESSES = 96
 
 
-def processes() -> int:
+def processes(text: bool = False) -> int:
     """Processes a split check uses: NEURON_BATCH_CHECK_PROCESSES, else the cores this
-    process may run on, at most MAX_PROCESSES."""
+    process may run on, at most MAX_PROCESSES (MAX_TEXT_PROCESSES for `text`)."""
     given = os.environ.get("NEURON_BATCH_CHECK_PROCESSES")
     if given:
         return max(1, int(given))
-    return min(cores(), MAX_PROCESSES)
+    return min(cores(), MAX_TEXT_PROCESSES if text else MAX_PROCESSES)
 
 
 def cores() -> int:
@@ -177,10 +183,9 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
     (job/generate.py `prefetch_vllm`)."""
     from neuron_batch.storage.urls import is_url
 
-    count = processes()
     # (--shuffle: its order is made once the parts are joined, as after one pass; --limit
     # without it leaves the records past the limit unchecked, which a part cannot place)
-    if (count < 2 or settings.limit is not None
+    if (processes(text=True) < 2 or settings.limit is not None
             or not all(isinstance(r, CUT_READERS) for r in inputs.readers)):
         return None
     readers: list[CutReader] = list(inputs.readers)  # type: ignore[arg-type]
@@ -190,10 +195,11 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
     total = sum(lines for _, lines in sizes)
     if total < MIN_LINES:
         return None
+    if not all(_kind_known(reader) and reader.cuttable() for reader in readers):
+        return None     # (a JSON array, a CSV whose rows need the one before: one pass)
+    count = processes(text=any(_reads_text(reader) for reader in readers))
     tasks_spans: list[tuple[int, tuple[int, int]]] = []
     for number, (reader, (size, lines)) in enumerate(zip(readers, sizes)):
-        if not _kind_known(reader) or not reader.cuttable():
-            return None     # (a JSON array, a CSV whose rows need the one before: one pass)
         parts = max(1, min(math.ceil(lines / PART_LINES),
                            math.ceil(PARTS_A_PROCESS * count * lines / total)))
         if isinstance(reader, ROW_READERS):    # (rows; in storage, whole row groups)
@@ -543,6 +549,15 @@ def _kind_known(reader: CutReader) -> bool:
             if reader.kind is not None or read >= KIND_ITEMS:
                 break
     return reader.kind is not None
+
+
+def _reads_text(reader: CutReader) -> bool:
+    """Whether the file's first record (of its first KIND_ITEMS items) is one the check
+    tokenizes: text or messages, not token ids or a count."""
+    for _, (*_, item) in zip(range(KIND_ITEMS), reader.scan()):
+        if isinstance(item, tuple):     # (the record, the field its id came from)
+            return prompt_token_count(item[0]) is None
+    return False
 
 
 #: The pool's processes' environment: one string hash among them (the ids' hashes of every

@@ -307,6 +307,39 @@ def test_a_containers_cpu_quota_caps_the_processes(tmp_path, monkeypatch):
     assert check_parts.processes() == 1
 
 
+@pytest.mark.parametrize("line, text", [({"prompt": "hello"}, True),
+                                        ({"messages": [{"role": "user", "content": "hi"}]}, True),
+                                        ({"prompt_len": 7}, False),
+                                        ({"prompt_token_ids": [1, 2]}, False)])
+def test_a_text_job_is_checked_on_more_processes(tmp_path, monkeypatch, tiny_model,
+                                                 split_check, line, text):
+    # a text line's check is its tokenizer's (~150 us): up to MAX_TEXT_PROCESSES keep the
+    # join busy; a count's (~2 us) no more than MAX_PROCESSES
+    monkeypatch.delenv("NEURON_BATCH_CHECK_PROCESSES", raising=False)
+    monkeypatch.setattr(check_parts, "cores", lambda: 500)
+    assert check_parts.processes() == check_parts.MAX_PROCESSES
+    assert check_parts.processes(text=True) == check_parts.MAX_TEXT_PROCESSES
+    asked: list[bool] = []
+
+    class Counted(Exception):
+        pass
+
+    def counted(text: bool = False) -> int:
+        asked.append(text)
+        if len(asked) > 1:      # (the count the parts are cut by: asked, nothing spawned)
+            raise Counted
+        return 2
+
+    monkeypatch.setattr(check_parts, "processes", counted)
+    job = tmp_path / "job.jsonl"
+    job.write_text("".join(json.dumps({**line, "id": f"r{i}"}) + "\n" for i in range(50)))
+    split_check(10)
+    settings = RunSettings.of((str(job),), model=tiny_model, device="sim", quiet=True)
+    with pytest.raises(Counted):
+        load_workload(settings, lambda _: None)
+    assert asked == [True, text]
+
+
 @hypothesis_settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.lists(st.booleans(), min_size=1, max_size=60),
                           st.booleans()), min_size=1, max_size=3),
