@@ -44,7 +44,7 @@ def _model_dir(folder: Path, source: Path, **config) -> Path:
     return folder
 
 
-@settings(max_examples=60, deadline=None,
+@settings(max_examples=30, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=texts, special=st.booleans())
 def test_the_rust_ids_are_the_tokenizers_own(builtin, batch, special):
