@@ -255,7 +255,8 @@ def main() -> None:
                         "trace, in a process of its own: its seconds and the memory it adds "
                         "(peak RSS over the job's), against `--order length`, and stop")
     parser.add_argument("--part-tokenizer", type=int, default=None, metavar="N",
-                        help="the split check of N text lines with its parts' tokenizer in "
+                        help="the split check of N text lines, then N chat lines, with its "
+                        "parts' tokenizer in "
                         "Rust (inputs/rust_tokenizer.py) against the transformers one "
                         "(NEURON_BATCH_PART_TOKENIZER=full): seconds and the process tree's "
                         "peak Pss, medians of --repeats")
@@ -639,14 +640,21 @@ def _check_script(workdir: Path) -> Path:
 
 
 def part_tokenizer_check(size: int, workdir: Path, text_cap: int, repeats: int) -> None:
-    """The check before the run of `size` text lines split across this machine's cores, its
-    parts' tokenizer the transformers one (`full`: each part's process imports transformers
-    and torch) against tokenizer.json in Rust (`rust`), turn about: medians of `repeats` of
-    the wall seconds and of the process tree's peak Pss, and the ratios."""
+    """The check before the run of `size` text lines, then OpenAI batch chat lines, split
+    across this machine's cores, its parts' tokenizer the transformers one (`full`: each
+    part's process imports transformers and torch) against tokenizer.json in Rust (`rust`),
+    turn about: medians of `repeats` of the wall seconds and of the process tree's peak Pss,
+    and the ratios."""
+    for kind in ("text", "chat"):
+        _part_tokenizer_kind(kind, size, workdir, text_cap, repeats)
+
+
+def _part_tokenizer_kind(kind: str, size: int, workdir: Path, text_cap: int,
+                         repeats: int) -> None:
     import statistics
 
     script = _check_script(workdir)
-    job = _parts_job("text", size, workdir, text_cap)
+    job = _parts_job(kind, size, workdir, text_cap)
     cores = len(os.sched_getaffinity(0))
     got: dict[str, list[tuple[float, int]]] = {"full": [], "rust": []}
     for _ in range(repeats):
@@ -663,14 +671,16 @@ def part_tokenizer_check(size: int, workdir: Path, text_cap: int, repeats: int) 
             assert out["n"] == size, out
             got[way].append((out["s"], peak))
     job.unlink()
-    print(f"{'parts tokenizer':<16}{'lines':>9}{'s':>8}{'peak Pss GiB':>14}", flush=True)
+    print(f"{kind + ' lines':<12}{'tokenizer':<12}{'lines':>9}{'s':>8}{'peak Pss GiB':>14}",
+          flush=True)
     medians = {}
     for way, runs in got.items():
         medians[way] = (statistics.median(s for s, _ in runs),
                         statistics.median(p for _, p in runs))
-        print(f"{way:<16}{size:>9,}{medians[way][0]:>8.1f}{medians[way][1] / 2**30:>14.2f}")
-    print(f"{'full / rust':<16}{'':>9}{medians['full'][0] / medians['rust'][0]:>8.2f}"
-          f"{medians['full'][1] / medians['rust'][1]:>14.2f}")
+        print(f"{'':<12}{way:<12}{size:>9,}{medians[way][0]:>8.1f}"
+              f"{medians[way][1] / 2**30:>14.2f}")
+    print(f"{'':<12}{'full / rust':<12}{'':>9}{medians['full'][0] / medians['rust'][0]:>8.2f}"
+          f"{medians['full'][1] / medians['rust'][1]:>14.2f}", flush=True)
 
 
 _ORDER = """
@@ -725,6 +735,18 @@ def _parts_job(kind: str, size: int, workdir: Path, text_cap: int) -> Path:
         return write_job("tokens", size, workdir, text_cap)
     rng = random.Random(size)
     rows = trace_rows()
+    if kind == "chat":      # OpenAI batch chat lines: a system message and the text prompt
+        job = workdir / f"parts-chat-{size}.jsonl"
+        with open(job, "w") as handle:
+            for i in range(size):
+                prompt, output = rows[rng.randrange(len(rows))]
+                words = " ".join(rng.choice(_WORDS) for _ in range(min(prompt, text_cap)))
+                body = {"model": "m", "max_tokens": output, "messages": [
+                    {"role": "system", "content": "You are terse."},
+                    {"role": "user", "content": f"{i} {words}"}]}
+                handle.write(json.dumps({"custom_id": f"req-{i}", "method": "POST",
+                                         "url": "/v1/chat/completions", "body": body}) + "\n")
+        return job
     lines = kind.removeprefix("parquet-")
     job = workdir / f"parts-{lines}-{size}.jsonl"
     with open(job, "w") as handle:

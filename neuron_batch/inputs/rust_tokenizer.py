@@ -17,8 +17,14 @@ A tokenizer_config.json that names a token tokenizer.json does not hold (transfo
 to the Rust tokenizer: a text that holds it is one token there, pieces here) is not read this
 way, as a sample would show the difference only where a sampled text holds that token.
 
-Anything else a record asks of the tokenizer (a chat template, tools) loads the transformers
-tokenizer in the part, as before, and is done by it.
+A batch of plain chats (messages without tools) is rendered by transformers' own
+`render_jinja_template` (importable without torch: ~1 s), which `apply_chat_template` calls, with
+the chat template and the named special tokens read from the model's files (`chat`). The parent
+compares those two with its transformers tokenizer's (`get_chat_template`,
+`special_tokens_map`): equal, every chat renders as that tokenizer renders it; else one pass.
+
+Anything else a record asks of the tokenizer (tools, a template that refuses a batch) loads the
+transformers tokenizer in the part, as before, and is done by it.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 #: Samples a part keeps at most (each batch's first text: a 50,000-line part has ~100 batches):
 #: the parent tokenizes each again, serially, once every part is in.
@@ -53,6 +59,8 @@ class RustTokenizer:
         self._load = load
         self._full: Any = None
         self.samples: list[tuple[str, bool, list[int]]] = []
+        self._chat: tuple[str, dict[str, str]] | None = None
+        self.chat_used: tuple[str, dict[str, str]] | None = None    # (what rendered chats)
 
     @classmethod
     def of(cls, directory: str | Path, load: Callable[[], Any]) -> RustTokenizer | None:
@@ -73,7 +81,9 @@ class RustTokenizer:
         held = {token.content for token in rust.get_added_tokens_decoder().values()}
         if not _named_tokens(config) <= held:
             return None     # (transformers adds them: text that holds one splits otherwise)
-        return cls(rust, load)
+        tokenizer = cls(rust, load)
+        tokenizer._chat = _chat_of(Path(directory), config)
+        return tokenizer
 
     def __call__(self, texts: str | Sequence[str], add_special_tokens: bool = True) -> _Encoded:
         """As the transformers call, for the ids: one text or a list of them."""
@@ -84,6 +94,34 @@ class RustTokenizer:
         if batch and len(self.samples) < SAMPLES:   # (for the parent: `disagree`)
             self.samples.append((batch[0], add_special_tokens, ids[0]))
         return _Encoded(ids[0] if one else ids)
+
+    @property
+    def chat_template(self) -> Any:
+        if self._chat is not None:
+            return self._chat[0]
+        return self.full().chat_template
+
+    def apply_chat_template(self, conversation: Any, add_generation_prompt: bool = False,
+                            tokenize: bool = True, **kwargs: Any) -> Any:
+        """A batch of conversations rendered to text as transformers' own call renders them
+        (its `render_jinja_template`, the model's template and named special tokens); any
+        other call (one conversation, tokens asked, tools) made by the transformers
+        tokenizer."""
+        batch = (isinstance(conversation, list) and conversation
+                 and all(isinstance(c, list) and c for c in conversation))
+        render = _renderer() if self._chat is not None and batch else None
+        if render is None or tokenize or kwargs:
+            return self.full().apply_chat_template(
+                conversation, add_generation_prompt=add_generation_prompt, tokenize=tokenize,
+                **kwargs)
+        assert self._chat is not None
+        template, special = self._chat
+        rendered, _ = render(conversations=conversation, tools=None, documents=None,
+                             chat_template=template, return_assistant_tokens_mask=False,
+                             continue_final_message=False,
+                             add_generation_prompt=add_generation_prompt, **special)
+        self.chat_used = self._chat
+        return rendered
 
     def taken_samples(self) -> list[tuple[str, bool, list[int]]]:
         """The samples kept since the last call (a part's)."""
@@ -118,6 +156,44 @@ def _named_tokens(config: dict[str, Any]) -> set[str]:
     named += list(config.get("additional_special_tokens") or [])
     named += list((config.get("added_tokens_decoder") or {}).values())
     return {text for value in named if (text := content(value))}
+
+
+def _chat_of(directory: Path, config: dict[str, Any]) -> tuple[str, dict[str, str]] | None:
+    """(the chat template, the named special tokens by attribute) as transformers reads them
+    for `apply_chat_template`, from the model's files; None where it has no single template."""
+    template: Any = None
+    path = directory / "chat_template.jinja"
+    if path.is_file():
+        template = path.read_text(encoding="utf-8")
+    elif isinstance(config.get("chat_template"), str):
+        template = config["chat_template"]
+    if not isinstance(template, str):
+        return None
+    special = {}
+    for key in _SPECIAL_KEYS:
+        value = config.get(key)
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            special[key] = value
+    return template, special
+
+
+def _renderer() -> Callable[..., Any] | None:
+    try:
+        from transformers.utils.chat_template_utils import render_jinja_template
+    except ImportError:     # (another transformers: its tokenizer renders, as before)
+        return None
+    return cast(Callable[..., Any], render_jinja_template)
+
+
+def chat_disagrees(tokenizer: Any, used: tuple[str, dict[str, str]]) -> bool:
+    """Whether `tokenizer` (transformers) renders chats from another template or other
+    named special tokens than `used` did."""
+    try:
+        template = tokenizer.get_chat_template()
+    except Exception:
+        return True
+    return (template, dict(tokenizer.special_tokens_map)) != used
 
 
 def disagree(tokenizer: Any, samples: Sequence[tuple[str, bool, list[int]]]) -> str | None:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 import os
 import tempfile
@@ -163,6 +164,8 @@ class _Part:
     #: texts its Rust tokenizer encoded, with their ids, for the parent to compare with the
     #: transformers tokenizer's (inputs/rust_tokenizer.py)
     samples: list[tuple[str, bool, list[int]]]
+    #: the chat template and named special tokens its Rust tokenizer rendered chats with
+    chat: tuple[str, dict[str, str]] | None
 
 
 @dataclass
@@ -303,6 +306,7 @@ class _Join:
         self.numeric_ids = self.default_ids = False
         self.rows: list[Future] = []
         self.samples: list[tuple[str, bool, list[int]]] = []
+        self.chats: set[str] = set()    # (each part's `chat`, as JSON: one, or none)
         # the job's tokenizer, loaded beside the join once a part needed one (transformers'
         # import, ~5 s, was this process's last step after the parts); what it raised
         self._loading: threading.Thread | None = None
@@ -339,6 +343,8 @@ class _Join:
         self.default_ids = self.default_ids or part.default_ids
         self.tokenizer = self.tokenizer or part.tokenizer_asked
         self.samples += part.samples
+        if part.chat is not None:
+            self.chats.add(json.dumps(part.chat, sort_keys=True))
         if self.tokenizer and self.load_beside and self._loading is None:
             self._loading = threading.Thread(target=self._load, daemon=True,
                                              name="neuron-batch-tokenizer")
@@ -374,10 +380,12 @@ class _Join:
         self._input_done()
         base, inputs = self.base, self.inputs
         self.loaded()
-        if self.samples:    # (before `inputs` is touched: one pass may read it again)
-            from neuron_batch.inputs.rust_tokenizer import disagree
+        if self.samples or self.chats:   # (before `inputs` is touched: one pass reads it)
+            from neuron_batch.inputs.rust_tokenizer import chat_disagrees, disagree
 
-            if disagree(base.tokenizer(), self.samples) is not None:
+            tokenizer = base.tokenizer()
+            if disagree(tokenizer, self.samples) is not None or any(
+                    chat_disagrees(tokenizer, tuple(json.loads(chat))) for chat in self.chats):
                 raise _Disagrees
         # (only now: a job given back to one pass is read by the same `inputs`, untouched)
         inputs.records, inputs.items = self.records, self.items
@@ -441,12 +449,13 @@ def _check_part(task: _Task) -> _Part | _Failed:
         scan.rows = None
     taken = getattr(scan.columns.tokenizer, "taken_samples", None)
     samples = taken() if taken is not None else []
+    chat = scan.columns.tokenizer.chat_used if taken is not None else None
     scan.columns.tokenizer = None       # (the parent loads its own where the job needs one)
     return _Part(scan.columns, scan.parse_problems, scan.checked, scan.early, scan.ok,
                  scan.known, scan.took_defaults, (scan.longest_request, scan.longest_prompt),
                  scan.bound, scan.tokenizer_asked, scan.numbered_rows, inputs.items,
                  inputs.records, task.reader.span_lines, inputs.id_hashes, inputs.numeric_ids,
-                 inputs.default_ids, tally, samples)
+                 inputs.default_ids, tally, samples, chat)
 
 
 def _rows_part(path: Path, marks: bytearray | None, items: int, records: int

@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from neuron_batch.inputs import rust_tokenizer
-from neuron_batch.inputs.rust_tokenizer import RustTokenizer, disagree
+from neuron_batch.inputs.rust_tokenizer import RustTokenizer, chat_disagrees, disagree
 from neuron_batch.job.workload import load_workload
 from neuron_batch.settings import RunSettings
 from tests.conftest import TINY_LLAMA
-from tests.inputs.test_text_tokens import texts
+from tests.inputs.test_text_tokens import SPECIALS, texts
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +73,9 @@ def test_samples_are_capped_and_anything_else_asks_the_transformers_tokenizer(bu
     for i in range(rust_tokenizer.SAMPLES + 5):
         rust([f"text {i}"])
     assert len(rust.taken_samples()) == rust_tokenizer.SAMPLES
+    assert rust.chat_template == tokenizer.chat_template    # (read from the files)
     assert not loads
-    assert rust.chat_template == tokenizer.chat_template    # (a chat: transformers)
-    assert rust.apply_chat_template is not None and loads == [1]
+    assert rust.eos_token == tokenizer.eos_token and loads == [1]   # (transformers')
 
 
 def test_a_config_naming_a_token_the_file_lacks_is_not_read_in_rust(builtin, tmp_path):
@@ -110,3 +110,47 @@ def test_parts_whose_rust_ids_disagree_are_checked_again_in_one_pass(
     assert split == [False]         # (tried in parts, given back to one pass)
     lengths = list(workload.prompt_lengths())
     assert lengths == [len(tokenizer(f"hello {i} world").input_ids) for i in range(120)]
+
+
+conversations = st.lists(
+    st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]),
+                                    "content": st.one_of(st.text(max_size=20),
+                                                         st.sampled_from(SPECIALS))}),
+             min_size=1, max_size=4),
+    min_size=1, max_size=5)
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=conversations)
+def test_chats_render_as_the_tokenizers_own_template_renders_them(builtin, batch):
+    # rendered by transformers' own render_jinja_template with the template and the named
+    # special tokens read from the files: the text its apply_chat_template makes, and what
+    # was used is what the parent finds in its tokenizer
+    info, tokenizer = builtin
+    rust = RustTokenizer.of(info.path, lambda: pytest.fail("transformers loaded"))
+    assert rust is not None and rust.chat_template == tokenizer.chat_template
+    got = rust.apply_chat_template(batch, add_generation_prompt=True, tokenize=False)
+    assert got == tokenizer.apply_chat_template(batch, add_generation_prompt=True,
+                                                tokenize=False)
+    assert rust.chat_used is not None and not chat_disagrees(tokenizer, rust.chat_used)
+
+
+def test_a_chat_rendered_from_other_files_disagrees(builtin, tmp_path):
+    # the parent's check: another template, or another named token, is a disagreement; a
+    # call the batch path does not take goes to the transformers tokenizer
+    info, tokenizer = builtin
+    rust = RustTokenizer.of(info.path, lambda: tokenizer)
+    assert rust is not None and rust._chat is not None
+    template, special = rust._chat
+    assert not chat_disagrees(tokenizer, (template, special))
+    assert chat_disagrees(tokenizer, (template + " ", special))
+    assert chat_disagrees(tokenizer, (template, {**special, "bos_token": "<other>"}))
+    one = [{"role": "user", "content": "hi"}]
+
+    def ids(rendered):      # (transformers 5 answers a BatchEncoding)
+        return list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+
+    assert ids(rust.apply_chat_template(one, add_generation_prompt=True, tokenize=True)) == ids(
+        tokenizer.apply_chat_template(one, add_generation_prompt=True, tokenize=True))
+    assert rust.chat_used is None       # (that one was the transformers tokenizer's)
