@@ -5,8 +5,8 @@ A line file (JSON lines, an OpenAI batch file, a Mooncake trace, text) or a CSV 
 byte ranges at line starts (inputs/line_files.py `cut_spans`), each checked by `Scan` in a
 process of its own exactly as one pass would check it, but numbered from its own start: its
 lines, its reading order, its positions. The parts are joined in order, each shifted by the
-ones before (`_Join`): the columns, the problems (their line and reading order), the prompt
-lengths, what the job asks, its prefix bound, the ids' hashes. Request rows carry two numbers
+ones before (job/part_join.py): the columns, the problems (their line and reading order), the
+prompt lengths, what the job asks, its prefix bound, the ids' hashes. Request rows carry two numbers
 a part cannot know, a default id (the reading order) and the run's seed for a request that
 samples without one (--seed plus its position). A part writes them from a guess of the items
 before it (`PartHand`: the lines of the parts before, counted as each is given out) and marks which
@@ -39,22 +39,19 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 import os
 import tempfile
 import threading
-from array import array
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
-from json.decoder import scanstring  # type: ignore[attr-defined]
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from neuron_batch.errors import RunError
 from neuron_batch.inputs.line_files import cut_spans
@@ -63,18 +60,13 @@ from neuron_batch.inputs.load import (
     ROW_READERS,
     CutReader,
     InputScan,
-    no_prompts,
     prompt_token_count,
 )
-from neuron_batch.inputs.prompt_records import InputError, InputProblem
+from neuron_batch.inputs.prompt_records import InputError
 from neuron_batch.job import part_hand
 from neuron_batch.job.check import ModelSource, Scan
-from neuron_batch.job.facts import FactsTally
-from neuron_batch.job.folder import REQUESTS_LEVEL
 from neuron_batch.job.part_hand import PartHand
-from neuron_batch.job.plain_check import DEFAULT_ID, RUN_SEED
-from neuron_batch.job.resume_check import REQUEST_FIELDS
-from neuron_batch.job.rows_spool import RowsSpool
+from neuron_batch.job.part_join import Disagrees, Failed, Join, Part, raised
 from neuron_batch.settings import RunSettings
 
 #: Lines (estimated from each file's first HEAD bytes) below which one process checks the job:
@@ -139,44 +131,6 @@ class _Task:
     base: tuple[int, int] = (0, 0)  # (items, records) before the part, as guessed
 
 
-@dataclass
-class _Part:
-    """What one part's check found, numbered from its own start."""
-
-    columns: Any                # (JobColumns)
-    parse_problems: list[InputProblem]
-    checked: list[tuple[int, InputProblem]]
-    early: list[int]
-    ok: bytearray
-    known: array
-    took_defaults: int
-    longest: tuple[int, int]    # (request, prompt)
-    bound: Any                  # (PrefixBound | None)
-    tokenizer_asked: bool
-    numbered_rows: bytearray | None
-    items: int
-    records: int
-    lines: int
-    id_hashes: array
-    numeric_ids: bool
-    default_ids: bool
-    tally: FactsTally | None
-    #: texts its Rust tokenizer encoded, with their ids, for the parent to compare with the
-    #: transformers tokenizer's (inputs/rust_tokenizer.py)
-    samples: list[tuple[str, bool, list[int]]]
-    #: the chat template and named special tokens its Rust tokenizer rendered chats with
-    chat: tuple[str, dict[str, str]] | None
-
-
-@dataclass
-class _Failed:
-    """An error a part raised, carried back as its words (an exception's own arguments do not
-    always survive the trip between processes)."""
-
-    message: str
-    exit_code: int | None       # None: an InputError
-
-
 def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, *,
                   spool: bool, block: int | None,
                   meanwhile: Callable[[], None] | None = None) -> Scan | None:
@@ -223,21 +177,21 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
                  for k, (number, span) in enumerate(tasks_spans)]
         # (with `meanwhile` importing vLLM, which imports transformers: the tokenizer loads
         # after it, not beside it, as two threads importing one package may not)
-        join = _Join(base, inputs, block, pool, load_beside=meanwhile is None)
+        join = Join(base, inputs, block, pool, load_beside=meanwhile is None)
         try:
             # (closed before anything is raised or said: `meanwhile` has ended by then)
             with PartHand(Path(folder), tasks, counting=spool, window=count) as hand, \
                     closing(_in_order(pool, tasks, 2 * count, meanwhile, hand)) as checked:
                 for task, part in checked:
-                    if isinstance(part, _Failed) and part.exit_code is None:
+                    if isinstance(part, Failed) and part.exit_code is None:
                         # (a part's input problem, say a CSV value over two lines: one pass
                         # reads the job again and names it as it names any, by its line)
                         return None
-                    join.add(task, _raised(part))
+                    join.add(task, raised(part))
             join.done()
         except BrokenProcessPool:   # (a process killed, say by the kernel for memory)
             return None
-        except _Disagrees:      # (the parts' Rust tokenizer is not the model's: one pass)
+        except Disagrees:      # (the parts' Rust tokenizer is not the model's: one pass)
             return None
         except part_hand.NoRoom:    # (no disk for a part of an object: one pass streams it)
             return None
@@ -246,9 +200,9 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
 
 def _in_order(pool: Executor, tasks: list[_Task], ahead: int,
               meanwhile: Callable[[], None] | None = None, hand: PartHand | None = None
-              ) -> Generator[tuple[_Task, _Part | _Failed], None, None]:
+              ) -> Generator[tuple[_Task, Part | Failed], None, None]:
     """Each task's part, in order, with at most `ahead` parts given to the pool and not yet
-    taken: a part's rows are made whole (`_rows_part`, given to the pool as it is taken)
+    taken: a part's rows are made whole (`rows_part`, given to the pool as it is taken)
     before all the parts are checked, so the plain rows on disk, and the parts waiting in
     memory, are a few parts', not the job's. `hand`: what is done to each task as it is given
     out and once its part is taken (`PartHand`). `meanwhile` runs on a thread of its own once
@@ -285,132 +239,10 @@ def _in_order(pool: Executor, tasks: list[_Task], ahead: int,
             beside.join()
 
 
-class _Join:
-    """The parts, in order, into one `Scan` (`base`) and the job's `InputScan`; each part's
-    rows given to the `pool` to be made whole once its shifts are known."""
-
-    def __init__(self, base: Scan, inputs: InputScan, block: int | None, pool: Executor,
-                 load_beside: bool = False):
-        self.base, self.inputs, self.pool = base, inputs, pool
-        self.load_beside = load_beside
-        # the job's prefix bound, merged part by part; None once a part has none
-        self.bound: Any = None
-        self.counting = block is not None
-        self.tally = FactsTally()
-        self.items = self.records = 0
-        self.lines = 0              # lines of the current input read so far
-        self.number = -1            # the current input
-        self.input_items = 0        # items of the current input
-        self.tokenizer = False
-        self.id_hashes = array("q")
-        self.numeric_ids = self.default_ids = False
-        self.rows: list[Future] = []
-        self.samples: list[tuple[str, bool, list[int]]] = []
-        self.chats: set[str] = set()    # (each part's `chat`, as JSON: one, or none)
-        # the job's tokenizer, loaded beside the join once a part needed one (transformers'
-        # import, ~5 s, was this process's last step after the parts); what it raised
-        self._loading: threading.Thread | None = None
-        self._load_failed: BaseException | None = None
-
-    def add(self, task: _Task, part: _Part) -> None:
-        base = self.base
-        if task.number != self.number:
-            self._input_done()
-            self.number, self.lines, self.input_items = task.number, 0, 0
-        items, records, lines = self.items, self.records, self.lines
-        base.columns.extend(part.columns, items, lines)
-        label = task.reader.label
-        base.parse_problems += [_shifted(p, label, lines, items) for p in part.parse_problems]
-        base.checked += [(position + records, _shifted(p, label, lines, items))
-                         for position, p in part.checked]
-        base.early += [position + records for position in part.early]
-        base.ok += part.ok
-        base.known.extend(part.known)
-        base.took_defaults += part.took_defaults
-        base.longest_request = max(base.longest_request, part.longest[0])
-        base.longest_prompt = max(base.longest_prompt, part.longest[1])
-        if self.counting:
-            if part.bound is None:
-                self.counting, self.bound = False, None     # (synthetic prompts: not here)
-            elif self.bound is None:
-                self.bound = part.bound
-            else:
-                self.bound.merge(part.bound)
-        if part.tally is not None:
-            self.tally.merge(part.tally)
-        self.id_hashes.extend(part.id_hashes)
-        self.numeric_ids = self.numeric_ids or part.numeric_ids
-        self.default_ids = self.default_ids or part.default_ids
-        self.tokenizer = self.tokenizer or part.tokenizer_asked
-        self.samples += part.samples
-        if part.chat is not None:
-            self.chats.add(json.dumps(part.chat, sort_keys=True))
-        if self.tokenizer and self.load_beside and self._loading is None:
-            self._loading = threading.Thread(target=self._load, daemon=True,
-                                             name="neuron-batch-tokenizer")
-            self._loading.start()
-        if task.rows_path is not None:      # (its shifts are known: its rows made whole)
-            self.rows.append(self.pool.submit(_rows_part, task.rows_path, part.numbered_rows,
-                                              items - task.base[0], records - task.base[1]))
-        self.items += part.items
-        self.records += part.records
-        self.lines += part.lines
-        self.input_items += part.items
-
-    def _load(self) -> None:
-        try:
-            self.base.tokenizer()
-        except BaseException as error:     # (raised where the join ends: `done`)
-            self._load_failed = error
-
-    def loaded(self) -> None:
-        """The job's tokenizer loaded (`_load`) and what its load raised raised here."""
-        if self._loading is not None:
-            self._loading.join()
-            if self._load_failed is not None:
-                raise self._load_failed
-        elif self.tokenizer:    # (the job's text is tokenized again as it runs)
-            self.base.tokenizer()
-
-    def _input_done(self) -> None:
-        if self.number >= 0 and not self.input_items:
-            raise no_prompts(self.inputs.specs[self.number])
-
-    def done(self) -> None:
-        self._input_done()
-        base, inputs = self.base, self.inputs
-        self.loaded()
-        if self.samples or self.chats:   # (before `inputs` is touched: one pass reads it)
-            from neuron_batch.inputs.rust_tokenizer import chat_disagrees, disagree
-
-            tokenizer = base.tokenizer()
-            if disagree(tokenizer, self.samples) is not None or any(
-                    chat_disagrees(tokenizer, tuple(json.loads(chat))) for chat in self.chats):
-                raise _Disagrees
-        # (only now: a job given back to one pass is read by the same `inputs`, untouched)
-        inputs.records, inputs.items = self.records, self.items
-        inputs.id_hashes = self.id_hashes
-        inputs.took(self.numeric_ids, self.default_ids)
-        base.bound = self.bound
-        if not self.rows:
-            return
-        made = [future.result() for future in self.rows]
-        for failed in made:
-            if isinstance(failed, _Failed):
-                _raise(failed)
-        base.rows = RowsSpool.joined(["id", *REQUEST_FIELDS], cast(list[Path], made),
-                                     self.tally)
-        base.facts = self.tally.result()
-
-
 #: The tokenizer a process of the pool loaded for its first part that needed one, kept for
 #: its later parts (up to PARTS_A_PROCESS): a load took ~0.5 s a part. A pool lives for one
 #: check, so one job.
 _TOKENIZERS: dict[str, Any] = {}
-
-
-class _Disagrees(Exception):
-    """A part's Rust tokenizer gave other ids than the model's transformers tokenizer."""
 
 
 def _part_tokenizer(source: Any) -> Any:
@@ -426,7 +258,7 @@ def _part_tokenizer(source: Any) -> Any:
     return rust if rust is not None else load_tokenizer(source)
 
 
-def _check_part(task: _Task) -> _Part | _Failed:
+def _check_part(task: _Task) -> Part | Failed:
     """One part checked (in a process of the pool)."""
     try:
         scan = Scan(task.settings, task.model, spool=task.spool, block=task.block,
@@ -436,11 +268,11 @@ def _check_part(task: _Task) -> _Part | _Failed:
                                    default_max_tokens=task.settings.max_tokens, plain=True)
         scan.read(inputs)
     except InputError as error:
-        return _Failed(str(error), None)
+        return Failed(str(error), None)
     except RunError as error:
-        return _Failed(str(error), error.exit_code)
+        return Failed(str(error), error.exit_code)
     except OSError as error:    # (the part's rows: a full disk)
-        return _Failed(f"{task.rows_path}: cannot write the check's rows: "
+        return Failed(f"{task.rows_path}: cannot write the check's rows: "
                        f"{error.strerror or error}", 1)
     tally = None
     if scan.rows is not None:
@@ -451,84 +283,11 @@ def _check_part(task: _Task) -> _Part | _Failed:
     samples = taken() if taken is not None else []
     chat = scan.columns.tokenizer.chat_used if taken is not None else None
     scan.columns.tokenizer = None       # (the parent loads its own where the job needs one)
-    return _Part(scan.columns, scan.parse_problems, scan.checked, scan.early, scan.ok,
+    return Part(scan.columns, scan.parse_problems, scan.checked, scan.early, scan.ok,
                  scan.known, scan.took_defaults, (scan.longest_request, scan.longest_prompt),
                  scan.bound, scan.tokenizer_asked, scan.numbered_rows, inputs.items,
                  inputs.records, task.reader.span_lines, inputs.id_hashes, inputs.numeric_ids,
                  inputs.default_ids, tally, samples, chat)
-
-
-def _rows_part(path: Path, marks: bytearray | None, items: int, records: int
-               ) -> Path | _Failed:
-    """A part's rows (plain JSON lines) as a gzip member, its numbered rows' default ids
-    shifted by `items` and run seeds by `records` (what its guess missed of the items and
-    records before it) in a process of the pool: compressed once, the rows' JSON read again
-    only where a number moves."""
-    import gzip
-
-    whole = path.with_suffix(".gz")
-    shift = marks is not None and (items or records) and any(marks)
-    try:
-        with open(path, "rb") as rows, open(whole, "wb") as raw, \
-                gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=REQUESTS_LEVEL) as out:
-            if not shift:
-                while chunk := rows.read(1 << 20):
-                    out.write(chunk)
-            else:
-                assert marks is not None
-                batch: list[bytes] = []     # (gzip's own work a write: a batch at a time)
-                for mark, line in zip(marks, rows):
-                    batch.append(_shifted_row(line, mark, items, records) if mark else line)
-                    if len(batch) >= 1024:
-                        out.write(b"".join(batch))
-                        batch.clear()
-                out.write(b"".join(batch))
-        path.unlink()
-    except OSError as error:
-        return _Failed(f"{whole}: cannot write the check's rows: {error.strerror or error}", 1)
-    return whole
-
-
-def _shifted_row(line: bytes, mark: int, items: int, records: int) -> bytes:
-    """A row (json.dumps of [id, prompt, max_tokens, temperature, seed, stop, sampling],
-    job/resume_check.py request_row) with its default id shifted by `items` and its run seed
-    by `records`, as `mark` says: only those numbers rewritten."""
-    text = line.decode("utf-8", "surrogatepass")
-    if mark & DEFAULT_ID:   # (digits: nothing JSON escapes)
-        end = text.index('"', 2) + 1
-        head = f'["{int(text[2:end - 1]) + items}"'
-    else:
-        end = scanstring(text, 2)[1]
-        head = text[:end]
-    rest = text[end:]
-    if mark & RUN_SEED:     # (", prompt, max_tokens, temperature, seed, ...": the 5th piece)
-        pieces = rest.split(", ", 5)
-        pieces[4] = str(int(pieces[4]) + records)
-        rest = ", ".join(pieces)
-    return (head + rest).encode("utf-8", "surrogatepass")
-
-
-def _raised(part: _Part | _Failed) -> _Part:
-    if isinstance(part, _Failed):
-        _raise(part)
-    assert isinstance(part, _Part)
-    return part
-
-
-def _raise(failed: _Failed) -> None:
-    if failed.exit_code is None:
-        raise InputError(failed.message)
-    raise RunError(failed.message, failed.exit_code)
-
-
-def _shifted(problem: InputProblem, label: str, lines: int, items: int) -> InputProblem:
-    """A part's problem as the whole job's: its line (in `source`, "label:LINE") and its
-    reading order shifted by the parts before."""
-    source = problem.source
-    prefix = f"{label}:"
-    if lines and source.startswith(prefix) and source[len(prefix):].isdigit():
-        source = f"{prefix}{int(source[len(prefix):]) + lines}"
-    return dataclasses.replace(problem, source=source, read_order=problem.read_order + items)
 
 
 def _size_and_lines(reader: CutReader) -> tuple[int, int]:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from neuron_batch.inputs.job_columns import JobColumns, Steps
 from neuron_batch.inputs.prefix_bound import PrefixBound
-from neuron_batch.job import check_parts, part_hand
+from neuron_batch.job import check_parts, part_hand, part_join
 from neuron_batch.job.plain_check import DEFAULT_ID, RUN_SEED
 from neuron_batch.job.workload import load_workload
 from neuron_batch.settings import RunSettings
@@ -243,7 +243,7 @@ def test_a_rows_numbers_shift_and_nothing_else(given_id, read_order, seed, mark,
     row = [str(read_order) if default else given_id, "abc123", 5, 0.7, seed,
            None, "d1e2"]
     line = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass")
-    shifted = json.loads(check_parts._shifted_row(line, mark, items, records))
+    shifted = json.loads(part_join._shifted_row(line, mark, items, records))
     expected = list(row)
     if default:
         expected[0] = str(read_order + items)
@@ -407,13 +407,13 @@ def test_a_clean_trace_in_parts_rewrites_no_row(tiny_model, tmp_path, monkeypatc
     second.write_text("".join('{"prompt_len": %d}\n' % (5 + i % 50) for i in range(400)))
     split = split_check(90)
     missed: list[tuple[int, int]] = []
-    add = check_parts._Join.add
+    add = part_join.Join.add
 
     def spied(self, task, part):
         missed.append((self.items - task.base[0], self.records - task.base[1]))
         return add(self, task, part)
 
-    monkeypatch.setattr(check_parts._Join, "add", spied)
+    monkeypatch.setattr(part_join.Join, "add", spied)
     values = {"temperature": 0.4, "seed": 5}      # (a run seed in every row too)
     whole = _seen(_workload([first, second], tiny_model, monkeypatch, 1, **values)[0])
     parts = _seen(_workload([first, second], tiny_model, monkeypatch, 2, **values)[0])

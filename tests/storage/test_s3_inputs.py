@@ -187,7 +187,7 @@ def test_an_objects_parts_are_read_once_each_and_need_no_rewrite(bucket, tmp_pat
     most), every part's guess of the items before it is right (no row read again when the
     parts are joined), the rows, lengths and sources are the local file's in one pass, and no
     copy is left behind."""
-    from neuron_batch.job import check_parts, part_hand
+    from neuron_batch.job import part_hand, part_join
     from neuron_batch.job.workload import load_workload
     from neuron_batch.settings import RunSettings
 
@@ -198,7 +198,7 @@ def test_an_objects_parts_are_read_once_each_and_need_no_rewrite(bucket, tmp_pat
     local.write_bytes(data)
     split = split_check(100)
     missed, copies, read = [], [], []
-    add, copied = check_parts._Join.add, part_hand.copied
+    add, copied = part_join.Join.add, part_hand.copied
 
     def spied_add(self, task, part):
         missed.append((self.items - task.base[0], self.records - task.base[1]))
@@ -210,7 +210,7 @@ def test_an_objects_parts_are_read_once_each_and_need_no_rewrite(bucket, tmp_pat
         copies.append(path)
         return made
 
-    monkeypatch.setattr(check_parts._Join, "add", spied_add)
+    monkeypatch.setattr(part_join.Join, "add", spied_add)
     monkeypatch.setattr(part_hand, "copied", spied_copy)
     monkeypatch.setattr(part_hand, "COPY_CHUNK", 500)     # (a part's bytes at most)
 
