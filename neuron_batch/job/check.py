@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 #: Records checked at once (refusals, defaults, tokenization).
 CHECK_CHUNK = 2048
+#: Items read between two words to the check's progress bar.
+PROGRESS_ITEMS = 8192
 
 
 @dataclass(frozen=True)
@@ -110,18 +112,25 @@ class Scan:
         self.facts: Any = None
         self.plain = PlainCheck(self)   # (a trace's plain rows: job/plain_check.py)
 
-    def read(self, inputs: InputScan) -> None:
-        """Every item of `inputs` read, checked CHECK_CHUNK records at a time."""
+    def read(self, inputs: InputScan, progress: Callable[[int], None] | None = None) -> None:
+        """Every item of `inputs` read, checked CHECK_CHUNK records at a time; `progress`
+        told of the items read, PROGRESS_ITEMS at a time (job/check_bar.py)."""
         columns, settings = self.columns, self.settings
         # --limit without --shuffle: the records past it are not the job's (their lines are
         # still read, so that a malformed one is named)
         upto = settings.limit if settings.limit is not None and not settings.shuffle else None
         chunk: list[PromptRecord] = []
+        read = 0
         for src, where, line, digest, item in inputs:
+            read += 1
+            if progress is not None and read >= PROGRESS_ITEMS:
+                progress(read)
+                read = 0
             if isinstance(item, PlainRows):
                 self.check_records(chunk)      # (rows are spooled in input order)
                 chunk = []
                 self.plain.block(src, item, upto)
+                read += len(item) - 1
                 continue
             if isinstance(item, InputProblem):
                 self.parse_problems.append(item)
@@ -136,6 +145,8 @@ class Scan:
                 self.check_records(chunk)
                 chunk = []
         self.check_records(chunk)
+        if progress is not None:
+            progress(read)
         self.plain.forget()              # (what only the check needed: not held while the job runs)
         self.facts = self.rows.close() if self.rows is not None else None
 

@@ -133,7 +133,8 @@ class _Task:
 
 def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, *,
                   spool: bool, block: int | None,
-                  meanwhile: Callable[[], None] | None = None) -> Scan | None:
+                  meanwhile: Callable[[], None] | None = None,
+                  progress: Callable[[int], None] | None = None) -> Scan | None:
     """The job checked in parts, one a process, joined (`Scan.read`'s result, as one pass
     would leave it); None where it is not split (module docstring). `meanwhile`: called once
     the first parts are given to the processes, while this one would only wait for them
@@ -148,7 +149,7 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
     readers: list[CutReader] = list(inputs.readers)  # type: ignore[arg-type]
     if all(isinstance(reader, ROW_READERS) and reader.counts_only() for reader in readers):
         return None     # (1M Parquet trace rows: 1.7 s in one process, 2.7 s in two here)
-    sizes = [_size_and_lines(reader) for reader in readers]
+    sizes = [size_and_lines(reader) for reader in readers]
     total = sum(lines for _, lines in sizes)
     if total < MIN_LINES:
         return None
@@ -187,7 +188,10 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
                         # (a part's input problem, say a CSV value over two lines: one pass
                         # reads the job again and names it as it names any, by its line)
                         return None
-                    join.add(task, raised(part))
+                    joined = raised(part)
+                    join.add(task, joined)
+                    if progress is not None:
+                        progress(joined.items)
             join.done()
         except BrokenProcessPool:   # (a process killed, say by the kernel for memory)
             return None
@@ -290,7 +294,7 @@ def _check_part(task: _Task) -> Part | Failed:
                  inputs.default_ids, tally, samples, chat)
 
 
-def _size_and_lines(reader: CutReader) -> tuple[int, int]:
+def size_and_lines(reader: CutReader) -> tuple[int, int]:
     """A file's bytes, and its lines as its first HEAD bytes' lines say (a table cut by rows:
     no bytes, its rows: a Parquet file's footer counts them)."""
     from neuron_batch.storage.urls import open_binary

@@ -21,6 +21,7 @@ from neuron_batch.inputs.prompt_records import (
     said_once,
 )
 from neuron_batch.job.check import ModelSource, Scan, model_source
+from neuron_batch.job.check_bar import check_bar
 from neuron_batch.job.check_parts import read_in_parts
 from neuron_batch.job.facts import JobFacts, job_facts, sampling_key
 from neuron_batch.job.rows_spool import RowsSpool
@@ -144,14 +145,22 @@ def _scanned(settings: RunSettings, model: ModelSource, *, spool: bool, block: i
     inputs = InputScan(settings.inputs, prompt_column=settings.prompt_column,
                        split=settings.dataset_split, default_max_tokens=settings.max_tokens,
                        ignored=settings.ignore_field, exact_ids=exact_ids, plain=True)
-    if not exact_ids:
-        scan = read_in_parts(settings, model, inputs, spool=spool, block=block,
-                             meanwhile=meanwhile)
-        if scan is not None:
-            return scan, inputs
-    scan = Scan(settings, model, spool=spool, block=block, readers=inputs.readers)
-    scan.read(inputs)
-    return scan, inputs
+    bar = check_bar(settings, inputs.readers)
+    progress = bar.add if bar is not None else None
+    try:
+        if not exact_ids:
+            scan = read_in_parts(settings, model, inputs, spool=spool, block=block,
+                                 meanwhile=meanwhile, progress=progress)
+            if scan is not None:
+                return scan, inputs
+            if bar is not None:     # (given back to one pass: read from the start)
+                bar.restart()
+        scan = Scan(settings, model, spool=spool, block=block, readers=inputs.readers)
+        scan.read(inputs, progress=progress)
+        return scan, inputs
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def _model_context(settings: RunSettings, model) -> dict[str, Any]:
