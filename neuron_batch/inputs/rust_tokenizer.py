@@ -78,6 +78,8 @@ class RustTokenizer:
             config = {}
         except Exception:   # (a file this tokenizers release cannot read: the slow way)
             return None
+        if not hasattr(rust, "encode_batch_fast"):     # (tokenizers before 0.20)
+            return None
         held = {token.content for token in rust.get_added_tokens_decoder().values()}
         if not _named_tokens(config) <= held:
             return None     # (transformers adds them: text that holds one splits otherwise)
