@@ -27,13 +27,16 @@ class CheckBar:
                          file=sys.stderr, smoothing=0.1, mininterval=0.5)
 
     def add(self, items: int) -> None:
-        self._bar.update(items)
+        bar = self._bar
+        if bar.n + items > bar.total:   # (the estimate was low: tqdm would drop the total)
+            bar.total = bar.n + items
+        bar.update(items)
 
     def restart(self) -> None:
         self._bar.reset(total=self._bar.total)
 
     def close(self) -> None:
-        if self._bar.n < (self._bar.total or 0):   # (the estimate was high: end at the end)
+        if self._bar.n != self._bar.total:     # (the estimate was off: end at the end)
             self._bar.total = self._bar.n
             self._bar.refresh()
         self._bar.close()

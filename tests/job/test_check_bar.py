@@ -55,3 +55,16 @@ def test_no_bar_under_quiet_off_a_terminal_or_for_a_small_job(tmp_path, monkeypa
                                   on_error="skip")
         load_workload(settings, lambda _: None)
         assert "checking" not in stream.getvalue()
+
+
+def test_an_estimate_off_either_way_still_ends_at_the_lines_read(monkeypatch):
+    # (tqdm drops the total once it is passed: the bar would end without its percentage)
+    for total, adds in ((10, (7, 7)), (50, (7, 7))):
+        terminal = Terminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        bar = check_bar.CheckBar(total)
+        for items in adds:
+            bar.add(items)
+        bar.close()
+        assert "100%" in terminal.getvalue().rsplit("\r", 1)[-1]
+        assert "14/14" in terminal.getvalue().rsplit("\r", 1)[-1]
