@@ -67,4 +67,4 @@ def test_an_estimate_off_either_way_still_ends_at_the_lines_read(monkeypatch):
             bar.add(items)
         bar.close()
         assert "100%" in terminal.getvalue().rsplit("\r", 1)[-1]
-        assert "14/14" in terminal.getvalue().rsplit("\r", 1)[-1]
+        assert "14.0/14.0" in terminal.getvalue().rsplit("\r", 1)[-1]     # (unit_scale)
