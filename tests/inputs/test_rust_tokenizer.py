@@ -44,7 +44,7 @@ def _model_dir(folder: Path, source: Path, **config) -> Path:
     return folder
 
 
-@settings(max_examples=30, deadline=None,
+@settings(max_examples=20, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=texts, special=st.booleans())
 def test_the_rust_ids_are_the_tokenizers_own(builtin, batch, special):
@@ -120,7 +120,7 @@ conversations = st.lists(
     min_size=1, max_size=5)
 
 
-@settings(max_examples=30, deadline=None,
+@settings(max_examples=20, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=conversations)
 def test_chats_render_as_the_tokenizers_own_template_renders_them(builtin, batch):

@@ -4,10 +4,11 @@ simulated device and on the CPU with the built-in model; kill -9 of a replica's 
 driver; `--replicas 1` through Ray against the plain path; a node lost for good.
 
 Slow (each run starts Ray workers that import vLLM): the cluster is shared by the module and
-the inputs are small. The README's suite runs the first three (two nodes on the simulated
-device, the CPU's real engines, one replica against the plain path); the fault and layout
-tests, marked `ray_faults`, ran 2x slower beside the suite's other worker and were a third of
-its work: CI runs them in a step of their own (.ci/run), as can anyone, with `-m ray_faults`.
+the inputs are small. The README's suite runs two (the CPU's real engines on the two nodes,
+one replica against the plain path); the fault and layout tests and the simulated device on
+two nodes, marked `ray_faults`, ran 2x slower beside the suite's other worker and were a third
+of its work: CI runs them in a step of their own (.ci/run), as can anyone, with
+`-m ray_faults`.
 """
 
 from __future__ import annotations
@@ -154,6 +155,7 @@ def replica_pid(folder: Path, replica: int) -> int | None:
 
 
 # -- the two-node cluster ------------------------------------------------------------------------
+@pytest.mark.ray_faults
 def test_sim_replicas_on_two_nodes(cluster, node_ids, tmp_path, monkeypatch):
     """A trace on two simulated replicas, one on each node: every request once, the report's
     totals the replicas', batch.json written as they finish. The driver makes batches as the
