@@ -199,6 +199,8 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
             return None
         except part_hand.NoRoom:    # (no disk for a part of an object: one pass streams it)
             return None
+        finally:    # (a pass after this one loads its own: not while this import goes on)
+            join.settle()
     return base
 
 

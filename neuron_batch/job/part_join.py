@@ -162,6 +162,12 @@ class Join:
         elif self.tokenizer:    # (the job's text is tokenized again as it runs)
             self.base.tokenizer()
 
+    def settle(self) -> None:
+        """The tokenizer's load beside the join ended, whatever it raised (the join has ended
+        too, joined or given up)."""
+        if self._loading is not None:
+            self._loading.join()
+
     def _input_done(self) -> None:
         if self.number >= 0 and not self.input_items:
             raise no_prompts(self.inputs.specs[self.number])
