@@ -147,17 +147,19 @@ _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token"
                  "mask_token")
 
 
+def _content(value: Any) -> str | None:
+    """A token as tokenizer_config.json names it: a string, or {"content": ...}."""
+    value = value.get("content") if isinstance(value, dict) else value
+    return value if isinstance(value, str) else None
+
+
 def _named_tokens(config: dict[str, Any]) -> set[str]:
     """The tokens tokenizer_config.json names, which transformers adds to the Rust tokenizer
     where tokenizer.json lacks them (a text that holds one is then one token, not split)."""
-    def content(value: Any) -> str | None:
-        value = value.get("content") if isinstance(value, dict) else value
-        return value if isinstance(value, str) else None
-
     named = [config.get(key) for key in _SPECIAL_KEYS]
     named += list(config.get("additional_special_tokens") or [])
     named += list((config.get("added_tokens_decoder") or {}).values())
-    return {text for value in named if (text := content(value))}
+    return {text for value in named if (text := _content(value))}
 
 
 def _chat_of(directory: Path, config: dict[str, Any]) -> tuple[str, dict[str, str]] | None:
@@ -171,12 +173,8 @@ def _chat_of(directory: Path, config: dict[str, Any]) -> tuple[str, dict[str, st
         template = config["chat_template"]
     if not isinstance(template, str):
         return None
-    special = {}
-    for key in _SPECIAL_KEYS:
-        value = config.get(key)
-        value = value.get("content") if isinstance(value, dict) else value
-        if isinstance(value, str):
-            special[key] = value
+    special = {key: text for key in _SPECIAL_KEYS
+               if (text := _content(config.get(key))) is not None}
     return template, special
 
 
