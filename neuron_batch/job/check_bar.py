@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from neuron_batch.settings import RunSettings
 
@@ -42,17 +41,13 @@ class CheckBar:
         self._bar.close()
 
 
-def check_bar(settings: RunSettings, readers: Sequence[Any]) -> CheckBar | None:
-    """A bar for the check of `readers`' job where it is shown (a terminal, not --quiet, about
-    MIN_LINES lines or more); None otherwise."""
-    if settings.quiet or not sys.stderr.isatty():
-        return None
-    from neuron_batch.inputs.load import CUT_READERS
-    from neuron_batch.job.check_parts import size_and_lines
+def wanted(settings: RunSettings) -> bool:
+    """Whether a bar may be shown: on a terminal, not under --quiet."""
+    return not settings.quiet and sys.stderr.isatty()
 
-    try:
-        total = sum(size_and_lines(reader)[1] for reader in readers
-                    if isinstance(reader, CUT_READERS))
-    except Exception:   # (an input that cannot be read is named by the check itself)
-        return None
+
+def check_bar(sizes: Sequence[tuple[int, int]] | None) -> CheckBar | None:
+    """A bar for the check of a job of `sizes` (job/check_parts.py `job_sizes`, read where
+    the bar is `wanted`) where it has about MIN_LINES lines or more; None otherwise."""
+    total = sum(lines for _, lines in sizes) if sizes is not None else 0
     return CheckBar(total) if total >= MIN_LINES else None

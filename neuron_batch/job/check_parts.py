@@ -44,7 +44,7 @@ import os
 import tempfile
 import threading
 from collections import deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import closing, contextmanager
@@ -134,11 +134,13 @@ class _Task:
 def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, *,
                   spool: bool, block: int | None,
                   meanwhile: Callable[[], None] | None = None,
-                  progress: Callable[[int], None] | None = None) -> Scan | None:
+                  progress: Callable[[int], None] | None = None,
+                  sizes: list[tuple[int, int]] | None = None) -> Scan | None:
     """The job checked in parts, one a process, joined (`Scan.read`'s result, as one pass
     would leave it); None where it is not split (module docstring). `meanwhile`: called once
     the first parts are given to the processes, while this one would only wait for them
-    (job/generate.py `prefetch_vllm`)."""
+    (job/generate.py `prefetch_vllm`). `progress`: told of each part's items as it is joined.
+    `sizes`: `job_sizes`, where the caller read them already (the check's bar)."""
     from neuron_batch.storage.urls import is_url
 
     # (--shuffle: its order is made once the parts are joined, as after one pass; --limit
@@ -149,13 +151,15 @@ def read_in_parts(settings: RunSettings, model: ModelSource, inputs: InputScan, 
     readers: list[CutReader] = list(inputs.readers)  # type: ignore[arg-type]
     if all(isinstance(reader, ROW_READERS) and reader.counts_only() for reader in readers):
         return None     # (1M Parquet trace rows: 1.7 s in one process, 2.7 s in two here)
-    sizes = [size_and_lines(reader) for reader in readers]
+    if sizes is None:
+        sizes = [size_and_lines(reader) for reader in readers]
     total = sum(lines for _, lines in sizes)
     if total < MIN_LINES:
         return None
-    if not all(_kind_known(reader) and reader.cuttable() for reader in readers):
+    looks = [_first_look(reader) for reader in readers]
+    if None in looks or not all(reader.cuttable() for reader in readers):
         return None     # (a JSON array, a CSV whose rows need the one before: one pass)
-    count = processes(text=any(_reads_text(reader) for reader in readers))
+    count = processes(text=any(looks))
     tasks_spans: list[tuple[int, tuple[int, int]]] = []
     for number, (reader, (size, lines)) in enumerate(zip(readers, sizes)):
         parts = max(1, min(math.ceil(lines / PART_LINES),
@@ -315,23 +319,28 @@ def size_and_lines(reader: CutReader) -> tuple[int, int]:
     return size, size * max(head.count(b"\n"), 1) // len(head)
 
 
-def _kind_known(reader: CutReader) -> bool:
-    """Whether the file's kind is known (its first object decides: every part must read it
-    as that), reading at most KIND_ITEMS items for it."""
-    if reader.kind is None:
-        for read, _ in enumerate(reader.scan(), 1):
-            if reader.kind is not None or read >= KIND_ITEMS:
-                break
-    return reader.kind is not None
+def job_sizes(readers: Sequence[Any]) -> list[tuple[int, int]] | None:
+    """Each input's (bytes, lines) as `size_and_lines` estimates them, (0, 0) for one that
+    is not cut (a JSON array, a data set streamed from the hub); None where one cannot be
+    read (the check names it as it reads)."""
+    try:
+        return [size_and_lines(reader) if isinstance(reader, CUT_READERS) else (0, 0)
+                for reader in readers]
+    except InputError:
+        return None
 
 
-def _reads_text(reader: CutReader) -> bool:
-    """Whether the file's first record (of its first KIND_ITEMS items) is one the check
-    tokenizes: text or messages, not token ids or a count."""
-    for _, (*_, item) in zip(range(KIND_ITEMS), reader.scan()):
-        if isinstance(item, tuple):     # (the record, the field its id came from)
-            return prompt_token_count(item[0]) is None
-    return False
+def _first_look(reader: CutReader) -> bool | None:
+    """The file's first items, read once (at most KIND_ITEMS): None where its kind is still
+    not known (its first object decides: every part must read it as that); else whether its
+    first record is one the check tokenizes (text or messages, not token ids or a count)."""
+    text = None
+    for read, (*_, item) in enumerate(reader.scan(), 1):
+        if text is None and isinstance(item, tuple):    # (the record, its id's field)
+            text = prompt_token_count(item[0]) is None
+        if (text is not None and reader.kind is not None) or read >= KIND_ITEMS:
+            break
+    return None if reader.kind is None else bool(text)
 
 
 #: The pool's processes' environment: one string hash among them (the ids' hashes of every

@@ -22,7 +22,8 @@ from neuron_batch.inputs.prompt_records import (
 )
 from neuron_batch.job.check import ModelSource, Scan, model_source
 from neuron_batch.job.check_bar import check_bar
-from neuron_batch.job.check_parts import read_in_parts
+from neuron_batch.job.check_bar import wanted as bar_wanted
+from neuron_batch.job.check_parts import job_sizes, read_in_parts
 from neuron_batch.job.facts import JobFacts, job_facts, sampling_key
 from neuron_batch.job.rows_spool import RowsSpool
 from neuron_batch.settings import RunSettings
@@ -145,12 +146,14 @@ def _scanned(settings: RunSettings, model: ModelSource, *, spool: bool, block: i
     inputs = InputScan(settings.inputs, prompt_column=settings.prompt_column,
                        split=settings.dataset_split, default_max_tokens=settings.max_tokens,
                        ignored=settings.ignore_field, exact_ids=exact_ids, plain=True)
-    bar = check_bar(settings, inputs.readers)
+    # (each input's size and lines, read once: the bar's total and the split's cut)
+    sizes = job_sizes(inputs.readers) if bar_wanted(settings) else None
+    bar = check_bar(sizes)
     progress = bar.add if bar is not None else None
     try:
         if not exact_ids:
             scan = read_in_parts(settings, model, inputs, spool=spool, block=block,
-                                 meanwhile=meanwhile, progress=progress)
+                                 meanwhile=meanwhile, progress=progress, sizes=sizes)
             if scan is not None:
                 return scan, inputs
             if bar is not None:     # (given back to one pass: read from the start)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from neuron_batch.job import check_bar
+from neuron_batch.job import check_bar, check_parts
 from neuron_batch.job.workload import load_workload
 from neuron_batch.settings import RunSettings
 
@@ -33,6 +33,10 @@ def test_a_big_jobs_check_shows_a_bar_that_ends_at_its_lines(tmp_path, monkeypat
     monkeypatch.setattr(check_bar, "MIN_LINES", 100)
     monkeypatch.setenv("NEURON_BATCH_CHECK_PROCESSES", str(processes))
     split = split_check(150)
+    read: list[object] = []     # (each input's size read once: the bar's total, the cut)
+    size_and_lines = check_parts.size_and_lines
+    monkeypatch.setattr(check_parts, "size_and_lines",
+                        lambda reader: read.append(reader) or size_and_lines(reader))
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     settings = RunSettings.of((str(_job(tmp_path, 600)),), model=tiny_model, device="sim",
@@ -41,6 +45,7 @@ def test_a_big_jobs_check_shows_a_bar_that_ends_at_its_lines(tmp_path, monkeypat
     said = terminal.getvalue()
     assert "checking inputs" in said and "600/600" in said.rsplit("\r", 1)[-1], said
     assert split == [processes > 1]
+    assert len(read) == 1
 
 
 def test_no_bar_under_quiet_off_a_terminal_or_for_a_small_job(tmp_path, monkeypatch,
